@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// Config is read once from the environment and passed down as plain values.
+// The README's configuration table lists every variable and its default.
+type Config struct {
+	DatabaseURL       string
+	DBMaxConns        int32
+	ListenAddr        string
+	StripeSecretKey   string
+	StripeAPIURL      string
+	StripeTimeout     time.Duration
+	Idempotency       idempotency.Config
+	CompleterInterval time.Duration // 0 disables the completer inside serve
+	RetentionInterval time.Duration // 0 disables retention inside serve
+	ShutdownTimeout   time.Duration
+	LogLevel          slog.Level
+	LogFormat         string
+}
+
+func loadConfig() (Config, error) {
+	e := envReader{}
+	idem := idempotency.DefaultConfig()
+	cfg := Config{
+		DatabaseURL:       e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
+		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 0)),
+		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
+		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
+		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),
+		CompleterInterval: e.dur("COMPLETER_INTERVAL", 5*time.Second),
+		RetentionInterval: e.dur("RETENTION_INTERVAL", 5*time.Minute),
+		ShutdownTimeout:   e.dur("SHUTDOWN_TIMEOUT", 30*time.Second),
+		LogFormat:         e.str("LOG_FORMAT", "json"),
+	}
+	idem.LockTimeout = e.dur("IDEMPOTENCY_LOCK_TIMEOUT", idem.LockTimeout)
+	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
+	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
+	cfg.Idempotency = idem
+	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {
+		e.errs = append(e.errs, fmt.Sprintf("LOG_LEVEL: %v", err))
+	}
+	if cfg.LogFormat != "json" && cfg.LogFormat != "text" {
+		e.errs = append(e.errs, "LOG_FORMAT: must be json or text")
+	}
+	if cfg.StripeTimeout >= cfg.Idempotency.LockTimeout {
+		e.errs = append(e.errs, fmt.Sprintf("STRIPE_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LOCK_TIMEOUT (%s), or healthy requests would be taken over",
+			cfg.StripeTimeout, cfg.Idempotency.LockTimeout))
+	}
+	if len(e.errs) > 0 {
+		return cfg, fmt.Errorf("configuration: %s", strings.Join(e.errs, "; "))
+	}
+	return cfg, nil
+}
+
+// requireStripe is checked only by the commands that call Stripe.
+func (c Config) requireStripe() error {
+	if c.StripeSecretKey == "" {
+		return fmt.Errorf("configuration: STRIPE_SECRET_KEY is required (any sk_test_... works with stripe-mock)")
+	}
+	return nil
+}
+
+type envReader struct{ errs []string }
+
+func (e *envReader) str(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func (e *envReader) int(name string, def int) int {
+	v := e.str(name, "")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		e.errs = append(e.errs, fmt.Sprintf("%s: want a non-negative integer, got %q", name, v))
+		return def
+	}
+	return n
+}
+
+func (e *envReader) dur(name string, def time.Duration) time.Duration {
+	v := e.str(name, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		e.errs = append(e.errs, fmt.Sprintf("%s: want a duration such as 30s or 24h, got %q", name, v))
+		return def
+	}
+	return d
+}

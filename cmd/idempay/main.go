@@ -1,0 +1,243 @@
+// Command idempay is the reference payment API: `serve` runs the HTTP API
+// with its background completer and retention job, `completer` runs the
+// completer alone, `migrate` applies the schema, `accounts create` makes an
+// account and prints its API key once, and `purge` runs retention once.
+// This file only wires: configuration from the environment, slog, pgxpool,
+// the Stripe client and echo.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/server"
+)
+
+const usage = `usage: idempay <command>
+
+commands:
+  serve                      run the HTTP API, the completer and the retention job
+  completer                  run only the background completer
+  migrate                    apply database migrations
+  accounts create --name N   create an account; prints {"id","api_key"} once
+  purge                      delete expired idempotency records once
+
+configuration is read from the environment; see README.md.
+`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "idempay:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return errors.New("no command")
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	switch args[0] {
+	case "serve":
+		return serve(ctx, cfg, log)
+	case "completer":
+		return completer(ctx, cfg, log)
+	case "migrate":
+		return migrate(ctx, cfg, log)
+	case "accounts":
+		return accountsCmd(ctx, cfg, args[1:])
+	case "purge":
+		return purge(ctx, cfg, log)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return nil
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+func newLogger(cfg Config) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if cfg.DBMaxConns > 0 {
+		pc.MaxConns = cfg.DBMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("opening database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// app is the wired service, shared by serve and completer.
+type app struct {
+	pool    *pgxpool.Pool
+	runner  *idempotency.Runner
+	charges *charges.Service
+}
+
+func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
+	if err := cfg.requireStripe(); err != nil {
+		return nil, err
+	}
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	runner := idempotency.NewRunner(pool, cfg.Idempotency, log)
+	stripe := charges.NewStripe(charges.StripeConfig{
+		SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout,
+	})
+	return &app{pool: pool, runner: runner, charges: charges.New(pool, runner, stripe, log)}, nil
+}
+
+func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.pool.Close()
+
+	srv := &http.Server{
+		Addr:              cfg.ListenAddr,
+		Handler:           server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	if cfg.CompleterInterval > 0 {
+		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
+	}
+	if cfg.RetentionInterval > 0 {
+		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, nil) })
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("serving", "addr", cfg.ListenAddr, "stripe_api_url", cfg.StripeAPIURL,
+		"lock_timeout", cfg.Idempotency.LockTimeout, "retention", cfg.Idempotency.Retention)
+
+	select {
+	case err := <-errc:
+		stopBG()
+		wg.Wait()
+		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	stopBG()
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func completer(ctx context.Context, cfg Config, log *slog.Logger) error {
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.pool.Close()
+	interval := cfg.CompleterInterval
+	if interval == 0 {
+		interval = 5 * time.Second
+	}
+	a.runner.RunCompleter(ctx, interval)
+	return nil
+}
+
+func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	applied, err := db.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	log.Info("migrations applied", "new", applied)
+	return nil
+}
+
+func accountsCmd(ctx context.Context, cfg Config, args []string) error {
+	if len(args) == 0 || args[0] != "create" {
+		return errors.New("usage: idempay accounts create --name NAME")
+	}
+	fs := flag.NewFlagSet("accounts create", flag.ContinueOnError)
+	name := fs.String("name", "", "account name")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *name == "" {
+		return errors.New("usage: idempay accounts create --name NAME")
+	}
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	acct, key, err := accounts.Create(ctx, pool, *name)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": acct.ID, "name": acct.Name, "api_key": key})
+}
+
+func purge(ctx context.Context, cfg Config, log *slog.Logger) error {
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	n, err := idempotency.NewRunner(pool, cfg.Idempotency, log).PurgeExpired(ctx, time.Now())
+	if err != nil {
+		return err
+	}
+	log.Info("purged expired idempotency records", "deleted", n)
+	return nil
+}

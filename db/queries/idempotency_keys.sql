@@ -1,0 +1,87 @@
+-- name: IdempotencyKeyClaim :one
+-- Claims (account_id, key) in one statement. A new key is inserted with
+-- lock_generation 1. An existing key is taken over (generation + 1) only when
+-- it is unfinished, its fingerprint matches, and its lock is free or older
+-- than the lock timeout. Otherwise no row is returned and the caller reads
+-- the record to tell replay, mismatch and in-flight apart.
+INSERT INTO idempotency_keys (
+    account_id, key, request_method, request_route, request_fingerprint, locked_at
+) VALUES (
+    @account_id, @key, @request_method, @request_route, @request_fingerprint, now()
+)
+ON CONFLICT (account_id, key) DO UPDATE
+SET locked_at = now(),
+    lock_generation = idempotency_keys.lock_generation + 1,
+    updated_at = now()
+WHERE idempotency_keys.recovery_point <> 'finished'
+  AND idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint
+  AND (idempotency_keys.locked_at IS NULL
+       OR idempotency_keys.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+RETURNING *;
+
+-- name: IdempotencyKeyGetByAccountKey :one
+SELECT * FROM idempotency_keys WHERE account_id = @account_id AND key = @key;
+
+-- name: IdempotencyKeyFinish :execrows
+-- Stores the final response. Fenced: it matches no row unless the caller
+-- still holds the lock generation it claimed.
+UPDATE idempotency_keys
+SET recovery_point = 'finished',
+    response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    locked_at = NULL,
+    last_error = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE id = @id
+  AND lock_generation = @lock_generation
+  AND recovery_point <> 'finished';
+
+-- name: IdempotencyKeyRelease :execrows
+-- Records a downstream call whose outcome is unknown and frees the lock, so a
+-- client retry can resume at once and the completer after next_attempt_at.
+-- Fenced like IdempotencyKeyFinish.
+UPDATE idempotency_keys
+SET recovery_point = 'downstream_called',
+    locked_at = NULL,
+    attempts = attempts + 1,
+    last_error = @last_error,
+    next_attempt_at = now() + make_interval(secs => @retry_in_seconds::float8),
+    updated_at = now()
+WHERE id = @id
+  AND lock_generation = @lock_generation
+  AND recovery_point <> 'finished';
+
+-- name: IdempotencyKeyClaimExpired :many
+-- The completer's claim: unfinished records that are due and whose lock is
+-- free or expired, taken over with a new generation. SKIP LOCKED lets several
+-- server processes run completers at once without waiting on each other.
+UPDATE idempotency_keys
+SET locked_at = now(),
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id IN (
+    SELECT ik.id FROM idempotency_keys ik
+    WHERE ik.recovery_point <> 'finished'
+      AND ik.next_attempt_at <= now()
+      AND (ik.locked_at IS NULL
+           OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+    ORDER BY ik.next_attempt_at
+    LIMIT @max_records
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING *;
+
+-- name: IdempotencyKeyDeleteFinishedBefore :execrows
+-- One bounded retention batch: finished records created before the cutoff,
+-- oldest first, through the partial index on created_at.
+DELETE FROM idempotency_keys
+WHERE id IN (
+    SELECT ik.id FROM idempotency_keys ik
+    WHERE ik.recovery_point = 'finished'
+      AND ik.created_at < @created_before
+    ORDER BY ik.created_at
+    LIMIT @max_records
+    FOR UPDATE SKIP LOCKED
+);

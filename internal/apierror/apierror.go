@@ -1,0 +1,250 @@
+// Package apierror is idempay's one error vocabulary: every error a client can
+// see is an RFC 9457 problem+json document whose "type" is stable per outcome,
+// and this file is the single table from outcome to HTTP status.
+package apierror
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+)
+
+// ContentType is the media type of every error body.
+const ContentType = "application/problem+json"
+
+// Type is the stable identifier of one outcome. Its problem "type" URI is
+// TypeBase + the string, and clients may switch on either.
+type Type string
+
+// TypeBase prefixes every problem type. It is a relative URI reference (RFC
+// 9457 §3.1.1), resolved against the API's own address, where GET
+// /problems/{type} describes the type; the README lists them all.
+const TypeBase = "/problems/"
+
+// The outcomes. Adding one means adding it to statusOf and to the README.
+const (
+	Unauthorized          Type = "unauthorized"
+	IdempotencyKeyMissing Type = "idempotency-key-missing"
+	IdempotencyKeyInvalid Type = "idempotency-key-invalid"
+	IdempotencyKeyReused  Type = "idempotency-key-reused"
+	RequestInProgress     Type = "request-in-progress"
+	InvalidJSON           Type = "invalid-json"
+	InvalidRequest        Type = "invalid-request"
+	UnsupportedMediaType  Type = "unsupported-media-type"
+	BodyTooLarge          Type = "body-too-large"
+	NotFound              Type = "not-found"
+	MethodNotAllowed      Type = "method-not-allowed"
+	CardDeclined          Type = "card-declined"
+	PaymentRejected       Type = "payment-rejected"
+	RefundExceedsCharge   Type = "refund-exceeds-charge"
+	ChargeNotRefundable   Type = "charge-not-refundable"
+	DownstreamUnavailable Type = "downstream-unavailable"
+	ServiceUnavailable    Type = "service-unavailable"
+	Internal              Type = "internal-error"
+)
+
+var statusOf = map[Type]int{
+	Unauthorized:          http.StatusUnauthorized,
+	IdempotencyKeyMissing: http.StatusBadRequest,
+	IdempotencyKeyInvalid: http.StatusBadRequest,
+	IdempotencyKeyReused:  http.StatusUnprocessableEntity,
+	RequestInProgress:     http.StatusConflict,
+	InvalidJSON:           http.StatusBadRequest,
+	InvalidRequest:        http.StatusBadRequest,
+	UnsupportedMediaType:  http.StatusUnsupportedMediaType,
+	BodyTooLarge:          http.StatusRequestEntityTooLarge,
+	NotFound:              http.StatusNotFound,
+	MethodNotAllowed:      http.StatusMethodNotAllowed,
+	CardDeclined:          http.StatusPaymentRequired,
+	PaymentRejected:       http.StatusUnprocessableEntity,
+	RefundExceedsCharge:   http.StatusBadRequest,
+	ChargeNotRefundable:   http.StatusConflict,
+	DownstreamUnavailable: http.StatusServiceUnavailable,
+	ServiceUnavailable:    http.StatusServiceUnavailable,
+	Internal:              http.StatusInternalServerError,
+}
+
+var titleOf = map[Type]string{
+	Unauthorized:          "Missing or invalid API key",
+	IdempotencyKeyMissing: "Idempotency-Key header is required",
+	IdempotencyKeyInvalid: "Idempotency-Key header is malformed",
+	IdempotencyKeyReused:  "Idempotency-Key was used with a different request",
+	RequestInProgress:     "A request with this Idempotency-Key is in progress",
+	InvalidJSON:           "Request body is not valid JSON",
+	InvalidRequest:        "Request parameters are invalid",
+	UnsupportedMediaType:  "Request body must be application/json",
+	BodyTooLarge:          "Request body is too large",
+	NotFound:              "Resource not found",
+	MethodNotAllowed:      "Method not allowed",
+	CardDeclined:          "The card was declined",
+	PaymentRejected:       "The payment processor rejected the request",
+	RefundExceedsCharge:   "Refund exceeds the refundable amount",
+	ChargeNotRefundable:   "Charge cannot be refunded",
+	DownstreamUnavailable: "Payment processor outcome unknown; retry with the same Idempotency-Key",
+	ServiceUnavailable:    "Service temporarily unavailable",
+	Internal:              "Internal server error",
+}
+
+// Types lists every problem type, for documentation and for the tests that
+// keep the documentation true.
+func Types() []Type {
+	out := make([]Type, 0, len(statusOf))
+	for t := range statusOf {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Status is the HTTP status of a problem type.
+func (t Type) Status() int { return statusOf[t] }
+
+// Title is the short, fixed summary of t.
+func (t Type) Title() string { return titleOf[t] }
+
+// URI is the problem "type" member for t.
+func (t Type) URI() string { return TypeBase + string(t) }
+
+// InvalidParam names one request field and why it was rejected.
+type InvalidParam struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// Error is a problem a handler returns; the HTTP error handler renders it.
+// Cause is logged and never shown to the client.
+type Error struct {
+	Type          Type
+	Detail        string
+	InvalidParams []InvalidParam
+	// RetryAfter, in seconds, is sent as the Retry-After header when > 0.
+	RetryAfter int
+	// Extensions are extra members of the problem document (RFC 9457 §3.2).
+	Extensions map[string]any
+	Cause      error
+}
+
+// New returns a problem of type t with a human-readable detail.
+func New(t Type, detail string) *Error { return &Error{Type: t, Detail: detail} }
+
+// Newf is New with formatting.
+func Newf(t Type, format string, args ...any) *Error {
+	return &Error{Type: t, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Invalid is a validation problem listing the offending fields.
+func Invalid(params ...InvalidParam) *Error {
+	return &Error{Type: InvalidRequest, Detail: "One or more parameters are invalid.", InvalidParams: params}
+}
+
+// Wrap returns an internal error whose cause is logged but not shown.
+func Wrap(err error) *Error { return &Error{Type: Internal, Cause: err} }
+
+func (e *Error) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Type, e.Detail, e.Cause)
+	}
+	return fmt.Sprintf("%s: %s", e.Type, e.Detail)
+}
+
+func (e *Error) Unwrap() error { return e.Cause }
+
+// Status is the HTTP status for e.
+func (e *Error) Status() int { return e.Type.Status() }
+
+// Body renders e as a problem+json document. The bytes are deterministic
+// (fixed member order), because some problems are stored and replayed and a
+// replay must be byte-identical.
+func (e *Error) Body() []byte {
+	detail := e.Detail
+	if e.Type == Internal {
+		detail = "The server failed to process the request. It has been logged."
+	}
+	doc := struct {
+		Type          string         `json:"type"`
+		Title         string         `json:"title"`
+		Status        int            `json:"status"`
+		Detail        string         `json:"detail,omitempty"`
+		InvalidParams []InvalidParam `json:"invalid_params,omitempty"`
+	}{e.Type.URI(), e.Type.Title(), e.Status(), detail, e.InvalidParams}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(doc) // cannot fail: only strings and ints
+	b := bytes.TrimRight(buf.Bytes(), "\n")
+	if len(e.Extensions) == 0 {
+		return b
+	}
+	// encoding/json sorts map keys, so extensions are deterministic too.
+	ext, err := json.Marshal(e.Extensions)
+	if err != nil || len(ext) <= 2 {
+		return b
+	}
+	out := append(b[:len(b)-1:len(b)-1], ',')
+	return append(out, ext[1:]...)
+}
+
+// Write sends e to w with its status, content type and Retry-After.
+func (e *Error) Write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", ContentType)
+	if e.Type == Unauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="idempay"`)
+	}
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	w.WriteHeader(e.Status())
+	_, _ = w.Write(e.Body())
+}
+
+// From turns any error into a problem: an *Error as is, echo's own HTTP
+// errors (404 route, 405, 413 ...) by status, and anything else as internal.
+func From(err error) *Error {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			return New(NotFound, "No route matches this path.")
+		case http.StatusMethodNotAllowed:
+			return New(MethodNotAllowed, "This route does not accept that method.")
+		case http.StatusRequestEntityTooLarge:
+			return New(BodyTooLarge, "The request body exceeds 1 MiB.")
+		case http.StatusUnsupportedMediaType:
+			return New(UnsupportedMediaType, "Send the body as application/json.")
+		case http.StatusUnauthorized:
+			return New(Unauthorized, "Send Authorization: Bearer <api key>.")
+		case http.StatusBadRequest:
+			return New(InvalidRequest, fmt.Sprint(he.Message))
+		case http.StatusServiceUnavailable:
+			return &Error{Type: ServiceUnavailable, Detail: "Try again shortly.", RetryAfter: 1, Cause: err}
+		}
+	}
+	return Wrap(err)
+}
+
+// Handler is echo's HTTPErrorHandler for idempay: every error becomes
+// problem+json, and internal errors are logged with their cause.
+func Handler(log *slog.Logger) echo.HTTPErrorHandler {
+	return func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		pe := From(err)
+		if pe.Status() >= 500 {
+			log.ErrorContext(c.Request().Context(), "request failed",
+				"type", string(pe.Type), "status", pe.Status(), "err", err,
+				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		}
+		pe.Write(c.Response())
+	}
+}

@@ -1,0 +1,328 @@
+// Package charges is idempay's payment API: charges and refunds, their
+// validation, their ledger rows, and the Stripe port they call. Every POST
+// goes through idempotency.Runner, which owns the claim, replay and phase
+// bookkeeping; this package supplies the ledger writes and the Stripe call.
+package charges
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v76"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// Routes, as fingerprinted and stored on idempotency records.
+const (
+	RouteCharges = "/v1/charges"
+	RouteRefunds = "/v1/refunds"
+)
+
+// Service serves the charges and refunds API.
+type Service struct {
+	pool   *pgxpool.Pool
+	q      *dbsqlc.Queries
+	runner *idempotency.Runner
+	stripe *Stripe
+	log    *slog.Logger
+}
+
+// New returns the service and registers its operations with the runner, so
+// the completer can resume them.
+func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe *Stripe, log *slog.Logger) *Service {
+	s := &Service{pool: pool, q: dbsqlc.New(), runner: runner, stripe: stripe, log: log}
+	runner.Register(http.MethodPost, RouteCharges, func() idempotency.Operation { return &chargeOp{s: s} })
+	runner.Register(http.MethodPost, RouteRefunds, func() idempotency.Operation { return &refundOp{s: s} })
+	return s
+}
+
+// Routes mounts the API on g, which must already authenticate.
+func (s *Service) Routes(g *echo.Group) {
+	g.POST("/charges", s.createCharge)
+	g.GET("/charges", s.listCharges)
+	g.GET("/charges/:id", s.getCharge)
+	g.POST("/refunds", s.createRefund)
+	g.GET("/refunds/:id", s.getRefund)
+}
+
+// run is the shared shape of every POST: validate the key, read and check
+// the body, fingerprint it, and hand the operation to the runner. Anything
+// rejected here never touches the idempotency table.
+func (s *Service) run(c echo.Context, route string, params interface{ validate() error },
+	op func(acct accounts.Account) idempotency.Operation) error {
+	acct := accounts.FromContext(c)
+	key, err := idempotency.ParseKey(c.Request().Header.Get(idempotency.HeaderKey))
+	if err != nil {
+		return err
+	}
+	raw, canonical, err := readJSON(c)
+	if err != nil {
+		return err
+	}
+	if err := decodeStrict(raw, params); err != nil {
+		return err
+	}
+	if err := params.validate(); err != nil {
+		return err
+	}
+	resp, err := s.runner.Run(c.Request().Context(), idempotency.Request{
+		AccountID:   acct.ID,
+		Key:         key,
+		Method:      http.MethodPost,
+		Route:       route,
+		Fingerprint: idempotency.Fingerprint(http.MethodPost, route, canonical),
+	}, op(acct))
+	if err != nil {
+		return err
+	}
+	resp.Write(c.Response())
+	return nil
+}
+
+func (s *Service) createCharge(c echo.Context) error {
+	var p chargeParams
+	return s.run(c, RouteCharges, &p, func(acct accounts.Account) idempotency.Operation {
+		return &chargeOp{s: s, params: &p, accountID: acct.ID}
+	})
+}
+
+// chargeOp creates one charge: a ledger row in the claim transaction, then
+// the Stripe charge, then the outcome on the row and the stored response.
+type chargeOp struct {
+	s         *Service
+	params    *chargeParams // nil when resumed
+	accountID string
+	charge    *dbsqlc.Charge // set by Begin, or loaded by Execute on resume
+}
+
+func (op *chargeOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+	metadata, err := json.Marshal(op.params.Metadata)
+	if err != nil || op.params.Metadata == nil {
+		metadata = []byte("{}")
+	}
+	ch, err := op.s.q.ChargeInsert(ctx, tx, &dbsqlc.ChargeInsertParams{
+		AccountID:        op.accountID,
+		IdempotencyKeyID: &rec.ID,
+		Amount:           *op.params.Amount,
+		Currency:         *op.params.Currency,
+		PaymentMethod:    *op.params.PaymentMethod,
+		Description:      op.params.Description,
+		Metadata:         metadata,
+	})
+	if err != nil {
+		return fmt.Errorf("inserting charge: %w", err)
+	}
+	op.charge = &ch
+	return nil
+}
+
+func (op *chargeOp) Execute(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.charge == nil {
+		ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
+		if err != nil {
+			return idempotency.Step{Unknown: fmt.Errorf("loading charge of record %s: %w", rec.ID, err)}
+		}
+		op.charge = &ch
+	}
+	ch := *op.charge
+	var metadata map[string]string
+	if err := json.Unmarshal(ch.Metadata, &metadata); err != nil {
+		return idempotency.Step{Unknown: fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)}
+	}
+
+	sc, err := op.s.stripe.CreateCharge(ctx, rec.DownstreamKey(), ch, metadata)
+	kind, se := classify(err)
+	if kind == outcomeUnknown {
+		return idempotency.Step{Unknown: err}
+	}
+	return idempotency.Step{Finish: func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+		set := &dbsqlc.ChargeSetOutcomeParams{ID: ch.ID}
+		if kind == outcomeOK {
+			set.Status = stripeStatus(string(sc.Status))
+			set.StripeChargeID = &sc.ID
+		} else {
+			set.Status = "failed"
+			set.StripeChargeID = nonEmpty(se.ChargeID)
+			set.FailureCode = nonEmpty(failureCode(se))
+			set.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+		}
+		updated, err := op.s.q.ChargeSetOutcome(ctx, tx, set)
+		if err != nil {
+			return idempotency.Response{}, fmt.Errorf("recording charge outcome: %w", err)
+		}
+		if kind == outcomeOK {
+			return created(RouteCharges+"/"+updated.ID, chargeJSON(updated))
+		}
+		return failedResponse(kind, se, "charge", updated.ID), nil
+	}}
+}
+
+// stripeStatus maps a Stripe charge status onto the ledger's statuses.
+func stripeStatus(s string) string {
+	switch s {
+	case "succeeded", "pending", "failed":
+		return s
+	default:
+		return "pending"
+	}
+}
+
+func failureCode(se *stripe.Error) string {
+	if se.DeclineCode != "" {
+		return string(se.DeclineCode)
+	}
+	return string(se.Code)
+}
+
+// failedResponse is the stored, replayable response of a definite failure:
+// 402 card-declined or 422 payment-rejected, naming the ledger row.
+func failedResponse(kind outcome, se *stripe.Error, object, id string) idempotency.Response {
+	pe := &apierror.Error{Type: apierror.PaymentRejected, Detail: se.Msg,
+		Extensions: map[string]any{object: id}}
+	if kind == outcomeDeclined {
+		pe.Type = apierror.CardDeclined
+		if code := failureCode(se); code != "" {
+			pe.Extensions["decline_code"] = code
+		}
+	}
+	return idempotency.Response{
+		Status: pe.Status(),
+		Header: http.Header{"Content-Type": {apierror.ContentType}},
+		Body:   pe.Body(),
+	}
+}
+
+func created(location string, v any) (idempotency.Response, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("encoding response: %w", err)
+	}
+	return idempotency.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}, "Location": {location}},
+		Body:   body,
+	}, nil
+}
+
+// Charge is the API representation of a charge.
+type Charge struct {
+	ID             string          `json:"id"`
+	Object         string          `json:"object"`
+	Amount         int64           `json:"amount"`
+	AmountRefunded int64           `json:"amount_refunded"`
+	Currency       string          `json:"currency"`
+	PaymentMethod  string          `json:"payment_method"`
+	Description    *string         `json:"description"`
+	Metadata       json.RawMessage `json:"metadata"`
+	Status         string          `json:"status"`
+	StripeChargeID *string         `json:"stripe_charge_id"`
+	FailureCode    *string         `json:"failure_code"`
+	FailureMessage *string         `json:"failure_message"`
+	CreatedAt      time.Time       `json:"created_at"`
+}
+
+func chargeJSON(ch dbsqlc.Charge) Charge {
+	return Charge{
+		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: ch.AmountRefunded,
+		Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
+		Metadata: ch.Metadata, Status: ch.Status, StripeChargeID: ch.StripeChargeID,
+		FailureCode: ch.FailureCode, FailureMessage: ch.FailureMessage, CreatedAt: ch.CreatedAt.UTC(),
+	}
+}
+
+func (s *Service) getCharge(c echo.Context) error {
+	acct := accounts.FromContext(c)
+	ch, err := s.q.ChargeGetByID(c.Request().Context(), s.pool, acct.ID, c.Param("id"))
+	if err := readErr(err, "charge"); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, chargeJSON(ch))
+}
+
+// ChargeList is one page of charges, newest first.
+type ChargeList struct {
+	Object  string   `json:"object"`
+	Data    []Charge `json:"data"`
+	HasMore bool     `json:"has_more"`
+}
+
+func (s *Service) listCharges(c echo.Context) error {
+	acct := accounts.FromContext(c)
+	ctx := c.Request().Context()
+	limit := 10
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return apierror.Invalid(apierror.InvalidParam{Name: "limit", Reason: "must be an integer between 1 and 100"})
+		}
+		limit = n
+	}
+	params := &dbsqlc.ChargeListParams{AccountID: acct.ID, MaxRows: int32(limit + 1)}
+	if after := c.QueryParam("starting_after"); after != "" {
+		cur, err := s.q.ChargeGetByID(ctx, s.pool, acct.ID, after)
+		if errors.Is(db.NotFound(err), db.ErrNotFound) {
+			return apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
+		} else if err != nil {
+			return fmt.Errorf("reading cursor charge: %w", err)
+		}
+		params.CursorCreatedAt, params.CursorID = &cur.CreatedAt, &cur.ID
+	}
+	rows, err := s.q.ChargeList(ctx, s.pool, params)
+	if err != nil {
+		return fmt.Errorf("listing charges: %w", err)
+	}
+	out := ChargeList{Object: "list", Data: make([]Charge, 0, limit), HasMore: len(rows) > limit}
+	for i, ch := range rows {
+		if i == limit {
+			break
+		}
+		out.Data = append(out.Data, chargeJSON(ch))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// readErr maps a read's error: not found (including another account's
+// object, which this account must not learn exists) is 404.
+func readErr(err error, object string) error {
+	err = db.NotFound(err)
+	if errors.Is(err, db.ErrNotFound) {
+		return apierror.Newf(apierror.NotFound, "No such %s.", object)
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", object, err)
+	}
+	return nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,205 @@
+package charges
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// Limits of the request format, documented in the README.
+const (
+	MaxBodyBytes      = 1 << 20 // 1 MiB
+	MaxAmount         = 99_999_999
+	MaxDescription    = 1000
+	MaxMetadataKeys   = 40
+	MaxMetadataKey    = 40
+	MaxMetadataValue  = 500
+	MaxPaymentMethod  = 255
+	maxChargeIDLength = 64
+)
+
+// currencies are the ISO 4217 codes the API accepts (lowercase, like Stripe).
+var currencies = map[string]bool{}
+
+func init() {
+	for _, c := range strings.Fields(`aed aud bgn brl cad chf clp cny czk dkk eur gbp hkd huf idr ils inr isk
+		jpy krw mxn myr nok nzd php pln ron sek sgd thb try twd usd zar`) {
+		currencies[c] = true
+	}
+}
+
+var (
+	paymentMethodPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+	chargeIDPattern      = regexp.MustCompile(`^ch_[a-z0-9]+$`)
+)
+
+// readJSON reads a mutating request's body: it must be application/json, at
+// most MaxBodyBytes, and one JSON value. It returns the raw bytes and their
+// canonical form (for the fingerprint).
+func readJSON(c echo.Context) (raw, canonical []byte, err error) {
+	ct := c.Request().Header.Get(echo.HeaderContentType)
+	if mt, _, perr := mime.ParseMediaType(ct); perr != nil || mt != echo.MIMEApplicationJSON {
+		return nil, nil, apierror.New(apierror.UnsupportedMediaType,
+			"Send the request body as JSON with Content-Type: application/json.")
+	}
+	raw, err = io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return nil, nil, apierror.Newf(apierror.BodyTooLarge, "The request body exceeds %d bytes.", MaxBodyBytes)
+	}
+	if err != nil {
+		return nil, nil, apierror.New(apierror.InvalidJSON, "The request body could not be read.")
+	}
+	canonical, err = idempotency.Canonicalize(raw)
+	if err != nil {
+		return nil, nil, apierror.Newf(apierror.InvalidJSON, "The request body is not valid JSON: %v.",
+			strings.TrimPrefix(errors.Unwrap(err).Error(), "invalid JSON: "))
+	}
+	return raw, canonical, nil
+}
+
+// decodeStrict decodes a JSON object into dst, rejecting unknown fields and
+// wrong types with a problem that names the field.
+func decodeStrict(raw []byte, dst any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(dst)
+	if err == nil {
+		return nil
+	}
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
+	case errors.As(err, &typeErr):
+		return apierror.Invalid(apierror.InvalidParam{Name: typeErr.Field,
+			Reason: fmt.Sprintf("must be %s, not a JSON %s", expected(typeErr), typeErr.Value)})
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return apierror.Invalid(apierror.InvalidParam{Name: name, Reason: "is not a known parameter"})
+	default:
+		return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+	}
+}
+
+func expected(e *json.UnmarshalTypeError) string {
+	switch e.Type.Kind().String() {
+	case "int64", "int", "int32":
+		return fmt.Sprintf("an integer between 1 and %d", MaxAmount)
+	case "string":
+		return "a string"
+	case "map":
+		return "an object of string values"
+	default:
+		return "of type " + e.Type.String()
+	}
+}
+
+// chargeParams is the body of POST /v1/charges.
+type chargeParams struct {
+	Amount        *int64            `json:"amount"`
+	Currency      *string           `json:"currency"`
+	PaymentMethod *string           `json:"payment_method"`
+	Description   *string           `json:"description"`
+	Metadata      map[string]string `json:"metadata"`
+}
+
+func (p *chargeParams) validate() error {
+	var bad []apierror.InvalidParam
+	add := func(name, reason string) { bad = append(bad, apierror.InvalidParam{Name: name, Reason: reason}) }
+
+	bad = append(bad, validateAmount("amount", p.Amount, true)...)
+	switch {
+	case p.Currency == nil:
+		add("currency", "is required")
+	case !currencies[strings.ToLower(*p.Currency)]:
+		add("currency", "must be a supported three-letter ISO 4217 code, such as usd or eur")
+	default:
+		lower := strings.ToLower(*p.Currency)
+		p.Currency = &lower
+	}
+	switch {
+	case p.PaymentMethod == nil || *p.PaymentMethod == "":
+		add("payment_method", "is required (for example tok_visa)")
+	case len(*p.PaymentMethod) > MaxPaymentMethod || !paymentMethodPattern.MatchString(*p.PaymentMethod):
+		add("payment_method", fmt.Sprintf("must be 1 to %d letters, digits or underscores", MaxPaymentMethod))
+	}
+	if p.Description != nil {
+		if reason := checkText(*p.Description, MaxDescription); reason != "" {
+			add("description", reason)
+		}
+	}
+	if len(p.Metadata) > MaxMetadataKeys {
+		add("metadata", fmt.Sprintf("may have at most %d keys", MaxMetadataKeys))
+	}
+	for k, v := range p.Metadata {
+		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" {
+			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters", MaxMetadataKey))
+			break
+		}
+		if reason := checkText(v, MaxMetadataValue); reason != "" {
+			add("metadata["+k+"]", reason)
+		}
+	}
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+func validateAmount(name string, amount *int64, required bool) []apierror.InvalidParam {
+	switch {
+	case amount == nil && required:
+		return []apierror.InvalidParam{{Name: name, Reason: "is required, in the currency's minor unit (cents)"}}
+	case amount != nil && (*amount < 1 || *amount > MaxAmount):
+		return []apierror.InvalidParam{{Name: name, Reason: fmt.Sprintf("must be an integer between 1 and %d", MaxAmount)}}
+	}
+	return nil
+}
+
+// checkText rejects what PostgreSQL text cannot hold (NUL) and what no one
+// means to send (control characters), and enforces a length in characters.
+func checkText(s string, max int) string {
+	if utf8.RuneCountInString(s) > max {
+		return fmt.Sprintf("must be at most %d characters", max)
+	}
+	for _, r := range s {
+		if r < 0x20 && r != '\n' && r != '\t' || r == 0x7f {
+			return "must not contain control characters"
+		}
+	}
+	return ""
+}
+
+// refundParams is the body of POST /v1/refunds.
+type refundParams struct {
+	Charge *string `json:"charge"`
+	Amount *int64  `json:"amount"`
+}
+
+func (p *refundParams) validate() error {
+	var bad []apierror.InvalidParam
+	switch {
+	case p.Charge == nil || *p.Charge == "":
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
+	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+	}
+	bad = append(bad, validateAmount("amount", p.Amount, false)...)
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}

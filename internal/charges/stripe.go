@@ -1,0 +1,150 @@
+package charges
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/charge"
+	"github.com/stripe/stripe-go/v76/refund"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// StripeConfig configures the Stripe port.
+type StripeConfig struct {
+	SecretKey string
+	// URL is the base URL of the Stripe API (https://api.stripe.com, or
+	// stripe-mock, or a test fake).
+	URL string
+	// Timeout bounds every Stripe call. Keep it well under the idempotency
+	// lock timeout.
+	Timeout time.Duration
+}
+
+// Stripe is the port to the payment processor that this package owns. It
+// speaks to the real Stripe API (or anything that imitates it over HTTP)
+// through stripe-go, with retries switched off on purpose: an unknown outcome
+// goes back to the idempotency layer, which retries on its own schedule with
+// the same downstream key.
+type Stripe struct {
+	charges *charge.Client
+	refunds *refund.Client
+	timeout time.Duration
+}
+
+// NewStripe builds the port.
+func NewStripe(cfg StripeConfig) *Stripe {
+	httpClient := &http.Client{
+		Timeout: cfg.Timeout,
+		Transport: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        100,
+			MaxIdleConnsPerHost: 100,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: 5 * time.Second,
+			ForceAttemptHTTP2:   true,
+		},
+	}
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:        stripe.String(cfg.URL),
+		HTTPClient: httpClient,
+		// No retries inside the client: see the type comment. (Go's
+		// http.Transport may still re-send a request whose reused
+		// connection dropped before any byte was written; that is harmless
+		// because it carries the same Idempotency-Key.)
+		MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry:   stripe.Bool(false),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	return &Stripe{
+		charges: &charge.Client{B: backend, Key: cfg.SecretKey},
+		refunds: &refund.Client{B: backend, Key: cfg.SecretKey},
+		timeout: cfg.Timeout,
+	}
+}
+
+// outcome classifies an error from a Stripe call.
+type outcome int
+
+const (
+	outcomeOK       outcome = iota
+	outcomeDeclined         // a card error: final, 402
+	outcomeRejected         // a definite validation error: final, 422
+	outcomeUnknown          // anything else: not final, retry with the same key
+)
+
+// classify follows the contract: only a card error or a definite 4xx
+// validation error is final. Timeouts, connection errors, 5xx, 429, auth
+// errors (an operator problem, nothing was charged) and 409
+// idempotency_key_in_use (another attempt with this key is still in flight
+// at Stripe) are unknown outcomes.
+func classify(err error) (outcome, *stripe.Error) {
+	if err == nil {
+		return outcomeOK, nil
+	}
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		return outcomeUnknown, nil
+	}
+	switch {
+	case se.Type == stripe.ErrorTypeCard || se.HTTPStatusCode == http.StatusPaymentRequired:
+		return outcomeDeclined, se
+	case se.Type == stripe.ErrorTypeIdempotency:
+		// Stripe saw this downstream key with other parameters. It cannot
+		// happen when parameters come from the ledger row; never final.
+		return outcomeUnknown, se
+	case se.HTTPStatusCode == http.StatusBadRequest || se.HTTPStatusCode == http.StatusNotFound:
+		return outcomeRejected, se
+	default:
+		return outcomeUnknown, se
+	}
+}
+
+// CreateCharge creates the Stripe charge for a ledger row, with the record's
+// downstream idempotency key.
+func (s *Stripe) CreateCharge(ctx context.Context, downstreamKey string, ch dbsqlc.Charge, metadata map[string]string) (*stripe.Charge, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.ChargeParams{
+		Amount:      stripe.Int64(ch.Amount),
+		Currency:    stripe.String(ch.Currency),
+		Source:      &stripe.PaymentSourceSourceParams{Token: stripe.String(ch.PaymentMethod)},
+		Description: ch.Description,
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey(downstreamKey)
+	for k, v := range metadata {
+		params.AddMetadata(k, v)
+	}
+	params.AddMetadata("idempay_charge_id", ch.ID)
+	sc, err := s.charges.New(params)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: creating charge: %w", err)
+	}
+	return sc, nil
+}
+
+// CreateRefund refunds amount of a Stripe charge, with the record's
+// downstream idempotency key.
+func (s *Stripe) CreateRefund(ctx context.Context, downstreamKey, stripeChargeID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.RefundParams{
+		Charge: stripe.String(stripeChargeID),
+		Amount: stripe.Int64(rf.Amount),
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey(downstreamKey)
+	params.AddMetadata("idempay_refund_id", rf.ID)
+	r, err := s.refunds.New(params)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: creating refund: %w", err)
+	}
+	return r, nil
+}

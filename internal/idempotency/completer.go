@@ -1,0 +1,71 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// CompleteDue runs one completer pass: it takes over the unfinished records
+// whose lock has expired (the owner crashed, or gave up after an unknown
+// outcome) and that are due, and drives each to completion with the same
+// downstream key. It returns how many it finished. Several processes may run
+// it at once: the claim uses SKIP LOCKED and a new lock generation, so each
+// record has one owner.
+func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
+	rows, err := r.q.IdempotencyKeyClaimExpired(ctx, r.pool, r.cfg.LockTimeout.Seconds(), r.cfg.CompleterBatch)
+	if err != nil {
+		return 0, fmt.Errorf("claiming expired idempotency records: %w", err)
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		finished int
+	)
+	for _, row := range rows {
+		rec := &Record{row}
+		resume, ok := r.resumers[rec.RequestMethod+" "+rec.RequestRoute]
+		if !ok {
+			r.log.ErrorContext(ctx, "completer: no operation registered for route",
+				"idempotency_key_id", rec.ID, "route", rec.RequestMethod+" "+rec.RequestRoute)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := r.drive(context.WithoutCancel(ctx), rec, resume())
+			if err != nil {
+				r.log.WarnContext(ctx, "completer: record not finished yet",
+					"idempotency_key_id", rec.ID, "attempts", rec.Attempts+1, "err", err)
+				return
+			}
+			r.observe(OutcomeRecovered)
+			r.log.InfoContext(ctx, "completer: finished record",
+				"idempotency_key_id", rec.ID, "account_id", rec.AccountID,
+				"recovery_point", rec.RecoveryPoint, "status", resp.Status)
+			mu.Lock()
+			finished++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return finished, nil
+}
+
+// RunCompleter calls CompleteDue every interval until ctx is done.
+func (r *Runner) RunCompleter(ctx context.Context, interval time.Duration) {
+	r.log.InfoContext(ctx, "completer started", "interval", interval, "lock_timeout", r.cfg.LockTimeout)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := r.CompleteDue(ctx); err != nil && ctx.Err() == nil {
+			r.log.ErrorContext(ctx, "completer pass failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

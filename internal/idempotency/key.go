@@ -1,0 +1,113 @@
+package idempotency
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/idempay/idempay/internal/apierror"
+)
+
+// MaxKeyLength is the longest Idempotency-Key accepted, in characters.
+const MaxKeyLength = 255
+
+// HeaderKey is the request header that carries the client's key.
+const HeaderKey = "Idempotency-Key"
+
+// ParseKey validates an Idempotency-Key header value. It accepts the bare form
+// that Stripe's clients send (abc) and the IETF draft's Structured Field
+// string form ("abc", with \" and \\ escapes), and returns the key itself.
+// A key is 1..255 printable ASCII characters.
+func ParseKey(header string) (string, error) {
+	v := strings.TrimSpace(header)
+	if v == "" {
+		return "", apierror.New(apierror.IdempotencyKeyMissing,
+			"Send an Idempotency-Key header (1 to 255 printable ASCII characters) with every POST.")
+	}
+	if len(v) >= 2 && v[0] == '"' {
+		unquoted, ok := parseSFString(v)
+		if !ok {
+			return "", apierror.New(apierror.IdempotencyKeyInvalid,
+				"The quoted Idempotency-Key is not a valid Structured Field string.")
+		}
+		v = unquoted
+	}
+	if v == "" || len(v) > MaxKeyLength {
+		return "", apierror.Newf(apierror.IdempotencyKeyInvalid,
+			"The Idempotency-Key must be 1 to %d characters long.", MaxKeyLength)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			return "", apierror.New(apierror.IdempotencyKeyInvalid,
+				"The Idempotency-Key may contain only printable ASCII characters.")
+		}
+	}
+	return v, nil
+}
+
+// parseSFString parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" ( DQUOTE / "\" )) DQUOTE.
+func parseSFString(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	var b strings.Builder
+	body := s[1 : len(s)-1]
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(body) || (body[i] != '"' && body[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(body[i])
+		case c == '"':
+			return "", false
+		case c < 0x20 || c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
+
+// ErrInvalidJSON is returned by Canonicalize for a body that is not one JSON value.
+var ErrInvalidJSON = errors.New("invalid JSON")
+
+// Canonicalize returns the canonical form of a JSON body: parsed, object keys
+// sorted, no insignificant whitespace, numbers kept as written. Two bodies
+// that differ only in key order or whitespace canonicalize to the same bytes.
+func Canonicalize(body []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
+		return nil, fmt.Errorf("%w: data after the JSON value", ErrInvalidJSON)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf) // maps are written with sorted keys
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// Fingerprint identifies a logical request: SHA-256 over the method, the
+// route pattern (not the raw path) and the canonical body.
+func Fingerprint(method, route string, canonicalBody []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write([]byte(route))
+	h.Write([]byte{0})
+	h.Write(canonicalBody)
+	return h.Sum(nil)
+}
