@@ -1,0 +1,497 @@
+package stripefake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
+)
+
+// newFake starts a fake and a stripe-go client for it. The client never
+// retries and never reuses connections, so each call is exactly one HTTP
+// request (Go's Transport silently resends an idempotent POST on a reused
+// connection that drops, which would hide the faults under test).
+func newFake(t *testing.T) (*Server, *client.API) {
+	t.Helper()
+	fake := New()
+	t.Cleanup(fake.Close)
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(fake.URL()),
+		MaxNetworkRetries: stripe.Int64(0),
+		HTTPClient:        &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	return fake, client.New("sk_test_fake", &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+}
+
+func chargeParams(key string, amount int64, source string) *stripe.ChargeParams {
+	p := &stripe.ChargeParams{
+		Amount:      stripe.Int64(amount),
+		Currency:    stripe.String(string(stripe.CurrencyUSD)),
+		Source:      &stripe.PaymentSourceSourceParams{Token: stripe.String(source)},
+		Description: stripe.String("test charge"),
+	}
+	p.AddMetadata("payment_id", "pay_123")
+	p.SetIdempotencyKey(key)
+	return p
+}
+
+// stripeErr asserts that err is a *stripe.Error with the given status and type.
+func stripeErr(t *testing.T, err error, status int, typ stripe.ErrorType) *stripe.Error {
+	t.Helper()
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		t.Fatalf("want *stripe.Error, got %T: %v", err, err)
+	}
+	if se.HTTPStatusCode != status || se.Type != typ {
+		t.Fatalf("want %d %s, got %d %s: %v", status, typ, se.HTTPStatusCode, se.Type, se)
+	}
+	return se
+}
+
+func TestCreateAndReplay(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+
+	first, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Amount != 1000 || first.Currency != "usd" || first.Status != "succeeded" || !first.Paid ||
+		first.Metadata["payment_id"] != "pay_123" || first.Description != "test charge" {
+		t.Fatalf("unexpected charge: %+v", first)
+	}
+	if first.LastResponse.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("first response must not be marked as replayed")
+	}
+
+	again, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again.LastResponse.RawJSON) != string(first.LastResponse.RawJSON) {
+		t.Fatalf("replay body differs:\n%s\n%s", first.LastResponse.RawJSON, again.LastResponse.RawJSON)
+	}
+	if again.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("replay must carry Idempotent-Replayed: true")
+	}
+	if n := fake.ChargesByKey("key-1"); n != 1 {
+		t.Fatalf("ChargesByKey = %d, want 1", n)
+	}
+	if n := fake.KeyCount("key-1"); n != 2 {
+		t.Fatalf("KeyCount = %d, want 2", n)
+	}
+	reqs := fake.Requests()
+	if len(reqs) != 2 || reqs[0].Replayed || !reqs[1].Replayed || reqs[1].Form.Get("metadata[payment_id]") != "pay_123" {
+		t.Fatalf("unexpected requests: %+v", reqs)
+	}
+
+	got, err := sc.Charges.Get(first.ID, nil)
+	if err != nil || got.ID != first.ID {
+		t.Fatalf("get: %v %+v", err, got)
+	}
+}
+
+func TestParamsMismatch(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+
+	if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := sc.Charges.New(chargeParams("key-1", 2000, "tok_visa"))
+	stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeIdempotency)
+	if n := len(fake.Charges()); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
+	}
+}
+
+func TestDecline(t *testing.T) {
+	t.Parallel()
+	for source, code := range map[string]stripe.DeclineCode{
+		"tok_chargeDeclined":                  stripe.DeclineCodeGenericDecline,
+		"tok_chargeDeclinedInsufficientFunds": stripe.DeclineCodeInsufficientFunds,
+	} {
+		t.Run(source, func(t *testing.T) {
+			t.Parallel()
+			fake, sc := newFake(t)
+
+			_, err := sc.Charges.New(chargeParams("key-1", 1000, source))
+			se := stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard)
+			var cardErr *stripe.CardError
+			if se.Code != stripe.ErrorCodeCardDeclined || se.DeclineCode != code || se.ChargeID == "" ||
+				se.Msg != "Your card was declined." || !errors.As(err, &cardErr) {
+				t.Fatalf("unexpected decline: %v", se)
+			}
+
+			_, err = sc.Charges.New(chargeParams("key-1", 1000, source))
+			replay := stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard)
+			if string(replay.LastResponse.RawJSON) != string(se.LastResponse.RawJSON) ||
+				replay.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("decline was not replayed: %s", replay.LastResponse.RawJSON)
+			}
+
+			declined, err := sc.Charges.Get(se.ChargeID, nil)
+			if err != nil || declined.Status != stripe.ChargeStatusFailed || declined.Paid {
+				t.Fatalf("declined charge: %v %+v", err, declined)
+			}
+			if n := fake.ChargesByKey("key-1"); n != 1 {
+				t.Fatalf("ChargesByKey = %d, want 1", n)
+			}
+		})
+	}
+}
+
+func TestValidationIsNotStored(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+
+	p := chargeParams("key-1", 1000, "tok_visa")
+	p.Amount = nil
+	_, err := sc.Charges.New(p)
+	if se := stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest); se.Param != "amount" {
+		t.Fatalf("param = %q, want amount", se.Param)
+	}
+	p = chargeParams("key-2", 1000, "tok_visa")
+	p.Currency = nil
+	_, err = sc.Charges.New(p)
+	if se := stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest); se.Param != "currency" {
+		t.Fatalf("param = %q, want currency", se.Param)
+	}
+	_, err = sc.Charges.New(chargeParams("key-3", 1000, "visa"))
+	if se := stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest); se.Param != "source" {
+		t.Fatalf("param = %q, want source", se.Param)
+	}
+
+	// The failed attempt stored nothing, so corrected parameters under the
+	// same key execute instead of getting an idempotency_error.
+	if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(fake.Charges()); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
+	}
+}
+
+func TestConcurrentSameKey(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	gate := fake.Hold()
+	defer gate.Release()
+
+	type result struct {
+		ch  *stripe.Charge
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		first <- result{ch, err}
+	}()
+	if key := <-gate.Arrived(); key != "key-1" {
+		t.Fatalf("arrived %q", key)
+	}
+
+	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if se := stripeErr(t, err, http.StatusConflict, stripe.ErrorTypeInvalidRequest); se.Code != stripe.ErrorCodeIdempotencyKeyInUse {
+		t.Fatalf("code = %s, want idempotency_key_in_use", se.Code)
+	}
+
+	gate.Release()
+	r := <-first
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	again, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if err != nil || again.ID != r.ch.ID {
+		t.Fatalf("replay after release: %v", err)
+	}
+	if n := fake.ChargesByKey("key-1"); n != 1 {
+		t.Fatalf("ChargesByKey = %d, want 1", n)
+	}
+}
+
+func TestFail500ForAWindow(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	fake.FailFor(Fail500, 200*time.Millisecond)
+
+	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+	if n := len(fake.Charges()); n != 0 {
+		t.Fatalf("a 500 must not do the work, charges = %d", n)
+	}
+
+	// Retry with the same key until the window ends; 500s were not stored.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fake.ChargesByKey("key-1"); n != 1 {
+		t.Fatalf("ChargesByKey = %d, want 1", n)
+	}
+	if reqs := fake.Requests(); reqs[0].Fault != "fail500" || reqs[len(reqs)-1].Fault != "" {
+		t.Fatalf("faults not recorded: %+v", reqs)
+	}
+}
+
+func TestOtherFaults(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Fail429", func(t *testing.T) {
+		t.Parallel()
+		fake, sc := newFake(t)
+		fake.FailNext(Fail429, 1)
+		_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		if se := stripeErr(t, err, http.StatusTooManyRequests, stripe.ErrorTypeInvalidRequest); se.Code != stripe.ErrorCodeRateLimit {
+			t.Fatalf("code = %s, want rate_limit", se.Code)
+		}
+		if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Drop", func(t *testing.T) {
+		t.Parallel()
+		fake, sc := newFake(t)
+		fake.FailNext(Drop, 1)
+		_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		var se *stripe.Error
+		if err == nil || errors.As(err, &se) {
+			t.Fatalf("want a network error, got %v", err)
+		}
+		if n := len(fake.Charges()); n != 0 {
+			t.Fatalf("Drop must not do the work, charges = %d", n)
+		}
+		ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		if err != nil || ch.LastResponse.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("retry after Drop must execute: %v", err)
+		}
+	})
+
+	t.Run("Delay", func(t *testing.T) {
+		t.Parallel()
+		fake, sc := newFake(t)
+		fake.FailNext(Delay, 1)
+		fake.SetFaultDelay(time.Minute)
+		p := chargeParams("key-1", 1000, "tok_visa")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		p.Context = ctx
+		if _, err := sc.Charges.New(p); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("want a timeout, got %v", err)
+		}
+		// The work was done before the slow answer: the retry replays it.
+		ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		if err != nil || ch.ID != fake.Charges()[0].ID || ch.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry after Delay: %v", err)
+		}
+	})
+
+	t.Run("SetDelay", func(t *testing.T) {
+		t.Parallel()
+		fake, sc := newFake(t)
+		fake.SetDelay(50 * time.Millisecond)
+		start := time.Now()
+		if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d < 50*time.Millisecond {
+			t.Fatalf("answered after %v, want at least 50ms", d)
+		}
+		fake.ClearFaults()
+	})
+}
+
+func TestDropAfterWork(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	fake.FailNext(DropAfterWork, 1)
+
+	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	var se *stripe.Error
+	if err == nil || errors.As(err, &se) {
+		t.Fatalf("want a network error, got %v", err)
+	}
+	charges := fake.Charges()
+	if len(charges) != 1 || charges[0].IdempotencyKey != "key-1" {
+		t.Fatalf("the work must be done before the drop: %+v", charges)
+	}
+
+	ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.ID != charges[0].ID || ch.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry got %s, want replay of %s", ch.ID, charges[0].ID)
+	}
+	if n := fake.ChargesByKey("key-1"); n != 1 {
+		t.Fatalf("ChargesByKey = %d, want 1", n)
+	}
+}
+
+func TestRefunds(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	ch, err := sc.Charges.New(chargeParams("charge-1", 1000, "tok_visa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund := func(key string, amount int64) (*stripe.Refund, error) {
+		p := &stripe.RefundParams{Charge: stripe.String(ch.ID)}
+		if amount > 0 {
+			p.Amount = stripe.Int64(amount)
+		}
+		p.SetIdempotencyKey(key)
+		return sc.Refunds.New(p)
+	}
+
+	r1, err := refund("refund-1", 500)
+	if err != nil || r1.Amount != 500 || r1.Charge.ID != ch.ID || r1.Status != stripe.RefundStatusSucceeded {
+		t.Fatalf("refund: %v %+v", err, r1)
+	}
+	if again, err := refund("refund-1", 500); err != nil || again.ID != r1.ID {
+		t.Fatalf("replayed refund: %v", err)
+	}
+
+	_, err = refund("refund-2", 600)
+	if se := stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest); se.Param != "amount" {
+		t.Fatalf("param = %q, want amount", se.Param)
+	}
+
+	r3, err := refund("refund-3", 0) // no amount: the rest of the charge
+	if err != nil || r3.Amount != 500 {
+		t.Fatalf("refund of the rest: %v %+v", err, r3)
+	}
+	got, err := sc.Refunds.Get(r3.ID, nil)
+	if err != nil || got.Amount != 500 {
+		t.Fatalf("get refund: %v", err)
+	}
+	after, err := sc.Charges.Get(ch.ID, nil)
+	if err != nil || after.AmountRefunded != 1000 || !after.Refunded {
+		t.Fatalf("charge after refunds: %v %+v", err, after)
+	}
+
+	p := &stripe.RefundParams{Charge: stripe.String("ch_missing")}
+	_, err = sc.Refunds.New(p)
+	if se := stripeErr(t, err, http.StatusNotFound, stripe.ErrorTypeInvalidRequest); se.Code != stripe.ErrorCodeResourceMissing {
+		t.Fatalf("code = %s, want resource_missing", se.Code)
+	}
+	if n := len(fake.Refunds()); n != 2 {
+		t.Fatalf("refunds = %d, want 2", n)
+	}
+}
+
+func TestHoldRelease(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	gate := fake.Hold()
+
+	done := make(chan error, 2)
+	for _, key := range []string{"key-1", "key-2"} {
+		go func() {
+			_, err := sc.Charges.New(chargeParams(key, 1000, "tok_visa"))
+			done <- err
+		}()
+	}
+	arrived := map[string]bool{<-gate.Arrived(): true, <-gate.Arrived(): true}
+	if !arrived["key-1"] || !arrived["key-2"] {
+		t.Fatalf("arrived %v", arrived)
+	}
+	if n := len(fake.Charges()); n != 0 {
+		t.Fatalf("held requests must not do the work, charges = %d", n)
+	}
+
+	gate.Release()
+	gate.Release() // safe to call twice
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(fake.Charges()); n != 2 {
+		t.Fatalf("charges = %d, want 2", n)
+	}
+}
+
+func TestHeldRequestReturnsWhenClientGivesUp(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	gate := fake.Hold()
+
+	p := chargeParams("key-1", 1000, "tok_visa")
+	ctx, cancel := context.WithCancel(context.Background())
+	p.Context = ctx
+	done := make(chan error, 1)
+	go func() {
+		_, err := sc.Charges.New(p)
+		done <- err
+	}()
+	<-gate.Arrived()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fake.heldCount() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("held request did not return after its client gave up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// Nothing was stored, so the same key executes once the gate opens.
+	gate.Release()
+	ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+	if err != nil || ch.LastResponse.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %v", err)
+	}
+	if n := fake.ChargesByKey("key-1"); n != 1 {
+		t.Fatalf("ChargesByKey = %d, want 1", n)
+	}
+}
+
+func TestCloseCutsOffHeldRequests(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	gate := fake.Hold()
+	done := make(chan error, 1)
+	go func() {
+		_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		done <- err
+	}()
+	<-gate.Arrived()
+	fake.Close() // must not wait for a gate nobody releases
+	if err := <-done; err == nil {
+		t.Fatal("a request cut off by Close must fail")
+	}
+}
+
+func TestUnknownRoute(t *testing.T) {
+	t.Parallel()
+	fake, _ := newFake(t)
+	resp, err := http.Get(fake.URL() + "/v1/customers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var e struct{ Error apiError }
+	if resp.StatusCode != http.StatusNotFound || json.Unmarshal(body, &e) != nil || e.Error.Type != "invalid_request_error" {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+}
