@@ -1,0 +1,186 @@
+// Package apitest runs the real idempay HTTP API in-process for tests: the
+// same server.New that `idempay serve` uses, over a real TCP listener, on the
+// real test database, with a Stripe fake (or stripe-mock) behind the real
+// stripe-go client. Only the process boundary is missing; the e2e suite
+// covers that.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// Options adjust the environment.
+type Options struct {
+	// Idempotency timings; zero fields keep idempotency.DefaultConfig.
+	LockTimeout time.Duration
+	// StripeTimeout bounds each Stripe call (default 5 s).
+	StripeTimeout time.Duration
+	// StripeURL points at another Stripe (stripe-mock); empty starts a fake.
+	StripeURL string
+}
+
+// Env is one running API.
+type Env struct {
+	Pool   *pgxpool.Pool
+	Stripe *stripefake.Server // nil when Options.StripeURL was set
+	Runner *idempotency.Runner
+	Server *httptest.Server
+	Log    *slog.Logger
+}
+
+// New starts an API for t and stops it in t.Cleanup.
+func New(t testing.TB, opts Options) *Env {
+	t.Helper()
+	env := &Env{Pool: dbtest.Pool(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	stripeURL := opts.StripeURL
+	if stripeURL == "" {
+		env.Stripe = stripefake.New()
+		t.Cleanup(env.Stripe.Close)
+		stripeURL = env.Stripe.URL()
+	}
+	cfg := idempotency.DefaultConfig()
+	if opts.LockTimeout > 0 {
+		cfg.LockTimeout = opts.LockTimeout
+	}
+	if opts.StripeTimeout == 0 {
+		opts.StripeTimeout = 5 * time.Second
+	}
+	env.Runner = idempotency.NewRunner(env.Pool, cfg, env.Log)
+	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: "sk_test_idempay", URL: stripeURL, Timeout: opts.StripeTimeout})
+	svc := charges.New(env.Pool, env.Runner, stripe, env.Log)
+	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log}))
+	t.Cleanup(env.Server.Close)
+	return env
+}
+
+// Client calls the API as one fresh account.
+type Client struct {
+	t       testing.TB
+	env     *Env
+	Account dbtest.Account
+	HTTP    *http.Client
+}
+
+// NewClient creates an account and a client for it.
+func (e *Env) NewClient(t testing.TB) *Client {
+	return &Client{t: t, env: e, Account: dbtest.NewAccount(t), HTTP: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// Response is a response read in full.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// JSON decodes the body into v or fails the test.
+func (r *Response) JSON(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		t.Fatalf("decoding %d response %q: %v", r.Status, r.Body, err)
+	}
+}
+
+// Problem is a decoded problem+json body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// Problem decodes an error body, checking its content type.
+func (r *Response) Problem(t testing.TB) Problem {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("status %d: content type %q, want application/problem+json; body %s", r.Status, ct, r.Body)
+	}
+	var p Problem
+	r.JSON(t, &p)
+	if p.Status != r.Status {
+		t.Fatalf("problem status %d != HTTP status %d", p.Status, r.Status)
+	}
+	return p
+}
+
+// Post sends body (a []byte or string as is, anything else as JSON) with the
+// Idempotency-Key idemKey ("" sends none).
+func (c *Client) Post(path, idemKey string, body any) *Response {
+	c.t.Helper()
+	var raw []byte
+	switch b := body.(type) {
+	case []byte:
+		raw = b
+	case string:
+		raw = []byte(b)
+	default:
+		var err error
+		if raw, err = json.Marshal(b); err != nil {
+			c.t.Fatalf("encoding body: %v", err)
+		}
+	}
+	req := c.NewRequest(http.MethodPost, path, bytes.NewReader(raw))
+	req.Header.Set("Content-Type", "application/json")
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	return c.Do(req)
+}
+
+// Get fetches path.
+func (c *Client) Get(path string) *Response {
+	c.t.Helper()
+	return c.Do(c.NewRequest(http.MethodGet, path, nil))
+}
+
+// NewRequest builds an authenticated request to the API.
+func (c *Client) NewRequest(method, path string, body io.Reader) *http.Request {
+	c.t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), method, c.env.Server.URL+path, body)
+	if err != nil {
+		c.t.Fatalf("building request: %v", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Account.APIKey)
+	return req
+}
+
+// Do sends req and reads the whole response. It is safe to call from many
+// goroutines; it reports transport errors with t.Errorf and returns nil.
+func (c *Client) Do(req *http.Request) *Response {
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		c.t.Errorf("%s %s: %v", req.Method, req.URL.Path, err)
+		return nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Errorf("reading response of %s %s: %v", req.Method, req.URL.Path, err)
+		return nil
+	}
+	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+}
+
+// testWriter sends server logs to t.Log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
