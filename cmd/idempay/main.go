@@ -37,6 +37,7 @@ commands:
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
   purge                      delete expired idempotency records once
+  bench [-duration D] [-concurrency N] [-scenarios LIST] [-rate R]   load benchmark (BENCHMARKS.md)
 
 configuration is read from the environment; see README.md.
 `
@@ -72,6 +73,8 @@ func run(args []string) error {
 		return accountsCmd(ctx, cfg, args[1:])
 	case "purge":
 		return purge(ctx, cfg, log)
+	case "bench":
+		return benchCmd(ctx, cfg, log, args[1:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil

@@ -1,0 +1,126 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// The raw loops run the same sqlc queries as the API, on a pool of the same
+// size, at the same concurrency, with nothing else: no HTTP, no JSON, no
+// fingerprint canonicalisation, no Stripe call. Their throughput is the
+// ceiling the API could reach on this database.
+
+var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/charges/ch_0123456789abcdef0123456789abcdef"}`)
+
+// rawFirstOnce is the first-request path's SQL: the auth read, the claim
+// transaction (upsert + ledger insert) and the finishing transaction (ledger
+// update + key finish), exactly as the runner and chargeOp issue them.
+func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
+	q := dbsqlc.New()
+	a := r.accounts[w%len(r.accounts)]
+	if _, err := q.AccountGetByAPIKeyHash(ctx, r.pool, a.hash); err != nil {
+		return charge{}, fmt.Errorf("auth read: %w", err)
+	}
+	body := chargeBody(i)
+	fp := sha256.Sum256(body)
+	type claimed struct {
+		rec dbsqlc.IdempotencyKey
+		ch  dbsqlc.Charge
+	}
+	c, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (claimed, error) {
+		rec, err := q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
+			AccountID: a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
+			RequestFingerprint: fp[:], LockTimeoutSeconds: 60,
+		})
+		if err != nil {
+			return claimed{}, err
+		}
+		desc := "Order #" + strconv.Itoa(i)
+		ch, err := q.ChargeInsert(ctx, tx, &dbsqlc.ChargeInsertParams{
+			AccountID: a.id, IdempotencyKeyID: &rec.ID, Amount: 1000 + int64(i%9000), Currency: "usd",
+			PaymentMethod: "tok_visa", Description: &desc, Metadata: []byte(`{"channel":"web","order_id":"000001"}`),
+		})
+		return claimed{rec, ch}, err
+	})
+	if err != nil {
+		return charge{}, fmt.Errorf("claim tx: %w", err)
+	}
+	stored := r.storedBody()
+	_, err = db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		stripeID := "ch_fake_" + c.rec.ID
+		if _, err := q.ChargeSetOutcome(ctx, tx, &dbsqlc.ChargeSetOutcomeParams{
+			ID: c.ch.ID, Status: "succeeded", StripeChargeID: &stripeID,
+		}); err != nil {
+			return struct{}{}, err
+		}
+		status := int32(http.StatusCreated)
+		n, err := q.IdempotencyKeyFinish(ctx, tx, &dbsqlc.IdempotencyKeyFinishParams{
+			ID: c.rec.ID, LockGeneration: c.rec.LockGeneration, ResponseStatus: &status,
+			ResponseHeaders: rawHeaders, ResponseBody: stored,
+		})
+		if err == nil && n != 1 {
+			err = errors.New("finish matched no row")
+		}
+		return struct{}{}, err
+	})
+	if err != nil {
+		return charge{}, fmt.Errorf("finish tx: %w", err)
+	}
+	return charge{acct: w % len(r.accounts), key: key, body: body, id: c.ch.ID}, nil
+}
+
+func (r *runner) storedBody() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stored == nil {
+		// The shape and size of a real stored charge response.
+		r.stored = []byte(`{"id":"ch_0123456789abcdef0123456789abcdef","object":"charge","amount":2000,"amount_refunded":0,"currency":"usd","payment_method":"tok_visa","description":"Order #000001","metadata":{"channel":"web","order_id":"000001"},"status":"succeeded","stripe_charge_id":"ch_fake_ABCDEFGHIJKLMNOPQRSTUVWXYZ","failure_code":null,"failure_message":null,"created_at":"2025-01-01T00:00:00.123456Z"}`)
+	}
+	return r.stored
+}
+
+func (r *runner) rawFirst(ctx context.Context) Result {
+	return r.drive(ctx, ScenarioRawFirst, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+		c, err := r.rawFirstOnce(ctx, w, i, fmt.Sprintf("bench-%s-raw-%d-%d", r.runID, w, i))
+		if err != nil {
+			return outcome{status: "error"}
+		}
+		r.keep(c)
+		return outcome{status: "ok", ok: true}
+	})
+}
+
+func (r *runner) seedRaw(ctx context.Context, n int) {
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		if c, err := r.rawFirstOnce(ctx, i, i, fmt.Sprintf("bench-%s-rawseed-%d", r.runID, i)); err == nil {
+			r.keep(c)
+		}
+	}
+}
+
+// rawReplay is the replay path's SQL: the auth read and the one indexed read
+// of the finished record.
+func (r *runner) rawReplay(ctx context.Context) Result {
+	q := dbsqlc.New()
+	cs := r.kept()
+	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+		c := cs[(w*7919+i*31)%len(cs)]
+		a := r.accounts[c.acct]
+		if _, err := q.AccountGetByAPIKeyHash(ctx, r.pool, a.hash); err != nil {
+			return outcome{status: "error"}
+		}
+		if _, err := q.IdempotencyKeyGetByAccountKey(ctx, r.pool, a.id, c.key); err != nil {
+			return outcome{status: "error"}
+		}
+		return outcome{status: "ok", ok: true}
+	})
+}

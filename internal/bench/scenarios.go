@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// chargeBody is a realistic POST /v1/charges body; n makes bodies differ.
+func chargeBody(n int) []byte {
+	return fmt.Appendf(nil, `{"amount":%d,"currency":"usd","payment_method":"tok_visa","description":"Order #%06d","metadata":{"order_id":"%06d","channel":"web"}}`,
+		1000+n%9000, n, n)
+}
+
+type reply struct {
+	status   int
+	replayed bool
+	location string
+	body     []byte
+}
+
+func (r *runner) do(ctx context.Context, method, path string, acct int, idemKey string, body []byte) (reply, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.base+path, rd)
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+r.accounts[acct].key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true",
+		location: resp.Header.Get("Location"), body: b}, nil
+}
+
+func statusOutcome(rep reply, err error, want int) outcome {
+	if err != nil {
+		return outcome{status: "transport_error"}
+	}
+	return outcome{status: strconv.Itoa(rep.status), ok: rep.status == want}
+}
+
+// createCharge posts a new charge and keeps it for replay and read.
+func (r *runner) createCharge(ctx context.Context, key string, w int) outcome {
+	acct := w % len(r.accounts)
+	body := chargeBody(w*1_000_003 + len(key))
+	rep, err := r.do(ctx, http.MethodPost, "/v1/charges", acct, key, body)
+	o := statusOutcome(rep, err, http.StatusCreated)
+	if o.ok {
+		id := strings.TrimPrefix(rep.location, "/v1/charges/")
+		r.keep(charge{acct: acct, key: key, body: body, id: id})
+		r.mu.Lock()
+		if r.stored == nil {
+			r.stored = rep.body
+		}
+		r.mu.Unlock()
+	}
+	return o
+}
+
+func (r *runner) first(ctx context.Context) Result {
+	return r.drive(ctx, ScenarioFirst, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d", r.runID, w, i), w)
+	})
+}
+
+func (r *runner) replay(ctx context.Context) Result {
+	cs := r.kept()
+	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+		c := cs[(w*7919+i*31)%len(cs)]
+		rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
+		o := statusOutcome(rep, err, http.StatusCreated)
+		if o.ok && !rep.replayed {
+			o = outcome{status: o.status + "_not_replayed"}
+		}
+		return o
+	})
+}
+
+func (r *runner) read(ctx context.Context) Result {
+	cs := r.kept()
+	return r.drive(ctx, ScenarioRead, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+		c := cs[(w*7919+i*31)%len(cs)]
+		rep, err := r.do(ctx, http.MethodGet, "/v1/charges/"+c.id, c.acct, "", nil)
+		return statusOutcome(rep, err, http.StatusOK)
+	})
+}
+
+// conflict holds a few first requests at the Stripe fake and hammers their
+// keys with duplicates, which must get 409 with Retry-After. The held keys
+// are released and replaced every conflictRound, well before the server's
+// Stripe timeout would turn them into unknown outcomes.
+func (r *runner) conflict(ctx context.Context) (Result, error) {
+	total := Result{Name: ScenarioConflict, Statuses: map[string]int{}, Concurrency: r.cfg.Concurrency, hist: newHistogram()}
+	end := time.Now().Add(r.cfg.Duration)
+	for round := 0; round < 10_000 && time.Until(end) > 0 && ctx.Err() == nil; round++ {
+		gate := r.fake.Hold()
+		var held []charge
+		var wg sync.WaitGroup
+		for k := 0; k < conflictHeldKeys; k++ {
+			c := charge{acct: k % len(r.accounts), key: fmt.Sprintf("bench-%s-held-%d-%d", r.runID, round, k), body: chargeBody(k)}
+			held = append(held, c)
+			wg.Go(func() { _, _ = r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body) })
+		}
+		timeout := time.After(10 * time.Second)
+		for k := 0; k < conflictHeldKeys; k++ {
+			select {
+			case <-gate.Arrived():
+			case <-timeout:
+				gate.Release()
+				wg.Wait()
+				return total, fmt.Errorf("held requests did not reach the Stripe fake within 10s")
+			}
+		}
+		res := r.drive(ctx, ScenarioConflict, min(conflictRound, time.Until(end)), func(ctx context.Context, w, i int) outcome {
+			c := held[(w+i)%len(held)]
+			rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
+			return statusOutcome(rep, err, http.StatusConflict)
+		})
+		gate.Release()
+		wg.Wait()
+		total.Elapsed += res.Elapsed
+		total.Unexpected += res.Unexpected
+		for k, v := range res.Statuses {
+			total.Statuses[k] += v
+		}
+		total.hist.merge(res.hist)
+	}
+	total.summarize()
+	return total, nil
+}

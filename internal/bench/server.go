@@ -1,0 +1,241 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ensureDatabase creates the bench database when it does not exist. It
+// refuses the maintenance database: the bench writes millions of rows.
+func ensureDatabase(ctx context.Context, dbURL string) error {
+	cc, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		return fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if cc.Database == "" || cc.Database == "postgres" {
+		return errors.New("DATABASE_URL must name a database of its own for the bench (such as idempay_bench), not postgres")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return fmt.Errorf("connecting to the bench database: %w", err)
+	}
+	name := cc.Database
+	cc.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("connecting to create database %s: %w", name, err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("creating database %s: %w", name, err)
+	}
+	return nil
+}
+
+// serverProcess is `idempay serve` running as a child process, so the load
+// generator and the server do not share a Go runtime (GC, scheduler).
+type serverProcess struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *tail
+	done   chan struct{}
+
+	mu       sync.Mutex
+	rss      []rssSample
+	stopRSS  chan struct{}
+	rssDone  chan struct{}
+	stopOnce sync.Once
+}
+
+type rssSample struct {
+	at  time.Duration
+	kib int64
+}
+
+func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProcess, error) {
+	if cfg.Executable == "" {
+		return nil, errors.New("no server executable to start (and no -target)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("finding a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	level := cfg.ServerLogLevel
+	if level == "" {
+		level = "warn"
+	}
+	cmd := exec.Command(cfg.Executable, "serve")
+	cmd.Env = append(os.Environ(),
+		"DATABASE_URL="+cfg.DatabaseURL,
+		"LISTEN_ADDR="+addr,
+		"STRIPE_API_URL="+stripeURL,
+		"STRIPE_SECRET_KEY=sk_test_idempay_bench",
+		"LOG_LEVEL="+level,
+		"SHUTDOWN_TIMEOUT=5s",
+	)
+	if cfg.DBMaxConns > 0 {
+		cmd.Env = append(cmd.Env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
+	}
+	s := &serverProcess{cmd: cmd, base: "http://" + addr, stderr: &tail{max: 64 << 10}, done: make(chan struct{}),
+		stopRSS: make(chan struct{}), rssDone: make(chan struct{})}
+	cmd.Stdout = io.Discard
+	cmd.Stderr = s.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s serve: %w", cfg.Executable, err)
+	}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/readyz", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("server exited during start-up: %s", s.stderr.String())
+		case <-ctx.Done():
+			s.stop()
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("server not ready within 30s: %s", s.stderr.String())
+		}
+	}
+	go s.sampleRSS()
+	return s, nil
+}
+
+// sampleRSS reads VmRSS from /proc once a second until stopped.
+func (s *serverProcess) sampleRSS() {
+	defer close(s.rssDone)
+	start := time.Now()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for i := 0; i < 10_000_000; i++ {
+		if kib, err := vmRSS(s.cmd.Process.Pid); err == nil {
+			s.mu.Lock()
+			s.rss = append(s.rss, rssSample{at: time.Since(start), kib: kib})
+			s.mu.Unlock()
+		}
+		select {
+		case <-t.C:
+		case <-s.stopRSS:
+			return
+		case <-s.done:
+			return
+		}
+	}
+}
+
+func vmRSS(pid int) (int64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			return strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmRSS line")
+}
+
+func (s *serverProcess) stopSampling() {
+	s.stopOnce.Do(func() { close(s.stopRSS) })
+	<-s.rssDone
+}
+
+func (s *serverProcess) samples() []rssSample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]rssSample(nil), s.rss...)
+}
+
+// stop asks the server to shut down and kills it if it does not.
+func (s *serverProcess) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(15 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+func printRSS(out io.Writer, samples []rssSample) {
+	if len(samples) == 0 {
+		return
+	}
+	var maxKiB int64
+	for _, x := range samples {
+		maxKiB = max(maxKiB, x.kib)
+	}
+	first, last := samples[0], samples[len(samples)-1]
+	fmt.Fprintf(out, "server RSS: first %.1f MiB, last %.1f MiB, max %.1f MiB over %s (%d samples, 1/s)\n",
+		mib(first.kib), mib(last.kib), mib(maxKiB), last.at.Round(time.Second), len(samples))
+	// A coarse series, about ten points, to show whether memory is flat.
+	step := max(1, len(samples)/10)
+	var pts []string
+	for i := 0; i < len(samples); i += step {
+		pts = append(pts, fmt.Sprintf("%s:%.1f", samples[i].at.Round(time.Second), mib(samples[i].kib)))
+	}
+	fmt.Fprintf(out, "server RSS series (MiB): %s\n", strings.Join(pts, " "))
+}
+
+func mib(kib int64) float64 { return float64(kib) / 1024 }
+
+// tail keeps the last max bytes written to it (the server's stderr), to show
+// when the server fails.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = append([]byte(nil), t.buf[len(t.buf)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
