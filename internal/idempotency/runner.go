@@ -223,11 +223,39 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	return r.drive(context.WithoutCancel(ctx), rec, op)
 }
 
-// claim takes ownership of the key, or says why not. It loops only when the
-// record changed between the failed upsert and the read (it was released,
-// expired or deleted in between).
+// claim takes ownership of the key, or says why not. It reads first: a
+// replay, a mismatch or an in-flight conflict is answered from one indexed
+// read, with no transaction, no row lock and no write. Only a key that is
+// absent, or present and resumable, goes on to the upsert, which stays the
+// atomic arbiter: two requests that both read "absent" race in the INSERT
+// ... ON CONFLICT, and the loser reads again. It loops only when the record
+// changed between the read and the upsert.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	for attempt := 0; attempt < 3; attempt++ {
+		row, err := r.q.IdempotencyKeyGetByAccountKey(ctx, r.pool, req.AccountID, req.Key)
+		if err = db.NotFound(err); err != nil && !errors.Is(err, db.ErrNotFound) {
+			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
+		} else if err == nil {
+			switch {
+			case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
+				r.observe(OutcomeMismatch)
+				return nil, nil, apierror.New(apierror.IdempotencyKeyReused,
+					"This Idempotency-Key was already used with a different request (method, route or body). Use a new key for a new request.")
+			case row.RecoveryPoint == PointFinished:
+				r.observe(OutcomeReplayed)
+				resp, err := storedResponse(row)
+				return nil, resp, err
+			case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
+				r.observe(OutcomeConflict)
+				return nil, nil, &apierror.Error{
+					Type:       apierror.RequestInProgress,
+					Detail:     "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
+					RetryAfter: 1,
+				}
+			}
+			// Unlocked or expired: the upsert below takes it over.
+		}
+
 		rec, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (*Record, error) {
 			row, err := r.q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
 				AccountID:          req.AccountID,
@@ -238,7 +266,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 				LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
 			})
 			if errors.Is(err, pgx.ErrNoRows) {
-				return nil, nil // exists and cannot be taken: see below
+				return nil, nil // changed since the read: read again
 			}
 			if err != nil {
 				return nil, fmt.Errorf("claiming idempotency key: %w", err)
@@ -269,31 +297,6 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			}
 			return rec, nil, nil
 		}
-
-		row, err := r.q.IdempotencyKeyGetByAccountKey(ctx, r.pool, req.AccountID, req.Key)
-		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
-			continue // removed by retention between the two statements
-		} else if err != nil {
-			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
-		}
-		switch {
-		case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
-			r.observe(OutcomeMismatch)
-			return nil, nil, apierror.New(apierror.IdempotencyKeyReused,
-				"This Idempotency-Key was already used with a different request (method, route or body). Use a new key for a new request.")
-		case row.RecoveryPoint == PointFinished:
-			r.observe(OutcomeReplayed)
-			resp, err := storedResponse(row)
-			return nil, resp, err
-		case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
-			r.observe(OutcomeConflict)
-			return nil, nil, &apierror.Error{
-				Type:       apierror.RequestInProgress,
-				Detail:     "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
-				RetryAfter: 1,
-			}
-		}
-		// Unlocked or expired now: another round of the upsert takes it.
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, &apierror.Error{Type: apierror.RequestInProgress,
