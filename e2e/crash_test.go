@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/faultpoint"
+)
+
+// TestCrashAtPhaseBoundary kills a real server process with SIGKILL at each
+// phase boundary of a charge (I6) and checks that the charge is recovered
+// exactly once, either (retry) by the client retrying the same key against
+// a freshly started server once the dead owner's lock expires, or
+// (completer) with no retry at all, by another server's completer.
+func TestCrashAtPhaseBoundary(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		point string
+		// What the crash leaves behind: the record's recovery point and
+		// whether the fake executed the charge.
+		wantPoint   string
+		wantCharged int
+	}{
+		{faultpoint.BeforeDownstream, "started", 0},
+		{faultpoint.AfterDownstream, "started", 1},
+		{faultpoint.AfterCommit, "finished", 1},
+	}
+	for _, tc := range cases {
+		for _, recovery := range []string{"retry", "completer"} {
+			t.Run(tc.point+"/"+recovery, func(t *testing.T) {
+				t.Parallel()
+				d := newDB(t)
+				fake := newFake(t)
+				acct := newAccount(t, d.Pool, "crash "+tc.point)
+				const key = "crash-key-1"
+				body := chargeBody(4242, "crash at "+tc.point)
+
+				a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: tc.point})
+				// A client that never reuses a connection, so that nothing
+				// (not even http.Transport's silent retry) re-sends the POST.
+				once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+				resp, err := do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key, body)
+				if err == nil {
+					t.Fatalf("server A answered %d %s; want the connection to die with the process", resp.Status, resp.Body)
+				}
+				t.Logf("client saw: %v", err)
+				requireKilled(t, "A", a.waitExit(10*time.Second))
+
+				// The crash left the state of its phase boundary behind.
+				if p := recoveryPoint(t, d.Pool, acct.ID, key); p != tc.wantPoint {
+					t.Fatalf("after the crash the record is at %q, want %q", p, tc.wantPoint)
+				}
+				if n := len(fake.Charges()); n != tc.wantCharged {
+					t.Fatalf("after the crash the fake executed %d charges, want %d", n, tc.wantCharged)
+				}
+
+				c := newHTTPClient()
+				var final *apiResponse
+				switch recovery {
+				case "retry":
+					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					start := time.Now()
+					var st retryStats
+					final, st, err = postCharge(ctx, c, func(int) string { return b.URL }, acct.APIKey, key, body, 60)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("retry: final %d after %d attempts (%d × 409) in %s", final.Status, st.Attempts, st.Conflicts, time.Since(start).Round(time.Millisecond))
+					if tc.wantPoint == "finished" {
+						if !final.replayed() {
+							t.Errorf("the retry after a crash after commit was not a replay")
+						}
+					} else {
+						if final.replayed() {
+							t.Errorf("the retry that resumed the record was marked as a replay")
+						}
+						if st.Conflicts == 0 {
+							t.Errorf("the retry took the dead owner's lock at once; want 409 until the lock timeout")
+						}
+						if n := countLog([]*server{b}, "took over idempotency record"); n != 1 {
+							t.Errorf("server B logged %d takeovers, want 1", n)
+						}
+					}
+				case "completer":
+					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond})
+					if !waitFor(15*time.Second, func() bool { return recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
+						t.Fatalf("the completer did not finish the record in 15 s")
+					}
+					if tc.wantPoint != "finished" {
+						if n := countLog([]*server{cs}, "completer: finished record"); n != 1 {
+							t.Errorf("server C's completer logged %d finished records, want 1", n)
+						}
+					}
+					// The client comes back later: it gets the stored answer.
+					final, err = do(context.Background(), c, http.MethodPost, cs.URL+"/v1/charges", acct.APIKey, key, body)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !final.replayed() {
+						t.Errorf("the request after the completer finished was not a replay")
+					}
+				}
+				if final.Status != http.StatusCreated {
+					t.Fatalf("final answer %d %s, want 201", final.Status, final.Body)
+				}
+
+				recs := records(t, d.Pool, acct.ID)
+				if len(recs) != 1 {
+					t.Errorf("account has records for %d keys, want 1", len(recs))
+				}
+				row := checkFinished(t, key, recs[key], indexFake(fake))
+				ch := decodeCharge(t, final.Body)
+				if ch.ID != row.ChargeID || ch.Status != "succeeded" || ch.StripeChargeID == nil || row.StripeChargeID == nil || *ch.StripeChargeID != *row.StripeChargeID {
+					t.Errorf("the response %s does not match ledger row %+v", final.Body, row)
+				}
+
+				// I2: one more retry replays the same bytes.
+				again, err := do(context.Background(), c, http.MethodPost, startedURL(t, d, fake)+"/v1/charges", acct.APIKey, key, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if again.Status != final.Status || !bytes.Equal(again.Body, final.Body) || !again.replayed() {
+					t.Errorf("replay %d %q (replayed=%v) differs from %d %q", again.Status, again.Body, again.replayed(), final.Status, final.Body)
+				}
+			})
+		}
+	}
+}
+
+// startedURL starts one more plain server (no fault, no completer) and
+// returns its URL: a replay must not depend on the process that stored it.
+func startedURL(t *testing.T, d *testDB, fake interface{ URL() string }) string {
+	t.Helper()
+	return startServer(t, serverOpts{Name: "R", DBURL: d.URL, StripeURL: fake.URL()}).URL
+}

@@ -1,0 +1,707 @@
+// Package e2e is idempay's fault suite: it builds the real binary, runs
+// `idempay serve` as separate OS processes against real PostgreSQL and a
+// Stripe fake, and kills, restarts and starves them to check that the
+// invariants I1-I7 of the design survive real crashes, real concurrency,
+// Stripe faults and a database restart.
+//
+// Every test gets a database of its own (created and migrated here, dropped
+// in Cleanup), because the servers run the completer, which takes over any
+// expired record in its database: two tests sharing a database would finish
+// each other's records against the wrong Stripe fake.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// binPath is the idempay binary built with -tags faultinject by TestMain.
+var binPath string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "idempay-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binPath = filepath.Join(dir, "idempay")
+	if err := buildBinary(binPath); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: building idempay:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// buildBinary runs `go build -tags faultinject` from the module root.
+func buildBinary(out string) error {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	cmd := exec.Command("go", "build", "-tags", "faultinject", "-o", out, "./cmd/idempay")
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%w\n%s", err, stderr.String())
+	}
+	return nil
+}
+
+// testDB is a database of one test's own.
+type testDB struct {
+	URL  string
+	Pool *pgxpool.Pool
+}
+
+// newDB creates and migrates a fresh database on the server of the test
+// database URL (TEST_DATABASE_URL, see dbtest) and drops it in Cleanup.
+func newDB(t *testing.T) *testDB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base, err := url.Parse(dbtest.URL())
+	if err != nil {
+		t.Fatalf("parsing test database URL: %v", err)
+	}
+	name := "idempay_e2e_" + randHex(6)
+	admin := *base
+	admin.Path = "/postgres" // maintenance database: only CREATE/DROP DATABASE
+	conn, err := pgx.Connect(ctx, admin.String())
+	if err != nil {
+		t.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	conn.Close(ctx)
+	if err != nil {
+		t.Fatalf("creating database %s: %v", name, err)
+	}
+	u := *base
+	u.Path = "/" + name
+	d := &testDB{URL: u.String()}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			t.Logf("dropping database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("dropping database %s: %v", name, err)
+		}
+	})
+	d.Pool = openMigrated(t, ctx, d.URL)
+	return d
+}
+
+func openMigrated(t *testing.T, ctx context.Context, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := db.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	return pool
+}
+
+// account is an API account of the test's database.
+type account struct {
+	ID     string
+	APIKey string
+}
+
+func newAccount(t *testing.T, pool *pgxpool.Pool, name string) account {
+	t.Helper()
+	a, key, err := accounts.Create(context.Background(), pool, name)
+	if err != nil {
+		t.Fatalf("creating account: %v", err)
+	}
+	return account{ID: a.ID, APIKey: key}
+}
+
+func newFake(t *testing.T) *stripefake.Server {
+	fake := stripefake.New()
+	t.Cleanup(fake.Close)
+	return fake
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// serverOpts configure one `idempay serve` process.
+type serverOpts struct {
+	Name       string
+	DBURL      string
+	StripeURL  string
+	FaultPoint string        // IDEMPAY_FAULT_POINT; "" for none
+	Completer  time.Duration // COMPLETER_INTERVAL; 0 disables
+	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default 2s)
+	Stripe     time.Duration // STRIPE_TIMEOUT (default 1s)
+	Addr       string        // LISTEN_ADDR; "" picks a free port
+}
+
+// server is one running (or dead) server process.
+type server struct {
+	t       *testing.T
+	opts    serverOpts
+	URL     string
+	logPath string
+
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
+	state *os.ProcessState
+	runs  int
+}
+
+// startServer starts a server and waits for /readyz. The process is stopped
+// in Cleanup, and its log is shown when the test failed.
+func startServer(t *testing.T, opts serverOpts) *server {
+	t.Helper()
+	if opts.Lock == 0 {
+		opts.Lock = 2 * time.Second
+	}
+	if opts.Stripe == 0 {
+		opts.Stripe = time.Second
+	}
+	if opts.Addr == "" {
+		opts.Addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	}
+	s := &server{t: t, opts: opts, URL: "http://" + opts.Addr,
+		logPath: filepath.Join(t.TempDir(), opts.Name+".log")}
+	t.Cleanup(func() {
+		s.stop()
+		if t.Failed() {
+			s.showLog()
+		}
+	})
+	s.start()
+	return s
+}
+
+func (s *server) env() []string {
+	o := s.opts
+	env := []string{
+		"DATABASE_URL=" + o.DBURL,
+		"LISTEN_ADDR=" + o.Addr,
+		"STRIPE_SECRET_KEY=sk_test_x",
+		"STRIPE_API_URL=" + o.StripeURL,
+		"STRIPE_TIMEOUT=" + o.Stripe.String(),
+		"IDEMPOTENCY_LOCK_TIMEOUT=" + o.Lock.String(),
+		"COMPLETER_INTERVAL=" + o.Completer.String(),
+		"RETENTION_INTERVAL=0",
+		"SHUTDOWN_TIMEOUT=2s",
+		"LOG_FORMAT=text",
+		"PATH=" + os.Getenv("PATH"),
+	}
+	if o.FaultPoint != "" {
+		env = append(env, "IDEMPAY_FAULT_POINT="+o.FaultPoint)
+	}
+	return env
+}
+
+// start (re)starts the process on the same address and waits until ready.
+func (s *server) start() {
+	s.t.Helper()
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatalf("opening server log: %v", err)
+	}
+	s.mu.Lock()
+	s.runs++
+	fmt.Fprintf(logf, "=== e2e: start #%d of %s on %s (fault point %q)\n", s.runs, s.opts.Name, s.opts.Addr, s.opts.FaultPoint)
+	cmd := exec.Command(binPath, "serve")
+	cmd.Env = s.env()
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		logf.Close()
+		s.t.Fatalf("starting %s: %v", s.opts.Name, err)
+	}
+	done := make(chan struct{})
+	s.cmd, s.done, s.state = cmd, done, nil
+	s.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		s.mu.Lock()
+		s.state = cmd.ProcessState
+		s.mu.Unlock()
+		close(done)
+	}()
+	s.waitReady(15 * time.Second)
+}
+
+// waitReady polls /readyz until it answers 200, the process dies, or d passes.
+func (s *server) waitReady(d time.Duration) {
+	s.t.Helper()
+	c := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(d)
+	for i := 0; time.Now().Before(deadline) && i < 1000; i++ {
+		select {
+		case <-s.doneChan():
+			s.showLog()
+			s.t.Fatalf("%s exited before it was ready: %v", s.opts.Name, s.exitState())
+		default:
+		}
+		resp, err := c.Get(s.URL + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.showLog()
+	s.t.Fatalf("%s not ready after %s", s.opts.Name, d)
+}
+
+func (s *server) doneChan() chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done
+}
+
+func (s *server) exitState() *os.ProcessState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// waitExit waits up to d for the process to end and returns how it ended.
+func (s *server) waitExit(d time.Duration) *os.ProcessState {
+	s.t.Helper()
+	select {
+	case <-s.doneChan():
+		return s.exitState()
+	case <-time.After(d):
+		s.t.Fatalf("%s still running after %s", s.opts.Name, d)
+		return nil
+	}
+}
+
+// kill9 sends SIGKILL and checks that the process died of it.
+func (s *server) kill9() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		s.t.Fatalf("kill -9 %s: %v", s.opts.Name, err)
+	}
+	requireKilled(s.t, s.opts.Name, s.waitExit(10*time.Second))
+}
+
+// requireKilled fails unless the process ended by SIGKILL.
+func requireKilled(t *testing.T, name string, st *os.ProcessState) {
+	t.Helper()
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("%s ended with %v, want death by SIGKILL", name, st)
+	}
+}
+
+// stop ends the process if it runs: SIGTERM, then SIGKILL after 5 s.
+func (s *server) stop() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	}
+}
+
+// logText is the server's log so far.
+func (s *server) logText() string {
+	b, _ := os.ReadFile(s.logPath)
+	return string(b)
+}
+
+// showLog prints the last lines of the server log.
+func (s *server) showLog() {
+	const maxLines = 150
+	var lines []string
+	sc := bufio.NewScanner(strings.NewReader(s.logText()))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	from := max(0, len(lines)-maxLines)
+	s.t.Logf("--- log of %s (last %d of %d lines) ---\n%s", s.opts.Name, len(lines)-from, len(lines),
+		strings.Join(lines[from:], "\n"))
+}
+
+// countLog counts log lines of every server whose message is msg.
+func countLog(servers []*server, msg string) int {
+	n := 0
+	needle := "msg=" + strconv.Quote(msg)
+	for _, s := range servers {
+		n += strings.Count(s.logText(), needle)
+	}
+	return n
+}
+
+// ---------------------------------------------------------------------------
+// Client side.
+
+// apiResponse is one answer read in full.
+type apiResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r *apiResponse) replayed() bool { return r.Header.Get("Idempotent-Replayed") == "true" }
+
+func newHTTPClient() *http.Client {
+	return &http.Client{
+		Timeout: 15 * time.Second,
+		Transport: &http.Transport{
+			MaxIdleConns:        200,
+			MaxIdleConnsPerHost: 100,
+			IdleConnTimeout:     30 * time.Second,
+		},
+	}
+}
+
+// do sends one request. A transport error is returned, not reported.
+func do(ctx context.Context, c *http.Client, method, u, apiKey, idemKey string, body []byte) (*apiResponse, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return &apiResponse{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// retryStats counts what a retrying client went through.
+type retryStats struct {
+	Attempts   int
+	Conflicts  int // 409 request-in-progress
+	Unavail    int // 503 (Stripe outcome unknown, or database down)
+	ServerErrs int // other 5xx
+	ConnErrs   int
+}
+
+func (s *retryStats) add(o retryStats) {
+	s.Attempts += o.Attempts
+	s.Conflicts += o.Conflicts
+	s.Unavail += o.Unavail
+	s.ServerErrs += o.ServerErrs
+	s.ConnErrs += o.ConnErrs
+}
+
+// retryable says whether a status asks the client to send the same request
+// again: 409 (in flight), 503/502/504 (outcome unknown or unavailable) and
+// 500 (the server failed; with the same key a retry is always safe).
+func retryable(status int) bool {
+	return status == http.StatusConflict || status >= 500
+}
+
+// retryAfter is the delay a response asks for, capped so tests stay short.
+func retryAfter(r *apiResponse, def time.Duration) time.Duration {
+	if v := r.Header.Get("Retry-After"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			return min(time.Duration(n)*time.Second, 2*time.Second)
+		}
+	}
+	return def
+}
+
+// postCharge sends the same charge until it gets a final answer, as a
+// careful client does: same Idempotency-Key every time, Retry-After
+// honoured on 409/503, connection errors retried on the next server (pick
+// chooses the base URL for attempt i). Bounded by maxAttempts and ctx.
+func postCharge(ctx context.Context, c *http.Client, pick func(i int) string, apiKey, key string, body []byte, maxAttempts int) (*apiResponse, retryStats, error) {
+	var st retryStats
+	var last error
+	for i := 0; i < maxAttempts; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, st, fmt.Errorf("key %s: gave up after %d attempts: %w (last: %v)", key, st.Attempts, err, last)
+		}
+		st.Attempts++
+		resp, err := do(ctx, c, http.MethodPost, pick(i)+"/v1/charges", apiKey, key, body)
+		var wait time.Duration
+		switch {
+		case err != nil:
+			st.ConnErrs++
+			last = err
+			wait = time.Duration(50+mrand.IntN(100)) * time.Millisecond
+		case !retryable(resp.Status):
+			return resp, st, nil
+		default:
+			last = fmt.Errorf("status %d: %s", resp.Status, resp.Body)
+			switch {
+			case resp.Status == http.StatusConflict:
+				st.Conflicts++
+			case resp.Status == http.StatusServiceUnavailable:
+				st.Unavail++
+			default:
+				st.ServerErrs++
+			}
+			wait = retryAfter(resp, 200*time.Millisecond) + time.Duration(mrand.IntN(100))*time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	return nil, st, fmt.Errorf("key %s: no final answer after %d attempts (last: %v)", key, maxAttempts, last)
+}
+
+func chargeBody(amount int, description string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"amount": amount, "currency": "usd", "payment_method": "tok_visa", "description": description,
+	})
+	return b
+}
+
+// apiCharge is the part of the charge resource the tests read.
+type apiCharge struct {
+	ID             string  `json:"id"`
+	Amount         int64   `json:"amount"`
+	Status         string  `json:"status"`
+	StripeChargeID *string `json:"stripe_charge_id"`
+}
+
+func decodeCharge(t *testing.T, b []byte) apiCharge {
+	t.Helper()
+	var c apiCharge
+	if err := json.Unmarshal(b, &c); err != nil || c.ID == "" {
+		t.Fatalf("decoding charge %q: %v", b, err)
+	}
+	return c
+}
+
+// ---------------------------------------------------------------------------
+// Invariant checks against the database and the fake.
+
+// ledgerRow is one charge row with its idempotency record.
+type ledgerRow struct {
+	RecordID       string
+	RecoveryPoint  string
+	ResponseStatus *int32
+	ChargeID       string
+	Status         string
+	StripeChargeID *string
+}
+
+// records returns, per key, the records and ledger rows of one account.
+// Every record must have exactly one ledger row (I1); the caller checks
+// how many records there are.
+func records(t *testing.T, pool *pgxpool.Pool, accountID string) map[string][]ledgerRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT ik.key, ik.id, ik.recovery_point, ik.response_status, c.id, c.status, c.stripe_charge_id
+		FROM idempotency_keys ik LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+		WHERE ik.account_id = $1`, accountID)
+	if err != nil {
+		t.Fatalf("reading records: %v", err)
+	}
+	defer rows.Close()
+	out := map[string][]ledgerRow{}
+	for rows.Next() {
+		var key string
+		var r ledgerRow
+		var chargeID, status *string
+		if err := rows.Scan(&key, &r.RecordID, &r.RecoveryPoint, &r.ResponseStatus, &chargeID, &status, &r.StripeChargeID); err != nil {
+			t.Fatalf("scanning record: %v", err)
+		}
+		if chargeID == nil {
+			t.Errorf("record %s (key %s) has no ledger row", r.RecordID, key)
+			continue
+		}
+		r.ChargeID, r.Status = *chargeID, *status
+		out[key] = append(out[key], r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("reading records: %v", err)
+	}
+	var orphans int
+	if err := pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM charges WHERE account_id = $1 AND idempotency_key_id IS NULL`, accountID).Scan(&orphans); err != nil {
+		t.Fatalf("counting charges: %v", err)
+	}
+	if orphans != 0 {
+		t.Errorf("account %s has %d charges without an idempotency record", accountID, orphans)
+	}
+	return out
+}
+
+// fakeIndex groups what the fake saw by idempay charge id (the metadata
+// idempay sends on every Stripe call).
+type fakeIndex struct {
+	keysByCharge    map[string]map[string]bool // ledger charge id -> downstream keys sent
+	chargesByLedger map[string][]stripefake.Charge
+	chargesByKey    map[string]int
+	total           int
+}
+
+func indexFake(fake *stripefake.Server) fakeIndex {
+	ix := fakeIndex{keysByCharge: map[string]map[string]bool{}, chargesByLedger: map[string][]stripefake.Charge{}, chargesByKey: map[string]int{}}
+	for _, r := range fake.Requests() {
+		if r.Method != http.MethodPost || r.Path != "/v1/charges" {
+			continue
+		}
+		id := r.Form.Get("metadata[idempay_charge_id]")
+		if ix.keysByCharge[id] == nil {
+			ix.keysByCharge[id] = map[string]bool{}
+		}
+		ix.keysByCharge[id][r.IdempotencyKey] = true
+	}
+	for _, c := range fake.Charges() {
+		ix.total++
+		ix.chargesByLedger[c.Metadata["idempay_charge_id"]] = append(ix.chargesByLedger[c.Metadata["idempay_charge_id"]], c)
+		ix.chargesByKey[c.IdempotencyKey]++
+	}
+	return ix
+}
+
+// checkFinished checks I1 and I6 for one key: exactly one record, finished
+// with a 201, one ledger row that succeeded with the Stripe id the fake
+// holds, every Stripe request for it under the record's downstream key, and
+// exactly one charge executed at the fake.
+func checkFinished(t *testing.T, key string, rows []ledgerRow, ix fakeIndex) ledgerRow {
+	t.Helper()
+	if len(rows) != 1 {
+		t.Errorf("key %s: %d records/ledger rows, want exactly 1", key, len(rows))
+		if len(rows) == 0 {
+			return ledgerRow{}
+		}
+	}
+	r := rows[0]
+	if r.RecoveryPoint != "finished" || r.ResponseStatus == nil || *r.ResponseStatus != http.StatusCreated {
+		t.Errorf("key %s: record %s at %s with status %v, want finished with 201", key, r.RecordID, r.RecoveryPoint, r.ResponseStatus)
+	}
+	wantKey := "idempay_" + r.RecordID
+	keys := ix.keysByCharge[r.ChargeID]
+	if len(keys) != 1 || !keys[wantKey] {
+		t.Errorf("key %s: Stripe saw downstream keys %v for charge %s, want only %s", key, keys, r.ChargeID, wantKey)
+	}
+	fc := ix.chargesByLedger[r.ChargeID]
+	if len(fc) != 1 || ix.chargesByKey[wantKey] != 1 {
+		t.Errorf("key %s: the fake executed %d charges for ledger row %s (%d under %s), want 1", key, len(fc), r.ChargeID, ix.chargesByKey[wantKey], wantKey)
+		return r
+	}
+	if r.Status != "succeeded" || r.StripeChargeID == nil || *r.StripeChargeID != fc[0].ID {
+		t.Errorf("key %s: ledger row %s is %s with stripe id %v, want succeeded with %s", key, r.ChargeID, r.Status, r.StripeChargeID, fc[0].ID)
+	}
+	return r
+}
+
+// waitFor polls cond every 100 ms until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for i := 0; i < int(math.Ceil(d.Seconds()*10))+1; i++ {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return cond()
+}
+
+// recoveryPoint reads one record's recovery point ("" when there is none).
+func recoveryPoint(t *testing.T, pool *pgxpool.Pool, accountID, key string) string {
+	t.Helper()
+	var p string
+	err := pool.QueryRow(context.Background(),
+		`SELECT recovery_point FROM idempotency_keys WHERE account_id = $1 AND key = $2`, accountID, key).Scan(&p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("reading record: %v", err)
+	}
+	return p
+}
