@@ -24,6 +24,10 @@ type StripeConfig struct {
 	// Timeout bounds every Stripe call. Keep it well under the idempotency
 	// lock timeout.
 	Timeout time.Duration
+	// Observe, when set, is called after every Stripe call with the
+	// operation ("create_charge", "create_refund"), the result class ("ok",
+	// "declined", "rejected", "unknown") and the call's latency (metrics).
+	Observe func(operation, result string, d time.Duration)
 }
 
 // Stripe is the port to the payment processor that this package owns. It
@@ -35,6 +39,7 @@ type Stripe struct {
 	charges *charge.Client
 	refunds *refund.Client
 	timeout time.Duration
+	observe func(operation, result string, d time.Duration)
 }
 
 // NewStripe builds the port.
@@ -66,6 +71,7 @@ func NewStripe(cfg StripeConfig) *Stripe {
 		charges: &charge.Client{B: backend, Key: cfg.SecretKey},
 		refunds: &refund.Client{B: backend, Key: cfg.SecretKey},
 		timeout: cfg.Timeout,
+		observe: cfg.Observe,
 	}
 }
 
@@ -78,6 +84,28 @@ const (
 	outcomeRejected         // a definite validation error: final, 422
 	outcomeUnknown          // anything else: not final, retry with the same key
 )
+
+// String is the result class as labelled in metrics.
+func (o outcome) String() string {
+	switch o {
+	case outcomeOK:
+		return "ok"
+	case outcomeDeclined:
+		return "declined"
+	case outcomeRejected:
+		return "rejected"
+	default:
+		return "unknown"
+	}
+}
+
+// observed reports one call to the Observe hook, if any.
+func (s *Stripe) observed(operation string, start time.Time, err error) {
+	if s.observe != nil {
+		kind, _ := classify(err)
+		s.observe(operation, kind.String(), time.Since(start))
+	}
+}
 
 // classify follows the contract: only a card error or a definite 4xx
 // validation error is final. Timeouts, connection errors, 5xx, 429, auth
@@ -123,7 +151,9 @@ func (s *Stripe) CreateCharge(ctx context.Context, downstreamKey string, ch dbsq
 		params.AddMetadata(k, v)
 	}
 	params.AddMetadata("idempay_charge_id", ch.ID)
+	start := time.Now()
 	sc, err := s.charges.New(params)
+	s.observed("create_charge", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("stripe: creating charge: %w", err)
 	}
@@ -142,7 +172,9 @@ func (s *Stripe) CreateRefund(ctx context.Context, downstreamKey, stripeChargeID
 	params.Context = ctx
 	params.SetIdempotencyKey(downstreamKey)
 	params.AddMetadata("idempay_refund_id", rf.ID)
+	start := time.Now()
 	r, err := s.refunds.New(params)
+	s.observed("create_refund", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("stripe: creating refund: %w", err)
 	}

@@ -1,0 +1,149 @@
+// Package metrics is idempay's Prometheus instrumentation: one registry of
+// its own (never the global one, so tests and embedders can run several
+// servers in one process), the Go and process collectors, and the few series
+// an operator of a retry-safe payment API watches: HTTP traffic by route
+// pattern, what the idempotency layer decided, how Stripe answered, the
+// database pool and the retention job.
+//
+// The package only observes. The server mounts Handler at /metrics, and
+// cmd/idempay plugs the observer methods into the hooks the other packages
+// expose (idempotency.Runner.OnOutcome, charges.StripeConfig.Observe,
+// idempotency.Runner.RunRetention's onPurged).
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+const namespace = "idempay"
+
+// Metrics holds the registry and the instruments. The zero value is not
+// usable; build it with New.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	httpRequests   *prometheus.CounterVec
+	httpDuration   *prometheus.HistogramVec
+	outcomes       *prometheus.CounterVec
+	stripeDuration *prometheus.HistogramVec
+	stripeErrors   *prometheus.CounterVec
+	purged         prometheus.Counter
+}
+
+// Outcomes lists every idempotency outcome. Their counters are created at
+// zero up front, so that a dashboard or an alert on rate() sees the series
+// before the first event (a counter that appears only at its first increment
+// hides that first increment from rate()).
+var Outcomes = []idempotency.Outcome{
+	idempotency.OutcomeNew, idempotency.OutcomeReplayed, idempotency.OutcomeConflict,
+	idempotency.OutcomeMismatch, idempotency.OutcomeTakeover, idempotency.OutcomeRecovered,
+	idempotency.OutcomeUnknown, idempotency.OutcomeFenced, idempotency.OutcomeRolledBack,
+}
+
+// Stripe operations and result classes, as labelled on the Stripe series.
+const (
+	StripeCreateCharge = "create_charge"
+	StripeCreateRefund = "create_refund"
+
+	ResultOK       = "ok"
+	ResultDeclined = "declined"
+	ResultRejected = "rejected"
+	ResultUnknown  = "unknown"
+)
+
+// New builds the registry. pool may be nil (no pool series).
+func New(pool *pgxpool.Pool) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "http", Name: "requests_total",
+		Help: "HTTP requests answered, by method, route pattern and status code.",
+	}, []string{"method", "route", "status"})
+	m.httpDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: "http", Name: "request_duration_seconds",
+		Help:    "Time from the request reaching the router to the response being written, by method, route pattern and status code.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"method", "route", "status"})
+	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "idempotency", Name: "outcomes_total",
+		Help: "What the idempotency layer decided: new, replayed, conflict (409 in flight), mismatch (422), takeover (expired lock resumed), recovered (finished by the completer), unknown_downstream (503, resumable), fenced (a stale owner's write refused), rejected (rolled back before execution).",
+	}, []string{"outcome"})
+	m.stripeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: "stripe", Name: "request_duration_seconds",
+		Help:    "Latency of calls to the Stripe API, by operation and result class (ok, declined, rejected, unknown).",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30},
+	}, []string{"operation", "result"})
+	m.stripeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "stripe", Name: "errors_total",
+		Help: "Stripe calls that did not succeed, by operation and result class: declined and rejected are final answers, unknown (timeout, 5xx, 429, connection error) leaves the record resumable.",
+	}, []string{"operation", "result"})
+	m.purged = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "idempotency", Name: "records_purged_total",
+		Help: "Finished idempotency records deleted by the retention job.",
+	})
+
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
+	)
+	for _, o := range Outcomes {
+		m.outcomes.WithLabelValues(string(o))
+	}
+	for _, op := range []string{StripeCreateCharge, StripeCreateRefund} {
+		for _, r := range []string{ResultDeclined, ResultRejected, ResultUnknown} {
+			m.stripeErrors.WithLabelValues(op, r)
+		}
+	}
+	if pool != nil {
+		m.reg.MustRegister(newPoolCollector(pool))
+	}
+	return m
+}
+
+// Registry is the registry, for tests and for adding collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus text (or OpenMetrics)
+// format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ObserveHTTP records one answered request. route must be the route
+// pattern (echo's c.Path(), such as /v1/charges/:id), never the raw path:
+// raw paths carry ids and would create one series per object.
+func (m *Metrics) ObserveHTTP(method, route string, status int, d time.Duration) {
+	code := strconv.Itoa(status)
+	m.httpRequests.WithLabelValues(method, route, code).Inc()
+	m.httpDuration.WithLabelValues(method, route, code).Observe(d.Seconds())
+}
+
+// ObserveOutcome counts one idempotency outcome; it is the function to set
+// as idempotency.Runner.OnOutcome.
+func (m *Metrics) ObserveOutcome(o idempotency.Outcome) {
+	m.outcomes.WithLabelValues(string(o)).Inc()
+}
+
+// ObserveStripe records one Stripe call; it is the function to set as
+// charges.StripeConfig.Observe.
+func (m *Metrics) ObserveStripe(operation, result string, d time.Duration) {
+	m.stripeDuration.WithLabelValues(operation, result).Observe(d.Seconds())
+	if result != ResultOK {
+		m.stripeErrors.WithLabelValues(operation, result).Inc()
+	}
+}
+
+// ObservePurged counts records deleted by retention; it is the onPurged
+// callback of idempotency.Runner.RunRetention.
+func (m *Metrics) ObservePurged(n int64) {
+	m.purged.Add(float64(n))
+}
