@@ -58,6 +58,7 @@ func (s *Service) Routes(g *echo.Group) {
 	g.GET("/charges/:id", s.getCharge)
 	g.POST("/refunds", s.createRefund)
 	g.GET("/refunds/:id", s.getRefund)
+	g.GET("/idempotency_keys/:key", s.getIdempotencyKey)
 }
 
 // run is the shared shape of every POST: validate the key, read and check

@@ -225,6 +225,65 @@ func (q *Queries) IdempotencyKeyGetByAccountKey(ctx context.Context, db DBTX, ac
 	return i, err
 }
 
+const idempotencyKeyInspect = `-- name: IdempotencyKeyInspect :one
+SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
+       ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
+       ik.finished_at,
+       c.id AS charge_id,
+       r.id AS refund_id
+FROM idempotency_keys ik
+LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+WHERE ik.account_id = $1 AND ik.key = $2
+`
+
+type IdempotencyKeyInspectRow struct {
+	ID             string
+	Key            string
+	RequestMethod  string
+	RequestRoute   string
+	RecoveryPoint  string
+	LockGeneration int64
+	LockedAt       *time.Time
+	Attempts       int32
+	NextAttemptAt  time.Time
+	LastError      *string
+	ResponseStatus *int32
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+	ChargeID       *string
+	RefundID       *string
+}
+
+// One account's record with the id of the ledger row it created, for GET
+// /v1/idempotency_keys/{key}. It selects the state only: never the stored
+// response body or headers, nor the fingerprint.
+func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, accountID string, key string) (IdempotencyKeyInspectRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyInspect, accountID, key)
+	var i IdempotencyKeyInspectRow
+	err := row.Scan(
+		&i.ID,
+		&i.Key,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.LockedAt,
+		&i.Attempts,
+		&i.NextAttemptAt,
+		&i.LastError,
+		&i.ResponseStatus,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.FinishedAt,
+		&i.ChargeID,
+		&i.RefundID,
+	)
+	return i, err
+}
+
 const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 UPDATE idempotency_keys
 SET recovery_point = 'downstream_called',

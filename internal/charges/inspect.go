@@ -1,0 +1,103 @@
+package charges
+
+import (
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// IdempotencyKey is the API representation of an idempotency record: its
+// state in the lifecycle, for a merchant asking "what happened to the
+// request I sent with this key?". It lives in this package, not in
+// idempotency, because it names the ledger row the record created.
+//
+// The stored response body and headers are left out on purpose, although
+// they are the caller's own: retrying the request with the same key is how
+// to get the response, and this endpoint only describes state.
+type IdempotencyKey struct {
+	Object string `json:"object"`
+	// ID is the record id that the server's logs carry as idempotency_key_id.
+	ID            string `json:"id"`
+	Key           string `json:"key"`
+	RequestMethod string `json:"request_method"`
+	RequestRoute  string `json:"request_route"`
+	// RecoveryPoint is started, downstream_called or finished.
+	RecoveryPoint string `json:"recovery_point"`
+	// LockGeneration counts the owners the record has had (1 + takeovers).
+	LockGeneration int64 `json:"lock_generation"`
+	// LockedAt is set while an owner works on the record.
+	LockedAt *time.Time `json:"locked_at"`
+	// Attempts counts downstream calls that ended with an unknown outcome.
+	Attempts  int32   `json:"attempts"`
+	LastError *string `json:"last_error"`
+	// NextAttemptAt is when the completer may resume the record; null once
+	// it is finished.
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	ResponseStatus *int32     `json:"response_status"`
+	// DownstreamKey is the Idempotency-Key sent to Stripe for this record.
+	DownstreamKey string     `json:"downstream_key"`
+	Charge        *string    `json:"charge"`
+	Refund        *string    `json:"refund"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
+	var rec idempotency.Record
+	rec.ID = row.ID
+	out := IdempotencyKey{
+		Object: "idempotency_key", ID: row.ID, Key: row.Key,
+		RequestMethod: row.RequestMethod, RequestRoute: row.RequestRoute,
+		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration,
+		LockedAt: utc(row.LockedAt), Attempts: row.Attempts, LastError: row.LastError,
+		ResponseStatus: row.ResponseStatus, DownstreamKey: rec.DownstreamKey(),
+		Charge: row.ChargeID, Refund: row.RefundID,
+		CreatedAt: row.CreatedAt.UTC(), UpdatedAt: row.UpdatedAt.UTC(), FinishedAt: utc(row.FinishedAt),
+	}
+	if row.RecoveryPoint != idempotency.PointFinished {
+		out.NextAttemptAt = utc(&row.NextAttemptAt)
+	}
+	return out
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// getIdempotencyKey serves GET /v1/idempotency_keys/{key}. The key is sent
+// URL-path-escaped (a key may hold '/', '?', '%' or spaces). Another
+// account's key is 404, exactly like an unknown one (I5).
+func (s *Service) getIdempotencyKey(c echo.Context) error {
+	key := c.Param("key")
+	// echo routes on the escaped path when it differs from the decoded one
+	// (for example when the key holds %2F), and then hands over the
+	// parameter still escaped.
+	if c.Request().URL.RawPath != "" {
+		k, err := url.PathUnescape(key)
+		if err != nil {
+			return readErr(db.ErrNotFound, "idempotency key")
+		}
+		key = k
+	}
+	if key == "" || len(key) > idempotency.MaxKeyLength {
+		return readErr(db.ErrNotFound, "idempotency key")
+	}
+	acct := accounts.FromContext(c)
+	row, err := s.q.IdempotencyKeyInspect(c.Request().Context(), s.pool, acct.ID, key)
+	if err := readErr(err, "idempotency key"); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, idempotencyKeyJSON(row))
+}
