@@ -33,6 +33,10 @@ type Options struct {
 	StripeTimeout time.Duration
 	// StripeURL points at another Stripe (stripe-mock); empty starts a fake.
 	StripeURL string
+	// Pool, when set, is the pool the API uses instead of dbtest's shared
+	// one (it must point at the migrated test database), for tests that
+	// attach a tracer or size the pool.
+	Pool *pgxpool.Pool
 }
 
 // Env is one running API.
@@ -48,6 +52,9 @@ type Env struct {
 func New(t testing.TB, opts Options) *Env {
 	t.Helper()
 	env := &Env{Pool: dbtest.Pool(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if opts.Pool != nil {
+		env.Pool = opts.Pool
+	}
 	stripeURL := opts.StripeURL
 	if stripeURL == "" {
 		env.Stripe = stripefake.New()
