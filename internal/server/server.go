@@ -50,8 +50,9 @@ func New(d Deps) *echo.Echo {
 	})
 	e.GET(apierror.TypeBase+":type", describeProblem)
 
-	v1 := e.Group("/v1", accounts.Middleware(d.Pool))
-	d.Charges.Routes(v1)
+	// Authentication is per route (see charges.Service.Routes), so that a
+	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
+	d.Charges.Routes(e.Group("/v1"), accounts.Middleware(d.Pool))
 	return e
 }
 
