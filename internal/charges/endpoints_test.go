@@ -1,0 +1,462 @@
+package charges_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+func TestCreateAndGetCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	key := newKey()
+	body := map[string]any{"amount": 1234, "currency": "EUR", "payment_method": "tok_visa",
+		"description": "order 42", "metadata": map[string]string{"order": "42"}}
+	resp := c.Post("/v1/charges", key, body)
+	wantStatus(t, resp, http.StatusCreated)
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	var ch charge
+	resp.JSON(t, &ch)
+	if !strings.HasPrefix(ch.ID, "ch_") || ch.Object != "charge" || ch.Amount != 1234 || ch.Currency != "eur" ||
+		ch.Status != "succeeded" || ch.PaymentMethod != "tok_visa" || ch.Metadata["order"] != "42" ||
+		ch.Description == nil || *ch.Description != "order 42" || ch.AmountRefunded != 0 {
+		t.Fatalf("unexpected charge %s", resp.Body)
+	}
+	if got, want := resp.Header.Get("Location"), "/v1/charges/"+ch.ID; got != want {
+		t.Fatalf("Location %q, want %q", got, want)
+	}
+
+	// What Stripe holds matches the ledger.
+	fakeCharges := env.Stripe.Charges()
+	if len(fakeCharges) != 1 {
+		t.Fatalf("fake holds %d charges, want 1", len(fakeCharges))
+	}
+	fc := fakeCharges[0]
+	if ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID || fc.Amount != 1234 || fc.Currency != "eur" ||
+		fc.Source != "tok_visa" || fc.Metadata["idempay_charge_id"] != ch.ID || fc.Metadata["order"] != "42" {
+		t.Fatalf("fake charge %+v does not match %s", fc, resp.Body)
+	}
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	if rec.RecoveryPoint != "finished" || rec.Locked || fc.IdempotencyKey != rec.DownstreamKey() {
+		t.Fatalf("record %+v, fake key %q", rec, fc.IdempotencyKey)
+	}
+	row := getChargeRow(t, env.Pool, ch.ID)
+	if row.Status != "succeeded" || row.StripeChargeID == nil || *row.StripeChargeID != fc.ID {
+		t.Fatalf("ledger row %+v", row)
+	}
+
+	get := c.Get("/v1/charges/" + ch.ID)
+	wantStatus(t, get, http.StatusOK)
+	var got charge
+	get.JSON(t, &got)
+	if got.ID != ch.ID || got.Amount != ch.Amount || !got.CreatedAt.Equal(ch.CreatedAt) ||
+		*got.StripeChargeID != *ch.StripeChargeID {
+		t.Fatalf("GET returned %s, POST returned %s", get.Body, resp.Body)
+	}
+
+	wantProblem(t, c.Get("/v1/charges/ch_doesnotexist"), http.StatusNotFound, "not-found")
+}
+
+func TestListChargesPagination(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	other := env.NewClient(t)
+	createCharge(t, other, 999) // must never show up in c's list
+
+	var created []string
+	for i := range 5 {
+		created = append(created, createCharge(t, c, int64(100+i)).ID)
+	}
+	newestFirst := make([]string, len(created))
+	for i, id := range created {
+		newestFirst[len(created)-1-i] = id
+	}
+
+	type page struct {
+		Object  string   `json:"object"`
+		Data    []charge `json:"data"`
+		HasMore bool     `json:"has_more"`
+	}
+	list := func(query string) page {
+		t.Helper()
+		resp := c.Get("/v1/charges" + query)
+		wantStatus(t, resp, http.StatusOK)
+		var p page
+		resp.JSON(t, &p)
+		if p.Object != "list" {
+			t.Fatalf("object %q", p.Object)
+		}
+		return p
+	}
+	ids := func(p page) []string {
+		var out []string
+		for _, ch := range p.Data {
+			out = append(out, ch.ID)
+		}
+		return out
+	}
+
+	all := list("")
+	if fmt.Sprint(ids(all)) != fmt.Sprint(newestFirst) || all.HasMore {
+		t.Fatalf("default list %v has_more=%v, want %v has_more=false", ids(all), all.HasMore, newestFirst)
+	}
+
+	var walked []string
+	after := ""
+	for pages := 0; ; pages++ {
+		if pages > 5 {
+			t.Fatal("pagination does not end")
+		}
+		q := "?limit=2"
+		if after != "" {
+			q += "&starting_after=" + after
+		}
+		p := list(q)
+		if len(p.Data) > 2 {
+			t.Fatalf("limit 2 returned %d charges", len(p.Data))
+		}
+		walked = append(walked, ids(p)...)
+		wantMore := len(walked) < len(created)
+		if p.HasMore != wantMore {
+			t.Fatalf("page %d: has_more %v after %d of %d charges", pages, p.HasMore, len(walked), len(created))
+		}
+		if !p.HasMore {
+			break
+		}
+		after = p.Data[len(p.Data)-1].ID
+	}
+	if fmt.Sprint(walked) != fmt.Sprint(newestFirst) {
+		t.Fatalf("walked %v, want %v", walked, newestFirst)
+	}
+
+	if p := list("?limit=5"); len(p.Data) != 5 || p.HasMore {
+		t.Fatalf("limit=5: %d charges, has_more %v", len(p.Data), p.HasMore)
+	}
+	if p := list("?starting_after=" + created[0]); len(p.Data) != 0 || p.HasMore {
+		t.Fatalf("after the oldest: %v has_more %v", ids(p), p.HasMore)
+	}
+
+	for _, q := range []string{"?limit=0", "?limit=101", "?limit=-1", "?limit=abc", "?limit=1.5",
+		"?starting_after=ch_doesnotexist"} {
+		wantProblem(t, c.Get("/v1/charges"+q), http.StatusBadRequest, "invalid-request")
+	}
+	// Another account's charge is not a cursor here.
+	otherID := createCharge(t, other, 5).ID
+	wantProblem(t, c.Get("/v1/charges?starting_after="+otherID), http.StatusBadRequest, "invalid-request")
+}
+
+func TestRefundsPartialAndFull(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1000)
+
+	resp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300})
+	wantStatus(t, resp, http.StatusCreated)
+	var rf refund
+	resp.JSON(t, &rf)
+	if rf.Object != "refund" || rf.Charge != ch.ID || rf.Amount != 300 || rf.Status != "succeeded" || rf.StripeRefundID == nil {
+		t.Fatalf("refund %s", resp.Body)
+	}
+	if got, want := resp.Header.Get("Location"), "/v1/refunds/"+rf.ID; got != want {
+		t.Fatalf("Location %q, want %q", got, want)
+	}
+	get := c.Get("/v1/refunds/" + rf.ID)
+	wantStatus(t, get, http.StatusOK)
+	var got refund
+	get.JSON(t, &got)
+	if got.ID != rf.ID || got.Amount != 300 || *got.StripeRefundID != *rf.StripeRefundID {
+		t.Fatalf("GET refund %s", get.Body)
+	}
+	wantProblem(t, c.Get("/v1/refunds/re_doesnotexist"), http.StatusNotFound, "not-found")
+
+	// No amount: the rest of the charge.
+	resp = c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID})
+	wantStatus(t, resp, http.StatusCreated)
+	var rest refund
+	resp.JSON(t, &rest)
+	if rest.Amount != 700 {
+		t.Fatalf("full refund of the rest is %d, want 700", rest.Amount)
+	}
+	var after charge
+	g := c.Get("/v1/charges/" + ch.ID)
+	wantStatus(t, g, http.StatusOK)
+	g.JSON(t, &after)
+	if after.AmountRefunded != 1000 {
+		t.Fatalf("amount_refunded %d, want 1000", after.AmountRefunded)
+	}
+
+	// Nothing left: both another full and another partial refund fail, and
+	// nothing is stored for them.
+	before := countRows(t, env.Pool, c.Account.ID)
+	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID}),
+		http.StatusBadRequest, "refund-exceeds-charge")
+	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 1}),
+		http.StatusBadRequest, "refund-exceeds-charge")
+	if now := countRows(t, env.Pool, c.Account.ID); now != before {
+		t.Fatalf("rejected refunds stored rows: %+v -> %+v", before, now)
+	}
+
+	var stripeRefunded int64
+	for _, r := range env.Stripe.Refunds() {
+		stripeRefunded += r.Amount
+	}
+	if stripeRefunded != 1000 || len(env.Stripe.Refunds()) != 2 {
+		t.Fatalf("fake refunded %d in %d refunds, want 1000 in 2", stripeRefunded, len(env.Stripe.Refunds()))
+	}
+}
+
+func TestRefundOverLimitOnFreshCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 500)
+	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 501}),
+		http.StatusBadRequest, "refund-exceeds-charge")
+	if n := len(env.Stripe.Refunds()); n != 0 {
+		t.Fatalf("fake executed %d refunds", n)
+	}
+}
+
+// Concurrent refunds with different keys on one charge: the reservation on
+// the charge row means at most the charge amount is ever refunded.
+func TestConcurrentRefundsNeverExceedCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1000)
+
+	const n = 12
+	start := make(chan struct{})
+	statuses := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			resp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300})
+			if resp != nil {
+				statuses[i] = resp.Status
+				if resp.Status != http.StatusCreated {
+					if p := resp.Problem(t); p.Type != "/problems/refund-exceeds-charge" {
+						t.Errorf("refund %d: %s", i, resp.Body)
+					}
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	succeeded := 0
+	for _, s := range statuses {
+		if s == http.StatusCreated {
+			succeeded++
+		}
+	}
+	if succeeded != 3 {
+		t.Fatalf("%d refunds of 300 on a 1000 charge succeeded, want 3 (statuses %v)", succeeded, statuses)
+	}
+
+	var dbSum, refunded int64
+	var rows int
+	err := env.Pool.QueryRow(context.Background(), `
+		SELECT coalesce(sum(r.amount) FILTER (WHERE r.status <> 'failed'), 0), count(r.id), c.amount_refunded
+		FROM charges c LEFT JOIN refunds r ON r.charge_id = c.id
+		WHERE c.id = $1 GROUP BY c.amount_refunded`, ch.ID).Scan(&dbSum, &rows, &refunded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dbSum != 900 || refunded != 900 || rows != 3 {
+		t.Fatalf("ledger: %d refund rows summing %d, amount_refunded %d; want 3, 900, 900", rows, dbSum, refunded)
+	}
+	var fakeSum int64
+	for _, r := range env.Stripe.Refunds() {
+		fakeSum += r.Amount
+	}
+	if fakeSum != 900 || len(env.Stripe.Refunds()) != 3 {
+		t.Fatalf("fake refunded %d in %d refunds, want 900 in 3", fakeSum, len(env.Stripe.Refunds()))
+	}
+	if fc := env.Stripe.Charges()[0]; fc.AmountRefunded != 900 {
+		t.Fatalf("fake charge amount_refunded %d", fc.AmountRefunded)
+	}
+}
+
+// A refund of a charge the account cannot see (unknown, or another
+// account's) is rejected before anything is stored, so the same key can then
+// be used for the corrected request.
+func TestRefundOfForeignOrUnknownCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	owner := env.NewClient(t)
+	foreign := createCharge(t, owner, 700)
+
+	for _, tc := range []struct{ name, chargeID string }{
+		{"unknown", "ch_doesnotexist0"},
+		{"other account", foreign.ID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := env.NewClient(t)
+			own := createCharge(t, c, 400)
+			key := newKey()
+			before := countRows(t, env.Pool, c.Account.ID)
+			resp := c.Post("/v1/refunds", key, map[string]any{"charge": tc.chargeID, "amount": 100})
+			if resp.Status < 400 || resp.Status >= 500 {
+				t.Fatalf("status %d, want 4xx; body %s", resp.Status, resp.Body)
+			}
+			resp.Problem(t)
+			if now := countRows(t, env.Pool, c.Account.ID); now != before {
+				t.Fatalf("rejected refund stored rows: %+v -> %+v", before, now)
+			}
+			if r := getChargeRow(t, env.Pool, foreign.ID); r.AmountRefunded != 0 {
+				t.Fatalf("foreign charge was touched: %+v", r)
+			}
+
+			fixed := c.Post("/v1/refunds", key, map[string]any{"charge": own.ID, "amount": 100})
+			wantStatus(t, fixed, http.StatusCreated)
+			var rf refund
+			fixed.JSON(t, &rf)
+			if rf.Charge != own.ID || rf.Amount != 100 {
+				t.Fatalf("corrected refund %s", fixed.Body)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		for _, r := range env.Stripe.Refunds() {
+			if r.Charge == *foreign.StripeChargeID {
+				t.Errorf("a refund reached the foreign charge at Stripe: %+v", r)
+			}
+		}
+	})
+}
+
+// A declined charge is not refundable.
+func TestRefundOfDeclinedCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	resp := c.Post("/v1/charges", newKey(), map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_chargeDeclined"})
+	wantStatus(t, resp, http.StatusPaymentRequired)
+	var declined struct {
+		Charge string `json:"charge"`
+	}
+	resp.JSON(t, &declined)
+	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": declined.Charge}),
+		http.StatusConflict, "charge-not-refundable")
+	if n := len(env.Stripe.Refunds()); n != 0 {
+		t.Fatalf("fake executed %d refunds", n)
+	}
+}
+
+func TestHealthAndRouting(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	anon := &http.Client{}
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := anon.Get(env.Server.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+	}
+
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		typ          string
+	}{
+		{http.MethodGet, "/nope", http.StatusNotFound, "not-found"},
+		{http.MethodGet, "/v1/nope", http.StatusNotFound, "not-found"},
+		{http.MethodPost, "/v1/customers", http.StatusNotFound, "not-found"},
+		{http.MethodDelete, "/v1/charges", http.StatusMethodNotAllowed, "method-not-allowed"},
+		{http.MethodPut, "/v1/refunds", http.StatusMethodNotAllowed, "method-not-allowed"},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "method-not-allowed"},
+		{http.MethodDelete, "/v1/charges/ch_abc", http.StatusMethodNotAllowed, "method-not-allowed"},
+	} {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			resp := c.Do(c.NewRequest(tc.method, tc.path, nil))
+			wantProblem(t, resp, tc.status, tc.typ)
+		})
+	}
+	if n := len(env.Stripe.Requests()); n != 0 {
+		t.Fatalf("routing requests reached Stripe %d times", n)
+	}
+}
+
+// Unauthenticated requests get 401 with WWW-Authenticate and never touch the
+// idempotency table, so the same key then works for the real account.
+func TestAuth(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	for _, tc := range []struct {
+		name, authorization string
+	}{
+		{"missing", ""},
+		{"wrong scheme", "Basic " + strings.TrimPrefix(c.Account.APIKey, "sk_idem_")},
+		{"no prefix", "Bearer " + strings.TrimPrefix(c.Account.APIKey, "sk_idem_")},
+		{"unknown key", "Bearer sk_idem_" + strings.Repeat("0", 64)},
+		{"key with a typo", "Bearer " + c.Account.APIKey[:len(c.Account.APIKey)-1] + "x"},
+		{"bearer only", "Bearer"},
+		{"huge", "Bearer sk_idem_" + strings.Repeat("a", 5000)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := newKey()
+			for _, req := range []*http.Request{
+				c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`)),
+				c.NewRequest(http.MethodGet, "/v1/charges", nil),
+			} {
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", key)
+				req.Header.Del("Authorization")
+				if tc.authorization != "" {
+					req.Header.Set("Authorization", tc.authorization)
+				}
+				resp := c.Do(req)
+				wantProblem(t, resp, http.StatusUnauthorized, "unauthorized")
+				if got := resp.Header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+					t.Fatalf("WWW-Authenticate %q", got)
+				}
+			}
+			if n := keyRowsAnywhere(t, env.Pool, key); n != 0 {
+				t.Fatalf("an unauthenticated request stored %d idempotency records", n)
+			}
+			if env.Stripe.KeyCount(key) != 0 {
+				t.Fatal("an unauthenticated request reached Stripe")
+			}
+		})
+	}
+
+	// Unauthenticated first, then the same key with the right API key runs.
+	key := newKey()
+	req := c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Del("Authorization")
+	wantProblem(t, c.Do(req), http.StatusUnauthorized, "unauthorized")
+	resp := c.Post("/v1/charges", key, chargeBody(100))
+	wantStatus(t, resp, http.StatusCreated)
+	if resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("the first authenticated request was a replay")
+	}
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Fatalf("fake holds %d charges, want 1", n)
+	}
+}
