@@ -26,6 +26,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 )
 
@@ -84,12 +85,14 @@ func run(args []string) error {
 	}
 }
 
+// newLogger writes JSON (or text) to stderr; server.NewLogHandler adds the
+// request_id to every line logged with a request's context.
 func newLogger(cfg Config) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+		return slog.New(server.NewLogHandler(slog.NewTextHandler(os.Stderr, opts)))
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	return slog.New(server.NewLogHandler(slog.NewJSONHandler(os.Stderr, opts)))
 }
 
 func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
@@ -112,6 +115,7 @@ type app struct {
 	pool    *pgxpool.Pool
 	runner  *idempotency.Runner
 	charges *charges.Service
+	metrics *metrics.Metrics
 }
 
 func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
@@ -122,11 +126,14 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+	m := metrics.New(pool)
 	runner := idempotency.NewRunner(pool, cfg.Idempotency, log)
+	runner.OnOutcome = m.ObserveOutcome
 	stripe := charges.NewStripe(charges.StripeConfig{
 		SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout,
+		Observe: m.ObserveStripe,
 	})
-	return &app{pool: pool, runner: runner, charges: charges.New(pool, runner, stripe, log)}, nil
+	return &app{pool: pool, runner: runner, charges: charges.New(pool, runner, stripe, log), metrics: m}, nil
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -138,7 +145,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	srv := &http.Server{
 		Addr:              cfg.ListenAddr,
-		Handler:           server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log}),
+		Handler:           server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
@@ -151,7 +158,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
 	}
 	if cfg.RetentionInterval > 0 {
-		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, nil) })
+		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, a.metrics.ObservePurged) })
 	}
 
 	errc := make(chan error, 1)

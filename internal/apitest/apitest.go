@@ -21,9 +21,14 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripefake"
 )
+
+// StripeSecretKey is the Stripe key the in-process API is configured with,
+// so tests can check it never leaks into logs or responses.
+const StripeSecretKey = "sk_test_idempay"
 
 // Options adjust the environment.
 type Options struct {
@@ -37,21 +42,29 @@ type Options struct {
 	// one (it must point at the migrated test database), for tests that
 	// attach a tracer or size the pool.
 	Pool *pgxpool.Pool
+	// LogHandler receives the server's logs instead of t.Log (at warn), for
+	// tests that assert on log lines. server.NewLogHandler wraps it.
+	LogHandler slog.Handler
 }
 
 // Env is one running API.
 type Env struct {
-	Pool   *pgxpool.Pool
-	Stripe *stripefake.Server // nil when Options.StripeURL was set
-	Runner *idempotency.Runner
-	Server *httptest.Server
-	Log    *slog.Logger
+	Pool    *pgxpool.Pool
+	Stripe  *stripefake.Server // nil when Options.StripeURL was set
+	Runner  *idempotency.Runner
+	Server  *httptest.Server
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // New starts an API for t and stops it in t.Cleanup.
 func New(t testing.TB, opts Options) *Env {
 	t.Helper()
-	env := &Env{Pool: dbtest.Pool(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	h := opts.LogHandler
+	if h == nil {
+		h = slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})
+	}
+	env := &Env{Pool: dbtest.Pool(t), Log: slog.New(server.NewLogHandler(h))}
 	if opts.Pool != nil {
 		env.Pool = opts.Pool
 	}
@@ -68,10 +81,13 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 5 * time.Second
 	}
+	env.Metrics = metrics.New(env.Pool)
 	env.Runner = idempotency.NewRunner(env.Pool, cfg, env.Log)
-	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: "sk_test_idempay", URL: stripeURL, Timeout: opts.StripeTimeout})
+	env.Runner.OnOutcome = env.Metrics.ObserveOutcome
+	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL,
+		Timeout: opts.StripeTimeout, Observe: env.Metrics.ObserveStripe})
 	svc := charges.New(env.Pool, env.Runner, stripe, env.Log)
-	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log}))
+	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log, Metrics: env.Metrics}))
 	t.Cleanup(env.Server.Close)
 	return env
 }

@@ -1,11 +1,12 @@
 // Package server assembles idempay's HTTP API: echo, the problem+json error
-// handler, request ids and logging, health checks, and the authenticated /v1
-// routes. cmd/idempay wires it to real dependencies; tests build it the same
-// way against a real database.
+// handler, request ids and logging, metrics, health checks, the OpenAPI
+// document, and the authenticated /v1 routes. cmd/idempay wires it to real
+// dependencies; tests build it the same way against a real database.
 package server
 
 import (
 	"context"
+	_ "embed"
 	"log/slog"
 	"net/http"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/metrics"
 )
 
 // Deps are what the API needs.
@@ -24,17 +26,42 @@ type Deps struct {
 	Pool    *pgxpool.Pool
 	Charges *charges.Service
 	Log     *slog.Logger
+	// Metrics is served at /metrics and records the HTTP series. When nil,
+	// New makes a registry of its own with the HTTP, pool and Go series
+	// only; cmd/idempay passes the one its runner and Stripe port report to.
+	Metrics *metrics.Metrics
 }
+
+// openAPI is the API's description, served at /openapi.json. A test keeps
+// it in step with the routes registered here and with apierror.Types().
+//
+//go:embed openapi.json
+var openAPI []byte
+
+// OpenAPI returns the embedded OpenAPI document.
+func OpenAPI() []byte { return openAPI }
 
 // New returns the API handler.
 func New(d Deps) *echo.Echo {
+	log := slog.New(NewLogHandler(d.Log.Handler()))
+	m := d.Metrics
+	if m == nil {
+		m = metrics.New(d.Pool)
+	}
+
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
-	e.HTTPErrorHandler = apierror.Handler(d.Log)
+	e.HTTPErrorHandler = apierror.Handler(log)
 
-	e.Use(middleware.RequestID())
-	e.Use(requestLogger(d.Log))
+	routes := map[string]bool{} // filled in below, read per request
+	e.Use(sanitizeRequestID)
+	e.Use(middleware.RequestIDWithConfig(middleware.RequestIDConfig{
+		RequestIDHandler: func(c echo.Context, id string) {
+			c.SetRequest(c.Request().WithContext(WithRequestID(c.Request().Context(), id)))
+		},
+	}))
+	e.Use(requestLogger(log, m, routes))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true}))
 
 	e.GET("/healthz", func(c echo.Context) error {
@@ -48,11 +75,22 @@ func New(d Deps) *echo.Echo {
 		}
 		return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
 	})
+	// /metrics is not behind the API key: scrapers do not hold one. It
+	// listens on LISTEN_ADDR with the API, so firewall it (or keep the
+	// default loopback address) in production; docs/operations.md.
+	e.GET("/metrics", echo.WrapHandler(m.Handler()))
+	e.GET("/openapi.json", func(c echo.Context) error {
+		return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, openAPI)
+	})
 	e.GET(apierror.TypeBase+":type", describeProblem)
 
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
 	d.Charges.Routes(e.Group("/v1"), accounts.Middleware(d.Pool))
+
+	for _, r := range e.Routes() {
+		routes[r.Path] = true
+	}
 	return e
 }
 
@@ -65,9 +103,47 @@ func describeProblem(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"type": t.URI(), "title": t.Title(), "status": t.Status()})
 }
 
-// requestLogger logs one line per request, with the request id, and never
-// the Authorization header or the body.
-func requestLogger(log *slog.Logger) echo.MiddlewareFunc {
+// maxRequestIDLength bounds a client-supplied X-Request-Id.
+const maxRequestIDLength = 128
+
+// sanitizeRequestID drops a client's X-Request-Id unless it is a short
+// token (letters, digits, '-', '_', '.', ':'), so that the RequestID
+// middleware generates one instead. A client may correlate its own ids with
+// the server's logs, but may not put arbitrary text into every log line.
+func sanitizeRequestID(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Request().Header
+		if id := h.Get(echo.HeaderXRequestID); id != "" && !validRequestID(id) {
+			h.Del(echo.HeaderXRequestID)
+		}
+		return next(c)
+	}
+}
+
+func validRequestID(id string) bool {
+	if len(id) > maxRequestIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.' || c == ':'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// unmatchedRoute labels requests that matched no route, so that scanners
+// probing random paths cannot create a metrics series per path.
+const unmatchedRoute = "unmatched"
+
+// requestLogger logs one line per request and records its metrics. The line
+// carries the request id (from the context, through LogHandler) and never
+// the Authorization header or the body. The route is the pattern
+// (/v1/charges/:id), never the raw path.
+func requestLogger(log *slog.Logger, m *metrics.Metrics, routes map[string]bool) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			start := time.Now()
@@ -75,11 +151,16 @@ func requestLogger(log *slog.Logger) echo.MiddlewareFunc {
 			if err != nil {
 				c.Error(err) // render now, so the status below is the real one
 			}
+			elapsed := time.Since(start)
 			req, res := c.Request(), c.Response()
+			route := c.Path()
+			if !routes[route] {
+				route = unmatchedRoute
+			}
+			m.ObserveHTTP(req.Method, route, res.Status, elapsed)
 			log.InfoContext(req.Context(), "request",
-				"request_id", res.Header().Get(echo.HeaderXRequestID),
-				"method", req.Method, "route", c.Path(), "status", res.Status,
-				"duration_ms", float64(time.Since(start).Microseconds())/1000,
+				"method", req.Method, "route", route, "status", res.Status,
+				"duration_ms", float64(elapsed.Microseconds())/1000,
 				"replayed", res.Header().Get("Idempotent-Replayed") == "true")
 			return nil
 		}

@@ -1,0 +1,137 @@
+package server_test
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// keyState is GET /v1/idempotency_keys/{key}, decoded.
+type keyState struct {
+	Object         string  `json:"object"`
+	ID             string  `json:"id"`
+	Key            string  `json:"key"`
+	RequestMethod  string  `json:"request_method"`
+	RequestRoute   string  `json:"request_route"`
+	RecoveryPoint  string  `json:"recovery_point"`
+	LockGeneration int64   `json:"lock_generation"`
+	LockedAt       *string `json:"locked_at"`
+	Attempts       int     `json:"attempts"`
+	LastError      *string `json:"last_error"`
+	NextAttemptAt  *string `json:"next_attempt_at"`
+	ResponseStatus *int    `json:"response_status"`
+	DownstreamKey  string  `json:"downstream_key"`
+	Charge         *string `json:"charge"`
+	Refund         *string `json:"refund"`
+	CreatedAt      string  `json:"created_at"`
+	UpdatedAt      string  `json:"updated_at"`
+	FinishedAt     *string `json:"finished_at"`
+}
+
+func inspect(t *testing.T, c *apitest.Client, key string) (*apitest.Response, keyState) {
+	t.Helper()
+	r := c.Get("/v1/idempotency_keys/" + url.PathEscape(key))
+	var st keyState
+	if r.Status == http.StatusOK {
+		r.JSON(t, &st)
+	}
+	return r, st
+}
+
+func TestInspectKey(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	body := map[string]any{"amount": 900, "currency": "usd", "payment_method": "tok_visa", "description": "secret-ish body text"}
+
+	// A key with the characters that need escaping in a path.
+	const key = "order/42 100%?#"
+	resp := c.Post("/v1/charges", key, body)
+	if resp.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", resp.Status, resp.Body)
+	}
+	var ch struct{ ID string }
+	resp.JSON(t, &ch)
+
+	r, st := inspect(t, c, key)
+	if r.Status != http.StatusOK {
+		t.Fatalf("inspect: %d %s", r.Status, r.Body)
+	}
+	if st.Object != "idempotency_key" || st.Key != key || st.RecoveryPoint != "finished" ||
+		st.RequestMethod != "POST" || st.RequestRoute != "/v1/charges" || st.LockGeneration != 1 ||
+		st.Attempts != 0 || st.LastError != nil || st.LockedAt != nil || st.NextAttemptAt != nil ||
+		st.ResponseStatus == nil || *st.ResponseStatus != http.StatusCreated || st.FinishedAt == nil ||
+		st.Charge == nil || *st.Charge != ch.ID || st.Refund != nil ||
+		!strings.HasPrefix(st.ID, "ik_") || st.DownstreamKey != "idempay_"+st.ID {
+		t.Errorf("after success: %s", r.Body)
+	}
+	// The stored response is not part of the state.
+	for _, leak := range []string{"secret-ish", `"amount"`, "response_body", "response_headers"} {
+		if strings.Contains(string(r.Body), leak) {
+			t.Errorf("inspection shows %s: %s", leak, r.Body)
+		}
+	}
+	// The downstream key is what Stripe really received.
+	if n := env.Stripe.KeyCount(st.DownstreamKey); n != 1 {
+		t.Errorf("stripe saw downstream key %s %d times, want 1", st.DownstreamKey, n)
+	}
+
+	// A refund names its refund.
+	rf := c.Post("/v1/refunds", "refund 1", map[string]any{"charge": ch.ID, "amount": 100})
+	if rf.Status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", rf.Status, rf.Body)
+	}
+	var refund struct{ ID string }
+	rf.JSON(t, &refund)
+	if r, st := inspect(t, c, "refund 1"); r.Status != http.StatusOK || st.Refund == nil || *st.Refund != refund.ID ||
+		st.Charge != nil || st.RequestRoute != "/v1/refunds" {
+		t.Errorf("refund record: %d %s", r.Status, r.Body)
+	}
+
+	// Unknown outcome at Stripe: resumable, with the error and the ledger row.
+	env.Stripe.FailFor(stripefake.Fail500, 3*time.Second)
+	if r := c.Post("/v1/charges", "unknown-1", body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %d %s", r.Status, r.Body)
+	}
+	env.Stripe.ClearFaults()
+	r, st = inspect(t, c, "unknown-1")
+	if r.Status != http.StatusOK || st.RecoveryPoint != "downstream_called" || st.Attempts != 1 ||
+		st.LastError == nil || st.LockedAt != nil || st.NextAttemptAt == nil || st.ResponseStatus != nil ||
+		st.FinishedAt != nil || st.Charge == nil {
+		t.Errorf("after unknown outcome: %d %s", r.Status, r.Body)
+	}
+	if st.LastError != nil && strings.Contains(*st.LastError, apitest.StripeSecretKey) {
+		t.Errorf("last_error shows the Stripe key")
+	}
+
+	// The retry finishes it, and the inspection follows.
+	if r := c.Post("/v1/charges", "unknown-1", body); r.Status != http.StatusCreated {
+		t.Fatalf("retry: %d %s", r.Status, r.Body)
+	}
+	if _, st := inspect(t, c, "unknown-1"); st.RecoveryPoint != "finished" || st.LockGeneration != 2 || st.Attempts != 1 {
+		t.Errorf("after retry: %+v", st)
+	}
+
+	// Another account's key, and unknown keys, are 404 problems.
+	other := env.NewClient(t)
+	for _, k := range []string{key, "unknown-1", "never-used", strings.Repeat("x", 300)} {
+		r, _ := inspect(t, other, k)
+		if r.Status != http.StatusNotFound {
+			t.Errorf("other account, key %.20q: %d %s", k, r.Status, r.Body)
+			continue
+		}
+		if p := r.Problem(t); p.Type != "/problems/not-found" {
+			t.Errorf("problem type %q", p.Type)
+		}
+	}
+	// No credentials: 401.
+	req, _ := http.NewRequest(http.MethodGet, env.Server.URL+"/v1/idempotency_keys/never-used", nil)
+	if r := c.Do(req); r.Status != http.StatusUnauthorized {
+		t.Errorf("without an API key: %d", r.Status)
+	}
+}

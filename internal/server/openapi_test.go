@@ -1,0 +1,166 @@
+package server_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/server"
+)
+
+type openAPIDoc struct {
+	OpenAPI string `json:"openapi"`
+	Paths   map[string]map[string]struct {
+		Responses map[string]struct {
+			Description string `json:"description"`
+		} `json:"responses"`
+	} `json:"paths"`
+	Components struct {
+		Schemas struct {
+			Problem struct {
+				Properties struct {
+					Type struct {
+						Enum []string `json:"enum"`
+					} `json:"type"`
+				} `json:"properties"`
+				ProblemTypes map[string]struct {
+					Status int `json:"status"`
+				} `json:"x-problem-types"`
+			} `json:"Problem"`
+		} `json:"schemas"`
+	} `json:"components"`
+}
+
+var (
+	routeParam  = regexp.MustCompile(`:([A-Za-z0-9_]+)`)
+	problemURI  = regexp.MustCompile(`/problems/([a-z0-9-]+)`)
+	httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+)
+
+// TestOpenAPI keeps /openapi.json true: every route echo serves is
+// documented with its method, every documented operation is a route, and
+// the problem types are exactly apierror.Types(), each under its status.
+func TestOpenAPI(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+
+	resp, err := http.Get(env.Server.URL + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Fatalf("/openapi.json: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if string(served) != string(server.OpenAPI()) {
+		t.Fatal("/openapi.json does not serve the embedded document")
+	}
+	var doc openAPIDoc
+	if err := json.Unmarshal(served, &doc); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	if !strings.HasPrefix(doc.OpenAPI, "3.") {
+		t.Errorf("openapi version %q", doc.OpenAPI)
+	}
+
+	// Routes <-> operations.
+	e := env.Server.Config.Handler.(*echo.Echo)
+	routes := map[string]bool{}
+	for _, r := range e.Routes() {
+		if r.Method == echo.RouteNotFound {
+			continue // the /v1 group's catch-all, which answers 401 or 404
+		}
+		routes[strings.ToLower(r.Method)+" "+routeParam.ReplaceAllString(r.Path, "{$1}")] = true
+	}
+	documented := map[string]bool{}
+	for path, item := range doc.Paths {
+		for method := range item {
+			if !slices.Contains(httpMethods, method) {
+				continue
+			}
+			documented[method+" "+path] = true
+		}
+	}
+	for _, r := range sortedKeys(routes) {
+		if !documented[r] {
+			t.Errorf("route %s is not in openapi.json", r)
+		}
+	}
+	for _, op := range sortedKeys(documented) {
+		if !routes[op] {
+			t.Errorf("openapi.json documents %s, which is not a route", op)
+		}
+	}
+
+	// Problem types: the enum and x-problem-types are exactly Types().
+	want := map[string]int{}
+	for _, pt := range apierror.Types() {
+		want[pt.URI()] = pt.Status()
+	}
+	enum := doc.Components.Schemas.Problem.Properties.Type.Enum
+	if got := len(enum); got != len(want) || len(uniq(enum)) != got {
+		t.Errorf("Problem.type enum has %d values (%d distinct), want %d", got, len(uniq(enum)), len(want))
+	}
+	for _, u := range enum {
+		if _, ok := want[u]; !ok {
+			t.Errorf("Problem.type enum has %s, which is not an apierror type", u)
+		}
+	}
+	for u, st := range want {
+		if !slices.Contains(enum, u) {
+			t.Errorf("problem type %s is missing from the Problem.type enum", u)
+		}
+		if pt, ok := doc.Components.Schemas.Problem.ProblemTypes[u]; !ok || pt.Status != st {
+			t.Errorf("x-problem-types[%s] = %+v, want status %d", u, pt, st)
+		}
+	}
+	if len(doc.Components.Schemas.Problem.ProblemTypes) != len(want) {
+		t.Errorf("x-problem-types has %d entries, want %d", len(doc.Components.Schemas.Problem.ProblemTypes), len(want))
+	}
+	// Nothing anywhere names a type that does not exist.
+	for _, m := range problemURI.FindAllStringSubmatch(string(served), -1) {
+		if _, ok := want["/problems/"+m[1]]; !ok {
+			t.Errorf("openapi.json names an unknown problem type %s", m[0])
+		}
+	}
+	// A response that names a type is documented under that type's status.
+	for path, item := range doc.Paths {
+		for method, op := range item {
+			for code, r := range op.Responses {
+				for _, m := range problemURI.FindAllStringSubmatch(r.Description, -1) {
+					if st := want["/problems/"+m[1]]; strconv.Itoa(st) != code {
+						t.Errorf("%s %s: %s listed under %s, its status is %d", method, path, m[0], code, st)
+					}
+				}
+			}
+		}
+	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func uniq(s []string) map[string]bool {
+	m := map[string]bool{}
+	for _, v := range s {
+		m[v] = true
+	}
+	return m
+}
