@@ -111,7 +111,7 @@ type record struct {
 	Locked         bool
 	LockGeneration int64
 	Attempts       int32
-	ResponseStatus *int32
+	ResponseStatus int32 // 0 until finished
 }
 
 // DownstreamKey is the key idempay must send to Stripe for this record.
@@ -121,7 +121,7 @@ func getRecord(t testing.TB, pool *pgxpool.Pool, accountID, key string) record {
 	t.Helper()
 	var r record
 	err := pool.QueryRow(context.Background(), `
-		SELECT id, recovery_point, locked_at IS NOT NULL, lock_generation, attempts, response_status
+		SELECT id, recovery_point, locked_at IS NOT NULL, lock_generation, attempts, coalesce(response_status, 0)
 		FROM idempotency_keys WHERE account_id = $1 AND key = $2`, accountID, key).
 		Scan(&r.ID, &r.RecoveryPoint, &r.Locked, &r.LockGeneration, &r.Attempts, &r.ResponseStatus)
 	if err != nil {
