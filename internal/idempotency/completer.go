@@ -25,10 +25,11 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 	)
 	for _, row := range rows {
 		rec := &Record{row}
+		log := r.log.With("idempotency_key_id", rec.ID)
 		resume, ok := r.resumers[rec.RequestMethod+" "+rec.RequestRoute]
 		if !ok {
-			r.log.ErrorContext(ctx, "completer: no operation registered for route",
-				"idempotency_key_id", rec.ID, "route", rec.RequestMethod+" "+rec.RequestRoute)
+			log.ErrorContext(ctx, "completer: no operation registered for route",
+				"route", rec.RequestMethod+" "+rec.RequestRoute)
 			continue
 		}
 		wg.Add(1)
@@ -36,13 +37,13 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 			defer wg.Done()
 			resp, err := r.drive(context.WithoutCancel(ctx), rec, resume())
 			if err != nil {
-				r.log.WarnContext(ctx, "completer: record not finished yet",
-					"idempotency_key_id", rec.ID, "attempts", rec.Attempts+1, "err", err)
+				log.WarnContext(ctx, "completer: record not finished yet",
+					"attempts", rec.Attempts+1, "err", err)
 				return
 			}
 			r.observe(OutcomeRecovered)
-			r.log.InfoContext(ctx, "completer: finished record",
-				"idempotency_key_id", rec.ID, "account_id", rec.AccountID,
+			log.InfoContext(ctx, "completer: finished record",
+				"account_id", rec.AccountID,
 				"recovery_point", rec.RecoveryPoint, "status", resp.Status)
 			mu.Lock()
 			finished++

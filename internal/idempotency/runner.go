@@ -347,6 +347,8 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 			log.ErrorContext(ctx, "releasing idempotency record after unknown outcome", "err", err)
 		case n == 0:
 			r.observe(OutcomeFenced)
+			log.WarnContext(ctx, "fenced: record was taken over; this owner's unknown outcome was not recorded",
+				"err", step.Unknown)
 			return Response{}, r.fenced()
 		default:
 			log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
