@@ -142,6 +142,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer a.pool.Close()
+	startPprof(ctx, log) // PPROF_ADDR, off by default
 
 	srv := &http.Server{
 		Addr:              cfg.ListenAddr,
