@@ -1,0 +1,258 @@
+package charges_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// A card decline is a final outcome: stored on the ledger row, answered 402,
+// and replayed as is.
+func TestDeclineIsFinalAndReplayed(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	key := newKey()
+	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_chargeDeclined"}
+	first := c.Post("/v1/charges", key, body)
+	wantProblem(t, first, http.StatusPaymentRequired, "card-declined")
+	if first.Header.Get("Retry-After") != "" {
+		t.Fatal("a final decline says Retry-After")
+	}
+	var doc struct {
+		Charge      string `json:"charge"`
+		DeclineCode string `json:"decline_code"`
+	}
+	first.JSON(t, &doc)
+	if !strings.HasPrefix(doc.Charge, "ch_") || doc.DeclineCode != "generic_decline" {
+		t.Fatalf("decline body %s", first.Body)
+	}
+
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	if rec.RecoveryPoint != "finished" || rec.Locked || rec.ResponseStatus != http.StatusPaymentRequired {
+		t.Fatalf("record %+v", rec)
+	}
+	row := getChargeRow(t, env.Pool, doc.Charge)
+	fc := env.Stripe.Charges()
+	if len(fc) != 1 || fc[0].Status != "failed" {
+		t.Fatalf("fake charges %+v", fc)
+	}
+	if row.Status != "failed" || row.FailureCode == nil || *row.FailureCode != "generic_decline" ||
+		row.StripeChargeID == nil || *row.StripeChargeID != fc[0].ID {
+		t.Fatalf("ledger row %+v", row)
+	}
+
+	again := c.Post("/v1/charges", key, body)
+	wantSameResponse(t, first, again)
+	if n := env.Stripe.KeyCount(rec.DownstreamKey()); n != 1 {
+		t.Fatalf("the replay called Stripe: %d requests with the key", n)
+	}
+	get := c.Get("/v1/charges/" + doc.Charge)
+	wantStatus(t, get, http.StatusOK)
+	var ch charge
+	get.JSON(t, &ch)
+	if ch.Status != "failed" || ch.FailureCode == nil || *ch.FailureCode != "generic_decline" {
+		t.Fatalf("GET declined charge %s", get.Body)
+	}
+}
+
+// Unknown downstream outcomes are not final: the client gets 503 with
+// Retry-After, the record stays resumable, and a retry with the same key
+// completes it with exactly one charge at Stripe.
+func TestUnknownOutcomesAreResumable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		fault stripefake.Fault
+		// workDone: the first attempt executed the charge at Stripe, so the
+		// retry must be Stripe's replay of that charge.
+		workDone bool
+	}{
+		{"fail500", stripefake.Fail500, false},
+		{"fail429", stripefake.Fail429, false},
+		{"drop", stripefake.Drop, false},
+		{"drop after work", stripefake.DropAfterWork, true},
+		{"delay beyond the Stripe timeout", stripefake.Delay, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{StripeTimeout: 400 * time.Millisecond})
+			env.Stripe.SetFaultDelay(5 * time.Second)
+			c := env.NewClient(t)
+
+			// A window, not FailNext(f, 1): http.Transport may re-send the
+			// request on its own when a reused connection drops.
+			env.Stripe.FailFor(tc.fault, time.Minute)
+			key := newKey()
+			first := c.Post("/v1/charges", key, chargeBody(1500))
+			wantProblem(t, first, http.StatusServiceUnavailable, "downstream-unavailable")
+			if first.Header.Get("Retry-After") == "" {
+				t.Fatal("503 without Retry-After")
+			}
+
+			rec := getRecord(t, env.Pool, c.Account.ID, key)
+			if rec.RecoveryPoint != "downstream_called" || rec.Locked || rec.Attempts != 1 || rec.ResponseStatus != 0 {
+				t.Fatalf("record after an unknown outcome %+v, want downstream_called, unlocked, 1 attempt", rec)
+			}
+			row := chargeOfRecord(t, env.Pool, rec.ID)
+			if row.Status != "processing" || row.StripeChargeID != nil {
+				t.Fatalf("ledger row after an unknown outcome %+v", row)
+			}
+			if got := env.Stripe.ChargesByKey(rec.DownstreamKey()); tc.workDone != (got == 1) {
+				t.Fatalf("fake executed %d charges during the fault", got)
+			}
+
+			env.Stripe.ClearFaults()
+			retry := c.Post("/v1/charges", key, chargeBody(1500))
+			wantStatus(t, retry, http.StatusCreated)
+			if retry.Header.Get("Idempotent-Replayed") != "" {
+				t.Fatal("the resumed request claims to be a replay")
+			}
+			var ch charge
+			retry.JSON(t, &ch)
+			if ch.ID != row.ID {
+				t.Fatalf("the retry made charge %s, the first attempt %s", ch.ID, row.ID)
+			}
+
+			dk := rec.DownstreamKey()
+			fcs := env.Stripe.Charges()
+			if len(fcs) != 1 || env.Stripe.ChargesByKey(dk) != 1 {
+				t.Fatalf("fake executed %d charges (%d with %s), want exactly 1", len(fcs), env.Stripe.ChargesByKey(dk), dk)
+			}
+			if *ch.StripeChargeID != fcs[0].ID {
+				t.Fatalf("ledger says %s, Stripe holds %s", *ch.StripeChargeID, fcs[0].ID)
+			}
+			var replayed bool
+			for _, r := range env.Stripe.Requests() {
+				if r.Method != http.MethodPost {
+					continue
+				}
+				if r.IdempotencyKey != dk {
+					t.Fatalf("a request carried downstream key %q, want %q", r.IdempotencyKey, dk)
+				}
+				replayed = replayed || r.Replayed
+			}
+			if tc.workDone && !replayed {
+				t.Fatal("the retry was not Stripe's replay of the first attempt")
+			}
+
+			after := getRecord(t, env.Pool, c.Account.ID, key)
+			if after.RecoveryPoint != "finished" || after.Locked || after.ResponseStatus != http.StatusCreated {
+				t.Fatalf("record after the retry %+v", after)
+			}
+			if r := getChargeRow(t, env.Pool, ch.ID); r.Status != "succeeded" {
+				t.Fatalf("ledger row after the retry %+v", r)
+			}
+			if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 1, Charges: 1}) {
+				t.Fatalf("stored %+v", got)
+			}
+			wantSameResponse(t, retry, c.Post("/v1/charges", key, chargeBody(1500)))
+		})
+	}
+}
+
+// Stripe's 409 idempotency_key_in_use means another attempt with the same
+// downstream key is still running there. It is an unknown outcome (503),
+// never a final answer. Here a retry takes over the record of a request
+// whose lock expired while it was stuck at Stripe; its own call meets the
+// stuck one at Stripe. The stuck owner, released, is fenced, and the next
+// retry gets Stripe's replay of the one charge.
+func TestStripeKeyInUseIsUnknown(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{LockTimeout: 500 * time.Millisecond, StripeTimeout: 20 * time.Second})
+	c := env.NewClient(t)
+	gate := env.Stripe.Hold()
+	defer gate.Release()
+
+	key := newKey()
+	firstc := make(chan *apitest.Response, 1)
+	go func() { firstc <- c.Post("/v1/charges", key, chargeBody(990)) }()
+	dk := waitArrived(t, gate.Arrived())
+
+	// Still locked: 409 from idempay itself, Stripe is not asked.
+	wantProblem(t, c.Post("/v1/charges", key, chargeBody(990)), http.StatusConflict, "request-in-progress")
+	if n := env.Stripe.KeyCount(dk); n != 1 {
+		t.Fatalf("Stripe saw %d requests with the key", n)
+	}
+
+	time.Sleep(700 * time.Millisecond) // the owner's lock expires
+	second := c.Post("/v1/charges", key, chargeBody(990))
+	wantProblem(t, second, http.StatusServiceUnavailable, "downstream-unavailable")
+	if n := env.Stripe.KeyCount(dk); n != 2 {
+		t.Fatalf("Stripe saw %d requests with the key, want 2", n)
+	}
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	if rec.RecoveryPoint != "downstream_called" || rec.Locked || rec.LockGeneration != 2 || rec.DownstreamKey() != dk {
+		t.Fatalf("record after the in-use answer %+v", rec)
+	}
+	if n := len(env.Stripe.Charges()); n != 0 {
+		t.Fatalf("fake executed %d charges before release", n)
+	}
+
+	gate.Release()
+	var first *apitest.Response
+	select {
+	case first = <-firstc:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the stuck request did not return after release")
+	}
+	// It was taken over: its late write is fenced and it does not answer 201.
+	wantProblem(t, first, http.StatusConflict, "request-in-progress")
+	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "downstream_called" || r.LockGeneration != 2 {
+		t.Fatalf("the fenced owner changed the record: %+v", r)
+	}
+	if r := chargeOfRecord(t, env.Pool, rec.ID); r.Status != "processing" || r.StripeChargeID != nil {
+		t.Fatalf("the fenced owner wrote the ledger row: %+v", r)
+	}
+
+	third := c.Post("/v1/charges", key, chargeBody(990))
+	wantStatus(t, third, http.StatusCreated)
+	var ch charge
+	third.JSON(t, &ch)
+	fcs := env.Stripe.Charges()
+	if len(fcs) != 1 || env.Stripe.ChargesByKey(dk) != 1 || *ch.StripeChargeID != fcs[0].ID {
+		t.Fatalf("fake charges %+v, ledger %s", fcs, third.Body)
+	}
+	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" || r.LockGeneration != 3 {
+		t.Fatalf("record after the last retry %+v", r)
+	}
+}
+
+// A refund whose outcome is unknown keeps its reservation on the charge, so
+// no other refund can overspend while it is unresolved, and a retry
+// completes it once.
+func TestUnknownRefundKeepsReservation(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1000)
+
+	// Fail500, not DropAfterWork: the charge above left a connection to
+	// reuse, and http.Transport re-sends a request whose reused connection
+	// drops, which Stripe (here the fake) would answer with its replay.
+	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+	key := newKey()
+	body := map[string]any{"charge": ch.ID, "amount": 600}
+	wantProblem(t, c.Post("/v1/refunds", key, body), http.StatusServiceUnavailable, "downstream-unavailable")
+	env.Stripe.ClearFaults()
+
+	if r := getChargeRow(t, env.Pool, ch.ID); r.AmountRefunded != 600 {
+		t.Fatalf("amount_refunded %d while the refund is unresolved, want 600", r.AmountRefunded)
+	}
+	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500}),
+		http.StatusBadRequest, "refund-exceeds-charge")
+
+	retry := c.Post("/v1/refunds", key, body)
+	wantStatus(t, retry, http.StatusCreated)
+	if n := len(env.Stripe.Refunds()); n != 1 {
+		t.Fatalf("fake executed %d refunds, want 1", n)
+	}
+	if r := getChargeRow(t, env.Pool, ch.ID); r.AmountRefunded != 600 {
+		t.Fatalf("amount_refunded %d, want 600", r.AmountRefunded)
+	}
+}
