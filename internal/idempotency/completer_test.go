@@ -1,0 +1,458 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// The completer, retention and fencing tests each run on a database of
+// their own (created next to the test database, dropped in Cleanup). They
+// cannot share one: CompleteDue takes over every expired record in the
+// table and PurgeExpired deletes every expired one, whoever made them, so on
+// a shared database they would steal or delete the records of tests running
+// at the same time in this or another package, and be disturbed in turn.
+
+// testDB is a fresh, migrated database and one account in it.
+type testDB struct {
+	Pool      *pgxpool.Pool
+	AccountID string
+}
+
+func newTestDB(tb testing.TB) *testDB {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base, err := url.Parse(dbtest.URL())
+	if err != nil {
+		tb.Fatalf("parsing test database URL: %v", err)
+	}
+	name := "idempay_idem_" + randHex(6)
+	admin := *base
+	admin.Path = "/postgres" // maintenance database: only CREATE/DROP DATABASE
+	conn, err := pgx.Connect(ctx, admin.String())
+	if err != nil {
+		tb.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	conn.Close(ctx)
+	if err != nil {
+		tb.Fatalf("creating database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			tb.Logf("dropping database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			tb.Logf("dropping database %s: %v", name, err)
+		}
+	})
+	u := *base
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		tb.Fatalf("opening pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := db.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("migrating: %v", err)
+	}
+	acct, _, err := accounts.Create(ctx, pool, "idempotency test")
+	if err != nil {
+		tb.Fatalf("creating account: %v", err)
+	}
+	return &testDB{Pool: pool, AccountID: acct.ID}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testLogger sends the runner's warnings to t.Log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+// outcomes counts the runner's outcomes.
+type outcomes struct {
+	mu sync.Mutex
+	n  map[idempotency.Outcome]int
+}
+
+func (o *outcomes) observe(x idempotency.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[idempotency.Outcome]int{}
+	}
+	o.n[x]++
+}
+
+func (o *outcomes) get(x idempotency.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[x]
+}
+
+const testRoute = "/test/ops"
+
+func request(accountID, key string) idempotency.Request {
+	return idempotency.Request{
+		AccountID: accountID, Key: key, Method: http.MethodPost, Route: testRoute,
+		Fingerprint: idempotency.Fingerprint(http.MethodPost, testRoute, []byte(`{"amount":100}`)),
+	}
+}
+
+// testOp is an Operation whose Begin writes a real ledger row (a charge) and
+// whose Execute is supplied by the test. Execute calls are counted.
+type testOp struct {
+	pool      *pgxpool.Pool
+	accountID string
+	execute   func(ctx context.Context, rec *idempotency.Record) idempotency.Step
+	calls     atomic.Int32
+}
+
+func (o *testOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+	_, err := tx.Exec(ctx, `INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
+		VALUES ($1, $2, 100, 'usd', 'tok_visa')`, o.accountID, rec.ID)
+	return err
+}
+
+func (o *testOp) Execute(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+	o.calls.Add(1)
+	return o.execute(ctx, rec)
+}
+
+// finishFor is the outcome of a downstream call for rec made by owner:
+// inside the final transaction it sets the record's ledger row to succeeded
+// with stripe_charge_id = owner and inserts one more ledger row described
+// "written by <owner>", so a test can count whose writes committed.
+func finishFor(rec *idempotency.Record, owner string) idempotency.Step {
+	return idempotency.Step{Finish: func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+		if _, err := tx.Exec(ctx, `UPDATE charges SET status = 'succeeded', stripe_charge_id = $1, updated_at = now()
+			WHERE idempotency_key_id = $2`, owner, rec.ID); err != nil {
+			return idempotency.Response{}, fmt.Errorf("updating ledger row: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, description)
+			VALUES ($1, 1, 'usd', 'tok_visa', $2)`, rec.AccountID, "written by "+owner); err != nil {
+			return idempotency.Response{}, fmt.Errorf("inserting marker row: %w", err)
+		}
+		return idempotency.Response{Status: http.StatusCreated,
+			Header: http.Header{"Content-Type": {"application/json"}},
+			Body:   []byte(`{"owner":"` + owner + `"}`)}, nil
+	}}
+}
+
+// recordState is the stored state of one record.
+type recordState struct {
+	ID             string
+	RecoveryPoint  string
+	LockGeneration int64
+	Attempts       int32
+	LockedAt       *time.Time
+	LastError      *string
+	ResponseBody   []byte
+}
+
+func readRecord(t *testing.T, pool *pgxpool.Pool, accountID, key string) recordState {
+	t.Helper()
+	var r recordState
+	err := pool.QueryRow(context.Background(), `SELECT id, recovery_point, lock_generation, attempts, locked_at, last_error, response_body
+		FROM idempotency_keys WHERE account_id = $1 AND key = $2`, accountID, key).
+		Scan(&r.ID, &r.RecoveryPoint, &r.LockGeneration, &r.Attempts, &r.LockedAt, &r.LastError, &r.ResponseBody)
+	if err != nil {
+		t.Fatalf("reading record %s: %v", key, err)
+	}
+	return r
+}
+
+// countWritten counts the marker rows "written by owner".
+func countWritten(t *testing.T, pool *pgxpool.Pool, accountID, owner string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM charges WHERE account_id = $1 AND description = $2`,
+		accountID, "written by "+owner).Scan(&n); err != nil {
+		t.Fatalf("counting rows: %v", err)
+	}
+	return n
+}
+
+// requireProblem fails unless err is a problem of type typ with the status
+// of that type.
+func requireProblem(t *testing.T, err error, typ apierror.Type, status int) *apierror.Error {
+	t.Helper()
+	var pe *apierror.Error
+	if !errors.As(err, &pe) || pe.Type != typ || pe.Status() != status {
+		t.Fatalf("got error %v, want a %d %s problem", err, status, typ)
+	}
+	return pe
+}
+
+// stalledOwner starts Run with an operation whose Execute signals that it
+// started and then waits for the returned release function to hand it a
+// Step. It returns when Execute has started.
+func stalledOwner(t *testing.T, r *idempotency.Runner, d *testDB, key string) (release func(step func(*idempotency.Record) idempotency.Step), result chan error) {
+	t.Helper()
+	started := make(chan *idempotency.Record, 1)
+	steps := make(chan func(*idempotency.Record) idempotency.Step, 1)
+	op := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+		started <- rec
+		return (<-steps)(rec)
+	}}
+	result = make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), request(d.AccountID, key), op)
+		result <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first owner never reached Execute")
+	}
+	return func(step func(*idempotency.Record) idempotency.Step) { steps <- step }, result
+}
+
+func awaitErr(t *testing.T, ch chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first owner did not return")
+		return nil
+	}
+}
+
+// TestCompleterTakesOverExpiredRecord: a record whose owner stalls (a crashed
+// process, as far as the database can tell) is left alone while its lock is
+// fresh, taken over by CompleteDue with a new lock generation once the lock
+// has expired, and finished once; the stalled owner's late Finish is fenced.
+func TestCompleterTakesOverExpiredRecord(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = 300 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "completer")
+	}}
+	r.Register(http.MethodPost, testRoute, func() idempotency.Operation { return resumed })
+
+	release, result := stalledOwner(t, r, d, "stalled")
+	claimedAt := time.Now()
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
+		t.Fatalf("CompleteDue with a fresh lock: %d, %v; want 0", n, err)
+	}
+	var finished int
+	for i := 0; i < 100 && finished == 0; i++ {
+		n, err := r.CompleteDue(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		finished = n
+		time.Sleep(20 * time.Millisecond)
+	}
+	if finished != 1 {
+		t.Fatal("the completer did not take the expired record over")
+	}
+	if waited := time.Since(claimedAt); waited < cfg.LockTimeout {
+		t.Errorf("the completer took the record over after %s, before the lock timeout %s", waited, cfg.LockTimeout)
+	}
+	if c := resumed.calls.Load(); c != 1 {
+		t.Errorf("the completer executed %d times, want 1", c)
+	}
+	rec := readRecord(t, d.Pool, d.AccountID, "stalled")
+	if rec.RecoveryPoint != idempotency.PointFinished || rec.LockGeneration != 2 || string(rec.ResponseBody) != `{"owner":"completer"}` {
+		t.Errorf("record after the completer: %+v", rec)
+	}
+
+	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
+	requireProblem(t, awaitErr(t, result), apierror.RequestInProgress, http.StatusConflict)
+	if n := countWritten(t, d.Pool, d.AccountID, "stalled"); n != 0 {
+		t.Errorf("the fenced owner committed %d ledger rows", n)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "completer"); n != 1 {
+		t.Errorf("the completer committed %d ledger rows, want 1", n)
+	}
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
+		t.Errorf("CompleteDue after the record finished: %d, %v; want 0", n, err)
+	}
+}
+
+// TestCompleterResumesAfterBackoff: after an unknown downstream outcome the
+// record is unlocked at downstream_called, the client gets 503 with
+// Retry-After, and the completer leaves it alone until its backoff (1 s
+// after the first attempt) has passed, then finishes it.
+func TestCompleterResumesAfterBackoff(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = 300 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "completer")
+	}}
+	r.Register(http.MethodPost, testRoute, func() idempotency.Operation { return resumed })
+
+	first := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
+		return idempotency.Step{Unknown: errors.New("read tcp: i/o timeout")}
+	}}
+	_, err := r.Run(context.Background(), request(d.AccountID, "unknown"), first)
+	releasedAt := time.Now()
+	if pe := requireProblem(t, err, apierror.DownstreamUnavailable, http.StatusServiceUnavailable); pe.RetryAfter <= 0 {
+		t.Errorf("503 without Retry-After")
+	}
+	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
+	if rec.RecoveryPoint != idempotency.PointDownstreamCalled || rec.LockedAt != nil || rec.Attempts != 1 || rec.LastError == nil {
+		t.Fatalf("record after an unknown outcome: %+v", rec)
+	}
+	var finished int
+	for i := 0; i < 150 && finished == 0; i++ {
+		n, err := r.CompleteDue(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		finished = n
+		if n == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if finished != 1 {
+		t.Fatal("the completer did not finish the record within 3 s")
+	}
+	if waited := time.Since(releasedAt); waited < 900*time.Millisecond {
+		t.Errorf("the completer resumed after %s, before the 1 s backoff", waited)
+	}
+	if c := resumed.calls.Load(); c != 1 {
+		t.Errorf("the completer executed %d times, want 1", c)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "unknown"); rec.RecoveryPoint != idempotency.PointFinished || rec.LastError != nil {
+		t.Errorf("record after the completer: %+v", rec)
+	}
+}
+
+// TestCompleterConcurrentPassesNeverShareARecord runs four completers (four
+// Runners, as four processes would) at the same time over 40 due records,
+// repeatedly, and checks with an Execute counter per record that no record
+// was ever driven twice: the claim's SKIP LOCKED and fresh lock keep each
+// record to one owner.
+func TestCompleterConcurrentPassesNeverShareARecord(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	const nRecords, nCompleters = 40, 4
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = 5 * time.Second // far longer than one pass: no legitimate takeover
+	cfg.CompleterBatch = 8
+
+	unknown := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
+		return idempotency.Step{Unknown: errors.New("stripe: 500")}
+	}}
+	setup := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	for i := range nRecords {
+		if _, err := setup.Run(context.Background(), request(d.AccountID, fmt.Sprintf("due-%d", i)), unknown); err == nil {
+			t.Fatal("the unknown outcome was not reported")
+		}
+	}
+	// Make them due now instead of waiting out the backoff.
+	if _, err := d.Pool.Exec(context.Background(), `UPDATE idempotency_keys SET next_attempt_at = now() WHERE account_id = $1`, d.AccountID); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	calls := map[string]int{}
+	var runners []*idempotency.Runner
+	for range nCompleters {
+		r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+		r.Register(http.MethodPost, testRoute, func() idempotency.Operation {
+			return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+				mu.Lock()
+				calls[rec.ID]++
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond) // keep passes overlapping
+				return finishFor(rec, "completer")
+			}}
+		})
+		runners = append(runners, r)
+	}
+	var total atomic.Int64
+	for round := 0; round < 20 && total.Load() < nRecords; round++ {
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for _, r := range runners {
+			wg.Go(func() {
+				<-gate
+				n, err := r.CompleteDue(context.Background())
+				if err != nil {
+					t.Error(err)
+				}
+				total.Add(int64(n))
+			})
+		}
+		close(gate)
+		wg.Wait()
+	}
+	if total.Load() != nRecords {
+		t.Errorf("the completers finished %d records, want %d", total.Load(), nRecords)
+	}
+	if len(calls) != nRecords {
+		t.Errorf("%d records were executed, want %d", len(calls), nRecords)
+	}
+	for id, n := range calls {
+		if n != 1 {
+			t.Errorf("record %s was executed %d times by the completers", id, n)
+		}
+	}
+	var gens []int64
+	rows, err := d.Pool.Query(context.Background(), `SELECT lock_generation FROM idempotency_keys WHERE account_id = $1 AND recovery_point = 'finished'`, d.AccountID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gens, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gens {
+		if g != 2 {
+			t.Errorf("a record finished at lock generation %d, want 2 (one claim by one completer)", g)
+		}
+	}
+	if len(gens) != nRecords {
+		t.Errorf("%d records finished, want %d", len(gens), nRecords)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "completer"); n != nRecords {
+		t.Errorf("%d ledger writes committed, want %d", n, nRecords)
+	}
+}

@@ -1,0 +1,199 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// fencingSetup is a runner with a tiny lock timeout on a database of the
+// test's own, counting outcomes.
+func fencingSetup(t *testing.T) (*testDB, *idempotency.Runner, *outcomes) {
+	t.Helper()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = 200 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	o := &outcomes{}
+	r.OnOutcome = o.observe
+	return d, r, o
+}
+
+// takeOver retries the same request as owner B until the stale owner's lock
+// expires (each early attempt must be a 409 with Retry-After that changes
+// nothing, I4) and returns B's response. B's Execute is exec.
+func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *testOp) (idempotency.Response, int) {
+	t.Helper()
+	conflicts := 0
+	for i := 0; i < 100; i++ {
+		resp, err := r.Run(context.Background(), request(d.AccountID, key), op)
+		if err == nil {
+			return resp, conflicts
+		}
+		pe := requireProblem(t, err, apierror.RequestInProgress, http.StatusConflict)
+		if pe.RetryAfter <= 0 {
+			t.Fatalf("409 without Retry-After")
+		}
+		if op.calls.Load() != 0 {
+			t.Fatalf("a request rejected with 409 executed the operation")
+		}
+		conflicts++
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("B never took the record over")
+	return idempotency.Response{}, 0
+}
+
+// TestFencingStaleOwnerFinish: owner A claims a key and stalls in its
+// downstream call past the lock timeout; B takes over (lock generation 2)
+// and finishes. When A wakes up, its final phase must fail with a 409
+// problem and roll back completely: neither its ledger writes nor its
+// response are committed, and B's stored response is what every later
+// retry replays.
+func TestFencingStaleOwnerFinish(t *testing.T) {
+	t.Parallel()
+	d, r, o := fencingSetup(t)
+	release, resultA := stalledOwner(t, r, d, "k")
+
+	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "B")
+	}}
+	respB, conflicts := takeOver(t, r, d, "k", opB)
+	if conflicts == 0 {
+		t.Errorf("B took the record over at once; want 409 while A's lock was fresh")
+	}
+	if respB.Status != http.StatusCreated || string(respB.Body) != `{"owner":"B"}` || respB.Replayed {
+		t.Fatalf("B got %d %s (replayed %v)", respB.Status, respB.Body, respB.Replayed)
+	}
+	rec := readRecord(t, d.Pool, d.AccountID, "k")
+	if rec.LockGeneration != 2 || rec.RecoveryPoint != idempotency.PointFinished {
+		t.Fatalf("after B: %+v", rec)
+	}
+
+	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
+	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+
+	if n := countWritten(t, d.Pool, d.AccountID, "A"); n != 0 {
+		t.Errorf("stale owner A committed %d ledger rows", n)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "B"); n != 1 {
+		t.Errorf("B committed %d ledger rows, want 1", n)
+	}
+	var stripeID string
+	if err := d.Pool.QueryRow(context.Background(), `SELECT stripe_charge_id FROM charges WHERE idempotency_key_id = $1`, rec.ID).Scan(&stripeID); err != nil || stripeID != "B" {
+		t.Errorf("the ledger row holds %q (%v), want B's", stripeID, err)
+	}
+	if after := readRecord(t, d.Pool, d.AccountID, "k"); after.LockGeneration != 2 || string(after.ResponseBody) != `{"owner":"B"}` {
+		t.Errorf("after A woke up: %+v", after)
+	}
+	if o.get(idempotency.OutcomeFenced) != 1 || o.get(idempotency.OutcomeTakeover) != 1 {
+		t.Errorf("outcomes %v, want one takeover and one fenced", o.n)
+	}
+
+	never := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
+		t.Error("a replay executed the operation")
+		return idempotency.Step{Unknown: errors.New("unreachable")}
+	}}
+	replay, err := r.Run(context.Background(), request(d.AccountID, "k"), never)
+	if err != nil || !replay.Replayed || string(replay.Body) != `{"owner":"B"}` || replay.Status != http.StatusCreated {
+		t.Errorf("replay: %v %d %s replayed=%v", err, replay.Status, replay.Body, replay.Replayed)
+	}
+}
+
+// TestFencingStaleOwnerRelease: the same takeover, but A's downstream call
+// ends with an unknown outcome. A's Release (which would reopen the record
+// at downstream_called and count an attempt) must be fenced too: the
+// finished record stays exactly as B left it.
+func TestFencingStaleOwnerRelease(t *testing.T) {
+	t.Parallel()
+	d, r, o := fencingSetup(t)
+	release, resultA := stalledOwner(t, r, d, "k")
+	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "B")
+	}}
+	takeOver(t, r, d, "k", opB)
+	before := readRecord(t, d.Pool, d.AccountID, "k")
+
+	release(func(*idempotency.Record) idempotency.Step {
+		return idempotency.Step{Unknown: errors.New("context deadline exceeded")}
+	})
+	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+
+	after := readRecord(t, d.Pool, d.AccountID, "k")
+	if after.RecoveryPoint != idempotency.PointFinished || after.Attempts != before.Attempts || after.LastError != nil ||
+		after.LockGeneration != 2 || string(after.ResponseBody) != `{"owner":"B"}` {
+		t.Errorf("the stale owner's release changed the record:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if o.get(idempotency.OutcomeFenced) != 1 {
+		t.Errorf("outcomes %v, want one fenced", o.n)
+	}
+}
+
+// TestFencingWhileNewOwnerInFlight: fencing is by lock generation, not by
+// the record being finished. A wakes up while B, which took over, is itself
+// still in its downstream call: A's Finish must fail although the record is
+// unfinished, and B then finishes normally.
+func TestFencingWhileNewOwnerInFlight(t *testing.T) {
+	t.Parallel()
+	d, r, _ := fencingSetup(t)
+	releaseA, resultA := stalledOwner(t, r, d, "k")
+	time.Sleep(250 * time.Millisecond) // past A's 200 ms lock
+
+	bStarted := make(chan struct{})
+	bGo := make(chan struct{})
+	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		close(bStarted)
+		<-bGo
+		return finishFor(rec, "B")
+	}}
+	type result struct {
+		resp idempotency.Response
+		err  error
+	}
+	resultB := make(chan result, 1)
+	go func() {
+		for i := 0; ; i++ {
+			resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
+			var pe *apierror.Error
+			if i < 100 && errors.As(err, &pe) && pe.Type == apierror.RequestInProgress {
+				time.Sleep(20 * time.Millisecond) // A's lock not expired yet
+				continue
+			}
+			resultB <- result{resp, err}
+			return
+		}
+	}()
+	select {
+	case <-bStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("B did not take over")
+	}
+
+	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
+	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointStarted || rec.LockGeneration != 2 {
+		t.Errorf("A's late Finish changed the record B owns: %+v", rec)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "A"); n != 0 {
+		t.Errorf("stale owner A committed %d ledger rows", n)
+	}
+
+	close(bGo)
+	var rb result
+	select {
+	case rb = <-resultB:
+	case <-time.After(10 * time.Second):
+		t.Fatal("B did not finish")
+	}
+	if rb.err != nil || string(rb.resp.Body) != `{"owner":"B"}` {
+		t.Fatalf("B: %v %s", rb.err, rb.resp.Body)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "B"); n != 1 {
+		t.Errorf("B committed %d ledger rows, want 1", n)
+	}
+}
