@@ -1,15 +1,21 @@
-// Package dbtest gives tests a real PostgreSQL: the database named by
-// TEST_DATABASE_URL (created if missing, migrated once per test binary) and a
-// shared pool. Tests that need committed rows isolate themselves with their
-// own accounts (NewAccount) and unique keys, never by truncating tables.
+// Package dbtest gives tests a real PostgreSQL. Each test binary (one per Go
+// package) gets a database of its own on the server of TEST_DATABASE_URL,
+// named after the URL's database and the package (idempay_test_charges ...),
+// created if missing and migrated once, with a shared pool. Tests isolate
+// themselves with their own accounts (NewAccount) and unique keys, never by
+// truncating tables. Tests of table-wide jobs (the completer, retention) or
+// of a whole server process use NewDatabase: a fresh database of their own.
 package dbtest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -33,12 +39,88 @@ var (
 	initErr error
 )
 
-// URL is the test database's URL.
+// URL is this test binary's database: TEST_DATABASE_URL (or DefaultURL)
+// with the package name appended to the database name, so that packages that
+// `go test ./...` runs in parallel never see each other's rows.
 func URL() string {
-	if v := os.Getenv("TEST_DATABASE_URL"); v != "" {
-		return v
+	base := os.Getenv("TEST_DATABASE_URL")
+	if base == "" {
+		base = DefaultURL
 	}
-	return DefaultURL
+	u, err := url.Parse(base)
+	if err != nil {
+		return base // reported by Pool
+	}
+	u.Path = u.Path + "_" + binaryName()
+	return u.String()
+}
+
+// binaryName is the test binary's package name ("charges" for charges.test),
+// reduced to characters that are safe in a database name.
+func binaryName() string {
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			b.WriteRune(r)
+		}
+	}
+	if b.Len() == 0 || b.Len() > 40 {
+		return "pkg"
+	}
+	return b.String()
+}
+
+// NewDatabase creates a fresh, migrated database for one test and drops it in
+// Cleanup. It returns its URL and a pool. Use it where a test runs something
+// that acts on every row of a table (the completer, retention) or starts
+// server processes, which must not touch other tests' rows.
+func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base, err := url.Parse(URL())
+	if err != nil {
+		tb.Fatalf("parsing test database URL: %v", err)
+	}
+	raw := make([]byte, 6)
+	_, _ = rand.Read(raw)
+	name := strings.TrimPrefix(base.Path, "/") + "_" + hex.EncodeToString(raw)
+	admin := *base
+	admin.Path = "/postgres" // the maintenance database: only CREATE and DROP DATABASE
+	conn, err := pgx.Connect(ctx, admin.String())
+	if err != nil {
+		tb.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	conn.Close(ctx)
+	if err != nil {
+		tb.Fatalf("creating database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			tb.Logf("dropping database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			tb.Logf("dropping database %s: %v", name, err)
+		}
+	})
+	u := *base
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		tb.Fatalf("opening pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := db.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("migrating %s: %v", name, err)
+	}
+	return u.String(), pool
 }
 
 // Pool returns the shared pool to the migrated test database. It fails the

@@ -18,3 +18,15 @@ func TestPoolIsMigrated(t *testing.T) {
 		t.Fatalf("accounts not distinct: %+v %+v", a, b)
 	}
 }
+
+func TestNewDatabaseIsPrivateAndMigrated(t *testing.T) {
+	t.Parallel()
+	url, pool := NewDatabase(t)
+	if url == URL() {
+		t.Fatalf("NewDatabase returned the shared database %s", url)
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM accounts").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("fresh database has %d accounts, err %v", n, err)
+	}
+}
