@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Run idempay locally from a fresh checkout (this is `make up`):
+#
+#   1. find or start PostgreSQL and create the `idempay` database
+#      (or use $DATABASE_URL as is, creating its database if missing),
+#   2. build bin/idempay and bin/stripe-mock, start stripe-mock on loopback,
+#   3. apply migrations and create a `demo` account,
+#   4. print the API key and a curl example, then run `idempay serve`
+#      in the foreground until Ctrl-C / SIGTERM, which stop the server and
+#      stripe-mock.
+#
+# Environment: LISTEN_ADDR (default 127.0.0.1:8080), DATABASE_URL (optional),
+# IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION (passed through).
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$IDEMPAY_ROOT"
+
+LISTEN_ADDR=${LISTEN_ADDR:-127.0.0.1:8080}
+export LISTEN_ADDR
+
+listen_port=${LISTEN_ADDR##*:}
+listen_host=${LISTEN_ADDR%:*}
+listen_host=${listen_host#[}
+listen_host=${listen_host%]}
+[[ $LISTEN_ADDR == *:* && $listen_port =~ ^[0-9]+$ ]] ||
+	idem_die "LISTEN_ADDR must look like host:port (got '$LISTEN_ADDR')"
+case $listen_host in
+'' | 0.0.0.0) client_host=127.0.0.1 ;;
+:: | ::0) client_host=::1 ;;
+*) client_host=$listen_host ;;
+esac
+if [[ $client_host == *:* ]]; then
+	api_url="http://[$client_host]:$listen_port"
+else
+	api_url="http://$client_host:$listen_port"
+fi
+
+# port_busy HOST PORT: true if the address cannot be bound (or something answers).
+port_busy() {
+	if command -v python3 >/dev/null 2>&1; then
+		if python3 - "$1" "$2" <<'EOF' 2>/dev/null; then
+import socket, sys
+host, port = sys.argv[1] or None, int(sys.argv[2])
+for family, type_, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+    s = socket.socket(family, type_, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's net.Listen does
+    s.bind(addr)
+    s.close()
+    break
+EOF
+			return 1
+		fi
+		return 0
+	fi
+	(: <"/dev/tcp/$client_host/$2") 2>/dev/null
+}
+
+if port_busy "$listen_host" "$listen_port"; then
+	idem_die "LISTEN_ADDR $LISTEN_ADDR is already in use (another \`make up\`?). Stop that process or pick another address, e.g. LISTEN_ADDR=127.0.0.1:8081 make up"
+fi
+
+# 1. PostgreSQL
+ensure_postgres
+if [[ -n ${DATABASE_URL:-} ]]; then
+	DATABASE_URL=$(ensure_database_url "$DATABASE_URL")
+else
+	DATABASE_URL=$(ensure_database idempay)
+fi
+export DATABASE_URL
+
+# 2. Binaries and stripe-mock
+idem_log "building bin/idempay"
+go build -o bin/idempay ./cmd/idempay
+build_stripe_mock
+start_stripe_mock
+export STRIPE_API_URL=$STRIPE_MOCK_URL
+export STRIPE_SECRET_KEY=sk_test_123
+
+# 3. Schema and a demo account
+idem_log "applying migrations"
+bin/idempay migrate
+
+idem_log "creating the demo account"
+account_json=$(bin/idempay accounts create --name demo)
+
+# json_field NAME: read a JSON object on stdin, print its string field NAME.
+json_field() {
+	if command -v python3 >/dev/null 2>&1; then
+		python3 -c '
+import json, sys
+text = sys.stdin.read().strip()
+try:
+    obj = json.loads(text)
+except ValueError:  # tolerate stray lines around the object
+    obj = json.loads([l for l in text.splitlines() if l.lstrip().startswith("{")][-1])
+print(obj[sys.argv[1]])' "$1"
+	else
+		sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\\([^\"]*\\)\".*/\\1/p" | tail -n 1
+	fi
+}
+account_id=$(json_field id <<<"$account_json") || account_id=
+api_key=$(json_field api_key <<<"$account_json") || api_key=
+[[ -n $account_id && -n $api_key ]] ||
+	idem_die "could not read id and api_key from \`idempay accounts create\` output: $account_json"
+
+# 4. Serve. The server runs in its own session so that Ctrl-C reaches only
+# this script, which then stops it once with SIGTERM (graceful shutdown) and
+# stops stripe-mock afterwards.
+idem_log "starting idempay serve on $LISTEN_ADDR"
+if [[ $- != *m* ]] && command -v setsid >/dev/null 2>&1; then
+	setsid bin/idempay serve &
+else
+	bin/idempay serve &
+fi
+server_pid=$!
+idem_on_exit "_idem_stop_pid $server_pid 'idempay serve' 20"
+
+ready=""
+for ((i = 0; i < 240; i++)); do
+	if ! kill -0 "$server_pid" 2>/dev/null; then
+		rc=0
+		wait "$server_pid" || rc=$?
+		idem_die "idempay serve exited with status $rc before listening on $LISTEN_ADDR"
+	fi
+	if (: <"/dev/tcp/$client_host/$listen_port") 2>/dev/null; then
+		ready=1
+		break
+	fi
+	sleep 0.25
+done
+[[ -n $ready ]] || idem_die "idempay serve did not start listening on $LISTEN_ADDR within 60s"
+
+idem_key="demo-$(date +%s)-$RANDOM"
+cat <<EOF
+
+==============================================================================
+ idempay is running
+
+   API          $api_url
+   account      $account_id (demo)
+   API key      $api_key
+   database     $(_idem_redact "$DATABASE_URL")
+   stripe-mock  $STRIPE_MOCK_URL
+
+ Make a charge (paste into another terminal):
+
+curl -s -i $api_url/v1/charges \\
+  -H 'Authorization: Bearer $api_key' \\
+  -H 'Idempotency-Key: $idem_key' \\
+  -H 'Content-Type: application/json' \\
+  -d '{"amount":2000,"currency":"usd","payment_method":"tok_visa","description":"demo charge"}'
+
+ Run it twice and see the replay: the second call returns the stored
+ response of the first (same charge id, header Idempotent-Replayed: true)
+ and charges nothing again.
+ Change the Idempotency-Key to make a new charge.
+
+ Ctrl-C stops the server and stripe-mock.
+==============================================================================
+
+EOF
+
+rc=0
+wait "$server_pid" || rc=$?
+idem_log "idempay serve exited with status $rc"
+exit "$rc"
