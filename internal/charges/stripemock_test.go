@@ -1,0 +1,153 @@
+package charges_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+// stripeMockBin is built at most once per test binary.
+var stripeMockBin = struct {
+	once sync.Once
+	path string
+	dir  string
+	err  error
+	out  []byte
+}{}
+
+// stripeMockPath returns the stripe-mock binary: STRIPE_MOCK_BIN, or one
+// built from the version pinned as a tool in go.mod.
+func stripeMockPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("STRIPE_MOCK_BIN"); p != "" {
+		return p
+	}
+	stripeMockBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "idempay-stripe-mock-")
+		if err != nil {
+			stripeMockBin.err = err
+			return
+		}
+		stripeMockBin.dir = dir
+		stripeMockBin.path = filepath.Join(dir, "stripe-mock")
+		cmd := exec.Command("go", "build", "-o", stripeMockBin.path, "github.com/stripe/stripe-mock")
+		stripeMockBin.out, stripeMockBin.err = cmd.CombinedOutput()
+	})
+	if stripeMockBin.err != nil {
+		t.Fatalf("building stripe-mock (set STRIPE_MOCK_BIN to use a prebuilt one): %v\n%s", stripeMockBin.err, stripeMockBin.out)
+	}
+	return stripeMockBin.path
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if stripeMockBin.dir != "" {
+		os.RemoveAll(stripeMockBin.dir)
+	}
+	os.Exit(code)
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startStripeMock runs stripe-mock on loopback only and returns its HTTP URL.
+func startStripeMock(t *testing.T) string {
+	t.Helper()
+	bin := stripeMockPath(t)
+	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	httpsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	cmd := exec.Command(bin, "-http-addr", httpAddr, "-https-addr", httpsAddr)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting stripe-mock: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+
+	url := "http://" + httpAddr
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, url+"/v1/charges", nil)
+		req.Header.Set("Authorization", "Bearer sk_test_idempay")
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return url
+		}
+		select {
+		case <-exited:
+			t.Fatalf("stripe-mock exited: %s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stripe-mock did not answer on %s within 30 s: %v\n%s", url, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The API against Stripe's official mock, through stripe-go: the request
+// and response formats idempay relies on are the real ones. stripe-mock is
+// stateless (no replay, no declines), so this is a smoke test; the Stripe
+// fake covers the behaviours.
+func TestAgainstStripeMock(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{StripeURL: startStripeMock(t)})
+	c := env.NewClient(t)
+
+	key := newKey()
+	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "tok_visa",
+		"description": "stripe-mock smoke", "metadata": map[string]string{"order": "7"}}
+	first := c.Post("/v1/charges", key, body)
+	wantStatus(t, first, http.StatusCreated)
+	var ch charge
+	first.JSON(t, &ch)
+	if ch.StripeChargeID == nil || !strings.HasPrefix(*ch.StripeChargeID, "ch_") || ch.Status == "processing" {
+		t.Fatalf("charge against stripe-mock %s", first.Body)
+	}
+	wantSameResponse(t, first, c.Post("/v1/charges", key, body))
+	if row := getChargeRow(t, env.Pool, ch.ID); row.StripeChargeID == nil || *row.StripeChargeID != *ch.StripeChargeID {
+		t.Fatalf("ledger row %+v", row)
+	}
+
+	if ch.Status != "succeeded" {
+		t.Fatalf("stripe-mock returned a %s charge, want succeeded", ch.Status)
+	}
+	rkey := newKey()
+	rbody := map[string]any{"charge": ch.ID, "amount": 500}
+	rf := c.Post("/v1/refunds", rkey, rbody)
+	wantStatus(t, rf, http.StatusCreated)
+	var r refund
+	rf.JSON(t, &r)
+	if r.StripeRefundID == nil || !strings.HasPrefix(*r.StripeRefundID, "re_") || r.Amount != 500 {
+		t.Fatalf("refund against stripe-mock %s", rf.Body)
+	}
+	wantSameResponse(t, rf, c.Post("/v1/refunds", rkey, rbody))
+	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 2, Charges: 1, Refunds: 1}) {
+		t.Fatalf("stored %+v", got)
+	}
+}
