@@ -33,7 +33,7 @@ func loadConfig() (Config, error) {
 	idem := idempotency.DefaultConfig()
 	cfg := Config{
 		DatabaseURL:       e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
-		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 0)),
+		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
 		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
