@@ -1,0 +1,84 @@
+package accounts_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/dbtest"
+)
+
+func TestCreateAndAuthenticate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+
+	acct, key, err := accounts.Create(ctx, pool, "  Test "+t.Name()+"  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(key, accounts.KeyPrefix) || len(key) != len(accounts.KeyPrefix)+64 {
+		t.Fatalf("API key %q: want %s and 64 hex digits", key, accounts.KeyPrefix)
+	}
+	if acct.Name != "Test "+t.Name() || !strings.HasPrefix(acct.ID, "acct_") {
+		t.Fatalf("account %+v", acct)
+	}
+
+	// Only the SHA-256 of the key is stored.
+	var stored []byte
+	if err := pool.QueryRow(ctx, `SELECT api_key_hash FROM accounts WHERE id = $1`, acct.ID).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(key))
+	if !bytes.Equal(stored, sum[:]) {
+		t.Fatal("the stored hash is not the SHA-256 of the key")
+	}
+	var found int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM accounts
+		WHERE api_key_hash = convert_to($1::text, 'UTF8') OR strpos(name, $1::text) > 0`, key).Scan(&found); err != nil {
+		t.Fatal(err)
+	}
+	if found != 0 {
+		t.Fatal("the raw API key is stored")
+	}
+
+	got, err := accounts.Authenticate(ctx, pool, key)
+	if err != nil || got.ID != acct.ID {
+		t.Fatalf("Authenticate: %+v, %v", got, err)
+	}
+	for _, wrong := range []string{"", key[:len(key)-1], key + "0", strings.ToUpper(key), accounts.KeyPrefix + strings.Repeat("0", 64)} {
+		if got, err := accounts.Authenticate(ctx, pool, wrong); !errors.Is(err, db.ErrNotFound) {
+			t.Errorf("Authenticate(%q) = %+v, %v; want ErrNotFound", wrong, got, err)
+		}
+	}
+
+	// Two accounts never share a key.
+	other, otherKey, err := accounts.Create(ctx, pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if otherKey == key || other.ID == acct.ID {
+		t.Fatal("two accounts share a key or an id")
+	}
+	if got, err := accounts.Authenticate(ctx, pool, otherKey); err != nil || got.ID != other.ID {
+		t.Fatalf("Authenticate(other) = %+v, %v", got, err)
+	}
+}
+
+func TestCreateRejectsBadNames(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	for _, name := range []string{"", "   ", strings.Repeat("n", 201)} {
+		if _, _, err := accounts.Create(context.Background(), pool, name); err == nil {
+			t.Errorf("Create(%q) succeeded", name)
+		}
+	}
+	if _, _, err := accounts.Create(context.Background(), pool, strings.Repeat("n", 200)); err != nil {
+		t.Errorf("a 200-character name: %v", err)
+	}
+}
