@@ -65,7 +65,7 @@ func readJSON(c echo.Context) (raw, canonical []byte, err error) {
 	canonical, err = idempotency.Canonicalize(raw)
 	if err != nil {
 		return nil, nil, apierror.Newf(apierror.InvalidJSON, "The request body is not valid JSON: %v.",
-			strings.TrimPrefix(errors.Unwrap(err).Error(), "invalid JSON: "))
+			strings.TrimPrefix(err.Error(), idempotency.ErrInvalidJSON.Error()+": "))
 	}
 	return raw, canonical, nil
 }
