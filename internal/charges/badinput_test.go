@@ -150,7 +150,10 @@ func TestBadInput(t *testing.T) {
 				req.Header["Idempotency-Key"] = []string{key} // as is, even empty
 			}
 			resp := c.Do(req)
-			wantProblem(t, resp, tc.status, tc.typ)
+			p := wantProblem(t, resp, tc.status, tc.typ)
+			if p.Detail == "" || strings.HasSuffix(p.Detail, ": invalid JSON.") {
+				t.Fatalf("detail %q does not say what is wrong", p.Detail)
+			}
 			if resp.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatal("a rejected request claims to be a replay")
 			}
