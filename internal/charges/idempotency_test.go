@@ -229,18 +229,34 @@ func TestRaceOnOneKey(t *testing.T) {
 		t.Fatalf("no request succeeded (%d conflicts)", conflicts)
 	}
 	originals := 0
+	var original *apitest.Response
 	for _, r := range created {
 		if !bytes.Equal(r.Body, created[0].Body) || r.Header.Get("Location") != created[0].Header.Get("Location") {
 			t.Fatalf("two different 201s:\n%s\n%s", created[0].Body, r.Body)
 		}
 		if r.Header.Get("Idempotent-Replayed") != "true" {
 			originals++
+			original = r
 		}
 	}
 	if originals != 1 {
 		t.Fatalf("%d responses were not replays, want exactly 1", originals)
 	}
 	t.Logf("%d created (1 original), %d conflicts", len(created), conflicts)
+
+	// A second wave after the first finished: every answer is the replay.
+	start2 := make(chan struct{})
+	for i := range n / 4 {
+		wg.Go(func() {
+			<-start2
+			resps[i] = c.Post("/v1/charges", key, chargeBody(4242))
+		})
+	}
+	close(start2)
+	wg.Wait()
+	for _, r := range resps[:n/4] {
+		wantSameResponse(t, original, r)
+	}
 
 	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 1, Charges: 1}) {
 		t.Fatalf("stored %+v, want one record and one charge", got)
