@@ -57,6 +57,8 @@ WHERE id = @id
 -- The completer's claim: unfinished records that are due and whose lock is
 -- free or expired, taken over with a new generation. SKIP LOCKED lets several
 -- server processes run completers at once without waiting on each other.
+-- Only records of routes this process can resume are taken, so a process
+-- that lacks an operation (an older version mid-deploy) never fences others.
 UPDATE idempotency_keys
 SET locked_at = now(),
     lock_generation = lock_generation + 1,
@@ -65,6 +67,7 @@ WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point <> 'finished'
       AND ik.next_attempt_at <= now()
+      AND (ik.request_method || ' ' || ik.request_route) = ANY (@routes::text[])
       AND (ik.locked_at IS NULL
            OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
     ORDER BY ik.next_attempt_at

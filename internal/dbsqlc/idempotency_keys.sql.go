@@ -83,20 +83,29 @@ WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point <> 'finished'
       AND ik.next_attempt_at <= now()
+      AND (ik.request_method || ' ' || ik.request_route) = ANY ($1::text[])
       AND (ik.locked_at IS NULL
-           OR ik.locked_at < now() - make_interval(secs => $1::float8))
+           OR ik.locked_at < now() - make_interval(secs => $2::float8))
     ORDER BY ik.next_attempt_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
+type IdempotencyKeyClaimExpiredParams struct {
+	Routes             []string
+	LockTimeoutSeconds float64
+	MaxRecords         int32
+}
+
 // The completer's claim: unfinished records that are due and whose lock is
 // free or expired, taken over with a new generation. SKIP LOCKED lets several
 // server processes run completers at once without waiting on each other.
-func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, lockTimeoutSeconds float64, maxRecords int32) ([]IdempotencyKey, error) {
-	rows, err := db.Query(ctx, idempotencyKeyClaimExpired, lockTimeoutSeconds, maxRecords)
+// Only records of routes this process can resume are taken, so a process
+// that lacks an operation (an older version mid-deploy) never fences others.
+func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *IdempotencyKeyClaimExpiredParams) ([]IdempotencyKey, error) {
+	rows, err := db.Query(ctx, idempotencyKeyClaimExpired, arg.Routes, arg.LockTimeoutSeconds, arg.MaxRecords)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
 // CompleteDue runs one completer pass: it takes over the unfinished records
@@ -14,7 +16,18 @@ import (
 // it at once: the claim uses SKIP LOCKED and a new lock generation, so each
 // record has one owner.
 func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
-	rows, err := r.q.IdempotencyKeyClaimExpired(ctx, r.pool, r.cfg.LockTimeout.Seconds(), r.cfg.CompleterBatch)
+	if len(r.resumers) == 0 {
+		return 0, nil
+	}
+	routes := make([]string, 0, len(r.resumers))
+	for route := range r.resumers {
+		routes = append(routes, route)
+	}
+	rows, err := r.q.IdempotencyKeyClaimExpired(ctx, r.pool, &dbsqlc.IdempotencyKeyClaimExpiredParams{
+		Routes:             routes,
+		LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		MaxRecords:         r.cfg.CompleterBatch,
+	})
 	if err != nil {
 		return 0, fmt.Errorf("claiming expired idempotency records: %w", err)
 	}
@@ -26,12 +39,7 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 	for _, row := range rows {
 		rec := &Record{row}
 		log := r.log.With("idempotency_key_id", rec.ID)
-		resume, ok := r.resumers[rec.RequestMethod+" "+rec.RequestRoute]
-		if !ok {
-			log.ErrorContext(ctx, "completer: no operation registered for route",
-				"route", rec.RequestMethod+" "+rec.RequestRoute)
-			continue
-		}
+		resume := r.resumers[rec.RequestMethod+" "+rec.RequestRoute] // the claim only returns registered routes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

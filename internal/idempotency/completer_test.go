@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbtest"
@@ -40,48 +38,8 @@ type testDB struct {
 
 func newTestDB(tb testing.TB) *testDB {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	base, err := url.Parse(dbtest.URL())
-	if err != nil {
-		tb.Fatalf("parsing test database URL: %v", err)
-	}
-	name := "idempay_idem_" + randHex(6)
-	admin := *base
-	admin.Path = "/postgres" // maintenance database: only CREATE/DROP DATABASE
-	conn, err := pgx.Connect(ctx, admin.String())
-	if err != nil {
-		tb.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	conn.Close(ctx)
-	if err != nil {
-		tb.Fatalf("creating database %s: %v", name, err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, admin.String())
-		if err != nil {
-			tb.Logf("dropping database %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			tb.Logf("dropping database %s: %v", name, err)
-		}
-	})
-	u := *base
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		tb.Fatalf("opening pool: %v", err)
-	}
-	tb.Cleanup(pool.Close)
-	if _, err := db.Migrate(ctx, pool); err != nil {
-		tb.Fatalf("migrating: %v", err)
-	}
-	acct, _, err := accounts.Create(ctx, pool, "idempotency test")
+	_, pool := dbtest.NewDatabase(tb)
+	acct, _, err := accounts.Create(context.Background(), pool, "idempotency test")
 	if err != nil {
 		tb.Fatalf("creating account: %v", err)
 	}
@@ -310,6 +268,40 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
 		t.Errorf("CompleteDue after the record finished: %d, %v; want 0", n, err)
 	}
+}
+
+// TestCompleterSkipsRoutesItCannotResume: a runner with no operation for a
+// record's route (an older version of the server mid-deploy) must not take
+// the record over, or it would fence the process that can finish it.
+func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = 100 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	r.Register(http.MethodPost, testRoute, func() idempotency.Operation {
+		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+			return finishFor(rec, "completer")
+		}}
+	})
+	release, result := stalledOwner(t, r, d, "orphan")
+	before := readRecord(t, d.Pool, d.AccountID, "orphan")
+	time.Sleep(2 * cfg.LockTimeout)
+
+	other := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	other.Register(http.MethodPost, "/some/other/route", func() idempotency.Operation { panic("not this route") })
+	if n, err := other.CompleteDue(context.Background()); err != nil || n != 0 {
+		t.Fatalf("CompleteDue of a runner without the route: %d, %v; want 0", n, err)
+	}
+	after := readRecord(t, d.Pool, d.AccountID, "orphan")
+	if after.LockGeneration != before.LockGeneration {
+		t.Errorf("a runner without the route took the record over: generation %d -> %d", before.LockGeneration, after.LockGeneration)
+	}
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 1 {
+		t.Fatalf("CompleteDue of the runner with the route: %d, %v; want 1", n, err)
+	}
+	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
+	requireProblem(t, awaitErr(t, result), apierror.RequestInProgress, http.StatusConflict)
 }
 
 // TestCompleterResumesAfterBackoff: after an unknown downstream outcome the
