@@ -24,7 +24,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,46 +88,13 @@ type testDB struct {
 	Pool *pgxpool.Pool
 }
 
-// newDB creates and migrates a fresh database on the server of the test
-// database URL (TEST_DATABASE_URL, see dbtest) and drops it in Cleanup.
+// newDB creates and migrates a fresh database next to the test database
+// (see dbtest.NewDatabase) and drops it in Cleanup. Every e2e test has its own:
+// its servers' completers act on every expired record in their database.
 func newDB(t *testing.T) *testDB {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	base, err := url.Parse(dbtest.URL())
-	if err != nil {
-		t.Fatalf("parsing test database URL: %v", err)
-	}
-	name := "idempay_e2e_" + randHex(6)
-	admin := *base
-	admin.Path = "/postgres" // maintenance database: only CREATE/DROP DATABASE
-	conn, err := pgx.Connect(ctx, admin.String())
-	if err != nil {
-		t.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	conn.Close(ctx)
-	if err != nil {
-		t.Fatalf("creating database %s: %v", name, err)
-	}
-	u := *base
-	u.Path = "/" + name
-	d := &testDB{URL: u.String()}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, admin.String())
-		if err != nil {
-			t.Logf("dropping database %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Logf("dropping database %s: %v", name, err)
-		}
-	})
-	d.Pool = openMigrated(t, ctx, d.URL)
-	return d
+	u, pool := dbtest.NewDatabase(t)
+	return &testDB{URL: u, Pool: pool}
 }
 
 func openMigrated(t *testing.T, ctx context.Context, dbURL string) *pgxpool.Pool {
