@@ -8,10 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 )
 
@@ -229,7 +233,30 @@ func From(err error) *Error {
 			return &Error{Type: ServiceUnavailable, Detail: "Try again shortly.", RetryAfter: 1, Cause: err}
 		}
 	}
+	if databaseUnavailable(err) {
+		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
+			RetryAfter: 1, Cause: err}
+	}
 	return Wrap(err)
+}
+
+// databaseUnavailable tells a database outage (no connection, connection
+// lost, server shutting down or starting, too many connections) from a bug,
+// so that the client gets 503 with Retry-After rather than 500.
+func databaseUnavailable(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &connectErr), errors.As(err, &netErr), pgconn.Timeout(err),
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return true
+	case errors.As(err, &pgErr):
+		return strings.HasPrefix(pgErr.Code, "08") || // connection exception
+			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03" || // shutdown, crash, starting
+			pgErr.Code == "53300" // too many connections
+	}
+	return false
 }
 
 // Handler is echo's HTTPErrorHandler for idempay: every error becomes

@@ -1,0 +1,68 @@
+package apierror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestFromDatabaseOutageIs503(t *testing.T) {
+	t.Parallel()
+	// A real connection attempt to a port where nothing listens.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, connErr := pgx.Connect(ctx, "postgres://postgres@"+addr+"/x?sslmode=disable&connect_timeout=2")
+	if connErr == nil {
+		t.Fatal("connected to a closed port")
+	}
+
+	for name, err := range map[string]error{
+		"connect refused": fmt.Errorf("beginning transaction: %w", connErr),
+		"admin shutdown":  fmt.Errorf("claiming: %w", &pgconn.PgError{Code: "57P01"}),
+		"starting up":     &pgconn.PgError{Code: "57P03"},
+		"connection lost": &pgconn.PgError{Code: "08006"},
+	} {
+		pe := From(err)
+		if pe.Type != ServiceUnavailable || pe.Status() != http.StatusServiceUnavailable || pe.RetryAfter == 0 {
+			t.Errorf("%s: got %s (status %d, retry-after %d), want service-unavailable 503 with Retry-After",
+				name, pe.Type, pe.Status(), pe.RetryAfter)
+		}
+	}
+	for name, err := range map[string]error{
+		"a bug":               errors.New("nil map"),
+		"constraint violated": &pgconn.PgError{Code: "23514"},
+	} {
+		if pe := From(err); pe.Type != Internal {
+			t.Errorf("%s: got %s, want internal-error", name, pe.Type)
+		}
+	}
+}
+
+func TestBodyIsDeterministicWithExtensions(t *testing.T) {
+	t.Parallel()
+	e := &Error{Type: CardDeclined, Detail: "Your card was declined.",
+		Extensions: map[string]any{"decline_code": "generic_decline", "charge": "ch_1"}}
+	want := `{"type":"/problems/card-declined","title":"The card was declined","status":402,"detail":"Your card was declined.","charge":"ch_1","decline_code":"generic_decline"}`
+	for i := 0; i < 20; i++ {
+		if got := string(e.Body()); got != want {
+			t.Fatalf("body %s\nwant %s", got, want)
+		}
+	}
+	if got := string(Wrap(errors.New("secret detail")).Body()); got == "" || strings.Contains(got, "secret detail") {
+		t.Fatalf("internal error body leaks its cause: %s", got)
+	}
+}
