@@ -147,7 +147,7 @@ func lastLines(s string, n int) string {
 // TestDatabaseRestart crashes PostgreSQL (pg_ctl stop -m immediate) for
 // about two seconds while clients are sending charges through a real
 // server, then starts it again. Clients retry with the same key through
-// 503s, 500s and connection trouble; afterwards every key has exactly one
+// 503s (never a 500) and connection trouble; afterwards every key has exactly one
 // finished record and one succeeded ledger row, the fake executed one charge
 // per key, and /readyz is green again (I1, I6 for a database restart).
 func TestDatabaseRestart(t *testing.T) {
@@ -261,6 +261,9 @@ func TestDatabaseRestart(t *testing.T) {
 		countLog([]*server{srv}, "took over idempotency record"), countLog([]*server{srv}, "completer: finished record"))
 	if stats.Unavail+stats.ServerErrs+stats.ConnErrs == 0 {
 		t.Errorf("no client saw the outage; the restart happened outside the load")
+	}
+	if stats.ServerErrs != 0 {
+		t.Errorf("%d answers were 5xx other than 503: a database outage must be 503 service-unavailable with Retry-After", stats.ServerErrs)
 	}
 
 	ix := indexFake(fake)

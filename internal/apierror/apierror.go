@@ -248,7 +248,7 @@ func databaseUnavailable(err error) bool {
 	var netErr net.Error
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &connectErr), errors.As(err, &netErr), pgconn.Timeout(err),
+	case errors.As(err, &connectErr), errors.As(err, &netErr), pgconn.Timeout(err), pgconn.SafeToRetry(err),
 		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return true
 	case errors.As(err, &pgErr):
