@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -17,6 +18,7 @@ type Config struct {
 	DatabaseURL       string
 	DBMaxConns        int32
 	ListenAddr        string
+	AuthCacheTTL      time.Duration
 	StripeSecretKey   string
 	StripeAPIURL      string
 	StripeTimeout     time.Duration
@@ -35,6 +37,7 @@ func loadConfig() (Config, error) {
 		DatabaseURL:       e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
 		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
 		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		AuthCacheTTL:      e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
 		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -50,18 +52,70 @@ func hashKey(key string) []byte {
 	return sum[:]
 }
 
-// Authenticate returns the account that owns key, or db.ErrNotFound.
-func Authenticate(ctx context.Context, dbtx dbsqlc.DBTX, key string) (Account, error) {
-	acct, err := dbsqlc.New().AccountGetByAPIKeyHash(ctx, dbtx, hashKey(key))
-	return acct, db.NotFound(err)
+const contextKey = "idempay.account"
+
+// DefaultCacheTTL is how long a valid API key is remembered (AUTH_CACHE_TTL).
+const DefaultCacheTTL = 10 * time.Second
+
+// maxCachedKeys bounds the authentication cache; when it is full it is
+// emptied, which costs one database read per key on the next request.
+const maxCachedKeys = 10_000
+
+// Authenticator checks API keys. It remembers each valid key for a short TTL,
+// so that a request's authentication usually costs no database round trip
+// and a replay is the one indexed read of its record. The trade-off, stated
+// in the README: a key deleted from the database keeps working for at most
+// the TTL. Unknown keys are never cached, so a new account's key works at
+// once and a wrong key is always checked against the database.
+type Authenticator struct {
+	db  dbsqlc.DBTX
+	ttl time.Duration
+
+	mu    sync.Mutex
+	cache map[[sha256.Size]byte]cachedAccount
 }
 
-const contextKey = "idempay.account"
+type cachedAccount struct {
+	acct  Account
+	until time.Time
+}
+
+// NewAuthenticator returns an Authenticator over db; ttl 0 turns the cache off.
+func NewAuthenticator(db dbsqlc.DBTX, ttl time.Duration) *Authenticator {
+	return &Authenticator{db: db, ttl: ttl, cache: map[[sha256.Size]byte]cachedAccount{}}
+}
+
+// Authenticate returns the account that owns key, or db.ErrNotFound.
+func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, error) {
+	hash := sha256.Sum256([]byte(key))
+	now := time.Now()
+	if a.ttl > 0 {
+		a.mu.Lock()
+		c, ok := a.cache[hash]
+		a.mu.Unlock()
+		if ok && now.Before(c.until) {
+			return c.acct, nil
+		}
+	}
+	acct, err := dbsqlc.New().AccountGetByAPIKeyHash(ctx, a.db, hash[:])
+	if err != nil {
+		return Account{}, db.NotFound(err)
+	}
+	if a.ttl > 0 {
+		a.mu.Lock()
+		if len(a.cache) >= maxCachedKeys {
+			clear(a.cache)
+		}
+		a.cache[hash] = cachedAccount{acct: acct, until: now.Add(a.ttl)}
+		a.mu.Unlock()
+	}
+	return acct, nil
+}
 
 // Middleware authenticates "Authorization: Bearer <key>" and stores the
 // account for FromContext. A missing or unknown key is a 401 problem, and
 // such a request never reaches the idempotency layer.
-func Middleware(dbtx dbsqlc.DBTX) echo.MiddlewareFunc {
+func (a *Authenticator) Middleware() echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			auth := c.Request().Header.Get(echo.HeaderAuthorization)
@@ -69,7 +123,7 @@ func Middleware(dbtx dbsqlc.DBTX) echo.MiddlewareFunc {
 			if !ok || !strings.EqualFold(scheme, "Bearer") || !strings.HasPrefix(key, KeyPrefix) || len(key) > 200 {
 				return unauthorized()
 			}
-			acct, err := Authenticate(c.Request().Context(), dbtx, key)
+			acct, err := a.Authenticate(c.Request().Context(), key)
 			if errors.Is(err, db.ErrNotFound) {
 				return unauthorized()
 			}

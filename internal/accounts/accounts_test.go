@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
@@ -47,12 +48,13 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		t.Fatal("the raw API key is stored")
 	}
 
-	got, err := accounts.Authenticate(ctx, pool, key)
+	auth := accounts.NewAuthenticator(pool, 0)
+	got, err := auth.Authenticate(ctx, key)
 	if err != nil || got.ID != acct.ID {
 		t.Fatalf("Authenticate: %+v, %v", got, err)
 	}
 	for _, wrong := range []string{"", key[:len(key)-1], key + "0", strings.ToUpper(key), accounts.KeyPrefix + strings.Repeat("0", 64)} {
-		if got, err := accounts.Authenticate(ctx, pool, wrong); !errors.Is(err, db.ErrNotFound) {
+		if got, err := auth.Authenticate(ctx, wrong); !errors.Is(err, db.ErrNotFound) {
 			t.Errorf("Authenticate(%q) = %+v, %v; want ErrNotFound", wrong, got, err)
 		}
 	}
@@ -65,7 +67,7 @@ func TestCreateAndAuthenticate(t *testing.T) {
 	if otherKey == key || other.ID == acct.ID {
 		t.Fatal("two accounts share a key or an id")
 	}
-	if got, err := accounts.Authenticate(ctx, pool, otherKey); err != nil || got.ID != other.ID {
+	if got, err := auth.Authenticate(ctx, otherKey); err != nil || got.ID != other.ID {
 		t.Fatalf("Authenticate(other) = %+v, %v", got, err)
 	}
 }
@@ -80,5 +82,48 @@ func TestCreateRejectsBadNames(t *testing.T) {
 	}
 	if _, _, err := accounts.Create(context.Background(), pool, strings.Repeat("n", 200)); err != nil {
 		t.Errorf("a 200-character name: %v", err)
+	}
+}
+
+// TestAuthenticatorCache: a valid key is remembered for the TTL (a rotated
+// key keeps working until then, the documented trade-off), a cache with TTL
+// 0 always asks the database, and an unknown key is never remembered.
+func TestAuthenticatorCache(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	acct, key, err := accounts.Create(ctx, pool, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := accounts.NewAuthenticator(pool, 300*time.Millisecond)
+	uncached := accounts.NewAuthenticator(pool, 0)
+	for _, a := range []*accounts.Authenticator{cached, uncached} {
+		if got, err := a.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
+			t.Fatalf("Authenticate: %+v, %v", got, err)
+		}
+	}
+	// Rotate the key in the database.
+	if _, err := pool.Exec(ctx, `UPDATE accounts SET api_key_hash = sha256(gen_random_uuid()::text::bytea) WHERE id = $1`, acct.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := uncached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {
+		t.Errorf("uncached: rotated key still accepted (%v)", err)
+	}
+	if got, err := cached.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
+		t.Errorf("cached: rotated key refused within the TTL: %+v, %v", got, err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if _, err := cached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {
+		t.Errorf("cached: rotated key still accepted after the TTL (%v)", err)
+	}
+
+	// A key that was unknown when first tried works as soon as it exists.
+	newAcct, newKey, err := accounts.Create(ctx, pool, t.Name()+" new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cached.Authenticate(ctx, newKey); err != nil || got.ID != newAcct.ID {
+		t.Errorf("new key: %+v, %v", got, err)
 	}
 }

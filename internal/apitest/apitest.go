@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -87,7 +88,8 @@ func New(t testing.TB, opts Options) *Env {
 	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL,
 		Timeout: opts.StripeTimeout, Observe: env.Metrics.ObserveStripe})
 	svc := charges.New(env.Pool, env.Runner, stripe, env.Log)
-	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log, Metrics: env.Metrics}))
+	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log, Metrics: env.Metrics,
+		AuthCacheTTL: accounts.DefaultCacheTTL}))
 	t.Cleanup(env.Server.Close)
 	return env
 }

@@ -30,6 +30,9 @@ type Deps struct {
 	// New makes a registry of its own with the HTTP, pool and Go series
 	// only; cmd/idempay passes the one its runner and Stripe port report to.
 	Metrics *metrics.Metrics
+	// AuthCacheTTL is how long a valid API key is remembered; 0 asks the
+	// database on every request (accounts.Authenticator).
+	AuthCacheTTL time.Duration
 }
 
 // openAPI is the API's description, served at /openapi.json. A test keeps
@@ -86,7 +89,7 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	d.Charges.Routes(e.Group("/v1"), accounts.Middleware(d.Pool))
+	d.Charges.Routes(e.Group("/v1"), accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL).Middleware())
 
 	for _, r := range e.Routes() {
 		routes[r.Path] = true
