@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +65,21 @@ func TestBodyIsDeterministicWithExtensions(t *testing.T) {
 	}
 	if got := string(Wrap(errors.New("secret detail")).Body()); got == "" || strings.Contains(got, "secret detail") {
 		t.Fatalf("internal error body leaks its cause: %s", got)
+	}
+}
+
+// TestREADMEListsEveryType keeps the README's error table true: every problem
+// type has a row, and the row gives the type's status.
+func TestREADMEListsEveryType(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range Types() {
+		row := fmt.Sprintf("| `%s` | %d |", typ, typ.Status())
+		if !strings.Contains(string(readme), row) {
+			t.Errorf("README.md has no error-table row starting %q", row)
+		}
 	}
 }

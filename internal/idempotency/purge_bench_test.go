@@ -5,15 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -23,13 +17,13 @@ import (
 // with the table: with 100k and then 1M idempotency records (almost all
 // finished and fresh), each op inserts the same number of expired finished
 // records (untimed) and times PurgeExpired deleting exactly those. It runs
-// in a database of its own, idempay_bench, never the shared test database:
+// in a fresh database of its own (dbtest.NewDatabase), never a shared one:
 //
 //	go test -run '^$' -bench BenchmarkPurgeExpired -benchtime 5x ./internal/idempotency/
 func BenchmarkPurgeExpired(b *testing.B) {
 	const expiredPerOp = 10_000
 	ctx := context.Background()
-	pool := benchPool(b)
+	_, pool := dbtest.NewDatabase(b) // a fresh database, dropped afterwards
 	acct, _, err := accounts.Create(ctx, pool, "purge bench")
 	if err != nil {
 		b.Fatal(err)
@@ -90,38 +84,4 @@ func BenchmarkPurgeExpired(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*expiredPerOp), "ns/record")
 		})
 	}
-}
-
-// benchPool opens idempay_bench (next to the test database), creating and
-// migrating it when needed. Its contents survive between runs; the
-// benchmark only ever adds fresh rows up to the size it needs.
-func benchPool(b *testing.B) *pgxpool.Pool {
-	b.Helper()
-	ctx := context.Background()
-	base, err := url.Parse(dbtest.URL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	admin := *base
-	admin.Path = "/postgres" // maintenance database: only CREATE DATABASE
-	conn, err := pgx.Connect(ctx, admin.String())
-	if err != nil {
-		b.Fatalf("connecting to PostgreSQL: %v", err)
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE idempay_bench")
-	conn.Close(ctx)
-	if pe, ok := err.(*pgconn.PgError); err != nil && !(ok && pe.Code == "42P04") {
-		b.Fatalf("creating idempay_bench: %v", err)
-	}
-	u := *base
-	u.Path = "/idempay_bench"
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	if _, err := db.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	return pool
 }
