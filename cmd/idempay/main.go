@@ -168,7 +168,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("serving", "addr", cfg.ListenAddr, "stripe_api_url", cfg.StripeAPIURL,
-		"lock_timeout", cfg.Idempotency.LockTimeout, "retention", cfg.Idempotency.Retention)
+		"lock_timeout", cfg.Idempotency.LockTimeout.String(), "retention", cfg.Idempotency.Retention.String())
 
 	select {
 	case err := <-errc:
@@ -177,7 +177,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout)
+	log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)

@@ -64,7 +64,7 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 
 // RunCompleter calls CompleteDue every interval until ctx is done.
 func (r *Runner) RunCompleter(ctx context.Context, interval time.Duration) {
-	r.log.InfoContext(ctx, "completer started", "interval", interval, "lock_timeout", r.cfg.LockTimeout)
+	r.log.InfoContext(ctx, "completer started", "interval", interval.String(), "lock_timeout", r.cfg.LockTimeout.String())
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

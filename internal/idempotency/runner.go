@@ -352,7 +352,7 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 			return Response{}, r.fenced()
 		default:
 			log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
-				"err", step.Unknown, "attempt", rec.Attempts+1, "completer_after", retryIn)
+				"err", step.Unknown, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
 		}
 		return Response{}, &apierror.Error{
 			Type:       apierror.DownstreamUnavailable,
