@@ -91,6 +91,7 @@ func TestBadInput(t *testing.T) {
 		{"metadata key too long", charges, appJSON, goodKey, metadata(1, 41, 1), 400, "invalid-request"},
 		{"metadata value too long", charges, appJSON, goodKey, metadata(1, 2, 501), 400, "invalid-request"},
 		{"metadata empty key", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"":"x"}}`, 400, "invalid-request"},
+		{"metadata key with brackets", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"a[b]":"x"}}`, 400, "invalid-request"},
 
 		// Size and media type.
 		{"body over 1 MiB", charges, appJSON, goodKey, withDescription(strings.Repeat("a", 1<<20)), 413, "body-too-large"},

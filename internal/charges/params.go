@@ -145,8 +145,10 @@ func (p *chargeParams) validate() error {
 		add("metadata", fmt.Sprintf("may have at most %d keys", MaxMetadataKeys))
 	}
 	for k, v := range p.Metadata {
-		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" {
-			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters", MaxMetadataKey))
+		// Stripe refuses square brackets in metadata keys: they would
+		// break its form encoding (metadata[key]=value).
+		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" || strings.ContainsAny(k, "[]") {
+			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters or square brackets", MaxMetadataKey))
 			break
 		}
 		if reason := checkText(v, MaxMetadataValue); reason != "" {
