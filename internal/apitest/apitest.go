@@ -35,6 +35,9 @@ const StripeSecretKey = "sk_test_idempay"
 type Options struct {
 	// Idempotency timings; zero fields keep idempotency.DefaultConfig.
 	LockTimeout time.Duration
+	// Retention, when set, replaces the published window, with no grace,
+	// for tests of the retention job.
+	Retention time.Duration
 	// StripeTimeout bounds each Stripe call (default 5 s).
 	StripeTimeout time.Duration
 	// StripeURL points at another Stripe (stripe-mock); empty starts a fake.
@@ -78,6 +81,9 @@ func New(t testing.TB, opts Options) *Env {
 	cfg := idempotency.DefaultConfig()
 	if opts.LockTimeout > 0 {
 		cfg.LockTimeout = opts.LockTimeout
+	}
+	if opts.Retention > 0 {
+		cfg.Retention, cfg.RetentionGrace = opts.Retention, 0
 	}
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 5 * time.Second
