@@ -27,8 +27,9 @@ test: ## vet and run all tests with -race against PostgreSQL and stripe-mock (AR
 generate: ## regenerate the sqlc code from the SQL
 	$(SQLC) $(SQLC_FLAGS) generate
 
-verify: fmt-check ## check that sqlc output is current, gofmt is clean and go vet passes
+verify: fmt-check ## check that sqlc output is current, go.mod/go.sum are tidy, gofmt is clean and go vet passes
 	$(SQLC) $(SQLC_FLAGS) diff
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 
 build: ## build bin/idempay
