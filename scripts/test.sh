@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the whole test suite from a fresh checkout (this is `make test`):
 #
-#   1. find or start PostgreSQL and create the `idempay_test` database
-#      (or use $TEST_DATABASE_URL as is, creating its database if missing),
+#   1. find or start PostgreSQL and point TEST_DATABASE_URL at `idempay_test`
+#      (or use $TEST_DATABASE_URL as is); the tests use its name as a prefix:
+#      each test package creates and uses idempay_test_<package>,
 #   2. build bin/stripe-mock (tests start their own instances from it),
 #   3. go vet ./... and go test -race -count=1 -timeout 15m ./... "$@".
 #
