@@ -214,6 +214,21 @@ func awaitErr(t *testing.T, ch chan error) error {
 	}
 }
 
+// newCompleterRunner returns a runner with the given lock timeout whose
+// completer resumes records of testRoute with one shared operation that
+// finishes them as owner "completer" and counts its Execute calls.
+func newCompleterRunner(t *testing.T, d *testDB, lockTimeout time.Duration) (*idempotency.Runner, *testOp, idempotency.Config) {
+	t.Helper()
+	cfg := idempotency.DefaultConfig()
+	cfg.LockTimeout = lockTimeout
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "completer")
+	}}
+	r.Register(http.MethodPost, testRoute, func() idempotency.Operation { return resumed })
+	return r, resumed, cfg
+}
+
 // TestCompleterTakesOverExpiredRecord: a record whose owner stalls (a crashed
 // process, as far as the database can tell) is left alone while its lock is
 // fresh, taken over by CompleteDue with a new lock generation once the lock
@@ -221,13 +236,7 @@ func awaitErr(t *testing.T, ch chan error) error {
 func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	cfg := idempotency.DefaultConfig()
-	cfg.LockTimeout = 300 * time.Millisecond
-	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
-	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		return finishFor(rec, "completer")
-	}}
-	r.Register(http.MethodPost, testRoute, func() idempotency.Operation { return resumed })
+	r, resumed, cfg := newCompleterRunner(t, d, 300*time.Millisecond)
 
 	release, result := stalledOwner(t, r, d, "stalled")
 	claimedAt := time.Now()
@@ -276,14 +285,7 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	cfg := idempotency.DefaultConfig()
-	cfg.LockTimeout = 100 * time.Millisecond
-	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
-	r.Register(http.MethodPost, testRoute, func() idempotency.Operation {
-		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-			return finishFor(rec, "completer")
-		}}
-	})
+	r, _, cfg := newCompleterRunner(t, d, 100*time.Millisecond)
 	release, result := stalledOwner(t, r, d, "orphan")
 	before := readRecord(t, d.Pool, d.AccountID, "orphan")
 	time.Sleep(2 * cfg.LockTimeout)
@@ -311,13 +313,7 @@ func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 func TestCompleterResumesAfterBackoff(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	cfg := idempotency.DefaultConfig()
-	cfg.LockTimeout = 300 * time.Millisecond
-	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
-	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		return finishFor(rec, "completer")
-	}}
-	r.Register(http.MethodPost, testRoute, func() idempotency.Operation { return resumed })
+	r, resumed, _ := newCompleterRunner(t, d, 300*time.Millisecond)
 
 	first := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
 		return idempotency.Step{Unknown: errors.New("read tcp: i/o timeout")}
