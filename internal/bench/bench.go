@@ -105,7 +105,6 @@ func (r Result) Throughput() float64 {
 
 type account struct {
 	id, key string
-	hash    []byte
 }
 
 // charge is one charge created through the API, reused by replay and read.
@@ -172,7 +171,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.accounts = append(r.accounts, account{id: a.ID, key: key, hash: a.ApiKeyHash})
+		r.accounts = append(r.accounts, account{id: a.ID, key: key})
 	}
 
 	r.http = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
