@@ -40,16 +40,17 @@ func Create(ctx context.Context, dbtx dbsqlc.DBTX, name string) (Account, string
 		return Account{}, "", fmt.Errorf("generating API key: %w", err)
 	}
 	key := KeyPrefix + hex.EncodeToString(raw)
-	acct, err := dbsqlc.New().AccountInsert(ctx, dbtx, name, hashKey(key))
+	hash := hashKey(key)
+	acct, err := dbsqlc.New().AccountInsert(ctx, dbtx, name, hash[:])
 	if err != nil {
 		return Account{}, "", fmt.Errorf("inserting account: %w", err)
 	}
 	return acct, key, nil
 }
 
-func hashKey(key string) []byte {
-	sum := sha256.Sum256([]byte(key))
-	return sum[:]
+// hashKey is what is stored and looked up instead of the key itself.
+func hashKey(key string) [sha256.Size]byte {
+	return sha256.Sum256([]byte(key))
 }
 
 const contextKey = "idempay.account"
@@ -87,7 +88,7 @@ func NewAuthenticator(db dbsqlc.DBTX, ttl time.Duration) *Authenticator {
 
 // Authenticate returns the account that owns key, or db.ErrNotFound.
 func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, error) {
-	hash := sha256.Sum256([]byte(key))
+	hash := hashKey(key)
 	now := time.Now()
 	if a.ttl > 0 {
 		a.mu.Lock()
