@@ -86,17 +86,13 @@ func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
 	raw := make([]byte, 6)
 	_, _ = rand.Read(raw)
 	name := strings.TrimPrefix(base.Path, "/") + "_" + hex.EncodeToString(raw)
+	u := *base
+	u.Path = "/" + name
+	if err := createDatabase(ctx, u.String()); err != nil {
+		tb.Fatalf("creating database %s (is PostgreSQL running? or set TEST_DATABASE_URL): %v", name, err)
+	}
 	admin := *base
-	admin.Path = "/postgres" // the maintenance database: only CREATE and DROP DATABASE
-	conn, err := pgx.Connect(ctx, admin.String())
-	if err != nil {
-		tb.Fatalf("connecting to PostgreSQL (start it or set TEST_DATABASE_URL): %v", err)
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	conn.Close(ctx)
-	if err != nil {
-		tb.Fatalf("creating database %s: %v", name, err)
-	}
+	admin.Path = "/postgres" // the maintenance database: only DROP DATABASE
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -110,8 +106,6 @@ func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
 			tb.Logf("dropping database %s: %v", name, err)
 		}
 	})
-	u := *base
-	u.Path = "/" + name
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		tb.Fatalf("opening pool: %v", err)
