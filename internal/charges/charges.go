@@ -112,6 +112,7 @@ type chargeOp struct {
 	params    *chargeParams // nil when resumed
 	accountID string
 	charge    *dbsqlc.Charge // set by Begin, or loaded by Execute on resume
+	metadata  map[string]string
 }
 
 func (op *chargeOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
@@ -131,7 +132,7 @@ func (op *chargeOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Recor
 	if err != nil {
 		return fmt.Errorf("inserting charge: %w", err)
 	}
-	op.charge = &ch
+	op.charge, op.metadata = &ch, op.params.Metadata
 	return nil
 }
 
@@ -141,13 +142,12 @@ func (op *chargeOp) Execute(ctx context.Context, rec *idempotency.Record) idempo
 		if err != nil {
 			return idempotency.Step{Unknown: fmt.Errorf("loading charge of record %s: %w", rec.ID, err)}
 		}
+		if err := json.Unmarshal(ch.Metadata, &op.metadata); err != nil {
+			return idempotency.Step{Unknown: fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)}
+		}
 		op.charge = &ch
 	}
-	ch := *op.charge
-	var metadata map[string]string
-	if err := json.Unmarshal(ch.Metadata, &metadata); err != nil {
-		return idempotency.Step{Unknown: fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)}
-	}
+	ch, metadata := *op.charge, op.metadata
 
 	sc, err := op.s.stripe.CreateCharge(ctx, rec.DownstreamKey(), ch, metadata)
 	kind, se := classify(err)
