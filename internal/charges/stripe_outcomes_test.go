@@ -256,3 +256,24 @@ func TestUnknownRefundKeepsReservation(t *testing.T) {
 		t.Fatalf("amount_refunded %d, want 600", r.AmountRefunded)
 	}
 }
+
+// Requests to Stripe announce their length: stripe-go leaves it unset, and
+// without the port's transport net/http would send the form chunked after
+// probing the body in a goroutine of its own.
+func TestStripeRequestsCarryContentLength(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1500)
+	wantStatus(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500}), http.StatusCreated)
+
+	reqs := env.Stripe.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("want a charge and a refund at Stripe, got %+v", reqs)
+	}
+	for _, r := range reqs {
+		if r.Method != http.MethodPost || r.ContentLength <= 0 {
+			t.Errorf("%s %s: Content-Length %d, want the body's length", r.Method, r.Path, r.ContentLength)
+		}
+	}
+}

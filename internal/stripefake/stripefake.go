@@ -92,7 +92,10 @@ type Request struct {
 	Replayed bool
 	// Fault is the name of the injected fault, or "" if there was none.
 	Fault string
-	At    time.Time
+	// ContentLength is the request's Content-Length, -1 when the body came
+	// chunked (no length announced).
+	ContentLength int64
+	At            time.Time
 }
 
 // Charge is a charge the fake created. It is the fake's own record rather
@@ -342,7 +345,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		fault = s.takeFaultLocked()
 	}
 	idx := len(s.requests)
-	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, At: time.Now()}
+	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, ContentLength: r.ContentLength, At: time.Now()}
 	if fault != None {
 		req.Fault = fault.String()
 	}
