@@ -18,13 +18,15 @@ import (
 // that is already running.
 func benchCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	duration := fs.Duration("duration", 10*time.Second, "how long each scenario runs")
+	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs in each round")
 	concurrency := fs.Int("concurrency", 32, "concurrent workers (HTTP requests or raw database loops in flight)")
 	scenarios := fs.String("scenarios", strings.Join(bench.AllScenarios, ","),
 		"comma-separated: first, replay, conflict, read, raw-first, raw-replay (raw = both), all")
 	rate := fs.Float64("rate", 0, "pace to this many requests/s in total (open loop; 0 = as fast as possible)")
 	target := fs.String("target", "", "base URL of an already running API on the same database (default: start one)")
 	nAccounts := fs.Int("accounts", 0, "accounts to spread the load over (default min(concurrency, 16))")
+	rounds := fs.Int("rounds", 3, "run the scenario list this many times, interleaved, and merge the results")
+	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured first requests (API and raw) before the rounds")
 	serverLog := fs.String("server-log-level", "warn", "LOG_LEVEL of the started server (info logs every request)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -41,6 +43,8 @@ func benchCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) 
 		Concurrency:    *concurrency,
 		Rate:           *rate,
 		Scenarios:      strings.Split(*scenarios, ","),
+		Rounds:         *rounds,
+		Warmup:         *warmup,
 		Accounts:       *nAccounts,
 		DBMaxConns:     cfg.DBMaxConns,
 		ServerLogLevel: *serverLog,

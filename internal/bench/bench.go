@@ -1,6 +1,6 @@
 // Package bench is idempay's load generator. It drives the real HTTP API
 // (normally a separate `idempay serve` process that it starts itself, behind
-// an in-process Stripe fake that answers at once) for a fixed duration per
+// an in-process Stripe stand-in that answers at once) for a fixed duration per
 // scenario at a fixed concurrency, and measures the raw database ceiling of
 // the same SQL statements, so the cost of everything that is not the
 // database (HTTP, JSON, fingerprinting, the Stripe call) can be read as a
@@ -19,13 +19,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
-	"github.com/idempay/idempay/internal/stripefake"
 )
 
 // Scenario names, in the order they run.
@@ -60,7 +60,7 @@ type Config struct {
 	Executable string
 	// Target is the base URL of an API that is already running (on the same
 	// database). Empty starts a server process. The conflict scenario needs
-	// the in-process Stripe fake and is skipped with a Target.
+	// the bench's own Stripe stand-in and is skipped with a Target.
 	Target string
 	// Duration of each scenario, and the number of concurrent workers.
 	Duration    time.Duration
@@ -70,6 +70,17 @@ type Config struct {
 	// scheduled start, so a stall is not hidden by the workers waiting.
 	Rate      float64
 	Scenarios []string
+	// Rounds runs the scenario list this many times, interleaved (first,
+	// raw-first, first, raw-first...), so that slow drifts of the machine
+	// (autovacuum, checkpoints, a noisy neighbour) fall on the server and on
+	// the raw loop alike. Results are merged per scenario, and the ratio is
+	// also given round by round.
+	Rounds int
+	// Warmup runs each scenario's request kind for this long before the
+	// measured rounds, unmeasured: connections are opened, statements
+	// prepared and the server's caches filled.
+	Warmup time.Duration
+
 	// Accounts is how many merchant accounts the load is spread over.
 	Accounts int
 	// DBMaxConns is the pool size of the raw loops and, as DB_MAX_CONNS, of
@@ -119,15 +130,19 @@ type runner struct {
 	cfg      Config
 	pool     *pgxpool.Pool
 	poolSize int32
-	fake     *stripefake.Server
+	stripe   *instantStripe // nil with -target
 	base     string
 	http     *http.Client
 	accounts []account
 	runID    string
 
-	mu      sync.Mutex
-	charges []charge
-	stored  []byte // one stored response body, for the raw loops
+	passes       atomic.Int64  // numbers each run of a first-request loop, for fresh keys
+	rawStripeSeq atomic.Uint64 // Stripe charge ids for the raw loop
+
+	mu         sync.Mutex
+	charges    []charge // made through the API
+	rawCharges []charge // made by the raw loop
+	stored     []byte   // one stored response body, for the raw loops
 }
 
 // Run runs the configured scenarios and writes the report to cfg.Out.
@@ -185,10 +200,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Target != "" {
 		r.base = strings.TrimRight(cfg.Target, "/")
 	} else if needHTTP {
-		r.fake = stripefake.New()
-		defer r.fake.Close()
-		r.fake.SetDelay(0)
-		srv, err = startServer(ctx, cfg, r.fake.URL())
+		r.stripe, err = startInstantStripe()
+		if err != nil {
+			return nil, fmt.Errorf("starting the Stripe stand-in: %w", err)
+		}
+		defer r.stripe.close()
+		srv, err = startServer(ctx, cfg, r.stripe.url)
 		if err != nil {
 			return nil, err
 		}
@@ -206,51 +223,47 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		fmt.Fprintf(cfg.Out, "database: %s\n", v)
 	}
 	if srv != nil {
-		fmt.Fprintf(cfg.Out, "server: pid %d on %s, Stripe fake in the bench process at %s (no delay)\n", srv.cmd.Process.Pid, srv.base, r.fake.URL())
+		fmt.Fprintf(cfg.Out, "server: pid %d on %s, Stripe stand-in in the bench process at %s (answers at once)\n", srv.cmd.Process.Pid, srv.base, r.stripe.url)
 	} else if r.base != "" {
 		fmt.Fprintf(cfg.Out, "server: %s (already running)\n", r.base)
 	}
 	fmt.Fprintln(cfg.Out)
 
-	var results []Result
-	for _, s := range scen {
-		if err := ctx.Err(); err != nil {
-			break
+	if cfg.Warmup > 0 {
+		r.warmup(ctx, scen)
+	}
+	rounds := max(cfg.Rounds, 1)
+	var perRound [][]Result // perRound[round] holds that round's results, in scenario order
+	for round := 0; round < rounds && ctx.Err() == nil; round++ {
+		if rounds > 1 {
+			fmt.Fprintf(cfg.Out, "round %d of %d\n", round+1, rounds)
 		}
-		var res Result
-		var err error
-		switch s {
-		case ScenarioFirst:
-			res = r.first(ctx)
-		case ScenarioReplay:
-			if err = r.ensureCharges(ctx); err == nil {
-				res = r.replay(ctx)
+		var results []Result
+		for _, s := range scen {
+			if err := ctx.Err(); err != nil {
+				break
 			}
-		case ScenarioConflict:
-			if r.fake == nil {
-				fmt.Fprintln(cfg.Out, "conflict: skipped (needs the in-process Stripe fake; drop -target)")
+			res, ran, err := r.runScenario(ctx, s)
+			if err != nil {
+				return merged(perRound), fmt.Errorf("scenario %s: %w", s, err)
+			}
+			if !ran {
 				continue
 			}
-			res, err = r.conflict(ctx)
-		case ScenarioRead:
-			if err = r.ensureCharges(ctx); err == nil {
-				res = r.read(ctx)
-			}
-		case ScenarioRawFirst:
-			res = r.rawFirst(ctx)
-		case ScenarioRawReplay:
-			if err = r.ensureCharges(ctx); err == nil {
-				res = r.rawReplay(ctx)
-			}
+			results = append(results, res)
+			printResult(cfg.Out, res)
 		}
-		if err != nil {
-			return results, fmt.Errorf("scenario %s: %w", s, err)
+		perRound = append(perRound, results)
+	}
+	results := merged(perRound)
+	if rounds > 1 {
+		fmt.Fprintf(cfg.Out, "\nall %d rounds together\n", rounds)
+		for _, res := range results {
+			printResult(cfg.Out, res)
 		}
-		results = append(results, res)
-		printResult(cfg.Out, res)
 	}
 	fmt.Fprintln(cfg.Out)
-	printRatios(cfg.Out, results)
+	printRatios(cfg.Out, results, perRound)
 	if srv != nil {
 		srv.stopSampling()
 		printRSS(cfg.Out, srv.samples())
@@ -374,28 +387,71 @@ func (r *Result) summarize() {
 	r.Requests, r.P50, r.P99, r.Max = r.hist.n, r.hist.quantile(0.50), r.hist.quantile(0.99), r.hist.max
 }
 
-func (r *runner) keep(c charge) {
+// add folds o (the same scenario, measured at another time) into r.
+func (r *Result) add(o Result) {
+	if r.hist == nil {
+		r.hist, r.Statuses = newHistogram(), map[string]int{}
+	}
+	r.Elapsed += o.Elapsed
+	r.Unexpected += o.Unexpected
+	for k, v := range o.Statuses {
+		r.Statuses[k] += v
+	}
+	r.hist.merge(o.hist)
+	r.summarize()
+}
+
+// merged is each scenario's results over all rounds, in scenario order.
+func merged(perRound [][]Result) []Result {
+	var out []Result
+	for _, results := range perRound {
+		for _, res := range results {
+			i := slices.IndexFunc(out, func(m Result) bool { return m.Name == res.Name })
+			if i < 0 {
+				out = append(out, Result{Name: res.Name, Concurrency: res.Concurrency})
+				i = len(out) - 1
+			}
+			out[i].add(res)
+		}
+	}
+	return out
+}
+
+// keep remembers a charge for the replay and read scenarios. Charges made
+// by the raw loop are kept apart: their records were not fingerprinted by
+// the API, so only the raw replay may read them.
+func (r *runner) keep(c charge, raw bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.charges) < maxKeptCharges {
-		r.charges = append(r.charges, c)
+	list := &r.charges
+	if raw {
+		list = &r.rawCharges
+	}
+	if len(*list) < maxKeptCharges {
+		*list = append(*list, c)
 	}
 }
 
-func (r *runner) kept() []charge {
+// kept returns the charges made through the API, or with raw the charges
+// any path made (a replay read of the record is the same for both).
+func (r *runner) kept(raw bool) []charge {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if raw && len(r.charges) == 0 {
+		return r.rawCharges
+	}
 	return r.charges
 }
 
-// ensureCharges creates charges through the API when no first scenario ran.
-func (r *runner) ensureCharges(ctx context.Context) error {
-	if len(r.kept()) > 0 {
+// ensureCharges makes sure kept(raw) is not empty: through the API, or for
+// the raw replay without a server, straight into the database.
+func (r *runner) ensureCharges(ctx context.Context, raw bool) error {
+	if len(r.kept(raw)) > 0 {
 		return nil
 	}
-	if r.base == "" { // raw scenarios only: seed straight into the database
+	if raw && r.base == "" {
 		r.seedRaw(ctx, seedCharges)
-		if len(r.kept()) == 0 {
+		if len(r.kept(raw)) == 0 {
 			return errors.New("could not seed charges")
 		}
 		return nil
@@ -410,10 +466,51 @@ func (r *runner) ensureCharges(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	if len(r.kept()) == 0 {
+	if len(r.kept(raw)) == 0 {
 		return errors.New("could not create any charge through the API")
 	}
 	return nil
+}
+
+// runScenario runs one scenario once. ran is false when it was skipped.
+func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran bool, err error) {
+	switch s {
+	case ScenarioFirst:
+		res = r.first(ctx, r.cfg.Duration)
+	case ScenarioReplay:
+		if err = r.ensureCharges(ctx, false); err == nil {
+			res = r.replay(ctx)
+		}
+	case ScenarioConflict:
+		if r.stripe == nil {
+			fmt.Fprintln(r.cfg.Out, "conflict: skipped (needs the bench's own Stripe stand-in; drop -target)")
+			return Result{}, false, nil
+		}
+		res, err = r.conflict(ctx)
+	case ScenarioRead:
+		if err = r.ensureCharges(ctx, false); err == nil {
+			res = r.read(ctx)
+		}
+	case ScenarioRawFirst:
+		res = r.rawFirst(ctx, r.cfg.Duration)
+	case ScenarioRawReplay:
+		if err = r.ensureCharges(ctx, true); err == nil {
+			res = r.rawReplay(ctx)
+		}
+	}
+	return res, true, err
+}
+
+// warmup runs first requests through the API and the raw first-request loop
+// for cfg.Warmup each, unmeasured, when the scenario list has them.
+func (r *runner) warmup(ctx context.Context, scen []string) {
+	if r.base != "" && slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) {
+		r.first(ctx, r.cfg.Warmup)
+	}
+	if slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
+		r.rawFirst(ctx, r.cfg.Warmup)
+	}
+	fmt.Fprintf(r.cfg.Out, "warm-up: %s of first requests (API and raw), not counted\n\n", r.cfg.Warmup)
 }
 
 func printResult(out io.Writer, r Result) {
@@ -431,22 +528,38 @@ func printResult(out io.Writer, r Result) {
 		r.Unexpected, strings.Join(st, " "))
 }
 
-func printRatios(out io.Writer, results []Result) {
-	get := func(name string) (Result, bool) {
-		for _, r := range results {
-			if r.Name == name {
-				return r, true
-			}
+func find(results []Result, name string) (Result, bool) {
+	for _, r := range results {
+		if r.Name == name {
+			return r, true
 		}
-		return Result{}, false
 	}
+	return Result{}, false
+}
+
+// printRatios prints server throughput over the raw loop's for the same
+// path: over all rounds, and round by round when there were several.
+func printRatios(out io.Writer, results []Result, perRound [][]Result) {
 	for _, p := range [][2]string{{ScenarioFirst, ScenarioRawFirst}, {ScenarioReplay, ScenarioRawReplay}} {
-		s, ok1 := get(p[0])
-		raw, ok2 := get(p[1])
-		if ok1 && ok2 && raw.Throughput() > 0 {
-			fmt.Fprintf(out, "%s: server %.0f /s vs raw database %.0f /s = %.1f%% of the ceiling\n",
-				p[0], s.Throughput(), raw.Throughput(), 100*s.Throughput()/raw.Throughput())
+		s, ok1 := find(results, p[0])
+		raw, ok2 := find(results, p[1])
+		if !ok1 || !ok2 || raw.Throughput() <= 0 {
+			continue
 		}
+		fmt.Fprintf(out, "%s: server %.0f /s vs raw database %.0f /s = %.1f%% of the ceiling",
+			p[0], s.Throughput(), raw.Throughput(), 100*s.Throughput()/raw.Throughput())
+		if len(perRound) > 1 {
+			var rs []string
+			for _, results := range perRound {
+				s, ok1 := find(results, p[0])
+				raw, ok2 := find(results, p[1])
+				if ok1 && ok2 && raw.Throughput() > 0 {
+					rs = append(rs, fmt.Sprintf("%.1f%%", 100*s.Throughput()/raw.Throughput()))
+				}
+			}
+			fmt.Fprintf(out, " (by round: %s)", strings.Join(rs, " "))
+		}
+		fmt.Fprintln(out)
 	}
 }
 

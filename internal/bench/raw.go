@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,7 +59,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	}
 	stored := r.storedBody()
 	_, err = db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		stripeID := "ch_fake_" + c.rec.ID
+		stripeID := benchChargeID(r.rawStripeSeq.Add(1)) // as the Stripe stand-in names them
 		if _, err := q.ChargeSetOutcome(ctx, tx, &dbsqlc.ChargeSetOutcomeParams{
 			ID: c.ch.ID, Status: "succeeded", StripeChargeID: &stripeID,
 		}); err != nil {
@@ -85,18 +86,19 @@ func (r *runner) storedBody() []byte {
 	defer r.mu.Unlock()
 	if r.stored == nil {
 		// The shape and size of a real stored charge response.
-		r.stored = []byte(`{"id":"ch_0123456789abcdef0123456789abcdef","object":"charge","amount":2000,"amount_refunded":0,"currency":"usd","payment_method":"tok_visa","description":"Order #000001","metadata":{"channel":"web","order_id":"000001"},"status":"succeeded","stripe_charge_id":"ch_fake_ABCDEFGHIJKLMNOPQRSTUVWXYZ","failure_code":null,"failure_message":null,"created_at":"2025-01-01T00:00:00.123456Z"}`)
+		r.stored = []byte(`{"id":"ch_0123456789abcdef0123456789abcdef","object":"charge","amount":2000,"amount_refunded":0,"currency":"usd","payment_method":"tok_visa","description":"Order #000001","metadata":{"channel":"web","order_id":"000001"},"status":"succeeded","stripe_charge_id":"ch_bench0000000000000000001","failure_code":null,"failure_message":null,"created_at":"2025-01-01T00:00:00.123456Z"}`)
 	}
 	return r.stored
 }
 
-func (r *runner) rawFirst(ctx context.Context) Result {
-	return r.drive(ctx, ScenarioRawFirst, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
-		c, err := r.rawFirstOnce(ctx, w, i, fmt.Sprintf("bench-%s-raw-%d-%d", r.runID, w, i))
+func (r *runner) rawFirst(ctx context.Context, d time.Duration) Result {
+	pass := r.passes.Add(1) // keys stay new across rounds
+	return r.drive(ctx, ScenarioRawFirst, d, func(ctx context.Context, w, i int) outcome {
+		c, err := r.rawFirstOnce(ctx, w, i, fmt.Sprintf("bench-%s-raw-%d-%d-%d", r.runID, pass, w, i))
 		if err != nil {
 			return outcome{status: "error"}
 		}
-		r.keep(c)
+		r.keep(c, true)
 		return outcome{status: "ok", ok: true}
 	})
 }
@@ -104,7 +106,7 @@ func (r *runner) rawFirst(ctx context.Context) Result {
 func (r *runner) seedRaw(ctx context.Context, n int) {
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		if c, err := r.rawFirstOnce(ctx, i, i, fmt.Sprintf("bench-%s-rawseed-%d", r.runID, i)); err == nil {
-			r.keep(c)
+			r.keep(c, true)
 		}
 	}
 }
@@ -113,7 +115,7 @@ func (r *runner) seedRaw(ctx context.Context, n int) {
 // record (the API key comes from the authenticator's cache).
 func (r *runner) rawReplay(ctx context.Context) Result {
 	q := dbsqlc.New()
-	cs := r.kept()
+	cs := r.kept(true)
 	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		a := r.accounts[c.acct]

@@ -67,9 +67,12 @@ func (r *runner) createCharge(ctx context.Context, key string, w int) outcome {
 	body := chargeBody(w*1_000_003 + len(key))
 	rep, err := r.do(ctx, http.MethodPost, "/v1/charges", acct, key, body)
 	o := statusOutcome(rep, err, http.StatusCreated)
+	if o.ok && rep.replayed {
+		return outcome{status: o.status + "_replayed"} // a new key must never be a replay
+	}
 	if o.ok {
 		id := strings.TrimPrefix(rep.location, "/v1/charges/")
-		r.keep(charge{acct: acct, key: key, body: body, id: id})
+		r.keep(charge{acct: acct, key: key, body: body, id: id}, false)
 		r.mu.Lock()
 		if r.stored == nil {
 			r.stored = rep.body
@@ -79,14 +82,15 @@ func (r *runner) createCharge(ctx context.Context, key string, w int) outcome {
 	return o
 }
 
-func (r *runner) first(ctx context.Context) Result {
-	return r.drive(ctx, ScenarioFirst, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
-		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d", r.runID, w, i), w)
+func (r *runner) first(ctx context.Context, d time.Duration) Result {
+	pass := r.passes.Add(1) // keys stay new across rounds
+	return r.drive(ctx, ScenarioFirst, d, func(ctx context.Context, w, i int) outcome {
+		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d-%d", r.runID, pass, w, i), w)
 	})
 }
 
 func (r *runner) replay(ctx context.Context) Result {
-	cs := r.kept()
+	cs := r.kept(false)
 	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
@@ -99,7 +103,7 @@ func (r *runner) replay(ctx context.Context) Result {
 }
 
 func (r *runner) read(ctx context.Context) Result {
-	cs := r.kept()
+	cs := r.kept(false)
 	return r.drive(ctx, ScenarioRead, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		rep, err := r.do(ctx, http.MethodGet, "/v1/charges/"+c.id, c.acct, "", nil)
@@ -107,30 +111,36 @@ func (r *runner) read(ctx context.Context) Result {
 	})
 }
 
-// conflict holds a few first requests at the Stripe fake and hammers their
+// heldBody is a charge that the Stripe stand-in holds while a hold is on.
+func heldBody(n int) []byte {
+	return fmt.Appendf(nil, `{"amount":%d,"currency":"usd","payment_method":"tok_visa","description":%q}`, 1000+n, holdDescription)
+}
+
+// conflict holds a few first requests at the Stripe stand-in and hammers their
 // keys with duplicates, which must get 409 with Retry-After. The held keys
 // are released and replaced every conflictRound, well before the server's
 // Stripe timeout would turn them into unknown outcomes.
 func (r *runner) conflict(ctx context.Context) (Result, error) {
 	total := Result{Name: ScenarioConflict, Statuses: map[string]int{}, Concurrency: r.cfg.Concurrency, hist: newHistogram()}
 	end := time.Now().Add(r.cfg.Duration)
+	pass := r.passes.Add(1) // held keys stay new across rounds
 	for round := 0; round < 10_000 && time.Until(end) > 0 && ctx.Err() == nil; round++ {
-		gate := r.fake.Hold()
+		gate := r.stripe.hold()
 		var held []charge
 		var wg sync.WaitGroup
 		for k := 0; k < conflictHeldKeys; k++ {
-			c := charge{acct: k % len(r.accounts), key: fmt.Sprintf("bench-%s-held-%d-%d", r.runID, round, k), body: chargeBody(k)}
+			c := charge{acct: k % len(r.accounts), key: fmt.Sprintf("bench-%s-held-%d-%d-%d", r.runID, pass, round, k), body: heldBody(k)}
 			held = append(held, c)
 			wg.Go(func() { _, _ = r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body) })
 		}
 		timeout := time.After(10 * time.Second)
 		for k := 0; k < conflictHeldKeys; k++ {
 			select {
-			case <-gate.Arrived():
+			case <-gate.arrived:
 			case <-timeout:
-				gate.Release()
+				gate.release()
 				wg.Wait()
-				return total, fmt.Errorf("held requests did not reach the Stripe fake within 10s")
+				return total, fmt.Errorf("held requests did not reach the Stripe stand-in within 10s")
 			}
 		}
 		res := r.drive(ctx, ScenarioConflict, min(conflictRound, time.Until(end)), func(ctx context.Context, w, i int) outcome {
@@ -138,7 +148,7 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 			rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 			return statusOutcome(rep, err, http.StatusConflict)
 		})
-		gate.Release()
+		gate.release()
 		wg.Wait()
 		total.Elapsed += res.Elapsed
 		total.Unexpected += res.Unexpected
