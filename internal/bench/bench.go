@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"runtime"
 	"slices"
 	"sort"
@@ -116,6 +115,7 @@ func (r Result) Throughput() float64 {
 
 type account struct {
 	id, key string
+	auth    string // the Authorization header
 }
 
 // charge is one charge created through the API, reused by replay and read.
@@ -132,7 +132,8 @@ type runner struct {
 	poolSize int32
 	stripe   *instantStripe // nil with -target
 	base     string
-	http     *http.Client
+	addr     string      // the API's host:port
+	conns    []*httpConn // one per worker
 	accounts []account
 	runID    string
 
@@ -186,19 +187,16 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.accounts = append(r.accounts, account{id: a.ID, key: key})
+		r.accounts = append(r.accounts, account{id: a.ID, key: key, auth: "Bearer " + key})
 	}
-
-	r.http = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		MaxIdleConns: 2 * cfg.Concurrency, MaxIdleConnsPerHost: 2 * cfg.Concurrency,
-		IdleConnTimeout: 90 * time.Second, DisableCompression: true,
-	}}
-	defer r.http.CloseIdleConnections()
 
 	var srv *serverProcess
 	needHTTP := slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") })
 	if cfg.Target != "" {
 		r.base = strings.TrimRight(cfg.Target, "/")
+		if r.addr, err = hostPort(r.base); err != nil {
+			return nil, err
+		}
 	} else if needHTTP {
 		r.stripe, err = startInstantStripe()
 		if err != nil {
@@ -211,7 +209,16 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		defer srv.stop()
 		r.base = srv.base
+		r.addr, _ = hostPort(srv.base)
 	}
+	for range cfg.Concurrency {
+		r.conns = append(r.conns, &httpConn{addr: r.addr})
+	}
+	defer func() {
+		for _, c := range r.conns {
+			c.close()
+		}
+	}()
 
 	fmt.Fprintf(cfg.Out, "idempay bench: %d CPUs (GOMAXPROCS %d), %s, concurrency %d, %s per scenario, %d accounts, pool %d conns",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cfg.Concurrency, cfg.Duration, len(r.accounts), r.poolSize)

@@ -1,10 +1,8 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -25,33 +23,9 @@ type reply struct {
 	body     []byte
 }
 
-func (r *runner) do(ctx context.Context, method, path string, acct int, idemKey string, body []byte) (reply, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, r.base+path, rd)
-	if err != nil {
-		return reply{}, err
-	}
-	req.Header.Set("Authorization", "Bearer "+r.accounts[acct].key)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if idemKey != "" {
-		req.Header.Set("Idempotency-Key", idemKey)
-	}
-	resp, err := r.http.Do(req)
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return reply{}, err
-	}
-	return reply{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true",
-		location: resp.Header.Get("Location"), body: b}, nil
+// do sends one request for account acct on conn (a worker's connection).
+func (r *runner) do(ctx context.Context, conn *httpConn, method, path string, acct int, idemKey string, body []byte) (reply, error) {
+	return conn.do(ctx, method, path, r.accounts[acct].auth, idemKey, body)
 }
 
 func statusOutcome(rep reply, err error, want int) outcome {
@@ -65,7 +39,7 @@ func statusOutcome(rep reply, err error, want int) outcome {
 func (r *runner) createCharge(ctx context.Context, key string, w int) outcome {
 	acct := w % len(r.accounts)
 	body := chargeBody(w*1_000_003 + len(key))
-	rep, err := r.do(ctx, http.MethodPost, "/v1/charges", acct, key, body)
+	rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", acct, key, body)
 	o := statusOutcome(rep, err, http.StatusCreated)
 	if o.ok && rep.replayed {
 		return outcome{status: o.status + "_replayed"} // a new key must never be a replay
@@ -93,7 +67,7 @@ func (r *runner) replay(ctx context.Context) Result {
 	cs := r.kept(false)
 	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
-		rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
+		rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 		o := statusOutcome(rep, err, http.StatusCreated)
 		if o.ok && !rep.replayed {
 			o = outcome{status: o.status + "_not_replayed"}
@@ -106,7 +80,7 @@ func (r *runner) read(ctx context.Context) Result {
 	cs := r.kept(false)
 	return r.drive(ctx, ScenarioRead, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
-		rep, err := r.do(ctx, http.MethodGet, "/v1/charges/"+c.id, c.acct, "", nil)
+		rep, err := r.do(ctx, r.conns[w], http.MethodGet, "/v1/charges/"+c.id, c.acct, "", nil)
 		return statusOutcome(rep, err, http.StatusOK)
 	})
 }
@@ -131,7 +105,11 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 		for k := 0; k < conflictHeldKeys; k++ {
 			c := charge{acct: k % len(r.accounts), key: fmt.Sprintf("bench-%s-held-%d-%d-%d", r.runID, pass, round, k), body: heldBody(k)}
 			held = append(held, c)
-			wg.Go(func() { _, _ = r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body) })
+			wg.Go(func() {
+				conn := &httpConn{addr: r.addr} // not a worker's: it waits at Stripe meanwhile
+				defer conn.close()
+				_, _ = r.do(ctx, conn, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
+			})
 		}
 		timeout := time.After(10 * time.Second)
 		for k := 0; k < conflictHeldKeys; k++ {
@@ -145,7 +123,7 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 		}
 		res := r.drive(ctx, ScenarioConflict, min(conflictRound, time.Until(end)), func(ctx context.Context, w, i int) outcome {
 			c := held[(w+i)%len(held)]
-			rep, err := r.do(ctx, http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
+			rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 			return statusOutcome(rep, err, http.StatusConflict)
 		})
 		gate.release()
