@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // instantStripe is the Stripe stand-in the started server talks to during a
@@ -24,12 +24,14 @@ import (
 // hold is released: the conflict scenario keeps first requests in flight
 // that way.
 type instantStripe struct {
-	srv *http.Server
-	url string
-	seq atomic.Uint64
+	l    net.Listener
+	url  string
+	seq  atomic.Uint64
+	done chan struct{}
 
-	mu   sync.Mutex
-	gate *holdGate
+	mu    sync.Mutex
+	gate  *holdGate
+	conns map[net.Conn]struct{}
 }
 
 // holdDescription marks a charge that the stand-in holds (see hold).
@@ -45,18 +47,42 @@ type holdGate struct {
 
 func (g *holdGate) release() { g.once.Do(func() { close(g.released) }) }
 
+// startInstantStripe listens on loopback. Like the load generator, it
+// speaks HTTP/1.1 itself (net/http's ReadRequest, one goroutine per
+// connection, the answer written in one piece) rather than through
+// http.Server, to take as little CPU as it can.
 func startInstantStripe() (*instantStripe, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	s := &instantStripe{url: "http://" + l.Addr().String()}
-	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = s.srv.Serve(l) }()
+	s := &instantStripe{l: l, url: "http://" + l.Addr().String(), done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	go s.accept()
 	return s, nil
 }
 
-func (s *instantStripe) close() { _ = s.srv.Close() }
+func (s *instantStripe) accept() {
+	for {
+		c, err := s.l.Accept()
+		if err != nil {
+			return // closed
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+func (s *instantStripe) close() {
+	close(s.done)
+	_ = s.l.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.Close()
+	}
+}
 
 // hold starts holding marked charges until release; arrived receives one
 // value per held request.
@@ -68,49 +94,80 @@ func (s *instantStripe) hold() *holdGate {
 	return g
 }
 
-var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-func (s *instantStripe) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/charges" {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = io.WriteString(w, `{"error":{"type":"invalid_request_error","message":"the bench's Stripe stand-in only creates charges"}}`)
-		return
-	}
-	buf := bodyPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, 64<<10))
-	held := err == nil && bytes.Contains(buf.Bytes(), holdMarker)
-	bodyPool.Put(buf)
-	if err != nil {
-		return // the client went away
-	}
-	if held {
+func (s *instantStripe) serveConn(c net.Conn) {
+	defer func() {
 		s.mu.Lock()
-		g := s.gate
+		delete(s.conns, c)
 		s.mu.Unlock()
-		if g != nil {
-			g.arrived <- struct{}{}
-			select {
-			case <-g.released:
-			case <-r.Context().Done():
+		c.Close()
+	}()
+	br := bufio.NewReaderSize(c, 8<<10)
+	var body bytes.Buffer
+	var out []byte
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return // closed by the client, or not HTTP
+		}
+		body.Reset()
+		_, err = body.ReadFrom(io.LimitReader(req.Body, 64<<10))
+		req.Body.Close()
+		if err != nil {
+			return
+		}
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/charges" {
+			out = append(out[:0], notFound...)
+		} else {
+			if bytes.Contains(body.Bytes(), holdMarker) && !s.wait() {
 				return
 			}
+			out = s.charge(out[:0], req.Header.Get("Idempotency-Key"))
+		}
+		if _, err := c.Write(out); err != nil {
+			return
 		}
 	}
-	id := benchChargeID(s.seq.Add(1))
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Request-Id", "req_"+id[len("ch_"):])
-	if key := r.Header.Get("Idempotency-Key"); key != "" {
-		h.Set("Idempotency-Key", key)
+}
+
+// wait blocks a held charge until the hold is released; false when the
+// stand-in is closing.
+func (s *instantStripe) wait() bool {
+	s.mu.Lock()
+	g := s.gate
+	s.mu.Unlock()
+	if g == nil {
+		return true
 	}
-	out := make([]byte, 0, len(chargeHead)+len(id)+len(chargeTail))
+	g.arrived <- struct{}{}
+	select {
+	case <-g.released:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+// charge appends the whole HTTP answer: a new succeeded charge.
+func (s *instantStripe) charge(out []byte, idemKey string) []byte {
+	id := benchChargeID(s.seq.Add(1))
+	out = append(out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nRequest-Id: req_"...)
+	out = append(out, id[len("ch_"):]...)
+	if idemKey != "" {
+		out = append(out, "\r\nIdempotency-Key: "...)
+		out = append(out, idemKey...)
+	}
+	out = append(out, "\r\nContent-Length: "...)
+	out = strconv.AppendInt(out, int64(len(chargeHead)+len(id)+len(chargeTail)), 10)
+	out = append(out, "\r\n\r\n"...)
 	out = append(out, chargeHead...)
 	out = append(out, id...)
-	out = append(out, chargeTail...)
-	_, _ = w.Write(out)
+	return append(out, chargeTail...)
 }
+
+const notFoundBody = `{"error":{"type":"invalid_request_error","message":"the bench's Stripe stand-in only creates charges"}}`
+
+var notFound = "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: " +
+	strconv.Itoa(len(notFoundBody)) + "\r\n\r\n" + notFoundBody
 
 // The answer: a succeeded charge with the fields (and about the size) of the
 // test fake's, of which the server reads id and status.
