@@ -14,7 +14,7 @@ import (
 
 // benchCmd runs the load benchmark (see BENCHMARKS.md). It starts this
 // binary as `serve` in a separate process, on DATABASE_URL, behind an
-// in-process Stripe fake that answers at once, unless -target names an API
+// in-process Stripe stand-in that answers at once, unless -target names an API
 // that is already running.
 func benchCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)

@@ -511,6 +511,9 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 // warmup runs first requests through the API and the raw first-request loop
 // for cfg.Warmup each, unmeasured, when the scenario list has them.
 func (r *runner) warmup(ctx context.Context, scen []string) {
+	rate := r.cfg.Rate
+	r.cfg.Rate = 0 // as fast as it goes: a paced warm-up of slow requests would overrun its time
+	defer func() { r.cfg.Rate = rate }()
 	if r.base != "" && slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) {
 		r.first(ctx, r.cfg.Warmup)
 	}

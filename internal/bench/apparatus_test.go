@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+// The bench's own client and Stripe stand-in against the real API: a charge
+// goes through (the server accepts the stand-in's answer), its retry is a
+// replay, the charge reads back, and all of it over one kept-alive
+// connection. A charge marked for holding waits at the stand-in, and a
+// duplicate meanwhile gets 409, which is what the conflict scenario counts.
+func TestLoadGeneratorAndStripeStandIn(t *testing.T) {
+	stand, err := startInstantStripe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stand.close()
+	env := apitest.New(t, apitest.Options{StripeURL: stand.url})
+	acct := env.NewClient(t).Account
+	addr, err := hostPort(env.Server.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := &httpConn{addr: addr}
+	defer conn.close()
+	ctx := context.Background()
+	auth := "Bearer " + acct.APIKey
+
+	body := chargeBody(7)
+	first, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-1", body)
+	if err != nil || first.status != http.StatusCreated || first.replayed || !strings.HasPrefix(first.location, "/v1/charges/") {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	var ch struct {
+		StripeChargeID string `json:"stripe_charge_id"`
+		Status         string `json:"status"`
+	}
+	if err := json.Unmarshal(first.body, &ch); err != nil || ch.Status != "succeeded" || !strings.HasPrefix(ch.StripeChargeID, "ch_bench") {
+		t.Fatalf("charge %s: %v", first.body, err)
+	}
+	local := conn.c.LocalAddr().String()
+
+	again, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-1", body)
+	if err != nil || again.status != http.StatusCreated || !again.replayed || string(again.body) != string(first.body) {
+		t.Fatalf("replay: %+v %v", again, err)
+	}
+	read, err := conn.do(ctx, http.MethodGet, first.location, auth, "", nil)
+	if err != nil || read.status != http.StatusOK {
+		t.Fatalf("read: %+v %v", read, err)
+	}
+	if conn.c == nil || conn.c.LocalAddr().String() != local {
+		t.Fatal("the connection was not kept alive across requests")
+	}
+
+	gate := stand.hold()
+	done := make(chan reply, 1)
+	go func() {
+		held := &httpConn{addr: addr}
+		defer held.close()
+		rep, _ := held.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-held", heldBody(1))
+		done <- rep
+	}()
+	select {
+	case <-gate.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held charge never reached the stand-in")
+	}
+	dup, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-held", heldBody(1))
+	if err != nil || dup.status != http.StatusConflict {
+		t.Fatalf("duplicate of a held request: %+v %v", dup, err)
+	}
+	select {
+	case rep := <-done:
+		t.Fatalf("the held request finished before release: %+v", rep)
+	default:
+	}
+	gate.release()
+	if rep := <-done; rep.status != http.StatusCreated {
+		t.Fatalf("held request after release: %+v", rep)
+	}
+}
