@@ -69,11 +69,12 @@ type Config struct {
 	// scheduled start, so a stall is not hidden by the workers waiting.
 	Rate      float64
 	Scenarios []string
-	// Rounds runs the scenario list this many times, interleaved (first,
-	// raw-first, first, raw-first...), so that slow drifts of the machine
-	// (autovacuum, checkpoints, a noisy neighbour) fall on the server and on
-	// the raw loop alike. Results are merged per scenario, and the ratio is
-	// also given round by round.
+	// Rounds runs the scenario list this many times, interleaved and every
+	// other round in reverse (first, raw-first, raw-first, first...), so
+	// that slow drifts of the machine (checkpoints, a noisy neighbour) and
+	// whatever one scenario leaves behind for the next fall on the server
+	// and on the raw loop alike. Results are merged per scenario, and the
+	// ratio is also given round by round.
 	Rounds int
 	// Warmup runs each scenario's request kind for this long before the
 	// measured rounds, unmeasured: connections are opened, statements
@@ -245,8 +246,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if rounds > 1 {
 			fmt.Fprintf(cfg.Out, "round %d of %d\n", round+1, rounds)
 		}
+		order := scen
+		if round%2 == 1 { // every other round backwards: what one scenario leaves behind falls on each alike
+			order = slices.Clone(scen)
+			slices.Reverse(order)
+		}
 		var results []Result
-		for _, s := range scen {
+		for _, s := range order {
 			if err := ctx.Err(); err != nil {
 				break
 			}
