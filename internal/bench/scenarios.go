@@ -128,12 +128,7 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 		})
 		gate.release()
 		wg.Wait()
-		total.Elapsed += res.Elapsed
-		total.Unexpected += res.Unexpected
-		for k, v := range res.Statuses {
-			total.Statuses[k] += v
-		}
-		total.hist.merge(res.hist)
+		total.add(res)
 	}
 	total.summarize()
 	return total, nil
