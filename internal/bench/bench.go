@@ -115,8 +115,8 @@ func (r Result) Throughput() float64 {
 }
 
 type account struct {
-	id, key string
-	auth    string // the Authorization header
+	id   string
+	auth string // the Authorization header: Bearer and the account's API key
 }
 
 // charge is one charge created through the API, reused by replay and read.
@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.accounts = append(r.accounts, account{id: a.ID, key: key, auth: "Bearer " + key})
+		r.accounts = append(r.accounts, account{id: a.ID, auth: "Bearer " + key})
 	}
 
 	var srv *serverProcess
@@ -328,15 +328,15 @@ type outcome struct {
 
 // drive runs do on cfg.Concurrency workers until d has passed (or the count
 // bound), and measures each call.
-func (r *runner) drive(ctx context.Context, name string, d time.Duration, do func(ctx context.Context, w, i int) outcome) Result {
+func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate float64, do func(ctx context.Context, w, i int) outcome) Result {
 	conc := r.cfg.Concurrency
 	ctx, cancel := context.WithTimeout(ctx, d+35*time.Second) // a hung request cannot hang the bench
 	defer cancel()
 	start := time.Now()
 	deadline := start.Add(d)
 	var interval time.Duration
-	if r.cfg.Rate > 0 {
-		interval = time.Duration(float64(conc) / r.cfg.Rate * float64(time.Second))
+	if rate > 0 {
+		interval = time.Duration(float64(conc) / rate * float64(time.Second))
 	}
 	type tally struct {
 		h          *histogram
@@ -489,7 +489,7 @@ func (r *runner) ensureCharges(ctx context.Context, raw bool) error {
 func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran bool, err error) {
 	switch s {
 	case ScenarioFirst:
-		res = r.first(ctx, r.cfg.Duration)
+		res = r.first(ctx, r.cfg.Duration, r.cfg.Rate)
 	case ScenarioReplay:
 		if err = r.ensureCharges(ctx, false); err == nil {
 			res = r.replay(ctx)
@@ -505,7 +505,7 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 			res = r.read(ctx)
 		}
 	case ScenarioRawFirst:
-		res = r.rawFirst(ctx, r.cfg.Duration)
+		res = r.rawFirst(ctx, r.cfg.Duration, r.cfg.Rate)
 	case ScenarioRawReplay:
 		if err = r.ensureCharges(ctx, true); err == nil {
 			res = r.rawReplay(ctx)
@@ -515,16 +515,14 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 }
 
 // warmup runs first requests through the API and the raw first-request loop
-// for cfg.Warmup each, unmeasured, when the scenario list has them.
+// for cfg.Warmup each, unmeasured, when the scenario list has them. It is
+// never paced: a paced warm-up of slow requests would overrun its time.
 func (r *runner) warmup(ctx context.Context, scen []string) {
-	rate := r.cfg.Rate
-	r.cfg.Rate = 0 // as fast as it goes: a paced warm-up of slow requests would overrun its time
-	defer func() { r.cfg.Rate = rate }()
 	if r.base != "" && slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) {
-		r.first(ctx, r.cfg.Warmup)
+		r.first(ctx, r.cfg.Warmup, 0)
 	}
 	if slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
-		r.rawFirst(ctx, r.cfg.Warmup)
+		r.rawFirst(ctx, r.cfg.Warmup, 0)
 	}
 	fmt.Fprintf(r.cfg.Out, "warm-up: %s of first requests (API and raw), not counted\n\n", r.cfg.Warmup)
 }

@@ -91,9 +91,9 @@ func (r *runner) storedBody() []byte {
 	return r.stored
 }
 
-func (r *runner) rawFirst(ctx context.Context, d time.Duration) Result {
+func (r *runner) rawFirst(ctx context.Context, d time.Duration, rate float64) Result {
 	pass := r.passes.Add(1) // keys stay new across rounds
-	return r.drive(ctx, ScenarioRawFirst, d, func(ctx context.Context, w, i int) outcome {
+	return r.drive(ctx, ScenarioRawFirst, d, rate, func(ctx context.Context, w, i int) outcome {
 		c, err := r.rawFirstOnce(ctx, w, i, fmt.Sprintf("bench-%s-raw-%d-%d-%d", r.runID, pass, w, i))
 		if err != nil {
 			return outcome{status: "error"}
@@ -116,7 +116,7 @@ func (r *runner) seedRaw(ctx context.Context, n int) {
 func (r *runner) rawReplay(ctx context.Context) Result {
 	q := dbsqlc.New()
 	cs := r.kept(true)
-	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		a := r.accounts[c.acct]
 		if _, err := q.IdempotencyKeyGetByAccountKey(ctx, r.pool, a.id, c.key); err != nil {

@@ -56,16 +56,16 @@ func (r *runner) createCharge(ctx context.Context, key string, w int) outcome {
 	return o
 }
 
-func (r *runner) first(ctx context.Context, d time.Duration) Result {
+func (r *runner) first(ctx context.Context, d time.Duration, rate float64) Result {
 	pass := r.passes.Add(1) // keys stay new across rounds
-	return r.drive(ctx, ScenarioFirst, d, func(ctx context.Context, w, i int) outcome {
+	return r.drive(ctx, ScenarioFirst, d, rate, func(ctx context.Context, w, i int) outcome {
 		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d-%d", r.runID, pass, w, i), w)
 	})
 }
 
 func (r *runner) replay(ctx context.Context) Result {
 	cs := r.kept(false)
-	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 		o := statusOutcome(rep, err, http.StatusCreated)
@@ -78,7 +78,7 @@ func (r *runner) replay(ctx context.Context) Result {
 
 func (r *runner) read(ctx context.Context) Result {
 	cs := r.kept(false)
-	return r.drive(ctx, ScenarioRead, r.cfg.Duration, func(ctx context.Context, w, i int) outcome {
+	return r.drive(ctx, ScenarioRead, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		rep, err := r.do(ctx, r.conns[w], http.MethodGet, "/v1/charges/"+c.id, c.acct, "", nil)
 		return statusOutcome(rep, err, http.StatusOK)
@@ -121,7 +121,7 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 				return total, fmt.Errorf("held requests did not reach the Stripe stand-in within 10s")
 			}
 		}
-		res := r.drive(ctx, ScenarioConflict, min(conflictRound, time.Until(end)), func(ctx context.Context, w, i int) outcome {
+		res := r.drive(ctx, ScenarioConflict, min(conflictRound, time.Until(end)), r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 			c := held[(w+i)%len(held)]
 			rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 			return statusOutcome(rep, err, http.StatusConflict)
@@ -130,6 +130,5 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 		wg.Wait()
 		total.add(res)
 	}
-	total.summarize()
 	return total, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +38,7 @@ type instantStripe struct {
 // holdDescription marks a charge that the stand-in holds (see hold).
 const holdDescription = "bench hold"
 
-var holdMarker = []byte("description=bench+hold")
+var holdMarker = []byte("description=" + url.QueryEscape(holdDescription)) // as the form body carries it
 
 type holdGate struct {
 	arrived  chan struct{}
