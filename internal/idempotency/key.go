@@ -81,7 +81,33 @@ var ErrInvalidJSON = errors.New("invalid JSON")
 // Canonicalize returns the canonical form of a JSON body: parsed, object keys
 // sorted, no insignificant whitespace, numbers kept as written. Two bodies
 // that differ only in key order or whitespace canonicalize to the same bytes.
+//
+// The canonical form is hashed into the request fingerprint that is stored
+// with every idempotency key, so its bytes must never change: a retry of a
+// request recorded by an older build has to produce the same fingerprint, or
+// it would be rejected as a different request. The definition of the output
+// is therefore canonicalizeReference (encoding/json's decode and re-encode),
+// and the same inputs must keep being rejected. Canonicalize first tries
+// canonicalizeFast, which handles the common case (plain ASCII strings
+// without escapes, unique keys, moderate nesting) in one allocation; for
+// anything else it declines and the reference runs, so unusual input gets
+// exactly the reference's output or error. FuzzCanonicalFastPath checks that
+// the two agree.
 func Canonicalize(body []byte) ([]byte, error) {
+	if out, ok := canonicalizeFast(body); ok {
+		return out, nil
+	}
+	return canonicalizeReference(body)
+}
+
+// canonicalizeReference is the original canonicaliser and defines the
+// canonical form: decode into any (numbers as json.Number, so they are kept
+// as written; for a duplicate key the last value wins), then encode (maps
+// with sorted keys, HTML characters not escaped) and drop the encoder's
+// trailing newline. Data after the value is an error unless it is all
+// whitespace in the sense of bytes.TrimSpace. It allocates a lot, so
+// Canonicalize calls it only for the bodies canonicalizeFast declines.
+func canonicalizeReference(body []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any

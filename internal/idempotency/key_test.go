@@ -107,6 +107,9 @@ func TestCanonicalize(t *testing.T) {
 		{"html not escaped", `{"a":"<b>&"}`, `{"a":"<b>&"}`},
 		{"unicode escapes decoded", `{"a":"\u00e9"}`, `{"a":"é"}`},
 		{"empty object", `{ }`, `{}`},
+		{"keys in byte order", `{"a!":1,"a":2,"a ":3}`, `{"a":2,"a ":3,"a!":1}`},
+		{"duplicate key, last wins", `{"a":1,"b":2,"a":3}`, `{"a":3,"b":2}`},
+		{"trailing vertical tab and form feed", "{\"a\":1}\v\f", `{"a":1}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := idempotency.Canonicalize([]byte(tc.in))
@@ -193,7 +196,8 @@ func FuzzParseKey(f *testing.F) {
 
 func FuzzCanonicalize(f *testing.F) {
 	for _, s := range []string{`{"b":1,"a":2}`, `{"a":[1,{"d":1,"c":2}],"z":null}`, `1.50`, `"\u2028<>"`,
-		`{"a":1,"a":2}`, `{"a":1} x`, "", `[`, "\"\xff\"", `{"amount":1e400}`} {
+		`{"a":1,"a":2}`, `{"a":1} x`, "", `[`, "\"\xff\"", `{"amount":1e400}`,
+		`{"a ":1,"a":2,"a!":3}`, "{\"a\":\"<&>\x7f\"}", "{}\v", "1\f", `-0`, `1.0E+2`, `01`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
