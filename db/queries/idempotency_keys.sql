@@ -20,7 +20,11 @@ WHERE idempotency_keys.recovery_point <> 'finished'
 RETURNING *;
 
 -- name: IdempotencyKeyGetByAccountKey :one
-SELECT * FROM idempotency_keys WHERE account_id = @account_id AND key = @key;
+-- The read before a claim, and the whole of a replay: only the columns that
+-- tell replay, mismatch and in-flight apart, and the stored response.
+SELECT id, request_fingerprint, recovery_point, locked_at,
+       response_status, response_headers, response_body
+FROM idempotency_keys WHERE account_id = @account_id AND key = @key;
 
 -- name: IdempotencyKeyFinish :execrows
 -- Stores the final response. Fenced: it matches no row unless the caller

@@ -205,31 +205,34 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 }
 
 const idempotencyKeyGetByAccountKey = `-- name: IdempotencyKeyGetByAccountKey :one
-SELECT id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at FROM idempotency_keys WHERE account_id = $1 AND key = $2
+SELECT id, request_fingerprint, recovery_point, locked_at,
+       response_status, response_headers, response_body
+FROM idempotency_keys WHERE account_id = $1 AND key = $2
 `
 
-func (q *Queries) IdempotencyKeyGetByAccountKey(ctx context.Context, db DBTX, accountID string, key string) (IdempotencyKey, error) {
+type IdempotencyKeyGetByAccountKeyRow struct {
+	ID                 string
+	RequestFingerprint []byte
+	RecoveryPoint      string
+	LockedAt           *time.Time
+	ResponseStatus     *int32
+	ResponseHeaders    []byte
+	ResponseBody       []byte
+}
+
+// The read before a claim, and the whole of a replay: only the columns that
+// tell replay, mismatch and in-flight apart, and the stored response.
+func (q *Queries) IdempotencyKeyGetByAccountKey(ctx context.Context, db DBTX, accountID string, key string) (IdempotencyKeyGetByAccountKeyRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyGetByAccountKey, accountID, key)
-	var i IdempotencyKey
+	var i IdempotencyKeyGetByAccountKeyRow
 	err := row.Scan(
 		&i.ID,
-		&i.AccountID,
-		&i.Key,
-		&i.RequestMethod,
-		&i.RequestRoute,
 		&i.RequestFingerprint,
 		&i.RecoveryPoint,
-		&i.LockGeneration,
 		&i.LockedAt,
-		&i.Attempts,
-		&i.NextAttemptAt,
-		&i.LastError,
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
 	)
 	return i, err
 }

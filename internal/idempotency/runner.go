@@ -112,16 +112,18 @@ type Response struct {
 // Set-Cookie and per-request headers (X-Request-Id) are never replayed.
 var replayedHeaders = []string{"Content-Type", "Location", "Idempay-Charge-Id", "Idempay-Refund-Id"}
 
+var replayedTrue = []string{"true"}
+
 // Write sends the response; a replay carries Idempotent-Replayed: true.
 func (r Response) Write(w http.ResponseWriter) {
 	h := w.Header()
-	for _, name := range replayedHeaders {
-		if v := r.Header.Get(name); v != "" {
-			h.Set(name, v)
+	for _, name := range replayedHeaders { // canonical names: no Set needed
+		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
+			h[name] = v[:1]
 		}
 	}
 	if r.Replayed {
-		h.Set("Idempotent-Replayed", "true")
+		h["Idempotent-Replayed"] = replayedTrue
 	}
 	w.WriteHeader(r.Status)
 	_, _ = w.Write(r.Body)
@@ -303,15 +305,17 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		Detail: "The request with this Idempotency-Key is changing hands. Retry shortly.", RetryAfter: 1}
 }
 
-func storedResponse(row dbsqlc.IdempotencyKey) (*Response, error) {
-	h := http.Header{}
+func storedResponse(row dbsqlc.IdempotencyKeyGetByAccountKeyRow) (*Response, error) {
+	var h http.Header
 	if len(row.ResponseHeaders) > 0 {
+		// Stored by Finish from an http.Header: the names are canonical.
 		var m map[string]string
 		if err := json.Unmarshal(row.ResponseHeaders, &m); err != nil {
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", row.ID, err)
 		}
+		h = make(http.Header, len(m))
 		for k, v := range m {
-			h.Set(k, v)
+			h[k] = []string{v}
 		}
 	}
 	return &Response{Status: int(*row.ResponseStatus), Header: h, Body: row.ResponseBody, Replayed: true}, nil
