@@ -11,7 +11,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,10 +106,6 @@ type Response struct {
 	// Replayed is true when the response comes from the store.
 	Replayed bool
 }
-
-// replayedHeaders are the only response headers stored and replayed. Date,
-// Set-Cookie and per-request headers (X-Request-Id) are never replayed.
-var replayedHeaders = []string{"Content-Type", "Location", "Idempay-Charge-Id", "Idempay-Refund-Id"}
 
 var replayedTrue = []string{"true"}
 
@@ -308,14 +303,9 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 func storedResponse(row dbsqlc.IdempotencyKeyGetByAccountKeyRow) (*Response, error) {
 	var h http.Header
 	if len(row.ResponseHeaders) > 0 {
-		// Stored by Finish from an http.Header: the names are canonical.
-		var m map[string]string
-		if err := json.Unmarshal(row.ResponseHeaders, &m); err != nil {
+		var err error
+		if h, err = decodeHeaders(row.ResponseHeaders); err != nil {
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", row.ID, err)
-		}
-		h = make(http.Header, len(m))
-		for k, v := range m {
-			h[k] = []string{v}
 		}
 	}
 	return &Response{Status: int(*row.ResponseStatus), Header: h, Body: row.ResponseBody, Replayed: true}, nil
@@ -371,7 +361,7 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 		if err != nil {
 			return Response{}, err
 		}
-		headers, err := storedHeaders(resp.Header)
+		headers, err := encodeHeaders(resp.Header)
 		if err != nil {
 			return Response{}, err
 		}
@@ -413,18 +403,4 @@ func (r *Runner) fenced() error {
 func (r *Runner) backoff(attempts int32) time.Duration {
 	d := time.Second << min(attempts, 20)
 	return min(d, r.cfg.MaxBackoff)
-}
-
-func storedHeaders(h http.Header) ([]byte, error) {
-	m := map[string]string{}
-	for _, name := range replayedHeaders {
-		if v := h.Get(name); v != "" {
-			m[name] = v
-		}
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return nil, fmt.Errorf("encoding response headers: %w", err)
-	}
-	return b, nil
 }
