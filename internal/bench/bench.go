@@ -326,62 +326,97 @@ type outcome struct {
 	ok     bool
 }
 
-// drive runs do on cfg.Concurrency workers until d has passed (or the count
-// bound), and measures each call.
+// drive runs do on cfg.Concurrency workers for d and measures each call.
+// With rate 0 the loop is closed: each worker sends its next request as soon
+// as the last one is answered. With a rate the loop is open (see pace.go): a
+// pacer releases request k at start + k/rate to whichever worker is free,
+// and each latency is measured from that intended time, so requests that
+// wait for a free worker (or for a stalled server) count their wait.
 func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate float64, do func(ctx context.Context, w, i int) outcome) Result {
 	conc := r.cfg.Concurrency
 	ctx, cancel := context.WithTimeout(ctx, d+35*time.Second) // a hung request cannot hang the bench
 	defer cancel()
-	start := time.Now()
-	deadline := start.Add(d)
-	var interval time.Duration
-	if rate > 0 {
-		interval = time.Duration(float64(conc) / rate * float64(time.Second))
-	}
 	type tally struct {
 		h          *histogram
 		statuses   map[string]int
 		unexpected int
 	}
 	tallies := make([]tally, conc)
-	var wg sync.WaitGroup
-	for w := 0; w < conc; w++ {
+	for w := range tallies {
 		tallies[w] = tally{h: newHistogram(), statuses: map[string]int{}}
-		wg.Go(func() {
-			t := &tallies[w]
-			offset := time.Duration(0)
-			if interval > 0 {
-				offset = interval * time.Duration(w) / time.Duration(conc)
-			}
-			for i := 0; i < maxRequestsPerWorker; i++ {
-				sent := time.Now()
-				if interval > 0 {
-					sent = start.Add(offset + interval*time.Duration(i))
-					if wait := time.Until(sent); wait > 0 {
-						select {
-						case <-time.After(wait):
-						case <-ctx.Done():
-							return
-						}
+	}
+	measure := func(w, i int, since time.Time) {
+		o := do(ctx, w, i)
+		t := &tallies[w]
+		t.h.record(time.Since(since))
+		t.statuses[o.status]++
+		if !o.ok {
+			t.unexpected++
+		}
+	}
+
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	if rate <= 0 {
+		for w := 0; w < conc; w++ {
+			wg.Go(func() {
+				for i := 0; i < maxRequestsPerWorker && ctx.Err() == nil; i++ {
+					sent := time.Now()
+					if !sent.Before(deadline) {
+						return
 					}
+					measure(w, i, sent)
 				}
-				if !sent.Before(deadline) || ctx.Err() != nil {
+			})
+		}
+	} else {
+		interval := time.Duration(float64(time.Second) / rate)
+		tk := newTicker(interval)
+		defer tk.close()
+		start = tk.start()
+		deadline = start.Add(d)
+		due := make(chan time.Time, 1<<16) // intended send times, in order
+		go func() {
+			defer close(due)
+			var k uint64
+			for {
+				n, err := tk.wait()
+				if err != nil {
 					return
 				}
-				o := do(ctx, w, i)
-				t.h.record(time.Since(sent))
-				t.statuses[o.status]++
-				if !o.ok {
-					t.unexpected++
+				for range n {
+					k++
+					at := start.Add(interval * time.Duration(k))
+					if !at.Before(deadline) {
+						return
+					}
+					select {
+					case due <- at:
+					case <-ctx.Done():
+						return
+					}
 				}
 			}
-		})
+		}()
+		for w := 0; w < conc; w++ {
+			wg.Go(func() {
+				i := 0
+				for at := range due {
+					if ctx.Err() != nil {
+						return
+					}
+					measure(w, i, at)
+					i++
+				}
+			})
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	h := newHistogram()
 	res := Result{Name: name, Elapsed: min(elapsed, d), Statuses: map[string]int{}, Concurrency: conc}
-	if elapsed > d && interval == 0 {
+	if elapsed > d && rate <= 0 {
 		res.Elapsed = elapsed // closed loop: the last requests started before the deadline count in full
 	}
 	for _, t := range tallies {

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package bench
+
+import "time"
+
+func newTicker(interval time.Duration) ticker { return newSleepTicker(interval) }

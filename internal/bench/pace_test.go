@@ -1,0 +1,93 @@
+package bench
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// An open-loop run releases exactly one request per interval before the
+// deadline, however the workers keep up: the count depends on the pace and
+// the duration only.
+func TestPacedDriveSendsOneRequestPerInterval(t *testing.T) {
+	r := &runner{cfg: Config{Concurrency: 4}}
+	var calls atomic.Int64
+	res := r.drive(context.Background(), "paced", 250*time.Millisecond, 2000, func(ctx context.Context, w, i int) outcome {
+		calls.Add(1)
+		return outcome{status: "200", ok: true}
+	})
+	// Request k goes at start + k/2000 s for every k with that time before
+	// the deadline: k = 1..499.
+	if res.Requests != 499 || calls.Load() != 499 {
+		t.Fatalf("paced run made %d requests (%d calls); want 499", res.Requests, calls.Load())
+	}
+	if res.Statuses["200"] != 499 || res.Unexpected != 0 {
+		t.Fatalf("statuses %v, unexpected %d", res.Statuses, res.Unexpected)
+	}
+}
+
+// Latency is measured from the intended send time, so requests that wait
+// behind a slow one count their wait (no coordinated omission): one worker,
+// a request every 2 ms, each taking 10 ms, falls further behind with every
+// request, and the median latency is far above 10 ms.
+func TestPacedDriveCountsQueueingDelay(t *testing.T) {
+	r := &runner{cfg: Config{Concurrency: 1}}
+	res := r.drive(context.Background(), "queued", 100*time.Millisecond, 500, func(ctx context.Context, w, i int) outcome {
+		time.Sleep(10 * time.Millisecond)
+		return outcome{status: "200", ok: true}
+	})
+	if res.Requests != 49 {
+		t.Fatalf("made %d requests; want 49 (all released before the deadline are sent)", res.Requests)
+	}
+	// Request k is released at 2k ms and answered no earlier than 10k ms.
+	if res.P50 < 100*time.Millisecond || res.Max < 350*time.Millisecond {
+		t.Fatalf("p50 %v, max %v: the wait for the busy worker was not counted", res.P50, res.Max)
+	}
+}
+
+// The closed loop (no rate) keeps every worker busy until the deadline.
+func TestClosedDriveUsesEveryWorker(t *testing.T) {
+	r := &runner{cfg: Config{Concurrency: 3}}
+	var seen [3]atomic.Int64
+	res := r.drive(context.Background(), "closed", 50*time.Millisecond, 0, func(ctx context.Context, w, i int) outcome {
+		seen[w].Add(1)
+		time.Sleep(time.Millisecond)
+		return outcome{status: "200", ok: true}
+	})
+	for w := range seen {
+		if seen[w].Load() == 0 {
+			t.Fatalf("worker %d sent nothing", w)
+		}
+	}
+	if res.Requests == 0 || res.Unexpected != 0 {
+		t.Fatalf("requests %d, unexpected %d", res.Requests, res.Unexpected)
+	}
+}
+
+// Both tickers count every interval that has passed, once: after some
+// waits, the ticks returned add up to the intervals elapsed since start.
+func TestTickersCountElapsedIntervals(t *testing.T) {
+	for name, tk := range map[string]ticker{
+		"platform": newTicker(time.Millisecond),
+		"sleep":    newSleepTicker(time.Millisecond),
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer tk.close()
+			var sum uint64
+			for sum < 20 {
+				n, err := tk.wait()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					t.Fatal("wait returned no tick")
+				}
+				sum += n
+				if elapsed := uint64(time.Since(tk.start()) / time.Millisecond); sum > elapsed+1 {
+					t.Fatalf("%d ticks after %d intervals", sum, elapsed)
+				}
+			}
+		})
+	}
+}
