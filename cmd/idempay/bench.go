@@ -31,6 +31,7 @@ func benchCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	tuneGC(log, benchGCPercent, 0)
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding this binary to start the server: %w", err)

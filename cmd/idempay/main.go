@@ -144,7 +144,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer a.pool.Close()
 	startPprof(ctx, log) // PPROF_ADDR, off by default
-	tuneGC(log)
+	tuneGC(log, serveGCPercent, serveMemoryLimit)
 
 	srv := &http.Server{
 		Addr: cfg.ListenAddr,
@@ -257,15 +257,37 @@ func purge(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // serveGCPercent is the GC target of `serve` unless GOGC is set. The
-// server's live heap is small (about 30 MB under load), so collecting at 5x
-// rather than 2x of it costs little memory and, on a 2-core machine, cut the
-// replay p99 at half of peak load by about a third (BENCHMARKS.md).
-const serveGCPercent = 400
+// server's live heap is small (about 4 MB under load: caches and buffers)
+// and a replay allocates about 9 KB, so the collector runs often, and each
+// cycle (a stop of the world, then marking on a quarter of the CPU) delays
+// the requests in flight; on a 2-core machine, collections were behind most
+// of the replay p99 at half of peak load. At 1600 the heap may grow to about
+// 17x the live heap (about 70 MB, 110 MB RSS), and the collector runs about
+// a quarter as often as at 400: p99 4.4-4.9 ms instead of 5.3-6.0 ms
+// (BENCHMARKS.md).
+const serveGCPercent = 1600
 
-func tuneGC(log *slog.Logger) {
-	if _, set := os.LookupEnv("GOGC"); set {
-		return
+// serveMemoryLimit is the soft memory limit of `serve` unless GOMEMLIMIT is
+// set. It bounds what the high GC target can cost if the live heap grows
+// (large bodies, many connections): from about 30 MB of live heap on, the
+// collector runs to stay under it instead of letting the heap reach 17x.
+const serveMemoryLimit = 512 << 20
+
+// benchGCPercent is the GC target of `bench` unless GOGC is set. The load
+// generator shares the machine with what it measures, and each of its
+// collections stops it for up to a millisecond, which it would count as the
+// server's latency. Its live heap is a few MB, so it collects rarely.
+const benchGCPercent = 2000
+
+// tuneGC sets the GC target to percent unless GOGC is set, and the soft
+// memory limit to limit (if not 0) unless GOMEMLIMIT is set.
+func tuneGC(log *slog.Logger, percent int, limit int64) {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(percent)
+		log.Debug("GC target set", "gogc", percent)
 	}
-	debug.SetGCPercent(serveGCPercent)
-	log.Debug("GC target set", "gogc", serveGCPercent)
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && limit > 0 {
+		debug.SetMemoryLimit(limit)
+		log.Debug("soft memory limit set", "bytes", limit)
+	}
 }
