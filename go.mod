@@ -7,6 +7,7 @@ require (
 	github.com/labstack/echo/v4 v4.15.4
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stripe/stripe-go/v76 v76.25.0
+	golang.org/x/sys v0.48.0
 )
 
 require (
@@ -37,7 +38,6 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
