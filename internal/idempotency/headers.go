@@ -39,6 +39,11 @@ func decodeHeaders(b []byte) (http.Header, error) {
 	if h, ok := decodeHeadersFast(b); ok {
 		return h, nil
 	}
+	return decodeHeadersJSON(b)
+}
+
+// decodeHeadersJSON is the fallback and the definition of decodeHeaders.
+func decodeHeadersJSON(b []byte) (http.Header, error) {
 	var m map[string]string
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, err
