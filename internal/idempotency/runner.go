@@ -107,8 +107,6 @@ type Response struct {
 	Replayed bool
 }
 
-var replayedTrue = []string{"true"}
-
 // Write sends the response; a replay carries Idempotent-Replayed: true.
 func (r Response) Write(w http.ResponseWriter) {
 	h := w.Header()
@@ -118,7 +116,7 @@ func (r Response) Write(w http.ResponseWriter) {
 		}
 	}
 	if r.Replayed {
-		h["Idempotent-Replayed"] = replayedTrue
+		h["Idempotent-Replayed"] = []string{"true"}
 	}
 	w.WriteHeader(r.Status)
 	_, _ = w.Write(r.Body)
