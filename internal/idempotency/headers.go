@@ -56,7 +56,8 @@ func decodeHeadersJSON(b []byte) (http.Header, error) {
 }
 
 // decodeHeadersFast parses a flat JSON object whose keys and values are
-// strings of printable ASCII without escapes. ok is false for anything else.
+// strings without escapes, of bytes 0x20 to 0x7f (the strings
+// canonicalizeFast handles). ok is false for anything else.
 func decodeHeadersFast(b []byte) (h http.Header, ok bool) {
 	s := string(b)         // one copy; names and values are substrings of it
 	var small [8][2]string // name, value: on the stack for up to 8 headers
@@ -70,7 +71,7 @@ func decodeHeadersFast(b []byte) (h http.Header, ok bool) {
 		i++
 	} else {
 		for {
-			k, next, ok := fastHeaderString(s, i)
+			k, next, ok := headerString(b, s, i)
 			if !ok {
 				return nil, false
 			}
@@ -78,7 +79,7 @@ func decodeHeadersFast(b []byte) (h http.Header, ok bool) {
 			if i >= len(s) || s[i] != ':' {
 				return nil, false
 			}
-			v, next, ok := fastHeaderString(s, skipSpace(b, i+1))
+			v, next, ok := headerString(b, s, skipSpace(b, i+1))
 			if !ok {
 				return nil, false
 			}
@@ -112,19 +113,17 @@ func decodeHeadersFast(b []byte) (h http.Header, ok bool) {
 	return h, true
 }
 
-// fastHeaderString reads the JSON string at s[i]: printable ASCII, no
-// backslash. It returns the contents and the index past the closing quote.
-func fastHeaderString(s string, i int) (string, int, bool) {
-	if i >= len(s) || s[i] != '"' {
+// headerString reads the JSON string at b[i] (s is b as a string) with the
+// canonicaliser's scanString, so it declines the same strings: escapes,
+// control and non-ASCII bytes. It returns the contents, a substring of s,
+// and the index past the closing quote.
+func headerString(b []byte, s string, i int) (string, int, bool) {
+	if i >= len(b) || b[i] != '"' {
 		return "", 0, false
 	}
-	for j := i + 1; j < len(s); j++ {
-		switch c := s[j]; {
-		case c == '"':
-			return s[i+1 : j], j + 1, true
-		case c == '\\' || c < 0x20 || c >= 0x7f:
-			return "", 0, false
-		}
+	end := scanString(b, i)
+	if end < 0 {
+		return "", 0, false
 	}
-	return "", 0, false
+	return s[i+1 : end-1], end, true
 }
