@@ -21,7 +21,7 @@ func benchCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) 
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs in each round")
 	concurrency := fs.Int("concurrency", 32, "concurrent workers (HTTP requests or raw database loops in flight)")
 	scenarios := fs.String("scenarios", strings.Join(bench.AllScenarios, ","),
-		"comma-separated: first, replay, conflict, read, raw-first, raw-replay (raw = both), all")
+		"comma-separated: first, replay, conflict, read, raw-first, raw-replay (raw = both), floor (GET /healthz), all")
 	rate := fs.Float64("rate", 0, "pace to this many requests/s in total (open loop; 0 = as fast as possible)")
 	target := fs.String("target", "", "base URL of an already running API on the same database (default: start one)")
 	nAccounts := fs.Int("accounts", 0, "accounts to spread the load over (default min(concurrency, 16))")

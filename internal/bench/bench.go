@@ -35,11 +35,12 @@ const (
 	ScenarioRead      = "read"       // GET /v1/charges/{id}
 	ScenarioRawFirst  = "raw-first"  // the first-request SQL, straight from a Go loop
 	ScenarioRawReplay = "raw-replay" // the replay SQL, straight from a Go loop
+	ScenarioFloor     = "floor"      // GET /healthz: no database, no JSON, no idempotency
 )
 
 // AllScenarios is the default -scenarios list. "raw" in a list means both
 // raw scenarios.
-var AllScenarios = []string{ScenarioFirst, ScenarioReplay, ScenarioConflict, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay}
+var AllScenarios = []string{ScenarioFirst, ScenarioReplay, ScenarioConflict, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay, ScenarioFloor}
 
 // Limits that bound every loop in count as well as in time.
 const (
@@ -276,7 +277,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	fmt.Fprintln(cfg.Out)
-	printRatios(cfg.Out, results, perRound)
+	printRatios(cfg.Out, results, perRound, cfg.Rate)
+	printFloor(cfg.Out, results, cfg.Rate)
 	if srv != nil {
 		srv.stopSampling()
 		printRSS(cfg.Out, srv.samples())
@@ -545,6 +547,8 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 		if err = r.ensureCharges(ctx, true); err == nil {
 			res = r.rawReplay(ctx)
 		}
+	case ScenarioFloor:
+		res = r.floor(ctx)
 	}
 	return res, true, err
 }
@@ -587,8 +591,13 @@ func find(results []Result, name string) (Result, bool) {
 }
 
 // printRatios prints server throughput over the raw loop's for the same
-// path: over all rounds, and round by round when there were several.
-func printRatios(out io.Writer, results []Result, perRound [][]Result) {
+// path: over all rounds, and round by round when there were several. A paced
+// run holds both to the same pace, so it has no ratio to give.
+func printRatios(out io.Writer, results []Result, perRound [][]Result, rate float64) {
+	if rate > 0 {
+		fmt.Fprintln(out, "ratios to the raw database: none in a paced run (both sides are held to the pace; drop -rate)")
+		return
+	}
 	for _, p := range [][2]string{{ScenarioFirst, ScenarioRawFirst}, {ScenarioReplay, ScenarioRawReplay}} {
 		s, ok1 := find(results, p[0])
 		raw, ok2 := find(results, p[1])
@@ -610,6 +619,23 @@ func printRatios(out io.Writer, results []Result, perRound [][]Result) {
 		}
 		fmt.Fprintln(out)
 	}
+}
+
+// printFloor sets each HTTP scenario's p99 against the floor's, measured
+// in the same run with the same client and pacing. Only a paced run has a
+// floor to compare with: unpaced, each scenario runs at its own saturation.
+func printFloor(out io.Writer, results []Result, rate float64) {
+	f, ok := find(results, ScenarioFloor)
+	if !ok || f.Requests == 0 || rate <= 0 {
+		return
+	}
+	var parts []string
+	for _, name := range []string{ScenarioFirst, ScenarioReplay, ScenarioConflict, ScenarioRead} {
+		if res, ok := find(results, name); ok && res.Requests > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s (+%s)", name, round(res.P99), round(max(res.P99-f.P99, 0))))
+		}
+	}
+	fmt.Fprintf(out, "p99 over the floor (GET /healthz, p99 %s): %s\n", round(f.P99), strings.Join(parts, ", "))
 }
 
 func round(d time.Duration) string {

@@ -132,3 +132,16 @@ func (r *runner) conflict(ctx context.Context) (Result, error) {
 	}
 	return total, nil
 }
+
+// floor is the latency floor of the machine for this client and pacing:
+// GET /healthz, which touches no database and decodes no JSON, through the
+// same server process, connections and pacer as the other scenarios. On a
+// small shared machine most of a replay's p99 can be this floor (wake-ups
+// of idle cores, the scheduler, the hypervisor); the difference between the
+// two is what the API's own work adds.
+func (r *runner) floor(ctx context.Context) Result {
+	return r.drive(ctx, ScenarioFloor, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
+		rep, err := r.do(ctx, r.conns[w], http.MethodGet, "/healthz", w%len(r.accounts), "", nil)
+		return statusOutcome(rep, err, http.StatusOK)
+	})
+}
