@@ -16,39 +16,16 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/idempay/idempay/db"
 )
 
 // ensureDatabase creates the bench database when it does not exist. It
 // refuses the maintenance database: the bench writes millions of rows.
 func ensureDatabase(ctx context.Context, dbURL string) error {
-	cc, err := pgx.ParseConfig(dbURL)
-	if err != nil {
-		return fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	if cc.Database == "" || cc.Database == "postgres" {
-		return errors.New("DATABASE_URL must name a database of its own for the bench (such as idempay_bench), not postgres")
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err == nil {
-		return conn.Close(ctx)
-	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
-		return fmt.Errorf("connecting to the bench database: %w", err)
-	}
-	name := cc.Database
-	cc.Database = "postgres"
-	admin, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return fmt.Errorf("connecting to create database %s: %w", name, err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return fmt.Errorf("creating database %s: %w", name, err)
+	if err := db.CreateDatabase(ctx, dbURL); err != nil {
+		return fmt.Errorf("DATABASE_URL for the bench (such as idempay_bench): %w", err)
 	}
 	return nil
 }

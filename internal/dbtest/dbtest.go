@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -22,7 +21,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
@@ -151,38 +149,13 @@ func open(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// createDatabase creates the database of dbURL through the server's
-// maintenance database when it does not exist. Several test binaries may race
-// here; losing the race is fine.
+// createDatabase creates the test database of dbURL unless it exists (test
+// binaries may race here; that is fine).
 func createDatabase(ctx context.Context, dbURL string) error {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return fmt.Errorf("parsing TEST_DATABASE_URL: %w", err)
+	if err := db.CreateDatabase(ctx, dbURL); err != nil {
+		return fmt.Errorf("TEST_DATABASE_URL: %w", err)
 	}
-	name := strings.TrimPrefix(u.Path, "/")
-	if name == "" || name == "postgres" {
-		return errors.New("TEST_DATABASE_URL must name a database of its own, not postgres")
-	}
-	admin := *u
-	admin.Path = "/postgres"
-	conn, err := pgx.Connect(ctx, admin.String())
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
-		return err
-	}
-	if exists {
-		return nil
-	}
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
-		return nil // created by a concurrent test binary
-	}
-	return err
+	return nil
 }
 
 func redact(s string) string {
