@@ -338,22 +338,17 @@ func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate f
 	conc := r.cfg.Concurrency
 	ctx, cancel := context.WithTimeout(ctx, d+35*time.Second) // a hung request cannot hang the bench
 	defer cancel()
-	type tally struct {
-		h          *histogram
-		statuses   map[string]int
-		unexpected int
-	}
-	tallies := make([]tally, conc)
+	tallies := make([]Result, conc) // each worker's own, folded together at the end
 	for w := range tallies {
-		tallies[w] = tally{h: newHistogram(), statuses: map[string]int{}}
+		tallies[w] = Result{hist: newHistogram(), Statuses: map[string]int{}}
 	}
 	measure := func(w, i int, since time.Time) {
 		o := do(ctx, w, i)
 		t := &tallies[w]
-		t.h.record(time.Since(since))
-		t.statuses[o.status]++
+		t.hist.record(time.Since(since))
+		t.Statuses[o.status]++
 		if !o.ok {
-			t.unexpected++
+			t.Unexpected++
 		}
 	}
 
@@ -416,20 +411,14 @@ func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate f
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	h := newHistogram()
-	res := Result{Name: name, Elapsed: min(elapsed, d), Statuses: map[string]int{}, Concurrency: conc}
+	res := Result{Name: name, Concurrency: conc, hist: newHistogram(), Statuses: map[string]int{}}
+	for _, t := range tallies {
+		res.add(t)
+	}
+	res.Elapsed = min(elapsed, d)
 	if elapsed > d && rate <= 0 {
 		res.Elapsed = elapsed // closed loop: the last requests started before the deadline count in full
 	}
-	for _, t := range tallies {
-		h.merge(t.h)
-		for k, v := range t.statuses {
-			res.Statuses[k] += v
-		}
-		res.Unexpected += t.unexpected
-	}
-	res.hist = h
-	res.summarize()
 	return res
 }
 
