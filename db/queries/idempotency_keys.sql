@@ -1,15 +1,15 @@
 -- name: IdempotencyKeyClaim :one
--- Claims (account_id, key) in one statement. A new key is inserted with
+-- Claims (scope, key) in one statement. A new key is inserted with
 -- lock_generation 1. An existing key is taken over (generation + 1) only when
 -- it is unfinished, its fingerprint matches, and its lock is free or older
 -- than the lock timeout. Otherwise no row is returned and the caller reads
 -- the record to tell replay, mismatch and in-flight apart.
 INSERT INTO idempotency_keys (
-    account_id, key, request_method, request_route, request_fingerprint, locked_at
+    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
 ) VALUES (
-    @account_id, @key, @request_method, @request_route, @request_fingerprint, now()
+    @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint, now()
 )
-ON CONFLICT (account_id, key) DO UPDATE
+ON CONFLICT (scope, key) DO UPDATE
 SET locked_at = now(),
     lock_generation = idempotency_keys.lock_generation + 1,
     updated_at = now()
@@ -19,12 +19,12 @@ WHERE idempotency_keys.recovery_point <> 'finished'
        OR idempotency_keys.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
 RETURNING *;
 
--- name: IdempotencyKeyGetByAccountKey :one
+-- name: IdempotencyKeyGetByScopeKey :one
 -- The read before a claim, and the whole of a replay: only the columns that
 -- tell replay, mismatch and in-flight apart, and the stored response.
 SELECT id, request_fingerprint, recovery_point, locked_at,
        response_status, response_headers, response_body
-FROM idempotency_keys WHERE account_id = @account_id AND key = @key;
+FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
 -- name: IdempotencyKeyFinish :execrows
 -- Stores the final response. Fenced: it matches no row unless the caller
@@ -106,4 +106,28 @@ SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
 FROM idempotency_keys ik
 LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
-WHERE ik.account_id = @account_id AND ik.key = @key;
+WHERE ik.scope = @scope AND ik.key = @key;
+
+-- name: IdempotencyKeyGetByID :one
+-- A record by id, for an entry point that learns of it from elsewhere (a
+-- Stripe event names the record in the object's metadata).
+SELECT * FROM idempotency_keys WHERE id = @id;
+
+-- name: IdempotencyKeySettle :execrows
+-- Finishes a record from outside its own lifecycle, inside the caller's
+-- transaction (a webhook that learns the outcome of a charge whose finishing
+-- commit never happened). It takes the record over (generation + 1), so a
+-- stale owner that wakes up later is fenced, and it matches no row when the
+-- record is already finished.
+UPDATE idempotency_keys
+SET recovery_point = 'finished',
+    response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    lock_generation = lock_generation + 1,
+    locked_at = NULL,
+    last_error = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE id = @id
+  AND recovery_point <> 'finished';

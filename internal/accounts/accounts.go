@@ -25,8 +25,17 @@ import (
 // KeyPrefix starts every API key, so a leaked key is recognisable.
 const KeyPrefix = "sk_idem_"
 
-// Account is the authenticated caller.
-type Account = dbsqlc.Account
+// Account is the authenticated caller, as handlers see it: never with its
+// key's hash.
+type Account struct {
+	ID        string
+	Name      string
+	CreatedAt time.Time
+}
+
+func accountOf(row dbsqlc.Account) Account {
+	return Account{ID: row.ID, Name: row.Name, CreatedAt: row.CreatedAt}
+}
 
 // Create inserts an account and returns it with its API key, which is not
 // stored and cannot be shown again.
@@ -41,11 +50,11 @@ func Create(ctx context.Context, dbtx dbsqlc.DBTX, name string) (Account, string
 	}
 	key := KeyPrefix + hex.EncodeToString(raw)
 	hash := hashKey(key)
-	acct, err := dbsqlc.New().AccountInsert(ctx, dbtx, name, hash[:])
+	row, err := dbsqlc.New().AccountInsert(ctx, dbtx, name, hash[:])
 	if err != nil {
 		return Account{}, "", fmt.Errorf("inserting account: %w", err)
 	}
-	return acct, key, nil
+	return accountOf(row), key, nil
 }
 
 // hashKey is what is stored and looked up instead of the key itself.
@@ -98,10 +107,11 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, 
 			return c.acct, nil
 		}
 	}
-	acct, err := dbsqlc.New().AccountGetByAPIKeyHash(ctx, a.db, hash[:])
+	row, err := dbsqlc.New().AccountGetByAPIKeyHash(ctx, a.db, hash[:])
 	if err != nil {
 		return Account{}, db.NotFound(err)
 	}
+	acct := accountOf(row)
 	if a.ttl > 0 {
 		a.mu.Lock()
 		if len(a.cache) >= maxCachedKeys {

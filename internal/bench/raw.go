@@ -30,7 +30,7 @@ var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/char
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
-	if _, err := q.IdempotencyKeyGetByAccountKey(ctx, r.pool, a.id, key); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, a.id, key); !errors.Is(err, pgx.ErrNoRows) {
 		return charge{}, fmt.Errorf("replay read: want a miss, got %v", err)
 	}
 	body := chargeBody(i)
@@ -41,7 +41,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	}
 	c, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (claimed, error) {
 		rec, err := q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
-			AccountID: a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
+			Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
 			RequestFingerprint: fp[:], LockTimeoutSeconds: 60,
 		})
 		if err != nil {
@@ -119,7 +119,7 @@ func (r *runner) rawReplay(ctx context.Context) Result {
 	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		a := r.accounts[c.acct]
-		if _, err := q.IdempotencyKeyGetByAccountKey(ctx, r.pool, a.id, c.key); err != nil {
+		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, a.id, c.key); err != nil {
 			return outcome{status: "error"}
 		}
 		return outcome{status: "ok", ok: true}

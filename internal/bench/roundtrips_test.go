@@ -123,7 +123,7 @@ func TestRoundTrips(t *testing.T) {
 
 	first, prepares := tr.record(func() { post("first") })
 	wantFirst := []string{
-		"IdempotencyKeyGetByAccountKey",
+		"IdempotencyKeyGetByScopeKey",
 		"begin", "IdempotencyKeyClaim", "ChargeInsert", "commit",
 		"begin", "ChargeSetOutcome", "IdempotencyKeyFinish", "commit",
 	}
@@ -140,7 +140,7 @@ func TestRoundTrips(t *testing.T) {
 	if resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("second POST was not a replay: %+v", resp.Header)
 	}
-	wantReplay := []string{"IdempotencyKeyGetByAccountKey"}
+	wantReplay := []string{"IdempotencyKeyGetByScopeKey"}
 	if !slices.Equal(replay, wantReplay) || prepares != 0 {
 		t.Errorf("replay ran %s (+%d prepares), want exactly %s and no write", strings.Join(replay, ", "), prepares, strings.Join(wantReplay, ", "))
 	}
@@ -173,7 +173,7 @@ func TestReplayReadIsIndexScan(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN SELECT * FROM idempotency_keys WHERE account_id = $1 AND key = $2", "acct_x", "k")
+	rows, err := tx.Query(ctx, "EXPLAIN SELECT * FROM idempotency_keys WHERE scope = $1 AND key = $2", "acct_x", "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestReplayReadIsIndexScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := strings.Join(plan, "\n")
-	if !strings.Contains(text, "Index Scan using idempotency_keys_account_id_key_unique") {
+	if !strings.Contains(text, "Index Scan using idempotency_keys_scope_key_unique") {
 		t.Errorf("replay read is not a unique-index scan:\n%s", text)
 	}
 	t.Logf("plan:\n%s", text)

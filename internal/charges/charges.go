@@ -25,6 +25,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 )
 
 // Routes, as fingerprinted and stored on idempotency records.
@@ -64,37 +65,27 @@ func (s *Service) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 	g.GET("/idempotency_keys/:key", s.getIdempotencyKey, m...)
 }
 
-// run is the shared shape of every POST: validate the key, read and check
-// the body, fingerprint it, and hand the operation to the runner. Anything
-// rejected here never touches the idempotency table.
+// run is the shared shape of every POST: the front half (key, body,
+// fingerprint; idemhttp.Read), the body's own validation, then the runner.
+// Anything rejected before the runner never touches the idempotency table.
 func (s *Service) run(c echo.Context, route string, params interface{ validate() error },
 	op func(acct accounts.Account) idempotency.Operation) error {
 	acct := accounts.FromContext(c)
-	key, err := idempotency.ParseKey(c.Request().Header.Get(idempotency.HeaderKey))
+	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), route)
 	if err != nil {
 		return err
 	}
-	raw, canonical, err := readJSON(c)
-	if err != nil {
-		return err
-	}
-	if err := decodeStrict(raw, params); err != nil {
+	if err := decodeStrict(req.Body, params); err != nil {
 		return err
 	}
 	if err := params.validate(); err != nil {
 		return err
 	}
-	resp, err := s.runner.Run(c.Request().Context(), idempotency.Request{
-		AccountID:   acct.ID,
-		Key:         key,
-		Method:      http.MethodPost,
-		Route:       route,
-		Fingerprint: idempotency.Fingerprint(http.MethodPost, route, canonical),
-	}, op(acct))
+	resp, err := s.runner.Run(c.Request().Context(), req, op(acct))
 	if err != nil {
-		return err
+		return idemhttp.Problem(err)
 	}
-	resp.Write(c.Response())
+	idemhttp.Write(c.Response(), resp)
 	return nil
 }
 
@@ -111,7 +102,7 @@ type chargeOp struct {
 	s         *Service
 	params    *chargeParams // nil when resumed
 	accountID string
-	charge    *dbsqlc.Charge // set by Begin, or loaded by Execute on resume
+	charge    *dbsqlc.Charge // set by Begin, or by Load on resume
 	metadata  map[string]string
 }
 
@@ -136,25 +127,29 @@ func (op *chargeOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Recor
 	return nil
 }
 
-func (op *chargeOp) Execute(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	if op.charge == nil {
-		ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
-		if err != nil {
-			return idempotency.Step{Unknown: fmt.Errorf("loading charge of record %s: %w", rec.ID, err)}
-		}
-		if err := json.Unmarshal(ch.Metadata, &op.metadata); err != nil {
-			return idempotency.Step{Unknown: fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)}
-		}
-		op.charge = &ch
+// Load reads the ledger row of a record begun elsewhere.
+func (op *chargeOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
+	ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+	if err != nil {
+		return fmt.Errorf("loading charge: %w", err)
 	}
+	if err := json.Unmarshal(ch.Metadata, &op.metadata); err != nil {
+		return fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)
+	}
+	op.charge = &ch
+	return nil
+}
+
+// Call creates the Stripe charge with the record's downstream key.
+func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch, metadata := *op.charge, op.metadata
 
-	sc, err := op.s.stripe.CreateCharge(ctx, rec.DownstreamKey(), ch, metadata)
+	sc, err := op.s.stripe.CreateCharge(ctx, rec, ch, metadata)
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
-		return idempotency.Step{Unknown: err}
+		return idempotency.Unknown(err)
 	}
-	return idempotency.Step{Finish: func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
 		set := &dbsqlc.ChargeSetOutcomeParams{ID: ch.ID}
 		if kind == outcomeOK {
 			set.Status = stripeStatus(string(sc.Status))
@@ -173,7 +168,7 @@ func (op *chargeOp) Execute(ctx context.Context, rec *idempotency.Record) idempo
 			return created(RouteCharges+"/"+updated.ID, chargeJSON(updated))
 		}
 		return failedResponse(kind, se, "charge", updated.ID), nil
-	}}
+	})
 }
 
 // stripeStatus maps a Stripe charge status onto the ledger's statuses.

@@ -5,22 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
-	"net/http"
 	"regexp"
 	"strings"
 	"unicode/utf8"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/idempay/idempay/internal/apierror"
-	"github.com/idempay/idempay/internal/idempotency"
 )
 
 // Limits of the request format, documented in the README.
 const (
-	MaxBodyBytes      = 1 << 20 // 1 MiB
 	MaxAmount         = 99_999_999
 	MaxDescription    = 1000
 	MaxMetadataKeys   = 40
@@ -44,56 +37,6 @@ var (
 	paymentMethodPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 	chargeIDPattern      = regexp.MustCompile(`^ch_[a-z0-9]+$`)
 )
-
-// readJSON reads a mutating request's body: it must be application/json, at
-// most MaxBodyBytes, and one JSON value. It returns the raw bytes and their
-// canonical form (for the fingerprint).
-func readJSON(c echo.Context) (raw, canonical []byte, err error) {
-	ct := c.Request().Header.Get(echo.HeaderContentType)
-	if mt, _, perr := mime.ParseMediaType(ct); perr != nil || mt != echo.MIMEApplicationJSON {
-		return nil, nil, apierror.New(apierror.UnsupportedMediaType,
-			"Send the request body as JSON with Content-Type: application/json.")
-	}
-	raw, err = readBody(http.MaxBytesReader(c.Response(), c.Request().Body, MaxBodyBytes), c.Request().ContentLength)
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		return nil, nil, apierror.Newf(apierror.BodyTooLarge, "The request body exceeds %d bytes.", MaxBodyBytes)
-	}
-	if err != nil {
-		return nil, nil, apierror.New(apierror.InvalidJSON, "The request body could not be read.")
-	}
-	canonical, err = idempotency.Canonicalize(raw)
-	if err != nil {
-		return nil, nil, apierror.Newf(apierror.InvalidJSON, "The request body is not valid JSON: %v.",
-			strings.TrimPrefix(err.Error(), idempotency.ErrInvalidJSON.Error()+": "))
-	}
-	return raw, canonical, nil
-}
-
-// readBody is io.ReadAll with a first buffer of the declared length (plus
-// one byte, to see the end), instead of ReadAll's 512 bytes and growth: on
-// the replay path this is one of the larger allocations. The declared length
-// only sizes the buffer; the reader (and MaxBytesReader) decide what is read.
-func readBody(r io.Reader, declared int64) ([]byte, error) {
-	size := 512
-	if declared > 0 && declared < MaxBodyBytes {
-		size = int(declared) + 1
-	}
-	b := make([]byte, 0, size)
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // grow
-		}
-	}
-}
 
 // decodeStrict decodes a JSON object into dst, rejecting unknown fields and
 // wrong types with a problem that names the field.

@@ -68,26 +68,30 @@ func (op *refundOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Recor
 	return nil
 }
 
-func (op *refundOp) Execute(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	if op.refund == nil {
-		rf, err := op.s.q.RefundGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
-		if err != nil {
-			return idempotency.Step{Unknown: fmt.Errorf("loading refund of record %s: %w", rec.ID, err)}
-		}
-		op.refund = &rf
+// Load reads the ledger row of a record begun elsewhere.
+func (op *refundOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
+	rf, err := op.s.q.RefundGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+	if err != nil {
+		return fmt.Errorf("loading refund: %w", err)
 	}
+	op.refund = &rf
+	return nil
+}
+
+// Call creates the Stripe refund with the record's downstream key.
+func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	rf := *op.refund
 	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, rf.AccountID, rf.ChargeID)
 	if err != nil {
-		return idempotency.Step{Unknown: fmt.Errorf("loading charge of refund %s: %w", rf.ID, err)}
+		return idempotency.Unknown(fmt.Errorf("loading charge of refund %s: %w", rf.ID, err))
 	}
 
-	sr, err := op.s.stripe.CreateRefund(ctx, rec.DownstreamKey(), *ch.StripeChargeID, rf)
+	sr, err := op.s.stripe.CreateRefund(ctx, rec, *ch.StripeChargeID, rf)
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
-		return idempotency.Step{Unknown: err}
+		return idempotency.Unknown(err)
 	}
-	return idempotency.Step{Finish: func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
 		set := &dbsqlc.RefundSetOutcomeParams{ID: rf.ID}
 		if kind == outcomeOK {
 			set.Status = stripeStatus(string(sr.Status))
@@ -108,7 +112,7 @@ func (op *refundOp) Execute(ctx context.Context, rec *idempotency.Record) idempo
 			return created(RouteRefunds+"/"+updated.ID, refundJSON(updated))
 		}
 		return failedResponse(kind, se, "refund", updated.ID), nil
-	}}
+	})
 }
 
 // Refund is the API representation of a refund.

@@ -15,7 +15,12 @@ import (
 	"github.com/stripe/stripe-go/v76/refund"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
 )
+
+// MetadataRecord is the Stripe metadata key under which every charge and
+// refund idempay creates carries its idempotency record's id.
+const MetadataRecord = "idempay_record"
 
 // StripeConfig configures the Stripe port.
 type StripeConfig struct {
@@ -164,8 +169,9 @@ func classify(err error) (outcome, *stripe.Error) {
 }
 
 // CreateCharge creates the Stripe charge for a ledger row, with the record's
-// downstream idempotency key.
-func (s *Stripe) CreateCharge(ctx context.Context, downstreamKey string, ch dbsqlc.Charge, metadata map[string]string) (*stripe.Charge, error) {
+// downstream idempotency key and its id in the charge's metadata
+// (idempay_record), so that a Stripe event about the charge finds the record.
+func (s *Stripe) CreateCharge(ctx context.Context, rec *idempotency.Record, ch dbsqlc.Charge, metadata map[string]string) (*stripe.Charge, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	params := &stripe.ChargeParams{
@@ -175,10 +181,11 @@ func (s *Stripe) CreateCharge(ctx context.Context, downstreamKey string, ch dbsq
 		Description: ch.Description,
 	}
 	params.Context = ctx
-	params.SetIdempotencyKey(downstreamKey)
+	params.SetIdempotencyKey(rec.DownstreamKey())
 	for k, v := range metadata {
 		params.AddMetadata(k, v)
 	}
+	params.AddMetadata(MetadataRecord, rec.ID)
 	params.AddMetadata("idempay_charge_id", ch.ID)
 	start := time.Now()
 	sc, err := s.charges.New(params)
@@ -190,8 +197,8 @@ func (s *Stripe) CreateCharge(ctx context.Context, downstreamKey string, ch dbsq
 }
 
 // CreateRefund refunds amount of a Stripe charge, with the record's
-// downstream idempotency key.
-func (s *Stripe) CreateRefund(ctx context.Context, downstreamKey, stripeChargeID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
+// downstream idempotency key and its id in the refund's metadata.
+func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, stripeChargeID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	params := &stripe.RefundParams{
@@ -199,7 +206,8 @@ func (s *Stripe) CreateRefund(ctx context.Context, downstreamKey, stripeChargeID
 		Amount: stripe.Int64(rf.Amount),
 	}
 	params.Context = ctx
-	params.SetIdempotencyKey(downstreamKey)
+	params.SetIdempotencyKey(rec.DownstreamKey())
+	params.AddMetadata(MetadataRecord, rec.ID)
 	params.AddMetadata("idempay_refund_id", rf.ID)
 	start := time.Now()
 	r, err := s.refunds.New(params)

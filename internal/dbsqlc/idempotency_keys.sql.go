@@ -12,23 +12,24 @@ import (
 
 const idempotencyKeyClaim = `-- name: IdempotencyKeyClaim :one
 INSERT INTO idempotency_keys (
-    account_id, key, request_method, request_route, request_fingerprint, locked_at
+    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
 ) VALUES (
-    $1, $2, $3, $4, $5, now()
+    $1, $2, $3, $4, $5, $6, now()
 )
-ON CONFLICT (account_id, key) DO UPDATE
+ON CONFLICT (scope, key) DO UPDATE
 SET locked_at = now(),
     lock_generation = idempotency_keys.lock_generation + 1,
     updated_at = now()
 WHERE idempotency_keys.recovery_point <> 'finished'
   AND idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint
   AND (idempotency_keys.locked_at IS NULL
-       OR idempotency_keys.locked_at < now() - make_interval(secs => $6::float8))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
+       OR idempotency_keys.locked_at < now() - make_interval(secs => $7::float8))
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
 `
 
 type IdempotencyKeyClaimParams struct {
-	AccountID          string
+	Scope              string
+	AccountID          *string
 	Key                string
 	RequestMethod      string
 	RequestRoute       string
@@ -36,13 +37,14 @@ type IdempotencyKeyClaimParams struct {
 	LockTimeoutSeconds float64
 }
 
-// Claims (account_id, key) in one statement. A new key is inserted with
+// Claims (scope, key) in one statement. A new key is inserted with
 // lock_generation 1. An existing key is taken over (generation + 1) only when
 // it is unfinished, its fingerprint matches, and its lock is free or older
 // than the lock timeout. Otherwise no row is returned and the caller reads
 // the record to tell replay, mismatch and in-flight apart.
 func (q *Queries) IdempotencyKeyClaim(ctx context.Context, db DBTX, arg *IdempotencyKeyClaimParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, idempotencyKeyClaim,
+		arg.Scope,
 		arg.AccountID,
 		arg.Key,
 		arg.RequestMethod,
@@ -70,6 +72,7 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, db DBTX, arg *Idempot
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.Scope,
 	)
 	return i, err
 }
@@ -90,7 +93,7 @@ WHERE id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
@@ -132,6 +135,7 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.Scope,
 		); err != nil {
 			return nil, err
 		}
@@ -204,13 +208,46 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return result.RowsAffected(), nil
 }
 
-const idempotencyKeyGetByAccountKey = `-- name: IdempotencyKeyGetByAccountKey :one
-SELECT id, request_fingerprint, recovery_point, locked_at,
-       response_status, response_headers, response_body
-FROM idempotency_keys WHERE account_id = $1 AND key = $2
+const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
+SELECT id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope FROM idempotency_keys WHERE id = $1
 `
 
-type IdempotencyKeyGetByAccountKeyRow struct {
+// A record by id, for an entry point that learns of it from elsewhere (a
+// Stripe event names the record in the object's metadata).
+func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, id string) (IdempotencyKey, error) {
+	row := db.QueryRow(ctx, idempotencyKeyGetByID, id)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.Key,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.RequestFingerprint,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.LockedAt,
+		&i.Attempts,
+		&i.NextAttemptAt,
+		&i.LastError,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.FinishedAt,
+		&i.Scope,
+	)
+	return i, err
+}
+
+const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
+SELECT id, request_fingerprint, recovery_point, locked_at,
+       response_status, response_headers, response_body
+FROM idempotency_keys WHERE scope = $1 AND key = $2
+`
+
+type IdempotencyKeyGetByScopeKeyRow struct {
 	ID                 string
 	RequestFingerprint []byte
 	RecoveryPoint      string
@@ -222,9 +259,9 @@ type IdempotencyKeyGetByAccountKeyRow struct {
 
 // The read before a claim, and the whole of a replay: only the columns that
 // tell replay, mismatch and in-flight apart, and the stored response.
-func (q *Queries) IdempotencyKeyGetByAccountKey(ctx context.Context, db DBTX, accountID string, key string) (IdempotencyKeyGetByAccountKeyRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByAccountKey, accountID, key)
-	var i IdempotencyKeyGetByAccountKeyRow
+func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, scope string, key string) (IdempotencyKeyGetByScopeKeyRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyGetByScopeKey, scope, key)
+	var i IdempotencyKeyGetByScopeKeyRow
 	err := row.Scan(
 		&i.ID,
 		&i.RequestFingerprint,
@@ -247,7 +284,7 @@ SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
 FROM idempotency_keys ik
 LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
-WHERE ik.account_id = $1 AND ik.key = $2
+WHERE ik.scope = $1 AND ik.key = $2
 `
 
 type IdempotencyKeyInspectRow struct {
@@ -272,8 +309,8 @@ type IdempotencyKeyInspectRow struct {
 // One account's record with the id of the ledger row it created, for GET
 // /v1/idempotency_keys/{key}. It selects the state only: never the stored
 // response body or headers, nor the fingerprint.
-func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, accountID string, key string) (IdempotencyKeyInspectRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyInspect, accountID, key)
+func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, scope string, key string) (IdempotencyKeyInspectRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyInspect, scope, key)
 	var i IdempotencyKeyInspectRow
 	err := row.Scan(
 		&i.ID,
@@ -325,6 +362,46 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *Idemp
 		arg.RetryInSeconds,
 		arg.ID,
 		arg.LockGeneration,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const idempotencyKeySettle = `-- name: IdempotencyKeySettle :execrows
+UPDATE idempotency_keys
+SET recovery_point = 'finished',
+    response_status = $1,
+    response_headers = $2,
+    response_body = $3,
+    lock_generation = lock_generation + 1,
+    locked_at = NULL,
+    last_error = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE id = $4
+  AND recovery_point <> 'finished'
+`
+
+type IdempotencyKeySettleParams struct {
+	ResponseStatus  *int32
+	ResponseHeaders []byte
+	ResponseBody    []byte
+	ID              string
+}
+
+// Finishes a record from outside its own lifecycle, inside the caller's
+// transaction (a webhook that learns the outcome of a charge whose finishing
+// commit never happened). It takes the record over (generation + 1), so a
+// stale owner that wakes up later is fenced, and it matches no row when the
+// record is already finished.
+func (q *Queries) IdempotencyKeySettle(ctx context.Context, db DBTX, arg *IdempotencyKeySettleParams) (int64, error) {
+	result, err := db.Exec(ctx, idempotencyKeySettle,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.ID,
 	)
 	if err != nil {
 		return 0, err

@@ -35,7 +35,7 @@ type Charge struct {
 
 type IdempotencyKey struct {
 	ID                 string
-	AccountID          string
+	AccountID          *string
 	Key                string
 	RequestMethod      string
 	RequestRoute       string
@@ -52,6 +52,7 @@ type IdempotencyKey struct {
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
 	FinishedAt         *time.Time
+	Scope              string
 }
 
 type Refund struct {

@@ -37,9 +37,9 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 		finished int
 	)
 	for _, row := range rows {
-		rec := &Record{row}
+		rec := recordOf(row)
 		log := r.log.With("idempotency_key_id", rec.ID)
-		resume := r.resumers[rec.RequestMethod+" "+rec.RequestRoute] // the claim only returns registered routes
+		resume := r.resumers[rec.Method+" "+rec.Route] // the claim only returns registered routes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
-	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -89,13 +89,13 @@ const testRoute = "/test/ops"
 
 func request(accountID, key string) idempotency.Request {
 	return idempotency.Request{
-		AccountID: accountID, Key: key, Method: http.MethodPost, Route: testRoute,
+		Scope: idempotency.AccountScope(accountID), Key: key, Method: http.MethodPost, Route: testRoute, Path: testRoute,
 		Fingerprint: idempotency.Fingerprint(http.MethodPost, testRoute, []byte(`{"amount":100}`)),
 	}
 }
 
 // testOp is an Operation whose Begin writes a real ledger row (a charge) and
-// whose Execute is supplied by the test. Execute calls are counted.
+// whose Call is supplied by the test. Calls are counted.
 type testOp struct {
 	pool      *pgxpool.Pool
 	accountID string
@@ -109,7 +109,10 @@ func (o *testOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) 
 	return err
 }
 
-func (o *testOp) Execute(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+// Load has nothing to read: the test's Call carries its own state.
+func (o *testOp) Load(context.Context, dbsqlc.DBTX, *idempotency.Record) error { return nil }
+
+func (o *testOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	o.calls.Add(1)
 	return o.execute(ctx, rec)
 }
@@ -119,7 +122,7 @@ func (o *testOp) Execute(ctx context.Context, rec *idempotency.Record) idempoten
 // with stripe_charge_id = owner and inserts one more ledger row described
 // "written by <owner>", so a test can count whose writes committed.
 func finishFor(rec *idempotency.Record, owner string) idempotency.Step {
-	return idempotency.Step{Finish: func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
 		if _, err := tx.Exec(ctx, `UPDATE charges SET status = 'succeeded', stripe_charge_id = $1, updated_at = now()
 			WHERE idempotency_key_id = $2`, owner, rec.ID); err != nil {
 			return idempotency.Response{}, fmt.Errorf("updating ledger row: %w", err)
@@ -131,7 +134,7 @@ func finishFor(rec *idempotency.Record, owner string) idempotency.Step {
 		return idempotency.Response{Status: http.StatusCreated,
 			Header: http.Header{"Content-Type": {"application/json"}},
 			Body:   []byte(`{"owner":"` + owner + `"}`)}, nil
-	}}
+	})
 }
 
 // recordState is the stored state of one record.
@@ -168,15 +171,14 @@ func countWritten(t *testing.T, pool *pgxpool.Pool, accountID, owner string) int
 	return n
 }
 
-// requireProblem fails unless err is a problem of type typ with the status
-// of that type.
-func requireProblem(t *testing.T, err error, typ apierror.Type, status int) *apierror.Error {
+// requireKind fails unless err is an *idempotency.Error of that kind.
+func requireKind(t *testing.T, err error, kind error) *idempotency.Error {
 	t.Helper()
-	var pe *apierror.Error
-	if !errors.As(err, &pe) || pe.Type != typ || pe.Status() != status {
-		t.Fatalf("got error %v, want a %d %s problem", err, status, typ)
+	var ie *idempotency.Error
+	if !errors.As(err, &ie) || !errors.Is(err, kind) {
+		t.Fatalf("got error %v, want %v", err, kind)
 	}
-	return pe
+	return ie
 }
 
 // stalledOwner starts Run with an operation whose Execute signals that it
@@ -267,7 +269,7 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
-	requireProblem(t, awaitErr(t, result), apierror.RequestInProgress, http.StatusConflict)
+	requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
 	if n := countWritten(t, d.Pool, d.AccountID, "stalled"); n != 0 {
 		t.Errorf("the fenced owner committed %d ledger rows", n)
 	}
@@ -303,7 +305,7 @@ func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 		t.Fatalf("CompleteDue of the runner with the route: %d, %v; want 1", n, err)
 	}
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
-	requireProblem(t, awaitErr(t, result), apierror.RequestInProgress, http.StatusConflict)
+	requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
 }
 
 // TestCompleterResumesAfterBackoff: after an unknown downstream outcome the
@@ -316,13 +318,11 @@ func TestCompleterResumesAfterBackoff(t *testing.T) {
 	r, resumed, _ := newCompleterRunner(t, d, 300*time.Millisecond)
 
 	first := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
-		return idempotency.Step{Unknown: errors.New("read tcp: i/o timeout")}
+		return idempotency.Unknown(errors.New("read tcp: i/o timeout"))
 	}}
 	_, err := r.Run(context.Background(), request(d.AccountID, "unknown"), first)
 	releasedAt := time.Now()
-	if pe := requireProblem(t, err, apierror.DownstreamUnavailable, http.StatusServiceUnavailable); pe.RetryAfter <= 0 {
-		t.Errorf("503 without Retry-After")
-	}
+	requireKind(t, err, idempotency.ErrUnknownOutcome)
 	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
 	if rec.RecoveryPoint != idempotency.PointDownstreamCalled || rec.LockedAt != nil || rec.Attempts != 1 || rec.LastError == nil {
 		t.Fatalf("record after an unknown outcome: %+v", rec)
@@ -366,7 +366,7 @@ func TestCompleterConcurrentPassesNeverShareARecord(t *testing.T) {
 	cfg.CompleterBatch = 8
 
 	unknown := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
-		return idempotency.Step{Unknown: errors.New("stripe: 500")}
+		return idempotency.Unknown(errors.New("stripe: 500"))
 	}}
 	setup := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 	for i := range nRecords {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -35,10 +34,7 @@ func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *te
 		if err == nil {
 			return resp, conflicts
 		}
-		pe := requireProblem(t, err, apierror.RequestInProgress, http.StatusConflict)
-		if pe.RetryAfter <= 0 {
-			t.Fatalf("409 without Retry-After")
-		}
+		requireKind(t, err, idempotency.ErrInFlight)
 		if op.calls.Load() != 0 {
 			t.Fatalf("a request rejected with 409 executed the operation")
 		}
@@ -76,7 +72,7 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
-	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 
 	if n := countWritten(t, d.Pool, d.AccountID, "A"); n != 0 {
 		t.Errorf("stale owner A committed %d ledger rows", n)
@@ -97,7 +93,7 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 
 	never := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
 		t.Error("a replay executed the operation")
-		return idempotency.Step{Unknown: errors.New("unreachable")}
+		return idempotency.Unknown(errors.New("unreachable"))
 	}}
 	replay, err := r.Run(context.Background(), request(d.AccountID, "k"), never)
 	if err != nil || !replay.Replayed || string(replay.Body) != `{"owner":"B"}` || replay.Status != http.StatusCreated {
@@ -120,9 +116,9 @@ func TestFencingStaleOwnerRelease(t *testing.T) {
 	before := readRecord(t, d.Pool, d.AccountID, "k")
 
 	release(func(*idempotency.Record) idempotency.Step {
-		return idempotency.Step{Unknown: errors.New("context deadline exceeded")}
+		return idempotency.Unknown(errors.New("context deadline exceeded"))
 	})
-	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 
 	after := readRecord(t, d.Pool, d.AccountID, "k")
 	if after.RecoveryPoint != idempotency.PointFinished || after.Attempts != before.Attempts || after.LastError != nil ||
@@ -159,8 +155,7 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	go func() {
 		for i := 0; ; i++ {
 			resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
-			var pe *apierror.Error
-			if i < 100 && errors.As(err, &pe) && pe.Type == apierror.RequestInProgress {
+			if i < 100 && errors.Is(err, idempotency.ErrInFlight) {
 				time.Sleep(20 * time.Millisecond) // A's lock not expired yet
 				continue
 			}
@@ -175,7 +170,7 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	}
 
 	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
-	requireProblem(t, awaitErr(t, resultA), apierror.RequestInProgress, http.StatusConflict)
+	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointStarted || rec.LockGeneration != 2 {
 		t.Errorf("A's late Finish changed the record B owns: %+v", rec)
 	}

@@ -2,13 +2,9 @@ package idempotency
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/idempay/idempay/internal/apierror"
 )
 
 // MaxKeyLength is the longest Idempotency-Key accepted, in characters.
@@ -24,24 +20,24 @@ const HeaderKey = "Idempotency-Key"
 func ParseKey(header string) (string, error) {
 	v := strings.TrimSpace(header)
 	if v == "" {
-		return "", apierror.New(apierror.IdempotencyKeyMissing,
+		return "", refuse(ErrKeyMissing,
 			"Send an Idempotency-Key header (1 to 255 printable ASCII characters) with every POST.")
 	}
 	if len(v) >= 2 && v[0] == '"' {
 		unquoted, ok := parseSFString(v)
 		if !ok {
-			return "", apierror.New(apierror.IdempotencyKeyInvalid,
+			return "", refuse(ErrKeyInvalid,
 				"The quoted Idempotency-Key is not a valid Structured Field string.")
 		}
 		v = unquoted
 	}
 	if v == "" || len(v) > MaxKeyLength {
-		return "", apierror.Newf(apierror.IdempotencyKeyInvalid,
-			"The Idempotency-Key must be 1 to %d characters long.", MaxKeyLength)
+		return "", refuse(ErrKeyInvalid,
+			fmt.Sprintf("The Idempotency-Key must be 1 to %d characters long.", MaxKeyLength))
 	}
 	for i := 0; i < len(v); i++ {
 		if v[i] < 0x20 || v[i] > 0x7e {
-			return "", apierror.New(apierror.IdempotencyKeyInvalid,
+			return "", refuse(ErrKeyInvalid,
 				"The Idempotency-Key may contain only printable ASCII characters.")
 		}
 	}
@@ -74,9 +70,6 @@ func parseSFString(s string) (string, bool) {
 	}
 	return b.String(), true
 }
-
-// ErrInvalidJSON is returned by Canonicalize for a body that is not one JSON value.
-var ErrInvalidJSON = errors.New("invalid JSON")
 
 // Canonicalize returns the canonical form of a JSON body: parsed, object keys
 // sorted, no insignificant whitespace, numbers kept as written. Two bodies
@@ -124,16 +117,4 @@ func canonicalizeReference(body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-// Fingerprint identifies a logical request: SHA-256 over the method, the
-// route pattern (not the raw path) and the canonical body.
-func Fingerprint(method, route string, canonicalBody []byte) []byte {
-	h := sha256.New()
-	h.Write([]byte(method))
-	h.Write([]byte{0})
-	h.Write([]byte(route))
-	h.Write([]byte{0})
-	h.Write(canonicalBody)
-	return h.Sum(nil)
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -16,56 +15,52 @@ func TestParseKey(t *testing.T) {
 	max := strings.Repeat("k", idempotency.MaxKeyLength)
 	for _, tc := range []struct {
 		name, header string
-		want         string        // the key, when valid
-		err          apierror.Type // the problem, when not
+		want         string // the key, when valid
+		err          error  // the refusal, when not
 	}{
-		{"bare", "abc", "abc", ""},
-		{"bare uuid", "6f1c3a2e-0b7d-4c1e-9a55-2f0d8f1b7c11", "6f1c3a2e-0b7d-4c1e-9a55-2f0d8f1b7c11", ""},
-		{"surrounding space trimmed", "  abc\t", "abc", ""},
-		{"inner space kept", "a b", "a b", ""},
-		{"printable punctuation", `!#$%&'()*+,-./:;<=>?@[\]^_{|}~`, `!#$%&'()*+,-./:;<=>?@[\]^_{|}~`, ""},
-		{"one character", "x", "x", ""},
-		{"max length", max, max, ""},
-		{"quoted", `"abc"`, "abc", ""},
-		{"quoted with escaped quote", `"a\"b"`, `a"b`, ""},
-		{"quoted with escaped backslash", `"a\\b"`, `a\b`, ""},
-		{"quoted max length", `"` + max + `"`, max, ""},
-		{"quoted with space", `" a "`, " a ", ""},
+		{"bare", "abc", "abc", nil},
+		{"bare uuid", "6f1c3a2e-0b7d-4c1e-9a55-2f0d8f1b7c11", "6f1c3a2e-0b7d-4c1e-9a55-2f0d8f1b7c11", nil},
+		{"surrounding space trimmed", "  abc\t", "abc", nil},
+		{"inner space kept", "a b", "a b", nil},
+		{"printable punctuation", `!#$%&'()*+,-./:;<=>?@[\]^_{|}~`, `!#$%&'()*+,-./:;<=>?@[\]^_{|}~`, nil},
+		{"one character", "x", "x", nil},
+		{"max length", max, max, nil},
+		{"quoted", `"abc"`, "abc", nil},
+		{"quoted with escaped quote", `"a\"b"`, `a"b`, nil},
+		{"quoted with escaped backslash", `"a\\b"`, `a\b`, nil},
+		{"quoted max length", `"` + max + `"`, max, nil},
+		{"quoted with space", `" a "`, " a ", nil},
 
-		{"empty", "", "", apierror.IdempotencyKeyMissing},
-		{"blank", "   ", "", apierror.IdempotencyKeyMissing},
-		{"too long", max + "k", "", apierror.IdempotencyKeyInvalid},
-		{"10 kB", strings.Repeat("k", 10_000), "", apierror.IdempotencyKeyInvalid},
-		{"quoted too long", `"` + max + `k"`, "", apierror.IdempotencyKeyInvalid},
-		{"quoted empty", `""`, "", apierror.IdempotencyKeyInvalid},
-		{"non-ASCII", "clé", "", apierror.IdempotencyKeyInvalid},
-		{"emoji", "key-\U0001F600", "", apierror.IdempotencyKeyInvalid},
-		{"NUL", "a\x00b", "", apierror.IdempotencyKeyInvalid},
-		{"tab inside", "a\tb", "", apierror.IdempotencyKeyInvalid},
-		{"newline inside", "a\nb", "", apierror.IdempotencyKeyInvalid},
-		{"DEL", "a\x7fb", "", apierror.IdempotencyKeyInvalid},
-		{"unterminated quote", `"abc`, "", apierror.IdempotencyKeyInvalid},
-		{"unescaped inner quote", `"a"b"`, "", apierror.IdempotencyKeyInvalid},
-		{"bad escape", `"a\nb"`, "", apierror.IdempotencyKeyInvalid},
-		{"trailing backslash", `"ab\"`, "", apierror.IdempotencyKeyInvalid},
-		{"quoted non-ASCII", `"clé"`, "", apierror.IdempotencyKeyInvalid},
-		{"quoted control", "\"a\x01b\"", "", apierror.IdempotencyKeyInvalid},
-		{"data after the quoted string", `"abc";x`, "", apierror.IdempotencyKeyInvalid},
+		{"empty", "", "", idempotency.ErrKeyMissing},
+		{"blank", "   ", "", idempotency.ErrKeyMissing},
+		{"too long", max + "k", "", idempotency.ErrKeyInvalid},
+		{"10 kB", strings.Repeat("k", 10_000), "", idempotency.ErrKeyInvalid},
+		{"quoted too long", `"` + max + `k"`, "", idempotency.ErrKeyInvalid},
+		{"quoted empty", `""`, "", idempotency.ErrKeyInvalid},
+		{"non-ASCII", "clé", "", idempotency.ErrKeyInvalid},
+		{"emoji", "key-\U0001F600", "", idempotency.ErrKeyInvalid},
+		{"NUL", "a\x00b", "", idempotency.ErrKeyInvalid},
+		{"tab inside", "a\tb", "", idempotency.ErrKeyInvalid},
+		{"newline inside", "a\nb", "", idempotency.ErrKeyInvalid},
+		{"DEL", "a\x7fb", "", idempotency.ErrKeyInvalid},
+		{"unterminated quote", `"abc`, "", idempotency.ErrKeyInvalid},
+		{"unescaped inner quote", `"a"b"`, "", idempotency.ErrKeyInvalid},
+		{"bad escape", `"a\nb"`, "", idempotency.ErrKeyInvalid},
+		{"trailing backslash", `"ab\"`, "", idempotency.ErrKeyInvalid},
+		{"quoted non-ASCII", `"clé"`, "", idempotency.ErrKeyInvalid},
+		{"quoted control", "\"a\x01b\"", "", idempotency.ErrKeyInvalid},
+		{"data after the quoted string", `"abc";x`, "", idempotency.ErrKeyInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := idempotency.ParseKey(tc.header)
-			if tc.err == "" {
+			if tc.err == nil {
 				if err != nil || got != tc.want {
 					t.Fatalf("ParseKey(%q) = %q, %v; want %q", tc.header, got, err, tc.want)
 				}
 				return
 			}
-			var pe *apierror.Error
-			if !errors.As(err, &pe) || pe.Type != tc.err {
-				t.Fatalf("ParseKey(%q) = %q, %v; want problem %s", tc.header, got, err, tc.err)
-			}
-			if pe.Status() != 400 {
-				t.Fatalf("problem %s has status %d, want 400", pe.Type, pe.Status())
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("ParseKey(%q) = %q, %v; want %v", tc.header, got, err, tc.err)
 			}
 		})
 	}
@@ -172,9 +167,8 @@ func FuzzParseKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, header string) {
 		key, err := idempotency.ParseKey(header)
 		if err != nil {
-			var pe *apierror.Error
-			if !errors.As(err, &pe) || pe.Status() != 400 {
-				t.Fatalf("ParseKey(%q) error %v is not a 400 problem", header, err)
+			if !errors.Is(err, idempotency.ErrKeyMissing) && !errors.Is(err, idempotency.ErrKeyInvalid) {
+				t.Fatalf("ParseKey(%q) error %v is neither ErrKeyMissing nor ErrKeyInvalid", header, err)
 			}
 			return
 		}

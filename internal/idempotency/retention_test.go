@@ -28,7 +28,7 @@ func TestRetention(t *testing.T) {
 		return finishFor(rec, "first")
 	}}
 	unknown := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
-		return idempotency.Step{Unknown: errors.New("stripe: timeout")}
+		return idempotency.Unknown(errors.New("stripe: timeout"))
 	}}
 	run := func(key string, op *testOp) {
 		t.Helper()
@@ -48,8 +48,8 @@ func TestRetention(t *testing.T) {
 	// A record whose owner crashed in phase one: started, locked, 40 days old.
 	if _, err := d.Pool.Exec(ctx, `
 		WITH ik AS (
-			INSERT INTO idempotency_keys (account_id, key, request_method, request_route, request_fingerprint, locked_at)
-			VALUES ($1, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
+			INSERT INTO idempotency_keys (scope, account_id, key, request_method, request_route, request_fingerprint, locked_at)
+			VALUES ($1, $1, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
 		INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
 		SELECT account_id, id, 100, 'usd', 'tok_visa' FROM ik`,
 		d.AccountID, testRoute, request(d.AccountID, "x").Fingerprint); err != nil {

@@ -1,11 +1,15 @@
-// Package idempotency makes a mutating request safe to retry. It validates
-// the Idempotency-Key, fingerprints the request, claims the key atomically,
-// replays finished responses, and runs an Operation in atomic phases with
-// recovery points (started -> downstream_called -> finished), so that a retry,
-// or the background completer, resumes a request that crashed half way.
+// Package idempotency makes a mutating request safe to retry, whatever
+// carried it (an HTTP request, a Stripe webhook, a broker message). It claims
+// a (scope, key) atomically, replays finished outcomes, refuses mismatched or
+// in-flight requests, and runs an Operation in atomic phases with recovery
+// points (started -> downstream_called -> finished), so that a retry, or the
+// background completer, resumes a request that crashed half way.
 //
-// The package knows nothing about charges: an Operation supplies the ledger
-// writes and the downstream call, and the Runner supplies everything else.
+// The package speaks Go, not HTTP: its refusals are the errors in errors.go,
+// and each entry point maps them onto its own protocol (package idemhttp for
+// HTTP). It knows nothing about charges either: an Operation supplies the
+// ledger writes and the downstream call. The invariants cited as I1..I12
+// are listed in docs/invariants.md.
 package idempotency
 
 import (
@@ -21,12 +25,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/faultpoint"
 )
 
-// Recovery points, as stored in idempotency_keys.recovery_point.
+// Recovery points, as stored in idempotency_keys.recovery_point. drive
+// switches on them.
 const (
 	// PointStarted: the record and the ledger row exist; the downstream call
 	// may or may not have been made (a crash can hide it).
@@ -59,7 +63,7 @@ type Config struct {
 	// downstream outcomes.
 	MaxBackoff time.Duration
 	// FinishTimeout bounds the writes after the downstream call. They run
-	// detached from the client's context: once Stripe has answered, the
+	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
 }
@@ -78,27 +82,51 @@ func DefaultConfig() Config {
 	}
 }
 
-// Request identifies one claim: who, which key, and what was asked.
-type Request struct {
-	AccountID   string
-	Key         string
-	Method      string
-	Route       string
-	Fingerprint []byte
+// Record is a claimed idempotency record, held at LockGeneration. It is the
+// core's own type: the generated row stays in this package.
+type Record struct {
+	ID    string
+	Scope Scope
+	// AccountID is the account of an account scope, "" for a source.
+	AccountID      string
+	Key            string
+	Method, Route  string
+	RecoveryPoint  string
+	LockGeneration int64
+	// Attempts counts earlier downstream calls with an unknown outcome.
+	Attempts int32
+	// begun is true when this process ran Begin for the record (a new key);
+	// otherwise the operation must Load its state from the ledger.
+	begun bool
 }
 
-// Record is a claimed idempotency record, held at LockGeneration.
-type Record struct {
-	dbsqlc.IdempotencyKey
+func recordOf(row dbsqlc.IdempotencyKey) *Record {
+	return &Record{
+		ID: row.ID, Scope: Scope(row.Scope), AccountID: deref(row.AccountID), Key: row.Key,
+		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
+		LockGeneration: row.LockGeneration, Attempts: row.Attempts,
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // DownstreamKey is the Idempotency-Key sent to Stripe for this record. It is
 // derived from the record id, never from the client's key, so the same client
 // key in two accounts never collides at Stripe, and every attempt for one
-// record sends the same key and is replayed by Stripe instead of charging twice.
-func (r *Record) DownstreamKey() string { return "idempay_" + r.ID }
+// record sends the same key and is replayed by Stripe instead of charging
+// twice (I1, I5).
+func (r *Record) DownstreamKey() string { return DownstreamKey(r.ID) }
 
-// Response is what the client gets, and what is stored for replay.
+// DownstreamKey is the downstream key of the record with this id.
+func DownstreamKey(recordID string) string { return "idempay_" + recordID }
+
+// Response is the outcome of an operation as stored for replay: a status,
+// the allow-listed headers and the body bytes (I2).
 type Response struct {
 	Status int
 	Header http.Header
@@ -107,45 +135,46 @@ type Response struct {
 	Replayed bool
 }
 
-// Write sends the response; a replay carries Idempotent-Replayed: true.
-func (r Response) Write(w http.ResponseWriter) {
-	h := w.Header()
-	for _, name := range replayedHeaders { // canonical names: no Set needed
-		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
-			h[name] = v[:1]
-		}
-	}
-	if r.Replayed {
-		h["Idempotent-Replayed"] = []string{"true"}
-	}
-	w.WriteHeader(r.Status)
-	_, _ = w.Write(r.Body)
-}
-
-// Step is the outcome of an Operation's downstream call.
+// Step is what an Operation's downstream call tells the runner. It is one of
+// two things, built with Finish or Unknown.
 type Step struct {
-	// Unknown is set when the outcome of the downstream call is not known
-	// (timeout, connection error, 5xx, 429, idempotency_key_in_use). The
-	// record stays resumable and the client is told to retry.
-	Unknown error
-	// Finish, when the outcome is known, writes it to the ledger inside the
-	// transaction that completes the record, and returns the response to
-	// store. An error from Finish rolls back the whole phase.
-	Finish func(ctx context.Context, tx pgx.Tx) (Response, error)
+	finish  func(ctx context.Context, tx pgx.Tx) (Response, error)
+	unknown error
 }
 
-// Operation is one kind of mutating request (create a charge, a refund).
+// Finish is a definite downstream outcome: fn writes it to the ledger inside
+// the transaction that finishes the record, and returns the response to
+// store. An error from fn rolls back the whole phase.
+func Finish(fn func(ctx context.Context, tx pgx.Tx) (Response, error)) Step {
+	return Step{finish: fn}
+}
+
+// Unknown is a downstream call whose outcome is not known (timeout,
+// connection error, 5xx, 429, idempotency_key_in_use). The record stays
+// resumable and the caller is told to retry.
+func Unknown(err error) Step {
+	if err == nil {
+		err = errors.New("unknown downstream outcome")
+	}
+	return Step{unknown: err}
+}
+
+// Operation is one kind of mutating request (create a charge, a refund,
+// apply a Stripe event).
 type Operation interface {
 	// Begin creates the ledger row for a newly claimed record, inside the
 	// transaction that inserts the record. An error rolls both back: nothing
 	// is stored, and a corrected retry with the same key runs.
 	Begin(ctx context.Context, tx pgx.Tx, rec *Record) error
-	// Execute makes the downstream call with rec.DownstreamKey(). No
-	// transaction is open while it runs. It is called again, with the same
-	// record, by a retry or the completer when an earlier attempt crashed or
-	// ended with an unknown outcome, so it must load what it needs from the
-	// ledger when Begin did not run in this process.
-	Execute(ctx context.Context, rec *Record) Step
+	// Load reads the operation's state from the ledger for a record that
+	// was begun elsewhere: by a process that crashed, or by an attempt that
+	// ended with an unknown outcome. The runner calls it instead of Begin
+	// when it takes a record over.
+	Load(ctx context.Context, db dbsqlc.DBTX, rec *Record) error
+	// Call makes the downstream call with rec.DownstreamKey(). No
+	// transaction is open while it runs. It may be called again for the
+	// same record (after a crash or an unknown outcome), with the same key.
+	Call(ctx context.Context, rec *Record) Step
 }
 
 // Outcome names what happened to one request at the idempotency layer, for
@@ -163,11 +192,8 @@ const (
 	OutcomeUnknown    Outcome = "unknown_downstream"
 	OutcomeFenced     Outcome = "fenced"
 	OutcomeRolledBack Outcome = "rejected"
+	OutcomeSettled    Outcome = "settled"
 )
-
-// ErrFenced means the record was taken over by another owner while this one
-// was working; this owner's writes were rolled back.
-var ErrFenced = errors.New("idempotency record was taken over by another owner")
 
 // Runner runs operations through the idempotency lifecycle.
 type Runner struct {
@@ -188,8 +214,8 @@ func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 // Config returns the runner's timings.
 func (r *Runner) Config() Config { return r.cfg }
 
-// Register tells the completer how to resume records of one route: resume
-// returns an Operation that loads its state from the ledger.
+// Register tells the completer how to resume records of one operation:
+// resume returns an Operation that Loads its state from the ledger.
 func (r *Runner) Register(method, route string, resume func() Operation) {
 	r.resumers[method+" "+route] = resume
 }
@@ -200,10 +226,11 @@ func (r *Runner) observe(o Outcome) {
 	}
 }
 
-// Run executes op for req exactly once per (account, key): it claims the
-// key, replays a finished response, rejects a mismatched or in-flight
-// request, or runs (or resumes) the operation. Errors are *apierror.Error
-// values or internal errors.
+// Run executes op for req exactly once per (scope, key): it claims the key,
+// replays a finished response, refuses a mismatched (ErrMismatch) or
+// in-flight (ErrInFlight) request, or runs (or resumes) the operation. An
+// unknown downstream outcome is ErrUnknownOutcome; other errors are the
+// operation's own (from Begin or Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
 	rec, replay, err := r.claim(ctx, req, op)
 	if err != nil {
@@ -212,7 +239,7 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	if replay != nil {
 		return *replay, nil
 	}
-	// From here on the request is detached from the client: a client that
+	// From here on the request is detached from the caller: a client that
 	// hangs up must not abort a charge half way. Each downstream call has
 	// its own timeout, and the finishing writes have FinishTimeout.
 	return r.drive(context.WithoutCancel(ctx), rec, op)
@@ -227,33 +254,36 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 // changed between the read and the upsert.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	for attempt := 0; attempt < 3; attempt++ {
-		row, err := r.q.IdempotencyKeyGetByAccountKey(ctx, r.pool, req.AccountID, req.Key)
+		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
 		if err = db.NotFound(err); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		} else if err == nil {
 			switch {
 			case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
 				r.observe(OutcomeMismatch)
-				return nil, nil, apierror.New(apierror.IdempotencyKeyReused,
-					"This Idempotency-Key was already used with a different request (method, route or body). Use a new key for a new request.")
+				return nil, nil, refuse(ErrMismatch,
+					"This Idempotency-Key was already used with a different request (method, path or body). Use a new key for a new request.")
 			case row.RecoveryPoint == PointFinished:
 				r.observe(OutcomeReplayed)
-				resp, err := storedResponse(row)
+				resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 				return nil, resp, err
 			case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
 				r.observe(OutcomeConflict)
-				return nil, nil, &apierror.Error{
-					Type:       apierror.RequestInProgress,
-					Detail:     "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
-					RetryAfter: 1,
-				}
+				return nil, nil, refuse(ErrInFlight,
+					"A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.")
 			}
 			// Unlocked or expired: the upsert below takes it over.
 		}
 
+		var refused bool // Begin refused the request: nothing is stored
 		rec, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (*Record, error) {
+			var accountID *string
+			if id := req.Scope.AccountID(); id != "" {
+				accountID = &id
+			}
 			row, err := r.q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
-				AccountID:          req.AccountID,
+				Scope:              string(req.Scope),
+				AccountID:          accountID,
 				Key:                req.Key,
 				RequestMethod:      req.Method,
 				RequestRoute:       req.Route,
@@ -266,23 +296,24 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			if err != nil {
 				return nil, fmt.Errorf("claiming idempotency key: %w", err)
 			}
-			rec := &Record{row}
-			if row.LockGeneration == 1 { // inserted just now
+			rec := recordOf(row)
+			if rec.LockGeneration == 1 { // inserted just now
 				if err := op.Begin(ctx, tx, rec); err != nil {
+					refused = true
 					return nil, err
 				}
+				rec.begun = true
 			}
 			return rec, nil
 		})
 		if err != nil {
-			var pe *apierror.Error
-			if errors.As(err, &pe) {
+			if refused {
 				r.observe(OutcomeRolledBack)
 			}
 			return nil, nil, err
 		}
 		if rec != nil {
-			if rec.LockGeneration == 1 {
+			if rec.begun {
 				r.observe(OutcomeNew)
 			} else {
 				r.observe(OutcomeTakeover)
@@ -294,82 +325,79 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		}
 	}
 	r.observe(OutcomeConflict)
-	return nil, nil, &apierror.Error{Type: apierror.RequestInProgress,
-		Detail: "The request with this Idempotency-Key is changing hands. Retry shortly.", RetryAfter: 1}
+	return nil, nil, refuse(ErrInFlight, "The request with this Idempotency-Key is changing hands. Retry shortly.")
 }
 
-func storedResponse(row dbsqlc.IdempotencyKeyGetByAccountKeyRow) (*Response, error) {
+func storedResponse(id string, status *int32, headers, body []byte) (*Response, error) {
 	var h http.Header
-	if len(row.ResponseHeaders) > 0 {
+	if len(headers) > 0 {
 		var err error
-		if h, err = decodeHeaders(row.ResponseHeaders); err != nil {
-			return nil, fmt.Errorf("decoding stored response headers of %s: %w", row.ID, err)
+		if h, err = decodeHeaders(headers); err != nil {
+			return nil, fmt.Errorf("decoding stored response headers of %s: %w", id, err)
 		}
 	}
-	return &Response{Status: int(*row.ResponseStatus), Header: h, Body: row.ResponseBody, Replayed: true}, nil
+	return &Response{Status: int(*status), Header: h, Body: body, Replayed: true}, nil
 }
 
-// drive runs the downstream call and the phase after it, for a record this
-// process owns at rec.LockGeneration.
+// drive is the lifecycle of a record this process owns at
+// rec.LockGeneration, from its recovery point to the end: one case per
+// recovery point, the way a reader would draw it.
+//
+//	claim (Run)        record + ledger row, one transaction  -> started
+//	started            downstream call, no transaction open
+//	                   definite answer: ledger + response, one transaction -> finished
+//	                   unknown answer:  attempt recorded, lock freed   -> downstream_called
+//	downstream_called  (a retry or the completer took it over) as started
+//	finished           the stored response is the answer
 func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
-	faultpoint.Hit(faultpoint.BeforeDownstream)
-	step := op.Execute(ctx, rec)
-	faultpoint.Hit(faultpoint.AfterDownstream)
-
-	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
-	defer cancel()
-
-	if step.Unknown != nil {
-		r.observe(OutcomeUnknown)
-		retryIn := r.backoff(rec.Attempts)
-		lastErr := step.Unknown.Error()
-		if len(lastErr) > 1000 {
-			lastErr = lastErr[:1000]
-		}
-		n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
-			ID:             rec.ID,
-			LockGeneration: rec.LockGeneration,
-			LastError:      &lastErr,
-			RetryInSeconds: retryIn.Seconds(),
-		})
-		switch {
-		case err != nil:
-			// The lock stays until it expires; the completer resumes then.
-			log.ErrorContext(ctx, "releasing idempotency record after unknown outcome", "err", err)
-		case n == 0:
-			r.observe(OutcomeFenced)
-			log.WarnContext(ctx, "fenced: record was taken over; this owner's unknown outcome was not recorded",
-				"err", step.Unknown)
-			return Response{}, r.fenced()
-		default:
-			log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
-				"err", step.Unknown, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
-		}
-		return Response{}, &apierror.Error{
-			Type:       apierror.DownstreamUnavailable,
-			Detail:     "The payment processor did not give a definite answer. Retry with the same Idempotency-Key: the retry resumes this request and never charges twice.",
-			RetryAfter: 1,
-			Cause:      step.Unknown,
+	if !rec.begun {
+		if err := op.Load(ctx, r.pool, rec); err != nil {
+			return Response{}, r.release(ctx, log, rec, fmt.Errorf("loading the ledger row of record %s: %w", rec.ID, err))
 		}
 	}
+	var resp Response
+	for {
+		switch rec.RecoveryPoint {
+		case PointStarted, PointDownstreamCalled:
+			faultpoint.Hit(faultpoint.BeforeDownstream)
+			step := op.Call(ctx, rec)
+			faultpoint.Hit(faultpoint.AfterDownstream)
+			if step.unknown != nil {
+				return Response{}, r.release(ctx, log, rec, step.unknown)
+			}
+			var err error
+			if resp, err = r.finish(ctx, log, rec, step.finish); err != nil {
+				return Response{}, err
+			}
+			faultpoint.Hit(faultpoint.AfterCommit)
+			rec.RecoveryPoint = PointFinished
+		case PointFinished:
+			return resp, nil
+		default:
+			return Response{}, fmt.Errorf("record %s has unknown recovery point %q", rec.ID, rec.RecoveryPoint)
+		}
+	}
+}
 
+// finish is the final phase: the operation's ledger write and the stored
+// response commit in one transaction, fenced by the lock generation.
+func (r *Runner) finish(ctx context.Context, log *slog.Logger, rec *Record,
+	fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (Response, error) {
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
+	defer cancel()
 	resp, err := db.WithTx(wctx, r.pool, func(ctx context.Context, tx pgx.Tx) (Response, error) {
-		resp, err := step.Finish(ctx, tx)
+		resp, err := fn(ctx, tx)
 		if err != nil {
 			return Response{}, err
 		}
-		headers, err := encodeHeaders(resp.Header)
+		params, err := finishParams(resp)
 		if err != nil {
 			return Response{}, err
 		}
-		status := int32(resp.Status)
 		n, err := r.q.IdempotencyKeyFinish(ctx, tx, &dbsqlc.IdempotencyKeyFinishParams{
-			ID:              rec.ID,
-			LockGeneration:  rec.LockGeneration,
-			ResponseStatus:  &status,
-			ResponseHeaders: headers,
-			ResponseBody:    resp.Body,
+			ID: rec.ID, LockGeneration: rec.LockGeneration,
+			ResponseStatus: params.ResponseStatus, ResponseHeaders: params.ResponseHeaders, ResponseBody: params.ResponseBody,
 		})
 		if err != nil {
 			return Response{}, fmt.Errorf("finishing idempotency record: %w", err)
@@ -384,16 +412,56 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 		log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
 		return Response{}, r.fenced()
 	}
+	return resp, err
+}
+
+// finishParams is the stored form of resp.
+func finishParams(resp Response) (*dbsqlc.IdempotencyKeySettleParams, error) {
+	headers, err := encodeHeaders(resp.Header)
 	if err != nil {
-		return Response{}, err
+		return nil, err
 	}
-	faultpoint.Hit(faultpoint.AfterCommit)
-	return resp, nil
+	status := int32(resp.Status)
+	return &dbsqlc.IdempotencyKeySettleParams{ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body}, nil
+}
+
+// release records an unknown downstream outcome: the record moves to
+// downstream_called, its lock is freed and the completer is scheduled with
+// exponential backoff. It returns the error the caller gets.
+func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cause error) error {
+	r.observe(OutcomeUnknown)
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
+	defer cancel()
+	retryIn := r.backoff(rec.Attempts)
+	lastErr := cause.Error()
+	if len(lastErr) > 1000 {
+		lastErr = lastErr[:1000]
+	}
+	n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
+		ID:             rec.ID,
+		LockGeneration: rec.LockGeneration,
+		LastError:      &lastErr,
+		RetryInSeconds: retryIn.Seconds(),
+	})
+	switch {
+	case err != nil:
+		// The lock stays until it expires; the completer resumes then.
+		log.ErrorContext(ctx, "releasing idempotency record after unknown outcome", "err", err)
+	case n == 0:
+		r.observe(OutcomeFenced)
+		log.WarnContext(ctx, "fenced: record was taken over; this owner's unknown outcome was not recorded",
+			"err", cause)
+		return r.fenced()
+	default:
+		log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
+			"err", cause, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
+	}
+	return &Error{Kind: ErrUnknownOutcome, Cause: cause,
+		Detail: "The payment processor did not give a definite answer. Retry with the same Idempotency-Key: the retry resumes this request and never charges twice."}
 }
 
 func (r *Runner) fenced() error {
-	return &apierror.Error{Type: apierror.RequestInProgress, RetryAfter: 1,
-		Detail: "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome."}
+	return refuse(ErrFenced, "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome.")
 }
 
 // backoff is the completer's delay after the given number of earlier
@@ -401,4 +469,48 @@ func (r *Runner) fenced() error {
 func (r *Runner) backoff(attempts int32) time.Duration {
 	d := time.Second << min(attempts, 20)
 	return min(d, r.cfg.MaxBackoff)
+}
+
+// Settle finishes the record recordID with resp inside the caller's
+// transaction, from outside the record's own lifecycle: an entry point that
+// learns a request's outcome from elsewhere (a Stripe event about a charge
+// whose finishing commit never happened) finishes the record with the
+// response a retry would have stored, in the transaction that writes the
+// ledger. It takes the record over (a new lock generation), so the owner, if
+// it is still alive, is fenced. It returns false when the record was
+// already finished (or no longer exists), in which case the caller must not
+// store a second answer.
+func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Response) (bool, error) {
+	params, err := finishParams(resp)
+	if err != nil {
+		return false, err
+	}
+	params.ID = recordID
+	n, err := r.q.IdempotencyKeySettle(ctx, tx, params)
+	if err != nil {
+		return false, fmt.Errorf("settling idempotency record %s: %w", recordID, err)
+	}
+	if n == 1 {
+		r.observe(OutcomeSettled)
+	}
+	return n == 1, nil
+}
+
+// State is what an entry point may need to know of another record (the
+// record a Stripe event's metadata names): whether it is finished.
+type State struct {
+	ID            string
+	Scope         Scope
+	Method, Route string
+	RecoveryPoint string
+}
+
+// StateOf reads the record recordID, or returns db.ErrNotFound.
+func (r *Runner) StateOf(ctx context.Context, dbtx dbsqlc.DBTX, recordID string) (State, error) {
+	row, err := r.q.IdempotencyKeyGetByID(ctx, dbtx, recordID)
+	if err != nil {
+		return State{}, db.NotFound(err)
+	}
+	return State{ID: row.ID, Scope: Scope(row.Scope), Method: row.RequestMethod, Route: row.RequestRoute,
+		RecoveryPoint: row.RecoveryPoint}, nil
 }
