@@ -10,6 +10,7 @@ import (
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // Config is read once from the environment and passed down as plain values.
@@ -22,6 +23,7 @@ type Config struct {
 	StripeSecretKey   string
 	StripeAPIURL      string
 	StripeTimeout     time.Duration
+	Webhooks          webhooks.Config
 	Idempotency       idempotency.Config
 	CompleterInterval time.Duration // 0 disables the completer inside serve
 	RetentionInterval time.Duration // 0 disables retention inside serve
@@ -41,6 +43,11 @@ func loadConfig() (Config, error) {
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
 		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),
+		Webhooks: webhooks.Config{
+			Secret:         e.str("STRIPE_WEBHOOK_SECRET", ""),
+			PreviousSecret: e.str("STRIPE_WEBHOOK_SECRET_PREVIOUS", ""),
+			Tolerance:      e.dur("STRIPE_WEBHOOK_TOLERANCE", webhooks.DefaultTolerance),
+		},
 		CompleterInterval: e.dur("COMPLETER_INTERVAL", 5*time.Second),
 		RetentionInterval: e.dur("RETENTION_INTERVAL", 5*time.Minute),
 		ShutdownTimeout:   e.dur("SHUTDOWN_TIMEOUT", 30*time.Second),

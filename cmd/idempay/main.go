@@ -29,6 +29,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 const usage = `usage: idempay <command>
@@ -39,6 +40,7 @@ commands:
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
   purge                      delete expired idempotency records once
+  webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
   bench [-duration D] [-concurrency N] [-scenarios LIST] [-rate R]   load benchmark (BENCHMARKS.md)
 
 configuration is read from the environment; see README.md.
@@ -75,6 +77,8 @@ func run(args []string) error {
 		return accountsCmd(ctx, cfg, args[1:])
 	case "purge":
 		return purge(ctx, cfg, log)
+	case "webhooks":
+		return webhooksCmd(ctx, cfg, args[1:])
 	case "bench":
 		return benchCmd(ctx, cfg, log, args[1:])
 	case "help", "-h", "--help":
@@ -113,10 +117,11 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 
 // app is the wired service, shared by serve and completer.
 type app struct {
-	pool    *pgxpool.Pool
-	runner  *idempotency.Runner
-	charges *charges.Service
-	metrics *metrics.Metrics
+	pool     *pgxpool.Pool
+	runner   *idempotency.Runner
+	charges  *charges.Service
+	webhooks *webhooks.Handler
+	metrics  *metrics.Metrics
 }
 
 func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
@@ -134,7 +139,11 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
 		SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout,
 		Observe: m.ObserveStripe,
 	})
-	return &app{pool: pool, runner: runner, charges: charges.New(pool, runner, stripe, log), metrics: m}, nil
+	svc := charges.New(pool, runner, stripe, log)
+	whcfg := cfg.Webhooks
+	whcfg.Observe, whcfg.ObserveLag = m.ObserveWebhook, m.ObserveWebhookLag
+	return &app{pool: pool, runner: runner, charges: svc, metrics: m,
+		webhooks: webhooks.New(pool, runner, svc, whcfg, log)}, nil
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -149,7 +158,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := &http.Server{
 		Addr: cfg.ListenAddr,
 		Handler: server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics,
-			AuthCacheTTL: cfg.AuthCacheTTL}),
+			AuthCacheTTL: cfg.AuthCacheTTL, Webhooks: a.webhooks}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
@@ -167,6 +176,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
+	if cfg.Webhooks.Secret == "" {
+		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
+	}
 	log.Info("serving", "addr", cfg.ListenAddr, "stripe_api_url", cfg.StripeAPIURL,
 		"lock_timeout", cfg.Idempotency.LockTimeout.String(), "retention", cfg.Idempotency.Retention.String())
 

@@ -41,3 +41,44 @@ RETURNING *;
 UPDATE charges
 SET amount_refunded = amount_refunded + @delta, updated_at = now()
 WHERE id = @id;
+
+-- name: ChargeFindForEvent :one
+-- The charge a Stripe event is about: by the idempotency record or the
+-- charge id that idempay put in the charge's metadata, or by Stripe's id.
+-- Events carry no account: the account comes from the row.
+SELECT id FROM charges
+WHERE idempotency_key_id = sqlc.narg(record_id)
+   OR id = sqlc.narg(charge_id)
+   OR stripe_charge_id = sqlc.narg(stripe_charge_id)
+LIMIT 1;
+
+-- name: ChargeGetForUpdate :one
+SELECT * FROM charges WHERE id = @id FOR UPDATE;
+
+-- name: ChargeReleaseRefunded :exec
+-- Releases a refund that failed at Stripe after it was reserved (or
+-- succeeded). It never goes below zero: amount_refunded may have been raised
+-- to Stripe's own figure by an event (ChargeApplyEvent).
+UPDATE charges
+SET amount_refunded = GREATEST(0, amount_refunded - @amount::bigint), updated_at = now()
+WHERE id = @id;
+
+-- name: ChargeApplyEvent :one
+-- Applies a Stripe event's view of the charge. The caller decides that the
+-- status moves forward; amount_refunded only ever grows here (the larger of
+-- ours, which counts refunds in flight, and Stripe's), so an event applied
+-- late cannot undo a refund.
+UPDATE charges
+SET status = @status,
+    stripe_charge_id = COALESCE(stripe_charge_id, sqlc.narg(stripe_charge_id)),
+    failure_code = COALESCE(sqlc.narg(failure_code), failure_code),
+    failure_message = COALESCE(sqlc.narg(failure_message), failure_message),
+    amount_refunded = LEAST(amount, GREATEST(amount_refunded, @stripe_amount_refunded::bigint)),
+    last_event_at = GREATEST(last_event_at, @event_created::timestamptz),
+    updated_at = now()
+WHERE id = @id
+RETURNING *;
+
+-- name: ChargeGet :one
+-- A charge of any account, for operator commands (idempay webhooks trigger).
+SELECT * FROM charges WHERE id = @id;

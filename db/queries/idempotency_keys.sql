@@ -108,11 +108,6 @@ LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
 WHERE ik.scope = @scope AND ik.key = @key;
 
--- name: IdempotencyKeyGetByID :one
--- A record by id, for an entry point that learns of it from elsewhere (a
--- Stripe event names the record in the object's metadata).
-SELECT * FROM idempotency_keys WHERE id = @id;
-
 -- name: IdempotencyKeySettle :execrows
 -- Finishes a record from outside its own lifecycle, inside the caller's
 -- transaction (a webhook that learns the outcome of a charge whose finishing

@@ -18,3 +18,28 @@ SET status = @status,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
+
+-- name: RefundFindForEvent :one
+-- The refund a Stripe event is about; see ChargeFindForEvent.
+SELECT id FROM refunds
+WHERE idempotency_key_id = sqlc.narg(record_id)
+   OR id = sqlc.narg(refund_id)
+   OR stripe_refund_id = sqlc.narg(stripe_refund_id)
+LIMIT 1;
+
+-- name: RefundGetForUpdate :one
+SELECT * FROM refunds WHERE id = @id FOR UPDATE;
+
+-- name: RefundApplyEvent :one
+UPDATE refunds
+SET status = @status,
+    stripe_refund_id = COALESCE(stripe_refund_id, sqlc.narg(stripe_refund_id)),
+    failure_code = COALESCE(sqlc.narg(failure_code), failure_code),
+    last_event_at = GREATEST(last_event_at, @event_created::timestamptz),
+    updated_at = now()
+WHERE id = @id
+RETURNING *;
+
+-- name: RefundGet :one
+-- A refund of any account, for operator commands (idempay webhooks trigger).
+SELECT * FROM refunds WHERE id = @id;

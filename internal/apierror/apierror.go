@@ -51,6 +51,9 @@ const (
 	DownstreamUnavailable Type = "downstream-unavailable"
 	ServiceUnavailable    Type = "service-unavailable"
 	Internal              Type = "internal-error"
+	// The Stripe webhook endpoint's own refusals.
+	WebhookSignatureInvalid Type = "webhook-signature-invalid"
+	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
 )
 
 var statusOf = map[Type]int{
@@ -72,6 +75,9 @@ var statusOf = map[Type]int{
 	DownstreamUnavailable: http.StatusServiceUnavailable,
 	ServiceUnavailable:    http.StatusServiceUnavailable,
 	Internal:              http.StatusInternalServerError,
+
+	WebhookSignatureInvalid: http.StatusBadRequest,
+	WebhookPayloadInvalid:   http.StatusBadRequest,
 }
 
 var titleOf = map[Type]string{
@@ -93,6 +99,9 @@ var titleOf = map[Type]string{
 	DownstreamUnavailable: "Payment processor outcome unknown; retry with the same Idempotency-Key",
 	ServiceUnavailable:    "Service temporarily unavailable",
 	Internal:              "Internal server error",
+
+	WebhookSignatureInvalid: "Stripe-Signature header is missing, stale or does not match",
+	WebhookPayloadInvalid:   "Webhook payload is not a Stripe event this endpoint understands",
 }
 
 // Types lists every problem type, for documentation and for the tests that

@@ -25,11 +25,15 @@ import (
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripefake"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // StripeSecretKey is the Stripe key the in-process API is configured with,
 // so tests can check it never leaks into logs or responses.
 const StripeSecretKey = "sk_test_idempay"
+
+// WebhookSecret is the webhook endpoint's signing secret.
+const WebhookSecret = "whsec_test_idempay"
 
 // Options adjust the environment.
 type Options struct {
@@ -49,16 +53,20 @@ type Options struct {
 	// LogHandler receives the server's logs instead of t.Log (at warn), for
 	// tests that assert on log lines. server.NewLogHandler wraps it.
 	LogHandler slog.Handler
+	// WebhookPreviousSecret is accepted besides WebhookSecret (a rotation).
+	WebhookPreviousSecret string
 }
 
 // Env is one running API.
 type Env struct {
-	Pool    *pgxpool.Pool
-	Stripe  *stripefake.Server // nil when Options.StripeURL was set
-	Runner  *idempotency.Runner
-	Server  *httptest.Server
-	Log     *slog.Logger
-	Metrics *metrics.Metrics
+	Pool     *pgxpool.Pool
+	Stripe   *stripefake.Server // nil when Options.StripeURL was set
+	Runner   *idempotency.Runner
+	Charges  *charges.Service
+	Webhooks *webhooks.Handler
+	Server   *httptest.Server
+	Log      *slog.Logger
+	Metrics  *metrics.Metrics
 }
 
 // New starts an API for t and stops it in t.Cleanup.
@@ -93,9 +101,13 @@ func New(t testing.TB, opts Options) *Env {
 	env.Runner.OnOutcome = env.Metrics.ObserveOutcome
 	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL,
 		Timeout: opts.StripeTimeout, Observe: env.Metrics.ObserveStripe})
-	svc := charges.New(env.Pool, env.Runner, stripe, env.Log)
-	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: svc, Log: env.Log, Metrics: env.Metrics,
-		AuthCacheTTL: accounts.DefaultCacheTTL}))
+	env.Charges = charges.New(env.Pool, env.Runner, stripe, env.Log)
+	env.Webhooks = webhooks.New(env.Pool, env.Runner, env.Charges, webhooks.Config{
+		Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret,
+		Observe: env.Metrics.ObserveWebhook, ObserveLag: env.Metrics.ObserveWebhookLag,
+	}, env.Log)
+	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: env.Charges, Log: env.Log, Metrics: env.Metrics,
+		AuthCacheTTL: accounts.DefaultCacheTTL, Webhooks: env.Webhooks}))
 	t.Cleanup(env.Server.Close)
 	return env
 }

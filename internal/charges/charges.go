@@ -244,13 +244,44 @@ func chargeJSON(ch dbsqlc.Charge) Charge {
 	}
 }
 
+// ChargeDetail is a charge as GET /v1/charges/{id} shows it: with its
+// disputes, which only Stripe's events make known.
+type ChargeDetail struct {
+	Charge
+	Disputes []Dispute `json:"disputes"`
+}
+
+// Dispute is the API representation of a dispute of a charge.
+type Dispute struct {
+	ID              string    `json:"id"`
+	Object          string    `json:"object"`
+	StripeDisputeID string    `json:"stripe_dispute_id"`
+	Amount          int64     `json:"amount"`
+	Currency        string    `json:"currency"`
+	Reason          *string   `json:"reason"`
+	Status          string    `json:"status"`
+	CreatedAt       time.Time `json:"created_at"`
+	UpdatedAt       time.Time `json:"updated_at"`
+}
+
 func (s *Service) getCharge(c echo.Context) error {
 	acct := accounts.FromContext(c)
-	ch, err := s.q.ChargeGetByID(c.Request().Context(), s.pool, acct.ID, c.Param("id"))
+	ctx := c.Request().Context()
+	ch, err := s.q.ChargeGetByID(ctx, s.pool, acct.ID, c.Param("id"))
 	if err := readErr(err, "charge"); err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, chargeJSON(ch))
+	rows, err := s.q.DisputeListByCharge(ctx, s.pool, ch.ID)
+	if err != nil {
+		return fmt.Errorf("reading disputes: %w", err)
+	}
+	out := ChargeDetail{Charge: chargeJSON(ch), Disputes: make([]Dispute, 0, len(rows))}
+	for _, d := range rows {
+		out.Disputes = append(out.Disputes, Dispute{ID: d.ID, Object: "dispute", StripeDisputeID: d.StripeDisputeID,
+			Amount: d.Amount, Currency: d.Currency, Reason: d.Reason, Status: d.Status,
+			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC()})
+	}
+	return c.JSON(http.StatusOK, out)
 }
 
 // ChargeList is one page of charges, newest first.

@@ -45,6 +45,12 @@ func (op *refundOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Recor
 	if ch.Status != "succeeded" || ch.StripeChargeID == nil {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status)
 	}
+	// Stripe refuses to refund a disputed charge: the dispute decides.
+	if n, err := op.s.q.DisputeCountBlockingRefund(ctx, tx, ch.ID); err != nil {
+		return fmt.Errorf("reading disputes: %w", err)
+	} else if n > 0 {
+		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
+	}
 	remaining := ch.Amount - ch.AmountRefunded
 	amount := remaining
 	if op.params.Amount != nil {

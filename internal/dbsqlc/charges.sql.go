@@ -23,8 +23,120 @@ func (q *Queries) ChargeAddRefunded(ctx context.Context, db DBTX, delta int64, i
 	return err
 }
 
+const chargeApplyEvent = `-- name: ChargeApplyEvent :one
+UPDATE charges
+SET status = $1,
+    stripe_charge_id = COALESCE(stripe_charge_id, $2),
+    failure_code = COALESCE($3, failure_code),
+    failure_message = COALESCE($4, failure_message),
+    amount_refunded = LEAST(amount, GREATEST(amount_refunded, $5::bigint)),
+    last_event_at = GREATEST(last_event_at, $6::timestamptz),
+    updated_at = now()
+WHERE id = $7
+RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
+`
+
+type ChargeApplyEventParams struct {
+	Status               string
+	StripeChargeID       *string
+	FailureCode          *string
+	FailureMessage       *string
+	StripeAmountRefunded int64
+	EventCreated         time.Time
+	ID                   string
+}
+
+// Applies a Stripe event's view of the charge. The caller decides that the
+// status moves forward; amount_refunded only ever grows here (the larger of
+// ours, which counts refunds in flight, and Stripe's), so an event applied
+// late cannot undo a refund.
+func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeApplyEventParams) (Charge, error) {
+	row := db.QueryRow(ctx, chargeApplyEvent,
+		arg.Status,
+		arg.StripeChargeID,
+		arg.FailureCode,
+		arg.FailureMessage,
+		arg.StripeAmountRefunded,
+		arg.EventCreated,
+		arg.ID,
+	)
+	var i Charge
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountRefunded,
+		&i.StripeChargeID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
+const chargeFindForEvent = `-- name: ChargeFindForEvent :one
+SELECT id FROM charges
+WHERE idempotency_key_id = $1
+   OR id = $2
+   OR stripe_charge_id = $3
+LIMIT 1
+`
+
+type ChargeFindForEventParams struct {
+	RecordID       *string
+	ChargeID       *string
+	StripeChargeID *string
+}
+
+// The charge a Stripe event is about: by the idempotency record or the
+// charge id that idempay put in the charge's metadata, or by Stripe's id.
+// Events carry no account: the account comes from the row.
+func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFindForEventParams) (string, error) {
+	row := db.QueryRow(ctx, chargeFindForEvent, arg.RecordID, arg.ChargeID, arg.StripeChargeID)
+	var id string
+	err := row.Scan(&id)
+	return id, err
+}
+
+const chargeGet = `-- name: ChargeGet :one
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE id = $1
+`
+
+// A charge of any account, for operator commands (idempay webhooks trigger).
+func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, error) {
+	row := db.QueryRow(ctx, chargeGet, id)
+	var i Charge
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountRefunded,
+		&i.StripeChargeID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
 const chargeGetByID = `-- name: ChargeGetByID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
@@ -46,12 +158,13 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, 
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
 
 const chargeGetByIDForUpdate = `-- name: ChargeGetByIDForUpdate :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2 FOR UPDATE
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE account_id = $1 AND id = $2 FOR UPDATE
 `
 
 func (q *Queries) ChargeGetByIDForUpdate(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
@@ -73,12 +186,13 @@ func (q *Queries) ChargeGetByIDForUpdate(ctx context.Context, db DBTX, accountID
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
 
 const chargeGetByIdempotencyKeyID = `-- name: ChargeGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at FROM charges WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Charge, error) {
@@ -100,6 +214,35 @@ func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
+const chargeGetForUpdate = `-- name: ChargeGetForUpdate :one
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE id = $1 FOR UPDATE
+`
+
+func (q *Queries) ChargeGetForUpdate(ctx context.Context, db DBTX, id string) (Charge, error) {
+	row := db.QueryRow(ctx, chargeGetForUpdate, id)
+	var i Charge
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountRefunded,
+		&i.StripeChargeID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
@@ -110,7 +253,7 @@ INSERT INTO charges (
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7
 )
-RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at
+RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
 `
 
 type ChargeInsertParams struct {
@@ -150,12 +293,13 @@ func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertPa
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
 
 const chargeList = `-- name: ChargeList :many
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges
 WHERE account_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::text))
@@ -202,6 +346,7 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 			&i.FailureMessage,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.LastEventAt,
 		); err != nil {
 			return nil, err
 		}
@@ -213,6 +358,20 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 	return items, nil
 }
 
+const chargeReleaseRefunded = `-- name: ChargeReleaseRefunded :exec
+UPDATE charges
+SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), updated_at = now()
+WHERE id = $2
+`
+
+// Releases a refund that failed at Stripe after it was reserved (or
+// succeeded). It never goes below zero: amount_refunded may have been raised
+// to Stripe's own figure by an event (ChargeApplyEvent).
+func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, amount int64, iD string) error {
+	_, err := db.Exec(ctx, chargeReleaseRefunded, amount, iD)
+	return err
+}
+
 const chargeSetOutcome = `-- name: ChargeSetOutcome :one
 UPDATE charges
 SET status = $1,
@@ -221,7 +380,7 @@ SET status = $1,
     failure_message = $4,
     updated_at = now()
 WHERE id = $5
-RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at
+RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
 `
 
 type ChargeSetOutcomeParams struct {
@@ -257,6 +416,7 @@ func (q *Queries) ChargeSetOutcome(ctx context.Context, db DBTX, arg *ChargeSetO
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }

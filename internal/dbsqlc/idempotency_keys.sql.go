@@ -208,39 +208,6 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return result.RowsAffected(), nil
 }
 
-const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
-SELECT id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope FROM idempotency_keys WHERE id = $1
-`
-
-// A record by id, for an entry point that learns of it from elsewhere (a
-// Stripe event names the record in the object's metadata).
-func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, id string) (IdempotencyKey, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByID, id)
-	var i IdempotencyKey
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.Key,
-		&i.RequestMethod,
-		&i.RequestRoute,
-		&i.RequestFingerprint,
-		&i.RecoveryPoint,
-		&i.LockGeneration,
-		&i.LockedAt,
-		&i.Attempts,
-		&i.NextAttemptAt,
-		&i.LastError,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
-		&i.Scope,
-	)
-	return i, err
-}
-
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, locked_at,
        response_status, response_headers, response_body

@@ -31,6 +31,21 @@ type Charge struct {
 	FailureMessage   *string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	LastEventAt      *time.Time
+}
+
+type Dispute struct {
+	ID              string
+	AccountID       string
+	ChargeID        string
+	StripeDisputeID string
+	Amount          int64
+	Currency        string
+	Reason          *string
+	Status          string
+	LastEventAt     time.Time
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
 }
 
 type IdempotencyKey struct {
@@ -67,4 +82,20 @@ type Refund struct {
 	FailureMessage   *string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	LastEventAt      *time.Time
+}
+
+type StripeEvent struct {
+	ID               string
+	Type             string
+	ApiVersion       *string
+	ObjectID         *string
+	StripeCreated    time.Time
+	Payload          []byte
+	IdempotencyKeyID *string
+	Outcome          *string
+	ReceivedAt       time.Time
+	ProcessedAt      *time.Time
+	Attempts         int32
+	LastError        *string
 }

@@ -7,10 +7,103 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
+const refundApplyEvent = `-- name: RefundApplyEvent :one
+UPDATE refunds
+SET status = $1,
+    stripe_refund_id = COALESCE(stripe_refund_id, $2),
+    failure_code = COALESCE($3, failure_code),
+    last_event_at = GREATEST(last_event_at, $4::timestamptz),
+    updated_at = now()
+WHERE id = $5
+RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
+`
+
+type RefundApplyEventParams struct {
+	Status         string
+	StripeRefundID *string
+	FailureCode    *string
+	EventCreated   time.Time
+	ID             string
+}
+
+func (q *Queries) RefundApplyEvent(ctx context.Context, db DBTX, arg *RefundApplyEventParams) (Refund, error) {
+	row := db.QueryRow(ctx, refundApplyEvent,
+		arg.Status,
+		arg.StripeRefundID,
+		arg.FailureCode,
+		arg.EventCreated,
+		arg.ID,
+	)
+	var i Refund
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.ChargeID,
+		&i.Amount,
+		&i.Status,
+		&i.StripeRefundID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
+const refundFindForEvent = `-- name: RefundFindForEvent :one
+SELECT id FROM refunds
+WHERE idempotency_key_id = $1
+   OR id = $2
+   OR stripe_refund_id = $3
+LIMIT 1
+`
+
+type RefundFindForEventParams struct {
+	RecordID       *string
+	RefundID       *string
+	StripeRefundID *string
+}
+
+// The refund a Stripe event is about; see ChargeFindForEvent.
+func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, arg *RefundFindForEventParams) (string, error) {
+	row := db.QueryRow(ctx, refundFindForEvent, arg.RecordID, arg.RefundID, arg.StripeRefundID)
+	var id string
+	err := row.Scan(&id)
+	return id, err
+}
+
+const refundGet = `-- name: RefundGet :one
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE id = $1
+`
+
+// A refund of any account, for operator commands (idempay webhooks trigger).
+func (q *Queries) RefundGet(ctx context.Context, db DBTX, id string) (Refund, error) {
+	row := db.QueryRow(ctx, refundGet, id)
+	var i Refund
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.ChargeID,
+		&i.Amount,
+		&i.Status,
+		&i.StripeRefundID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
 const refundGetByID = `-- name: RefundGetByID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at FROM refunds WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Refund, error) {
@@ -28,12 +121,13 @@ func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, accountID string, 
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
 
 const refundGetByIdempotencyKeyID = `-- name: RefundGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at FROM refunds WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Refund, error) {
@@ -51,6 +145,31 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
+	)
+	return i, err
+}
+
+const refundGetForUpdate = `-- name: RefundGetForUpdate :one
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE id = $1 FOR UPDATE
+`
+
+func (q *Queries) RefundGetForUpdate(ctx context.Context, db DBTX, id string) (Refund, error) {
+	row := db.QueryRow(ctx, refundGetForUpdate, id)
+	var i Refund
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.ChargeID,
+		&i.Amount,
+		&i.Status,
+		&i.StripeRefundID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
@@ -58,7 +177,7 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 const refundInsert = `-- name: RefundInsert :one
 INSERT INTO refunds (account_id, idempotency_key_id, charge_id, amount)
 VALUES ($1, $2, $3, $4)
-RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at
+RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
 `
 
 type RefundInsertParams struct {
@@ -88,6 +207,7 @@ func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg *RefundInsertPa
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }
@@ -100,7 +220,7 @@ SET status = $1,
     failure_message = $4,
     updated_at = now()
 WHERE id = $5
-RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at
+RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
 `
 
 type RefundSetOutcomeParams struct {
@@ -132,6 +252,7 @@ func (q *Queries) RefundSetOutcome(ctx context.Context, db DBTX, arg *RefundSetO
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.LastEventAt,
 	)
 	return i, err
 }

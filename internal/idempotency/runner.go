@@ -495,22 +495,3 @@ func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Re
 	}
 	return n == 1, nil
 }
-
-// State is what an entry point may need to know of another record (the
-// record a Stripe event's metadata names): whether it is finished.
-type State struct {
-	ID            string
-	Scope         Scope
-	Method, Route string
-	RecoveryPoint string
-}
-
-// StateOf reads the record recordID, or returns db.ErrNotFound.
-func (r *Runner) StateOf(ctx context.Context, dbtx dbsqlc.DBTX, recordID string) (State, error) {
-	row, err := r.q.IdempotencyKeyGetByID(ctx, dbtx, recordID)
-	if err != nil {
-		return State{}, db.NotFound(err)
-	}
-	return State{ID: row.ID, Scope: Scope(row.Scope), Method: row.RequestMethod, Route: row.RequestRoute,
-		RecoveryPoint: row.RecoveryPoint}, nil
-}

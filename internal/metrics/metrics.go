@@ -37,6 +37,8 @@ type Metrics struct {
 	stripeDuration *prometheus.HistogramVec
 	stripeErrors   *prometheus.CounterVec
 	purged         prometheus.Counter
+	webhookEvents  *prometheus.CounterVec
+	webhookLag     prometheus.Histogram
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -47,6 +49,16 @@ var Outcomes = []idempotency.Outcome{
 	idempotency.OutcomeNew, idempotency.OutcomeReplayed, idempotency.OutcomeConflict,
 	idempotency.OutcomeMismatch, idempotency.OutcomeTakeover, idempotency.OutcomeRecovered,
 	idempotency.OutcomeUnknown, idempotency.OutcomeFenced, idempotency.OutcomeRolledBack,
+	idempotency.OutcomeSettled,
+}
+
+// WebhookEventTypes are the event types labelled on the webhook series as
+// themselves; any other type is labelled "other", and a delivery that could
+// not be read "unreadable", so a sender cannot create a series per type.
+var WebhookEventTypes = map[string]bool{
+	"charge.succeeded": true, "charge.failed": true, "charge.pending": true, "charge.refunded": true,
+	"charge.refund.updated": true, "refund.updated": true,
+	"charge.dispute.created": true, "charge.dispute.closed": true,
 }
 
 // Stripe operations and result classes, as labelled on the Stripe series.
@@ -90,10 +102,21 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Help: "Finished idempotency records deleted by the retention job.",
 	})
 
+	m.webhookEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "webhook", Name: "events_total",
+		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
+	}, []string{"type", "outcome"})
+	m.webhookLag = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: "webhook", Name: "processing_lag_seconds",
+		Help:    "Time from an event's creation at Stripe to its application to the ledger.",
+		Buckets: []float64{.1, .5, 1, 5, 15, 60, 300, 1800, 3600, 21600, 86400, 259200},
+	})
+
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
+		m.webhookEvents, m.webhookLag,
 	)
 	for _, o := range Outcomes {
 		m.outcomes.WithLabelValues(string(o))
@@ -146,4 +169,22 @@ func (m *Metrics) ObserveStripe(operation, result string, d time.Duration) {
 // callback of idempotency.Runner.RunRetention.
 func (m *Metrics) ObservePurged(n int64) {
 	m.purged.Add(float64(n))
+}
+
+// ObserveWebhook counts one webhook delivery; it is the function to set as
+// webhooks.Config.Observe.
+func (m *Metrics) ObserveWebhook(eventType, outcome string) {
+	switch {
+	case eventType == "":
+		eventType = "unreadable"
+	case !WebhookEventTypes[eventType]:
+		eventType = "other"
+	}
+	m.webhookEvents.WithLabelValues(eventType, outcome).Inc()
+}
+
+// ObserveWebhookLag records the lag of one applied event; it is the
+// function to set as webhooks.Config.ObserveLag.
+func (m *Metrics) ObserveWebhookLag(d time.Duration) {
+	m.webhookLag.Observe(d.Seconds())
 }

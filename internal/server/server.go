@@ -19,6 +19,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // Deps are what the API needs.
@@ -33,6 +34,8 @@ type Deps struct {
 	// AuthCacheTTL is how long a valid API key is remembered; 0 asks the
 	// database on every request (accounts.Authenticator).
 	AuthCacheTTL time.Duration
+	// Webhooks is the Stripe webhook endpoint; nil leaves it unmounted.
+	Webhooks *webhooks.Handler
 }
 
 // openAPI is the API's description, served at /openapi.json. A test keeps
@@ -90,6 +93,9 @@ func New(d Deps) *echo.Echo {
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
 	d.Charges.Routes(e.Group("/v1"), accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL).Middleware())
+	if d.Webhooks != nil {
+		d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
+	}
 
 	for _, r := range e.Routes() {
 		routes[r.Path] = true

@@ -1,0 +1,256 @@
+package charges
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stripe/stripe-go/v76"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// EventOutcome is what a Stripe event did to the ledger.
+type EventOutcome string
+
+// The outcomes of applying an event, as stored in stripe_events.outcome.
+const (
+	// EventApplied: the event moved the ledger forward.
+	EventApplied EventOutcome = "applied"
+	// EventStale: the ledger already holds this state or a later one (an
+	// older event arrived late); nothing changed.
+	EventStale EventOutcome = "stale"
+	// EventIgnored: a type idempay does not handle; recorded, acknowledged.
+	EventIgnored EventOutcome = "ignored"
+	// EventUnknownObject: about a charge, refund or dispute idempay never
+	// created (or of a charge it does not know); recorded and flagged, not
+	// applied.
+	EventUnknownObject EventOutcome = "unknown_object"
+)
+
+// HandledEventTypes are the Stripe event types that move the ledger. Others
+// are recorded and acknowledged.
+var HandledEventTypes = []string{
+	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
+	"charge.refund.updated", "refund.updated",
+	"charge.dispute.created", "charge.dispute.closed",
+}
+
+// ApplyEvent applies a verified Stripe event to the ledger inside tx, the
+// transaction that also marks the event processed (I8). States only move
+// forward (processing -> pending -> succeeded or failed; a refund's and a
+// dispute's own states likewise), so an older event never overwrites a newer
+// state whatever the arrival order; amounts are taken from the event's
+// object, never added. When the event is about a charge or refund whose
+// idempotency record is unfinished (its server died after Stripe answered),
+// the record is finished too, with the response a retry would have stored.
+func (s *Service) ApplyEvent(ctx context.Context, tx pgx.Tx, ev *stripe.Event) (EventOutcome, error) {
+	at := time.Unix(ev.Created, 0)
+	switch ev.Type {
+	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
+		var sc stripe.Charge
+		if err := json.Unmarshal(ev.Data.Raw, &sc); err != nil {
+			return "", fmt.Errorf("decoding the charge of event %s: %w", ev.ID, err)
+		}
+		return s.applyCharge(ctx, tx, string(ev.Type), &sc, at)
+	case "charge.refund.updated", "refund.updated":
+		var sr stripe.Refund
+		if err := json.Unmarshal(ev.Data.Raw, &sr); err != nil {
+			return "", fmt.Errorf("decoding the refund of event %s: %w", ev.ID, err)
+		}
+		return s.applyRefund(ctx, tx, &sr, at)
+	case "charge.dispute.created", "charge.dispute.closed":
+		var sd stripe.Dispute
+		if err := json.Unmarshal(ev.Data.Raw, &sd); err != nil {
+			return "", fmt.Errorf("decoding the dispute of event %s: %w", ev.ID, err)
+		}
+		return s.applyDispute(ctx, tx, &sd, at)
+	default:
+		return EventIgnored, nil
+	}
+}
+
+// chargeRank orders a charge's states; a state only gives way to a higher one.
+var chargeRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 2}
+
+func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
+	id, err := s.q.ChargeFindForEvent(ctx, tx, &dbsqlc.ChargeFindForEventParams{
+		RecordID: nonEmpty(sc.Metadata[MetadataRecord]), ChargeID: nonEmpty(sc.Metadata["idempay_charge_id"]),
+		StripeChargeID: nonEmpty(sc.ID),
+	})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return EventUnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
+	}
+	ch, err := s.q.ChargeGetForUpdate(ctx, tx, id)
+	if err != nil {
+		return "", fmt.Errorf("locking charge %s: %w", id, err)
+	}
+	status := stripeStatus(string(sc.Status))
+	switch typ {
+	case "charge.succeeded":
+		status = "succeeded"
+	case "charge.failed":
+		status = "failed"
+	case "charge.pending":
+		status = "pending"
+	}
+	forward := chargeRank[status] > chargeRank[ch.Status]
+	if !forward && sc.AmountRefunded <= ch.AmountRefunded {
+		return EventStale, nil
+	}
+	set := &dbsqlc.ChargeApplyEventParams{ID: ch.ID, Status: ch.Status, StripeChargeID: nonEmpty(sc.ID),
+		StripeAmountRefunded: sc.AmountRefunded, EventCreated: at}
+	if forward {
+		set.Status = status
+		if status == "failed" {
+			set.FailureCode = nonEmpty(declineCode(sc))
+			set.FailureMessage = nonEmpty(truncate(sc.FailureMessage, 1000))
+		}
+	}
+	updated, err := s.q.ChargeApplyEvent(ctx, tx, set)
+	if err != nil {
+		return "", fmt.Errorf("applying event to charge %s: %w", ch.ID, err)
+	}
+	if forward && updated.IdempotencyKeyID != nil {
+		// What the charge's own request would have stored, had its
+		// finishing commit happened (chargeOp.Call).
+		var resp idempotency.Response
+		if status == "failed" {
+			resp = failedResponse(outcomeDeclined, &stripe.Error{Type: stripe.ErrorTypeCard, Msg: sc.FailureMessage,
+				DeclineCode: stripe.DeclineCode(declineCode(sc))}, "charge", updated.ID)
+		} else if resp, err = created(RouteCharges+"/"+updated.ID, chargeJSON(updated)); err != nil {
+			return "", err
+		}
+		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, resp); err != nil {
+			return "", err
+		}
+	}
+	return EventApplied, nil
+}
+
+// declineCode is the most specific reason Stripe gives for a failed charge:
+// the outcome's reason (generic_decline, insufficient_funds ...), else the
+// failure code.
+func declineCode(sc *stripe.Charge) string {
+	if sc.Outcome != nil && sc.Outcome.Reason != "" {
+		return sc.Outcome.Reason
+	}
+	return sc.FailureCode
+}
+
+// refundRank orders a refund's states. A refund can fail after it
+// succeeded (the card was closed), so failed is last.
+var refundRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 3}
+
+// refundStatus maps a Stripe refund status onto the ledger's.
+func refundStatus(s stripe.RefundStatus) string {
+	switch s {
+	case stripe.RefundStatusSucceeded:
+		return "succeeded"
+	case stripe.RefundStatusFailed, stripe.RefundStatusCanceled:
+		return "failed"
+	default: // pending, requires_action
+		return "pending"
+	}
+}
+
+func (s *Service) applyRefund(ctx context.Context, tx pgx.Tx, sr *stripe.Refund, at time.Time) (EventOutcome, error) {
+	id, err := s.q.RefundFindForEvent(ctx, tx, &dbsqlc.RefundFindForEventParams{
+		RecordID: nonEmpty(sr.Metadata[MetadataRecord]), RefundID: nonEmpty(sr.Metadata["idempay_refund_id"]),
+		StripeRefundID: nonEmpty(sr.ID),
+	})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return EventUnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+	}
+	rf, err := s.q.RefundGetForUpdate(ctx, tx, id)
+	if err != nil {
+		return "", fmt.Errorf("locking refund %s: %w", id, err)
+	}
+	status := refundStatus(sr.Status)
+	if refundRank[status] <= refundRank[rf.Status] {
+		return EventStale, nil
+	}
+	set := &dbsqlc.RefundApplyEventParams{ID: rf.ID, Status: status, StripeRefundID: nonEmpty(sr.ID), EventCreated: at}
+	if status == "failed" {
+		set.FailureCode = nonEmpty(string(sr.FailureReason))
+		// The amount was reserved on the charge when the refund began;
+		// Stripe did not refund it after all.
+		if err := s.q.ChargeReleaseRefunded(ctx, tx, rf.Amount, rf.ChargeID); err != nil {
+			return "", fmt.Errorf("releasing refund amount: %w", err)
+		}
+	}
+	updated, err := s.q.RefundApplyEvent(ctx, tx, set)
+	if err != nil {
+		return "", fmt.Errorf("applying event to refund %s: %w", rf.ID, err)
+	}
+	if updated.IdempotencyKeyID != nil {
+		resp, err := created(RouteRefunds+"/"+updated.ID, refundJSON(updated))
+		if err != nil {
+			return "", err
+		}
+		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, resp); err != nil {
+			return "", err
+		}
+	}
+	return EventApplied, nil
+}
+
+// disputeRank orders a dispute's states: needs a response, under review,
+// closed.
+var disputeRank = map[string]int{
+	"warning_needs_response": 1, "needs_response": 1,
+	"warning_under_review": 2, "under_review": 2,
+	"warning_closed": 3, "won": 3, "lost": 3,
+}
+
+func (s *Service) applyDispute(ctx context.Context, tx pgx.Tx, sd *stripe.Dispute, at time.Time) (EventOutcome, error) {
+	status := string(sd.Status)
+	if sd.Charge == nil || disputeRank[status] == 0 || sd.Amount <= 0 {
+		return EventUnknownObject, nil
+	}
+	id, err := s.q.ChargeFindForEvent(ctx, tx, &dbsqlc.ChargeFindForEventParams{StripeChargeID: nonEmpty(sd.Charge.ID)})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return EventUnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
+	}
+	// The charge's lock orders every event of the charge, including two
+	// deliveries that would both insert the same new dispute.
+	ch, err := s.q.ChargeGetForUpdate(ctx, tx, id)
+	if err != nil {
+		return "", fmt.Errorf("locking charge %s: %w", id, err)
+	}
+	reason := nonEmpty(truncate(string(sd.Reason), 100))
+	d, err := s.q.DisputeGetByStripeIDForUpdate(ctx, tx, sd.ID)
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		if _, err := s.q.DisputeInsert(ctx, tx, &dbsqlc.DisputeInsertParams{
+			AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID, Amount: sd.Amount,
+			Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at,
+		}); err != nil {
+			return "", fmt.Errorf("inserting dispute %s: %w", sd.ID, err)
+		}
+		return EventApplied, nil
+	} else if err != nil {
+		return "", fmt.Errorf("reading dispute %s: %w", sd.ID, err)
+	}
+	newer := disputeRank[status] > disputeRank[d.Status] ||
+		disputeRank[status] == disputeRank[d.Status] && at.After(d.LastEventAt) && status != d.Status
+	if !newer {
+		return EventStale, nil
+	}
+	if err := s.q.DisputeSetStatus(ctx, tx, &dbsqlc.DisputeSetStatusParams{
+		ID: d.ID, Status: status, Amount: sd.Amount, Reason: reason, LastEventAt: at,
+	}); err != nil {
+		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
+	}
+	return EventApplied, nil
+}

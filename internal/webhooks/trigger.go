@@ -1,0 +1,125 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// TriggerOptions name what a triggered event is about, in idempay's own
+// ids, the way `stripe trigger` names a fixture.
+type TriggerOptions struct {
+	Type     string // one of TriggerTypes
+	ChargeID string // ch_... in idempay's ledger (required)
+	RefundID string // re_... in idempay's ledger (refund events)
+	// Status overrides the object's status where the type leaves a choice:
+	// a refund's (default succeeded) or a closed dispute's (default lost).
+	Status string
+}
+
+// TriggerTypes are the event types Trigger can build.
+var TriggerTypes = []string{
+	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
+	"charge.refund.updated", "refund.updated", "charge.dispute.created", "charge.dispute.closed",
+}
+
+// Trigger builds a realistic event about a charge (or one of its refunds)
+// from the ledger, as Stripe would send it: the objects carry Stripe's ids
+// and the metadata idempay put on them (idempay_record ...), so the event
+// finds its ledger row the way a real one does.
+func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, error) {
+	q := dbsqlc.New()
+	ch, err := q.ChargeGet(ctx, dbtx, o.ChargeID)
+	if err = db.NotFound(err); err != nil {
+		return Event{}, fmt.Errorf("charge %q: %w", o.ChargeID, err)
+	}
+	stripeCharge := "ch_" + strings.TrimPrefix(ch.ID, "ch_") // what Stripe would have named it
+	if ch.StripeChargeID != nil {
+		stripeCharge = *ch.StripeChargeID
+	}
+	now := time.Now()
+	metadata := map[string]string{"idempay_charge_id": ch.ID}
+	if ch.IdempotencyKeyID != nil {
+		metadata["idempay_record"] = *ch.IdempotencyKeyID
+	}
+	obj := ChargeObject{ID: stripeCharge, Amount: ch.Amount, Currency: ch.Currency, Status: "succeeded",
+		AmountRefunded: ch.AmountRefunded, PaymentMethod: ch.PaymentMethod, Metadata: metadata, Created: ch.CreatedAt}
+	switch o.Type {
+	case "charge.succeeded", "charge.pending":
+		obj.Status = strings.TrimPrefix(o.Type, "charge.")
+		return NewChargeEvent(o.Type, obj, now)
+	case "charge.failed":
+		obj.Status, obj.FailureCode, obj.FailureMessage = "failed", "card_declined", "Your card was declined."
+		return NewChargeEvent(o.Type, obj, now)
+	case "charge.refunded":
+		obj.AmountRefunded = ch.Amount
+		return NewChargeEvent(o.Type, obj, now)
+	case "charge.refund.updated", "refund.updated":
+		if o.RefundID == "" {
+			return Event{}, fmt.Errorf("%s needs --refund re_...", o.Type)
+		}
+		rf, err := q.RefundGet(ctx, dbtx, o.RefundID)
+		if err = db.NotFound(err); err != nil {
+			return Event{}, fmt.Errorf("refund %q: %w", o.RefundID, err)
+		}
+		if rf.ChargeID != ch.ID {
+			return Event{}, fmt.Errorf("refund %s is not a refund of charge %s", rf.ID, ch.ID)
+		}
+		robj := RefundObject{ID: "re_" + strings.TrimPrefix(rf.ID, "re_"), Charge: stripeCharge, Amount: rf.Amount,
+			Currency: ch.Currency, Status: or(o.Status, "succeeded"), Metadata: map[string]string{"idempay_refund_id": rf.ID},
+			Created: rf.CreatedAt}
+		if rf.StripeRefundID != nil {
+			robj.ID = *rf.StripeRefundID
+		}
+		if rf.IdempotencyKeyID != nil {
+			robj.Metadata["idempay_record"] = *rf.IdempotencyKeyID
+		}
+		if robj.Status == "failed" {
+			robj.FailureReason = "expired_or_canceled_card"
+		}
+		return NewRefundEvent(o.Type, robj, now)
+	case "charge.dispute.created", "charge.dispute.closed":
+		// One dispute per charge, so that "closed" closes what "created" opened.
+		d := DisputeObject{ID: "dp_" + strings.TrimPrefix(stripeCharge, "ch_"), Charge: stripeCharge,
+			Amount: ch.Amount, Currency: ch.Currency, Reason: "fraudulent", Status: "needs_response"}
+		if o.Type == "charge.dispute.closed" {
+			d.Status = or(o.Status, "lost")
+		}
+		return NewDisputeEvent(o.Type, d, now)
+	default:
+		return Event{}, fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))
+	}
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Post sends ev to a webhook endpoint, signed with secret at the current
+// time, byte for byte as built (the signature covers the exact body), and
+// returns the answer.
+func Post(ctx context.Context, client *http.Client, url string, ev Event, secret string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(ev.Payload))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", SignatureHeader(ev.Payload, time.Now(), secret))
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}

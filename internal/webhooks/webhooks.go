@@ -1,0 +1,308 @@
+// Package webhooks is idempay's Stripe webhook endpoint, the idempotency
+// core's second entry point: POST /v1/webhooks/stripe verifies the
+// Stripe-Signature header with stripe-go's webhook package, then runs the
+// event through the same Runner as POST /v1/charges, scoped to the source
+// "stripe-webhooks" with the event id as the key. The claim transaction
+// records the event in the inbox (stripe_events); the finishing transaction
+// applies it to the ledger (charges.Service.ApplyEvent) and marks it
+// processed, so the event id commits with the ledger change it causes (I8).
+//
+// The package also builds signed test events (build.go), for the tests and
+// for `idempay webhooks trigger`.
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/webhook"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+)
+
+// Route is the endpoint, as registered and as stored on its records.
+const Route = "/v1/webhooks/stripe"
+
+// Scope is the idempotency scope of Stripe's event ids.
+var Scope = idempotency.SourceScope("stripe-webhooks")
+
+// DefaultTolerance is how old a signature's timestamp may be (Stripe's
+// recommendation, and stripe-go's default): older deliveries are refused as
+// possible replays by a third party.
+const DefaultTolerance = 5 * time.Minute
+
+// Outcomes of one delivery, as counted by Observe: the ledger outcomes of
+// charges.EventOutcome, and these.
+const (
+	// OutcomeDuplicate: the event was delivered before (replayed, or in
+	// flight in another process); nothing changed.
+	OutcomeDuplicate = "duplicate"
+	// OutcomePending: recorded, but not applied yet (its processing failed
+	// or is waiting); the completer applies it.
+	OutcomePending = "pending"
+	// OutcomeRejectedSignature: missing, stale or wrong signature.
+	OutcomeRejectedSignature = "rejected_signature"
+	// OutcomeRejectedPayload: not an event this endpoint understands.
+	OutcomeRejectedPayload = "rejected_payload"
+)
+
+// Config configures the endpoint.
+type Config struct {
+	// Secret is the endpoint's signing secret (STRIPE_WEBHOOK_SECRET).
+	Secret string
+	// PreviousSecret is accepted too, during a rotation
+	// (STRIPE_WEBHOOK_SECRET_PREVIOUS); "" when not rotating.
+	PreviousSecret string
+	// Tolerance bounds the age of a signature; 0 means DefaultTolerance.
+	Tolerance time.Duration
+	// Observe, when set, counts one delivery by event type and outcome
+	// (metrics). The type is "" when the event could not be read.
+	Observe func(eventType, outcome string)
+	// ObserveLag, when set, receives the time from the event's creation at
+	// Stripe to its application here.
+	ObserveLag func(time.Duration)
+}
+
+// Handler serves the endpoint.
+type Handler struct {
+	pool    *pgxpool.Pool
+	q       *dbsqlc.Queries
+	runner  *idempotency.Runner
+	charges *charges.Service
+	cfg     Config
+	log     *slog.Logger
+}
+
+// New returns the endpoint and registers its operation with the runner, so
+// that the completer applies an event whose processing was interrupted.
+func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, cfg Config, log *slog.Logger) *Handler {
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = DefaultTolerance
+	}
+	h := &Handler{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
+	runner.Register(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
+	return h
+}
+
+// Routes mounts the endpoint on e. It takes no API key: the signature is
+// its authentication.
+func (h *Handler) Routes(e *echo.Echo) {
+	e.POST(Route, h.receive)
+}
+
+func (h *Handler) observe(typ, outcome string) {
+	if h.cfg.Observe != nil {
+		h.cfg.Observe(typ, outcome)
+	}
+}
+
+// receive answers 2xx only once the event is durably recorded: applied now,
+// a duplicate of one recorded before, or recorded and left to the
+// completer. A delivery refused here (400) stores nothing.
+func (h *Handler) receive(c echo.Context) error {
+	r := c.Request()
+	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
+	if err != nil {
+		return idemhttp.Problem(err)
+	}
+	ev, err := h.verify(payload, r.Header.Get("Stripe-Signature"))
+	if err != nil {
+		return err
+	}
+	req, err := request(ev)
+	if err != nil {
+		h.observe("", OutcomeRejectedPayload)
+		return apierror.New(apierror.WebhookPayloadInvalid, err.Error())
+	}
+	op := &eventOp{h: h, ev: ev, payload: payload}
+	resp, err := h.runner.Run(r.Context(), req, op)
+	typ := string(ev.Type)
+	switch {
+	case err == nil && resp.Replayed:
+		h.observe(typ, OutcomeDuplicate)
+	case err == nil:
+		h.observe(typ, string(op.outcome))
+		if op.outcome == charges.EventUnknownObject {
+			h.log.WarnContext(r.Context(), "stripe event about an object idempay never created: recorded, not applied",
+				"event_id", ev.ID, "event_type", typ)
+		}
+		if h.cfg.ObserveLag != nil {
+			h.cfg.ObserveLag(time.Since(time.Unix(ev.Created, 0)))
+		}
+	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
+		// Another process holds the event's record: it is recorded, and
+		// that process (or the completer) applies it.
+		h.observe(typ, OutcomeDuplicate)
+		return c.JSON(http.StatusOK, receipt{ID: ev.ID, Object: "webhook_receipt", Outcome: OutcomeDuplicate})
+	case errors.Is(err, idempotency.ErrUnknownOutcome):
+		h.observe(typ, OutcomePending)
+		return c.JSON(http.StatusOK, receipt{ID: ev.ID, Object: "webhook_receipt", Outcome: OutcomePending})
+	case errors.Is(err, idempotency.ErrMismatch):
+		// The same event id with other content: not something Stripe sends.
+		h.observe(typ, OutcomeRejectedPayload)
+		return apierror.Newf(apierror.WebhookPayloadInvalid, "Event %s was received before with different content.", ev.ID)
+	default:
+		h.recordFailure(r.Context(), ev.ID, err)
+		return err // 503 when the database is down, else 500: Stripe retries
+	}
+	idemhttp.Write(c.Response(), resp)
+	return nil
+}
+
+// verify checks the signature against the current secret, then the
+// previous one, and parses the event. stripe-go also refuses an event whose
+// API version is not its own: its objects would be decoded wrongly.
+func (h *Handler) verify(payload []byte, header string) (*stripe.Event, error) {
+	opts := webhook.ConstructEventOptions{Tolerance: h.cfg.Tolerance}
+	if h.cfg.Secret == "" {
+		h.observe("", OutcomeRejectedSignature)
+		return nil, apierror.New(apierror.WebhookSignatureInvalid, "This server has no webhook signing secret configured (STRIPE_WEBHOOK_SECRET).")
+	}
+	ev, err := webhook.ConstructEventWithOptions(payload, header, h.cfg.Secret, opts)
+	if errors.Is(err, webhook.ErrNoValidSignature) && h.cfg.PreviousSecret != "" {
+		ev, err = webhook.ConstructEventWithOptions(payload, header, h.cfg.PreviousSecret, opts)
+	}
+	switch {
+	case err == nil:
+		return &ev, nil
+	case errors.Is(err, webhook.ErrNotSigned), errors.Is(err, webhook.ErrInvalidHeader),
+		errors.Is(err, webhook.ErrNoValidSignature), errors.Is(err, webhook.ErrTooOld):
+		h.observe("", OutcomeRejectedSignature)
+		return nil, apierror.Newf(apierror.WebhookSignatureInvalid, "The Stripe-Signature header was refused: %v.", err)
+	default: // the body is not JSON, or not of stripe-go's API version
+		h.observe("", OutcomeRejectedPayload)
+		return nil, apierror.Newf(apierror.WebhookPayloadInvalid, "%v", err)
+	}
+}
+
+// request is the event's claim: the event id is the key, and the
+// fingerprint covers what identifies the event (id, type, created, API
+// version and the object), not what changes from one delivery to the next
+// (pending_webhooks).
+func request(ev *stripe.Event) (idempotency.Request, error) {
+	key, err := idempotency.ParseKey(ev.ID)
+	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
+		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.")
+	}
+	stable, err := json.Marshal(struct {
+		ID         string          `json:"id"`
+		Type       string          `json:"type"`
+		Created    int64           `json:"created"`
+		APIVersion string          `json:"api_version"`
+		Object     json.RawMessage `json:"object"`
+	}{ev.ID, string(ev.Type), ev.Created, ev.APIVersion, ev.Data.Raw})
+	if err != nil {
+		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err)
+	}
+	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idemhttp.MaxBodyBytes)
+}
+
+// recordFailure notes a failed processing attempt on the inbox row, if the
+// event got that far; it is best effort, for an operator's eyes.
+func (h *Handler) recordFailure(ctx context.Context, eventID string, cause error) {
+	msg := cause.Error()
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool, &msg, eventID); err != nil {
+		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
+	}
+}
+
+// receipt is the endpoint's answer, stored and replayed like any response.
+type receipt struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Outcome string `json:"outcome"`
+}
+
+// eventOp applies one event. Begin records it in the inbox with its record;
+// there is no downstream call: the finishing transaction applies the event
+// to the ledger and marks it processed.
+type eventOp struct {
+	h       *Handler
+	ev      *stripe.Event
+	payload []byte
+	outcome charges.EventOutcome
+}
+
+func (op *eventOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+	var object struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(op.ev.Data.Raw, &object) // an object without an id is recorded without one
+	_, err := op.h.q.StripeEventInsert(ctx, tx, &dbsqlc.StripeEventInsertParams{
+		ID: op.ev.ID, Type: string(op.ev.Type), ApiVersion: nonEmpty(op.ev.APIVersion),
+		ObjectID: nonEmpty(object.ID), StripeCreated: time.Unix(op.ev.Created, 0),
+		Payload: op.payload, IdempotencyKeyID: &rec.ID,
+	})
+	if err != nil {
+		return fmt.Errorf("recording stripe event %s: %w", op.ev.ID, err)
+	}
+	return nil
+}
+
+func (op *eventOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
+	row, err := op.h.q.StripeEventGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+	if err != nil {
+		return fmt.Errorf("loading stripe event: %w", err)
+	}
+	var ev stripe.Event
+	if err := json.Unmarshal(row.Payload, &ev); err != nil {
+		return fmt.Errorf("decoding stripe event %s: %w", row.ID, err)
+	}
+	op.ev, op.payload = &ev, row.Payload
+	return nil
+}
+
+func (op *eventOp) Call(context.Context, *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(op.apply)
+}
+
+// apply is the finishing transaction: the inbox row's lock orders it against
+// any other processing of the same event id, and processed_at is its
+// once-only guard, also beyond the idempotency record's retention.
+func (op *eventOp) apply(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
+	row, err := op.h.q.StripeEventGetForUpdate(ctx, tx, op.ev.ID)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("locking stripe event %s: %w", op.ev.ID, err)
+	}
+	if row.ProcessedAt != nil { // applied before its record was purged
+		op.outcome = charges.EventOutcome(*row.Outcome)
+	} else {
+		if op.outcome, err = op.h.charges.ApplyEvent(ctx, tx, op.ev); err != nil {
+			return idempotency.Response{}, err
+		}
+		outcome := string(op.outcome)
+		if _, err := op.h.q.StripeEventMarkProcessed(ctx, tx, &outcome, op.ev.ID); err != nil {
+			return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
+		}
+	}
+	body, err := json.Marshal(receipt{ID: op.ev.ID, Object: "webhook_receipt", Outcome: string(op.outcome)})
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{Status: http.StatusOK,
+		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}}, Body: body}, nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
