@@ -46,6 +46,9 @@ import (
 // binPath is the idempay binary built with -tags faultinject by TestMain.
 var binPath string
 
+// webhookSecret is every server's STRIPE_WEBHOOK_SECRET.
+const webhookSecret = "whsec_e2e"
+
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
@@ -206,6 +209,7 @@ func (s *server) env() []string {
 		"LISTEN_ADDR=" + o.Addr,
 		"STRIPE_SECRET_KEY=sk_test_x",
 		"STRIPE_API_URL=" + o.StripeURL,
+		"STRIPE_WEBHOOK_SECRET=" + webhookSecret,
 		"STRIPE_TIMEOUT=" + o.Stripe.String(),
 		"IDEMPOTENCY_LOCK_TIMEOUT=" + o.Lock.String(),
 		"COMPLETER_INTERVAL=" + o.Completer.String(),

@@ -1,0 +1,539 @@
+package webhooks_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// delivery is one answer of the endpoint, read in full.
+type delivery struct {
+	Status   int
+	Replayed bool
+	Body     []byte
+	Receipt  struct {
+		ID      string `json:"id"`
+		Outcome string `json:"outcome"`
+	}
+	Problem struct {
+		Type string `json:"type"`
+	}
+}
+
+// deliver posts ev to env's endpoint as Stripe would, signed now with secrets
+// (the env's secret when none is given).
+func deliver(t testing.TB, env *apitest.Env, ev webhooks.Event, secrets ...string) delivery {
+	t.Helper()
+	if len(secrets) == 0 {
+		secrets = []string{apitest.WebhookSecret}
+	}
+	return deliverRaw(t, env, ev.Payload, webhooks.SignatureHeader(ev.Payload, time.Now(), secrets...))
+}
+
+func deliverRaw(t testing.TB, env *apitest.Env, payload []byte, signature string) delivery {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, env.Server.URL+webhooks.Route, bytes.NewReader(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if signature != "" {
+		req.Header.Set("Stripe-Signature", signature)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("posting the event: %v", err)
+		return delivery{}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	d := delivery{Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true", Body: body}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, &d.Receipt); err != nil {
+			t.Errorf("decoding receipt %q: %v", body, err)
+		}
+	} else if resp.Header.Get("Content-Type") == "application/problem+json" {
+		_ = json.Unmarshal(body, &d.Problem)
+	}
+	return d
+}
+
+// wantOutcome fails unless d is a 200 with the given outcome.
+func wantOutcome(t testing.TB, d delivery, outcome string) {
+	t.Helper()
+	if d.Status != http.StatusOK || d.Receipt.Outcome != outcome {
+		t.Fatalf("delivery answered %d %s, want 200 with outcome %q", d.Status, d.Body, outcome)
+	}
+}
+
+// chargeDetail is GET /v1/charges/{id}.
+type chargeDetail struct {
+	ID             string  `json:"id"`
+	Amount         int64   `json:"amount"`
+	AmountRefunded int64   `json:"amount_refunded"`
+	Status         string  `json:"status"`
+	StripeChargeID *string `json:"stripe_charge_id"`
+	FailureCode    *string `json:"failure_code"`
+	Disputes       []struct {
+		StripeDisputeID string `json:"stripe_dispute_id"`
+		Status          string `json:"status"`
+		Amount          int64  `json:"amount"`
+	} `json:"disputes"`
+}
+
+func getCharge(t testing.TB, c *apitest.Client, id string) chargeDetail {
+	t.Helper()
+	resp := c.Get("/v1/charges/" + id)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("GET charge %s: %d %s", id, resp.Status, resp.Body)
+	}
+	var ch chargeDetail
+	resp.JSON(t, &ch)
+	return ch
+}
+
+func newKey() string { return "k-" + rand.Text() }
+
+// createCharge makes a charge over the API and returns it with the fake's
+// copy of it (what Stripe holds).
+func createCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (chargeDetail, stripefake.Charge) {
+	t.Helper()
+	resp := c.Post("/v1/charges", newKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
+	if resp.Status != http.StatusCreated {
+		t.Fatalf("creating a charge: %d %s", resp.Status, resp.Body)
+	}
+	var ch chargeDetail
+	resp.JSON(t, &ch)
+	return ch, stripeCharge(t, env, "idempay_charge_id", ch.ID)
+}
+
+// stripeCharge is the fake's charge whose metadata has key = value.
+func stripeCharge(t testing.TB, env *apitest.Env, key, value string) stripefake.Charge {
+	t.Helper()
+	for _, fc := range env.Stripe.Charges() {
+		if fc.Metadata[key] == value {
+			return fc
+		}
+	}
+	t.Fatalf("Stripe holds no charge with metadata %s=%s", key, value)
+	return stripefake.Charge{}
+}
+
+func chargeEvent(t testing.TB, typ string, obj webhooks.ChargeObject, created time.Time) webhooks.Event {
+	t.Helper()
+	ev, err := webhooks.NewChargeEvent(typ, obj, created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// inbox is an event's row in stripe_events; found is false when none.
+type inbox struct {
+	found    bool
+	outcome  *string
+	attempts int32
+	records  int // idempotency records keyed by the event id
+}
+
+func readInbox(t testing.TB, pool *pgxpool.Pool, eventID string) inbox {
+	t.Helper()
+	ctx := context.Background()
+	var in inbox
+	err := pool.QueryRow(ctx, `SELECT outcome, attempts FROM stripe_events WHERE id = $1`, eventID).Scan(&in.outcome, &in.attempts)
+	in.found = err == nil
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+		string(webhooks.Scope), eventID).Scan(&in.records); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// unfinishedCharge makes a charge whose Stripe call succeeded at Stripe but
+// whose answer was lost (the fake does the work and answers after the
+// client's timeout): the ledger row stays processing and the record
+// resumable, as when a server dies between Stripe's answer and its
+// finishing commit. It returns the ledger id, the client's key and Stripe's
+// copy.
+func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (string, string, stripefake.Charge) {
+	t.Helper()
+	env.Stripe.SetFaultDelay(5 * time.Second)
+	env.Stripe.FailFor(stripefake.Delay, time.Minute)
+	defer env.Stripe.ClearFaults()
+	key := newKey()
+	resp := c.Post("/v1/charges", key, map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
+	if resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge during a slow Stripe: %d %s, want 503", resp.Status, resp.Body)
+	}
+	var id, point string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT c.id, ik.recovery_point FROM charges c
+		JOIN idempotency_keys ik ON ik.id = c.idempotency_key_id WHERE ik.account_id = $1 AND ik.key = $2`,
+		c.Account.ID, key).Scan(&id, &point); err != nil {
+		t.Fatal(err)
+	}
+	if point != "downstream_called" {
+		t.Fatalf("record at %s, want downstream_called", point)
+	}
+	return id, key, stripeCharge(t, env, "idempay_charge_id", id)
+}
+
+// Every handled type moves the ledger as documented; other types are
+// recorded and acknowledged.
+func TestEventTypesMoveTheLedger(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch, fc := createCharge(t, env, c, 2000)
+	now := time.Now()
+
+	// A refund over the API, then Stripe tells us it failed later on
+	// (refund.updated): the refund is failed and its amount released.
+	rresp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500})
+	if rresp.Status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", rresp.Status, rresp.Body)
+	}
+	var rf struct {
+		ID             string  `json:"id"`
+		StripeRefundID *string `json:"stripe_refund_id"`
+	}
+	rresp.JSON(t, &rf)
+	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 500 {
+		t.Fatalf("amount_refunded after a refund of 500: %d", got)
+	}
+	for _, typ := range []string{"refund.updated", "charge.refund.updated"} {
+		ev, err := webhooks.NewRefundEvent(typ, webhooks.RefundObject{ID: *rf.StripeRefundID, Charge: fc.ID, Amount: 500,
+			Currency: "usd", Status: "failed", FailureReason: "expired_or_canceled_card"}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "applied"
+		if typ == "charge.refund.updated" {
+			want = "stale" // the same news twice, under both names Stripe uses
+		}
+		wantOutcome(t, deliver(t, env, ev), want)
+	}
+	var status string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM refunds WHERE id = $1`, rf.ID).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" {
+		t.Errorf("refund status after refund.updated(failed): %s, want failed", status)
+	}
+	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 0 {
+		t.Errorf("amount_refunded after the refund failed: %d, want 0", got)
+	}
+
+	// charge.refunded (a refund made in Stripe's dashboard): Stripe's
+	// amount_refunded is taken as it is, never added.
+	obj := fc.EventObject("succeeded")
+	obj.AmountRefunded = 2000
+	refunded := chargeEvent(t, "charge.refunded", obj, now.Add(time.Second))
+	wantOutcome(t, deliver(t, env, refunded), "applied")
+	if got := getCharge(t, c, ch.ID); got.AmountRefunded != 2000 || got.Status != "succeeded" {
+		t.Errorf("after charge.refunded: amount_refunded %d, status %s; want 2000, succeeded", got.AmountRefunded, got.Status)
+	}
+	again := chargeEvent(t, "charge.refunded", obj, now.Add(2*time.Second)) // another event, same news
+	wantOutcome(t, deliver(t, env, again), "stale")
+	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 2000 {
+		t.Errorf("a second charge.refunded added: amount_refunded %d, want 2000", got)
+	}
+
+	// Disputes: created, then closed; the charge shows them, and an open
+	// dispute forbids a refund.
+	ch2, fc2 := createCharge(t, env, c, 3000)
+	dispute := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc2.ID, Amount: 3000, Currency: "usd",
+		Reason: "fraudulent", Status: "needs_response"}
+	created, err := webhooks.NewDisputeEvent("charge.dispute.created", dispute, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, created), "applied")
+	got := getCharge(t, c, ch2.ID)
+	if len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" || got.Disputes[0].StripeDisputeID != dispute.ID {
+		t.Fatalf("charge disputes after charge.dispute.created: %s", mustJSON(got.Disputes))
+	}
+	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch2.ID}); r.Status != http.StatusConflict {
+		t.Errorf("refund of a disputed charge: %d %s, want 409", r.Status, r.Body)
+	}
+	dispute.Status = "won"
+	closed, err := webhooks.NewDisputeEvent("charge.dispute.closed", dispute, now.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, closed), "applied")
+	if got := getCharge(t, c, ch2.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "won" || got.AmountRefunded != 0 {
+		t.Errorf("after charge.dispute.closed(won): disputes %s, amount_refunded %d", mustJSON(got.Disputes), got.AmountRefunded)
+	}
+	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch2.ID, "amount": 100}); r.Status != http.StatusCreated {
+		t.Errorf("refund after a won dispute: %d %s, want 201", r.Status, r.Body)
+	}
+
+	// A type idempay does not handle: recorded and acknowledged.
+	other, err := webhooks.NewEvent("", "customer.created", map[string]string{"id": "cus_1", "object": "customer"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, other), "ignored")
+	if in := readInbox(t, env.Pool, other.ID); !in.found || in.outcome == nil || *in.outcome != "ignored" {
+		t.Errorf("inbox row of an unhandled type: found %v, outcome %v", in.found, in.outcome)
+	}
+
+	// An object idempay never created: recorded, flagged, not applied.
+	stranger := chargeEvent(t, "charge.succeeded", webhooks.ChargeObject{ID: "ch_" + rand.Text(), Amount: 100,
+		Currency: "usd", Status: "succeeded"}, now)
+	wantOutcome(t, deliver(t, env, stranger), "unknown_object")
+	if in := readInbox(t, env.Pool, stranger.ID); !in.found || in.outcome == nil || *in.outcome != "unknown_object" {
+		t.Errorf("inbox row of an unknown object: found %v, outcome %v", in.found, in.outcome)
+	}
+	metrics := c.Get("/metrics")
+	if !bytes.Contains(metrics.Body, []byte(`idempay_webhook_events_total{outcome="unknown_object",type="charge.succeeded"} 1`)) {
+		t.Errorf("/metrics does not count the unknown object")
+	}
+}
+
+// A charge whose answer from Stripe was lost: the event finishes both the
+// ledger row and the idempotency record, with the response a retry would
+// have stored; the client's retry then replays it, and Stripe saw one
+// downstream key.
+func TestEventFinishesAnUnfinishedCharge(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		typ, status string
+		wantStatus  int
+	}{
+		{"charge.succeeded", "succeeded", http.StatusCreated},
+		{"charge.pending", "pending", http.StatusCreated},
+		{"charge.failed", "failed", http.StatusPaymentRequired},
+	} {
+		t.Run(tc.typ, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
+			c := env.NewClient(t)
+			id, key, fc := unfinishedCharge(t, env, c, 1500)
+
+			obj := fc.EventObject(tc.status)
+			if tc.status == "failed" {
+				obj.FailureCode, obj.FailureMessage = "card_declined", "Your card was declined."
+			}
+			wantOutcome(t, deliver(t, env, chargeEvent(t, tc.typ, obj, time.Now())), "applied")
+			ch := getCharge(t, c, id)
+			if ch.Status != tc.status || ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID {
+				t.Fatalf("ledger after %s: status %s, stripe id %v; want %s, %s", tc.typ, ch.Status, ch.StripeChargeID, tc.status, fc.ID)
+			}
+
+			retry := c.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "tok_visa"})
+			if retry.Status != tc.wantStatus || retry.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry after the event: %d (replayed %q) %s; want a replayed %d",
+					retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body, tc.wantStatus)
+			}
+			if !bytes.Contains(retry.Body, []byte(id)) {
+				t.Errorf("the replay %s does not name charge %s", retry.Body, id)
+			}
+			downstream := "idempay_" + fc.Metadata["idempay_record"]
+			for _, r := range env.Stripe.Requests() {
+				if r.Method == http.MethodPost && r.IdempotencyKey != downstream {
+					t.Errorf("Stripe saw downstream key %q, want only %q", r.IdempotencyKey, downstream)
+				}
+			}
+			if n := len(env.Stripe.Charges()); n != 1 {
+				t.Errorf("Stripe holds %d charges, want 1", n)
+			}
+		})
+	}
+}
+
+// The same event delivered 20 times, one after the other and then all at
+// once: applied once, every delivery answered 200.
+func TestDuplicateDeliveries(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	_, fc := createCharge(t, env, c, 1000)
+	obj := fc.EventObject("succeeded")
+	obj.AmountRefunded = 400
+
+	t.Run("sequential", func(t *testing.T) {
+		ev := chargeEvent(t, "charge.refunded", obj, time.Now())
+		for i := 0; i < 20; i++ {
+			d := deliver(t, env, ev)
+			wantOutcome(t, d, "applied") // the stored receipt, replayed
+			if d.Replayed != (i > 0) {
+				t.Fatalf("delivery %d: replayed %v", i, d.Replayed)
+			}
+		}
+		if in := readInbox(t, env.Pool, ev.ID); in.attempts != 1 || in.records != 1 {
+			t.Errorf("after 20 deliveries: %d processing attempts, %d records; want 1, 1", in.attempts, in.records)
+		}
+	})
+
+	t.Run("concurrent", func(t *testing.T) {
+		obj.AmountRefunded = 700
+		ev := chargeEvent(t, "charge.refunded", obj, time.Now().Add(time.Second))
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			applied  int
+			statuses = map[int]int{}
+		)
+		for i := 0; i < 20; i++ {
+			wg.Go(func() {
+				d := deliver(t, env, ev)
+				mu.Lock()
+				defer mu.Unlock()
+				statuses[d.Status]++
+				if d.Receipt.Outcome == "applied" && !d.Replayed {
+					applied++
+				}
+			})
+		}
+		wg.Wait()
+		if statuses[http.StatusOK] != 20 || applied != 1 {
+			t.Errorf("20 concurrent deliveries: statuses %v, %d applied; want 20 × 200, 1 applied", statuses, applied)
+		}
+		if in := readInbox(t, env.Pool, ev.ID); in.attempts != 1 || in.records != 1 {
+			t.Errorf("after 20 concurrent deliveries: %d processing attempts, %d records; want 1, 1", in.attempts, in.records)
+		}
+	})
+	if got := getCharge(t, c, stripeCharge(t, env, "idempay_record", fc.Metadata["idempay_record"]).Metadata["idempay_charge_id"]); got.AmountRefunded != 700 {
+		t.Errorf("amount_refunded %d, want 700", got.AmountRefunded)
+	}
+}
+
+// Events applied in the wrong order end in the right state: the ledger only
+// moves forward, and Stripe's created time orders events of one state.
+func TestOutOfOrder(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now().Add(-time.Hour)
+
+	t.Run("succeeded before pending", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
+		c := env.NewClient(t)
+		id, _, fc := unfinishedCharge(t, env, c, 1200)
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), t0.Add(2*time.Second))), "applied")
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.pending", fc.EventObject("pending"), t0.Add(time.Second))), "stale")
+		if got := getCharge(t, c, id).Status; got != "succeeded" {
+			t.Errorf("status %s, want succeeded", got)
+		}
+	})
+
+	t.Run("refunded before the charge's own success", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
+		c := env.NewClient(t)
+		id, _, fc := unfinishedCharge(t, env, c, 1200)
+		obj := fc.EventObject("succeeded")
+		obj.AmountRefunded = 1200
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.refunded", obj, t0.Add(2*time.Second))), "applied")
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), t0.Add(time.Second))), "stale")
+		if got := getCharge(t, c, id); got.Status != "succeeded" || got.AmountRefunded != 1200 {
+			t.Errorf("status %s, amount_refunded %d; want succeeded, 1200", got.Status, got.AmountRefunded)
+		}
+	})
+
+	t.Run("dispute closed before created", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		ch, fc := createCharge(t, env, c, 900)
+		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.ID, Amount: 900, Currency: "usd", Reason: "fraudulent", Status: "lost"}
+		closed, _ := webhooks.NewDisputeEvent("charge.dispute.closed", d, t0.Add(2*time.Second))
+		d.Status = "needs_response"
+		created, _ := webhooks.NewDisputeEvent("charge.dispute.created", d, t0.Add(time.Second))
+		wantOutcome(t, deliver(t, env, closed), "applied")
+		wantOutcome(t, deliver(t, env, created), "stale")
+		if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "lost" {
+			t.Errorf("disputes %s, want one lost", mustJSON(got.Disputes))
+		}
+	})
+}
+
+// A delivery that is not a verified, understood event is a 400 (413 for an
+// oversized body, as on every route) and stores nothing.
+func TestBadDeliveries(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	_, fc := createCharge(t, env, c, 1000)
+	good := chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), time.Now())
+	sign := func(p []byte) string { return webhooks.SignatureHeader(p, time.Now(), apitest.WebhookSecret) }
+	oldVersion := bytes.Replace(good.Payload, []byte(`"api_version":"2023-10-16"`), []byte(`"api_version":"2020-08-27"`), 1)
+	tampered := bytes.Replace(good.Payload, []byte(`"amount":1000`), []byte(`"amount":1`), 1)
+	huge := append(append([]byte(nil), good.Payload[:len(good.Payload)-1]...), []byte(`,"pad":"`+strings.Repeat("x", 1<<20)+`"}`)...)
+
+	for _, tc := range []struct {
+		name      string
+		payload   []byte
+		signature string
+		status    int
+		problem   string
+	}{
+		{"missing header", good.Payload, "", 400, "webhook-signature-invalid"},
+		{"malformed header", good.Payload, "garbage", 400, "webhook-signature-invalid"},
+		{"bad signature", good.Payload, "t=" + itoa(time.Now().Unix()) + ",v1=00ff", 400, "webhook-signature-invalid"},
+		{"wrong secret", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now(), "whsec_other"), 400, "webhook-signature-invalid"},
+		{"stale timestamp", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now().Add(-10*time.Minute), apitest.WebhookSecret), 400, "webhook-signature-invalid"},
+		{"tampered body", tampered, sign(good.Payload), 400, "webhook-signature-invalid"},
+		{"not JSON", []byte("not json"), sign([]byte("not json")), 400, "webhook-payload-invalid"},
+		{"API version not understood", oldVersion, sign(oldVersion), 400, "webhook-payload-invalid"},
+		{"oversized body", huge, sign(huge), 413, "body-too-large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := deliverRaw(t, env, tc.payload, tc.signature)
+			if d.Status != tc.status || d.Problem.Type != "/problems/"+tc.problem {
+				t.Fatalf("answered %d %s, want %d %s", d.Status, d.Body, tc.status, tc.problem)
+			}
+			if in := readInbox(t, env.Pool, good.ID); in.found || in.records != 0 {
+				t.Fatalf("a refused delivery stored something: inbox row %v, %d records", in.found, in.records)
+			}
+		})
+	}
+	// The genuine delivery still goes through (stale: the charge succeeded
+	// over the API already).
+	wantOutcome(t, deliver(t, env, good), "stale")
+}
+
+// During a secret rotation, events signed with the previous secret are
+// accepted while it is configured, and refused once it is not.
+func TestSecretRotation(t *testing.T) {
+	t.Parallel()
+	const previous = "whsec_previous"
+	rotating := apitest.New(t, apitest.Options{WebhookPreviousSecret: previous})
+	done := apitest.New(t, apitest.Options{})
+	for _, tc := range []struct {
+		name    string
+		env     *apitest.Env
+		secrets []string
+		status  int
+	}{
+		{"previous secret while rotating", rotating, []string{previous}, 200},
+		{"both signatures while rotating", rotating, []string{previous, apitest.WebhookSecret}, 200},
+		{"new secret while rotating", rotating, []string{apitest.WebhookSecret}, 200},
+		{"previous secret after the rotation", done, []string{previous}, 400},
+	} {
+		ev, err := webhooks.NewEvent("", "customer.updated", map[string]string{"id": "cus_1", "object": "customer"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := deliver(t, tc.env, ev, tc.secrets...); d.Status != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.name, d.Status, d.Body, tc.status)
+		}
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
