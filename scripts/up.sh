@@ -77,6 +77,12 @@ build_stripe_mock
 start_stripe_mock
 export STRIPE_API_URL=$STRIPE_MOCK_URL
 export STRIPE_SECRET_KEY=sk_test_123
+# stripe-mock sends no webhooks: `idempay webhooks trigger` signs and posts
+# them with this secret, as Stripe would with an endpoint's secret.
+if [[ -z ${STRIPE_WEBHOOK_SECRET:-} ]]; then
+	STRIPE_WEBHOOK_SECRET="whsec_demo_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+fi
+export STRIPE_WEBHOOK_SECRET
 
 # 3. Schema and a demo account
 idem_log "applying migrations"
@@ -132,6 +138,15 @@ for ((i = 0; i < 240; i++)); do
 done
 [[ -n $ready ]] || idem_die "idempay serve did not start listening on $LISTEN_ADDR within 60s"
 
+# What `idempay webhooks trigger` needs to reach this server and its
+# database, kept out of the terminal (the database URL may hold a password).
+mkdir -p .run
+demo_env=.run/demo.env
+(
+	umask 077
+	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\n' "$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" >"$demo_env"
+)
+
 idem_key="demo-$(date +%s)-$RANDOM"
 cat <<EOF
 
@@ -156,6 +171,16 @@ curl -s -i $api_url/v1/charges \\
  response of the first (same charge id, header Idempotent-Replayed: true)
  and charges nothing again.
  Change the Idempotency-Key to make a new charge.
+
+ Then have "Stripe" tell the server something later, as a signed webhook
+ (stripe-mock sends none; this is what \`stripe trigger\` does): a dispute.
+
+CHARGE=\$(curl -s $api_url/v1/charges -H 'Authorization: Bearer $api_key' | grep -o '"id":"ch_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+(set -a; . $demo_env; bin/idempay webhooks trigger charge.dispute.created --charge "\$CHARGE")
+curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
+
+ Run the trigger twice: a new event each time, applied once each (the
+ second is stale). Other types: idempay webhooks trigger --help.
 
  Ctrl-C stops the server and stripe-mock.
 ==============================================================================
