@@ -36,13 +36,13 @@ func loadConfig() (Config, error) {
 	e := envReader{}
 	idem := idempotency.DefaultConfig()
 	cfg := Config{
-		DatabaseURL:       e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
-		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
-		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
-		AuthCacheTTL:      e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
-		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
-		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
-		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),
+		DatabaseURL:     e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
+		DBMaxConns:      int32(e.int("DB_MAX_CONNS", 16)),
+		ListenAddr:      e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		AuthCacheTTL:    e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
+		StripeSecretKey: e.str("STRIPE_SECRET_KEY", ""),
+		StripeAPIURL:    strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
+		StripeTimeout:   e.dur("STRIPE_TIMEOUT", 20*time.Second),
 		Webhooks: webhooks.Config{
 			Secret:         e.str("STRIPE_WEBHOOK_SECRET", ""),
 			PreviousSecret: e.str("STRIPE_WEBHOOK_SECRET_PREVIOUS", ""),
