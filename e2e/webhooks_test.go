@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -28,22 +26,12 @@ type receipt struct {
 
 // deliver posts ev, signed now, to a server's webhook endpoint.
 func deliver(ctx context.Context, c *http.Client, url string, ev webhooks.Event) (receipt, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+webhooks.Route, bytes.NewReader(ev.Payload))
+	status, header, body, err := webhooks.Send(ctx, c, url+webhooks.Route, ev.Payload,
+		webhooks.SignatureHeader(ev.Payload, time.Now(), webhookSecret))
 	if err != nil {
 		return receipt{}, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Stripe-Signature", webhooks.SignatureHeader(ev.Payload, time.Now(), webhookSecret))
-	resp, err := c.Do(req)
-	if err != nil {
-		return receipt{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return receipt{}, err
-	}
-	r := receipt{Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true", Body: body}
+	r := receipt{Status: status, Replayed: header.Get("Idempotent-Replayed") == "true", Body: body}
 	var doc struct {
 		Outcome string `json:"outcome"`
 	}

@@ -56,7 +56,8 @@ func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
 	if err != nil {
 		return err
 	}
-	status, body, err := webhooks.Post(ctx, &http.Client{Timeout: 30 * time.Second}, *url, ev, cfg.Webhooks.Secret)
+	status, _, body, err := webhooks.Send(ctx, &http.Client{Timeout: 30 * time.Second}, *url, ev.Payload,
+		webhooks.SignatureHeader(ev.Payload, time.Now(), cfg.Webhooks.Secret))
 	if err != nil {
 		return fmt.Errorf("posting %s: %w", ev.ID, err)
 	}

@@ -105,21 +105,23 @@ func or(s, def string) string {
 	return s
 }
 
-// Post sends ev to a webhook endpoint, signed with secret at the current
-// time, byte for byte as built (the signature covers the exact body), and
-// returns the answer.
-func Post(ctx context.Context, client *http.Client, url string, ev Event, secret string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(ev.Payload))
+// Send posts payload to a webhook endpoint with the given Stripe-Signature
+// header ("" sends none), byte for byte (the signature covers the exact
+// body), and returns the answer read in full.
+func Send(ctx context.Context, client *http.Client, url string, payload []byte, signature string) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Stripe-Signature", SignatureHeader(ev.Payload, time.Now(), secret))
+	if signature != "" {
+		req.Header.Set("Stripe-Signature", signature)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	return resp.StatusCode, resp.Header, body, err
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -45,27 +44,17 @@ func deliver(t testing.TB, env *apitest.Env, ev webhooks.Event, secrets ...strin
 
 func deliverRaw(t testing.TB, env *apitest.Env, payload []byte, signature string) delivery {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, env.Server.URL+webhooks.Route, bytes.NewReader(payload))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if signature != "" {
-		req.Header.Set("Stripe-Signature", signature)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	status, header, body, err := webhooks.Send(context.Background(), http.DefaultClient, env.Server.URL+webhooks.Route, payload, signature)
 	if err != nil {
 		t.Errorf("posting the event: %v", err)
 		return delivery{}
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	d := delivery{Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true", Body: body}
-	if resp.StatusCode == http.StatusOK {
+	d := delivery{Status: status, Replayed: header.Get("Idempotent-Replayed") == "true", Body: body}
+	if status == http.StatusOK {
 		if err := json.Unmarshal(body, &d.Receipt); err != nil {
 			t.Errorf("decoding receipt %q: %v", body, err)
 		}
-	} else if resp.Header.Get("Content-Type") == "application/problem+json" {
+	} else if header.Get("Content-Type") == "application/problem+json" {
 		_ = json.Unmarshal(body, &d.Problem)
 	}
 	return d
