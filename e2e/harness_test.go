@@ -161,6 +161,12 @@ type serverOpts struct {
 	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default 2s)
 	Stripe     time.Duration // STRIPE_TIMEOUT (default 1s)
 	Addr       string        // LISTEN_ADDR; "" picks a free port
+	// Command is the subcommand: "serve" (the default), "consume" or
+	// "relay". Only serve answers HTTP; the others are ready when they log
+	// their start.
+	Command string
+	NATSURL string   // NATS_URL; "" for none
+	Env     []string // more VAR=value
 }
 
 // server is one running (or dead) server process.
@@ -221,7 +227,10 @@ func (s *server) env() []string {
 	if o.FaultPoint != "" {
 		env = append(env, "IDEMPAY_FAULT_POINT="+o.FaultPoint)
 	}
-	return env
+	if o.NATSURL != "" {
+		env = append(env, "NATS_URL="+o.NATSURL)
+	}
+	return append(env, o.Env...)
 }
 
 // start (re)starts the process on the same address and waits until ready.
@@ -234,7 +243,11 @@ func (s *server) start() {
 	s.mu.Lock()
 	s.runs++
 	fmt.Fprintf(logf, "=== e2e: start #%d of %s on %s (fault point %q)\n", s.runs, s.opts.Name, s.opts.Addr, s.opts.FaultPoint)
-	cmd := exec.Command(binPath, "serve")
+	command := s.opts.Command
+	if command == "" {
+		command = "serve"
+	}
+	cmd := exec.Command(binPath, command)
 	cmd.Env = s.env()
 	cmd.Stdout = logf
 	cmd.Stderr = logf
@@ -254,7 +267,46 @@ func (s *server) start() {
 		s.mu.Unlock()
 		close(done)
 	}()
-	s.waitReady(15 * time.Second)
+	switch command {
+	case "consume":
+		s.waitLog("consuming", 15*time.Second)
+	case "relay":
+		s.waitLog("relay started", 15*time.Second)
+	default:
+		s.waitReady(15 * time.Second)
+	}
+}
+
+// waitLog waits until the process has logged msg (in this run), it dies, or
+// d passes.
+func (s *server) waitLog(msg string, d time.Duration) {
+	s.t.Helper()
+	s.mu.Lock()
+	want := s.runs
+	s.mu.Unlock()
+	needle := "msg=" + strconv.Quote(msg)
+	if !strings.Contains(msg, " ") {
+		needle = "msg=" + msg
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		// The log first: a process may log its start and die at once at
+		// its fault point, and that counts as started.
+		text := s.logText()
+		marker := fmt.Sprintf("=== e2e: start #%d ", want)
+		if i := strings.LastIndex(text, marker); i >= 0 && strings.Contains(text[i:], needle) {
+			return
+		}
+		select {
+		case <-s.doneChan():
+			s.showLog()
+			s.t.Fatalf("%s exited before it was ready: %v", s.opts.Name, s.exitState())
+		default:
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.showLog()
+	s.t.Fatalf("%s did not log %q within %s", s.opts.Name, msg, d)
 }
 
 // waitReady polls /readyz until it answers 200, the process dies, or d passes.

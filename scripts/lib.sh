@@ -12,6 +12,7 @@
 #   ensure_database_url URL    create the database named in URL if missing; prints URL
 #   build_stripe_mock          build bin/stripe-mock if missing or older than go.mod
 #   start_stripe_mock          start bin/stripe-mock on loopback; exports STRIPE_MOCK_URL
+#   ensure_nats                find or start a NATS server with JetStream; exports NATS_URL
 #   stop_private_postgres      stop the private cluster started by ensure_postgres
 #   idem_on_exit CMD...        run CMD when the script exits (LIFO, also on INT/TERM)
 #
@@ -20,6 +21,9 @@
 #   IDEMPAY_PG_MODE     auto (default) | private: skip the probes, always use the private cluster
 #   PG_PORT_PROBE       port probed on 127.0.0.1 for an existing server (default 5432)
 #   PG_PRIVATE_PORT     port of the private cluster (default 55432)
+#   NATS_URL            if set, ensure_nats uses it as is and starts nothing
+#   IDEMPAY_NATS_PROBE_PORT  port probed on 127.0.0.1 for an existing NATS server
+#                       (default 4222; point it at a closed port to force bin/natsdev)
 
 if [[ -n ${_IDEMPAY_LIB_SOURCED:-} ]]; then
 	return 0
@@ -532,6 +536,123 @@ start_stripe_mock() {
 		rm -f "$log"
 	done
 	idem_die "stripe-mock did not start"
+}
+
+# ---------------------------------------------------------------------------
+# NATS
+
+# build_natsdev: build bin/natsdev (cmd/natsdev, an embedded nats-server for
+# development and tests) if it is missing or older than its source or go.mod/go.sum.
+build_natsdev() {
+	local out="$IDEMPAY_ROOT/bin/natsdev" tmp f stale=""
+	if [[ -x $out ]]; then
+		for f in "$IDEMPAY_ROOT"/go.mod "$IDEMPAY_ROOT"/go.sum "$IDEMPAY_ROOT"/cmd/natsdev/*.go; do
+			[[ $f -nt $out ]] && stale=1
+		done
+		[[ -z $stale ]] && return 0
+	fi
+	idem_log "building bin/natsdev"
+	mkdir -p "$IDEMPAY_ROOT/bin"
+	tmp="$out.tmp.$$"
+	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" ./cmd/natsdev) || {
+		rm -f "$tmp"
+		idem_die "go build ./cmd/natsdev failed"
+	}
+	mv -f "$tmp" "$out"
+}
+
+# _idem_nats_probe PORT: true if a NATS server with JetStream that needs no
+# credentials or TLS answers on 127.0.0.1:PORT (it sends an INFO line first).
+# Otherwise false, with the reason in _IDEM_NATS_PROBE_WHY ('' = nothing there).
+_idem_nats_probe() {
+	local port=$1 line
+	_IDEM_NATS_PROBE_WHY=""
+	line=$(
+		exec 2>/dev/null 3<>"/dev/tcp/127.0.0.1/$port" || exit 1
+		read -r -t 2 l <&3 || true
+		printf '%s' "${l-}"
+	) || return 1
+	case $line in
+	INFO\ *) ;;
+	*) _IDEM_NATS_PROBE_WHY="something answers on 127.0.0.1:$port but it is not a NATS server" ;;
+	esac
+	if [[ -z $_IDEM_NATS_PROBE_WHY ]]; then
+		if [[ $line != *'"jetstream":true'* ]]; then
+			_IDEM_NATS_PROBE_WHY="the NATS server on 127.0.0.1:$port has no JetStream"
+		elif [[ $line == *'"auth_required":true'* || $line == *'"tls_required":true'* ]]; then
+			_IDEM_NATS_PROBE_WHY="the NATS server on 127.0.0.1:$port needs credentials or TLS (set NATS_URL to use it)"
+		fi
+	fi
+	[[ -z $_IDEM_NATS_PROBE_WHY ]]
+}
+
+# ensure_nats: make sure a NATS server with JetStream is reachable and export
+#   NATS_URL     nats://127.0.0.1:PORT (or $NATS_URL unchanged)
+#   NATSDEV_PID  pid of bin/natsdev, only when it was started here
+# Order: $NATS_URL as is; a server answering on 127.0.0.1:$IDEMPAY_NATS_PROBE_PORT
+# (4222); else bin/natsdev (built if needed) on a free loopback port with its
+# JetStream store in .run/nats and its log in .run/natsdev.log, stopped when
+# the calling shell exits. nats-server has no lock on its store, so a second
+# natsdev started while one holds .run/nats (make up and make test at once)
+# gets a throwaway store .run/nats.PORT instead. Call it in the main shell,
+# not in $(...).
+ensure_nats() {
+	local probe=${IDEMPAY_NATS_PROBE_PORT:-4222} bin="$IDEMPAY_ROOT/bin/natsdev"
+	local run="$IDEMPAY_ROOT/.run" lockfd="" store log cleanup port pid attempt i
+
+	if [[ -n ${NATS_URL:-} ]]; then
+		export NATS_URL
+		idem_log "nats: using NATS_URL as is ($(_idem_redact "$NATS_URL"))"
+		return 0
+	fi
+	if _idem_nats_probe "$probe"; then
+		NATS_URL="nats://127.0.0.1:$probe"
+		export NATS_URL
+		idem_log "nats: using the server already running on 127.0.0.1:$probe"
+		return 0
+	fi
+	[[ -z $_IDEM_NATS_PROBE_WHY ]] || idem_log "nats: $_IDEM_NATS_PROBE_WHY; starting bin/natsdev instead"
+
+	build_natsdev
+	mkdir -p "$run"
+	# The lock on .run/nats.lock is inherited by natsdev and held while it runs.
+	if command -v flock >/dev/null 2>&1; then
+		exec {lockfd}>"$run/nats.lock"
+		if ! flock -n "$lockfd"; then
+			exec {lockfd}>&-
+			lockfd=""
+		fi
+	fi
+	for attempt in 1 2 3; do
+		read -r port < <(_idem_free_ports 1) || true
+		[[ -n ${port:-} ]] || idem_die "could not find a free loopback port"
+		if [[ -n $lockfd ]]; then
+			store="$run/nats" log="$run/natsdev.log" cleanup=""
+		else
+			store="$run/nats.$port" log="$run/natsdev.$port.log"
+			cleanup="; rm -rf '$store' '$log'"
+		fi
+		"$bin" -addr "127.0.0.1:$port" -store "$store" </dev/null >"$log" 2>&1 &
+		pid=$!
+		for ((i = 0; i < 80; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			if grep -qxF "natsdev: ready nats://127.0.0.1:$port" "$log" 2>/dev/null; then
+				[[ -z $lockfd ]] || exec {lockfd}>&-
+				NATS_URL="nats://127.0.0.1:$port"
+				NATSDEV_PID=$pid
+				export NATS_URL NATSDEV_PID
+				idem_on_exit "_idem_stop_pid $pid natsdev 10$cleanup"
+				idem_log "nats: started bin/natsdev on $NATS_URL (store $store, log $log, pid $pid)"
+				return 0
+			fi
+			sleep 0.25
+		done
+		_idem_stop_pid "$pid" natsdev 2
+		idem_log "nats: natsdev attempt $attempt failed: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+		[[ -z $cleanup ]] || rm -rf "$store" "$log"
+	done
+	[[ -z $lockfd ]] || exec {lockfd}>&-
+	idem_die "natsdev did not start, see $log"
 }
 
 # ---------------------------------------------------------------------------

@@ -4,13 +4,15 @@
 #   1. find or start PostgreSQL and create the `idempay` database
 #      (or use $DATABASE_URL as is, creating its database if missing),
 #   2. build bin/idempay and bin/stripe-mock, start stripe-mock on loopback,
+#      and find or start NATS JetStream (ensure_nats),
 #   3. apply migrations and create a `demo` account,
-#   4. print the API key and a curl example, then run `idempay serve`
-#      in the foreground until Ctrl-C / SIGTERM, which stop the server and
-#      stripe-mock.
+#   4. print the API key and example commands, then run `idempay serve`
+#      (with the outbox relay) and `idempay consume` until Ctrl-C / SIGTERM,
+#      which stop them, stripe-mock and a NATS of our own.
 #
-# Environment: LISTEN_ADDR (default 127.0.0.1:8080), DATABASE_URL (optional),
-# IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION (passed through).
+# Environment: LISTEN_ADDR (default 127.0.0.1:8080), DATABASE_URL and
+# NATS_URL (optional), IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION
+# (passed through).
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -75,6 +77,9 @@ idem_log "building bin/idempay"
 go build -o bin/idempay ./cmd/idempay
 build_stripe_mock
 start_stripe_mock
+# NATS JetStream for the order.paid consumer and the outbox relay: NATS_URL,
+# else the NATS on 127.0.0.1:4222, else one of our own (bin/natsdev).
+ensure_nats
 export STRIPE_API_URL=$STRIPE_MOCK_URL
 export STRIPE_SECRET_KEY=sk_test_123
 # stripe-mock sends no webhooks: `idempay webhooks trigger` signs and posts
@@ -123,6 +128,17 @@ fi
 server_pid=$!
 idem_on_exit "_idem_stop_pid $server_pid 'idempay serve' 20"
 
+# The order.paid consumer, beside the server (run more of them to share the
+# work); the outbox relay runs inside serve.
+idem_log "starting idempay consume"
+if [[ $- != *m* ]] && command -v setsid >/dev/null 2>&1; then
+	setsid bin/idempay consume &
+else
+	bin/idempay consume &
+fi
+consumer_pid=$!
+idem_on_exit "_idem_stop_pid $consumer_pid 'idempay consume' 20"
+
 ready=""
 for ((i = 0; i < 240; i++)); do
 	if ! kill -0 "$server_pid" 2>/dev/null; then
@@ -144,7 +160,8 @@ mkdir -p .run
 demo_env=.run/demo.env
 (
 	umask 077
-	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\n' "$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" >"$demo_env"
+	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\nNATS_URL=%q\n' \
+		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" >"$demo_env"
 )
 
 idem_key="demo-$(date +%s)-$RANDOM"
@@ -181,6 +198,15 @@ curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
 
  Run the trigger twice: a new event each time, applied once each (the
  second is stale). Other types: idempay webhooks trigger --help.
+
+ A billing service's order.paid message on NATS JetStream ($NATS_URL),
+ charged by the consumer; publish it twice: one charge. Then the events
+ idempay published for it (also on the stream IDEMPAY_EVENTS):
+
+(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
+(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
+curl -s '$api_url/v1/charges?limit=1' -H 'Authorization: Bearer $api_key'
+curl -s '$api_url/v1/events?limit=3' -H 'Authorization: Bearer $api_key'
 
  Ctrl-C stops the server and stripe-mock.
 ==============================================================================

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/orders"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -24,6 +26,9 @@ type Config struct {
 	StripeAPIURL      string
 	StripeTimeout     time.Duration
 	Webhooks          webhooks.Config
+	NATSURL           string
+	Orders            orders.Config
+	Relay             events.RelayConfig
 	Idempotency       idempotency.Config
 	CompleterInterval time.Duration // 0 disables the completer inside serve
 	RetentionInterval time.Duration // 0 disables retention inside serve
@@ -53,6 +58,21 @@ func loadConfig() (Config, error) {
 		ShutdownTimeout:   e.dur("SHUTDOWN_TIMEOUT", 30*time.Second),
 		LogFormat:         e.str("LOG_FORMAT", "json"),
 	}
+	cfg.NATSURL = e.str("NATS_URL", "")
+	replicas := e.int("NATS_REPLICAS", 1)
+	cfg.Orders = orders.DefaultConfig()
+	cfg.Orders.Stream = e.str("ORDERS_STREAM", cfg.Orders.Stream)
+	cfg.Orders.Subject = e.str("ORDERS_SUBJECT", cfg.Orders.Subject)
+	cfg.Orders.DLQSubject = e.str("ORDERS_DLQ_SUBJECT", cfg.Orders.DLQSubject)
+	cfg.Orders.Durable = e.str("ORDERS_CONSUMER", cfg.Orders.Durable)
+	cfg.Orders.MaxDeliver = e.int("ORDERS_MAX_DELIVER", cfg.Orders.MaxDeliver)
+	cfg.Orders.AckWait = e.dur("ORDERS_ACK_WAIT", cfg.Orders.AckWait)
+	cfg.Orders.Replicas = replicas
+	cfg.Relay = events.DefaultRelayConfig()
+	cfg.Relay.Stream = e.str("EVENTS_STREAM", cfg.Relay.Stream)
+	cfg.Relay.Interval = e.dur("RELAY_INTERVAL", cfg.Relay.Interval)
+	cfg.Relay.Replicas = replicas
+
 	idem.LockTimeout = e.dur("IDEMPOTENCY_LOCK_TIMEOUT", idem.LockTimeout)
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
@@ -66,6 +86,13 @@ func loadConfig() (Config, error) {
 	if cfg.StripeTimeout >= cfg.Idempotency.LockTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("STRIPE_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LOCK_TIMEOUT (%s), or healthy requests would be taken over",
 			cfg.StripeTimeout, cfg.Idempotency.LockTimeout))
+	}
+	if cfg.Orders.AckWait <= cfg.StripeTimeout {
+		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s), or a message is redelivered while its charge runs",
+			cfg.Orders.AckWait, cfg.StripeTimeout))
+	}
+	if cfg.Orders.MaxDeliver < 1 {
+		e.errs = append(e.errs, "ORDERS_MAX_DELIVER: want at least 1")
 	}
 	if len(e.errs) > 0 {
 		return cfg, fmt.Errorf("configuration: %s", strings.Join(e.errs, "; "))

@@ -35,8 +35,11 @@ import (
 const usage = `usage: idempay <command>
 
 commands:
-  serve                      run the HTTP API, the completer and the retention job
+  serve                      run the HTTP API, the completer, the retention job and (with NATS_URL) the outbox relay
   completer                  run only the background completer
+  consume                    run the order.paid consumer (NATS_URL); run several, they share the work
+  relay                      run only the outbox relay (NATS_URL)
+  orders publish|dlq|replay  publish an order.paid message; list or replay dead letters
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
   purge                      delete expired idempotency records once
@@ -71,6 +74,12 @@ func run(args []string) error {
 		return serve(ctx, cfg, log)
 	case "completer":
 		return completer(ctx, cfg, log)
+	case "consume":
+		return consumeCmd(ctx, cfg, log)
+	case "relay":
+		return relayCmd(ctx, cfg, log)
+	case "orders":
+		return ordersCmd(ctx, cfg, args[1:])
 	case "migrate":
 		return migrate(ctx, cfg, log)
 	case "accounts":
@@ -172,6 +181,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if cfg.RetentionInterval > 0 {
 		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, a.metrics.ObservePurged) })
+	}
+	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
+		nc, js, err := connectNATS(cfg, "idempay serve")
+		if err != nil {
+			stopBG()
+			wg.Wait()
+			return err
+		}
+		defer nc.Close()
+		relay := newRelay(a, cfg, js, log)
+		wg.Go(func() { relay.Run(bg) })
+	} else {
+		log.Warn("NATS_URL is not set: events wait in the outbox (GET /v1/events shows them) until a relay runs")
 	}
 
 	errc := make(chan error, 1)

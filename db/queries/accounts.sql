@@ -5,3 +5,6 @@ RETURNING *;
 
 -- name: AccountGetByAPIKeyHash :one
 SELECT * FROM accounts WHERE api_key_hash = @api_key_hash;
+
+-- name: AccountGetByID :one
+SELECT * FROM accounts WHERE id = @id;

@@ -156,3 +156,13 @@ func unauthorized() error {
 func FromContext(c echo.Context) Account {
 	return c.Get(contextKey).(Account)
 }
+
+// Get returns the account with this id, or db.ErrNotFound, for entry points
+// that name the account instead of presenting its key (a broker message).
+func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
+	row, err := dbsqlc.New().AccountGetByID(ctx, dbtx, id)
+	if err != nil {
+		return Account{}, db.NotFound(err)
+	}
+	return accountOf(row), nil
+}

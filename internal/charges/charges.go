@@ -5,6 +5,7 @@
 package charges
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 )
@@ -75,18 +77,42 @@ func (s *Service) run(c echo.Context, route string, params interface{ validate()
 	if err != nil {
 		return err
 	}
-	if err := decodeStrict(req.Body, params); err != nil {
-		return err
-	}
-	if err := params.validate(); err != nil {
-		return err
-	}
-	resp, err := s.runner.Run(c.Request().Context(), req, op(acct))
+	resp, err := s.execute(c.Request().Context(), req, params, op(acct))
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
 	idemhttp.Write(c.Response(), resp)
 	return nil
+}
+
+// execute is what every entry point does once it has a Request: decode and
+// validate the body (a refusal stores nothing), then run the operation.
+func (s *Service) execute(ctx context.Context, req idempotency.Request, params interface{ validate() error },
+	op idempotency.Operation) (idempotency.Response, error) {
+	if err := decodeStrict(req.Body, params); err != nil {
+		return idempotency.Response{}, err
+	}
+	if err := params.validate(); err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.runner.Run(ctx, req, op)
+}
+
+// CreateCharge is POST /v1/charges for an entry point other than HTTP (a
+// broker message): the same front half, validation, record, ledger row and
+// downstream key, so a charge made by message and one made over HTTP with
+// the same account, key and body are the same charge (I9), and the second
+// replays. body is the JSON of the HTTP request's body. Errors are the
+// core's (*idempotency.Error), a validation problem (*apierror.Error), or
+// the database's.
+func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
+	req, err := idempotency.Prepare(idempotency.AccountScope(accountID), key, http.MethodPost, RouteCharges, RouteCharges,
+		bytes.NewReader(body), idemhttp.MaxBodyBytes)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	var p chargeParams
+	return s.execute(ctx, req, &p, &chargeOp{s: s, params: &p, accountID: accountID})
 }
 
 func (s *Service) createCharge(c echo.Context) error {
@@ -164,11 +190,27 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		if err != nil {
 			return idempotency.Response{}, fmt.Errorf("recording charge outcome: %w", err)
 		}
+		if err := chargeSettled(ctx, tx, updated); err != nil {
+			return idempotency.Response{}, err
+		}
 		if kind == outcomeOK {
 			return created(RouteCharges+"/"+updated.ID, chargeJSON(updated))
 		}
 		return failedResponse(kind, se, "charge", updated.ID), nil
 	})
+}
+
+// chargeSettled records the event of a charge that reached a final status,
+// in the transaction that moved it there (I10); a pending charge has none
+// yet.
+func chargeSettled(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge) error {
+	switch ch.Status {
+	case "succeeded":
+		return events.Record(ctx, tx, ch.AccountID, events.ChargeSucceeded, ch.ID, chargeJSON(ch))
+	case "failed":
+		return events.Record(ctx, tx, ch.AccountID, events.ChargeFailed, ch.ID, chargeJSON(ch))
+	}
+	return nil
 }
 
 // stripeStatus maps a Stripe charge status onto the ledger's statuses.

@@ -118,6 +118,11 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 	if err != nil {
 		return "", fmt.Errorf("applying event to charge %s: %w", ch.ID, err)
 	}
+	if forward {
+		if err := chargeSettled(ctx, tx, updated); err != nil {
+			return "", err
+		}
+	}
 	if forward && updated.IdempotencyKeyID != nil {
 		// What the charge's own request would have stored, had its
 		// finishing commit happened (chargeOp.Call).
@@ -191,6 +196,9 @@ func (s *Service) applyRefund(ctx context.Context, tx pgx.Tx, sr *stripe.Refund,
 	updated, err := s.q.RefundApplyEvent(ctx, tx, set)
 	if err != nil {
 		return "", fmt.Errorf("applying event to refund %s: %w", rf.ID, err)
+	}
+	if err := refundSettled(ctx, tx, updated); err != nil {
+		return "", err
 	}
 	if updated.IdempotencyKeyID != nil {
 		resp, err := created(RouteRefunds+"/"+updated.ID, refundJSON(updated))

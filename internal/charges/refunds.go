@@ -14,6 +14,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -114,11 +115,27 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		if err != nil {
 			return idempotency.Response{}, fmt.Errorf("recording refund outcome: %w", err)
 		}
+		if err := refundSettled(ctx, tx, updated); err != nil {
+			return idempotency.Response{}, err
+		}
 		if kind == outcomeOK {
 			return created(RouteRefunds+"/"+updated.ID, refundJSON(updated))
 		}
 		return failedResponse(kind, se, "refund", updated.ID), nil
 	})
+}
+
+// refundSettled records the event of a refund that reached a final status,
+// in the transaction that moved it there (I10). A refund can fail after it
+// succeeded; each of the two is an event.
+func refundSettled(ctx context.Context, tx pgx.Tx, rf dbsqlc.Refund) error {
+	switch rf.Status {
+	case "succeeded":
+		return events.Record(ctx, tx, rf.AccountID, events.RefundSucceeded, rf.ID, refundJSON(rf))
+	case "failed":
+		return events.Record(ctx, tx, rf.AccountID, events.RefundFailed, rf.ID, refundJSON(rf))
+	}
+	return nil
 }
 
 // Refund is the API representation of a refund.

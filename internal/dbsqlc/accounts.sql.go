@@ -10,7 +10,7 @@ import (
 )
 
 const accountGetByAPIKeyHash = `-- name: AccountGetByAPIKeyHash :one
-SELECT id, name, api_key_hash, created_at FROM accounts WHERE api_key_hash = $1
+SELECT id, name, api_key_hash, created_at, event_seq FROM accounts WHERE api_key_hash = $1
 `
 
 func (q *Queries) AccountGetByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash []byte) (Account, error) {
@@ -21,6 +21,24 @@ func (q *Queries) AccountGetByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHas
 		&i.Name,
 		&i.ApiKeyHash,
 		&i.CreatedAt,
+		&i.EventSeq,
+	)
+	return i, err
+}
+
+const accountGetByID = `-- name: AccountGetByID :one
+SELECT id, name, api_key_hash, created_at, event_seq FROM accounts WHERE id = $1
+`
+
+func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Account, error) {
+	row := db.QueryRow(ctx, accountGetByID, id)
+	var i Account
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.ApiKeyHash,
+		&i.CreatedAt,
+		&i.EventSeq,
 	)
 	return i, err
 }
@@ -28,7 +46,7 @@ func (q *Queries) AccountGetByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHas
 const accountInsert = `-- name: AccountInsert :one
 INSERT INTO accounts (name, api_key_hash)
 VALUES ($1, $2)
-RETURNING id, name, api_key_hash, created_at
+RETURNING id, name, api_key_hash, created_at, event_seq
 `
 
 func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string, apiKeyHash []byte) (Account, error) {
@@ -39,6 +57,7 @@ func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string, apiKe
 		&i.Name,
 		&i.ApiKeyHash,
 		&i.CreatedAt,
+		&i.EventSeq,
 	)
 	return i, err
 }

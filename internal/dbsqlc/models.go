@@ -13,6 +13,7 @@ type Account struct {
 	Name       string
 	ApiKeyHash []byte
 	CreatedAt  time.Time
+	EventSeq   int64
 }
 
 type Charge struct {
@@ -46,6 +47,18 @@ type Dispute struct {
 	LastEventAt     time.Time
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
+}
+
+type Event struct {
+	ID          string
+	Seq         *int64
+	AccountID   string
+	AccountSeq  int64
+	Type        string
+	ObjectID    string
+	Data        []byte
+	CreatedAt   time.Time
+	PublishedAt *time.Time
 }
 
 type IdempotencyKey struct {

@@ -14,4 +14,7 @@ const (
 	AfterDownstream = "after_downstream"
 	// AfterCommit: the final phase is committed, the client has no response.
 	AfterCommit = "after_commit"
+	// AfterPublish: the outbox relay has published a batch of events to
+	// the broker and not yet marked them published.
+	AfterPublish = "after_publish"
 )

@@ -39,6 +39,10 @@ type Metrics struct {
 	purged         prometheus.Counter
 	webhookEvents  *prometheus.CounterVec
 	webhookLag     prometheus.Histogram
+	orders         *prometheus.CounterVec
+	published      prometheus.Counter
+	relayErrors    prometheus.Counter
+	outboxLag      prometheus.Gauge
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -112,7 +116,25 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Buckets: []float64{.1, .5, 1, 5, 15, 60, 300, 1800, 3600, 21600, 86400, 259200},
 	})
 
+	m.orders = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "orders", Name: "messages_total",
+		Help: "order.paid messages handled, by outcome (new, replayed, declined, nak, dlq) and reason (for nak: unknown_outcome, in_flight, unavailable; for dlq: key_reused, invalid, unknown_account, max_deliveries).",
+	}, []string{"outcome", "reason"})
+	m.published = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "outbox", Name: "published_total",
+		Help: "Events the relay published to JetStream (a publish repeated after a crash counts again; JetStream drops it).",
+	})
+	m.relayErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "outbox", Name: "relay_errors_total",
+		Help: "Relay passes that failed (broker or database unreachable); the events stay pending and go out later.",
+	})
+	m.outboxLag = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "outbox", Name: "lag_seconds",
+		Help: "Age of the oldest event not yet published, as of the relay's last pass (0 when none is pending).",
+	})
+
 	m.reg.MustRegister(
+		m.orders, m.published, m.relayErrors, m.outboxLag,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
@@ -187,4 +209,20 @@ func (m *Metrics) ObserveWebhook(eventType, outcome string) {
 // function to set as webhooks.Config.ObserveLag.
 func (m *Metrics) ObserveWebhookLag(d time.Duration) {
 	m.webhookLag.Observe(d.Seconds())
+}
+
+// ObserveOrder counts one order.paid message; it is the function to set as
+// orders.Config.Observe.
+func (m *Metrics) ObserveOrder(outcome, reason string) {
+	m.orders.WithLabelValues(outcome, reason).Inc()
+}
+
+// ObserveRelay records one relay pass; it is the function to set as
+// events.RelayConfig.Observe.
+func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
+	m.published.Add(float64(published))
+	if err != nil {
+		m.relayErrors.Inc()
+	}
+	m.outboxLag.Set(lag.Seconds())
 }

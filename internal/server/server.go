@@ -18,6 +18,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -92,7 +93,10 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	d.Charges.Routes(e.Group("/v1"), accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL).Middleware())
+	auth := accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL).Middleware()
+	v1 := e.Group("/v1")
+	d.Charges.Routes(v1, auth)
+	events.NewAPI(d.Pool).Routes(v1, auth)
 	if d.Webhooks != nil {
 		d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 	}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/orders"
+)
+
+// connectNATS connects to NATS_URL and keeps reconnecting for ever: a broker
+// outage delays messages and events, it does not stop the process.
+func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+	if cfg.NATSURL == "" {
+		return nil, nil, errors.New("configuration: NATS_URL is required")
+	}
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name(name), nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to NATS_URL: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("JetStream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// newRelay wires the outbox relay.
+func newRelay(a *app, cfg Config, js jetstream.JetStream, log *slog.Logger) *events.Relay {
+	rcfg := cfg.Relay
+	rcfg.Observe = a.metrics.ObserveRelay
+	return events.NewRelay(a.pool, js, rcfg, log)
+}
+
+// relayCmd is `idempay relay`: the outbox relay alone.
+func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.pool.Close()
+	nc, js, err := connectNATS(cfg, "idempay relay")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	newRelay(a, cfg, js, log).Run(ctx)
+	return nil
+}
+
+// consumeCmd is `idempay consume`: the order.paid consumer. Run several;
+// they share the durable consumer.
+func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.pool.Close()
+	nc, js, err := connectNATS(cfg, "idempay consume")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ocfg := cfg.Orders
+	ocfg.Observe = a.metrics.ObserveOrder
+	return orders.New(a.pool, js, a.charges, ocfg, log).Run(ctx)
+}
+
+const ordersUsage = `usage:
+  idempay orders publish --account ACCT --amount N [--currency usd] [--payment-method tok_visa]
+                         [--order-id ID] [--idempotency-key K] [--description D] [--msg-id ID]
+      publish one order.paid message (the key defaults to "order-" + the order id)
+  idempay orders dlq [--limit N]
+      print the dead letters (orders.paid.dlq), one JSON object a line
+  idempay orders replay SEQ
+      publish the dead letter at stream sequence SEQ to orders.paid again`
+
+// ordersCmd is `idempay orders ...`: the producer's and the operator's side,
+// for the demo and for dead letters.
+func ordersCmd(ctx context.Context, cfg Config, args []string) error {
+	if len(args) == 0 {
+		return errors.New(ordersUsage)
+	}
+	nc, js, err := connectNATS(cfg, "idempay orders")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := orders.EnsureStream(ctx, js, cfg.Orders)
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "publish":
+		return ordersPublish(ctx, cfg, js, args[1:])
+	case "dlq":
+		fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
+		limit := fs.Int("limit", 100, "print at most this many")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		letters, err := orders.DeadLetters(ctx, stream, cfg.Orders, *limit)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(os.Stdout)
+		for _, l := range letters {
+			if err := enc.Encode(l); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "replay":
+		if len(args) != 2 {
+			return errors.New(ordersUsage)
+		}
+		var seq uint64
+		if _, err := fmt.Sscan(args[1], &seq); err != nil {
+			return fmt.Errorf("SEQ: %w", err)
+		}
+		ack, err := orders.Replay(ctx, js, stream, cfg.Orders, seq)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("republished dead letter %d to %s as stream sequence %d\n", seq, cfg.Orders.Subject, ack.Sequence)
+		return nil
+	default:
+		return errors.New(ordersUsage)
+	}
+}
+
+func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args []string) error {
+	fs := flag.NewFlagSet("orders publish", flag.ContinueOnError)
+	account := fs.String("account", "", "the account (acct_...)")
+	amount := fs.Int64("amount", 0, "in the currency's minor unit")
+	currency := fs.String("currency", "usd", "ISO 4217")
+	pm := fs.String("payment-method", "tok_visa", "a Stripe token")
+	orderID := fs.String("order-id", fmt.Sprintf("%d", time.Now().UnixNano()), "the order")
+	key := fs.String("idempotency-key", "", `the key (default "order-" + the order id)`)
+	desc := fs.String("description", "", "optional")
+	msgID := fs.String("msg-id", "", "Nats-Msg-Id (default none: every publish is a new message)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *account == "" || *amount == 0 {
+		return errors.New(ordersUsage)
+	}
+	if *key == "" {
+		*key = "order-" + *orderID
+	}
+	m := orders.Message{IdempotencyKey: *key, Account: *account, OrderID: *orderID,
+		Amount: amount, Currency: currency, PaymentMethod: pm}
+	if *desc != "" {
+		m.Description = desc
+	}
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(cfg.Orders.Subject)
+	msg.Data = data
+	if *msgID != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, *msgID)
+	}
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		return fmt.Errorf("publishing: %w", err)
+	}
+	fmt.Printf("published %s to %s (stream %s, sequence %d, duplicate %v)\n", data, cfg.Orders.Subject, ack.Stream, ack.Sequence, ack.Duplicate)
+	return nil
+}

@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/faultpoint"
+	"github.com/idempay/idempay/internal/natstest"
+	"github.com/idempay/idempay/internal/orders"
+)
+
+// consumerEnv is what every consumer process of these tests gets: a short
+// ack wait (longer than the 1 s Stripe timeout) so that a dead consumer's
+// message comes back quickly.
+var consumerEnv = []string{"ORDERS_ACK_WAIT=3s", "ORDERS_MAX_DELIVER=20"}
+
+// orderMessage is an order.paid message.
+func orderMessage(account, key string, amount int) []byte {
+	b, _ := json.Marshal(map[string]any{"idempotency_key": key, "account": account, "order_id": "o-" + key,
+		"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
+	return b
+}
+
+// publishOrder publishes data to orders.paid, retrying for up to 20 s (a
+// cluster may be electing a leader).
+func publishOrder(t *testing.T, js jetstream.JetStream, data []byte) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := js.Publish(ctx, orders.DefaultConfig().Subject, data)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishing: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ordersSettled is true when the durable consumer has nothing pending or
+// unacknowledged.
+func ordersSettled(js jetstream.JetStream) bool {
+	cfg := orders.DefaultConfig()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
+	if err != nil {
+		return false
+	}
+	ci, err := c.Info(ctx)
+	return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+}
+
+// deadLetterCount is the number of messages on orders.paid.dlq.
+func deadLetterCount(t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	cfg := orders.DefaultConfig()
+	s, err := js.Stream(context.Background(), cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := orders.DeadLetters(context.Background(), s, cfg, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(dl)
+}
+
+// checkOrders checks I1 and I9 for keys of one account: one finished record
+// and one succeeded ledger row per key, matching the one charge the fake
+// made for it, every Stripe request of it with its downstream key.
+func checkOrders(t *testing.T, d *testDB, fakeIx fakeIndex, account string, keys []string) {
+	t.Helper()
+	recs := records(t, d.Pool, account)
+	if len(recs) != len(keys) {
+		t.Errorf("account has records for %d keys, want %d", len(recs), len(keys))
+	}
+	for _, k := range keys {
+		checkFinished(t, k, recs[k], fakeIx)
+	}
+}
+
+// kill -9 of a consumer after Stripe answered and before the ack (before
+// its finishing commit, and after it): the redelivery charges nothing more,
+// and the record ends finished and the message acknowledged.
+func TestConsumerKilledBeforeAck(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{faultpoint.AfterDownstream, faultpoint.AfterCommit} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			d := newDB(t)
+			fake := newFake(t)
+			natsURL := natstest.Server(t)
+			_, js := natstest.Connect(t, natsURL)
+			acct := newAccount(t, d.Pool, "consumer crash")
+			opts := serverOpts{DBURL: d.URL, StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: consumerEnv}
+
+			a := opts
+			a.Name, a.FaultPoint = "consumer-A", point
+			ca := startServer(t, a)
+			const key = "order-crash"
+			publishOrder(t, js, orderMessage(acct.ID, key, 3100))
+			requireKilled(t, "consumer A", ca.waitExit(15*time.Second))
+			if n := len(fake.Charges()); n != 1 {
+				t.Fatalf("after the crash the fake executed %d charges, want 1", n)
+			}
+
+			b := opts
+			b.Name = "consumer-B"
+			startServer(t, b)
+			if !waitFor(30*time.Second, func() bool { return ordersSettled(js) && recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
+				t.Fatalf("the redelivered message was not finished and acknowledged in 30 s (record at %q)", recoveryPoint(t, d.Pool, acct.ID, key))
+			}
+			checkOrders(t, d, indexFake(fake), acct.ID, []string{key})
+			if n := len(fake.Charges()); n != 1 {
+				t.Errorf("the fake executed %d charges, want 1", n)
+			}
+			if n := deadLetterCount(t, js); n != 0 {
+				t.Errorf("%d dead letters, want 0", n)
+			}
+		})
+	}
+}
+
+// runConsumers publishes 100 keys × 5 copies, shuffled, to three consumer
+// processes, kills one of them (or, with cluster, a NATS node) in the middle,
+// and checks that every key was charged exactly once and every message
+// acknowledged.
+func runConsumers(t *testing.T, natsURL string, js jetstream.JetStream, env []string, kill func(consumers []*server)) {
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "consumer storm")
+	var consumers []*server
+	for _, name := range []string{"A", "B", "C"} {
+		consumers = append(consumers, startServer(t, serverOpts{Name: "consumer-" + name, DBURL: d.URL,
+			StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: env}))
+	}
+	var keys []string
+	var msgs [][]byte
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprintf("order-%03d", i)
+		keys = append(keys, key)
+		for j := 0; j < 5; j++ {
+			msgs = append(msgs, orderMessage(acct.ID, key, 1000+i))
+		}
+	}
+	mrand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for _, m := range msgs {
+			publishOrder(t, js, m)
+		}
+	})
+	// Kill once a fifth of the keys are charged: mid-run.
+	if !waitFor(60*time.Second, func() bool { return len(fake.Charges()) >= 20 }) {
+		t.Fatalf("the consumers charged only %d keys in 60 s", len(fake.Charges()))
+	}
+	kill(consumers)
+	wg.Wait()
+	if !waitFor(60*time.Second, func() bool { return ordersSettled(js) && len(fake.Charges()) == 100 }) {
+		t.Fatalf("not settled in 60 s: %d charges at the fake", len(fake.Charges()))
+	}
+	checkOrders(t, d, indexFake(fake), acct.ID, keys)
+	if n := len(fake.Charges()); n != 100 {
+		t.Errorf("the fake executed %d charges for 100 keys, want 100", n)
+	}
+	if n := deadLetterCount(t, js); n != 0 {
+		t.Errorf("%d dead letters, want 0", n)
+	}
+	acks := 0
+	for _, c := range consumers {
+		acks += strings.Count(c.logText(), `msg="order.paid: acknowledged"`)
+	}
+	// A message whose ack was lost with its consumer is acknowledged again
+	// on redelivery, so at least 500.
+	if acks < 500 {
+		t.Errorf("%d acknowledgements for 500 messages: some were lost", acks)
+	}
+}
+
+// Three consumer processes share the durable consumer; one is killed with
+// SIGKILL mid-run: exactly 100 ledger rows, no message lost.
+func TestThreeConsumersOneKilled(t *testing.T) {
+	t.Parallel()
+	natsURL := natstest.Server(t)
+	_, js := natstest.Connect(t, natsURL)
+	runConsumers(t, natsURL, js, consumerEnv, func(consumers []*server) { consumers[1].kill9() })
+}
+
+// The same run on a three-node JetStream cluster (R3 streams), with one
+// NATS node killed with SIGKILL mid-run: the invariants still hold.
+func TestConsumersOnClusterNodeKilled(t *testing.T) {
+	t.Parallel()
+	nodes := natstest.Cluster(t, natstest.BuildNatsdev(t))
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, n.URL)
+	}
+	natsURL := strings.Join(urls, ",")
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := orders.DefaultConfig()
+	cfg.Replicas = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := orders.EnsureStream(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	env := append([]string{"NATS_REPLICAS=3"}, consumerEnv...)
+	runConsumers(t, natsURL, js, env, func([]*server) { nodes[0].Kill9() })
+}
+
+// kill -9 of the relay between publishing a batch and marking it: after a
+// restart JetStream holds each event once, and a consumer of
+// idempay.events.> sees every event of 1000 charges exactly once, in each
+// account's order.
+func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	fake := newFake(t)
+	natsURL := natstest.Server(t)
+	_, js := natstest.Connect(t, natsURL)
+	srv := startServer(t, serverOpts{Name: "api", DBURL: d.URL, StripeURL: fake.URL()}) // no NATS: events wait
+	var accts []account
+	for i := 0; i < 4; i++ {
+		accts = append(accts, newAccount(t, d.Pool, fmt.Sprintf("relay %d", i)))
+	}
+	c := newHTTPClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Go(func() {
+			for i := w; i < 1000; i += 8 {
+				a := accts[i%len(accts)]
+				resp, _, err := postCharge(ctx, c, func(int) string { return srv.URL }, a.APIKey,
+					fmt.Sprintf("relay-%04d", i), chargeBody(100+i, "relay"), 20)
+				if err != nil || resp.Status != 201 {
+					t.Errorf("charge %d: %v %v", i, resp, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	relayOpts := serverOpts{DBURL: d.URL, StripeURL: fake.URL(), Command: "relay", NATSURL: natsURL,
+		Env: []string{"RELAY_INTERVAL=50ms"}}
+	r1 := relayOpts
+	r1.Name, r1.FaultPoint = "relay-1", faultpoint.AfterPublish
+	dying := startServer(t, r1)
+	requireKilled(t, "relay-1", dying.waitExit(30*time.Second))
+	var marked int
+	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NOT NULL`).Scan(&marked); err != nil {
+		t.Fatal(err)
+	}
+	if marked != 0 {
+		t.Fatalf("%d events marked published by a relay killed before marking", marked)
+	}
+	r2 := relayOpts
+	r2.Name = "relay-2"
+	startServer(t, r2)
+	if !waitFor(60*time.Second, func() bool {
+		var pending int
+		_ = d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NULL`).Scan(&pending)
+		return pending == 0
+	}) {
+		t.Fatal("the second relay did not publish the outbox in 60 s")
+	}
+
+	cfg := events.DefaultRelayConfig()
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+		FilterSubject: cfg.SubjectPrefix + ">", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	last := map[string]int64{}
+	for {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			var ev events.Event
+			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			seen[ev.ID]++
+			if ev.Sequence != last[ev.Account]+1 {
+				t.Errorf("account %s: event %d arrived after %d", ev.Account, ev.Sequence, last[ev.Account])
+			}
+			last[ev.Account] = ev.Sequence
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if len(seen) != 1000 {
+		t.Errorf("the stream holds %d distinct events, want 1000", len(seen))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("event %s is in the stream %d times", id, n)
+		}
+	}
+	for _, a := range accts {
+		if last[a.ID] != 250 {
+			t.Errorf("account %s: last event %d, want 250", a.ID, last[a.ID])
+		}
+	}
+}

@@ -1,0 +1,66 @@
+// Package events is idempay's events out: the outbox row written in the
+// transaction that settles a charge or refund (Record), the relay that
+// publishes those rows to NATS JetStream (relay.go), and GET /v1/events
+// (api.go), the same events as Stripe's events API shows its own.
+//
+// An event is a fact about one object at the moment it settled: its type
+// (charge.succeeded, charge.failed, refund.succeeded, refund.failed), the
+// object as the API showed it, and the account's sequence number, which
+// orders one account's events as they committed (I10).
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// The event types.
+const (
+	ChargeSucceeded = "charge.succeeded"
+	ChargeFailed    = "charge.failed"
+	RefundSucceeded = "refund.succeeded"
+	RefundFailed    = "refund.failed"
+)
+
+// Record inserts the event of an object that settled, inside the settling
+// transaction: the event commits with the ledger change, or neither does.
+// object is the API representation of the charge or refund.
+func Record(ctx context.Context, tx dbsqlc.DBTX, accountID, typ, objectID string, object any) error {
+	data, err := json.Marshal(object)
+	if err != nil {
+		return fmt.Errorf("encoding %s event of %s: %w", typ, objectID, err)
+	}
+	if _, err := dbsqlc.New().EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
+		AccountID: accountID, Type: typ, ObjectID: objectID, Data: data,
+	}); err != nil {
+		return fmt.Errorf("recording %s event of %s: %w", typ, objectID, err)
+	}
+	return nil
+}
+
+// Event is the representation of an event, in the API and on the broker.
+type Event struct {
+	ID     string `json:"id"`
+	Object string `json:"object"`
+	Type   string `json:"type"`
+	// Account is the account the object belongs to.
+	Account string `json:"account"`
+	// Sequence numbers the account's events from 1, in the order they
+	// committed: a consumer that sees a gap has missed one.
+	Sequence int64     `json:"sequence"`
+	Created  time.Time `json:"created_at"`
+	Data     struct {
+		Object json.RawMessage `json:"object"`
+	} `json:"data"`
+}
+
+func eventOf(row dbsqlc.Event) Event {
+	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, Sequence: row.AccountSeq,
+		Created: row.CreatedAt.UTC()}
+	ev.Data.Object = row.Data
+	return ev
+}

@@ -1,0 +1,243 @@
+package events_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/natstest"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+func newKey() string { return "k-" + rand.Text() }
+
+func charge(t testing.TB, c *apitest.Client, amount int64, pm string) *apitest.Response {
+	t.Helper()
+	return c.Post("/v1/charges", newKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": pm})
+}
+
+func listEvents(t testing.TB, c *apitest.Client, query string) events.List {
+	t.Helper()
+	resp := c.Get("/v1/events" + query)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("GET /v1/events%s: %d %s", query, resp.Status, resp.Body)
+	}
+	var l events.List
+	resp.JSON(t, &l)
+	return l
+}
+
+// Every settled charge or refund has exactly one event, committed with it;
+// a request that did not settle has none; the events of an account are
+// numbered in order and only that account sees them.
+func TestEventsCommitWithSettlement(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	ok := charge(t, c, 1000, "tok_visa")
+	declined := charge(t, c, 1000, "tok_chargeDeclined")
+	if ok.Status != http.StatusCreated || declined.Status != http.StatusPaymentRequired {
+		t.Fatalf("charges answered %d and %d, want 201 and 402", ok.Status, declined.Status)
+	}
+	var ch struct {
+		ID string `json:"id"`
+	}
+	ok.JSON(t, &ch)
+	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300}); r.Status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", r.Status, r.Body)
+	}
+	// Stripe down: the charge does not settle, and has no event (yet).
+	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+	key := newKey()
+	body := map[string]any{"amount": 700, "currency": "usd", "payment_method": "tok_visa"}
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge while Stripe is down: %d, want 503", r.Status)
+	}
+	if n := len(listEvents(t, c, "").Data); n != 3 {
+		t.Fatalf("%d events after 3 settlements and 1 unknown outcome, want 3", n)
+	}
+	env.Stripe.ClearFaults()
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated {
+		t.Fatalf("the retry: %d", r.Status)
+	}
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the replay: %d", r.Status)
+	}
+
+	l := listEvents(t, c, "")
+	want := []string{events.ChargeSucceeded, events.ChargeFailed, events.RefundSucceeded, events.ChargeSucceeded}
+	if len(l.Data) != len(want) {
+		t.Fatalf("%d events, want %d", len(l.Data), len(want))
+	}
+	for i, ev := range l.Data { // newest first
+		if ev.Type != want[len(want)-1-i] || ev.Sequence != int64(len(want)-i) || ev.Account != c.Account.ID {
+			t.Errorf("event %d: type %s, sequence %d, account %s; want %s, %d, %s", i, ev.Type, ev.Sequence, ev.Account,
+				want[len(want)-1-i], len(want)-i, c.Account.ID)
+		}
+	}
+	var data struct {
+		ID     string `json:"id"`
+		Object string `json:"object"`
+	}
+	if err := json.Unmarshal(l.Data[3].Data.Object, &data); err != nil || data.ID != ch.ID || data.Object != "charge" {
+		t.Errorf("the first event's object is %s, want charge %s", l.Data[3].Data.Object, ch.ID)
+	}
+
+	// Pagination and one event.
+	page := listEvents(t, c, "?limit=2")
+	next := listEvents(t, c, "?limit=2&starting_after="+page.Data[1].ID)
+	if !page.HasMore || len(next.Data) != 2 || next.HasMore || next.Data[0].Sequence != 2 {
+		t.Errorf("pages: first has_more %v, second %d events (has_more %v)", page.HasMore, len(next.Data), next.HasMore)
+	}
+	if r := c.Get("/v1/events/" + l.Data[0].ID); r.Status != http.StatusOK {
+		t.Errorf("GET one event: %d", r.Status)
+	}
+	// I5: another account sees none of them.
+	other := env.NewClient(t)
+	if r := other.Get("/v1/events/" + l.Data[0].ID); r.Status != http.StatusNotFound {
+		t.Errorf("another account's event: %d, want 404", r.Status)
+	}
+	if n := len(listEvents(t, other, "").Data); n != 0 {
+		t.Errorf("another account lists %d events, want 0", n)
+	}
+}
+
+// The relay publishes every event once, in each account's order, with its
+// id as Nats-Msg-Id; a batch published again (the relay died before marking
+// it) is dropped by JetStream's duplicate window.
+func TestRelayPublishesOnceInOrder(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	clients := []*apitest.Client{env.NewClient(t), env.NewClient(t), env.NewClient(t)}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		for w := 0; w < 3; w++ {
+			wg.Go(func() {
+				for i := 0; i < 10; i++ {
+					if r := charge(t, c, int64(100+i), "tok_visa"); r == nil || r.Status != http.StatusCreated {
+						t.Errorf("charge failed")
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+
+	cfg := events.DefaultRelayConfig()
+	cfg.Stream = "EVENTS_" + rand.Text()[:8]
+	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
+	cfg.Batch = 7
+	relay := events.NewRelay(env.Pool, js, cfg, slog.New(slog.DiscardHandler))
+	if err := relay.EnsureStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// One batch, then its marks undone, as if the relay died in between.
+	first, err := relay.PublishPending(ctx)
+	if err != nil || first == 0 {
+		t.Fatalf("first batch: %d, %v", first, err)
+	}
+	ids := publishedIDs(t, env, clients)
+	if _, err := env.Pool.Exec(ctx, `UPDATE events SET published_at = NULL WHERE id = ANY ($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		n, err := relay.PublishPending(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && len(publishedIDs(t, env, clients)) == 90 {
+			break
+		}
+		if n == 0 {
+			t.Fatalf("the relay stopped with %d of 90 events published", len(publishedIDs(t, env, clients)))
+		}
+	}
+
+	// Read the stream: every event of these accounts once, in order.
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	last := map[string]int64{}
+	total := 0
+	for total < 200 {
+		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			var ev events.Event
+			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			if msg.Headers().Get(jetstream.MsgIDHeader) != ev.ID || msg.Subject() != cfg.SubjectPrefix+ev.Type {
+				t.Errorf("event %s on %s with Nats-Msg-Id %q", ev.ID, msg.Subject(), msg.Headers().Get(jetstream.MsgIDHeader))
+			}
+			seen[ev.ID]++
+			if ev.Sequence != last[ev.Account]+1 {
+				t.Errorf("account %s: event %d after %d", ev.Account, ev.Sequence, last[ev.Account])
+			}
+			last[ev.Account] = ev.Sequence
+		}
+		total += n
+		if n == 0 {
+			break
+		}
+	}
+	mine := 0
+	for _, c := range clients {
+		if last[c.Account.ID] != 30 {
+			t.Errorf("account %s: last event %d, want 30", c.Account.ID, last[c.Account.ID])
+		}
+		mine += int(last[c.Account.ID])
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("event %s is in the stream %d times", id, n)
+		}
+	}
+	if mine != 90 {
+		t.Errorf("%d of the accounts' 90 events in the stream", mine)
+	}
+}
+
+// publishedIDs are the published events of these clients' accounts.
+func publishedIDs(t *testing.T, env *apitest.Env, clients []*apitest.Client) []string {
+	t.Helper()
+	var accts []string
+	for _, c := range clients {
+		accts = append(accts, c.Account.ID)
+	}
+	rows, err := env.Pool.Query(context.Background(), `SELECT id FROM events WHERE account_id = ANY ($1) AND published_at IS NOT NULL`, accts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+

@@ -1,0 +1,211 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/faultpoint"
+)
+
+// RelayConfig configures the outbox relay.
+type RelayConfig struct {
+	// Stream is the JetStream stream the events go to (IDEMPAY_EVENTS); its
+	// subjects are SubjectPrefix + ">".
+	Stream string
+	// SubjectPrefix starts every event's subject: "idempay.events." gives
+	// idempay.events.charge.succeeded.
+	SubjectPrefix string
+	// Replicas of the stream (3 on a three-node cluster).
+	Replicas int
+	// Duplicates is the stream's duplicate window: a publish repeated
+	// within it (the relay died between publishing and marking) is dropped
+	// by its Nats-Msg-Id.
+	Duplicates time.Duration
+	// Batch bounds the events published in one pass.
+	Batch int32
+	// Interval is the pause between passes when there is nothing to publish.
+	Interval time.Duration
+	// Observe, when set, receives each pass's count of published events,
+	// its error (nil when none) and the outbox lag (metrics).
+	Observe func(published int, err error, lag time.Duration)
+}
+
+// DefaultRelayConfig is the documented default.
+func DefaultRelayConfig() RelayConfig {
+	return RelayConfig{Stream: "IDEMPAY_EVENTS", SubjectPrefix: "idempay.events.", Replicas: 1,
+		Duplicates: 10 * time.Minute, Batch: 100, Interval: 500 * time.Millisecond}
+}
+
+// relayLockID is the advisory lock that makes one relay (of all the
+// processes running one) the publisher at a time, so events go out in one
+// order; the others wait and take over when its session ends.
+const relayLockID = 7_146_153_210
+
+// Relay publishes the outbox to JetStream: pending events in seq order, each
+// with Nats-Msg-Id = its id, then marks them published. It publishes at
+// least once (a crash between the two steps repeats a publish), and
+// JetStream's duplicate window turns that into once.
+type Relay struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	q    *dbsqlc.Queries
+	cfg  RelayConfig
+	log  *slog.Logger
+}
+
+// NewRelay returns a relay.
+func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, log *slog.Logger) *Relay {
+	return &Relay{pool: pool, js: js, q: dbsqlc.New(), cfg: cfg, log: log}
+}
+
+// EnsureStream creates the events stream, or updates it to the config.
+func (r *Relay) EnsureStream(ctx context.Context) error {
+	_, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: r.cfg.Stream, Subjects: []string{r.cfg.SubjectPrefix + ">"},
+		Replicas: r.cfg.Replicas, Duplicates: r.cfg.Duplicates, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("creating stream %s: %w", r.cfg.Stream, err)
+	}
+	return nil
+}
+
+// Run publishes until ctx is done. It first waits to be the one publisher
+// (a PostgreSQL session lock, released when its connection ends, so a relay
+// that dies hands over at once).
+func (r *Relay) Run(ctx context.Context) {
+	r.log.InfoContext(ctx, "relay started", "stream", r.cfg.Stream)
+	for {
+		err := r.EnsureStream(ctx)
+		if err == nil {
+			break
+		}
+		r.log.WarnContext(ctx, "relay: the broker is not reachable yet; events wait in the outbox", "err", err)
+		r.observe(0, err)
+		if !sleep(ctx, 5*r.cfg.Interval) {
+			return
+		}
+	}
+	for ctx.Err() == nil {
+		if err := r.lead(ctx); err != nil && ctx.Err() == nil {
+			r.log.ErrorContext(ctx, "relay: lost its connection; starting over", "err", err)
+			r.observe(0, err)
+			sleep(ctx, r.cfg.Interval)
+		}
+	}
+}
+
+// lead holds the relay lock on one connection and publishes while it can.
+func (r *Relay) lead(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring a connection: %w", err)
+	}
+	defer conn.Release()
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", relayLockID).Scan(&got); err != nil {
+			return fmt.Errorf("taking the relay lock: %w", err)
+		}
+		if got {
+			break
+		}
+		if !sleep(ctx, r.cfg.Interval) {
+			return nil
+		}
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", relayLockID) //nolint:errcheck
+	for {
+		// The lock lives as long as its session: a lost connection means
+		// another relay may hold it now.
+		if err := conn.Ping(ctx); err != nil {
+			return fmt.Errorf("relay lock connection: %w", err)
+		}
+		n, err := r.PublishPending(ctx)
+		r.observe(n, err)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.log.WarnContext(ctx, "relay: publishing failed; retrying", "err", err)
+		}
+		if n == 0 || err != nil {
+			if !sleep(ctx, r.cfg.Interval) {
+				return nil
+			}
+		}
+	}
+}
+
+// PublishPending publishes one batch of pending events, in order, and marks
+// them published. It returns how many it published.
+func (r *Relay) PublishPending(ctx context.Context) (int, error) {
+	rows, err := r.q.EventListUnpublished(ctx, r.pool, r.cfg.Batch)
+	if err != nil {
+		return 0, fmt.Errorf("reading the outbox: %w", err)
+	}
+	ids := make([]string, 0, len(rows))
+	for _, row := range rows {
+		data, err := json.Marshal(eventOf(row))
+		if err != nil {
+			return 0, err
+		}
+		msg := nats.NewMsg(r.cfg.SubjectPrefix + row.Type)
+		msg.Data = data
+		msg.Header.Set(jetstream.MsgIDHeader, row.ID)
+		if _, err := r.js.PublishMsg(ctx, msg); err != nil {
+			// The ones before are published; marking them now saves
+			// the duplicate window some work.
+			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, ids))
+		}
+		ids = append(ids, row.ID)
+	}
+	faultpoint.Hit(faultpoint.AfterPublish)
+	if err := r.mark(ctx, ids); err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+func (r *Relay) mark(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := r.q.EventMarkPublished(ctx, r.pool, ids); err != nil {
+		return fmt.Errorf("marking %d events published: %w", len(ids), err)
+	}
+	return nil
+}
+
+func (r *Relay) observe(n int, err error) {
+	if r.cfg.Observe == nil {
+		return
+	}
+	oldest, lerr := r.q.EventOldestUnpublished(context.Background(), r.pool)
+	lag := time.Duration(0)
+	if lerr == nil {
+		lag = max(0, time.Since(oldest))
+	}
+	r.cfg.Observe(n, err, lag)
+}
+
+// sleep waits d or until ctx is done; it returns false when ctx is done.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

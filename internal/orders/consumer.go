@@ -1,0 +1,335 @@
+// Package orders is idempay's third entry point: an order.paid consumer on
+// NATS JetStream. Each message asks for a charge, and runs through the same
+// idempotency core, validation, ledger row and downstream key as POST
+// /v1/charges (charges.Service.CreateCharge), scoped to its account with the
+// producer's key: a charge made by message and one made over HTTP with the
+// same account, key and body are one charge (I9).
+//
+// A message is acknowledged only after its record's final commit; a
+// duplicate (a finished record) is acknowledged at once; an unknown Stripe
+// outcome or a record in flight elsewhere is redelivered later (nak with
+// backoff); and a message that can never succeed (its key used for another
+// request, invalid, an unknown account, or past its maximum deliveries) is
+// published to the dead-letter subject with the reason in its headers and
+// then terminated: never dropped, never redelivered.
+package orders
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// Config configures the consumer.
+type Config struct {
+	// Stream holds Subject and DLQSubject (ORDERS).
+	Stream string
+	// Subject carries order.paid messages (orders.paid).
+	Subject string
+	// DLQSubject receives dead letters (orders.paid.dlq).
+	DLQSubject string
+	// Durable is the consumer's name; every process shares it, so each
+	// message goes to one of them at a time.
+	Durable string
+	// MaxDeliver bounds deliveries of one message; the last one that cannot
+	// finish dead-letters it with reason max_deliveries.
+	MaxDeliver int
+	// AckWait is how long a delivered message may go unacknowledged before
+	// JetStream redelivers it (the process died). It must exceed the
+	// Stripe timeout.
+	AckWait time.Duration
+	// Backoff is the first delay of a nak; it doubles per delivery up to
+	// MaxBackoff.
+	Backoff, MaxBackoff time.Duration
+	// Replicas of the stream (3 on a three-node cluster).
+	Replicas int
+	// Observe, when set, counts one message by outcome (new, replayed,
+	// declined, nak, dlq) and, for dlq and nak, reason (metrics).
+	Observe func(outcome, reason string)
+}
+
+// DefaultConfig is the documented default.
+func DefaultConfig() Config {
+	return Config{Stream: "ORDERS", Subject: "orders.paid", DLQSubject: "orders.paid.dlq", Durable: "idempay-orders",
+		MaxDeliver: 10, AckWait: 30 * time.Second, Backoff: time.Second, MaxBackoff: time.Minute, Replicas: 1}
+}
+
+// Message is an order.paid message. The producer generates the key, one per
+// logical payment; the broker does not.
+type Message struct {
+	IdempotencyKey string            `json:"idempotency_key"`
+	Account        string            `json:"account"`
+	OrderID        string            `json:"order_id"`
+	Amount         *int64            `json:"amount"`
+	Currency       *string           `json:"currency"`
+	PaymentMethod  *string           `json:"payment_method"`
+	Description    *string           `json:"description,omitempty"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+}
+
+// chargeBody is the HTTP body the message stands for: its fingerprint is the
+// one a POST /v1/charges with these fields (absent ones absent) would have.
+type chargeBody struct {
+	Amount        *int64            `json:"amount"`
+	Currency      *string           `json:"currency"`
+	PaymentMethod *string           `json:"payment_method"`
+	Description   *string           `json:"description,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+// Dead-letter reasons, in the Idempay-Dlq-Reason header.
+const (
+	ReasonKeyReused      = "key_reused"
+	ReasonInvalid        = "invalid"
+	ReasonUnknownAccount = "unknown_account"
+	ReasonMaxDeliveries  = "max_deliveries"
+)
+
+// Headers of a dead letter.
+const (
+	HeaderReason         = "Idempay-Dlq-Reason"
+	HeaderDetail         = "Idempay-Dlq-Detail"
+	HeaderSubject        = "Idempay-Original-Subject"
+	HeaderStreamSequence = "Idempay-Stream-Sequence"
+	HeaderDeliveryCount  = "Idempay-Delivery-Count"
+)
+
+// Outcomes of one delivery, as counted by Config.Observe, and the reasons
+// of a nak.
+const (
+	OutcomeNew        = "new"
+	OutcomeReplayed   = "replayed"
+	OutcomeDeclined   = "declined" // a final answer other than 201 (402, 422), acknowledged
+	OutcomeNak        = "nak"
+	OutcomeDeadLetter = "dlq"
+
+	reasonUnknownOutcome = "unknown_outcome"
+	reasonInFlight       = "in_flight"
+	reasonUnavailable    = "unavailable"
+)
+
+const (
+	maxDeadLetterDetail   = 500
+	deadLetterMsgIDPrefix = "dlq-"
+)
+
+// Consumer consumes order.paid messages.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
+	charges *charges.Service
+	cfg     Config
+	log     *slog.Logger
+}
+
+// New returns a consumer.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, svc *charges.Service, cfg Config, log *slog.Logger) *Consumer {
+	return &Consumer{pool: pool, js: js, charges: svc, cfg: cfg, log: log}
+}
+
+// Setup creates (or updates) the stream and the durable consumer.
+func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
+	if _, err := EnsureStream(ctx, c.js, c.cfg); err != nil {
+		return nil, err
+	}
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+		Durable: c.cfg.Durable, FilterSubject: c.cfg.Subject, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: c.cfg.AckWait, MaxDeliver: c.cfg.MaxDeliver, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating consumer %s: %w", c.cfg.Durable, err)
+	}
+	return cons, nil
+}
+
+// EnsureStream creates (or updates) the stream of order.paid messages and
+// their dead letters.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: cfg.Stream, Subjects: []string{cfg.Subject, cfg.DLQSubject},
+		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Duplicates: 10 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating stream %s: %w", cfg.Stream, err)
+	}
+	return s, nil
+}
+
+// Run consumes until ctx is done, then stops taking messages and lets the
+// one in hand finish.
+func (c *Consumer) Run(ctx context.Context) error {
+	cons, err := c.Setup(ctx)
+	if err != nil {
+		return err
+	}
+	c.log.InfoContext(ctx, "consuming", "stream", c.cfg.Stream, "subject", c.cfg.Subject, "durable", c.cfg.Durable)
+	cc, err := cons.Consume(func(msg jetstream.Msg) { c.Handle(ctx, msg) }, jetstream.PullMaxMessages(1))
+	if err != nil {
+		return fmt.Errorf("consuming: %w", err)
+	}
+	<-ctx.Done()
+	cc.Drain()
+	<-cc.Closed()
+	return nil
+}
+
+// Handle processes one delivery. The charge runs detached from ctx: a
+// shutdown must not abort a charge half way.
+func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
+	ctx = context.WithoutCancel(ctx)
+	meta, err := msg.Metadata()
+	if err != nil {
+		c.log.ErrorContext(ctx, "message without JetStream metadata; terminated", "err", err)
+		_ = msg.Term()
+		return
+	}
+	log := c.log.With("stream_seq", meta.Sequence.Stream, "delivery", meta.NumDelivered)
+
+	var m Message
+	dec := json.NewDecoder(bytes.NewReader(msg.Data()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "not an order.paid message: "+err.Error())
+		return
+	}
+	log = log.With("account_id", m.Account, "order_id", m.OrderID)
+	key, err := idempotency.ParseKey(m.IdempotencyKey)
+	if err != nil {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "idempotency_key: "+err.Error())
+		return
+	}
+	if _, err := accounts.Get(ctx, c.pool, m.Account); errors.Is(err, db.ErrNotFound) {
+		c.deadLetter(ctx, log, msg, meta, ReasonUnknownAccount, fmt.Sprintf("no account %q", m.Account))
+		return
+	} else if err != nil {
+		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
+		return
+	}
+	body, err := json.Marshal(chargeBody{Amount: m.Amount, Currency: m.Currency, PaymentMethod: m.PaymentMethod,
+		Description: m.Description, Metadata: m.Metadata})
+	if err != nil {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, err.Error())
+		return
+	}
+
+	resp, err := c.charges.CreateCharge(ctx, m.Account, key, body)
+	var pe *apierror.Error
+	switch {
+	case err == nil:
+		outcome := OutcomeNew
+		if resp.Replayed {
+			outcome = OutcomeReplayed
+			log.InfoContext(ctx, "order.paid: replayed: the charge was made before", "status", resp.Status)
+		} else if resp.Status != 201 {
+			outcome = OutcomeDeclined // a final answer (402, 422), stored like any
+		}
+		if err := msg.DoubleAck(ctx); err != nil {
+			// The record is finished: the redelivery replays and acks.
+			log.WarnContext(ctx, "order.paid: ack not confirmed", "err", err)
+		}
+		c.observe(outcome, "")
+		log.InfoContext(ctx, "order.paid: acknowledged", "outcome", outcome, "status", resp.Status)
+	case errors.Is(err, idempotency.ErrMismatch):
+		c.deadLetter(ctx, log, msg, meta, ReasonKeyReused, "the idempotency_key was used before with a different charge")
+	case errors.Is(err, idempotency.ErrUnknownOutcome):
+		c.retry(ctx, log, msg, meta, reasonUnknownOutcome, err)
+	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
+		c.retry(ctx, log, msg, meta, reasonInFlight, err)
+	case errors.Is(err, idempotency.ErrKeyInvalid), errors.Is(err, idempotency.ErrInvalidJSON),
+		errors.Is(err, idempotency.ErrBodyTooLarge), errors.As(err, &pe) && pe.Status() < 500:
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
+	default:
+		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
+	}
+}
+
+// retry naks the message with a delay that doubles per delivery, unless
+// this was its last delivery: then it is dead-lettered.
+func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string, cause error) {
+	if c.cfg.MaxDeliver > 0 && meta.NumDelivered >= uint64(c.cfg.MaxDeliver) {
+		c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, reason+": "+cause.Error())
+		return
+	}
+	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
+	if delay > c.cfg.MaxBackoff || delay <= 0 {
+		delay = c.cfg.MaxBackoff
+	}
+	if err := msg.NakWithDelay(delay); err != nil {
+		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
+	}
+	c.observe(OutcomeNak, reason)
+	log.WarnContext(ctx, "order.paid: not finished; redelivery later", "reason", reason, "delay", delay.String(), "err", cause)
+}
+
+// deadLetter publishes the message to the dead-letter subject with headers
+// naming why and where it came from, then terminates it. If the publish
+// fails, the message is nak'ed instead: it is never dropped.
+func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason, detail string) {
+	if len(detail) > maxDeadLetterDetail {
+		detail = detail[:maxDeadLetterDetail]
+	}
+	dl := nats.NewMsg(c.cfg.DLQSubject)
+	dl.Data = msg.Data()
+	for k, v := range msg.Headers() {
+		dl.Header[k] = v
+	}
+	dl.Header.Del(jetstream.MsgIDHeader)
+	seq := strconv.FormatUint(meta.Sequence.Stream, 10)
+	dl.Header.Set(HeaderReason, reason)
+	dl.Header.Set(HeaderDetail, detail)
+	dl.Header.Set(HeaderSubject, msg.Subject())
+	dl.Header.Set(HeaderStreamSequence, seq)
+	dl.Header.Set(HeaderDeliveryCount, strconv.FormatUint(meta.NumDelivered, 10))
+	// A repeated dead-lettering of one message (the process died before
+	// Term) is dropped by JetStream's duplicate window.
+	dl.Header.Set(jetstream.MsgIDHeader, deadLetterMsgIDPrefix+meta.Stream+"-"+seq)
+	if _, err := c.js.PublishMsg(ctx, dl); err != nil {
+		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)
+		_ = msg.NakWithDelay(c.cfg.Backoff)
+		c.observe(OutcomeNak, reasonUnavailable)
+		return
+	}
+	if err := msg.Term(); err != nil {
+		log.WarnContext(ctx, "order.paid: terminating a dead letter failed", "err", err)
+	}
+	c.observe(OutcomeDeadLetter, reason)
+	log.WarnContext(ctx, "order.paid: dead-lettered", "reason", reason, "detail", detail, "dlq", c.cfg.DLQSubject)
+}
+
+func (c *Consumer) observe(outcome, reason string) {
+	if c.cfg.Observe != nil {
+		c.cfg.Observe(outcome, reason)
+	}
+}
+
+// detailOf is the client-facing detail of a refusal.
+func detailOf(err error) string {
+	var pe *apierror.Error
+	if errors.As(err, &pe) {
+		b, _ := json.Marshal(pe.InvalidParams)
+		if len(pe.InvalidParams) > 0 {
+			return pe.Detail + " " + string(b)
+		}
+		return pe.Detail
+	}
+	var ie *idempotency.Error
+	if errors.As(err, &ie) {
+		return ie.Detail
+	}
+	return err.Error()
+}

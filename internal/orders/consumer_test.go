@@ -1,0 +1,272 @@
+package orders_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/natstest"
+	"github.com/idempay/idempay/internal/orders"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// bench is a running consumer on its own stream, with what it decided.
+type bench struct {
+	env *apitest.Env
+	js  jetstream.JetStream
+	cfg orders.Config
+
+	mu       sync.Mutex
+	outcomes map[string]int // "outcome" or "outcome/reason"
+}
+
+func (b *bench) count(key string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.outcomes[key]
+}
+
+// newBench starts a consumer (on a stream of its own, against its own
+// JetStream server) in front of a fresh API environment.
+func newBench(t *testing.T, maxDeliver int) *bench {
+	t.Helper()
+	env := apitest.New(t, apitest.Options{StripeTimeout: time.Second})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
+	b.cfg.MaxDeliver = maxDeliver
+	b.cfg.AckWait = 5 * time.Second
+	b.cfg.Backoff, b.cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
+	b.cfg.Observe = func(outcome, reason string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.outcomes[outcome]++
+		if reason != "" {
+			b.outcomes[outcome+"/"+reason]++
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	c := orders.New(env.Pool, js, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
+	if _, err := c.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	})
+	return b
+}
+
+func (b *bench) publish(t *testing.T, data []byte, msgID string) {
+	t.Helper()
+	msg := nats.NewMsg(b.cfg.Subject)
+	msg.Data = data
+	if msgID != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func message(account, key string, amount int64) []byte {
+	b, _ := json.Marshal(map[string]any{"idempotency_key": key, "account": account, "order_id": "o-" + key,
+		"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
+	return b
+}
+
+// waitFor polls cond for up to 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// settled is true when the consumer has nothing pending or unacknowledged.
+func (b *bench) settled(t *testing.T) bool {
+	info, err := b.js.Consumer(context.Background(), b.cfg.Stream, b.cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := info.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ci.NumPending == 0 && ci.NumAckPending == 0
+}
+
+func (b *bench) charges(t *testing.T, account string) int {
+	t.Helper()
+	var n int
+	if err := b.env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM charges WHERE account_id = $1`, account).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (b *bench) deadLetters(t *testing.T) []orders.DeadLetter {
+	t.Helper()
+	s, err := b.js.Stream(context.Background(), b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := orders.DeadLetters(context.Background(), s, b.cfg, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dl
+}
+
+// The same message published 10 times with different message ids: one
+// charge, one downstream key, 10 acks.
+func TestSameMessageTenTimes(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 5)
+	acct := b.env.NewClient(t).Account.ID
+	data := message(acct, "order-"+rand.Text(), 2500)
+	for i := 0; i < 10; i++ {
+		b.publish(t, data, rand.Text())
+	}
+	waitFor(t, "10 acknowledgements", func() bool { return b.count(orders.OutcomeNew)+b.count(orders.OutcomeReplayed) == 10 })
+	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if b.count(orders.OutcomeNew) != 1 || b.count(orders.OutcomeReplayed) != 9 {
+		t.Errorf("outcomes %v, want 1 new and 9 replayed", b.outcomes)
+	}
+	if n := b.charges(t, acct); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+	keys := map[string]bool{}
+	for _, r := range b.env.Stripe.Requests() {
+		if r.Method == http.MethodPost {
+			keys[r.IdempotencyKey] = true
+		}
+	}
+	if len(keys) != 1 || len(b.env.Stripe.Charges()) != 1 {
+		t.Errorf("Stripe saw %d downstream keys and holds %d charges, want 1 and 1", len(keys), len(b.env.Stripe.Charges()))
+	}
+}
+
+// HTTP and a message with the same account, key and body are one charge,
+// whichever comes first, and the second replays.
+func TestHTTPAndMessageAreOneCharge(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 5)
+	c := b.env.NewClient(t)
+	body := map[string]any{"amount": 1800, "currency": "usd", "payment_method": "tok_visa"}
+
+	httpFirst := "order-" + rand.Text()
+	if r := c.Post("/v1/charges", httpFirst, body); r.Status != http.StatusCreated {
+		t.Fatalf("HTTP charge: %d %s", r.Status, r.Body)
+	}
+	b.publish(t, message(c.Account.ID, httpFirst, 1800), "")
+	waitFor(t, "the message's replay", func() bool { return b.count(orders.OutcomeReplayed) == 1 })
+
+	messageFirst := "order-" + rand.Text()
+	b.publish(t, message(c.Account.ID, messageFirst, 1800), "")
+	waitFor(t, "the message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	r := c.Post("/v1/charges", messageFirst, body)
+	if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("HTTP after the message: %d (replayed %q), want a replayed 201", r.Status, r.Header.Get("Idempotent-Replayed"))
+	}
+	if n := b.charges(t, c.Account.ID); n != 2 {
+		t.Errorf("%d ledger rows for two keys, want 2", n)
+	}
+	if n := len(b.env.Stripe.Charges()); n != 2 {
+		t.Errorf("Stripe holds %d charges, want 2", n)
+	}
+}
+
+// A message that can never succeed goes to the dead-letter subject with its
+// reason, charges nothing and is not redelivered.
+func TestDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 2)
+	acct := b.env.NewClient(t).Account.ID
+
+	reused := "order-" + rand.Text()
+	b.publish(t, message(acct, reused, 1000), "")
+	waitFor(t, "the first charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	b.publish(t, message(acct, reused, 9999), "")          // the seed bug: a key reused for another payment
+	b.publish(t, []byte(`{"idempotency_key": "x", `), "") // not JSON
+	b.publish(t, message(acct, "order-"+rand.Text(), -5), "")
+	b.publish(t, message("acct_nobody", "order-"+rand.Text(), 1000), "")
+	waitFor(t, "four dead letters", func() bool { return b.count(orders.OutcomeDeadLetter) == 4 })
+
+	// Stripe down for longer than two deliveries: max_deliveries.
+	b.env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+	b.publish(t, message(acct, "order-"+rand.Text(), 1000), "")
+	waitFor(t, "the fifth dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) == 5 })
+	b.env.Stripe.ClearFaults()
+	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+
+	want := map[string]int{orders.ReasonKeyReused: 1, orders.ReasonInvalid: 2, orders.ReasonUnknownAccount: 1, orders.ReasonMaxDeliveries: 1}
+	got := map[string]int{}
+	for _, dl := range b.deadLetters(t) {
+		got[dl.Reason]++
+		if dl.OriginalSequence == "" || dl.Deliveries == "" || dl.Data == "" {
+			t.Errorf("dead letter %d lacks its origin: sequence %q, deliveries %q, data %q", dl.Sequence, dl.OriginalSequence, dl.Deliveries, dl.Data)
+		}
+	}
+	for reason, n := range want {
+		if got[reason] != n {
+			t.Errorf("%d dead letters with reason %s, want %d (all: %v)", got[reason], reason, n, got)
+		}
+	}
+	if b.count(orders.OutcomeNak+"/unknown_outcome") != 1 {
+		t.Errorf("the Stripe outage was nak'ed %d times before its last delivery, want 1", b.count(orders.OutcomeNak+"/unknown_outcome"))
+	}
+	// One charge in the ledger (the first); the max_deliveries one stays a
+	// resumable record whose completer finishes it, as over HTTP.
+	if n := b.charges(t, acct); n != 2 {
+		t.Errorf("%d ledger rows, want 2 (the charge, and the one Stripe never answered)", n)
+	}
+	time.Sleep(300 * time.Millisecond) // a redelivery would come within the backoff
+	if b.count(orders.OutcomeDeadLetter) != 5 || b.count(orders.OutcomeNew) != 1 {
+		t.Errorf("after settling: outcomes %v", b.outcomes)
+	}
+}
+
+// A dead letter replayed after its cause is fixed (the account now exists
+// under that id is not possible, so: Stripe back up) is charged once.
+func TestReplayDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 1)
+	acct := b.env.NewClient(t).Account.ID
+	b.env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+	key := "order-" + rand.Text()
+	b.publish(t, message(acct, key, 1200), "")
+	waitFor(t, "the dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) == 1 })
+	b.env.Stripe.ClearFaults()
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonMaxDeliveries {
+		t.Fatalf("dead letters %v, want one max_deliveries", dl)
+	}
+	s, err := b.js.Stream(context.Background(), b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := orders.Replay(context.Background(), b.js, s, b.cfg, dl[0].Sequence); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the replayed message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	if n := len(b.env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
+	}
+}

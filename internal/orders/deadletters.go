@@ -1,0 +1,66 @@
+package orders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DeadLetter is one message of the dead-letter subject, as an operator
+// reads it.
+type DeadLetter struct {
+	// Sequence is the dead letter's own stream sequence (what Replay takes).
+	Sequence uint64 `json:"sequence"`
+	Reason   string `json:"reason"`
+	Detail   string `json:"detail"`
+	// OriginalSequence and Deliveries say where the message came from and
+	// how often it was delivered before it was dead-lettered.
+	OriginalSequence string `json:"original_sequence"`
+	Deliveries       string `json:"deliveries"`
+	Data             string `json:"data"`
+}
+
+// DeadLetters reads up to limit dead letters, oldest first.
+func DeadLetters(ctx context.Context, stream jetstream.Stream, cfg Config, limit int) ([]DeadLetter, error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading stream %s: %w", cfg.Stream, err)
+	}
+	var out []DeadLetter
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0 && len(out) < limit; {
+		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(cfg.DLQSubject)) // the next one from seq on
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading dead letters: %w", err)
+		}
+		out = append(out, DeadLetter{Sequence: raw.Sequence, Reason: raw.Header.Get(HeaderReason),
+			Detail: raw.Header.Get(HeaderDetail), OriginalSequence: raw.Header.Get(HeaderStreamSequence),
+			Deliveries: raw.Header.Get(HeaderDeliveryCount), Data: string(raw.Data)})
+		seq = raw.Sequence + 1
+	}
+	return out, nil
+}
+
+// Replay publishes the dead letter at seq to the order.paid subject again,
+// as a new message (a fixed producer bug, an account created since). The
+// idempotency key in it still decides: a key that was charged meanwhile
+// replays, a mismatched one is dead-lettered again.
+func Replay(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, cfg Config, seq uint64) (*jetstream.PubAck, error) {
+	raw, err := stream.GetMsg(ctx, seq)
+	if err != nil {
+		return nil, fmt.Errorf("reading message %d: %w", seq, err)
+	}
+	if raw.Subject != cfg.DLQSubject {
+		return nil, fmt.Errorf("message %d is on %s, not a dead letter", seq, raw.Subject)
+	}
+	msg := nats.NewMsg(cfg.Subject)
+	msg.Data = raw.Data
+	msg.Header.Set("Idempay-Replayed-From", strconv.FormatUint(seq, 10))
+	return js.PublishMsg(ctx, msg)
+}
