@@ -130,11 +130,15 @@ idem_on_exit "_idem_stop_pid $server_pid 'idempay serve' 20"
 
 # The order.paid consumer, beside the server (run more of them to share the
 # work); the outbox relay runs inside serve.
+consumer_metrics=""
+if ! port_busy "$listen_host" "$((listen_port + 1))"; then
+	consumer_metrics="$client_host:$((listen_port + 1))"
+fi
 idem_log "starting idempay consume"
 if [[ $- != *m* ]] && command -v setsid >/dev/null 2>&1; then
-	setsid bin/idempay consume &
+	METRICS_ADDR=$consumer_metrics setsid bin/idempay consume &
 else
-	bin/idempay consume &
+	METRICS_ADDR=$consumer_metrics bin/idempay consume &
 fi
 consumer_pid=$!
 idem_on_exit "_idem_stop_pid $consumer_pid 'idempay consume' 20"
@@ -207,7 +211,8 @@ curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
 (set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
 curl -s '$api_url/v1/charges?limit=1' -H 'Authorization: Bearer $api_key'
 curl -s '$api_url/v1/events?limit=3' -H 'Authorization: Bearer $api_key'
-
+${consumer_metrics:+curl -s http://$consumer_metrics/metrics | grep ^idempay_orders  # the consumer's counts
+}
  Ctrl-C stops the server and stripe-mock.
 ==============================================================================
 

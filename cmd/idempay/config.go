@@ -27,6 +27,7 @@ type Config struct {
 	StripeTimeout     time.Duration
 	Webhooks          webhooks.Config
 	NATSURL           string
+	MetricsAddr       string // consume and relay serve /metrics here; "" for none
 	Orders            orders.Config
 	Relay             events.RelayConfig
 	Idempotency       idempotency.Config
@@ -59,6 +60,7 @@ func loadConfig() (Config, error) {
 		LogFormat:         e.str("LOG_FORMAT", "json"),
 	}
 	cfg.NATSURL = e.str("NATS_URL", "")
+	cfg.MetricsAddr = e.str("METRICS_ADDR", "")
 	replicas := e.int("NATS_REPLICAS", 1)
 	cfg.Orders = orders.DefaultConfig()
 	cfg.Orders.Stream = e.str("ORDERS_STREAM", cfg.Orders.Stream)

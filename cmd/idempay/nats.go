@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
@@ -55,8 +56,30 @@ func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer nc.Close()
+	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	newRelay(a, cfg, js, log).Run(ctx)
 	return nil
+}
+
+// serveMetrics serves /metrics on addr for a process without the API
+// (consume, relay), until ctx is done; "" serves nothing.
+func serveMetrics(ctx context.Context, addr string, a *app, log *slog.Logger) {
+	if addr == "" {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", a.metrics.Handler())
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving metrics", "addr", addr, "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	log.Info("serving metrics", "addr", addr)
 }
 
 // consumeCmd is `idempay consume`: the order.paid consumer. Run several;
@@ -72,6 +95,7 @@ func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer nc.Close()
+	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	ocfg := cfg.Orders
 	ocfg.Observe = a.metrics.ObserveOrder
 	return orders.New(a.pool, js, a.charges, ocfg, log).Run(ctx)

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -178,13 +179,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.log.InfoContext(ctx, "consuming", "stream", c.cfg.Stream, "subject", c.cfg.Subject, "durable", c.cfg.Durable)
-	cc, err := cons.Consume(func(msg jetstream.Msg) { c.Handle(ctx, msg) }, jetstream.PullMaxMessages(1))
+	var inHand sync.WaitGroup
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		inHand.Add(1)
+		defer inHand.Done()
+		c.Handle(ctx, msg)
+	}, jetstream.PullMaxMessages(1))
 	if err != nil {
 		return fmt.Errorf("consuming: %w", err)
 	}
 	<-ctx.Done()
-	cc.Drain()
-	<-cc.Closed()
+	// Stop pulling at once (a drain would wait for the open pull request
+	// to expire), and let the message in hand finish: its ack follows its
+	// commit. A message pulled but not begun is redelivered after the ack
+	// wait.
+	cc.Stop()
+	inHand.Wait()
 	return nil
 }
 
