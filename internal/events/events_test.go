@@ -240,4 +240,3 @@ func publishedIDs(t *testing.T, env *apitest.Env, clients []*apitest.Client) []s
 	}
 	return ids
 }
-

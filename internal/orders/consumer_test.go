@@ -203,7 +203,7 @@ func TestDeadLetters(t *testing.T) {
 	reused := "order-" + rand.Text()
 	b.publish(t, message(acct, reused, 1000), "")
 	waitFor(t, "the first charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
-	b.publish(t, message(acct, reused, 9999), "")          // the seed bug: a key reused for another payment
+	b.publish(t, message(acct, reused, 9999), "")         // the seed bug: a key reused for another payment
 	b.publish(t, []byte(`{"idempotency_key": "x", `), "") // not JSON
 	b.publish(t, message(acct, "order-"+rand.Text(), -5), "")
 	b.publish(t, message("acct_nobody", "order-"+rand.Text(), 1000), "")
