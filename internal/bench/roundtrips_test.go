@@ -125,7 +125,8 @@ func TestRoundTrips(t *testing.T) {
 	wantFirst := []string{
 		"IdempotencyKeyGetByScopeKey",
 		"begin", "IdempotencyKeyClaim", "ChargeInsert", "commit",
-		"begin", "ChargeSetOutcome", "IdempotencyKeyFinish", "commit",
+		// The settled charge's event (the outbox, I10) commits with it.
+		"begin", "ChargeSetOutcome", "EventInsert", "IdempotencyKeyFinish", "commit",
 	}
 	if !slices.Equal(first, wantFirst) || prepares != 0 {
 		t.Errorf("first request ran %d statements (+%d prepares):\n  %s\nwant %d:\n  %s",
