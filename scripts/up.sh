@@ -168,6 +168,11 @@ demo_env=.run/demo.env
 		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" >"$demo_env"
 )
 
+metrics_hint=""
+if [[ -n $consumer_metrics ]]; then
+	metrics_hint="curl -s http://$consumer_metrics/metrics | grep ^idempay_orders"
+fi
+
 idem_key="demo-$(date +%s)-$RANDOM"
 cat <<EOF
 
@@ -211,8 +216,7 @@ curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
 (set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
 curl -s '$api_url/v1/charges?limit=1' -H 'Authorization: Bearer $api_key'
 curl -s '$api_url/v1/events?limit=3' -H 'Authorization: Bearer $api_key'
-${consumer_metrics:+curl -s http://$consumer_metrics/metrics | grep ^idempay_orders  # the consumer's counts
-}
+$metrics_hint
  Ctrl-C stops the server and stripe-mock.
 ==============================================================================
 
