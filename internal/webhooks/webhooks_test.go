@@ -323,6 +323,22 @@ func TestEventFinishesAnUnfinishedCharge(t *testing.T) {
 				t.Fatalf("ledger after %s: status %s, stripe id %v; want %s, %s", tc.typ, ch.Status, ch.StripeChargeID, tc.status, fc.ID)
 			}
 
+			// The settled charge's event commits with the webhook's change
+			// (I10); a pending charge has not settled, and has none yet.
+			var evs struct {
+				Data []struct {
+					Type string `json:"type"`
+				} `json:"data"`
+			}
+			c.Get("/v1/events").JSON(t, &evs)
+			wantEvents := []string{"charge." + tc.status}
+			if tc.status == "pending" {
+				wantEvents = nil
+			}
+			if len(evs.Data) != len(wantEvents) || len(wantEvents) == 1 && evs.Data[0].Type != wantEvents[0] {
+				t.Errorf("events after %s: %s, want %v", tc.typ, mustJSON(evs.Data), wantEvents)
+			}
+
 			retry := c.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "tok_visa"})
 			if retry.Status != tc.wantStatus || retry.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("retry after the event: %d (replayed %q) %s; want a replayed %d",
