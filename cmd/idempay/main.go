@@ -1,9 +1,12 @@
 // Command idempay is the reference payment API: `serve` runs the HTTP API
-// with its background completer and retention job, `completer` runs the
-// completer alone, `migrate` applies the schema, `accounts create` makes an
-// account and prints its API key once, and `purge` runs retention once.
-// This file only wires: configuration from the environment, slog, pgxpool,
-// the Stripe client and echo.
+// (with the Stripe webhook endpoint) and its background completer,
+// retention job and outbox relay; `consume` runs the order.paid consumer,
+// `relay` and `completer` run theirs alone; `migrate` applies the schema,
+// `accounts create` makes an account and prints its API key once, `purge`
+// runs retention once, and `orders` and `webhooks trigger` act as a
+// producer, an operator or Stripe would. The files of this package only
+// wire: configuration from the environment, slog, pgxpool, the Stripe
+// client, NATS and echo.
 package main
 
 import (
