@@ -45,6 +45,7 @@ commands:
   orders publish|dlq|replay  publish an order.paid message; list or replay dead letters
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
+  accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
   bench [-duration D] [-concurrency N] [-scenarios LIST] [-rate R]   load benchmark (BENCHMARKS.md)
@@ -133,6 +134,7 @@ type app struct {
 	runner   *idempotency.Runner
 	charges  *charges.Service
 	webhooks *webhooks.Handler
+	keys     *accounts.KeysAPI
 	metrics  *metrics.Metrics
 }
 
@@ -152,10 +154,11 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
 		Observe: m.ObserveStripe,
 	})
 	svc := charges.New(pool, runner, stripe, log)
+	svc.OnRollout = m.ObserveRollout
 	whcfg := cfg.Webhooks
 	whcfg.Observe, whcfg.ObserveLag = m.ObserveWebhook, m.ObserveWebhookLag
 	return &app{pool: pool, runner: runner, charges: svc, metrics: m,
-		webhooks: webhooks.New(pool, runner, svc, whcfg, log)}, nil
+		webhooks: webhooks.New(pool, runner, svc, whcfg, log), keys: accounts.NewKeysAPI(pool, runner)}, nil
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -167,18 +170,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	startPprof(ctx, log) // PPROF_ADDR, off by default
 	tuneGC(log, serveGCPercent, serveMemoryLimit)
 
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	// The auth cache forgets a revoked key in every process at once (I11).
+	auth := accounts.NewAuthenticator(a.pool, cfg.AuthCacheTTL)
+	wg.Go(func() { auth.Listen(bg, a.pool, log) })
+	a.keys.Auth = auth
 	srv := &http.Server{
 		Addr: cfg.ListenAddr,
 		Handler: server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics,
-			AuthCacheTTL: cfg.AuthCacheTTL, Webhooks: a.webhooks}),
+			Webhooks: a.webhooks, Keys: a.keys, Auth: auth}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 	}
 
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
 	if cfg.CompleterInterval > 0 {
 		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
 	}
@@ -255,28 +262,44 @@ func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
+const accountsUsage = `usage: idempay accounts create --name NAME
+       idempay accounts set-mode ACCOUNT required|optional|shadow`
+
 func accountsCmd(ctx context.Context, cfg Config, args []string) error {
-	if len(args) == 0 || args[0] != "create" {
-		return errors.New("usage: idempay accounts create --name NAME")
-	}
-	fs := flag.NewFlagSet("accounts create", flag.ContinueOnError)
-	name := fs.String("name", "", "account name")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	if *name == "" {
-		return errors.New("usage: idempay accounts create --name NAME")
+	if len(args) == 0 {
+		return errors.New(accountsUsage)
 	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	acct, key, err := accounts.Create(ctx, pool, *name)
-	if err != nil {
-		return err
+	switch args[0] {
+	case "create":
+		fs := flag.NewFlagSet("accounts create", flag.ContinueOnError)
+		name := fs.String("name", "", "account name")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if *name == "" {
+			return errors.New(accountsUsage)
+		}
+		acct, key, err := accounts.Create(ctx, pool, *name)
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": acct.ID, "name": acct.Name, "api_key": key})
+	case "set-mode":
+		if len(args) != 3 {
+			return errors.New(accountsUsage)
+		}
+		if err := accounts.SetMode(ctx, pool, args[1], args[2]); err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": args[1], "idempotency_mode": args[2]})
+	default:
+		return errors.New(accountsUsage)
 	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": acct.ID, "name": acct.Name, "api_key": key})
 }
 
 func purge(ctx context.Context, cfg Config, log *slog.Logger) error {

@@ -1,10 +1,8 @@
 -- name: AccountInsert :one
-INSERT INTO accounts (name, api_key_hash)
-VALUES (@name, @api_key_hash)
-RETURNING *;
-
--- name: AccountGetByAPIKeyHash :one
-SELECT * FROM accounts WHERE api_key_hash = @api_key_hash;
+INSERT INTO accounts (name) VALUES (@name) RETURNING *;
 
 -- name: AccountGetByID :one
 SELECT * FROM accounts WHERE id = @id;
+
+-- name: AccountSetMode :execrows
+UPDATE accounts SET idempotency_mode = @idempotency_mode WHERE id = @id;

@@ -1,7 +1,12 @@
-// Package accounts creates merchant accounts and authenticates API requests.
-// An API key is 32 random bytes shown once at creation; only its SHA-256 is
-// stored. A fast hash is enough because the key has 256 bits of entropy:
-// there is nothing to brute-force, unlike a password.
+// Package accounts creates merchant accounts and their API keys, and
+// authenticates API requests. An API key is 32 random bytes shown once;
+// only its SHA-256 is stored. A fast hash is enough because the key has 256
+// bits of entropy: there is nothing to brute-force, unlike a password.
+//
+// An account may hold several keys (rotation), and a revoked key is refused
+// by every server process from the moment its revocation commits (I11): the
+// authenticator's cache is invalidated across processes by PostgreSQL
+// LISTEN/NOTIFY, and is not used at all while its listener is down.
 package accounts
 
 import (
@@ -12,9 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/db"
@@ -25,36 +30,107 @@ import (
 // KeyPrefix starts every API key, so a leaked key is recognisable.
 const KeyPrefix = "sk_idem_"
 
-// Account is the authenticated caller, as handlers see it: never with its
+// shownPrefix is how many characters of a key its listing shows.
+const shownPrefix = len(KeyPrefix) + 4
+
+// Idempotency modes of an account (a rollout, account by account).
+const (
+	// ModeRequired: a mutating request without a key is refused (400).
+	ModeRequired = "required"
+	// ModeOptional: a request without a key runs unprotected, and is
+	// counted.
+	ModeOptional = "optional"
+	// ModeShadow: keys are recorded and duplicates detected, logged and
+	// counted as would-have-replayed, but every request runs as before.
+	ModeShadow = "shadow"
+)
+
+// Account is the authenticated caller, as handlers see it: never with a
 // key's hash.
 type Account struct {
 	ID        string
 	Name      string
 	CreatedAt time.Time
+	// Mode is the account's idempotency mode.
+	Mode string
+	// KeyID is the API key the request authenticated with ("" outside a
+	// request).
+	KeyID string
 }
 
 func accountOf(row dbsqlc.Account) Account {
-	return Account{ID: row.ID, Name: row.Name, CreatedAt: row.CreatedAt}
+	return Account{ID: row.ID, Name: row.Name, CreatedAt: row.CreatedAt, Mode: row.IdempotencyMode}
 }
 
-// Create inserts an account and returns it with its API key, which is not
-// stored and cannot be shown again.
-func Create(ctx context.Context, dbtx dbsqlc.DBTX, name string) (Account, string, error) {
+// Create inserts an account and its first API key, and returns the key,
+// which is not stored and cannot be shown again.
+func Create(ctx context.Context, dbb db.Beginner, name string) (Account, string, error) {
 	name = strings.TrimSpace(name)
 	if name == "" || len(name) > 200 {
 		return Account{}, "", errors.New("account name must be 1 to 200 characters")
 	}
+	type created struct {
+		acct Account
+		key  string
+	}
+	c, err := db.WithTx(ctx, dbb, func(ctx context.Context, tx pgx.Tx) (created, error) {
+		row, err := dbsqlc.New().AccountInsert(ctx, tx, name)
+		if err != nil {
+			return created{}, fmt.Errorf("inserting account: %w", err)
+		}
+		_, key, err := NewKey(ctx, tx, row.ID, nil)
+		return created{accountOf(row), key}, err
+	})
+	return c.acct, c.key, err
+}
+
+// NewKey inserts a new API key for the account (created by the idempotency
+// record recordID, or nil) and returns its row and the key itself.
+func NewKey(ctx context.Context, tx dbsqlc.DBTX, accountID string, recordID *string) (dbsqlc.ApiKey, string, error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
-		return Account{}, "", fmt.Errorf("generating API key: %w", err)
+		return dbsqlc.ApiKey{}, "", fmt.Errorf("generating API key: %w", err)
 	}
 	key := KeyPrefix + hex.EncodeToString(raw)
 	hash := hashKey(key)
-	row, err := dbsqlc.New().AccountInsert(ctx, dbtx, name, hash[:])
+	row, err := dbsqlc.New().APIKeyInsert(ctx, tx, &dbsqlc.APIKeyInsertParams{
+		AccountID: accountID, KeyHash: hash[:], Prefix: key[:shownPrefix], IdempotencyKeyID: recordID,
+	})
 	if err != nil {
-		return Account{}, "", fmt.Errorf("inserting account: %w", err)
+		return dbsqlc.ApiKey{}, "", fmt.Errorf("inserting API key: %w", err)
 	}
-	return accountOf(row), key, nil
+	return row, key, nil
+}
+
+// Get returns the account with this id, or db.ErrNotFound, for entry points
+// that name the account instead of presenting its key (a broker message).
+func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
+	row, err := dbsqlc.New().AccountGetByID(ctx, dbtx, id)
+	if err != nil {
+		return Account{}, db.NotFound(err)
+	}
+	return accountOf(row), nil
+}
+
+// SetMode sets the account's idempotency mode; every server process sees
+// it on the account's next request.
+func SetMode(ctx context.Context, dbb db.Beginner, id, mode string) error {
+	switch mode {
+	case ModeRequired, ModeOptional, ModeShadow:
+	default:
+		return fmt.Errorf("mode %q: want %s, %s or %s", mode, ModeRequired, ModeOptional, ModeShadow)
+	}
+	_, err := db.WithTx(ctx, dbb, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		n, err := dbsqlc.New().AccountSetMode(ctx, tx, mode, id)
+		if err != nil {
+			return struct{}{}, fmt.Errorf("setting mode: %w", err)
+		}
+		if n == 0 {
+			return struct{}{}, fmt.Errorf("account %q: %w", id, db.ErrNotFound)
+		}
+		return struct{}{}, notify(ctx, tx, accountChanged+id)
+	})
+	return err
 }
 
 // hashKey is what is stored and looked up instead of the key itself.
@@ -64,68 +140,9 @@ func hashKey(key string) [sha256.Size]byte {
 
 const contextKey = "idempay.account"
 
-// DefaultCacheTTL is how long a valid API key is remembered (AUTH_CACHE_TTL).
-const DefaultCacheTTL = 10 * time.Second
-
-// maxCachedKeys bounds the authentication cache; when it is full it is
-// emptied, which costs one database read per key on the next request.
-const maxCachedKeys = 10_000
-
-// Authenticator checks API keys. It remembers each valid key for a short TTL,
-// so that a request's authentication usually costs no database round trip
-// and a replay is the one indexed read of its record. The trade-off, stated
-// in the README: a key deleted from the database keeps working for at most
-// the TTL. Unknown keys are never cached, so a new account's key works at
-// once and a wrong key is always checked against the database.
-type Authenticator struct {
-	db  dbsqlc.DBTX
-	ttl time.Duration
-
-	mu    sync.Mutex
-	cache map[[sha256.Size]byte]cachedAccount
-}
-
-type cachedAccount struct {
-	acct  Account
-	until time.Time
-}
-
-// NewAuthenticator returns an Authenticator over db; ttl 0 turns the cache off.
-func NewAuthenticator(db dbsqlc.DBTX, ttl time.Duration) *Authenticator {
-	return &Authenticator{db: db, ttl: ttl, cache: map[[sha256.Size]byte]cachedAccount{}}
-}
-
-// Authenticate returns the account that owns key, or db.ErrNotFound.
-func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, error) {
-	hash := hashKey(key)
-	now := time.Now()
-	if a.ttl > 0 {
-		a.mu.Lock()
-		c, ok := a.cache[hash]
-		a.mu.Unlock()
-		if ok && now.Before(c.until) {
-			return c.acct, nil
-		}
-	}
-	row, err := dbsqlc.New().AccountGetByAPIKeyHash(ctx, a.db, hash[:])
-	if err != nil {
-		return Account{}, db.NotFound(err)
-	}
-	acct := accountOf(row)
-	if a.ttl > 0 {
-		a.mu.Lock()
-		if len(a.cache) >= maxCachedKeys {
-			clear(a.cache)
-		}
-		a.cache[hash] = cachedAccount{acct: acct, until: now.Add(a.ttl)}
-		a.mu.Unlock()
-	}
-	return acct, nil
-}
-
 // Middleware authenticates "Authorization: Bearer <key>" and stores the
-// account for FromContext. A missing or unknown key is a 401 problem, and
-// such a request never reaches the idempotency layer.
+// account for FromContext. A missing, unknown or revoked key is a 401
+// problem, and such a request never reaches the idempotency layer.
 func (a *Authenticator) Middleware() echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -155,14 +172,4 @@ func unauthorized() error {
 // FromContext returns the account Middleware authenticated.
 func FromContext(c echo.Context) Account {
 	return c.Get(contextKey).(Account)
-}
-
-// Get returns the account with this id, or db.ErrNotFound, for entry points
-// that name the account instead of presenting its key (a broker message).
-func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
-	row, err := dbsqlc.New().AccountGetByID(ctx, dbtx, id)
-	if err != nil {
-		return Account{}, db.NotFound(err)
-	}
-	return accountOf(row), nil
 }

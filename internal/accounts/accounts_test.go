@@ -32,7 +32,7 @@ func TestCreateAndAuthenticate(t *testing.T) {
 
 	// Only the SHA-256 of the key is stored.
 	var stored []byte
-	if err := pool.QueryRow(ctx, `SELECT api_key_hash FROM accounts WHERE id = $1`, acct.ID).Scan(&stored); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT key_hash FROM api_keys WHERE account_id = $1`, acct.ID).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256([]byte(key))
@@ -40,8 +40,8 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		t.Fatal("the stored hash is not the SHA-256 of the key")
 	}
 	var found int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM accounts
-		WHERE api_key_hash = convert_to($1::text, 'UTF8') OR strpos(name, $1::text) > 0`, key).Scan(&found); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM accounts a JOIN api_keys k ON k.account_id = a.id
+		WHERE k.key_hash = convert_to($1::text, 'UTF8') OR strpos(a.name, $1::text) > 0 OR strpos(k.prefix, $1::text) > 0`, key).Scan(&found); err != nil {
 		t.Fatal(err)
 	}
 	if found != 0 {
@@ -104,7 +104,7 @@ func TestAuthenticatorCache(t *testing.T) {
 		}
 	}
 	// Rotate the key in the database.
-	if _, err := pool.Exec(ctx, `UPDATE accounts SET api_key_hash = sha256(gen_random_uuid()::text::bytea) WHERE id = $1`, acct.ID); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET key_hash = sha256(gen_random_uuid()::text::bytea) WHERE account_id = $1`, acct.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := uncached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {

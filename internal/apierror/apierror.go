@@ -48,6 +48,7 @@ const (
 	PaymentRejected       Type = "payment-rejected"
 	RefundExceedsCharge   Type = "refund-exceeds-charge"
 	ChargeNotRefundable   Type = "charge-not-refundable"
+	LastAPIKey            Type = "last-api-key"
 	DownstreamUnavailable Type = "downstream-unavailable"
 	ServiceUnavailable    Type = "service-unavailable"
 	Internal              Type = "internal-error"
@@ -72,6 +73,7 @@ var statusOf = map[Type]int{
 	PaymentRejected:       http.StatusUnprocessableEntity,
 	RefundExceedsCharge:   http.StatusBadRequest,
 	ChargeNotRefundable:   http.StatusConflict,
+	LastAPIKey:            http.StatusConflict,
 	DownstreamUnavailable: http.StatusServiceUnavailable,
 	ServiceUnavailable:    http.StatusServiceUnavailable,
 	Internal:              http.StatusInternalServerError,
@@ -96,6 +98,7 @@ var titleOf = map[Type]string{
 	PaymentRejected:       "The payment processor rejected the request",
 	RefundExceedsCharge:   "Refund exceeds the refundable amount",
 	ChargeNotRefundable:   "Charge cannot be refunded",
+	LastAPIKey:            "The account's last API key cannot be revoked",
 	DownstreamUnavailable: "Payment processor outcome unknown; retry with the same Idempotency-Key",
 	ServiceUnavailable:    "Service temporarily unavailable",
 	Internal:              "Internal server error",

@@ -64,6 +64,7 @@ type Env struct {
 	Runner   *idempotency.Runner
 	Charges  *charges.Service
 	Webhooks *webhooks.Handler
+	Auth     *accounts.Authenticator
 	Server   *httptest.Server
 	Log      *slog.Logger
 	Metrics  *metrics.Metrics
@@ -102,12 +103,21 @@ func New(t testing.TB, opts Options) *Env {
 	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL,
 		Timeout: opts.StripeTimeout, Observe: env.Metrics.ObserveStripe})
 	env.Charges = charges.New(env.Pool, env.Runner, stripe, env.Log)
+	env.Charges.OnRollout = env.Metrics.ObserveRollout
+	// The auth cache listens for revocations, as in idempay serve.
+	env.Auth = accounts.NewAuthenticator(env.Pool, accounts.DefaultCacheTTL)
+	lctx, stopListen := context.WithCancel(context.Background())
+	listened := make(chan struct{})
+	go func() { env.Auth.Listen(lctx, env.Pool, env.Log); close(listened) }()
+	t.Cleanup(func() { stopListen(); <-listened })
+	keys := accounts.NewKeysAPI(env.Pool, env.Runner)
+	keys.Auth = env.Auth
 	env.Webhooks = webhooks.New(env.Pool, env.Runner, env.Charges, webhooks.Config{
 		Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret,
 		Observe: env.Metrics.ObserveWebhook, ObserveLag: env.Metrics.ObserveWebhookLag,
 	}, env.Log)
 	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: env.Charges, Log: env.Log, Metrics: env.Metrics,
-		AuthCacheTTL: accounts.DefaultCacheTTL, Webhooks: env.Webhooks}))
+		Webhooks: env.Webhooks, Keys: keys, Auth: env.Auth}))
 	t.Cleanup(env.Server.Close)
 	return env
 }

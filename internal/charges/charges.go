@@ -7,6 +7,7 @@ package charges
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +44,10 @@ type Service struct {
 	runner *idempotency.Runner
 	stripe *Stripe
 	log    *slog.Logger
+	// OnRollout, when set, counts what an account's idempotency mode did
+	// to a request (metrics): mode and outcome (unkeyed, would_replayed,
+	// would_mismatch, would_conflict, would_takeover).
+	OnRollout func(mode, outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so
@@ -73,16 +78,66 @@ func (s *Service) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 func (s *Service) run(c echo.Context, route string, params interface{ validate() error },
 	op func(acct accounts.Account) idempotency.Operation) error {
 	acct := accounts.FromContext(c)
-	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), route)
+	ctx := c.Request().Context()
+	req, err := s.read(c, acct, route)
 	if err != nil {
 		return err
 	}
-	resp, err := s.execute(c.Request().Context(), req, params, op(acct))
+	resp, err := s.execute(ctx, req, params, op(acct))
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
 	idemhttp.Write(c.Response(), resp)
 	return nil
+}
+
+// read is the front half of a POST under the account's idempotency mode
+// (a rollout, account by account). required: a key is needed. optional: a
+// request without one runs unprotected (under a key the server makes up, so
+// it still has a record and a ledger row), and is counted. shadow: a key is
+// recorded the first time; a request that would have been replayed,
+// refused as a mismatch or as in flight runs again as before, under a key
+// of its own, and is counted and logged as what enforcing would change.
+func (s *Service) read(c echo.Context, acct accounts.Account, route string) (idempotency.Request, error) {
+	key, present, err := idemhttp.Key(c.Request().Header)
+	if err != nil {
+		return idempotency.Request{}, err
+	}
+	scope := idempotency.AccountScope(acct.ID)
+	if !present {
+		if acct.Mode == accounts.ModeRequired {
+			return idempotency.Request{}, idemhttp.MissingKey()
+		}
+		s.rollout(acct.Mode, "unkeyed")
+		key = serverKey("unkeyed_")
+	}
+	req, err := idemhttp.ReadBody(c, scope, route, key)
+	if err != nil || !present || acct.Mode != accounts.ModeShadow {
+		return req, err
+	}
+	would, err := s.runner.Peek(c.Request().Context(), req)
+	if err != nil {
+		return idempotency.Request{}, err
+	}
+	if would != idempotency.OutcomeNew {
+		s.rollout(acct.Mode, "would_"+string(would))
+		s.log.WarnContext(c.Request().Context(), "shadow mode: idempotency would have changed this request; it runs as before",
+			"account_id", acct.ID, "would", string(would))
+		req.Key = serverKey("shadow_")
+	}
+	return req, nil
+}
+
+func (s *Service) rollout(mode, outcome string) {
+	if s.OnRollout != nil {
+		s.OnRollout(mode, outcome)
+	}
+}
+
+// serverKey is a key the server makes for a request that has none of its
+// own: unique, so the request is never deduplicated.
+func serverKey(prefix string) string {
+	return prefix + rand.Text()
 }
 
 // execute is what every entry point does once it has a Request: decode and

@@ -9,25 +9,8 @@ import (
 	"context"
 )
 
-const accountGetByAPIKeyHash = `-- name: AccountGetByAPIKeyHash :one
-SELECT id, name, api_key_hash, created_at, event_seq FROM accounts WHERE api_key_hash = $1
-`
-
-func (q *Queries) AccountGetByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash []byte) (Account, error) {
-	row := db.QueryRow(ctx, accountGetByAPIKeyHash, apiKeyHash)
-	var i Account
-	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.ApiKeyHash,
-		&i.CreatedAt,
-		&i.EventSeq,
-	)
-	return i, err
-}
-
 const accountGetByID = `-- name: AccountGetByID :one
-SELECT id, name, api_key_hash, created_at, event_seq FROM accounts WHERE id = $1
+SELECT id, name, created_at, event_seq, idempotency_mode FROM accounts WHERE id = $1
 `
 
 func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Account, error) {
@@ -36,28 +19,38 @@ func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Accou
 	err := row.Scan(
 		&i.ID,
 		&i.Name,
-		&i.ApiKeyHash,
 		&i.CreatedAt,
 		&i.EventSeq,
+		&i.IdempotencyMode,
 	)
 	return i, err
 }
 
 const accountInsert = `-- name: AccountInsert :one
-INSERT INTO accounts (name, api_key_hash)
-VALUES ($1, $2)
-RETURNING id, name, api_key_hash, created_at, event_seq
+INSERT INTO accounts (name) VALUES ($1) RETURNING id, name, created_at, event_seq, idempotency_mode
 `
 
-func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string, apiKeyHash []byte) (Account, error) {
-	row := db.QueryRow(ctx, accountInsert, name, apiKeyHash)
+func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string) (Account, error) {
+	row := db.QueryRow(ctx, accountInsert, name)
 	var i Account
 	err := row.Scan(
 		&i.ID,
 		&i.Name,
-		&i.ApiKeyHash,
 		&i.CreatedAt,
 		&i.EventSeq,
+		&i.IdempotencyMode,
 	)
 	return i, err
+}
+
+const accountSetMode = `-- name: AccountSetMode :execrows
+UPDATE accounts SET idempotency_mode = $1 WHERE id = $2
+`
+
+func (q *Queries) AccountSetMode(ctx context.Context, db DBTX, idempotencyMode string, iD string) (int64, error) {
+	result, err := db.Exec(ctx, accountSetMode, idempotencyMode, iD)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

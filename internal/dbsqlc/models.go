@@ -9,11 +9,22 @@ import (
 )
 
 type Account struct {
-	ID         string
-	Name       string
-	ApiKeyHash []byte
-	CreatedAt  time.Time
-	EventSeq   int64
+	ID              string
+	Name            string
+	CreatedAt       time.Time
+	EventSeq        int64
+	IdempotencyMode string
+}
+
+type ApiKey struct {
+	ID               string
+	AccountID        string
+	KeyHash          []byte
+	Prefix           string
+	IdempotencyKeyID *string
+	CreatedAt        time.Time
+	LastUsedAt       *time.Time
+	RevokedAt        *time.Time
 }
 
 type Charge struct {

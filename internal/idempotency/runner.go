@@ -495,3 +495,25 @@ func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Re
 	}
 	return n == 1, nil
 }
+
+// Peek tells, without claiming or writing anything, what Run would do with
+// req now: OutcomeNew (no record), OutcomeReplayed, OutcomeMismatch,
+// OutcomeConflict (in flight) or OutcomeTakeover (resumable). An account in
+// shadow mode uses it to count what enforcing idempotency would change.
+func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
+	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
+	switch err = db.NotFound(err); {
+	case errors.Is(err, db.ErrNotFound):
+		return OutcomeNew, nil
+	case err != nil:
+		return "", fmt.Errorf("reading idempotency key: %w", err)
+	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
+		return OutcomeMismatch, nil
+	case row.RecoveryPoint == PointFinished:
+		return OutcomeReplayed, nil
+	case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
+		return OutcomeConflict, nil
+	default:
+		return OutcomeTakeover, nil
+	}
+}

@@ -43,6 +43,7 @@ type Metrics struct {
 	published      prometheus.Counter
 	relayErrors    prometheus.Counter
 	outboxLag      prometheus.Gauge
+	rollout        *prometheus.CounterVec
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -133,8 +134,13 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Help: "Age of the oldest event not yet published, as of the relay's last pass (0 when none is pending).",
 	})
 
+	m.rollout = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "idempotency", Name: "rollout_total",
+		Help: "What an account's idempotency mode changed, by mode and outcome: unkeyed (optional or shadow: a request without a key ran unprotected), would_replayed, would_mismatch, would_conflict, would_takeover (shadow: what enforcing would have done to a request that ran as before).",
+	}, []string{"mode", "outcome"})
+
 	m.reg.MustRegister(
-		m.orders, m.published, m.relayErrors, m.outboxLag,
+		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
@@ -225,4 +231,10 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 		m.relayErrors.Inc()
 	}
 	m.outboxLag.Set(lag.Seconds())
+}
+
+// ObserveRollout counts what an account's idempotency mode did to one
+// request; it is the function to set as charges.Service.OnRollout.
+func (m *Metrics) ObserveRollout(mode, outcome string) {
+	m.rollout.WithLabelValues(mode, outcome).Inc()
 }

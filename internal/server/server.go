@@ -37,6 +37,12 @@ type Deps struct {
 	AuthCacheTTL time.Duration
 	// Webhooks is the Stripe webhook endpoint; nil leaves it unmounted.
 	Webhooks *webhooks.Handler
+	// Keys serves /v1/api_keys; nil leaves it unmounted.
+	Keys *accounts.KeysAPI
+	// Auth authenticates API keys; nil makes one over Pool with
+	// AuthCacheTTL and no invalidation listener (its cache then trusts a
+	// key for the TTL).
+	Auth *accounts.Authenticator
 }
 
 // openAPI is the API's description, served at /openapi.json. A test keeps
@@ -93,10 +99,17 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	auth := accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL).Middleware()
+	authn := d.Auth
+	if authn == nil {
+		authn = accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL)
+	}
+	auth := authn.Middleware()
 	v1 := e.Group("/v1")
 	d.Charges.Routes(v1, auth)
 	events.NewAPI(d.Pool).Routes(v1, auth)
+	if d.Keys != nil {
+		d.Keys.Routes(v1, auth)
+	}
 	if d.Webhooks != nil {
 		d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 	}

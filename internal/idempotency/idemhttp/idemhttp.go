@@ -10,6 +10,8 @@ import (
 	"errors"
 	"mime"
 	"net/http"
+	"regexp"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -19,6 +21,49 @@ import (
 
 // HeaderKey is the request header that carries the client's key.
 const HeaderKey = "Idempotency-Key"
+
+// HeaderToken is the Azure guideline's name for the same thing: a
+// lower-case canonical GUID, accepted on every mutating route as an alias
+// of Idempotency-Key.
+const HeaderToken = "Idempotency-Token"
+
+// guid is a lower-case canonical GUID, 8-4-4-4-12 hex digits.
+var guid = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// Key reads the request's key from Idempotency-Key or its alias
+// Idempotency-Token. present is false when neither header was sent (the
+// caller decides whether that is allowed: idempotency.ErrKeyMissing is the
+// refusal when it is not). A malformed value, or both headers with
+// different keys, is a 400 problem.
+func Key(h http.Header) (key string, present bool, err error) {
+	rawKey, rawToken := h.Get(HeaderKey), strings.TrimSpace(h.Get(HeaderToken))
+	if rawKey == "" && rawToken == "" {
+		return "", false, nil
+	}
+	if rawToken != "" && !guid.MatchString(rawToken) {
+		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
+			"The Idempotency-Token must be a lower-case canonical GUID (8-4-4-4-12 hex digits).")
+	}
+	if rawKey == "" {
+		return rawToken, true, nil
+	}
+	key, err = idempotency.ParseKey(rawKey)
+	if err != nil {
+		return "", true, Problem(err)
+	}
+	if rawToken != "" && rawToken != key {
+		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
+			"Idempotency-Key and Idempotency-Token name different keys; send one of them.")
+	}
+	return key, true, nil
+}
+
+// MissingKey is the refusal of a request without a key where one is
+// required.
+func MissingKey() error {
+	_, err := idempotency.ParseKey("")
+	return Problem(err)
+}
 
 // MaxBodyBytes bounds every request body the API reads.
 const MaxBodyBytes = 1 << 20 // 1 MiB
@@ -32,11 +77,20 @@ const retryAfter = 1
 // type (415), the body's size (413) and JSON syntax (400). The fingerprint
 // covers the concrete path. A request refused here stores nothing.
 func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
-	r := c.Request()
-	key, err := idempotency.ParseKey(r.Header.Get(HeaderKey))
+	key, present, err := Key(c.Request().Header)
 	if err != nil {
-		return idempotency.Request{}, Problem(err)
+		return idempotency.Request{}, err
 	}
+	if !present {
+		return idempotency.Request{}, MissingKey()
+	}
+	return ReadBody(c, scope, route, key)
+}
+
+// ReadBody is Read for a key the caller already has (from Key, or made by
+// the server for an account that does not require one).
+func ReadBody(c echo.Context, scope idempotency.Scope, route, key string) (idempotency.Request, error) {
+	r := c.Request()
 	if mt, _, perr := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); perr != nil || mt != echo.MIMEApplicationJSON {
 		return idempotency.Request{}, apierror.New(apierror.UnsupportedMediaType,
 			"Send the request body as JSON with Content-Type: application/json.")

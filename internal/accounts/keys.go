@@ -1,0 +1,255 @@
+package accounts
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+)
+
+// Routes of the API keys, as stored on idempotency records.
+const (
+	RouteKeys = "/v1/api_keys"
+	RouteKey  = "/v1/api_keys/:id"
+)
+
+// secretNote stands in the stored (replayed) answer of a key's creation in
+// place of the secret, which is never stored.
+const secretNote = "The secret is shown only in the first answer to this request and is not stored; " +
+	"if it was lost, revoke this key and create another."
+
+// KeysAPI serves POST, GET /v1/api_keys and DELETE /v1/api_keys/{id}.
+type KeysAPI struct {
+	pool   *pgxpool.Pool
+	q      *dbsqlc.Queries
+	runner *idempotency.Runner
+	// Auth, when set, is this process's authenticator: a revocation waits
+	// for its invalidation to arrive before it answers.
+	Auth *Authenticator
+}
+
+// NewKeysAPI returns the API and registers its operations with the runner,
+// so that the completer finishes a creation or revocation that crashed.
+func NewKeysAPI(pool *pgxpool.Pool, runner *idempotency.Runner) *KeysAPI {
+	k := &KeysAPI{pool: pool, q: dbsqlc.New(), runner: runner}
+	runner.Register(http.MethodPost, RouteKeys, func() idempotency.Operation { return &createKeyOp{k: k} })
+	runner.Register(http.MethodDelete, RouteKey, func() idempotency.Operation { return &revokeKeyOp{k: k} })
+	return k
+}
+
+// Routes mounts the API on g, with m (the authentication) on every route.
+func (k *KeysAPI) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
+	g.POST("/api_keys", k.create, m...)
+	g.GET("/api_keys", k.list, m...)
+	g.DELETE("/api_keys/:id", k.revoke, m...)
+}
+
+// APIKey is the API representation of a key: never its hash, and its
+// secret only in the answer that created it.
+type APIKey struct {
+	ID         string     `json:"id"`
+	Object     string     `json:"object"`
+	Prefix     string     `json:"prefix"`
+	Secret     *string    `json:"secret"`
+	Note       string     `json:"note,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+}
+
+func apiKeyJSON(row dbsqlc.ApiKey) APIKey {
+	k := APIKey{ID: row.ID, Object: "api_key", Prefix: row.Prefix, CreatedAt: row.CreatedAt.UTC()}
+	if row.LastUsedAt != nil {
+		t := row.LastUsedAt.UTC()
+		k.LastUsedAt = &t
+	}
+	return k
+}
+
+// List is the account's active keys.
+type List struct {
+	Object string   `json:"object"`
+	Data   []APIKey `json:"data"`
+}
+
+func (k *KeysAPI) list(c echo.Context) error {
+	rows, err := k.q.APIKeyList(c.Request().Context(), k.pool, FromContext(c).ID)
+	if err != nil {
+		return fmt.Errorf("listing API keys: %w", err)
+	}
+	out := List{Object: "list", Data: make([]APIKey, 0, len(rows))}
+	for _, row := range rows {
+		out.Data = append(out.Data, apiKeyJSON(row))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// noParams is the body of POST /v1/api_keys: an empty object.
+type noParams struct{}
+
+// create makes another key for the calling account. Like every POST it is
+// idempotent; its stored answer (what a retry replays) carries the key's id
+// and prefix and a note instead of the secret, which is never stored.
+func (k *KeysAPI) create(c echo.Context) error {
+	acct := FromContext(c)
+	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), RouteKeys)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(req.Body))
+	dec.DisallowUnknownFields()
+	var p noParams
+	if err := dec.Decode(&p); err != nil {
+		return apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
+	}
+	op := &createKeyOp{k: k, accountID: acct.ID}
+	resp, err := k.runner.Run(c.Request().Context(), req, op)
+	if err != nil {
+		return idemhttp.Problem(err)
+	}
+	if !resp.Replayed && op.secret != "" {
+		shown := apiKeyJSON(op.key)
+		shown.Secret = &op.secret
+		body, err := json.Marshal(shown)
+		if err != nil {
+			return err
+		}
+		resp.Body = body
+	}
+	idemhttp.Write(c.Response(), resp)
+	return nil
+}
+
+// createKeyOp inserts the key in the claim transaction; there is no
+// downstream call.
+type createKeyOp struct {
+	k         *KeysAPI
+	accountID string
+	key       dbsqlc.ApiKey
+	secret    string // known only to the process that made it
+}
+
+func (op *createKeyOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+	var err error
+	op.key, op.secret, err = NewKey(ctx, tx, op.accountID, &rec.ID)
+	return err
+}
+
+func (op *createKeyOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
+	var err error
+	op.key, err = op.k.q.APIKeyGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+	return err
+}
+
+func (op *createKeyOp) Call(context.Context, *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(func(context.Context, pgx.Tx) (idempotency.Response, error) {
+		stored := apiKeyJSON(op.key)
+		stored.Note = secretNote
+		body, err := json.Marshal(stored)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return idempotency.Response{Status: http.StatusCreated, Body: body, Header: http.Header{
+			"Content-Type": {echo.MIMEApplicationJSON}, "Location": {RouteKeys + "/" + op.key.ID}}}, nil
+	})
+}
+
+// revoke revokes one of the account's keys. With an Idempotency-Key (or
+// Idempotency-Token) it runs through the idempotency core, so a retry
+// replays the first 204 instead of answering 404 (the Azure guideline);
+// without one it is a plain DELETE. The account's last active key cannot
+// be revoked (409): the account would lock itself out.
+func (k *KeysAPI) revoke(c echo.Context) error {
+	acct := FromContext(c)
+	ctx := c.Request().Context()
+	key, present, err := idemhttp.Key(c.Request().Header)
+	if err != nil {
+		return err
+	}
+	id := c.Param("id")
+	// Know the key's hash before the revocation commits, to wait for its
+	// invalidation after.
+	await, cancel := func(context.Context) {}, func() {}
+	if row, err := k.q.APIKeyGetByID(ctx, k.pool, acct.ID, id); err == nil && row.RevokedAt == nil && k.Auth != nil {
+		await, cancel = k.Auth.ExpectRevocation(row.KeyHash)
+	}
+	defer cancel()
+	if !present {
+		if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			return struct{}{}, k.revokeTx(ctx, tx, acct.ID, id)
+		}); err != nil {
+			return err
+		}
+		await(ctx)
+		return c.NoContent(http.StatusNoContent)
+	}
+	// The body of a DELETE is not read; the fingerprint covers the method
+	// and the concrete path (a key used for key A and then key B is a
+	// mismatch, not a replay).
+	req, err := idempotency.Prepare(idempotency.AccountScope(acct.ID), key, http.MethodDelete, RouteKey,
+		c.Request().URL.Path, bytes.NewReader([]byte("{}")), idemhttp.MaxBodyBytes)
+	if err != nil {
+		return idemhttp.Problem(err)
+	}
+	resp, err := k.runner.Run(ctx, req, &revokeKeyOp{k: k, accountID: acct.ID, keyID: id})
+	if err != nil {
+		return idemhttp.Problem(err)
+	}
+	if !resp.Replayed {
+		await(ctx)
+	}
+	idemhttp.Write(c.Response(), resp)
+	return nil
+}
+
+// revokeTx revokes the key in tx and tells every process to forget it.
+func (k *KeysAPI) revokeTx(ctx context.Context, tx pgx.Tx, accountID, id string) error {
+	row, err := k.q.APIKeyRevoke(ctx, tx, id, accountID)
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		// Which: no such active key of this account, or its last one?
+		if _, gerr := k.q.APIKeyGetByID(ctx, tx, accountID, id); gerr == nil {
+			if active, lerr := k.q.APIKeyList(ctx, tx, accountID); lerr == nil && len(active) == 1 && active[0].ID == id {
+				return apierror.New(apierror.LastAPIKey, "This is the account's last active API key; create another before revoking it.")
+			}
+		}
+		return apierror.New(apierror.NotFound, "No such active API key.")
+	} else if err != nil {
+		return fmt.Errorf("revoking API key: %w", err)
+	}
+	return notify(ctx, tx, keyRevoked+hex.EncodeToString(row.KeyHash))
+}
+
+// revokeKeyOp revokes the key in the claim transaction (the revocation
+// commits with its record); there is no downstream call, and the answer is
+// 204.
+type revokeKeyOp struct {
+	k         *KeysAPI
+	accountID string
+	keyID     string
+}
+
+func (op *revokeKeyOp) Begin(ctx context.Context, tx pgx.Tx, _ *idempotency.Record) error {
+	return op.k.revokeTx(ctx, tx, op.accountID, op.keyID)
+}
+
+// Load has nothing to read: the revocation committed with the record.
+func (op *revokeKeyOp) Load(context.Context, dbsqlc.DBTX, *idempotency.Record) error { return nil }
+
+func (op *revokeKeyOp) Call(context.Context, *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(func(context.Context, pgx.Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: http.StatusNoContent}, nil
+	})
+}

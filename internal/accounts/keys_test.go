@@ -1,0 +1,117 @@
+package accounts_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+type apiKey struct {
+	ID         string  `json:"id"`
+	Prefix     string  `json:"prefix"`
+	Secret     *string `json:"secret"`
+	Note       string  `json:"note"`
+	LastUsedAt *string `json:"last_used_at"`
+}
+
+// withKey is a client of the same account that presents another key.
+func withKey(c *apitest.Client, key string) *apitest.Client {
+	other := *c
+	other.Account.APIKey = key
+	return &other
+}
+
+func deleteKey(t *testing.T, c *apitest.Client, id, idemKey string) *apitest.Response {
+	t.Helper()
+	req := c.NewRequest(http.MethodDelete, "/v1/api_keys/"+id, nil)
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	return c.Do(req)
+}
+
+// A second key is shown once, replays without its secret, authenticates,
+// is listed, and once revoked is refused at once; the last key cannot be
+// revoked; a DELETE with a key replays its 204.
+func TestAPIKeys(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	created := c.Post("/v1/api_keys", "new-key-1", "{}")
+	if created.Status != http.StatusCreated {
+		t.Fatalf("POST /v1/api_keys: %d %s", created.Status, created.Body)
+	}
+	var k apiKey
+	created.JSON(t, &k)
+	if k.Secret == nil || !strings.HasPrefix(*k.Secret, "sk_idem_") || !strings.HasPrefix(*k.Secret, k.Prefix) || k.Note != "" {
+		t.Fatalf("the first answer: secret %v, prefix %q, note %q", k.Secret, k.Prefix, k.Note)
+	}
+	secret := *k.Secret
+
+	// The replay never holds the secret, and says so.
+	replay := c.Post("/v1/api_keys", "new-key-1", "{}")
+	var r apiKey
+	replay.JSON(t, &r)
+	if replay.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" || r.ID != k.ID ||
+		r.Secret != nil || r.Note == "" || strings.Contains(string(replay.Body), secret) {
+		t.Fatalf("the replay: %d (replayed %q) %s", replay.Status, replay.Header.Get("Idempotent-Replayed"), replay.Body)
+	}
+	var stored int
+	if err := env.Pool.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_keys WHERE strpos(convert_from(response_body, 'UTF8'), $1) > 0`,
+		secret).Scan(&stored); err != nil || stored != 0 {
+		t.Fatalf("the secret is stored in %d records (%v)", stored, err)
+	}
+
+	second := withKey(c, secret)
+	if resp := second.Get("/v1/api_keys"); resp.Status != http.StatusOK {
+		t.Fatalf("the new key does not authenticate: %d", resp.Status)
+	}
+	var list struct {
+		Data []apiKey `json:"data"`
+	}
+	c.Get("/v1/api_keys").JSON(t, &list)
+	if len(list.Data) != 2 || list.Data[1].ID != k.ID || list.Data[1].LastUsedAt == nil || list.Data[0].Secret != nil {
+		b, _ := json.Marshal(list.Data)
+		t.Fatalf("the list: %s, want two keys, the new one used", b)
+	}
+	firstKeyID := list.Data[0].ID
+
+	// Revoke the first key with an idempotency key, using the second; the
+	// retry replays 204 instead of 404; the first key is refused at once.
+	if resp := deleteKey(t, second, firstKeyID, "revoke-1"); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", resp.Status, resp.Body)
+	}
+	if resp := c.Get("/v1/charges"); resp.Status != http.StatusUnauthorized {
+		t.Fatalf("the revoked key: %d, want 401", resp.Status)
+	}
+	retry := deleteKey(t, second, firstKeyID, "revoke-1")
+	if retry.Status != http.StatusNoContent || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the DELETE's retry: %d (replayed %q), want the replayed 204", retry.Status, retry.Header.Get("Idempotent-Replayed"))
+	}
+	if resp := deleteKey(t, second, firstKeyID, ""); resp.Status != http.StatusNotFound {
+		t.Fatalf("a DELETE without a key of a revoked key: %d, want 404", resp.Status)
+	}
+	// The same idempotency key on another key's path is a mismatch.
+	if resp := deleteKey(t, second, k.ID, "revoke-1"); resp.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("a key reused for another path: %d, want 422", resp.Status)
+	}
+	// The last key cannot be revoked, with or without a key.
+	if resp := deleteKey(t, second, k.ID, ""); resp.Status != http.StatusConflict {
+		t.Fatalf("revoking the last key: %d %s, want 409", resp.Status, resp.Body)
+	}
+	if resp := deleteKey(t, second, k.ID, "revoke-last"); resp.Status != http.StatusConflict {
+		t.Fatalf("revoking the last key with a key: %d, want 409", resp.Status)
+	}
+	if resp := second.Get("/v1/charges"); resp.Status != http.StatusOK {
+		t.Fatalf("the last key stopped working: %d", resp.Status)
+	}
+	// Another account's key is a 404.
+	other := env.NewClient(t)
+	if resp := deleteKey(t, other, k.ID, ""); resp.Status != http.StatusNotFound {
+		t.Fatalf("another account's key: %d, want 404", resp.Status)
+	}
+}

@@ -1,0 +1,112 @@
+package charges_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+// postWith sends a charge with the given idempotency headers.
+func postWith(t *testing.T, c *apitest.Client, headers map[string]string) *apitest.Response {
+	t.Helper()
+	req := c.NewRequest(http.MethodPost, "/v1/charges", bytes.NewReader([]byte(`{"amount":1500,"currency":"usd","payment_method":"tok_visa"}`)))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	return c.Do(req)
+}
+
+// Idempotency-Token (a lower-case GUID) is an alias of Idempotency-Key.
+func TestIdempotencyTokenAlias(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	const token = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+	first := postWith(t, c, map[string]string{"Idempotency-Token": token})
+	wantStatus(t, first, http.StatusCreated)
+	// The same key under either name is the same request.
+	again := postWith(t, c, map[string]string{"Idempotency-Key": token})
+	wantSameResponse(t, first, again)
+	both := postWith(t, c, map[string]string{"Idempotency-Key": token, "Idempotency-Token": token})
+	wantSameResponse(t, first, both)
+
+	for name, h := range map[string]map[string]string{
+		"upper-case GUID":      {"Idempotency-Token": "0F8FAD5B-D9CB-469F-A165-70867728950E"},
+		"not a GUID":           {"Idempotency-Token": "order-1"},
+		"braced GUID":          {"Idempotency-Token": "{" + token + "}"},
+		"two different values": {"Idempotency-Key": "order-1", "Idempotency-Token": token},
+	} {
+		t.Run(name, func(t *testing.T) {
+			wantProblem(t, postWith(t, c, h), http.StatusBadRequest, "idempotency-key-invalid")
+		})
+	}
+	if n := countRows(t, env.Pool, c.Account.ID); n.Charges != 1 {
+		t.Errorf("%d charges, want 1", n.Charges)
+	}
+}
+
+// The idempotency modes of a rollout: required refuses a request without a
+// key; optional runs it unprotected; shadow runs every request as before
+// and counts what enforcing would have changed.
+func TestRolloutModes(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	ctx := context.Background()
+
+	required := env.NewClient(t)
+	wantProblem(t, postWith(t, required, nil), http.StatusBadRequest, "idempotency-key-missing")
+
+	optional := env.NewClient(t)
+	if err := accounts.SetMode(ctx, env.Pool, optional.Account.ID, accounts.ModeOptional); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, postWith(t, optional, nil), http.StatusCreated)
+	wantStatus(t, postWith(t, optional, nil), http.StatusCreated)
+	keyed := postWith(t, optional, map[string]string{"Idempotency-Key": "opt-1"})
+	wantSameResponse(t, keyed, postWith(t, optional, map[string]string{"Idempotency-Key": "opt-1"}))
+	if n := countRows(t, env.Pool, optional.Account.ID); n.Charges != 3 {
+		t.Errorf("optional: %d charges for 2 unkeyed requests and one keyed twice, want 3", n.Charges)
+	}
+
+	shadow := env.NewClient(t)
+	if err := accounts.SetMode(ctx, env.Pool, shadow.Account.ID, accounts.ModeShadow); err != nil {
+		t.Fatal(err)
+	}
+	a := postWith(t, shadow, map[string]string{"Idempotency-Key": "dup-1"})
+	b := postWith(t, shadow, map[string]string{"Idempotency-Key": "dup-1"})
+	wantStatus(t, a, http.StatusCreated)
+	wantStatus(t, b, http.StatusCreated)
+	if b.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(a.Body, b.Body) {
+		t.Errorf("shadow: the duplicate was replayed; want it processed as before")
+	}
+	wantStatus(t, postWith(t, shadow, nil), http.StatusCreated)
+	if n := countRows(t, env.Pool, shadow.Account.ID); n.Charges != 3 {
+		t.Errorf("shadow: %d charges, want 3 (every request runs)", n.Charges)
+	}
+	metrics := string(env.NewClient(t).Get("/metrics").Body)
+	for _, line := range []string{
+		`idempay_idempotency_rollout_total{mode="optional",outcome="unkeyed"} 2`,
+		`idempay_idempotency_rollout_total{mode="shadow",outcome="would_replayed"} 1`,
+		`idempay_idempotency_rollout_total{mode="shadow",outcome="unkeyed"} 1`,
+	} {
+		if !bytes.Contains([]byte(metrics), []byte(line)) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
+
+	// Back to required: the account's next request is refused without a
+	// key (the mode change reaches the auth cache at once).
+	if err := accounts.SetMode(ctx, env.Pool, optional.Account.ID, accounts.ModeRequired); err != nil {
+		t.Fatal(err)
+	}
+	wantProblem(t, postWith(t, optional, nil), http.StatusBadRequest, "idempotency-key-missing")
+	if err := accounts.SetMode(ctx, env.Pool, optional.Account.ID, "sometimes"); err == nil {
+		t.Error("an unknown mode was accepted")
+	}
+}
