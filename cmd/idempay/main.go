@@ -48,7 +48,6 @@ commands:
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
-  bench [-duration D] [-concurrency N] [-scenarios LIST] [-rate R]   load benchmark (BENCHMARKS.md)
 
 configuration is read from the environment; see README.md.
 `
@@ -92,8 +91,6 @@ func run(args []string) error {
 		return purge(ctx, cfg, log)
 	case "webhooks":
 		return webhooksCmd(ctx, cfg, args[1:])
-	case "bench":
-		return benchCmd(ctx, cfg, log, args[1:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil
@@ -332,12 +329,6 @@ const serveGCPercent = 1600
 // (large bodies, many connections): from about 30 MB of live heap on, the
 // collector runs to stay under it instead of letting the heap reach 17x.
 const serveMemoryLimit = 512 << 20
-
-// benchGCPercent is the GC target of `bench` unless GOGC is set. The load
-// generator shares the machine with what it measures, and each of its
-// collections stops it for up to a millisecond, which it would count as the
-// server's latency. Its live heap is a few MB, so it collects rarely.
-const benchGCPercent = 2000
 
 // tuneGC sets the GC target to percent unless GOGC is set, and the soft
 // memory limit to limit (if not 0) unless GOMEMLIMIT is set.

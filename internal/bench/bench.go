@@ -423,7 +423,7 @@ func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate f
 }
 
 func (r *Result) summarize() {
-	r.Requests, r.P50, r.P99, r.Max = r.hist.n, r.hist.quantile(0.50), r.hist.quantile(0.99), r.hist.max
+	r.Requests, r.P50, r.P99, r.Max = r.hist.count(), r.hist.quantile(0.50), r.hist.quantile(0.99), r.hist.max()
 }
 
 // add folds o (the same scenario, measured at another time) into r.

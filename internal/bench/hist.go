@@ -1,65 +1,37 @@
 package bench
 
 import (
-	"math"
 	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
 )
 
-// histogram records latencies in logarithmic buckets 1% wide, so a long run
-// uses constant memory and percentiles are within 1% of the true value.
+// histogram records latencies in microseconds, from 1 µs to 1 minute, with
+// three significant digits (HdrHistogram): constant memory over a long run,
+// percentiles within 0.1 %.
 type histogram struct {
-	counts []uint64
-	n      uint64
-	max    time.Duration
+	h *hdrhistogram.Histogram
 }
 
-const histGrowth = 1.01
+func newHistogram() *histogram {
+	return &histogram{h: hdrhistogram.New(1, int64(time.Minute/time.Microsecond), 3)}
+}
 
-var histLogBase = math.Log(histGrowth)
-
-func newHistogram() *histogram { return &histogram{counts: make([]uint64, 2600)} }
-
+// record adds one latency; anything beyond the range counts as its bound.
 func (h *histogram) record(d time.Duration) {
-	if d < time.Microsecond {
-		d = time.Microsecond
-	}
-	i := int(math.Log(float64(d)/1e3) / histLogBase)
-	if i >= len(h.counts) {
-		i = len(h.counts) - 1
-	}
-	h.counts[i]++
-	h.n++
-	if d > h.max {
-		h.max = d
-	}
+	us := max(1, min(d.Microseconds(), h.h.HighestTrackableValue()))
+	_ = h.h.RecordValue(us) // in range by construction
 }
 
-func (h *histogram) merge(o *histogram) {
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	h.n += o.n
-	if o.max > h.max {
-		h.max = o.max
-	}
-}
+func (h *histogram) merge(o *histogram) { h.h.Merge(o.h) }
 
-// quantile returns the upper bound of the bucket holding quantile q.
+// count is the number of latencies recorded.
+func (h *histogram) count() uint64 { return uint64(h.h.TotalCount()) }
+
+// max is the largest latency recorded.
+func (h *histogram) max() time.Duration { return time.Duration(h.h.Max()) * time.Microsecond }
+
+// quantile returns the latency at quantile q (0..1).
 func (h *histogram) quantile(q float64) time.Duration {
-	if h.n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(q * float64(h.n)))
-	if rank == 0 {
-		rank = 1
-	}
-	var seen uint64
-	for i, c := range h.counts {
-		seen += c
-		if seen >= rank {
-			d := time.Duration(1e3 * math.Pow(histGrowth, float64(i+1)))
-			return min(d, h.max)
-		}
-	}
-	return h.max
+	return time.Duration(h.h.ValueAtQuantile(q*100)) * time.Microsecond
 }

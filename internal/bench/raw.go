@@ -25,7 +25,7 @@ var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/char
 // rawFirstOnce is the first-request path's SQL, exactly as the runner and
 // chargeOp issue it (TestRoundTrips pins the list): the replay read (a
 // miss), the claim transaction (upsert + ledger insert) and the finishing
-// transaction (ledger update + key finish). The API key is served from the
+// transaction (ledger update + event + key finish). The API key is served from the
 // authenticator's cache, as it is for a client sending a stream of requests.
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
@@ -62,6 +62,11 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 		stripeID := benchChargeID(r.rawStripeSeq.Add(1)) // as the Stripe stand-in names them
 		if _, err := q.ChargeSetOutcome(ctx, tx, &dbsqlc.ChargeSetOutcomeParams{
 			ID: c.ch.ID, Status: "succeeded", StripeChargeID: &stripeID,
+		}); err != nil {
+			return struct{}{}, err
+		}
+		if _, err := q.EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
+			AccountID: c.ch.AccountID, Type: "charge.succeeded", ObjectID: c.ch.ID, Data: stored,
 		}); err != nil {
 			return struct{}{}, err
 		}

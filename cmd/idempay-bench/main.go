@@ -1,0 +1,94 @@
+// Command idempay-bench is idempay's load benchmark (BENCHMARKS.md): a
+// command of its own, so that the server binary carries no load generator,
+// pacer or Stripe stand-in. It starts the idempay binary as `serve` in a
+// separate process, on DATABASE_URL, behind an in-process Stripe stand-in
+// that answers at once, unless -target names an API that is already running
+// on the same database.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idempay/idempay/internal/bench"
+)
+
+// gcPercent is the bench's GC target unless GOGC is set. The load generator
+// shares the machine with what it measures, and each of its collections
+// stops it for up to a millisecond, which it would count as the server's
+// latency. Its live heap is a few MB, so it collects rarely.
+const gcPercent = 2000
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "idempay-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("idempay-bench", flag.ContinueOnError)
+	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs in each round")
+	concurrency := fs.Int("concurrency", 32, "concurrent workers (HTTP requests or raw database loops in flight)")
+	scenarios := fs.String("scenarios", strings.Join(bench.AllScenarios, ","),
+		"comma-separated: first, replay, conflict, read, raw-first, raw-replay (raw = both), floor (GET /healthz), all")
+	rate := fs.Float64("rate", 0, "pace to this many requests/s in total (open loop; 0 = as fast as possible)")
+	target := fs.String("target", "", "base URL of an already running API on the same database (default: start one)")
+	server := fs.String("idempay", "", "the idempay binary to start as `serve` (default: idempay beside this binary)")
+	nAccounts := fs.Int("accounts", 0, "accounts to spread the load over (default min(concurrency, 16))")
+	rounds := fs.Int("rounds", 3, "run the scenario list this many times, interleaved, and merge the results")
+	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured first requests (API and raw) before the rounds")
+	serverLog := fs.String("server-log-level", "warn", "LOG_LEVEL of the started server (info logs every request)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL == "" {
+		dbURL = "postgres://postgres@127.0.0.1:5432/idempay_bench?sslmode=disable"
+	}
+	maxConns := 16
+	if v := os.Getenv("DB_MAX_CONNS"); v != "" {
+		if _, err := fmt.Sscan(v, &maxConns); err != nil || maxConns < 1 {
+			return fmt.Errorf("DB_MAX_CONNS: want a positive integer, got %q", v)
+		}
+	}
+	if *server == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the idempay binary: %w", err)
+		}
+		*server = filepath.Join(filepath.Dir(exe), "idempay")
+	}
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(gcPercent)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	_, err := bench.Run(ctx, bench.Config{
+		DatabaseURL:    dbURL,
+		Executable:     *server,
+		Target:         *target,
+		Duration:       *duration,
+		Concurrency:    *concurrency,
+		Rate:           *rate,
+		Scenarios:      strings.Split(*scenarios, ","),
+		Rounds:         *rounds,
+		Warmup:         *warmup,
+		Accounts:       *nAccounts,
+		DBMaxConns:     int32(maxConns),
+		ServerLogLevel: *serverLog,
+		Out:            os.Stdout,
+		Log:            log,
+	})
+	return err
+}
