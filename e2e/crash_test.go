@@ -37,6 +37,7 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 				acct := newAccount(t, d.Pool, "crash "+tc.point)
 				const key = "crash-key-1"
 				body := chargeBody(4242, "crash at "+tc.point)
+				params := chargeParams(4242, "crash at "+tc.point)
 
 				a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: tc.point})
 				// A client that never reuses a connection, so that nothing
@@ -66,7 +67,7 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 					defer cancel()
 					start := time.Now()
 					var st retryStats
-					final, st, err = postCharge(ctx, c, func(int) string { return b.URL }, acct.APIKey, key, body, 60)
+					final, err = createCharge(ctx, newAPIClient(c, acct.APIKey, 60, &st, b.URL), key, params)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -178,9 +178,10 @@ func TestDatabaseRestart(t *testing.T) {
 		nKeys    = 25 // per client
 	)
 	c := newHTTPClient()
+	var stats retryStats
+	cl := newAPIClient(c, acct.APIKey, 200, &stats, srv.URL)
 	var (
 		mu      sync.Mutex
-		stats   retryStats
 		answers = map[string]*apiResponse{}
 		errs    []error
 		done    atomic.Int64
@@ -190,9 +191,8 @@ func TestDatabaseRestart(t *testing.T) {
 		wg.Go(func() {
 			for k := range nKeys {
 				key := fmt.Sprintf("restart-%d-%d", g, k)
-				resp, st, err := postCharge(ctx, c, func(int) string { return srv.URL }, acct.APIKey, key, chargeBody(500+k, key), 200)
+				resp, err := createCharge(ctx, cl, key, chargeParams(500+k, key))
 				mu.Lock()
-				stats.add(st)
 				if err != nil {
 					errs = append(errs, err)
 				} else {

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -37,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbtest"
@@ -454,7 +454,10 @@ func newHTTPClient() *http.Client {
 	}
 }
 
-// do sends one request. A transport error is returned, not reported.
+// do sends one request, once: for reads, and for tests that need exactly
+// one attempt (a POST to a server about to die, a single answer to check).
+// Retries go through the client (newAPIClient). A transport error is
+// returned, not reported.
 func do(ctx context.Context, c *http.Client, method, u, apiKey, idemKey string, body []byte) (*apiResponse, error) {
 	var rd io.Reader
 	if body != nil {
@@ -483,8 +486,11 @@ func do(ctx context.Context, c *http.Client, method, u, apiKey, idemKey string, 
 	return &apiResponse{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
 }
 
-// retryStats counts what a retrying client went through.
+// retryStats counts what retrying clients went through, attempt by
+// attempt, from the client's observer (client.WithObserver). It is safe for
+// concurrent use; read the counts once the calls are done.
 type retryStats struct {
+	mu         sync.Mutex
 	Attempts   int
 	Conflicts  int // 409 request-in-progress
 	Unavail    int // 503 (Stripe outcome unknown, or database down)
@@ -492,70 +498,74 @@ type retryStats struct {
 	ConnErrs   int
 }
 
-func (s *retryStats) add(o retryStats) {
-	s.Attempts += o.Attempts
-	s.Conflicts += o.Conflicts
-	s.Unavail += o.Unavail
-	s.ServerErrs += o.ServerErrs
-	s.ConnErrs += o.ConnErrs
-}
-
-// retryable says whether a status asks the client to send the same request
-// again: 409 (in flight), 503/502/504 (outcome unknown or unavailable) and
-// 500 (the server failed; with the same key a retry is always safe).
-func retryable(status int) bool {
-	return status == http.StatusConflict || status >= 500
-}
-
-// retryAfter is the delay a response asks for, capped so tests stay short.
-func retryAfter(r *apiResponse, def time.Duration) time.Duration {
-	if v := r.Header.Get("Retry-After"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-			return min(time.Duration(n)*time.Second, 2*time.Second)
-		}
+func (s *retryStats) observe(a client.Attempt) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Attempts++
+	switch {
+	case a.Err != nil:
+		s.ConnErrs++
+	case a.Status == http.StatusConflict:
+		s.Conflicts++
+	case a.Status == http.StatusServiceUnavailable:
+		s.Unavail++
+	case a.Status >= 500:
+		s.ServerErrs++
 	}
-	return def
 }
 
-// postCharge sends the same charge until it gets a final answer, as a
-// careful client does: same Idempotency-Key every time, Retry-After
-// honoured on 409/503, connection errors retried on the next server (pick
-// chooses the base URL for attempt i). Bounded by maxAttempts and ctx.
-func postCharge(ctx context.Context, c *http.Client, pick func(i int) string, apiKey, key string, body []byte, maxAttempts int) (*apiResponse, retryStats, error) {
-	var st retryStats
-	var last error
-	for i := 0; i < maxAttempts; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, st, fmt.Errorf("key %s: gave up after %d attempts: %w (last: %v)", key, st.Attempts, err, last)
-		}
-		st.Attempts++
-		resp, err := do(ctx, c, http.MethodPost, pick(i)+"/v1/charges", apiKey, key, body)
-		var wait time.Duration
-		switch {
-		case err != nil:
-			st.ConnErrs++
-			last = err
-			wait = time.Duration(50+mrand.IntN(100)) * time.Millisecond
-		case !retryable(resp.Status):
-			return resp, st, nil
-		default:
-			last = fmt.Errorf("status %d: %s", resp.Status, resp.Body)
-			switch {
-			case resp.Status == http.StatusConflict:
-				st.Conflicts++
-			case resp.Status == http.StatusServiceUnavailable:
-				st.Unavail++
-			default:
-				st.ServerErrs++
-			}
-			wait = retryAfter(resp, 200*time.Millisecond) + time.Duration(mrand.IntN(100))*time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
+// newAPIClient is the retrying client of the tests, a careful merchant:
+// the idempay Go client, which sends the same Idempotency-Key and bytes on
+// every attempt, honours Retry-After on 409 and 503 (up to 12 s; the
+// servers send 1 s), and retries connection errors. Attempt i goes to
+// urls[i mod len(urls)], so a retry after a connection error goes to the
+// next server. stats, if not nil, counts every attempt.
+func newAPIClient(hc *http.Client, apiKey string, maxAttempts int, stats *retryStats, urls ...string) *client.Client {
+	opts := []client.Option{client.WithHTTPClient(hc), client.WithMaxAttempts(maxAttempts),
+		client.WithBackoff(50*time.Millisecond, 2*time.Second), client.WithBaseURLs(urls[1:]...)}
+	if stats != nil {
+		opts = append(opts, client.WithObserver(stats.observe))
 	}
-	return nil, st, fmt.Errorf("key %s: no final answer after %d attempts (last: %v)", key, maxAttempts, last)
+	return client.New(urls[0], apiKey, opts...)
+}
+
+// createCharge sends one charge through cl under key until it gets a final
+// answer, and returns that answer whatever its status: a final error
+// answer (a 4xx the client does not retry) is an answer here, as the tests
+// check its status and bytes. The error is that of a call that got no
+// final answer (attempts or ctx exhausted).
+func createCharge(ctx context.Context, cl *client.Client, key string, p client.ChargeParams) (*apiResponse, error) {
+	ch, err := cl.Charges.Create(ctx, p, client.WithIdempotencyKey(key))
+	if err == nil {
+		return &apiResponse{Status: ch.StatusCode(), Header: ch.Header(), Body: ch.RawBody()}, nil
+	}
+	if e, final := err.(*client.Error); final { // a final answer is returned unwrapped
+		return &apiResponse{Status: e.Status, Header: e.Header, Body: e.Body}, nil
+	}
+	return nil, fmt.Errorf("key %s: %w", key, err)
+}
+
+// postCharge is createCharge for orders_test.go, with the signature of the
+// hand-written retry loop it replaced: attempt i goes to pick(i), and body
+// (a chargeBody) is sent as the client's params. It is not a loop of its
+// own.
+func postCharge(ctx context.Context, c *http.Client, pick func(i int) string, apiKey, key string, body []byte, maxAttempts int) (*apiResponse, *retryStats, error) {
+	var p client.ChargeParams
+	if err := json.Unmarshal(body, &p); err != nil {
+		return nil, nil, fmt.Errorf("key %s: decoding the charge body: %w", key, err)
+	}
+	urls := make([]string, maxAttempts)
+	for i := range urls {
+		urls[i] = pick(i)
+	}
+	st := &retryStats{}
+	resp, err := createCharge(ctx, newAPIClient(c, apiKey, maxAttempts, st, urls...), key, p)
+	return resp, st, err
+}
+
+// chargeParams are the params of chargeBody(amount, description).
+func chargeParams(amount int, description string) client.ChargeParams {
+	return client.ChargeParams{Amount: int64(amount), Currency: "usd", PaymentMethod: "tok_visa", Description: &description}
 }
 
 func chargeBody(amount int, description string) []byte {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idempay/idempay/client"
 )
 
 // TestStorm is the concurrency proof of I1, I2, I4 and I5 across processes:
@@ -42,6 +44,7 @@ func TestStorm(t *testing.T) {
 	}
 	keyName := func(k int) string { return fmt.Sprintf("storm-%03d", k) }
 	body := func(k int) []byte { return chargeBody(100+k, "storm "+keyName(k)) }
+	params := func(k int) client.ChargeParams { return chargeParams(100+k, "storm "+keyName(k)) }
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -62,6 +65,18 @@ func TestStorm(t *testing.T) {
 	killed := make(chan struct{})
 
 	c := newHTTPClient()
+	// clients[a][s] is account a's client whose calls start at server s and
+	// go on to the next server at each retry.
+	clients := make([][]*client.Client, nAccounts)
+	for a := range nAccounts {
+		for s := range servers {
+			var urls []string
+			for i := range servers {
+				urls = append(urls, servers[(s+i)%len(servers)].URL)
+			}
+			clients[a] = append(clients[a], newAPIClient(c, accts[a].APIKey, 100, &stats, urls...))
+		}
+	}
 	var wg sync.WaitGroup
 	for g := range nClients {
 		wg.Go(func() {
@@ -74,10 +89,8 @@ func TestStorm(t *testing.T) {
 				}
 				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 				first := rng.IntN(len(servers))
-				pick := func(i int) string { return servers[(first+i)%len(servers)].URL }
-				resp, st, err := postCharge(ctx, c, pick, accts[a].APIKey, keyName(k), body(k), 100)
+				resp, err := createCharge(ctx, clients[a][first], keyName(k), params(k))
 				mu.Lock()
-				stats.add(st)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("client %d account %d: %w", g, a, err))
 				} else {
@@ -156,11 +169,11 @@ func TestStorm(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		servers[1].start()
 		restartedAt = time.Since(start)
+		// Retried on S0 and S2 in turn.
+		stranded := newAPIClient(c, accts[0].APIKey, 100, &stats, servers[0].URL, servers[2].URL)
 		for i := range nInflight {
-			pick := func(j int) string { return servers[[]int{0, 2}[j%2]].URL }
-			r, st, err := postCharge(ctx, c, pick, accts[0].APIKey, inflightKey(i), body(i), 100)
+			r, err := createCharge(ctx, stranded, inflightKey(i), params(i))
 			mu.Lock()
-			stats.add(st)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("stranded key %s: %w", inflightKey(i), err))
 			}

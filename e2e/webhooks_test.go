@@ -239,6 +239,7 @@ func TestWebhookFinishesChargeOfDeadServer(t *testing.T) {
 	acct := newAccount(t, d.Pool, "webhook recovery")
 	const key = "order-7"
 	body := chargeBody(2500, "recovered by webhook")
+	params := chargeParams(2500, "recovered by webhook")
 
 	a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: faultpoint.AfterDownstream})
 	once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -266,7 +267,8 @@ func TestWebhookFinishesChargeOfDeadServer(t *testing.T) {
 		t.Fatalf("after the event the record is at %q, want finished", p)
 	}
 
-	final, st, err := postCharge(ctx, c, func(int) string { return b.URL }, acct.APIKey, key, body, 10)
+	var st retryStats
+	final, err := createCharge(ctx, newAPIClient(c, acct.APIKey, 10, &st, b.URL), key, params)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,8 @@ commands:
   consume                    run the order.paid consumer (NATS_URL); run several, they share the work
   relay                      run only the outbox relay (NATS_URL)
   orders publish|dlq|replay  publish an order.paid message; list or replay dead letters
+  charges create|get|list    call the API with the Go client (IDEMPAY_API_URL, IDEMPAY_API_KEY)
+  refunds create|get         and keys get KEY: likewise
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
@@ -83,6 +85,8 @@ func run(args []string) error {
 		return relayCmd(ctx, cfg, log)
 	case "orders":
 		return ordersCmd(ctx, cfg, args[1:])
+	case "charges", "refunds", "keys":
+		return clientCmd(ctx, cfg, args)
 	case "migrate":
 		return migrate(ctx, cfg, log)
 	case "accounts":

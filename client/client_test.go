@@ -1,0 +1,932 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/client"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+// api is the real API in-process (apitest), one fresh account, and a client
+// of it with short backoffs so that the suite stays fast.
+type api struct {
+	env *apitest.Env
+	key string
+	cl  *client.Client
+}
+
+func newAPI(t *testing.T, opts ...client.Option) *api {
+	t.Helper()
+	env := apitest.New(t, apitest.Options{})
+	a := &api{env: env, key: env.NewClient(t).Account.APIKey}
+	a.cl = a.client(env.Server.URL, opts...)
+	return a
+}
+
+// client is a client of this account at baseURL (the API, or a front).
+func (a *api) client(baseURL string, opts ...client.Option) *client.Client {
+	return client.New(baseURL, a.key, append([]client.Option{client.WithBackoff(time.Millisecond, 20*time.Millisecond)}, opts...)...)
+}
+
+// counter is an Observer that keeps every attempt.
+type counter struct {
+	mu       sync.Mutex
+	attempts []client.Attempt
+}
+
+func (c *counter) observe(a client.Attempt) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.attempts = append(c.attempts, a)
+}
+
+func (c *counter) all() []client.Attempt {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.attempts)
+}
+
+// seen is one request as the front received it.
+type seen struct {
+	method, path, key string
+	body              []byte
+}
+
+// front is an HTTP server in front of the API that records every attempt
+// (its Idempotency-Key and body bytes) and lets a test answer an attempt
+// itself (handle returns true) or pass it on to the API (target; "" for a
+// front that answers every attempt itself).
+type front struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []seen
+}
+
+func newFront(t *testing.T, target string, handle func(n int, w http.ResponseWriter, r *http.Request) bool) *front {
+	t.Helper()
+	var proxy http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("front: attempt %s %s was not answered", r.Method, r.URL)
+		w.WriteHeader(http.StatusTeapot)
+	})
+	if target != "" {
+		u, err := url.Parse(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy = httputil.NewSingleHostReverseProxy(u)
+	}
+	f := &front{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("front: reading the body: %v", err)
+			return
+		}
+		f.mu.Lock()
+		f.seen = append(f.seen, seen{r.Method, r.URL.Path, r.Header.Get("Idempotency-Key"), body})
+		n := len(f.seen)
+		f.mu.Unlock()
+		if handle != nil && handle(n, w, r) {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *front) requests() []seen {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.seen)
+}
+
+// sameKeyAndBytes fails unless every request carried one key and one body
+// (I12), and returns them.
+func sameKeyAndBytes(t *testing.T, reqs []seen) (string, []byte) {
+	t.Helper()
+	if len(reqs) == 0 {
+		t.Fatal("no request reached the front")
+	}
+	for i, r := range reqs {
+		if r.key != reqs[0].key || !bytes.Equal(r.body, reqs[0].body) || r.method != reqs[0].method || r.path != reqs[0].path {
+			t.Errorf("attempt %d: %s %s key %q body %q; attempt 1: %s %s key %q body %q",
+				i+1, r.method, r.path, r.key, r.body, reqs[0].method, reqs[0].path, reqs[0].key, reqs[0].body)
+		}
+	}
+	return reqs[0].key, reqs[0].body
+}
+
+// problem writes a problem+json answer as the API does.
+func problem(w http.ResponseWriter, status int, typ, retryAfter string) {
+	if retryAfter != "" {
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"type":"/problems/%s","title":"t","status":%d,"detail":"from the front"}`, typ, status)
+}
+
+func visa(amount int64) client.ChargeParams {
+	return client.ChargeParams{Amount: amount, Currency: "usd", PaymentMethod: "tok_visa"}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func asError(t *testing.T, err error) *client.Error {
+	t.Helper()
+	var e *client.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("error %v (%T) is not a *client.Error", err, err)
+	}
+	return e
+}
+
+// ---------------------------------------------------------------------------
+// 1. Every route against the real server, and its typed errors.
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := t.Context()
+
+	ch, err := a.cl.Charges.Create(ctx, client.ChargeParams{Amount: 2000, Currency: "USD", PaymentMethod: "tok_visa",
+		Description: ptr("T-shirt"), Metadata: map[string]string{"sku": "ts-42"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.ID == "" || ch.Object != "charge" || ch.Amount != 2000 || ch.Currency != "usd" || ch.Status != "succeeded" ||
+		ch.Description == nil || *ch.Description != "T-shirt" || ch.Metadata["sku"] != "ts-42" || ch.StripeChargeID == nil {
+		t.Errorf("created charge %+v", ch)
+	}
+	if ch.Replayed() || ch.StatusCode() != http.StatusCreated || ch.Attempts() != 1 || ch.RequestID() == "" {
+		t.Errorf("meta: replayed %v, status %d, attempts %d, request id %q", ch.Replayed(), ch.StatusCode(), ch.Attempts(), ch.RequestID())
+	}
+	if !uuidV4.MatchString(ch.IdempotencyKey()) {
+		t.Errorf("generated key %q is not a UUIDv4", ch.IdempotencyKey())
+	}
+
+	got, err := a.cl.Charges.Get(ctx, ch.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != ch.ID || got.Amount != 2000 || got.Disputes == nil || len(got.Disputes) != 0 || got.IdempotencyKey() != "" {
+		t.Errorf("got charge %+v (disputes %v)", got, got.Disputes)
+	}
+
+	second, err := a.cl.Charges.Create(ctx, visa(3000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.IdempotencyKey() == ch.IdempotencyKey() {
+		t.Errorf("two calls shared the generated key %q", ch.IdempotencyKey())
+	}
+	page, err := a.cl.Charges.List(ctx, client.ListParams{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Data) != 1 || page.Data[0].ID != second.ID || !page.HasMore {
+		t.Errorf("first page %+v, want %s and has_more", page, second.ID)
+	}
+	page, err = a.cl.Charges.List(ctx, client.ListParams{Limit: 10, StartingAfter: second.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Data) != 1 || page.Data[0].ID != ch.ID || page.HasMore {
+		t.Errorf("second page %+v, want only %s", page, ch.ID)
+	}
+
+	// A key with characters that must be escaped in the inspection path.
+	const refundKey = "refund/1042?part a#1%"
+	re, err := a.cl.Refunds.Create(ctx, client.RefundParams{Charge: ch.ID, Amount: ptr[int64](500)}, client.WithIdempotencyKey(refundKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if re.Charge != ch.ID || re.Amount != 500 || re.Status != "succeeded" || re.IdempotencyKey() != refundKey {
+		t.Errorf("refund %+v with key %q", re, re.IdempotencyKey())
+	}
+	gotRe, err := a.cl.Refunds.Get(ctx, re.ID)
+	if err != nil || gotRe.ID != re.ID || gotRe.Amount != 500 {
+		t.Errorf("GET refund: %+v %v", gotRe, err)
+	}
+	if got, err = a.cl.Charges.Get(ctx, ch.ID); err != nil || got.AmountRefunded != 500 {
+		t.Errorf("charge after the refund: %+v %v", got, err)
+	}
+
+	ik, err := a.cl.IdempotencyKeys.Get(ctx, refundKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ik.Key != refundKey || ik.RecoveryPoint != "finished" || ik.Refund == nil || *ik.Refund != re.ID ||
+		ik.RequestMethod != http.MethodPost || ik.ResponseStatus == nil || *ik.ResponseStatus != http.StatusCreated ||
+		ik.DownstreamKey != "idempay_"+ik.ID {
+		t.Errorf("idempotency key record %+v", ik)
+	}
+	ik, err = a.cl.IdempotencyKeys.Get(ctx, ch.IdempotencyKey())
+	if err != nil || ik.Charge == nil || *ik.Charge != ch.ID {
+		t.Errorf("the charge's record: %+v %v", ik, err)
+	}
+
+	evs, err := a.cl.Events.List(ctx, client.ListParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]int{}
+	for _, ev := range evs.Data {
+		types[ev.Type]++
+	}
+	if len(evs.Data) != 3 || types["charge.succeeded"] != 2 || types["refund.succeeded"] != 1 || evs.Data[0].Sequence != 3 {
+		t.Fatalf("events %+v, want two charge.succeeded and a refund.succeeded, newest first", evs.Data)
+	}
+	ev, err := a.cl.Events.Get(ctx, evs.Data[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.ID != evs.Data[0].ID || ev.Type != "refund.succeeded" {
+		t.Errorf("event %+v, want the refund's", ev)
+	}
+	if r, err := ev.Refund(); err != nil || r.ID != re.ID {
+		t.Errorf("the event's refund: %+v %v", r, err)
+	}
+	for _, e := range evs.Data {
+		if e.Type == "charge.succeeded" {
+			if c, err := e.Charge(); err != nil || (c.ID != ch.ID && c.ID != second.ID) {
+				t.Errorf("the event's charge: %+v %v", c, err)
+			}
+		}
+	}
+
+	// A replay returns the same bytes, marked.
+	again, err := a.cl.Refunds.Create(ctx, client.RefundParams{Charge: ch.ID, Amount: ptr[int64](500)}, client.WithIdempotencyKey(refundKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Replayed() || again.ID != re.ID || !bytes.Equal(again.RawBody(), re.RawBody()) {
+		t.Errorf("replay: replayed %v, id %s, body %s; want %s %s", again.Replayed(), again.ID, again.RawBody(), re.ID, re.RawBody())
+	}
+}
+
+func TestDeclineIsFinal(t *testing.T) {
+	t.Parallel()
+	var obs counter
+	a := newAPI(t, client.WithObserver(obs.observe))
+	_, err := a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 1500, Currency: "usd", PaymentMethod: "tok_chargeDeclined"},
+		client.WithIdempotencyKey("declined-1"))
+	e := asError(t, err)
+	if e.Status != http.StatusPaymentRequired || e.Code() != "card-declined" || e.Type != "/problems/card-declined" || e.Title == "" {
+		t.Errorf("decline: %+v", e)
+	}
+	if code, _ := e.Extensions["decline_code"].(string); code != "generic_decline" {
+		t.Errorf("decline_code %v, want generic_decline (extensions %v)", e.Extensions["decline_code"], e.Extensions)
+	}
+	if chID, _ := e.Extensions["charge"].(string); !strings.HasPrefix(chID, "ch_") {
+		t.Errorf("the decline names charge %v", e.Extensions["charge"])
+	}
+	if e.Replayed || e.IdempotencyKey != "declined-1" || e.Attempts != 1 || len(obs.all()) != 1 {
+		t.Errorf("replayed %v, key %q, %d attempts (observer %d); want one attempt, not replayed", e.Replayed, e.IdempotencyKey, e.Attempts, len(obs.all()))
+	}
+	if !strings.Contains(e.Error(), "402 card-declined") {
+		t.Errorf("message %q", e.Error())
+	}
+	// The decline is stored: the same call again is its replay.
+	_, err = a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 1500, Currency: "usd", PaymentMethod: "tok_chargeDeclined"},
+		client.WithIdempotencyKey("declined-1"))
+	again := asError(t, err)
+	if !again.Replayed || !bytes.Equal(again.Body, e.Body) {
+		t.Errorf("second decline: replayed %v, body %s; want the replay of %s", again.Replayed, again.Body, e.Body)
+	}
+	if n := len(a.env.Stripe.Charges()); n != 1 {
+		t.Errorf("the fake holds %d charges, want 1", n)
+	}
+}
+
+func TestValidationErrorListsParams(t *testing.T) {
+	t.Parallel()
+	var obs counter
+	a := newAPI(t, client.WithObserver(obs.observe))
+	_, err := a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: -5, Currency: "usdx", PaymentMethod: "tok_visa"})
+	e := asError(t, err)
+	names := map[string]bool{}
+	for _, p := range e.InvalidParams {
+		names[p.Name] = p.Reason != ""
+	}
+	if e.Status != http.StatusBadRequest || e.Code() != "invalid-request" || !names["amount"] || !names["currency"] {
+		t.Errorf("validation error %+v, want invalid-request naming amount and currency", e)
+	}
+	if len(obs.all()) != 1 {
+		t.Errorf("%d attempts, want 1", len(obs.all()))
+	}
+}
+
+func TestMismatchIsFinal(t *testing.T) {
+	t.Parallel()
+	var obs counter
+	a := newAPI(t, client.WithObserver(obs.observe))
+	first, err := a.cl.Charges.Create(t.Context(), visa(1000), client.WithIdempotencyKey("order-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.cl.Charges.Create(t.Context(), visa(9999), client.WithIdempotencyKey("order-1"))
+	e := asError(t, err)
+	if e.Status != http.StatusUnprocessableEntity || e.Code() != "idempotency-key-reused" || e.IdempotencyKey != "order-1" {
+		t.Errorf("mismatch: %+v", e)
+	}
+	if n := len(obs.all()); n != 2 {
+		t.Errorf("%d attempts for two calls, want 2: a mismatch is final", n)
+	}
+	if got, err := a.cl.Charges.Get(t.Context(), first.ID); err != nil || got.Amount != 1000 {
+		t.Errorf("the charge after the mismatch: %+v %v", got, err)
+	}
+}
+
+func TestNotFoundAndUnauthorized(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	_, err := a.cl.Charges.Get(t.Context(), "ch_doesnotexist")
+	if e := asError(t, err); e.Status != http.StatusNotFound || e.Code() != "not-found" {
+		t.Errorf("unknown charge: %+v", e)
+	}
+	_, err = a.cl.IdempotencyKeys.Get(t.Context(), "never-used")
+	if e := asError(t, err); e.Status != http.StatusNotFound {
+		t.Errorf("unknown key: %+v", e)
+	}
+	bad := client.New(a.env.Server.URL, "sk_idem_wrong")
+	_, err = bad.Charges.Create(t.Context(), visa(100))
+	if e := asError(t, err); e.Status != http.StatusUnauthorized || e.Code() != "unauthorized" {
+		t.Errorf("wrong API key: %+v", e)
+	}
+	if _, err := a.cl.Charges.Get(t.Context(), ""); err == nil {
+		t.Error("an empty charge id was sent")
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 2. Retries through a Stripe outage, against the real server.
+
+func TestRetriesThroughStripeOutage(t *testing.T) {
+	t.Parallel()
+	var obs counter
+	// Backoff capped at 100 ms: the server's Retry-After: 1 is honoured up
+	// to 600 ms, so the call outlasts the 700 ms outage in a few attempts.
+	env := apitest.New(t, apitest.Options{})
+	key := env.NewClient(t).Account.APIKey
+	cl := client.New(env.Server.URL, key, client.WithBackoff(10*time.Millisecond, 100*time.Millisecond), client.WithObserver(obs.observe))
+
+	env.Stripe.FailFor(stripefake.Fail500, 700*time.Millisecond)
+	start := time.Now()
+	ch, err := cl.Charges.Create(t.Context(), visa(4200), client.WithIdempotencyKey("outage-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts := obs.all()
+	t.Logf("succeeded after %d attempts in %s", len(atts), time.Since(start).Round(time.Millisecond))
+	if len(atts) < 2 || ch.Attempts() != len(atts) {
+		t.Fatalf("%d attempts (result says %d); want retries through the outage", len(atts), ch.Attempts())
+	}
+	for _, at := range atts[:len(atts)-1] {
+		if at.Status != http.StatusServiceUnavailable || at.Type != "/problems/downstream-unavailable" || !at.Retry || at.Wait < 500*time.Millisecond {
+			t.Errorf("attempt %d: %d %s retry=%v wait=%s; want 503 downstream-unavailable, retried after ~Retry-After", at.N, at.Status, at.Type, at.Retry, at.Wait)
+		}
+		if at.IdempotencyKey != "outage-1" {
+			t.Errorf("attempt %d sent key %q", at.N, at.IdempotencyKey)
+		}
+	}
+	if ch.Replayed() || ch.Status != "succeeded" {
+		t.Errorf("result: replayed %v, status %s; want a fresh success", ch.Replayed(), ch.Status)
+	}
+
+	// One charge at Stripe, every Stripe request under one downstream key.
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Errorf("the fake executed %d charges, want 1", n)
+	}
+	ik, err := cl.IdempotencyKeys.Get(t.Context(), "outage-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var posts int
+	for _, r := range env.Stripe.Requests() {
+		if r.Method != http.MethodPost {
+			continue
+		}
+		posts++
+		if r.IdempotencyKey != ik.DownstreamKey {
+			t.Errorf("a Stripe request carried %q, want %q", r.IdempotencyKey, ik.DownstreamKey)
+		}
+	}
+	if posts < 2 {
+		t.Errorf("Stripe saw %d POSTs, want the failed ones and the success", posts)
+	}
+
+	again, err := cl.Charges.Create(t.Context(), visa(4200), client.WithIdempotencyKey("outage-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Replayed() || again.ID != ch.ID || again.Attempts() != 1 {
+		t.Errorf("the same call again: replayed %v, id %s after %d attempts; want the replay of %s at once", again.Replayed(), again.ID, again.Attempts(), ch.ID)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 3. The client never changes the key or the bytes (I12), and retries only
+// what it should.
+
+func TestSameKeyAndBytesAcrossRetries(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n <= 3 {
+			problem(w, http.StatusServiceUnavailable, "downstream-unavailable", "0")
+			return true
+		}
+		return false
+	})
+	var keys atomic.Int32
+	var obs counter
+	cl := a.client(f.URL, client.WithObserver(obs.observe), client.WithNewKey(func() string {
+		return fmt.Sprintf("generated-%d", keys.Add(1))
+	}))
+	ch, err := cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 777, Currency: "eur", PaymentMethod: "tok_visa",
+		Description: ptr("same bytes"), Metadata: map[string]string{"b": "2", "a": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.requests()
+	if len(reqs) != 4 {
+		t.Fatalf("the front saw %d attempts, want 4", len(reqs))
+	}
+	key, body := sameKeyAndBytes(t, reqs)
+	if key != "generated-1" || keys.Load() != 1 || ch.IdempotencyKey() != key {
+		t.Errorf("key %q (result %q), %d keys generated; want one key made once per call", key, ch.IdempotencyKey(), keys.Load())
+	}
+	if !bytes.Contains(body, []byte(`"amount":777`)) {
+		t.Errorf("body %s", body)
+	}
+	if ch.Attempts() != 4 || len(obs.all()) != 4 || ch.Replayed() {
+		t.Errorf("result after %d attempts (observer %d), replayed %v", ch.Attempts(), len(obs.all()), ch.Replayed())
+	}
+	if n := len(a.env.Stripe.Charges()); n != 1 {
+		t.Errorf("the fake executed %d charges, want 1", n)
+	}
+}
+
+func TestInProgressIsRetried(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n <= 2 {
+			problem(w, http.StatusConflict, "request-in-progress", "0")
+			return true
+		}
+		return false
+	})
+	ch, err := a.client(f.URL).Charges.Create(t.Context(), visa(1234), client.WithIdempotencyKey("in-progress"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.requests()
+	if len(reqs) != 3 || ch.Attempts() != 3 {
+		t.Fatalf("%d attempts, want 3 (two 409 request-in-progress, then the answer)", len(reqs))
+	}
+	if key, _ := sameKeyAndBytes(t, reqs); key != "in-progress" {
+		t.Errorf("key %q", key)
+	}
+}
+
+func TestNotRefundableIsFinal(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	// A declined charge cannot be refunded: the real server's 409
+	// charge-not-refundable, which is final, unlike request-in-progress.
+	_, err := a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 900, Currency: "usd", PaymentMethod: "tok_chargeDeclined"})
+	chID, _ := asError(t, err).Extensions["charge"].(string)
+	f := newFront(t, a.env.Server.URL, nil)
+	_, err = a.client(f.URL).Refunds.Create(t.Context(), client.RefundParams{Charge: chID})
+	e := asError(t, err)
+	if e.Status != http.StatusConflict || e.Code() != "charge-not-refundable" {
+		t.Fatalf("refund of a declined charge: %+v", e)
+	}
+	if n := len(f.requests()); n != 1 || e.Attempts != 1 {
+		t.Errorf("%d attempts, want 1: charge-not-refundable is final", n)
+	}
+}
+
+func TestOtherStatusesAreFinal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		typ    string
+	}{
+		{http.StatusBadRequest, "invalid-json"},
+		{http.StatusUnprocessableEntity, "idempotency-key-reused"},
+		{http.StatusConflict, "charge-not-refundable"},
+		{http.StatusNotFound, "not-found"},
+		{http.StatusNotImplemented + 100, "weird"}, // 601: not a 5xx
+	} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			t.Parallel()
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				problem(w, tc.status, tc.typ, "0")
+				return true
+			})
+			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))
+			if e := asError(t, err); e.Status != tc.status || e.Code() != tc.typ {
+				t.Errorf("error %+v", e)
+			}
+			if n := len(f.requests()); n != 1 {
+				t.Errorf("%d attempts, want 1", n)
+			}
+		})
+	}
+}
+
+func TestRetryableStatuses(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{429, 500, 502, 503, 504} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			t.Parallel()
+			f := newFront(t, "", func(n int, w http.ResponseWriter, _ *http.Request) bool {
+				if n < 3 {
+					w.WriteHeader(status) // not even a problem document (a proxy's answer)
+					return true
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprint(w, `{"id":"ch_front","object":"charge","amount":1,"status":"succeeded"}`)
+				return true
+			})
+			ch, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.ID != "ch_front" || ch.Attempts() != 3 || len(f.requests()) != 3 {
+				t.Errorf("charge %s after %d attempts (front %d), want ch_front after 3", ch.ID, ch.Attempts(), len(f.requests()))
+			}
+		})
+	}
+}
+
+func TestDroppedConnectionIsRetried(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	// The first attempt is read in full and then the connection is closed
+	// with no answer: the server may have done the work.
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n > 1 {
+			return false
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return true
+		}
+		conn.Close()
+		return true
+	})
+	var obs counter
+	// No keep-alive, so that no attempt rides a reused connection and
+	// http.Transport's own re-send never hides the drop from the client.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	ch, err := a.client(f.URL, client.WithHTTPClient(hc), client.WithObserver(obs.observe)).
+		Charges.Create(t.Context(), visa(2500), client.WithIdempotencyKey("dropped"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("the front saw %d attempts, want 2", len(reqs))
+	}
+	sameKeyAndBytes(t, reqs)
+	atts := obs.all()
+	if len(atts) != 2 || atts[0].Err == nil || atts[0].Status != 0 || !atts[0].Retry || atts[1].Status != http.StatusCreated {
+		t.Errorf("attempts %+v; want a transport error, then 201", atts)
+	}
+	if ch.Status != "succeeded" || len(a.env.Stripe.Charges()) != 1 {
+		t.Errorf("charge %s; the fake holds %d charges", ch.Status, len(a.env.Stripe.Charges()))
+	}
+}
+
+func TestGetIsRetriedWithoutKey(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	created, err := a.cl.Charges.Create(t.Context(), visa(300))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n <= 2 {
+			problem(w, http.StatusBadGateway, "bad-gateway", "")
+			return true
+		}
+		return false
+	})
+	got, err := a.client(f.URL).Charges.Get(t.Context(), created.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != created.ID || got.Attempts() != 3 {
+		t.Errorf("charge %s after %d attempts", got.ID, got.Attempts())
+	}
+	for _, r := range f.requests() {
+		if r.method != http.MethodGet || r.key != "" {
+			t.Errorf("%s with Idempotency-Key %q", r.method, r.key)
+		}
+	}
+}
+
+func TestBaseURLsRotate(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	// A server that is gone: its port refuses connections.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	f := newFront(t, a.env.Server.URL, nil)
+	var obs counter
+	ch, err := a.client(dead, client.WithBaseURLs(f.URL+"/"), client.WithObserver(obs.observe)).
+		Charges.Create(t.Context(), visa(640), client.WithIdempotencyKey("rotate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts := obs.all()
+	if len(atts) != 2 || !strings.HasPrefix(atts[0].URL, dead+"/v1/charges") || atts[0].Err == nil ||
+		atts[1].URL != f.URL+"/v1/charges" || atts[1].Status != http.StatusCreated || ch.Attempts() != 2 {
+		t.Errorf("attempts %+v; want the dead server, then the front", atts)
+	}
+}
+
+func TestGivesUpAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+		problem(w, http.StatusInternalServerError, "internal-error", "")
+		return true
+	})
+	_, err := client.New(f.URL, "k", client.WithMaxAttempts(3), client.WithSleep(noSleep)).
+		Charges.Create(t.Context(), visa(1), client.WithIdempotencyKey("give-up-1"))
+	if e := asError(t, err); e.Status != http.StatusInternalServerError || e.Attempts != 3 || e.IdempotencyKey != "give-up-1" {
+		t.Errorf("last answer %+v", e)
+	}
+	if _, final := err.(*client.Error); final {
+		t.Errorf("the error of a call that gave up is a bare *client.Error: it would read as a final answer")
+	}
+	// The message names the attempts and the key, to retry the call later.
+	if !strings.Contains(err.Error(), "3 attempts") || !strings.Contains(err.Error(), `"give-up-1"`) || len(f.requests()) != 3 {
+		t.Errorf("error %q after %d requests; want it to name 3 attempts and the key", err, len(f.requests()))
+	}
+
+	// Transport errors: wrapped, naming the attempts, no *Error inside.
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	_, err = client.New(dead, "k", client.WithMaxAttempts(4), client.WithSleep(noSleep)).Charges.List(t.Context(), client.ListParams{})
+	var e *client.Error
+	var opErr *net.OpError
+	if err == nil || errors.As(err, &e) || !errors.As(err, &opErr) || !strings.Contains(err.Error(), "after 4 attempts") {
+		t.Errorf("error %v; want the connection error wrapped, naming 4 attempts", err)
+	}
+}
+
+func TestBackoffAndRetryAfter(t *testing.T) {
+	t.Parallel()
+	const (
+		base = 100 * time.Millisecond
+		maxB = time.Second
+	)
+	cases := []struct {
+		name       string
+		retryAfter string
+		check      func(r int, d time.Duration) error
+	}{
+		{"full jitter", "", func(r int, d time.Duration) error {
+			if ceil := min(maxB, base<<r); d < 0 || d > ceil {
+				return fmt.Errorf("retry %d waited %s, want within [0, %s]", r, d, ceil)
+			}
+			return nil
+		}},
+		{"seconds", "2", func(r int, d time.Duration) error {
+			if d < 2*time.Second || d > 6*maxB {
+				return fmt.Errorf("retry %d waited %s, want at least Retry-After 2s", r, d)
+			}
+			return nil
+		}},
+		{"huge", "99999999999999999999", func(r int, d time.Duration) error {
+			if d != 6*maxB {
+				return fmt.Errorf("retry %d waited %s, want the cap %s", r, d, 6*maxB)
+			}
+			return nil
+		}},
+		{"date", time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat), func(r int, d time.Duration) error {
+			if d < time.Second || d > 3*time.Second+time.Second {
+				return fmt.Errorf("retry %d waited %s, want about 3s (an HTTP date)", r, d)
+			}
+			return nil
+		}},
+		{"garbage", "soon", func(r int, d time.Duration) error {
+			if d > min(maxB, base<<r) {
+				return fmt.Errorf("retry %d waited %s; a garbage Retry-After must be ignored", r, d)
+			}
+			return nil
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				problem(w, http.StatusServiceUnavailable, "service-unavailable", tc.retryAfter)
+				return true
+			})
+			var mu sync.Mutex
+			var waits []time.Duration
+			sleep := func(ctx context.Context, d time.Duration) error {
+				mu.Lock()
+				defer mu.Unlock()
+				waits = append(waits, d)
+				return nil
+			}
+			_, err := client.New(f.URL, "k", client.WithBackoff(base, maxB), client.WithMaxAttempts(8), client.WithSleep(sleep)).
+				Charges.Create(t.Context(), visa(1))
+			if e := asError(t, err); e.Status != http.StatusServiceUnavailable {
+				t.Fatalf("error %v", err)
+			}
+			if len(waits) != 7 {
+				t.Fatalf("%d waits for 8 attempts, want 7", len(waits))
+			}
+			for r, d := range waits {
+				if err := tc.check(r, d); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 4. The Retry-After parser never panics and never waits unboundedly.
+
+func FuzzRetryAfter(f *testing.F) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{"", "0", "1", "120", " 5 ", "-1", "-9999999999", "1.5", "1e3", "+3", "abc",
+		"99999999999999999999999", "9223372036854775807", "9223372036854775808",
+		"Sun, 01 Jun 2025 12:00:10 GMT", "Sunday, 01-Jun-25 12:00:10 GMT", "Sun Jun  1 12:00:10 2025",
+		"Mon, 01 Jan 1900 00:00:00 GMT", "Fri, 31 Dec 9999 23:59:59 GMT", "\x00", "١٢"} {
+		f.Add(s, int64(time.Minute))
+	}
+	f.Fuzz(func(t *testing.T, v string, limit int64) {
+		lim := time.Duration(limit)
+		d, ok := client.ParseRetryAfter(v, now, lim)
+		if lim < 0 {
+			if ok || d != 0 {
+				t.Fatalf("negative limit: %s %v", d, ok)
+			}
+			return
+		}
+		if d < 0 || d > lim {
+			t.Fatalf("ParseRetryAfter(%q, limit %s) = %s, outside [0, limit]", v, lim, d)
+		}
+		if !ok && d != 0 {
+			t.Fatalf("ParseRetryAfter(%q) = %s but not ok", v, d)
+		}
+	})
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	const limit = time.Minute
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"", 0, false},
+		{"0", 0, true},
+		{"3", 3 * time.Second, true},
+		{" 7 ", 7 * time.Second, true},
+		{"61", limit, true},
+		{"99999999999999999999999", limit, true},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"soon", 0, false},
+		{"Sun, 01 Jun 2025 12:00:10 GMT", 10 * time.Second, true},
+		{"Sun, 01 Jun 2025 11:00:00 GMT", 0, true},
+		{"Fri, 31 Dec 9999 23:59:59 GMT", limit, true},
+	} {
+		if d, ok := client.ParseRetryAfter(tc.in, now, limit); d != tc.want || ok != tc.ok {
+			t.Errorf("ParseRetryAfter(%q) = %s, %v; want %s, %v", tc.in, d, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 5. The caller's context bounds the call.
+
+func TestContextStopsRetries(t *testing.T) {
+	t.Parallel()
+	always503 := func(t *testing.T) *front {
+		return newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+			problem(w, http.StatusServiceUnavailable, "downstream-unavailable", "1")
+			return true
+		})
+	}
+
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		t.Parallel()
+		f := always503(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		// Real sleeps: the first wait is at least the 1 s Retry-After.
+		cl := client.New(f.URL, "k", client.WithObserver(func(a client.Attempt) {
+			if a.N == 1 {
+				time.AfterFunc(50*time.Millisecond, cancel)
+			}
+		}))
+		start := time.Now()
+		_, err := cl.Charges.Create(ctx, visa(1))
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Errorf("the call took %s after its context was cancelled at 50 ms", took)
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("error %v does not wrap context.Canceled", err)
+		}
+		if e := asError(t, err); e.Status != http.StatusServiceUnavailable {
+			t.Errorf("last answer %+v", e)
+		}
+		if n := len(f.requests()); n != 1 {
+			t.Errorf("%d attempts, want 1", n)
+		}
+	})
+
+	t.Run("deadline during an attempt", func(t *testing.T) {
+		t.Parallel()
+		f := newFront(t, "", func(_ int, _ http.ResponseWriter, r *http.Request) bool {
+			<-r.Context().Done() // never answers
+			return true
+		})
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := client.New(f.URL, "k").Charges.Create(ctx, visa(1))
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("the call took %s with a 100 ms deadline", took)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
+		}
+	})
+
+	t.Run("already cancelled", func(t *testing.T) {
+		t.Parallel()
+		f := always503(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err := client.New(f.URL, "k").Charges.Create(ctx, visa(1))
+		if !errors.Is(err, context.Canceled) || len(f.requests()) != 0 {
+			t.Errorf("error %v after %d requests; want context.Canceled and none sent", err, len(f.requests()))
+		}
+	})
+}
+
+func TestBadKeyIsRefusedBeforeSending(t *testing.T) {
+	t.Parallel()
+	f := newFront(t, "", nil)
+	for _, k := range []string{"new\nline", strings.Repeat("k", 256), "naïve"} {
+		_, err := client.New(f.URL, "k").Charges.Create(t.Context(), visa(1), client.WithIdempotencyKey(k))
+		if err == nil || !strings.Contains(err.Error(), "Idempotency-Key") {
+			t.Errorf("key %q: error %v", k, err)
+		}
+	}
+	if _, err := client.New("ftp://example.com", "k").Charges.List(t.Context(), client.ListParams{}); err == nil {
+		t.Error("an ftp base URL was accepted")
+	}
+	if n := len(f.requests()); n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+}
+
+func noSleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/idempay/idempay/client"
+)
+
+const clientUsage = `usage:
+  idempay charges create --amount N --payment-method TOKEN [--currency usd] [--description D] [--metadata k=v ...] [--idempotency-key K]
+  idempay charges get ID
+  idempay charges list [--limit N] [--starting-after ID]
+  idempay refunds create --charge ch_... [--amount N] [--idempotency-key K]
+  idempay refunds get ID
+  idempay keys get KEY
+
+These call a running API with the Go client (package client), retrying with
+the same Idempotency-Key until a final answer. They read IDEMPAY_API_URL
+(default http://LISTEN_ADDR) and IDEMPAY_API_KEY. The answer is printed as
+JSON on stdout; an error answer is printed as its problem JSON on stderr and
+the exit status is 1. A create without --idempotency-key makes a new key and
+prints it on stderr: run the command again with it to retry the same
+request.`
+
+// clientCmd is `idempay charges|refunds|keys ...`: the API from the
+// command line, through the same client (and retry rules) as Go callers.
+func clientCmd(ctx context.Context, cfg Config, args []string) error {
+	if len(args) < 2 {
+		return errors.New(clientUsage)
+	}
+	apiKey := os.Getenv("IDEMPAY_API_KEY")
+	if apiKey == "" {
+		return errors.New("IDEMPAY_API_KEY is required (idempay accounts create prints one)")
+	}
+	baseURL := os.Getenv("IDEMPAY_API_URL")
+	if baseURL == "" {
+		baseURL = "http://" + clientAddr(cfg.ListenAddr)
+	}
+	cl := client.New(baseURL, apiKey)
+
+	var res raw
+	var err error
+	switch args[0] + " " + args[1] {
+	case "charges create":
+		res, err = chargesCreate(ctx, cl, args[2:])
+	case "charges get":
+		res, err = withID(args[2:], func(id string) (raw, error) { return cl.Charges.Get(ctx, id) })
+	case "charges list":
+		res, err = chargesList(ctx, cl, args[2:])
+	case "refunds create":
+		res, err = refundsCreate(ctx, cl, args[2:])
+	case "refunds get":
+		res, err = withID(args[2:], func(id string) (raw, error) { return cl.Refunds.Get(ctx, id) })
+	case "keys get":
+		res, err = withID(args[2:], func(id string) (raw, error) { return cl.IdempotencyKeys.Get(ctx, id) })
+	default:
+		return errors.New(clientUsage)
+	}
+	var apiErr *client.Error
+	if errors.As(err, &apiErr) {
+		printJSON(os.Stderr, apiErr.Body)
+		if apiErr.IdempotencyKey != "" {
+			fmt.Fprintf(os.Stderr, "Idempotency-Key: %s\n", apiErr.IdempotencyKey)
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if k := res.IdempotencyKey(); k != "" {
+		fmt.Fprintf(os.Stderr, "Idempotency-Key: %s (replayed: %v)\n", k, res.Replayed())
+	}
+	printJSON(os.Stdout, res.RawBody())
+	return nil
+}
+
+// raw is what every result has through its client.Meta.
+type raw interface {
+	RawBody() []byte
+	IdempotencyKey() string
+	Replayed() bool
+}
+
+func chargesCreate(ctx context.Context, cl *client.Client, args []string) (raw, error) {
+	fs := flag.NewFlagSet("charges create", flag.ContinueOnError)
+	amount := fs.Int64("amount", 0, "amount in the currency's minor unit (required)")
+	currency := fs.String("currency", "usd", "ISO 4217 currency")
+	pm := fs.String("payment-method", "", "a Stripe token such as tok_visa (required)")
+	description := fs.String("description", "", "description")
+	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
+	meta := metadataFlag{}
+	fs.Var(meta, "metadata", "a key=value pair; repeat for more")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *amount == 0 || *pm == "" || fs.NArg() > 0 {
+		return nil, errors.New(clientUsage)
+	}
+	p := client.ChargeParams{Amount: *amount, Currency: *currency, PaymentMethod: *pm}
+	if flagSet(fs, "description") {
+		p.Description = description
+	}
+	if len(meta) > 0 {
+		p.Metadata = meta
+	}
+	return cl.Charges.Create(ctx, p, client.WithIdempotencyKey(*key))
+}
+
+func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, error) {
+	fs := flag.NewFlagSet("charges list", flag.ContinueOnError)
+	limit := fs.Int("limit", 0, "page size, 1 to 100 (default 10)")
+	after := fs.String("starting-after", "", "a charge id: the page starts after it")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, errors.New(clientUsage)
+	}
+	return cl.Charges.List(ctx, client.ListParams{Limit: *limit, StartingAfter: *after})
+}
+
+func refundsCreate(ctx context.Context, cl *client.Client, args []string) (raw, error) {
+	fs := flag.NewFlagSet("refunds create", flag.ContinueOnError)
+	charge := fs.String("charge", "", "the charge to refund (required)")
+	amount := fs.Int64("amount", 0, "amount to refund (default: all that is left)")
+	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *charge == "" || fs.NArg() > 0 {
+		return nil, errors.New(clientUsage)
+	}
+	p := client.RefundParams{Charge: *charge}
+	if flagSet(fs, "amount") {
+		p.Amount = amount
+	}
+	return cl.Refunds.Create(ctx, p, client.WithIdempotencyKey(*key))
+}
+
+// withID runs get with the one positional argument.
+func withID(args []string, get func(string) (raw, error)) (raw, error) {
+	if len(args) != 1 || args[0] == "" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		return nil, errors.New(clientUsage)
+	}
+	return get(args[0])
+}
+
+// flagSet reports whether name was given on the command line, so that an
+// absent optional member stays absent from the request (an empty
+// description and no description are different requests).
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// metadataFlag collects --metadata key=value pairs.
+type metadataFlag map[string]string
+
+func (m metadataFlag) String() string { return fmt.Sprint(map[string]string(m)) }
+
+func (m metadataFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("metadata %q: want key=value", v)
+	}
+	m[k] = val
+	return nil
+}
+
+// printJSON writes body indented, or as it is when it is not JSON.
+func printJSON(w io.Writer, body []byte) {
+	body = bytes.TrimSpace(body)
+	var buf bytes.Buffer
+	if json.Indent(&buf, body, "", "  ") != nil {
+		buf.Reset()
+		buf.Write(body)
+	}
+	buf.WriteByte('\n')
+	_, _ = w.Write(buf.Bytes())
+}

@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/client"
+	"github.com/idempay/idempay/internal/faultpoint"
+)
+
+// TestClientAcrossServerKill is I12 and I6 from the client's side: the Go
+// client creates a charge through a server that is killed with SIGKILL
+// after Stripe answered and before the finishing commit, and goes on to a
+// healthy server (its second base URL) with the same key and bytes. The
+// healthy server answers 409 while the dead owner's lock is fresh, then
+// takes the record over and resumes it under the same downstream key.
+// The end: one charge at Stripe, one ledger row, and the answer the client
+// returns names that charge.
+func TestClientAcrossServerKill(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "client across a kill")
+	const key = "order-kill-1"
+
+	dying := startServer(t, serverOpts{Name: "dying", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: faultpoint.AfterDownstream})
+	// A short lock timeout, so that the stranded record is taken over soon.
+	healthy := startServer(t, serverOpts{Name: "healthy", DBURL: d.URL, StripeURL: fake.URL(),
+		Lock: time.Second, Stripe: 500 * time.Millisecond})
+
+	var (
+		mu       sync.Mutex
+		attempts []client.Attempt
+	)
+	cl := client.New(dying.URL, acct.APIKey,
+		client.WithBaseURLs(healthy.URL),
+		client.WithHTTPClient(newHTTPClient()),
+		client.WithMaxAttempts(30),
+		client.WithBackoff(50*time.Millisecond, time.Second),
+		client.WithObserver(func(a client.Attempt) {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts = append(attempts, a)
+		}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	ch, err := cl.Charges.Create(ctx, chargeParams(5100, "across a kill"), client.WithIdempotencyKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireKilled(t, "dying", dying.waitExit(10*time.Second))
+
+	mu.Lock()
+	calls := slices.Clone(attempts) // the observer goes on with the calls below
+	mu.Unlock()
+	var connErrs, conflicts int
+	for _, a := range calls {
+		t.Logf("attempt %d: %s status %d %s err %v, wait %s", a.N, a.URL, a.Status, a.Type, a.Err, a.Wait.Round(time.Millisecond))
+		if a.IdempotencyKey != key {
+			t.Errorf("attempt %d sent key %q, want %q", a.N, a.IdempotencyKey, key)
+		}
+		switch {
+		case a.Err != nil:
+			connErrs++
+		case a.Status == http.StatusConflict:
+			conflicts++
+		}
+	}
+	t.Logf("final answer after %d attempts (%d connection errors, %d × 409) in %s", len(calls), connErrs, conflicts, time.Since(start).Round(time.Millisecond))
+	if len(calls) < 2 {
+		t.Fatalf("%d attempts, want a failed one to the dying server and more to the healthy one", len(calls))
+	}
+	if calls[0].Err == nil || calls[0].URL != dying.URL+"/v1/charges" {
+		t.Fatalf("the first attempt (to the dying server) got %+v, want a connection error", calls[0])
+	}
+	if last := calls[len(calls)-1]; last.URL != healthy.URL+"/v1/charges" || last.Status != http.StatusCreated {
+		t.Errorf("the final attempt went to %s and got %d, want 201 from the healthy server", last.URL, last.Status)
+	}
+	if ch.Replayed() || ch.StatusCode() != http.StatusCreated || ch.IdempotencyKey() != key || ch.Attempts() != len(calls) {
+		t.Errorf("result: replayed %v, status %d, key %q, %d attempts; want a resumed 201 under %s",
+			ch.Replayed(), ch.StatusCode(), ch.IdempotencyKey(), ch.Attempts(), key)
+	}
+
+	// One charge at Stripe, one record and one ledger row, and the answer
+	// names them.
+	if n := len(fake.Charges()); n != 1 {
+		t.Errorf("the fake executed %d charges, want 1", n)
+	}
+	recs := records(t, d.Pool, acct.ID)
+	if len(recs) != 1 {
+		t.Errorf("the account has records for %d keys, want 1", len(recs))
+	}
+	var ledger int
+	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE account_id = $1`, acct.ID).Scan(&ledger); err != nil {
+		t.Fatal(err)
+	}
+	if ledger != 1 {
+		t.Errorf("%d ledger rows, want 1", ledger)
+	}
+	row := checkFinished(t, key, recs[key], indexFake(fake))
+	if ch.ID != row.ChargeID || ch.Status != "succeeded" || ch.StripeChargeID == nil || row.StripeChargeID == nil || *ch.StripeChargeID != *row.StripeChargeID {
+		t.Errorf("the answer %s does not name ledger row %+v", ch.RawBody(), row)
+	}
+	if n := countLog([]*server{healthy}, "took over idempotency record"); n != 1 {
+		t.Errorf("the healthy server logged %d takeovers, want 1", n)
+	}
+
+	// The record, read through the client: finished by its second owner.
+	ik, err := cl.IdempotencyKeys.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ik.RecoveryPoint != "finished" || ik.LockGeneration != 2 || ik.Charge == nil || *ik.Charge != row.ChargeID {
+		t.Errorf("record %+v, want finished at lock generation 2 with charge %s", ik, row.ChargeID)
+	}
+
+	// And the same call again is the replay of those bytes (I2).
+	again, err := cl.Charges.Create(ctx, chargeParams(5100, "across a kill"), client.WithIdempotencyKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Replayed() || string(again.RawBody()) != string(ch.RawBody()) {
+		t.Errorf("the same call again: replayed %v, %s; want the replay of %s", again.Replayed(), again.RawBody(), ch.RawBody())
+	}
+}
