@@ -545,25 +545,7 @@ func createCharge(ctx context.Context, cl *client.Client, key string, p client.C
 	return nil, fmt.Errorf("key %s: %w", key, err)
 }
 
-// postCharge is createCharge for orders_test.go, with the signature of the
-// hand-written retry loop it replaced: attempt i goes to pick(i), and body
-// (a chargeBody) is sent as the client's params. It is not a loop of its
-// own.
-func postCharge(ctx context.Context, c *http.Client, pick func(i int) string, apiKey, key string, body []byte, maxAttempts int) (*apiResponse, *retryStats, error) {
-	var p client.ChargeParams
-	if err := json.Unmarshal(body, &p); err != nil {
-		return nil, nil, fmt.Errorf("key %s: decoding the charge body: %w", key, err)
-	}
-	urls := make([]string, maxAttempts)
-	for i := range urls {
-		urls[i] = pick(i)
-	}
-	st := &retryStats{}
-	resp, err := createCharge(ctx, newAPIClient(c, apiKey, maxAttempts, st, urls...), key, p)
-	return resp, st, err
-}
-
-// chargeParams are the params of chargeBody(amount, description).
+// chargeParams is a valid charge of amount with a description.
 func chargeParams(amount int, description string) client.ChargeParams {
 	return client.ChargeParams{Amount: int64(amount), Currency: "usd", PaymentMethod: "tok_visa", Description: &description}
 }

@@ -259,8 +259,8 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 		wg.Go(func() {
 			for i := w; i < 1000; i += 8 {
 				a := accts[i%len(accts)]
-				resp, _, err := postCharge(ctx, c, func(int) string { return srv.URL }, a.APIKey,
-					fmt.Sprintf("relay-%04d", i), chargeBody(100+i, "relay"), 20)
+				resp, err := createCharge(ctx, newAPIClient(c, a.APIKey, 20, nil, srv.URL),
+					fmt.Sprintf("relay-%04d", i), chargeParams(100+i, "relay"))
 				if err != nil || resp.Status != 201 {
 					t.Errorf("charge %d: %v %v", i, resp, err)
 					return
