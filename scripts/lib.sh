@@ -12,11 +12,17 @@
 #   ensure_database_url URL    create the database named in URL if missing; prints URL
 #   build_stripe_mock          build bin/stripe-mock if missing or older than go.mod
 #   start_stripe_mock          start bin/stripe-mock on loopback; exports STRIPE_MOCK_URL
+#   build_stripe_fake          build bin/stripefake (cmd/stripefake) if missing or stale
+#   start_stripe_fake          start bin/stripefake on loopback; exports STRIPE_FAKE_URL
 #   ensure_nats                find or start a NATS server with JetStream; exports NATS_URL
 #   stop_private_postgres      stop the private cluster started by ensure_postgres
 #   idem_on_exit CMD...        run CMD when the script exits (LIFO, also on INT/TERM)
 #
 # Knobs (environment):
+#   IDEM_SIGNAL_EXIT    signal (default): after INT/TERM/HUP and the exit hooks, exit
+#                       128 + the signal (130 for Ctrl-C) | clean: exit 0 once the
+#                       hooks stopped everything (1 if one had to SIGKILL a
+#                       process), for a script whose normal end is Ctrl-C (make up)
 #   DATABASE_URL        if set, ensure_postgres uses that server and touches nothing else
 #   IDEMPAY_PG_MODE     auto (default) | private: skip the probes, always use the private cluster
 #   PG_PORT_PROBE       port probed on 127.0.0.1 for an existing server (default 5432)
@@ -53,8 +59,12 @@ idem_die() {
 # ---------------------------------------------------------------------------
 # Exit hooks: one EXIT trap running registered commands in reverse order.
 # INT and TERM are turned into an exit so the hooks also run on Ctrl-C/kill.
+# The exit status after a signal is 128 + the signal, or with
+# IDEM_SIGNAL_EXIT=clean, 0 when every hook stopped its process cleanly.
 
 _IDEM_EXIT_HOOKS=()
+_IDEM_SIGNALLED=""   # the signal's exit status, once INT/TERM/HUP arrived
+_IDEM_STOP_FORCED="" # set when _idem_stop_pid had to SIGKILL a process
 
 idem_on_exit() {
 	_IDEM_EXIT_HOOKS+=("$*")
@@ -68,6 +78,7 @@ idem_on_exit() {
 
 _idem_on_signal() {
 	trap - INT TERM HUP
+	_IDEM_SIGNALLED=$1
 	exit "$1"
 }
 
@@ -75,10 +86,19 @@ _idem_run_exit_hooks() {
 	local rc=$? i
 	trap - EXIT INT TERM HUP
 	set +e
+	_IDEM_STOP_FORCED=""
 	for ((i = ${#_IDEM_EXIT_HOOKS[@]} - 1; i >= 0; i--)); do
 		eval "${_IDEM_EXIT_HOOKS[i]}"
 	done
 	_IDEM_EXIT_HOOKS=()
+	# Stopped by a signal, as a script meant to run until stopped is: that
+	# is its normal end, so a clean stop is a success.
+	if [[ -n $_IDEM_SIGNALLED && ${IDEM_SIGNAL_EXIT:-signal} == clean ]]; then
+		if [[ -n $_IDEM_STOP_FORCED ]]; then
+			exit 1
+		fi
+		exit 0
+	fi
 	return "$rc"
 }
 
@@ -93,6 +113,7 @@ _idem_stop_pid() {
 		if kill -0 "$pid" 2>/dev/null; then
 			idem_log "$name (pid $pid) ignored SIGTERM for ${grace}s, killing it"
 			kill -KILL "$pid" 2>/dev/null || true
+			_IDEM_STOP_FORCED=1
 		fi
 	fi
 	# Reap it if it is our child; harmless otherwise.
@@ -536,6 +557,64 @@ start_stripe_mock() {
 		rm -f "$log"
 	done
 	idem_die "stripe-mock did not start"
+}
+
+# build_stripe_fake: build bin/stripefake (cmd/stripefake, the test suite's
+# Stripe fake as a process) if it is missing or older than its sources or
+# go.mod/go.sum.
+build_stripe_fake() {
+	local out="$IDEMPAY_ROOT/bin/stripefake" tmp f stale=""
+	if [[ -x $out ]]; then
+		for f in "$IDEMPAY_ROOT"/go.mod "$IDEMPAY_ROOT"/go.sum "$IDEMPAY_ROOT"/cmd/stripefake/*.go \
+			"$IDEMPAY_ROOT"/internal/stripefake/*.go "$IDEMPAY_ROOT"/internal/webhooks/*.go; do
+			[[ $f -nt $out ]] && stale=1
+		done
+		[[ -z $stale ]] && return 0
+	fi
+	idem_log "building bin/stripefake"
+	mkdir -p "$IDEMPAY_ROOT/bin"
+	tmp="$out.tmp.$$"
+	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" ./cmd/stripefake) || {
+		rm -f "$tmp"
+		idem_die "go build ./cmd/stripefake failed"
+	}
+	mv -f "$tmp" "$out"
+}
+
+# start_stripe_fake: start bin/stripefake on a free loopback port, wait for
+# its ready line, export
+#   STRIPE_FAKE_URL  http://127.0.0.1:PORT
+#   STRIPE_FAKE_PID  its pid
+# and stop it when the calling shell exits. Unlike stripe-mock it keeps what
+# it charged, replays a repeated Idempotency-Key and declines Stripe's test
+# tokens (tok_chargeDeclined). Call it in the main shell, not in $(...).
+start_stripe_fake() {
+	local bin="$IDEMPAY_ROOT/bin/stripefake" port pid log attempt i
+	[[ -x $bin ]] || build_stripe_fake
+	mkdir -p "$IDEMPAY_ROOT/.run"
+	for attempt in 1 2 3; do
+		read -r port < <(_idem_free_ports 1) || true
+		[[ -n ${port:-} ]] || idem_die "could not find a free loopback port"
+		log="$IDEMPAY_ROOT/.run/stripefake.$port.log"
+		"$bin" -addr "127.0.0.1:$port" </dev/null >"$log" 2>&1 &
+		pid=$!
+		for ((i = 0; i < 40; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			if grep -qxF "stripefake: ready http://127.0.0.1:$port" "$log" 2>/dev/null; then
+				STRIPE_FAKE_URL="http://127.0.0.1:$port"
+				STRIPE_FAKE_PID=$pid
+				export STRIPE_FAKE_URL STRIPE_FAKE_PID
+				idem_on_exit "_idem_stop_pid $pid stripefake 5; rm -f '$log'"
+				idem_log "stripefake: listening on $STRIPE_FAKE_URL (pid $pid)"
+				return 0
+			fi
+			sleep 0.25
+		done
+		_idem_stop_pid "$pid" stripefake 2
+		idem_log "stripefake: attempt $attempt failed: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+		rm -f "$log"
+	done
+	idem_die "stripefake did not start"
 }
 
 # ---------------------------------------------------------------------------

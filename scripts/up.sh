@@ -3,21 +3,85 @@
 #
 #   1. find or start PostgreSQL and create the `idempay` database
 #      (or use $DATABASE_URL as is, creating its database if missing),
-#   2. build bin/idempay and bin/stripe-mock, start stripe-mock on loopback,
-#      and find or start NATS JetStream (ensure_nats),
-#   3. apply migrations and create a `demo` account,
-#   4. print the API key and example commands, then run `idempay serve`
-#      (with the outbox relay) and `idempay consume` until Ctrl-C / SIGTERM,
-#      which stop them, stripe-mock and a NATS of our own.
+#   2. build bin/idempay, start a Stripe on loopback (bin/stripe-mock, or with
+#      STRIPE=fake bin/stripefake, the test suite's Stripe fake, which
+#      declines Stripe's test tokens such as tok_chargeDeclined), and find or
+#      start NATS JetStream (ensure_nats),
+#   3. apply migrations,
+#   4. run `idempay serve` (with the outbox relay) and `idempay consume`,
+#   5. reuse the demo account saved in .run/demo-account (mode 600) while its
+#      key works, else create a `demo` account and save it there,
+#   6. print the API key (to a terminal only) and example commands, and run
+#      until Ctrl-C / SIGTERM, which stop the server, the consumer, the
+#      Stripe and a NATS of our own; the exit status is then 0 (1 if one of
+#      them had to be killed).
 #
-# Environment: LISTEN_ADDR (default 127.0.0.1:8080), DATABASE_URL and
-# NATS_URL (optional), IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION
-# (passed through).
+# Environment: LISTEN_ADDR (default 127.0.0.1:8080), STRIPE (mock, the
+# default, or fake), DATABASE_URL and NATS_URL (optional),
+# IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION (passed through).
 set -euo pipefail
+
+# Ctrl-C in a terminal interrupts the terminal's foreground process group:
+# make as well as this script. An interrupted make dies of the signal itself
+# once its recipe ends (or exits 2), whatever the recipe exits with, so
+# `make up` would end in failure however cleanly it stopped. So, when it runs
+# in the foreground of a terminal, this script first moves into a process
+# group of its own and takes the terminal, as a shell does for a foreground
+# job (the same process, re-executed; python3 makes the two system calls).
+# Ctrl-C then reaches this script alone, which stops everything and exits 0,
+# and make with it. The terminal is handed back on exit.
+if [[ -z ${_IDEM_UP_TERMINAL:-} && -t 0 ]] && command -v python3 >/dev/null 2>&1; then
+	export _IDEM_UP_TERMINAL=1
+	exec python3 -c '
+import os, signal, sys
+ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+try:
+    old = os.getpgrp()
+    if os.tcgetpgrp(0) == old and os.getsid(0) != os.getpid():
+        os.setpgid(0, 0)
+        try:
+            os.tcsetpgrp(0, os.getpgrp())
+            os.environ["_IDEM_UP_TERMINAL_PGRP"] = str(old)
+        except OSError:
+            os.setpgid(0, old)
+except OSError:
+    pass
+signal.signal(signal.SIGTTOU, ttou)
+for s in (signal.SIGPIPE, signal.SIGXFSZ):  # python ignores them; a shell does not
+    signal.signal(s, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])
+' bash "${BASH_SOURCE[0]}" "$@"
+fi
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$IDEMPAY_ROOT"
+
+# Stopping `make up` is its normal end: after Ctrl-C or SIGTERM, exit 0 once
+# everything stopped cleanly (lib.sh).
+IDEM_SIGNAL_EXIT=clean
+
+# _up_give_back_terminal: the terminal back to the process group that had it
+# before this script took it (make's), once everything else has stopped.
+_up_give_back_terminal() {
+	python3 -c '
+import os, signal, sys
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+try:
+    os.tcsetpgrp(0, int(sys.argv[1]))
+except OSError:
+    pass
+' "$_IDEM_UP_TERMINAL_PGRP" 2>/dev/null || true
+}
+if [[ -n ${_IDEM_UP_TERMINAL_PGRP:-} ]]; then
+	idem_on_exit _up_give_back_terminal # the first hook, so it runs last
+fi
+
+STRIPE=${STRIPE:-mock}
+case $STRIPE in
+mock | fake) ;;
+*) idem_die "STRIPE must be mock (stripe-mock, the default) or fake (the Stripe fake, which declines tok_chargeDeclined); got '$STRIPE'" ;;
+esac
 
 LISTEN_ADDR=${LISTEN_ADDR:-127.0.0.1:8080}
 export LISTEN_ADDR
@@ -72,53 +136,40 @@ else
 fi
 export DATABASE_URL
 
-# 2. Binaries and stripe-mock
+# 2. Binaries and a Stripe: stripe-mock (stateless, never declines) or, with
+# STRIPE=fake, the Stripe fake (keeps its charges, declines tok_chargeDeclined).
 idem_log "building bin/idempay"
 go build -o bin/idempay ./cmd/idempay
-build_stripe_mock
-start_stripe_mock
+if [[ $STRIPE == fake ]]; then
+	build_stripe_fake
+	start_stripe_fake
+	STRIPE_API_URL=$STRIPE_FAKE_URL
+	stripe_name="the Stripe fake, STRIPE=fake"
+else
+	build_stripe_mock
+	start_stripe_mock
+	STRIPE_API_URL=$STRIPE_MOCK_URL
+	stripe_name="stripe-mock"
+fi
 # NATS JetStream for the order.paid consumer and the outbox relay: NATS_URL,
 # else the NATS on 127.0.0.1:4222, else one of our own (bin/natsdev).
 ensure_nats
-export STRIPE_API_URL=$STRIPE_MOCK_URL
+export STRIPE_API_URL
 export STRIPE_SECRET_KEY=sk_test_123
-# stripe-mock sends no webhooks: `idempay webhooks trigger` signs and posts
+# Neither Stripe sends webhooks: `idempay webhooks trigger` signs and posts
 # them with this secret, as Stripe would with an endpoint's secret.
 if [[ -z ${STRIPE_WEBHOOK_SECRET:-} ]]; then
 	STRIPE_WEBHOOK_SECRET="whsec_demo_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 fi
 export STRIPE_WEBHOOK_SECRET
 
-# 3. Schema and a demo account
+# 3. Schema
 idem_log "applying migrations"
 bin/idempay migrate
 
-idem_log "creating the demo account"
-account_json=$(bin/idempay accounts create --name demo)
-
-# json_field NAME: read a JSON object on stdin, print its string field NAME.
-json_field() {
-	if command -v python3 >/dev/null 2>&1; then
-		python3 -c '
-import json, sys
-text = sys.stdin.read().strip()
-try:
-    obj = json.loads(text)
-except ValueError:  # tolerate stray lines around the object
-    obj = json.loads([l for l in text.splitlines() if l.lstrip().startswith("{")][-1])
-print(obj[sys.argv[1]])' "$1"
-	else
-		sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\\([^\"]*\\)\".*/\\1/p" | tail -n 1
-	fi
-}
-account_id=$(json_field id <<<"$account_json") || account_id=
-api_key=$(json_field api_key <<<"$account_json") || api_key=
-[[ -n $account_id && -n $api_key ]] ||
-	idem_die "could not read id and api_key from \`idempay accounts create\` output: $account_json"
-
 # 4. Serve. The server runs in its own session so that Ctrl-C reaches only
 # this script, which then stops it once with SIGTERM (graceful shutdown) and
-# stops stripe-mock afterwards.
+# stops the Stripe afterwards.
 idem_log "starting idempay serve on $LISTEN_ADDR"
 if [[ $- != *m* ]] && command -v setsid >/dev/null 2>&1; then
 	setsid bin/idempay serve &
@@ -158,9 +209,74 @@ for ((i = 0; i < 240; i++)); do
 done
 [[ -n $ready ]] || idem_die "idempay serve did not start listening on $LISTEN_ADDR within 60s"
 
+# 5. The demo account: the one an earlier run saved in .run/demo-account, if
+# its key still works on this server (so a second `make up` shows the
+# charges of the first), else a new one, saved there. The key goes to curl
+# on stdin, never on a command line, and is printed to a terminal only.
+mkdir -p .run
+demo_account=.run/demo-account
+
+# api_key_status KEY: the status of GET /v1/charges with KEY (200: it works).
+api_key_status() {
+	curl -s -o /dev/null -w '%{http_code}' --max-time 10 -H @- "$api_url/v1/charges?limit=1" \
+		<<<"Authorization: Bearer $1" || true
+}
+
+# json_field NAME: read a JSON object on stdin, print its string field NAME.
+json_field() {
+	if command -v python3 >/dev/null 2>&1; then
+		python3 -c '
+import json, sys
+text = sys.stdin.read().strip()
+try:
+    obj = json.loads(text)
+except ValueError:  # tolerate stray lines around the object
+    obj = json.loads([l for l in text.splitlines() if l.lstrip().startswith("{")][-1])
+print(obj[sys.argv[1]])' "$1"
+	else
+		sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\\([^\"]*\\)\".*/\\1/p" | tail -n 1
+	fi
+}
+
+account_id="" api_key="" account_note=""
+if [[ -f $demo_account ]]; then
+	chmod 600 "$demo_account"
+	account_id=$(sed -n 's/^DEMO_ACCOUNT_ID=\(acct_[a-z0-9]*\)$/\1/p' "$demo_account" | tail -n 1)
+	api_key=$(sed -n 's/^DEMO_API_KEY=\(sk_idem_[0-9a-f]*\)$/\1/p' "$demo_account" | tail -n 1)
+	key_status=none
+	if [[ -n $account_id && -n $api_key ]]; then
+		key_status=$(api_key_status "$api_key")
+	fi
+	if [[ $key_status == 200 ]]; then
+		account_note="reused from $demo_account"
+		idem_log "demo account: reusing $account_id from $demo_account"
+	else
+		account_note="NEW: the account saved in $demo_account does not work on this server (GET /v1/charges with its key: $key_status); this one has no charges yet"
+		idem_log "demo account: the one saved in $demo_account does not work on this server (GET /v1/charges with its key: $key_status); creating a new one"
+		account_id="" api_key=""
+	fi
+fi
+if [[ -z $account_id ]]; then
+	idem_log "creating the demo account"
+	account_json=$(bin/idempay accounts create --name demo)
+	account_id=$(json_field id <<<"$account_json") || account_id=
+	api_key=$(json_field api_key <<<"$account_json") || api_key=
+	unset account_json
+	[[ $account_id =~ ^acct_[a-z0-9]+$ && $api_key =~ ^sk_idem_[0-9a-f]+$ ]] ||
+		idem_die "could not read id and api_key from the output of \`idempay accounts create\`"
+	(
+		umask 077
+		tmp="$demo_account.tmp.$$"
+		printf '# The demo account of make up, reused by the next run while its key works.\nDEMO_ACCOUNT_ID=%s\nDEMO_API_KEY=%s\n' \
+			"$account_id" "$api_key" >"$tmp"
+		chmod 600 "$tmp"
+		mv -f "$tmp" "$demo_account"
+	)
+	account_note=${account_note:-"NEW, saved in $demo_account for the next make up"}
+fi
+
 # What `idempay webhooks trigger` needs to reach this server and its
 # database, kept out of the terminal (the database URL may hold a password).
-mkdir -p .run
 demo_env=.run/demo.env
 (
 	umask 077
@@ -173,22 +289,55 @@ if [[ -n $consumer_metrics ]]; then
 	metrics_hint="curl -s http://$consumer_metrics/metrics | grep ^idempay_orders"
 fi
 
+# 6. The banner. The key goes to a terminal only: when the output is a file
+# (a log), the commands read the key from $demo_account instead.
 idem_key="demo-$(date +%s)-$RANDOM"
+if [[ -t 1 ]]; then
+	key_shown=$api_key
+	key_line="KEY=$api_key"
+else
+	key_shown="in $demo_account (not printed: the output is not a terminal)"
+	key_line="KEY=\$(sed -n 's/^DEMO_API_KEY=//p' $IDEMPAY_ROOT/$demo_account)"
+fi
+if [[ $STRIPE == fake ]]; then
+	decline_hint=$(
+		cat <<EOF
+ A declined card: the Stripe fake declines Stripe's test token
+ tok_chargeDeclined. The answer is 402 card-declined, a final answer that
+ is stored like a success: run it twice, the second is the replay.
+
+curl -s -i $api_url/v1/charges \\
+  -H "Authorization: Bearer \$KEY" \\
+  -H 'Idempotency-Key: $idem_key-declined' \\
+  -H 'Content-Type: application/json' \\
+  -d '{"amount":2000,"currency":"usd","payment_method":"tok_chargeDeclined"}'
+EOF
+	)
+else
+	decline_hint=$(
+		cat <<EOF
+ stripe-mock never declines a card. To see a 402 card-declined, run
+ make up STRIPE=fake instead: the Stripe fake declines tok_chargeDeclined.
+EOF
+	)
+fi
+
 cat <<EOF
 
 ==============================================================================
  idempay is running
 
    API          $api_url
-   account      $account_id (demo)
-   API key      $api_key
+   account      $account_id (demo, $account_note)
+   API key      $key_shown
    database     $(_idem_redact "$DATABASE_URL")
-   stripe-mock  $STRIPE_MOCK_URL
+   Stripe       $STRIPE_API_URL ($stripe_name)
 
- Make a charge (paste into another terminal):
+ Make a charge (paste into another terminal, in $IDEMPAY_ROOT):
 
+$key_line
 curl -s -i $api_url/v1/charges \\
-  -H 'Authorization: Bearer $api_key' \\
+  -H "Authorization: Bearer \$KEY" \\
   -H 'Idempotency-Key: $idem_key' \\
   -H 'Content-Type: application/json' \\
   -d '{"amount":2000,"currency":"usd","payment_method":"tok_visa","description":"demo charge"}'
@@ -199,14 +348,17 @@ curl -s -i $api_url/v1/charges \\
  Change the Idempotency-Key to make a new charge.
 
  Then have "Stripe" tell the server something later, as a signed webhook
- (stripe-mock sends none; this is what \`stripe trigger\` does): a dispute.
+ (neither Stripe here sends any; this is what \`stripe trigger\` does): a
+ dispute.
 
-CHARGE=\$(curl -s $api_url/v1/charges -H 'Authorization: Bearer $api_key' | grep -o '"id":"ch_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+CHARGE=\$(curl -s $api_url/v1/charges -H "Authorization: Bearer \$KEY" | grep -o '"id":"ch_[^"]*"' | head -n 1 | cut -d '"' -f 4)
 (set -a; . $demo_env; bin/idempay webhooks trigger charge.dispute.created --charge "\$CHARGE")
-curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
+curl -s $api_url/v1/charges/\$CHARGE -H "Authorization: Bearer \$KEY"
 
  Run the trigger twice: a new event each time, applied once each (the
  second is stale). Other types: idempay webhooks trigger --help.
+
+$decline_hint
 
  A billing service's order.paid message on NATS JetStream ($NATS_URL),
  charged by the consumer; publish it twice: one charge. Then the events
@@ -214,10 +366,13 @@ curl -s $api_url/v1/charges/\$CHARGE -H 'Authorization: Bearer $api_key'
 
 (set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
 (set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
-curl -s '$api_url/v1/charges?limit=1' -H 'Authorization: Bearer $api_key'
-curl -s '$api_url/v1/events?limit=3' -H 'Authorization: Bearer $api_key'
+curl -s '$api_url/v1/charges?limit=1' -H "Authorization: Bearer \$KEY"
+curl -s '$api_url/v1/events?limit=3' -H "Authorization: Bearer \$KEY"
 $metrics_hint
- Ctrl-C stops the server and stripe-mock.
+
+ Ctrl-C stops everything make up started (the server, the consumer, the
+ Stripe, a NATS of its own) and exits 0; the demo account is kept for the
+ next run.
 ==============================================================================
 
 EOF

@@ -129,7 +129,7 @@ func (k *KeysAPI) create(c echo.Context) error {
 		}
 		resp.Body = body
 	}
-	idemhttp.Write(c.Response(), resp)
+	idemhttp.Respond(c, resp)
 	return nil
 }
 
@@ -211,7 +211,7 @@ func (k *KeysAPI) revoke(c echo.Context) error {
 	if !resp.Replayed {
 		await(ctx)
 	}
-	idemhttp.Write(c.Response(), resp)
+	idemhttp.Respond(c, resp)
 	return nil
 }
 

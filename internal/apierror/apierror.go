@@ -31,7 +31,8 @@ type Type string
 // /problems/{type} describes the type; the README lists them all.
 const TypeBase = "/problems/"
 
-// The outcomes. Adding one means adding it to statusOf and to the README.
+// The outcomes. Adding one means adding it to statusOf, titleOf and docOf,
+// and to the README.
 const (
 	Unauthorized          Type = "unauthorized"
 	IdempotencyKeyMissing Type = "idempotency-key-missing"
@@ -107,6 +108,75 @@ var titleOf = map[Type]string{
 	WebhookPayloadInvalid:   "Webhook payload is not a Stripe event this endpoint understands",
 }
 
+// docOf describes each type at its URI (GET /problems/{type}): what it
+// means, and what the client should do about it. The README's error table
+// says the same in short.
+var docOf = map[Type]struct{ description, whatToDo string }{
+	Unauthorized: {
+		"The request has no Authorization: Bearer header, or its API key is unknown or revoked. Nothing was stored.",
+		"Send a valid API key as Authorization: Bearer <key>. The same Idempotency-Key may be used again."},
+	IdempotencyKeyMissing: {
+		"A POST was sent without an Idempotency-Key (or Idempotency-Token) header, which this account requires. Nothing was stored.",
+		"Send a key that is unique to this logical request, for example a UUID, and send the same key with every retry of it."},
+	IdempotencyKeyInvalid: {
+		"The Idempotency-Key is empty, longer than 255 characters, not printable ASCII, or a malformed quoted form; or Idempotency-Token is not a lower-case GUID, or names another key than Idempotency-Key. Nothing was stored.",
+		"Fix the key (1 to 255 printable ASCII characters) and send the request again."},
+	IdempotencyKeyReused: {
+		"The Idempotency-Key was already used for a different request (another method, path or body). Nothing changed: the key keeps the answer to its first request.",
+		"This is a bug on the client's side: a new request needs a new key. Retrying the first request with this key gets its stored answer."},
+	RequestInProgress: {
+		"Another request with this Idempotency-Key is being processed right now (a concurrent retry, or an earlier attempt whose server crashed and whose lock has not expired yet). Nothing changed.",
+		"Wait for the Retry-After delay, then retry with the same key and the same body: the retry gets the first request's answer."},
+	InvalidJSON: {
+		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
+		"Fix the body and send it again; the same Idempotency-Key is fine."},
+	InvalidRequest: {
+		"The body is JSON but its parameters are wrong: unknown fields, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
+		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
+	UnsupportedMediaType: {
+		"The request body is not sent as application/json. Nothing was stored.",
+		"Send the body as JSON with Content-Type: application/json; the same Idempotency-Key is fine."},
+	BodyTooLarge: {
+		"The request body is larger than 1 MiB. Nothing was stored.",
+		"Send a smaller body; the same Idempotency-Key is fine."},
+	NotFound: {
+		"No such object for this account (another account's object is indistinguishable from one that does not exist), or no such route.",
+		"Check the id or the path. Nothing was stored: the same Idempotency-Key may be used again."},
+	MethodNotAllowed: {
+		"The route exists but does not accept this HTTP method.",
+		"Use the method the API documents for the route (GET /openapi.json)."},
+	CardDeclined: {
+		"Stripe declined the card. This is a final answer: it is stored, and a retry with the same Idempotency-Key replays it. The body names the charge and the decline_code.",
+		"Do not retry with the same key: it gets the same decline. Ask the customer for another payment method, and send that attempt with a new key."},
+	PaymentRejected: {
+		"Stripe rejected the request as invalid (for example an unknown payment method token). This is a final answer: it is stored, and a retry with the same Idempotency-Key replays it.",
+		"Do not retry with the same key. Fix the request (for example the payment_method) and send it with a new key."},
+	RefundExceedsCharge: {
+		"The refund is larger than what is left to refund on the charge (refunds in flight included); refundable_amount says how much is left. Nothing was stored.",
+		"Lower the amount to at most refundable_amount, or leave it out to refund all that is left; the same Idempotency-Key is fine."},
+	ChargeNotRefundable: {
+		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
+		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
+	LastAPIKey: {
+		"The API key to revoke is the account's last active one; revoking it would lock the account out. Nothing was stored.",
+		"Create another key first (POST /v1/api_keys), then revoke this one; the same Idempotency-Key is fine."},
+	DownstreamUnavailable: {
+		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
+		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
+	ServiceUnavailable: {
+		"The database is unreachable for the moment. This answer is not stored.",
+		"Retry after Retry-After, with the same Idempotency-Key and body: that is always safe."},
+	Internal: {
+		"The server failed while handling the request: a bug. The cause is logged under the request id (X-Request-Id), never shown. This answer is not stored.",
+		"Retry with the same Idempotency-Key and body, with backoff; if it persists, report the X-Request-Id."},
+	WebhookSignatureInvalid: {
+		"A webhook delivery without a valid Stripe-Signature: missing, malformed, older than the tolerance, signed with another secret, or the body was altered. Nothing was stored.",
+		"(Stripe) Check that the endpoint's signing secret is STRIPE_WEBHOOK_SECRET (or STRIPE_WEBHOOK_SECRET_PREVIOUS during a rotation) and that the clock is right; Stripe retries the delivery."},
+	WebhookPayloadInvalid: {
+		"A signed webhook body that is not a Stripe event this endpoint understands: not an event, an event of another API version than 2023-10-16, or an event id received before with other content. Nothing was stored.",
+		"(Stripe) Set the webhook endpoint's API version to 2023-10-16."},
+}
+
 // Types lists every problem type, for documentation and for the tests that
 // keep the documentation true.
 func Types() []Type {
@@ -122,6 +192,12 @@ func (t Type) Status() int { return statusOf[t] }
 
 // Title is the short, fixed summary of t.
 func (t Type) Title() string { return titleOf[t] }
+
+// Description says what t means: when it happens and what was (not) stored.
+func (t Type) Description() string { return docOf[t].description }
+
+// WhatToDo says what a client should do about t.
+func (t Type) WhatToDo() string { return docOf[t].whatToDo }
 
 // URI is the problem "type" member for t.
 func (t Type) URI() string { return TypeBase + string(t) }

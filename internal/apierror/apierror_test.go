@@ -83,3 +83,23 @@ func TestREADMEListsEveryType(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryTypeIsDocumented: GET /problems/{type} has something to say
+// about every type: a title, what it means and what to do.
+func TestEveryTypeIsDocumented(t *testing.T) {
+	t.Parallel()
+	for _, typ := range Types() {
+		if typ.Title() == "" {
+			t.Errorf("%s: no title", typ)
+		}
+		if len(typ.Description()) < 20 {
+			t.Errorf("%s: description %q, want a sentence", typ, typ.Description())
+		}
+		if len(typ.WhatToDo()) < 20 {
+			t.Errorf("%s: what to do %q, want a sentence", typ, typ.WhatToDo())
+		}
+	}
+	if len(docOf) != len(statusOf) {
+		t.Errorf("%d types are documented, %d exist", len(docOf), len(statusOf))
+	}
+}

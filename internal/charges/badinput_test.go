@@ -268,3 +268,61 @@ func mustJSON(t testing.TB, v any) string {
 	}
 	return string(b)
 }
+
+// An unknown field does not hide the other problems: one 400 lists every
+// unknown field, every field of the wrong type and every invalid value, each
+// once, and nothing is stored.
+func TestInvalidParamsListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 100)
+
+	type param struct{ Name, Reason string }
+	for _, tc := range []struct {
+		name, path, body string
+		want             []param // names and a word of each reason, in order
+	}{
+		{"two unknown fields and a negative amount", "/v1/charges",
+			`{"amount":-5,"customer":"cus_1","currency":"usd","payment_method":"tok_visa","capture":true}`,
+			[]param{{"customer", "not a known parameter"}, {"capture", "not a known parameter"}, {"amount", "between 1 and"}}},
+		{"an unknown field and a wrong type", "/v1/charges",
+			`{"amount":"100","currency":"usd","payment_method":"tok_visa","source":"tok_visa"}`,
+			[]param{{"amount", "not a JSON string"}, {"source", "not a known parameter"}}},
+		{"an unknown field and every known field wrong", "/v1/charges",
+			`{"amount":0,"currency":"xyz","payment_method":"","metadata":{"k":1},"amout":100}`,
+			[]param{{"metadata", "must be a string"}, {"amout", "not a known parameter"}, {"amount", "between 1 and"},
+				{"currency", "ISO 4217"}, {"payment_method", "is required"}}},
+		{"a refund with an unknown field and a bad amount", "/v1/refunds",
+			`{"charge":"` + ch.ID + `","reason":"duplicate","amount":-1}`,
+			[]param{{"reason", "not a known parameter"}, {"amount", "between 1 and"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := newKey()
+			before := countRows(t, env.Pool, c.Account.ID)
+			resp := c.Post(tc.path, key, tc.body)
+			wantProblem(t, resp, http.StatusBadRequest, "invalid-request")
+			var doc struct {
+				InvalidParams []param `json:"invalid_params"`
+			}
+			resp.JSON(t, &doc)
+			if len(doc.InvalidParams) != len(tc.want) {
+				t.Fatalf("invalid_params has %d entries, want %d; body %s", len(doc.InvalidParams), len(tc.want), resp.Body)
+			}
+			for i, w := range tc.want {
+				got := doc.InvalidParams[i]
+				if got.Name != w.Name {
+					t.Errorf("invalid_params[%d].name %q, want %q", i, got.Name, w.Name)
+				}
+				if !strings.Contains(got.Reason, w.Reason) {
+					t.Errorf("invalid_params[%d] (%s).reason %q, want it to contain %q", i, got.Name, got.Reason, w.Reason)
+				}
+			}
+			if now := countRows(t, env.Pool, c.Account.ID); now != before {
+				t.Errorf("rows of the account: %d keys, %d charges, %d refunds before; %d, %d, %d after",
+					before.Keys, before.Charges, before.Refunds, now.Keys, now.Charges, now.Refunds)
+			}
+		})
+	}
+}

@@ -75,7 +75,7 @@ func (s *Service) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 // run is the shared shape of every POST: the front half (key, body,
 // fingerprint; idemhttp.Read), the body's own validation, then the runner.
 // Anything rejected before the runner never touches the idempotency table.
-func (s *Service) run(c echo.Context, route string, params interface{ validate() error },
+func (s *Service) run(c echo.Context, route string, params params,
 	op func(acct accounts.Account) idempotency.Operation) error {
 	acct := accounts.FromContext(c)
 	ctx := c.Request().Context()
@@ -87,7 +87,7 @@ func (s *Service) run(c echo.Context, route string, params interface{ validate()
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
-	idemhttp.Write(c.Response(), resp)
+	idemhttp.Respond(c, resp)
 	return nil
 }
 
@@ -142,12 +142,9 @@ func serverKey(prefix string) string {
 
 // execute is what every entry point does once it has a Request: decode and
 // validate the body (a refusal stores nothing), then run the operation.
-func (s *Service) execute(ctx context.Context, req idempotency.Request, params interface{ validate() error },
+func (s *Service) execute(ctx context.Context, req idempotency.Request, params params,
 	op idempotency.Operation) (idempotency.Response, error) {
-	if err := decodeStrict(req.Body, params); err != nil {
-		return idempotency.Response{}, err
-	}
-	if err := params.validate(); err != nil {
+	if err := decodeParams(req.Body, params); err != nil {
 		return idempotency.Response{}, err
 	}
 	return s.runner.Run(ctx, req, op)

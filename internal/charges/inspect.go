@@ -42,12 +42,15 @@ type IdempotencyKey struct {
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	ResponseStatus *int32     `json:"response_status"`
 	// DownstreamKey is the Idempotency-Key sent to Stripe for this record.
-	DownstreamKey string     `json:"downstream_key"`
-	Charge        *string    `json:"charge"`
-	Refund        *string    `json:"refund"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
-	FinishedAt    *time.Time `json:"finished_at"`
+	DownstreamKey string `json:"downstream_key"`
+	// Charge is the charge the record created, or for a refund's record the
+	// charge it refunds.
+	Charge *string `json:"charge"`
+	// Refund is the refund a refund's record created.
+	Refund     *string    `json:"refund"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	FinishedAt *time.Time `json:"finished_at"`
 }
 
 func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
@@ -61,6 +64,9 @@ func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
 		ResponseStatus: row.ResponseStatus, DownstreamKey: rec.DownstreamKey(),
 		Charge: row.ChargeID, Refund: row.RefundID,
 		CreatedAt: row.CreatedAt.UTC(), UpdatedAt: row.UpdatedAt.UTC(), FinishedAt: utc(row.FinishedAt),
+	}
+	if out.Charge == nil {
+		out.Charge = row.RefundChargeID
 	}
 	if row.RecoveryPoint != idempotency.PointFinished {
 		out.NextAttemptAt = utc(&row.NextAttemptAt)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -38,28 +39,121 @@ var (
 	chargeIDPattern      = regexp.MustCompile(`^ch_[a-z0-9]+$`)
 )
 
-// decodeStrict decodes a JSON object into dst, rejecting unknown fields and
-// wrong types with a problem that names the field.
-func decodeStrict(raw []byte, dst any) error {
+// params is a request body type: a struct whose json tags name its fields,
+// with its own validation of their values.
+type params interface{ validate() error }
+
+// decodeParams decodes the JSON object raw into dst and validates it. It
+// reports every problem at once, in one 400 invalid-request whose
+// invalid_params name each field: every unknown field (in the order of the
+// body), every known field of the wrong type, and every failed check of the
+// known fields (dst.validate). So a client that sends a typo and a bad
+// amount learns of both. A body that is not a JSON object is refused as
+// such. Field names match the json tags as encoding/json matches them
+// (case-insensitively).
+func decodeParams(raw []byte, dst params) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(dst)
-	if err == nil {
-		return nil
-	}
-	var typeErr *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &typeErr) && typeErr.Field == "":
-		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
-	case errors.As(err, &typeErr):
-		return apierror.Invalid(apierror.InvalidParam{Name: typeErr.Field,
-			Reason: fmt.Sprintf("must be %s, not a JSON %s", expected(typeErr), typeErr.Value)})
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return apierror.Invalid(apierror.InvalidParam{Name: name, Reason: "is not a known parameter"})
-	default:
+	if tok, err := dec.Token(); err != nil {
 		return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
 	}
+	known := jsonFields(dst)
+	var bad []apierror.InvalidParam
+	failed := map[string]bool{} // fields already named, not validated again
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+		}
+		name, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+		}
+		field, ok := knownField(known, name)
+		if !ok {
+			if !failed[name] {
+				bad = append(bad, apierror.InvalidParam{Name: name, Reason: "is not a known parameter"})
+				failed[name] = true
+			}
+			continue
+		}
+		// Decode this field alone, so that a wrong type here does not hide
+		// the other fields; the error names the field (or the member of it).
+		one, err := json.Marshal(map[string]json.RawMessage{name: value})
+		if err != nil {
+			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+		}
+		if err := json.Unmarshal(one, dst); err != nil {
+			var typeErr *json.UnmarshalTypeError
+			if !errors.As(err, &typeErr) {
+				return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+			}
+			param := typeErr.Field
+			if param == "" {
+				param = field
+			}
+			if !failed[field] {
+				bad = append(bad, apierror.InvalidParam{Name: param,
+					Reason: fmt.Sprintf("must be %s, not a JSON %s", expected(typeErr), typeErr.Value)})
+				failed[field] = true
+			}
+		}
+	}
+	if err := dst.validate(); err != nil {
+		var pe *apierror.Error
+		if !errors.As(err, &pe) || pe.Type != apierror.InvalidRequest {
+			return err
+		}
+		for _, p := range pe.InvalidParams {
+			if !failed[baseField(p.Name)] { // already named for its type
+				bad = append(bad, p)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// jsonFields lists the json names of the fields of the struct dst points to.
+func jsonFields(dst any) []string {
+	t := reflect.TypeOf(dst).Elem()
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// knownField is the field that the body member name decodes into, as
+// encoding/json matches it: exactly, or else case-insensitively.
+func knownField(fields []string, name string) (string, bool) {
+	for _, f := range fields {
+		if f == name {
+			return f, true
+		}
+	}
+	for _, f := range fields {
+		if strings.EqualFold(f, name) {
+			return f, true
+		}
+	}
+	return "", false
+}
+
+// baseField is the top-level field an invalid_params name is about
+// ("metadata[k]" and "metadata.k" are about metadata).
+func baseField(name string) string {
+	if i := strings.IndexAny(name, "[."); i >= 0 {
+		return name[:i]
+	}
+	return name
 }
 
 func expected(e *json.UnmarshalTypeError) string {

@@ -247,7 +247,8 @@ SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
        ik.finished_at,
        c.id AS charge_id,
-       r.id AS refund_id
+       r.id AS refund_id,
+       r.charge_id AS refund_charge_id
 FROM idempotency_keys ik
 LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
@@ -271,11 +272,13 @@ type IdempotencyKeyInspectRow struct {
 	FinishedAt     *time.Time
 	ChargeID       *string
 	RefundID       *string
+	RefundChargeID *string
 }
 
 // One account's record with the id of the ledger row it created, for GET
-// /v1/idempotency_keys/{key}. It selects the state only: never the stored
-// response body or headers, nor the fingerprint.
+// /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
+// a refund's record, and the charge it refunds. It selects the state only:
+// never the stored response body or headers, nor the fingerprint.
 func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, scope string, key string) (IdempotencyKeyInspectRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyInspect, scope, key)
 	var i IdempotencyKeyInspectRow
@@ -296,6 +299,7 @@ func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, scope stri
 		&i.FinishedAt,
 		&i.ChargeID,
 		&i.RefundID,
+		&i.RefundChargeID,
 	)
 	return i, err
 }

@@ -133,6 +133,10 @@ type Response struct {
 	Body   []byte
 	// Replayed is true when the response comes from the store.
 	Replayed bool
+	// RecordID is the id of the record that answered (Run sets it, on a
+	// replay too), for the caller's logs. It is not part of the stored
+	// response and never sent to a client.
+	RecordID string
 }
 
 // Step is what an Operation's downstream call tells the runner. It is one of
@@ -242,7 +246,12 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	// From here on the request is detached from the caller: a client that
 	// hangs up must not abort a charge half way. Each downstream call has
 	// its own timeout, and the finishing writes have FinishTimeout.
-	return r.drive(context.WithoutCancel(ctx), rec, op)
+	resp, err := r.drive(context.WithoutCancel(ctx), rec, op)
+	if err != nil {
+		return Response{}, err
+	}
+	resp.RecordID = rec.ID
+	return resp, nil
 }
 
 // claim takes ownership of the key, or says why not. It reads first: a
@@ -336,7 +345,7 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", id, err)
 		}
 	}
-	return &Response{Status: int(*status), Header: h, Body: body, Replayed: true}, nil
+	return &Response{Status: int(*status), Header: h, Body: body, Replayed: true, RecordID: id}, nil
 }
 
 // drive is the lifecycle of a record this process owns at

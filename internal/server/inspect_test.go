@@ -81,16 +81,33 @@ func TestInspectKey(t *testing.T) {
 		t.Errorf("stripe saw downstream key %s %d times, want 1", st.DownstreamKey, n)
 	}
 
-	// A refund names its refund.
+	// A refund's record names its refund and the charge it refunds.
 	rf := c.Post("/v1/refunds", "refund 1", map[string]any{"charge": ch.ID, "amount": 100})
 	if rf.Status != http.StatusCreated {
 		t.Fatalf("refund: %d %s", rf.Status, rf.Body)
 	}
 	var refund struct{ ID string }
 	rf.JSON(t, &refund)
-	if r, st := inspect(t, c, "refund 1"); r.Status != http.StatusOK || st.Refund == nil || *st.Refund != refund.ID ||
-		st.Charge != nil || st.RequestRoute != "/v1/refunds" {
-		t.Errorf("refund record: %d %s", r.Status, r.Body)
+	r, st = inspect(t, c, "refund 1")
+	if r.Status != http.StatusOK {
+		t.Fatalf("inspect refund record: %d %s", r.Status, r.Body)
+	}
+	if st.Refund == nil || *st.Refund != refund.ID {
+		t.Errorf("refund record: refund %v, want %s", deref(st.Refund), refund.ID)
+	}
+	if st.Charge == nil || *st.Charge != ch.ID {
+		t.Errorf("refund record: charge %v, want %s (the refunded charge)", deref(st.Charge), ch.ID)
+	}
+	if st.RequestRoute != "/v1/refunds" {
+		t.Errorf("refund record: request_route %q, want /v1/refunds", st.RequestRoute)
+	}
+	// A record that made no ledger row (an API key) names neither.
+	if k := c.Post("/v1/api_keys", "api key 1", map[string]any{}); k.Status != http.StatusCreated {
+		t.Fatalf("api key: %d %s", k.Status, k.Body)
+	}
+	if r, st := inspect(t, c, "api key 1"); r.Status != http.StatusOK || st.Charge != nil || st.Refund != nil {
+		t.Errorf("api key record: status %d, charge %s, refund %s, want 200 and both null",
+			r.Status, deref(st.Charge), deref(st.Refund))
 	}
 
 	// Unknown outcome at Stripe: resumable, with the error and the ledger row.
@@ -134,4 +151,12 @@ func TestInspectKey(t *testing.T) {
 	if r := c.Do(req); r.Status != http.StatusUnauthorized {
 		t.Errorf("without an API key: %d", r.Status)
 	}
+}
+
+// deref shows a nullable member in a failure message.
+func deref(s *string) string {
+	if s == nil {
+		return "null"
+	}
+	return *s
 }

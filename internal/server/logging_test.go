@@ -129,3 +129,79 @@ func TestLogs(t *testing.T) {
 		t.Errorf("the charge request has no log line")
 	}
 }
+
+// TestRequestLineNamesRecord checks that the one "request" line of a POST
+// carries the id of the idempotency record that answered it, for the first
+// request and for its replay, so that one grep goes from a key (its record
+// id, as GET /v1/idempotency_keys shows it) to the requests it answered.
+func TestRequestLineNamesRecord(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(&logs, nil)})
+	c := env.NewClient(t)
+	body := map[string]any{"amount": 1200, "currency": "usd", "payment_method": "tok_visa"}
+
+	first := c.Post("/v1/charges", "line-1", body)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("charge: status %d, want 201; body %s", first.Status, first.Body)
+	}
+	replay := c.Post("/v1/charges", "line-1", body)
+	if replay.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: status %d, Idempotent-Replayed %q, want 201 and true",
+			replay.Status, replay.Header.Get("Idempotent-Replayed"))
+	}
+	var ch struct{ ID string }
+	first.JSON(t, &ch)
+	refund := c.Post("/v1/refunds", "line-refund-1", map[string]any{"charge": ch.ID, "amount": 200})
+	if refund.Status != http.StatusCreated {
+		t.Fatalf("refund: status %d, want 201; body %s", refund.Status, refund.Body)
+	}
+	list := c.Get("/v1/charges")
+	if list.Status != http.StatusOK {
+		t.Fatalf("list: status %d, want 200", list.Status)
+	}
+	for _, h := range []string{"Idempotency-Key-Id", "X-Idempotency-Key-Id"} {
+		if v := first.Header.Get(h); v != "" {
+			t.Errorf("the response carries %s: %q", h, v)
+		}
+	}
+
+	_, chargeRec := inspect(t, c, "line-1")
+	_, refundRec := inspect(t, c, "line-refund-1")
+	if !strings.HasPrefix(chargeRec.ID, "ik_") || !strings.HasPrefix(refundRec.ID, "ik_") {
+		t.Fatalf("record ids %q and %q, want ik_...", chargeRec.ID, refundRec.ID)
+	}
+
+	// The request line of each response, by its request id.
+	requestLine := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		if rec["msg"] == "request" {
+			id, _ := rec["request_id"].(string)
+			requestLine[id] = rec
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		resp *apitest.Response
+		want string // "" = no idempotency_key_id
+	}{
+		{"the first POST /v1/charges", first, chargeRec.ID},
+		{"its replay", replay, chargeRec.ID},
+		{"POST /v1/refunds", refund, refundRec.ID},
+		{"GET /v1/charges", list, ""},
+	} {
+		line, ok := requestLine[tc.resp.Header.Get("X-Request-Id")]
+		if !ok {
+			t.Errorf("%s: no request line with request_id %q", tc.name, tc.resp.Header.Get("X-Request-Id"))
+			continue
+		}
+		got, _ := line["idempotency_key_id"].(string)
+		if got != tc.want {
+			t.Errorf("%s: request line idempotency_key_id %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -120,13 +121,24 @@ func New(d Deps) *echo.Echo {
 	return e
 }
 
+// problemDoc is GET /problems/{type}: the type's URI, title and status, what
+// it means, and what a client should do about it.
+type problemDoc struct {
+	Type        string `json:"type"`
+	Title       string `json:"title"`
+	Status      int    `json:"status"`
+	Description string `json:"description"`
+	WhatToDo    string `json:"what_to_do"`
+}
+
 // describeProblem serves the documentation of a problem type at its URI.
 func describeProblem(c echo.Context) error {
 	t := apierror.Type(c.Param("type"))
 	if t.Status() == 0 {
 		return apierror.New(apierror.NotFound, "No such problem type.")
 	}
-	return c.JSON(http.StatusOK, map[string]any{"type": t.URI(), "title": t.Title(), "status": t.Status()})
+	return c.JSON(http.StatusOK, problemDoc{Type: t.URI(), Title: t.Title(), Status: t.Status(),
+		Description: t.Description(), WhatToDo: t.WhatToDo()})
 }
 
 // maxRequestIDLength bounds a client-supplied X-Request-Id.
@@ -166,7 +178,8 @@ func validRequestID(id string) bool {
 const unmatchedRoute = "unmatched"
 
 // requestLogger logs one line per request and records its metrics. The line
-// carries the request id (from the context, through LogHandler) and never
+// carries the request id (from the context, through LogHandler), the
+// idempotency record's id when one answered (idempotency_key_id), and never
 // the Authorization header or the body. The route is the pattern
 // (/v1/charges/:id), never the raw path.
 func requestLogger(log *slog.Logger, m *metrics.Metrics, routes map[string]bool) echo.MiddlewareFunc {
@@ -184,10 +197,15 @@ func requestLogger(log *slog.Logger, m *metrics.Metrics, routes map[string]bool)
 				route = unmatchedRoute
 			}
 			m.ObserveHTTP(req.Method, route, res.Status, elapsed)
-			log.InfoContext(req.Context(), "request",
-				"method", req.Method, "route", route, "status", res.Status,
-				"duration_ms", float64(elapsed.Microseconds())/1000,
-				"replayed", res.Header().Get("Idempotent-Replayed") == "true")
+			attrs := []any{"method", req.Method, "route", route, "status", res.Status,
+				"duration_ms", float64(elapsed.Microseconds()) / 1000,
+				"replayed", res.Header().Get("Idempotent-Replayed") == "true"}
+			// The record that answered (a new request or a replay), so that
+			// one grep goes from a key's record to its requests.
+			if id := idemhttp.RecordID(c); id != "" {
+				attrs = append(attrs, "idempotency_key_id", id)
+			}
+			log.InfoContext(req.Context(), "request", attrs...)
 			return nil
 		}
 	}

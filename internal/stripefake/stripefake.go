@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -193,7 +194,26 @@ type response struct {
 // New starts a fake on 127.0.0.1 with a random port. It uses a real TCP
 // listener so that other processes, not only this one, can reach it.
 func New() *Server {
-	s := &Server{
+	s := newServer()
+	s.http = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
+	return s
+}
+
+// NewListener starts a fake that serves on l, an address of the caller's
+// choosing (cmd/stripefake serves one as a process for `make up
+// STRIPE=fake`). It behaves like New's; Close closes l.
+func NewListener(l net.Listener) *Server {
+	s := newServer()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(s.serveHTTP))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	s.http = srv
+	return s
+}
+
+func newServer() *Server {
+	return &Server{
 		closing:    make(chan struct{}),
 		keyCounts:  make(map[string]int),
 		idem:       make(map[string]*idemEntry),
@@ -201,8 +221,6 @@ func New() *Server {
 		refundByID: make(map[string]*Refund),
 		faultDelay: defaultFaultDelay,
 	}
-	s.http = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
-	return s
 }
 
 // URL returns the base URL, such as http://127.0.0.1:PORT, to hand to

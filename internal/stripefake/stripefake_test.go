@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -493,5 +494,42 @@ func TestUnknownRoute(t *testing.T) {
 	var e struct{ Error apiError }
 	if resp.StatusCode != http.StatusNotFound || json.Unmarshal(body, &e) != nil || e.Error.Type != "invalid_request_error" {
 		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+}
+
+// NewListener serves the same fake on the caller's listener (cmd/stripefake,
+// for make up STRIPE=fake): there, and nowhere else, it charges and declines.
+func TestNewListenerServesOnIt(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := NewListener(l)
+	t.Cleanup(fake.Close)
+	if want := "http://" + l.Addr().String(); fake.URL() != want {
+		t.Fatalf("URL %q, want %q", fake.URL(), want)
+	}
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(fake.URL()),
+		MaxNetworkRetries: stripe.Int64(0),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	sc := client.New("sk_test_fake", &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+
+	if _, err := sc.Charges.New(chargeParams("listener-ok", 500, "tok_visa")); err != nil {
+		t.Fatalf("charge: %v", err)
+	}
+	_, err = sc.Charges.New(chargeParams("listener-declined", 500, "tok_chargeDeclined"))
+	if se := stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard); se.DeclineCode != "generic_decline" {
+		t.Errorf("decline_code %q, want generic_decline", se.DeclineCode)
+	}
+	if n := len(fake.Charges()); n != 2 {
+		t.Errorf("the fake holds %d charges, want 2", n)
+	}
+	fake.Close()
+	if c, err := net.DialTimeout("tcp", l.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Errorf("the listener still accepts connections after Close")
 	}
 }

@@ -159,7 +159,7 @@ func (h *Handler) receive(c echo.Context) error {
 		h.recordFailure(r.Context(), ev.ID, err)
 		return err // 503 when the database is down, else 500: Stripe retries
 	}
-	idemhttp.Write(c.Response(), resp)
+	idemhttp.Respond(c, resp)
 	return nil
 }
 

@@ -102,6 +102,26 @@ func ReadBody(c echo.Context, scope idempotency.Scope, route, key string) (idemp
 	return req, nil
 }
 
+// ContextKeyRecordID is the echo context key under which Respond leaves the
+// id of the idempotency record that answered the request, for the request
+// log line (idempotency_key_id). It is never sent to the client.
+const ContextKeyRecordID = "idempotency_key_id"
+
+// Respond is Write for an echo handler: it also notes resp's record id on c
+// (ContextKeyRecordID), so that the request's log line names its record.
+func Respond(c echo.Context, resp idempotency.Response) {
+	if resp.RecordID != "" {
+		c.Set(ContextKeyRecordID, resp.RecordID)
+	}
+	Write(c.Response(), resp)
+}
+
+// RecordID is the record id Respond noted on c, or "".
+func RecordID(c echo.Context) string {
+	id, _ := c.Get(ContextKeyRecordID).(string)
+	return id
+}
+
 // Write sends resp; a replay carries Idempotent-Replayed: true (I2).
 func Write(w http.ResponseWriter, resp idempotency.Response) {
 	h := w.Header()

@@ -1,0 +1,75 @@
+// Command stripefake serves the test suite's Stripe fake (internal/stripefake)
+// as a process, on loopback, for development only: `make up STRIPE=fake`
+// runs it instead of stripe-mock. Unlike stripe-mock it keeps the charges it
+// makes, replays a repeated Idempotency-Key as Stripe does, and honours
+// Stripe's documented test tokens, so a demo can see a decline:
+// tok_chargeDeclined (generic_decline) and
+// tok_chargeDeclinedInsufficientFunds (insufficient_funds) answer 402, and a
+// payment method that is not a token (card_x) a 400 that idempay reports as
+// 422 payment-rejected. It holds everything in memory and forgets it on
+// exit.
+//
+//	stripefake [-addr 127.0.0.1:12112]
+//
+// Once it accepts connections it prints one line, `stripefake: ready
+// http://HOST:PORT`, to stdout; it exits 0 on SIGINT or SIGTERM. Port 0
+// picks a free port.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "stripefake:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	addr := flag.String("addr", "127.0.0.1:12112", "listen address, host:port (loopback only)")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", flag.Args())
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	if !isLoopback(host) {
+		return fmt.Errorf("-addr: host %q is not a loopback address", host)
+	}
+
+	// Catch signals before announcing readiness, so that a signal right
+	// after the ready line still ends the process cleanly.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+
+	l, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	fake := stripefake.NewListener(l)
+	fmt.Printf("stripefake: ready %s\n", fake.URL())
+
+	got := <-sig
+	fmt.Fprintf(os.Stderr, "stripefake: %v, shutting down\n", got)
+	fake.Close()
+	return nil
+}
+
+func isLoopback(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
