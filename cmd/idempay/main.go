@@ -176,7 +176,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The auth cache forgets a revoked key in every process at once (I11).
 	auth := accounts.NewAuthenticator(a.pool, cfg.AuthCacheTTL)
 	wg.Go(func() { auth.Listen(bg, a.pool, log) })
-	a.keys.Auth = auth
 	srv := &http.Server{
 		Addr: cfg.ListenAddr,
 		Handler: server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics,

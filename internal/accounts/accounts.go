@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/db"
@@ -112,15 +113,22 @@ func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
 	return accountOf(row), nil
 }
 
-// SetMode sets the account's idempotency mode; every server process sees
-// it on the account's next request.
-func SetMode(ctx context.Context, dbb db.Beginner, id, mode string) error {
+// SetMode sets the account's idempotency mode. It returns once every
+// server process has forgotten the account's cached state (or after a
+// second), so the account's next request, wherever it goes, is under the
+// new mode.
+func SetMode(ctx context.Context, pool *pgxpool.Pool, id, mode string) error {
 	switch mode {
 	case ModeRequired, ModeOptional, ModeShadow:
 	default:
 		return fmt.Errorf("mode %q: want %s, %s or %s", mode, ModeRequired, ModeOptional, ModeShadow)
 	}
-	_, err := db.WithTx(ctx, dbb, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+	iv, err := expectInvalidation(ctx, pool, accountChanged+id)
+	if err != nil {
+		return fmt.Errorf("preparing the mode change: %w", err)
+	}
+	defer iv.close()
+	_, err = db.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 		n, err := dbsqlc.New().AccountSetMode(ctx, tx, mode, id)
 		if err != nil {
 			return struct{}{}, fmt.Errorf("setting mode: %w", err)
@@ -130,6 +138,9 @@ func SetMode(ctx context.Context, dbb db.Beginner, id, mode string) error {
 		}
 		return struct{}{}, notify(ctx, tx, accountChanged+id)
 	})
+	if err == nil {
+		iv.wait(ctx, pool)
+	}
 	return err
 }
 

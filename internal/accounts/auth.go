@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
@@ -38,7 +39,7 @@ const (
 // listenStatement is the one statement a listening connection runs; its
 // text identifies the listeners in pg_stat_activity, which is how the
 // revoking process knows how many acknowledgements to wait for.
-const listenStatement = "LISTEN " + authChannel + "; LISTEN " + ackChannel
+const listenStatement = "LISTEN " + authChannel
 
 // notify queues the invalidation msg in tx: PostgreSQL delivers it to every
 // listener when, and only if, tx commits.
@@ -68,13 +69,6 @@ type Authenticator struct {
 
 	mu    sync.Mutex
 	cache map[[sha256.Size]byte]cachedAccount
-	// pool is the listener's pool (set by Listen): acknowledgements go out
-	// on it.
-	pool *pgxpool.Pool
-	// acks counts, per message this process awaits, the processes that
-	// acknowledged it; arrived is signalled at each acknowledgement.
-	acks    map[string]int
-	arrived *sync.Cond
 }
 
 type cachedAccount struct {
@@ -84,9 +78,7 @@ type cachedAccount struct {
 
 // NewAuthenticator returns an Authenticator over db; ttl 0 turns the cache off.
 func NewAuthenticator(db dbsqlc.DBTX, ttl time.Duration) *Authenticator {
-	a := &Authenticator{db: db, ttl: ttl, cache: map[[sha256.Size]byte]cachedAccount{}, acks: map[string]int{}}
-	a.arrived = sync.NewCond(&a.mu)
-	return a
+	return &Authenticator{db: db, ttl: ttl, cache: map[[sha256.Size]byte]cachedAccount{}}
 }
 
 func (a *Authenticator) caching() bool {
@@ -147,49 +139,56 @@ func (a *Authenticator) forget(msg string) {
 	}
 }
 
-// ExpectRevocation prepares the process that is about to commit the
-// revocation of the key whose hash is keyHash: call it before the commit,
-// then await after it (or cancel if it did not commit). await forgets the
-// key here at once, then waits until every listening process (those whose
-// listening connection pg_stat_activity shows) has acknowledged applying
-// the revocation, for at most a second: so the DELETE answers only once the
-// key is refused everywhere (I11), and a wedged process cannot hold it up
-// for long. Without a listener here it does not wait.
-func (a *Authenticator) ExpectRevocation(keyHash []byte) (await func(context.Context), cancel func()) {
-	msg := keyRevoked + hex.EncodeToString(keyHash)
-	a.mu.Lock()
-	a.acks[msg] = 0
-	a.mu.Unlock()
-	cancel = func() {
-		a.mu.Lock()
-		delete(a.acks, msg)
-		a.mu.Unlock()
+// invalidation is a change of keys or accounts about to commit, whose
+// sender waits for every listening process to have applied it.
+type invalidation struct {
+	conn *pgx.Conn // LISTENs on the acknowledgement channel
+	msg  string
+}
+
+// expectInvalidation prepares a change about to commit: it subscribes to
+// the acknowledgements before the commit, so that none is missed. Call wait
+// after the commit, and close in any case.
+func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, msg string) (*invalidation, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
 	}
-	await = func(ctx context.Context) {
-		a.mu.Lock()
-		delete(a.cache, [sha256.Size]byte(keyHash))
-		pool := a.pool
-		a.mu.Unlock()
-		if !a.subscribed.Load() || pool == nil {
+	conn := pc.Hijack() // a listening connection goes back to no other user
+	if _, err := conn.Exec(ctx, "LISTEN "+ackChannel); err != nil {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+		return nil, err
+	}
+	return &invalidation{conn: conn, msg: msg}, nil
+}
+
+// wait returns once every listening process (those whose listening
+// connection pg_stat_activity shows) has acknowledged the message, or after
+// a second: so a revocation or a mode change answers only once it applies
+// everywhere (I11), and a wedged process cannot hold it up for long.
+func (iv *invalidation) wait(ctx context.Context, pool *pgxpool.Pool) {
+	var listeners int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query = $1`, listenStatement).Scan(&listeners); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	for acks := 0; acks < listeners; {
+		n, err := iv.conn.WaitForNotification(ctx)
+		if err != nil {
 			return
 		}
-		var listeners int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = $1`, listenStatement).Scan(&listeners); err != nil {
-			return
-		}
-		deadline := time.Now().Add(time.Second)
-		stop := context.AfterFunc(ctx, func() { a.mu.Lock(); a.arrived.Broadcast(); a.mu.Unlock() })
-		defer stop()
-		timer := time.AfterFunc(time.Second, func() { a.mu.Lock(); a.arrived.Broadcast(); a.mu.Unlock() })
-		defer timer.Stop()
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for a.acks[msg] < listeners && time.Now().Before(deadline) && ctx.Err() == nil {
-			a.arrived.Wait()
+		if n.Payload == iv.msg {
+			acks++
 		}
 	}
-	return await, cancel
+}
+
+func (iv *invalidation) close() {
+	if iv != nil {
+		iv.conn.Close(context.Background()) //nolint:errcheck
+	}
 }
 
 // Listen subscribes to the invalidation channel on a connection of its own
@@ -197,9 +196,6 @@ func (a *Authenticator) ExpectRevocation(keyHash []byte) (await func(context.Con
 // (before the first LISTEN, after a lost connection) the cache is not used,
 // so no process trusts a key it may have missed the revocation of.
 func (a *Authenticator) Listen(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) {
-	a.mu.Lock()
-	a.pool = pool
-	a.mu.Unlock()
 	a.listened.Store(true)
 	for ctx.Err() == nil {
 		err := a.listenOnce(ctx, pool, log)
@@ -238,22 +234,15 @@ func (a *Authenticator) listenOnce(ctx context.Context, pool *pgxpool.Pool, log 
 		if err != nil {
 			return err
 		}
-		switch n.Channel {
-		case authChannel:
-			a.forget(n.Payload)
-			// Acknowledge on another connection: this one only listens.
-			go func(msg string) {
-				if _, err := pool.Exec(context.WithoutCancel(ctx), "SELECT pg_notify($1, $2)", ackChannel, msg); err != nil {
-					log.WarnContext(ctx, "auth cache: acknowledging an invalidation", "err", err)
-				}
-			}(n.Payload)
-		case ackChannel:
-			a.mu.Lock()
-			if _, awaited := a.acks[n.Payload]; awaited {
-				a.acks[n.Payload]++
-				a.arrived.Broadcast()
-			}
-			a.mu.Unlock()
+		if n.Channel != authChannel {
+			continue // another process's acknowledgement
 		}
+		a.forget(n.Payload)
+		// Acknowledge on another connection: this one only listens.
+		go func(msg string) {
+			if _, err := pool.Exec(context.WithoutCancel(ctx), "SELECT pg_notify($1, $2)", ackChannel, msg); err != nil {
+				log.WarnContext(ctx, "auth cache: acknowledging an invalidation", "err", err)
+			}
+		}(n.Payload)
 	}
 }

@@ -37,9 +37,6 @@ type KeysAPI struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
 	runner *idempotency.Runner
-	// Auth, when set, is this process's authenticator: a revocation waits
-	// for its invalidation to arrive before it answers.
-	Auth *Authenticator
 }
 
 // NewKeysAPI returns the API and registers its operations with the runner,
@@ -180,13 +177,20 @@ func (k *KeysAPI) revoke(c echo.Context) error {
 		return err
 	}
 	id := c.Param("id")
-	// Know the key's hash before the revocation commits, to wait for its
-	// invalidation after.
-	await, cancel := func(context.Context) {}, func() {}
-	if row, err := k.q.APIKeyGetByID(ctx, k.pool, acct.ID, id); err == nil && row.RevokedAt == nil && k.Auth != nil {
-		await, cancel = k.Auth.ExpectRevocation(row.KeyHash)
+	// Know the key's hash before the revocation commits, to wait after it
+	// for every process to have forgotten the key (I11).
+	var iv *invalidation
+	if row, err := k.q.APIKeyGetByID(ctx, k.pool, acct.ID, id); err == nil && row.RevokedAt == nil {
+		if iv, err = expectInvalidation(ctx, k.pool, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
+			return fmt.Errorf("preparing the revocation: %w", err)
+		}
 	}
-	defer cancel()
+	defer iv.close()
+	await := func(ctx context.Context) {
+		if iv != nil {
+			iv.wait(ctx, k.pool)
+		}
+	}
 	if !present {
 		if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, k.revokeTx(ctx, tx, acct.ID, id)

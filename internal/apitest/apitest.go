@@ -111,7 +111,6 @@ func New(t testing.TB, opts Options) *Env {
 	go func() { env.Auth.Listen(lctx, env.Pool, env.Log); close(listened) }()
 	t.Cleanup(func() { stopListen(); <-listened })
 	keys := accounts.NewKeysAPI(env.Pool, env.Runner)
-	keys.Auth = env.Auth
 	env.Webhooks = webhooks.New(env.Pool, env.Runner, env.Charges, webhooks.Config{
 		Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret,
 		Observe: env.Metrics.ObserveWebhook, ObserveLag: env.Metrics.ObserveWebhookLag,
