@@ -14,7 +14,11 @@ SET locked_at = now(),
     lock_generation = idempotency_keys.lock_generation + 1,
     updated_at = now()
 WHERE idempotency_keys.recovery_point <> 'finished'
-  AND idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint
+  -- A version-1 record is compared with the request's version-1
+  -- fingerprint (NULL when the caller did not compute one: no match).
+  AND CASE WHEN idempotency_keys.fingerprint_version = 1
+           THEN idempotency_keys.request_fingerprint = sqlc.narg(legacy_fingerprint)::bytea
+           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
   AND (idempotency_keys.locked_at IS NULL
        OR idempotency_keys.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
 RETURNING *;
@@ -22,7 +26,7 @@ RETURNING *;
 -- name: IdempotencyKeyGetByScopeKey :one
 -- The read before a claim, and the whole of a replay: only the columns that
 -- tell replay, mismatch and in-flight apart, and the stored response.
-SELECT id, request_fingerprint, recovery_point, locked_at,
+SELECT id, request_fingerprint, fingerprint_version, recovery_point, locked_at,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
 

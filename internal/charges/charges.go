@@ -79,11 +79,19 @@ func (s *Service) run(c echo.Context, route string, params params,
 	op func(acct accounts.Account) idempotency.Operation) error {
 	acct := accounts.FromContext(c)
 	ctx := c.Request().Context()
-	req, err := s.read(c, acct, route)
+	req, keyed, err := s.read(c, acct, route)
 	if err != nil {
 		return err
 	}
-	resp, err := s.execute(ctx, req, params, op(acct))
+	if err := validate(&req, params); err != nil {
+		return err
+	}
+	if keyed && acct.Mode == accounts.ModeShadow {
+		if err := s.shadow(ctx, acct, &req); err != nil {
+			return err
+		}
+	}
+	resp, err := s.runner.Run(ctx, req, op(acct))
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
@@ -92,40 +100,42 @@ func (s *Service) run(c echo.Context, route string, params params,
 }
 
 // read is the front half of a POST under the account's idempotency mode
-// (a rollout, account by account). required: a key is needed. optional: a
-// request without one runs unprotected (under a key the server makes up, so
-// it still has a record and a ledger row), and is counted. shadow: a key is
-// recorded the first time; a request that would have been replayed,
-// refused as a mismatch or as in flight runs again as before, under a key
-// of its own, and is counted and logged as what enforcing would change.
-func (s *Service) read(c echo.Context, acct accounts.Account, route string) (idempotency.Request, error) {
-	key, present, err := idemhttp.Key(c.Request().Header)
+// (a rollout, account by account): the key, then the body. required: a key
+// is needed. optional and shadow: a request without one runs unprotected
+// (under a key the server makes up, so it still has a record and a ledger
+// row), and is counted. keyed tells whether the client sent a key.
+func (s *Service) read(c echo.Context, acct accounts.Account, route string) (req idempotency.Request, keyed bool, err error) {
+	key, keyed, err := idemhttp.Key(c.Request().Header)
 	if err != nil {
-		return idempotency.Request{}, err
+		return idempotency.Request{}, false, err
 	}
-	scope := idempotency.AccountScope(acct.ID)
-	if !present {
+	if !keyed {
 		if acct.Mode == accounts.ModeRequired {
-			return idempotency.Request{}, idemhttp.MissingKey()
+			return idempotency.Request{}, false, idemhttp.MissingKey()
 		}
 		s.rollout(acct.Mode, "unkeyed")
 		key = serverKey("unkeyed_")
 	}
-	req, err := idemhttp.ReadBody(c, scope, route, key)
-	if err != nil || !present || acct.Mode != accounts.ModeShadow {
-		return req, err
-	}
-	would, err := s.runner.Peek(c.Request().Context(), req)
+	req, err = idemhttp.ReadBody(c, idempotency.AccountScope(acct.ID), route, key)
+	return req, keyed, err
+}
+
+// shadow is the shadow mode's part: a key is recorded the first time; a
+// request that would have been replayed, refused as a mismatch or as in
+// flight runs again as before, under a key of its own, and is counted and
+// logged as what enforcing would have changed.
+func (s *Service) shadow(ctx context.Context, acct accounts.Account, req *idempotency.Request) error {
+	would, err := s.runner.Peek(ctx, *req)
 	if err != nil {
-		return idempotency.Request{}, err
+		return err
 	}
 	if would != idempotency.OutcomeNew {
 		s.rollout(acct.Mode, "would_"+string(would))
-		s.log.WarnContext(c.Request().Context(), "shadow mode: idempotency would have changed this request; it runs as before",
+		s.log.WarnContext(ctx, "shadow mode: idempotency would have changed this request; it runs as before",
 			"account_id", acct.ID, "would", string(would))
 		req.Key = serverKey("shadow_")
 	}
-	return req, nil
+	return nil
 }
 
 func (s *Service) rollout(mode, outcome string) {
@@ -140,14 +150,14 @@ func serverKey(prefix string) string {
 	return prefix + rand.Text()
 }
 
-// execute is what every entry point does once it has a Request: decode and
-// validate the body (a refusal stores nothing), then run the operation.
-func (s *Service) execute(ctx context.Context, req idempotency.Request, params params,
-	op idempotency.Operation) (idempotency.Response, error) {
+// validate decodes and validates the body into params (a refusal stores
+// nothing), and makes the fingerprint cover the normalised request, so that
+// two bodies that mean the same charge (USD and usd) are the same request.
+func validate(req *idempotency.Request, params params) error {
 	if err := decodeParams(req.Body, params); err != nil {
-		return idempotency.Response{}, err
+		return err
 	}
-	return s.runner.Run(ctx, req, op)
+	return req.Normalize(params)
 }
 
 // CreateCharge is POST /v1/charges for an entry point other than HTTP (a
@@ -164,7 +174,10 @@ func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body 
 		return idempotency.Response{}, err
 	}
 	var p chargeParams
-	return s.execute(ctx, req, &p, &chargeOp{s: s, params: &p, accountID: accountID})
+	if err := validate(&req, &p); err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.runner.Run(ctx, req, &chargeOp{s: s, params: &p, accountID: accountID})
 }
 
 func (s *Service) createCharge(c echo.Context) error {

@@ -21,10 +21,14 @@ SET locked_at = now(),
     lock_generation = idempotency_keys.lock_generation + 1,
     updated_at = now()
 WHERE idempotency_keys.recovery_point <> 'finished'
-  AND idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint
+  -- A version-1 record is compared with the request's version-1
+  -- fingerprint (NULL when the caller did not compute one: no match).
+  AND CASE WHEN idempotency_keys.fingerprint_version = 1
+           THEN idempotency_keys.request_fingerprint = $7::bytea
+           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
   AND (idempotency_keys.locked_at IS NULL
-       OR idempotency_keys.locked_at < now() - make_interval(secs => $7::float8))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+       OR idempotency_keys.locked_at < now() - make_interval(secs => $8::float8))
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
 `
 
 type IdempotencyKeyClaimParams struct {
@@ -34,6 +38,7 @@ type IdempotencyKeyClaimParams struct {
 	RequestMethod      string
 	RequestRoute       string
 	RequestFingerprint []byte
+	LegacyFingerprint  []byte
 	LockTimeoutSeconds float64
 }
 
@@ -50,6 +55,7 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, db DBTX, arg *Idempot
 		arg.RequestMethod,
 		arg.RequestRoute,
 		arg.RequestFingerprint,
+		arg.LegacyFingerprint,
 		arg.LockTimeoutSeconds,
 	)
 	var i IdempotencyKey
@@ -73,6 +79,7 @@ func (q *Queries) IdempotencyKeyClaim(ctx context.Context, db DBTX, arg *Idempot
 		&i.UpdatedAt,
 		&i.FinishedAt,
 		&i.Scope,
+		&i.FingerprintVersion,
 	)
 	return i, err
 }
@@ -93,7 +100,7 @@ WHERE id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
@@ -136,6 +143,7 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 			&i.UpdatedAt,
 			&i.FinishedAt,
 			&i.Scope,
+			&i.FingerprintVersion,
 		); err != nil {
 			return nil, err
 		}
@@ -209,7 +217,7 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 }
 
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
-SELECT id, request_fingerprint, recovery_point, locked_at,
+SELECT id, request_fingerprint, fingerprint_version, recovery_point, locked_at,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = $1 AND key = $2
 `
@@ -217,6 +225,7 @@ FROM idempotency_keys WHERE scope = $1 AND key = $2
 type IdempotencyKeyGetByScopeKeyRow struct {
 	ID                 string
 	RequestFingerprint []byte
+	FingerprintVersion int16
 	RecoveryPoint      string
 	LockedAt           *time.Time
 	ResponseStatus     *int32
@@ -232,6 +241,7 @@ func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, scop
 	err := row.Scan(
 		&i.ID,
 		&i.RequestFingerprint,
+		&i.FingerprintVersion,
 		&i.RecoveryPoint,
 		&i.LockedAt,
 		&i.ResponseStatus,

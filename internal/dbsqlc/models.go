@@ -92,6 +92,7 @@ type IdempotencyKey struct {
 	UpdatedAt          time.Time
 	FinishedAt         *time.Time
 	Scope              string
+	FingerprintVersion int16
 }
 
 type Refund struct {

@@ -71,36 +71,13 @@ func parseSFString(s string) (string, bool) {
 	return b.String(), true
 }
 
-// Canonicalize returns the canonical form of a JSON body: parsed, object keys
-// sorted, no insignificant whitespace, numbers kept as written. Two bodies
-// that differ only in key order or whitespace canonicalize to the same bytes.
-//
-// The canonical form is hashed into the request fingerprint that is stored
-// with every idempotency key, so its bytes must never change: a retry of a
-// request recorded by an older build has to produce the same fingerprint, or
-// it would be rejected as a different request. The definition of the output
-// is therefore canonicalizeReference (encoding/json's decode and re-encode),
-// and the same inputs must keep being rejected. Canonicalize first tries
-// canonicalizeFast, which handles the common case (plain ASCII strings
-// without escapes, unique keys, moderate nesting) in one allocation; for
-// anything else it declines and the reference runs, so unusual input gets
-// exactly the reference's output or error. FuzzCanonicalFastPath checks that
-// the two agree.
-func Canonicalize(body []byte) ([]byte, error) {
-	if out, ok := canonicalizeFast(body); ok {
-		return out, nil
-	}
-	return canonicalizeReference(body)
-}
-
-// canonicalizeReference is the original canonicaliser and defines the
-// canonical form: decode into any (numbers as json.Number, so they are kept
-// as written; for a duplicate key the last value wins), then encode (maps
-// with sorted keys, HTML characters not escaped) and drop the encoder's
-// trailing newline. Data after the value is an error unless it is all
-// whitespace in the sense of bytes.TrimSpace. It allocates a lot, so
-// Canonicalize calls it only for the bodies canonicalizeFast declines.
-func canonicalizeReference(body []byte) ([]byte, error) {
+// canonicalV1 is the canonical form of fingerprint version 1, kept only to
+// compare a retry with a record stored before version 2 (within the
+// retention window after an upgrade): encoding/json's decode (numbers as
+// json.Number, the last of duplicate keys) and re-encode (sorted keys, HTML
+// characters not escaped), without the trailing newline. Data after the
+// value is an error unless it is all whitespace.
+func canonicalV1(body []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any
@@ -111,7 +88,7 @@ func canonicalizeReference(body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: data after the JSON value", ErrInvalidJSON)
 	}
 	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf) // maps are written with sorted keys
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)

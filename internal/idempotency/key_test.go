@@ -85,49 +85,37 @@ func TestParseKeyQuotedEqualsBare(t *testing.T) {
 	}
 }
 
-func TestCanonicalize(t *testing.T) {
+// The canonical form is RFC 8785's (JSON Canonicalization Scheme): the
+// published examples of the RFC give the published outputs.
+func TestCanonicalFormIsRFC8785(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, in, want string
 	}{
-		{"sorted keys", `{"b":1,"a":2}`, `{"a":2,"b":1}`},
-		{"whitespace", " {\n\t\"a\" : 1 ,\r\n \"b\":[ 1 , 2 ] }\n", `{"a":1,"b":[1,2]}`},
-		{"nested objects sorted", `{"z":{"y":1,"x":{"b":true,"a":null}},"a":[{"d":1,"c":2}]}`,
-			`{"a":[{"c":2,"d":1}],"z":{"x":{"a":null,"b":true},"y":1}}`},
-		{"numbers kept as written", `{"a":1.0,"b":1e2,"c":-0,"d":12345678901234567890123}`,
-			`{"a":1.0,"b":1e2,"c":-0,"d":12345678901234567890123}`},
-		{"array order kept", `[3,1,2]`, `[3,1,2]`},
-		{"scalar", ` "x" `, `"x"`},
-		{"null", `null`, `null`},
-		{"html not escaped", `{"a":"<b>&"}`, `{"a":"<b>&"}`},
-		{"unicode escapes decoded", `{"a":"\u00e9"}`, `{"a":"é"}`},
-		{"empty object", `{ }`, `{}`},
-		{"keys in byte order", `{"a!":1,"a":2,"a ":3}`, `{"a":2,"a ":3,"a!":1}`},
-		{"duplicate key, last wins", `{"a":1,"b":2,"a":3}`, `{"a":3,"b":2}`},
-		{"trailing vertical tab and form feed", "{\"a\":1}\v\f", `{"a":1}`},
+		// RFC 8785, section 3.2.2 (serialization of primitives).
+		{"RFC 8785 3.2.2", "{\n  \"numbers\": [333333333.33333329, 1E30, 4.50,\n              2e-3, 0.000000000000000000000000001],\n" +
+			"  \"string\": \"\\u20ac$\\u000F\\u000aA'\\u0042\\u0022\\u005c\\\\\\\"\\/\",\n  \"literals\": [null, true, false]\n}",
+			`{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}`},
+		// RFC 8785, section 3.2.3 (sorting by UTF-16 code units).
+		{"RFC 8785 3.2.3", `{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"Hebrew Letter Dalet With Dagesh",` +
+			`"1":"One","\ud83d\ude00":"Emoji: Grinning Face","\u0080":"Control","\u00f6":"Latin Small Letter O With Diaeresis"}`,
+			"{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u0080\":\"Control\",\"\u00f6\":\"Latin Small Letter O With Diaeresis\"," +
+				"\"\u20ac\":\"Euro Sign\",\"\U0001F600\":\"Emoji: Grinning Face\",\"\ufb33\":\"Hebrew Letter Dalet With Dagesh\"}"},
+		// RFC 8785, appendix B (numbers, as ECMAScript writes them).
+		{"numbers", `[0, -0, 1e21, 1e20, 1E-7, 0.000001, 9007199254740992, 1.0, 100.50]`,
+			`[0,0,1e+21,100000000000000000000,1e-7,0.000001,9007199254740992,1,100.5]`},
+		{"whitespace and key order", " {\n\t\"b\" : [ 1 , 2 ] ,\r\n \"a\":1 }\n", `{"a":1,"b":[1,2]}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := idempotency.Canonicalize([]byte(tc.in))
-			if err != nil || string(got) != tc.want {
-				t.Fatalf("Canonicalize(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+			req, err := idempotency.Prepare("acct_x", "k", "POST", "/v1/charges", "/v1/charges", strings.NewReader(tc.in), 1<<20)
+			if err != nil || string(req.Canonical) != tc.want {
+				t.Fatalf("canonical form of %q:\n got %q, %v\nwant %q", tc.in, req.Canonical, err, tc.want)
 			}
 		})
 	}
-
-	a, _ := idempotency.Canonicalize([]byte(`{"amount":500,"currency":"usd","payment_method":"tok_visa"}`))
-	b, _ := idempotency.Canonicalize([]byte("{ \"payment_method\": \"tok_visa\",\n  \"currency\": \"usd\", \"amount\": 500 }"))
-	if !bytes.Equal(a, b) {
-		t.Fatalf("key order and whitespace changed the canonical form: %s vs %s", a, b)
-	}
-	c, _ := idempotency.Canonicalize([]byte(`{"amount":500.0,"currency":"usd","payment_method":"tok_visa"}`))
-	if bytes.Equal(a, c) {
-		t.Fatal("500 and 500.0 canonicalize the same; numbers must be kept as written")
-	}
-
-	for _, in := range []string{"", " ", "{", `{"a":}`, `{"a":1}}`, `{"a":1} x`, `{"a":1}{"b":2}`, `[1,]`,
-		`{'a':1}`, "\x00", `{"a":1,}`, `nul`, `01`} {
-		if got, err := idempotency.Canonicalize([]byte(in)); !errors.Is(err, idempotency.ErrInvalidJSON) {
-			t.Errorf("Canonicalize(%q) = %q, %v; want ErrInvalidJSON", in, got, err)
+	for _, in := range []string{"", " ", "{", `{"a":}`, `{"a":1}}`, `{"a":1} x`, `[1,]`, `{'a':1}`, "\x00", `nul`, `01`} {
+		if _, err := idempotency.Prepare("acct_x", "k", "POST", "/v1/charges", "/v1/charges", strings.NewReader(in), 1<<20); !errors.Is(err, idempotency.ErrInvalidJSON) {
+			t.Errorf("Prepare(%q): %v; want ErrInvalidJSON", in, err)
 		}
 	}
 }
@@ -188,26 +176,25 @@ func FuzzParseKey(f *testing.F) {
 	})
 }
 
-func FuzzCanonicalize(f *testing.F) {
+func FuzzCanonicalForm(f *testing.F) {
 	for _, s := range []string{`{"b":1,"a":2}`, `{"a":[1,{"d":1,"c":2}],"z":null}`, `1.50`, `"\u2028<>"`,
-		`{"a":1,"a":2}`, `{"a":1} x`, "", `[`, "\"\xff\"", `{"amount":1e400}`,
-		`{"a ":1,"a":2,"a!":3}`, "{\"a\":\"<&>\x7f\"}", "{}\v", "1\f", `-0`, `1.0E+2`, `01`} {
+		`{"a":1} x`, "", `[`, "\"\xff\"", `{"amount":1e400}`, `-0`, `1.0E+2`, `01`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		out, err := idempotency.Canonicalize(in)
+		req, err := idempotency.Prepare("acct_x", "k", "POST", "/p", "/p", bytes.NewReader(in), 1<<20)
 		if err != nil {
-			if !errors.Is(err, idempotency.ErrInvalidJSON) {
-				t.Fatalf("Canonicalize(%q): error %v is not ErrInvalidJSON", in, err)
+			if !errors.Is(err, idempotency.ErrInvalidJSON) && !errors.Is(err, idempotency.ErrBodyTooLarge) {
+				t.Fatalf("Prepare(%q): error %v is not ErrInvalidJSON", in, err)
 			}
 			return
 		}
-		if !json.Valid(out) {
-			t.Fatalf("Canonicalize(%q) = %q, not valid JSON", in, out)
+		if !json.Valid(req.Canonical) {
+			t.Fatalf("canonical form of %q = %q, not valid JSON", in, req.Canonical)
 		}
-		again, err := idempotency.Canonicalize(out)
-		if err != nil || !bytes.Equal(again, out) {
-			t.Fatalf("not idempotent: Canonicalize(%q) = %q, then %q, %v", in, out, again, err)
+		again, err := idempotency.Prepare("acct_x", "k", "POST", "/p", "/p", bytes.NewReader(req.Canonical), 1<<20)
+		if err != nil || !bytes.Equal(again.Canonical, req.Canonical) || !bytes.Equal(again.Fingerprint, req.Fingerprint) {
+			t.Fatalf("not idempotent: %q -> %q -> %q, %v", in, req.Canonical, again.Canonical, err)
 		}
 	})
 }

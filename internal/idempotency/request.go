@@ -2,9 +2,12 @@ package idempotency
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/gowebpki/jcs"
 )
 
 // Scope is the namespace of a key: every record is unique per (scope, key).
@@ -44,7 +47,9 @@ type Request struct {
 	// fingerprint covers it, so that one key can never replay one
 	// resource's answer for another.
 	Path string
-	// Body is the request body as received, and Canonical its canonical form.
+	// Body is the request body as received, and Canonical the RFC 8785
+	// (JCS) form of what the fingerprint covers: the body, or the entry
+	// point's normalised request (Normalize).
 	Body, Canonical []byte
 	Fingerprint     []byte
 }
@@ -58,15 +63,51 @@ func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit
 	if err != nil {
 		return Request{}, err
 	}
-	canonical, err := Canonicalize(raw)
+	canonical, err := jcs.Transform(raw)
 	if err != nil {
-		return Request{}, &Error{Kind: ErrInvalidJSON,
-			Detail: fmt.Sprintf("The request body is not valid JSON: %s.", strings.TrimPrefix(err.Error(), ErrInvalidJSON.Error()+": "))}
+		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
 	}
 	return Request{
 		Scope: scope, Key: key, Method: method, Route: route, Path: path,
 		Body: raw, Canonical: canonical, Fingerprint: Fingerprint(method, path, canonical),
 	}, nil
+}
+
+// Normalize makes the fingerprint cover v, the entry point's validated and
+// normalised form of the request (for a charge: the currency in lower case,
+// absent fields absent), instead of the body as sent: two bodies that mean
+// the same request (USD and usd, a field sent as null or left out) have one
+// fingerprint. v is encoded with encoding/json and then in RFC 8785 form.
+// Changing what v encodes changes fingerprints, and needs a new
+// FingerprintVersion.
+func (r *Request) Normalize(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding the normalised request: %w", err)
+	}
+	canonical, err := jcs.Transform(b)
+	if err != nil {
+		return fmt.Errorf("canonicalising the normalised request: %w", err)
+	}
+	r.Canonical, r.Fingerprint = canonical, Fingerprint(r.Method, r.Path, canonical)
+	return nil
+}
+
+// legacyFingerprint is the request's fingerprint of version 1 (SHA-256 over
+// method, route and the encoding/json canonical form of the body as sent),
+// to compare with a record stored under that version.
+func legacyFingerprint(r Request) []byte {
+	canonical, err := canonicalV1(r.Body)
+	if err != nil {
+		return nil // matches no record
+	}
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{0})
+	h.Write([]byte(r.Path))
+	h.Write([]byte{0})
+	h.Write(canonical)
+	return h.Sum(nil)
 }
 
 // ReadBody reads at most limit bytes. A longer body is an *Error of kind
@@ -82,16 +123,29 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// Fingerprint identifies a logical request: SHA-256 over the method, the
-// concrete path and the canonical body, separated by NUL bytes. For a route
-// without parameters (POST /v1/charges) the path is the route, so records
-// stored before paths were fingerprinted keep their fingerprints.
-func Fingerprint(method, path string, canonicalBody []byte) []byte {
+// FingerprintVersion is the definition of Fingerprint that new records are
+// stored under (idempotency_keys.fingerprint_version). Version 1 records
+// are still compared with their own definition until retention removes
+// them.
+const FingerprintVersion = 2
+
+// fingerprintTag starts the hashed input, so that no version-2
+// fingerprint can equal a version-1 one.
+const fingerprintTag = "idempay-fingerprint-2"
+
+// Fingerprint identifies a logical request (version 2): SHA-256 over the
+// tag "idempay-fingerprint-2", the method, the concrete path and the RFC
+// 8785 (JSON Canonicalization Scheme) form of the body or of the normalised
+// request, separated by NUL bytes. README.md, "The fingerprint", defines it
+// for reimplementation.
+func Fingerprint(method, path string, jcsBody []byte) []byte {
 	h := sha256.New()
+	h.Write([]byte(fingerprintTag))
+	h.Write([]byte{0})
 	h.Write([]byte(method))
 	h.Write([]byte{0})
 	h.Write([]byte(path))
 	h.Write([]byte{0})
-	h.Write(canonicalBody)
+	h.Write(jcsBody)
 	return h.Sum(nil)
 }

@@ -263,12 +263,13 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 // changed between the read and the upsert.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	for attempt := 0; attempt < 3; attempt++ {
+		var legacy []byte // the version-1 fingerprint, when a version-1 record is in the way
 		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
 		if err = db.NotFound(err); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		} else if err == nil {
 			switch {
-			case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
+			case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, &legacy):
 				r.observe(OutcomeMismatch)
 				return nil, nil, refuse(ErrMismatch,
 					"This Idempotency-Key was already used with a different request (method, path or body). Use a new key for a new request.")
@@ -297,6 +298,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 				RequestMethod:      req.Method,
 				RequestRoute:       req.Route,
 				RequestFingerprint: req.Fingerprint,
+				LegacyFingerprint:  legacy,
 				LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
 			})
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -335,6 +337,17 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, refuse(ErrInFlight, "The request with this Idempotency-Key is changing hands. Retry shortly.")
+}
+
+// sameRequest tells whether req is the request a record stored under
+// fingerprint version `version`: a version-1 record is compared with req's
+// version-1 fingerprint, which is then left in *legacy for the claim.
+func sameRequest(stored []byte, version int16, req Request, legacy *[]byte) bool {
+	if version == 1 {
+		*legacy = legacyFingerprint(req)
+		return bytes.Equal(stored, *legacy)
+	}
+	return bytes.Equal(stored, req.Fingerprint)
 }
 
 func storedResponse(id string, status *int32, headers, body []byte) (*Response, error) {
@@ -516,7 +529,7 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 		return OutcomeNew, nil
 	case err != nil:
 		return "", fmt.Errorf("reading idempotency key: %w", err)
-	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
+	case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, new([]byte)):
 		return OutcomeMismatch, nil
 	case row.RecoveryPoint == PointFinished:
 		return OutcomeReplayed, nil
