@@ -317,14 +317,14 @@ func purge(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // serveGCPercent is the GC target of `serve` unless GOGC is set. The
-// server's live heap is small (about 4 MB under load: caches and buffers)
-// and a replay allocates about 9 KB, so the collector runs often, and each
+// server's live heap is small (caches and buffers) while every request
+// allocates, so at the default target the collector runs often, and each
 // cycle (a stop of the world, then marking on a quarter of the CPU) delays
-// the requests in flight; on a 2-core machine, collections were behind most
-// of the replay p99 at half of peak load. At 1600 the heap may grow to about
-// 17x the live heap (about 70 MB, 110 MB RSS), and the collector runs about
-// a quarter as often as at 400: p99 4.4-4.9 ms instead of 5.3-6.0 ms
-// (BENCHMARKS.md).
+// the requests in flight: on a small machine, collections are behind much
+// of the replay tail latency. At 1600 the heap may grow to 17x the live
+// heap, still small in absolute terms, and the collector runs a quarter as
+// often as at 400, which shortens the tail (see BENCHMARKS.md for the
+// figures); serveMemoryLimit bounds what that costs.
 const serveGCPercent = 1600
 
 // serveMemoryLimit is the soft memory limit of `serve` unless GOMEMLIMIT is

@@ -10,10 +10,11 @@ import "time"
 //
 // Go's timers are not precise enough for this. When the process is idle, the
 // runtime sleeps in epoll_wait, whose timeout is in whole milliseconds, so a
-// timer due in 130 µs fires after about 1 ms. At 1000 requests/s that made
-// the measured median about 0.9 ms for requests that took 0.3 ms. A ticker
-// therefore counts expirations of a kernel timer instead (pace_linux.go: a
-// periodic timerfd, which the runtime's poller wakes on at once).
+// timer due in less than a millisecond fires up to a millisecond late; at
+// the rates the bench runs, that lateness would be a large part of the
+// latencies it reports (see BENCHMARKS.md). A ticker therefore counts
+// expirations of a kernel timer instead (pace_linux.go: a periodic timerfd,
+// which the runtime's poller wakes on at once).
 type ticker interface {
 	// start is the time the ticks count from.
 	start() time.Time
