@@ -96,7 +96,12 @@ func TestAuthenticatorCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached := accounts.NewAuthenticator(pool, 300*time.Millisecond)
+	// The rotated key must still be cached when checked a few queries after
+	// the first Authenticate, on a loaded 2-core machine under -race: a 1 s
+	// TTL leaves room for that. The wait for expiry is a sleep, which lasts
+	// at least as long as asked, so it holds under load too.
+	const ttl = time.Second
+	cached := accounts.NewAuthenticator(pool, ttl)
 	uncached := accounts.NewAuthenticator(pool, 0)
 	for _, a := range []*accounts.Authenticator{cached, uncached} {
 		if got, err := a.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
@@ -113,7 +118,7 @@ func TestAuthenticatorCache(t *testing.T) {
 	if got, err := cached.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
 		t.Errorf("cached: rotated key refused within the TTL: %+v, %v", got, err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(ttl + 100*time.Millisecond)
 	if _, err := cached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {
 		t.Errorf("cached: rotated key still accepted after the TTL (%v)", err)
 	}

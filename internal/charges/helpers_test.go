@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -128,6 +129,14 @@ func getRecord(t testing.TB, pool *pgxpool.Pool, accountID, key string) record {
 		t.Fatalf("reading idempotency record (%s, %s): %v", accountID, key, err)
 	}
 	return r
+}
+
+// ptr renders an optional column for a failure message: <nil> or quoted.
+func ptr(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("%q", *p)
 }
 
 // chargeRow is the ledger row of a charge.

@@ -34,17 +34,31 @@ func TestDeclineIsFinalAndReplayed(t *testing.T) {
 	}
 
 	rec := getRecord(t, env.Pool, c.Account.ID, key)
-	if rec.RecoveryPoint != "finished" || rec.Locked || rec.ResponseStatus != http.StatusPaymentRequired {
-		t.Fatalf("record %+v", rec)
+	if rec.RecoveryPoint != "finished" {
+		t.Fatalf("record: recovery point %q, want finished", rec.RecoveryPoint)
+	}
+	if rec.Locked {
+		t.Fatal("record: locked, want unlocked")
+	}
+	if rec.ResponseStatus != http.StatusPaymentRequired {
+		t.Fatalf("record: response status %d, want %d", rec.ResponseStatus, http.StatusPaymentRequired)
 	}
 	row := getChargeRow(t, env.Pool, doc.Charge)
 	fc := env.Stripe.Charges()
-	if len(fc) != 1 || fc[0].Status != "failed" {
-		t.Fatalf("fake charges %+v", fc)
+	if len(fc) != 1 {
+		t.Fatalf("fake executed %d charges, want 1", len(fc))
 	}
-	if row.Status != "failed" || row.FailureCode == nil || *row.FailureCode != "generic_decline" ||
-		row.StripeChargeID == nil || *row.StripeChargeID != fc[0].ID {
-		t.Fatalf("ledger row %+v", row)
+	if fc[0].Status != "failed" {
+		t.Fatalf("fake charge status %q, want failed", fc[0].Status)
+	}
+	if row.Status != "failed" {
+		t.Fatalf("ledger row: status %q, want failed", row.Status)
+	}
+	if row.FailureCode == nil || *row.FailureCode != "generic_decline" {
+		t.Fatalf("ledger row: failure code %s, want \"generic_decline\"", ptr(row.FailureCode))
+	}
+	if row.StripeChargeID == nil || *row.StripeChargeID != fc[0].ID {
+		t.Fatalf("ledger row: Stripe charge %s, want %q", ptr(row.StripeChargeID), fc[0].ID)
 	}
 
 	again := c.Post("/v1/charges", key, body)
@@ -96,12 +110,24 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			}
 
 			rec := getRecord(t, env.Pool, c.Account.ID, key)
-			if rec.RecoveryPoint != "downstream_called" || rec.Locked || rec.Attempts != 1 || rec.ResponseStatus != 0 {
-				t.Fatalf("record after an unknown outcome %+v, want downstream_called, unlocked, 1 attempt", rec)
+			if rec.RecoveryPoint != "downstream_called" {
+				t.Fatalf("record after an unknown outcome: recovery point %q, want downstream_called", rec.RecoveryPoint)
+			}
+			if rec.Locked {
+				t.Fatal("record after an unknown outcome: locked, want unlocked")
+			}
+			if rec.Attempts != 1 {
+				t.Fatalf("record after an unknown outcome: attempts %d, want 1", rec.Attempts)
+			}
+			if rec.ResponseStatus != 0 {
+				t.Fatalf("record after an unknown outcome: response status %d, want none", rec.ResponseStatus)
 			}
 			row := chargeOfRecord(t, env.Pool, rec.ID)
-			if row.Status != "processing" || row.StripeChargeID != nil {
-				t.Fatalf("ledger row after an unknown outcome %+v", row)
+			if row.Status != "processing" {
+				t.Fatalf("ledger row after an unknown outcome: status %q, want processing", row.Status)
+			}
+			if row.StripeChargeID != nil {
+				t.Fatalf("ledger row after an unknown outcome: Stripe charge %s, want none", ptr(row.StripeChargeID))
 			}
 			if got := env.Stripe.ChargesByKey(rec.DownstreamKey()); tc.workDone != (got == 1) {
 				t.Fatalf("fake executed %d charges during the fault", got)
@@ -142,14 +168,20 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			}
 
 			after := getRecord(t, env.Pool, c.Account.ID, key)
-			if after.RecoveryPoint != "finished" || after.Locked || after.ResponseStatus != http.StatusCreated {
-				t.Fatalf("record after the retry %+v", after)
+			if after.RecoveryPoint != "finished" {
+				t.Fatalf("record after the retry: recovery point %q, want finished", after.RecoveryPoint)
+			}
+			if after.Locked {
+				t.Fatal("record after the retry: locked, want unlocked")
+			}
+			if after.ResponseStatus != http.StatusCreated {
+				t.Fatalf("record after the retry: response status %d, want %d", after.ResponseStatus, http.StatusCreated)
 			}
 			if r := getChargeRow(t, env.Pool, ch.ID); r.Status != "succeeded" {
-				t.Fatalf("ledger row after the retry %+v", r)
+				t.Fatalf("ledger row after the retry: status %q, want succeeded", r.Status)
 			}
-			if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 1, Charges: 1}) {
-				t.Fatalf("stored %+v", got)
+			if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 1, Charges: 1}); got != want {
+				t.Fatalf("stored rows %+v, want %+v", got, want)
 			}
 			wantSameResponse(t, retry, c.Post("/v1/charges", key, chargeBody(1500)))
 		})
@@ -164,7 +196,12 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 // retry gets Stripe's replay of the one charge.
 func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{LockTimeout: 500 * time.Millisecond, StripeTimeout: 20 * time.Second})
+	// The lock must still be fresh at the second request, sent right after
+	// the first reached Stripe, on a loaded 2-core machine under -race: 2 s
+	// leaves room for that. The wait for its expiry below is a sleep, which
+	// lasts at least as long as asked, so it holds under load too.
+	const lockTimeout = 2 * time.Second
+	env := apitest.New(t, apitest.Options{LockTimeout: lockTimeout, StripeTimeout: 20 * time.Second})
 	c := env.NewClient(t)
 	gate := env.Stripe.Hold()
 	defer gate.Release()
@@ -180,15 +217,24 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 		t.Fatalf("Stripe saw %d requests with the key", n)
 	}
 
-	time.Sleep(700 * time.Millisecond) // the owner's lock expires
+	time.Sleep(lockTimeout + 200*time.Millisecond) // the owner's lock expires
 	second := c.Post("/v1/charges", key, chargeBody(990))
 	wantProblem(t, second, http.StatusServiceUnavailable, "downstream-unavailable")
 	if n := env.Stripe.KeyCount(dk); n != 2 {
 		t.Fatalf("Stripe saw %d requests with the key, want 2", n)
 	}
 	rec := getRecord(t, env.Pool, c.Account.ID, key)
-	if rec.RecoveryPoint != "downstream_called" || rec.Locked || rec.LockGeneration != 2 || rec.DownstreamKey() != dk {
-		t.Fatalf("record after the in-use answer %+v", rec)
+	if rec.RecoveryPoint != "downstream_called" {
+		t.Fatalf("record after the in-use answer: recovery point %q, want downstream_called", rec.RecoveryPoint)
+	}
+	if rec.Locked {
+		t.Fatal("record after the in-use answer: locked, want unlocked")
+	}
+	if rec.LockGeneration != 2 {
+		t.Fatalf("record after the in-use answer: lock generation %d, want 2", rec.LockGeneration)
+	}
+	if rec.DownstreamKey() != dk {
+		t.Fatalf("record after the in-use answer: downstream key %q, want %q", rec.DownstreamKey(), dk)
 	}
 	if n := len(env.Stripe.Charges()); n != 0 {
 		t.Fatalf("fake executed %d charges before release", n)
@@ -204,10 +250,10 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	// It was taken over: its late write is fenced and it does not answer 201.
 	wantProblem(t, first, http.StatusConflict, "request-in-progress")
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "downstream_called" || r.LockGeneration != 2 {
-		t.Fatalf("the fenced owner changed the record: %+v", r)
+		t.Fatalf("the fenced owner changed the record: recovery point %q, lock generation %d; want downstream_called, 2", r.RecoveryPoint, r.LockGeneration)
 	}
 	if r := chargeOfRecord(t, env.Pool, rec.ID); r.Status != "processing" || r.StripeChargeID != nil {
-		t.Fatalf("the fenced owner wrote the ledger row: %+v", r)
+		t.Fatalf("the fenced owner wrote the ledger row: status %q, Stripe charge %s; want processing, none", r.Status, ptr(r.StripeChargeID))
 	}
 
 	third := c.Post("/v1/charges", key, chargeBody(990))
@@ -219,7 +265,7 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 		t.Fatalf("fake charges %+v, ledger %s", fcs, third.Body)
 	}
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" || r.LockGeneration != 3 {
-		t.Fatalf("record after the last retry %+v", r)
+		t.Fatalf("record after the last retry: recovery point %q, lock generation %d; want finished, 3", r.RecoveryPoint, r.LockGeneration)
 	}
 }
 

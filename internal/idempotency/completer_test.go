@@ -238,15 +238,21 @@ func newCompleterRunner(t *testing.T, d *testDB, lockTimeout time.Duration) (*id
 func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	r, resumed, cfg := newCompleterRunner(t, d, 300*time.Millisecond)
+	// The lock must still be fresh at the first CompleteDue, right after the
+	// claim, on a loaded 2-core machine under -race: 1 s leaves room for
+	// that; the wait for its expiry polls, so it holds however late.
+	r, resumed, cfg := newCompleterRunner(t, d, time.Second)
 
 	release, result := stalledOwner(t, r, d, "stalled")
-	claimedAt := time.Now()
+	claimed := readRecord(t, d.Pool, d.AccountID, "stalled")
+	if claimed.LockedAt == nil {
+		t.Fatal("the stalled owner's record is not locked")
+	}
 	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
 		t.Fatalf("CompleteDue with a fresh lock: %d, %v; want 0", n, err)
 	}
 	var finished int
-	for i := 0; i < 100 && finished == 0; i++ {
+	for deadline := time.Now().Add(cfg.LockTimeout + 10*time.Second); finished == 0 && time.Now().Before(deadline); {
 		n, err := r.CompleteDue(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -257,15 +263,24 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	if finished != 1 {
 		t.Fatal("the completer did not take the expired record over")
 	}
-	if waited := time.Since(claimedAt); waited < cfg.LockTimeout {
+	// Measured from the lock's own timestamp, not from when the test saw
+	// the claim (later), so a takeover right at expiry is not mistaken for
+	// an early one.
+	if waited := time.Since(*claimed.LockedAt); waited < cfg.LockTimeout {
 		t.Errorf("the completer took the record over after %s, before the lock timeout %s", waited, cfg.LockTimeout)
 	}
 	if c := resumed.calls.Load(); c != 1 {
 		t.Errorf("the completer executed %d times, want 1", c)
 	}
 	rec := readRecord(t, d.Pool, d.AccountID, "stalled")
-	if rec.RecoveryPoint != idempotency.PointFinished || rec.LockGeneration != 2 || string(rec.ResponseBody) != `{"owner":"completer"}` {
-		t.Errorf("record after the completer: %+v", rec)
+	if rec.RecoveryPoint != idempotency.PointFinished {
+		t.Errorf("record after the completer: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointFinished)
+	}
+	if rec.LockGeneration != 2 {
+		t.Errorf("record after the completer: lock generation %d, want 2", rec.LockGeneration)
+	}
+	if string(rec.ResponseBody) != `{"owner":"completer"}` {
+		t.Errorf("record after the completer: response body %s, want the completer's", rec.ResponseBody)
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
@@ -324,11 +339,22 @@ func TestCompleterResumesAfterBackoff(t *testing.T) {
 	releasedAt := time.Now()
 	requireKind(t, err, idempotency.ErrUnknownOutcome)
 	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
-	if rec.RecoveryPoint != idempotency.PointDownstreamCalled || rec.LockedAt != nil || rec.Attempts != 1 || rec.LastError == nil {
-		t.Fatalf("record after an unknown outcome: %+v", rec)
+	if rec.RecoveryPoint != idempotency.PointDownstreamCalled {
+		t.Fatalf("record after an unknown outcome: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointDownstreamCalled)
 	}
+	if rec.LockedAt != nil {
+		t.Fatalf("record after an unknown outcome: locked at %s, want unlocked", rec.LockedAt)
+	}
+	if rec.Attempts != 1 {
+		t.Fatalf("record after an unknown outcome: attempts %d, want 1", rec.Attempts)
+	}
+	if rec.LastError == nil {
+		t.Fatal("record after an unknown outcome: no last error, want the downstream error")
+	}
+	// Polls for up to 15 s, well past the 1 s backoff, however slow the
+	// machine; only the lower bound on the wait below is what is tested.
 	var finished int
-	for i := 0; i < 150 && finished == 0; i++ {
+	for deadline := time.Now().Add(15 * time.Second); finished == 0 && time.Now().Before(deadline); {
 		n, err := r.CompleteDue(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -339,7 +365,7 @@ func TestCompleterResumesAfterBackoff(t *testing.T) {
 		}
 	}
 	if finished != 1 {
-		t.Fatal("the completer did not finish the record within 3 s")
+		t.Fatal("the completer did not finish the record within 15 s")
 	}
 	if waited := time.Since(releasedAt); waited < 900*time.Millisecond {
 		t.Errorf("the completer resumed after %s, before the 1 s backoff", waited)
@@ -347,8 +373,12 @@ func TestCompleterResumesAfterBackoff(t *testing.T) {
 	if c := resumed.calls.Load(); c != 1 {
 		t.Errorf("the completer executed %d times, want 1", c)
 	}
-	if rec := readRecord(t, d.Pool, d.AccountID, "unknown"); rec.RecoveryPoint != idempotency.PointFinished || rec.LastError != nil {
-		t.Errorf("record after the completer: %+v", rec)
+	rec = readRecord(t, d.Pool, d.AccountID, "unknown")
+	if rec.RecoveryPoint != idempotency.PointFinished {
+		t.Errorf("record after the completer: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointFinished)
+	}
+	if rec.LastError != nil {
+		t.Errorf("record after the completer: last error %q, want none", *rec.LastError)
 	}
 }
 

@@ -10,13 +10,20 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// fencingSetup is a runner with a tiny lock timeout on a database of the
+// fencingLockTimeout is the fencing tests' lock timeout. It must be long
+// enough that B's first attempt, made right after A claimed the record,
+// still meets A's fresh lock on a loaded 2-core machine under -race (the
+// tests check that it does), and short enough that waiting it out keeps
+// the tests quick; the waits for expiry poll, so they hold however late.
+const fencingLockTimeout = time.Second
+
+// fencingSetup is a runner with a short lock timeout on a database of the
 // test's own, counting outcomes.
 func fencingSetup(t *testing.T) (*testDB, *idempotency.Runner, *outcomes) {
 	t.Helper()
 	d := newTestDB(t)
 	cfg := idempotency.DefaultConfig()
-	cfg.LockTimeout = 200 * time.Millisecond
+	cfg.LockTimeout = fencingLockTimeout
 	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 	o := &outcomes{}
 	r.OnOutcome = o.observe
@@ -29,7 +36,8 @@ func fencingSetup(t *testing.T) (*testDB, *idempotency.Runner, *outcomes) {
 func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *testOp) (idempotency.Response, int) {
 	t.Helper()
 	conflicts := 0
-	for i := 0; i < 100; i++ {
+	// Polls until well past the lock timeout, however slow the machine.
+	for deadline := time.Now().Add(fencingLockTimeout + 10*time.Second); time.Now().Before(deadline); {
 		resp, err := r.Run(context.Background(), request(d.AccountID, key), op)
 		if err == nil {
 			return resp, conflicts
@@ -67,8 +75,11 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 		t.Fatalf("B got %d %s (replayed %v)", respB.Status, respB.Body, respB.Replayed)
 	}
 	rec := readRecord(t, d.Pool, d.AccountID, "k")
-	if rec.LockGeneration != 2 || rec.RecoveryPoint != idempotency.PointFinished {
-		t.Fatalf("after B: %+v", rec)
+	if rec.LockGeneration != 2 {
+		t.Fatalf("after B: lock generation %d, want 2", rec.LockGeneration)
+	}
+	if rec.RecoveryPoint != idempotency.PointFinished {
+		t.Fatalf("after B: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointFinished)
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
@@ -84,8 +95,12 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 	if err := d.Pool.QueryRow(context.Background(), `SELECT stripe_charge_id FROM charges WHERE idempotency_key_id = $1`, rec.ID).Scan(&stripeID); err != nil || stripeID != "B" {
 		t.Errorf("the ledger row holds %q (%v), want B's", stripeID, err)
 	}
-	if after := readRecord(t, d.Pool, d.AccountID, "k"); after.LockGeneration != 2 || string(after.ResponseBody) != `{"owner":"B"}` {
-		t.Errorf("after A woke up: %+v", after)
+	after := readRecord(t, d.Pool, d.AccountID, "k")
+	if after.LockGeneration != 2 {
+		t.Errorf("after A woke up: lock generation %d, want 2", after.LockGeneration)
+	}
+	if string(after.ResponseBody) != `{"owner":"B"}` {
+		t.Errorf("after A woke up: response body %s, want B's", after.ResponseBody)
 	}
 	if o.get(idempotency.OutcomeFenced) != 1 || o.get(idempotency.OutcomeTakeover) != 1 {
 		t.Errorf("outcomes %v, want one takeover and one fenced", o.n)
@@ -121,9 +136,20 @@ func TestFencingStaleOwnerRelease(t *testing.T) {
 	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 
 	after := readRecord(t, d.Pool, d.AccountID, "k")
-	if after.RecoveryPoint != idempotency.PointFinished || after.Attempts != before.Attempts || after.LastError != nil ||
-		after.LockGeneration != 2 || string(after.ResponseBody) != `{"owner":"B"}` {
-		t.Errorf("the stale owner's release changed the record:\nbefore %+v\nafter  %+v", before, after)
+	if after.RecoveryPoint != idempotency.PointFinished {
+		t.Errorf("the stale owner's release changed the recovery point to %q, want %q", after.RecoveryPoint, idempotency.PointFinished)
+	}
+	if after.Attempts != before.Attempts {
+		t.Errorf("the stale owner's release changed attempts from %d to %d", before.Attempts, after.Attempts)
+	}
+	if after.LastError != nil {
+		t.Errorf("the stale owner's release set last error %q, want none", *after.LastError)
+	}
+	if after.LockGeneration != 2 {
+		t.Errorf("the stale owner's release changed the lock generation to %d, want 2", after.LockGeneration)
+	}
+	if string(after.ResponseBody) != `{"owner":"B"}` {
+		t.Errorf("the stale owner's release changed the response body to %s, want B's", after.ResponseBody)
 	}
 	if o.get(idempotency.OutcomeFenced) != 1 {
 		t.Errorf("outcomes %v, want one fenced", o.n)
@@ -138,7 +164,9 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	t.Parallel()
 	d, r, _ := fencingSetup(t)
 	releaseA, resultA := stalledOwner(t, r, d, "k")
-	time.Sleep(250 * time.Millisecond) // past A's 200 ms lock
+	// Wait out A's lock (a sleep lasts at least this long, so this holds
+	// under load); B's loop below still tolerates a lock not yet expired.
+	time.Sleep(fencingLockTimeout + 50*time.Millisecond)
 
 	bStarted := make(chan struct{})
 	bGo := make(chan struct{})
@@ -153,9 +181,10 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	}
 	resultB := make(chan result, 1)
 	go func() {
-		for i := 0; ; i++ {
+		deadline := time.Now().Add(fencingLockTimeout + 10*time.Second)
+		for {
 			resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
-			if i < 100 && errors.Is(err, idempotency.ErrInFlight) {
+			if time.Now().Before(deadline) && errors.Is(err, idempotency.ErrInFlight) {
 				time.Sleep(20 * time.Millisecond) // A's lock not expired yet
 				continue
 			}
@@ -171,8 +200,12 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 
 	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
 	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
-	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointStarted || rec.LockGeneration != 2 {
-		t.Errorf("A's late Finish changed the record B owns: %+v", rec)
+	rec := readRecord(t, d.Pool, d.AccountID, "k")
+	if rec.RecoveryPoint != idempotency.PointStarted {
+		t.Errorf("A's late Finish changed the record B owns: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointStarted)
+	}
+	if rec.LockGeneration != 2 {
+		t.Errorf("A's late Finish changed the record B owns: lock generation %d, want 2", rec.LockGeneration)
 	}
 	if n := countWritten(t, d.Pool, d.AccountID, "A"); n != 0 {
 		t.Errorf("stale owner A committed %d ledger rows", n)
