@@ -8,6 +8,7 @@ package apitest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -120,6 +121,9 @@ func New(t testing.TB, opts Options) *Env {
 	t.Cleanup(env.Server.Close)
 	return env
 }
+
+// NewKey returns an Idempotency-Key no other test uses.
+func NewKey() string { return "k-" + rand.Text() }
 
 // Client calls the API as one fresh account.
 type Client struct {

@@ -106,13 +106,13 @@ func TestBadInput(t *testing.T) {
 		{"key blank", charges, appJSON, "   ", valid, 400, "idempotency-key-missing"},
 		{"key 256 characters", charges, appJSON, strings.Repeat("k", 256), valid, 400, "idempotency-key-invalid"},
 		{"key 10 kB", charges, appJSON, strings.Repeat("k", 10_000), valid, 400, "idempotency-key-invalid"},
-		{"key non-ASCII", charges, appJSON, "cl\xc3\xa9-" + newKey(), valid, 400, "idempotency-key-invalid"},
-		{"key Latin-1 byte", charges, appJSON, "cl\xe9-" + newKey(), valid, 400, "idempotency-key-invalid"},
-		{"key with a tab", charges, appJSON, "a\tb-" + newKey(), valid, 400, "idempotency-key-invalid"},
+		{"key non-ASCII", charges, appJSON, "cl\xc3\xa9-" + apitest.NewKey(), valid, 400, "idempotency-key-invalid"},
+		{"key Latin-1 byte", charges, appJSON, "cl\xe9-" + apitest.NewKey(), valid, 400, "idempotency-key-invalid"},
+		{"key with a tab", charges, appJSON, "a\tb-" + apitest.NewKey(), valid, 400, "idempotency-key-invalid"},
 		{"key quoted empty", charges, appJSON, `""`, valid, 400, "idempotency-key-invalid"},
-		{"key unterminated quote", charges, appJSON, `"` + newKey(), valid, 400, "idempotency-key-invalid"},
-		{"key bad escape", charges, appJSON, `"a\x` + newKey() + `"`, valid, 400, "idempotency-key-invalid"},
-		{"key inner quote", charges, appJSON, `"a"` + newKey() + `"`, valid, 400, "idempotency-key-invalid"},
+		{"key unterminated quote", charges, appJSON, `"` + apitest.NewKey(), valid, 400, "idempotency-key-invalid"},
+		{"key bad escape", charges, appJSON, `"a\x` + apitest.NewKey() + `"`, valid, 400, "idempotency-key-invalid"},
+		{"key inner quote", charges, appJSON, `"a"` + apitest.NewKey() + `"`, valid, 400, "idempotency-key-invalid"},
 
 		// Refunds.
 		{"refund bad charge id", refunds, appJSON, goodKey, `{"charge":"xyz"}`, 400, "invalid-request"},
@@ -139,7 +139,7 @@ func TestBadInput(t *testing.T) {
 			}
 			key := tc.key
 			if key == goodKey {
-				key = newKey()
+				key = apitest.NewKey()
 			}
 			before := countRows(t, env.Pool, c.Account.ID)
 
@@ -192,16 +192,16 @@ func TestInputLimitsAccepted(t *testing.T) {
 		name, contentType, key string
 		body                   any
 	}{
-		{"max amount", "application/json", newKey(), map[string]any{"amount": 99_999_999, "currency": "usd", "payment_method": "tok_visa"}},
-		{"uppercase currency", "application/json", newKey(), map[string]any{"amount": 1, "currency": "JPY", "payment_method": "tok_visa"}},
-		{"1000-character description", "application/json", newKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa",
+		{"max amount", "application/json", apitest.NewKey(), map[string]any{"amount": 99_999_999, "currency": "usd", "payment_method": "tok_visa"}},
+		{"uppercase currency", "application/json", apitest.NewKey(), map[string]any{"amount": 1, "currency": "JPY", "payment_method": "tok_visa"}},
+		{"1000-character description", "application/json", apitest.NewKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa",
 			"description": strings.Repeat("é", 1000) + ""}},
-		{"newline and tab in description", "application/json", newKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa",
+		{"newline and tab in description", "application/json", apitest.NewKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa",
 			"description": "line 1\n\tline 2"}},
-		{"full metadata", "application/json", newKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa", "metadata": m}},
-		{"charset parameter", "application/json; charset=utf-8", newKey(), chargeBody(1)},
+		{"full metadata", "application/json", apitest.NewKey(), map[string]any{"amount": 1, "currency": "usd", "payment_method": "tok_visa", "metadata": m}},
+		{"charset parameter", "application/json; charset=utf-8", apitest.NewKey(), chargeBody(1)},
 		{"255-character key", "application/json", key255(), chargeBody(1)},
-		{"key with spaces and punctuation", "application/json", "order 42 / try #1 " + newKey(), chargeBody(1)},
+		{"key with spaces and punctuation", "application/json", "order 42 / try #1 " + apitest.NewKey(), chargeBody(1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := c.NewRequest(http.MethodPost, "/v1/charges", bytes.NewReader([]byte(mustJSON(t, tc.body))))
@@ -256,7 +256,7 @@ func TestControlCharactersInKeyHeader(t *testing.T) {
 
 // key255 is a fresh key of exactly 255 characters, the longest allowed.
 func key255() string {
-	k := newKey()
+	k := apitest.NewKey()
 	return strings.Repeat("x", 255-len(k)) + k
 }
 
@@ -299,7 +299,7 @@ func TestInvalidParamsListsEveryProblem(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			key := newKey()
+			key := apitest.NewKey()
 			before := countRows(t, env.Pool, c.Account.ID)
 			resp := c.Post(tc.path, key, tc.body)
 			wantProblem(t, resp, http.StatusBadRequest, "invalid-request")

@@ -16,7 +16,7 @@ func TestCreateAndGetCharge(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	body := map[string]any{"amount": 1234, "currency": "EUR", "payment_method": "tok_visa",
 		"description": "order 42", "metadata": map[string]string{"order": "42"}}
 	resp := c.Post("/v1/charges", key, body)
@@ -161,7 +161,7 @@ func TestRefundsPartialAndFull(t *testing.T) {
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 1000)
 
-	resp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300})
+	resp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300})
 	wantStatus(t, resp, http.StatusCreated)
 	var rf refund
 	resp.JSON(t, &rf)
@@ -181,7 +181,7 @@ func TestRefundsPartialAndFull(t *testing.T) {
 	wantProblem(t, c.Get("/v1/refunds/re_doesnotexist"), http.StatusNotFound, "not-found")
 
 	// No amount: the rest of the charge.
-	resp = c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID})
+	resp = c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID})
 	wantStatus(t, resp, http.StatusCreated)
 	var rest refund
 	resp.JSON(t, &rest)
@@ -199,9 +199,9 @@ func TestRefundsPartialAndFull(t *testing.T) {
 	// Nothing left: both another full and another partial refund fail, and
 	// nothing is stored for them.
 	before := countRows(t, env.Pool, c.Account.ID)
-	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID}),
 		http.StatusBadRequest, "refund-exceeds-charge")
-	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 1}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 1}),
 		http.StatusBadRequest, "refund-exceeds-charge")
 	if now := countRows(t, env.Pool, c.Account.ID); now != before {
 		t.Fatalf("rejected refunds stored rows: %+v -> %+v", before, now)
@@ -221,7 +221,7 @@ func TestRefundOverLimitOnFreshCharge(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 500)
-	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 501}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 501}),
 		http.StatusBadRequest, "refund-exceeds-charge")
 	if n := len(env.Stripe.Refunds()); n != 0 {
 		t.Fatalf("fake executed %d refunds", n)
@@ -243,7 +243,7 @@ func TestConcurrentRefundsNeverExceedCharge(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			resp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300})
+			resp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300})
 			if resp != nil {
 				statuses[i] = resp.Status
 				if resp.Status != http.StatusCreated {
@@ -308,7 +308,7 @@ func TestRefundOfForeignOrUnknownCharge(t *testing.T) {
 			t.Parallel()
 			c := env.NewClient(t)
 			own := createCharge(t, c, 400)
-			key := newKey()
+			key := apitest.NewKey()
 			before := countRows(t, env.Pool, c.Account.ID)
 			resp := c.Post("/v1/refunds", key, map[string]any{"charge": tc.chargeID, "amount": 100})
 			if resp.Status < 400 || resp.Status >= 500 {
@@ -345,13 +345,13 @@ func TestRefundOfDeclinedCharge(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
-	resp := c.Post("/v1/charges", newKey(), map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_chargeDeclined"})
+	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_chargeDeclined"})
 	wantStatus(t, resp, http.StatusPaymentRequired)
 	var declined struct {
 		Charge string `json:"charge"`
 	}
 	resp.JSON(t, &declined)
-	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": declined.Charge}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": declined.Charge}),
 		http.StatusConflict, "charge-not-refundable")
 	if n := len(env.Stripe.Refunds()); n != 0 {
 		t.Fatalf("fake executed %d refunds", n)
@@ -418,7 +418,7 @@ func TestAuth(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			key := newKey()
+			key := apitest.NewKey()
 			for _, req := range []*http.Request{
 				c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`)),
 				c.NewRequest(http.MethodGet, "/v1/charges", nil),
@@ -445,7 +445,7 @@ func TestAuth(t *testing.T) {
 	}
 
 	// Unauthenticated first, then the same key with the right API key runs.
-	key := newKey()
+	key := apitest.NewKey()
 	req := c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)

@@ -260,12 +260,12 @@ func TestFailureDocsMatchServer(t *testing.T) {
 
 	probes := []storeProbe{
 		{http.StatusCreated, "", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", valid) })
 		}},
 		{http.StatusNoContent, "", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
-			created := c.Post("/v1/api_keys", newKey(), `{}`)
+			c, key := env.NewClient(t), apitest.NewKey()
+			created := c.Post("/v1/api_keys", apitest.NewKey(), `{}`)
 			wantStatus(t, created, http.StatusCreated)
 			var other struct{ ID string }
 			created.JSON(t, &other)
@@ -280,26 +280,26 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return twice(func() *apitest.Response { return deliver(ev.Payload, apitest.WebhookSecret) })
 		}},
 		{http.StatusPaymentRequired, "card-declined", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			body := `{"amount":100,"currency":"usd","payment_method":"tok_chargeDeclined"}`
 			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", body) })
 		}},
 		{http.StatusUnprocessableEntity, "payment-rejected", func(t *testing.T) (*apitest.Response, *apitest.Response) {
 			// Stripe answers a payment method that is not a token with 400
 			// resource_missing: a definite rejection.
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			body := `{"amount":100,"currency":"usd","payment_method":"card_docs"}`
 			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", body) })
 		}},
 		{http.StatusBadRequest, "invalid-request", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			body := `{"amount":-1,"currency":"usd","payment_method":"tok_visa"}`
 			first, again := twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", body) })
 			corrected(t, post(c, "/v1/charges", key, "application/json", valid))
 			return first, again
 		}},
 		{http.StatusBadRequest, "invalid-json", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			first, again := twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", `{"amount":`) })
 			corrected(t, post(c, "/v1/charges", key, "application/json", valid))
 			return first, again
@@ -322,7 +322,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusBadRequest, "refund-exceeds-charge", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			ch := createCharge(t, c, 100)
 			body := `{"charge":"` + ch.ID + `","amount":101}`
 			first, again := twice(func() *apitest.Response { return post(c, "/v1/refunds", key, "application/json", body) })
@@ -340,7 +340,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusUnauthorized, "unauthorized", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			send := func() *apitest.Response {
 				req := c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(valid))
 				req.Header.Set("Content-Type", "application/json")
@@ -353,29 +353,29 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusNotFound, "not-found", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			return twice(func() *apitest.Response { return del(c, "/v1/api_keys/key_nosuchkey", key) })
 		}},
 		{http.StatusMethodNotAllowed, "method-not-allowed", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			return twice(func() *apitest.Response { return post(c, "/v1/charges/ch_docs", key, "application/json", valid) })
 		}},
 		{http.StatusRequestEntityTooLarge, "body-too-large", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			body := `{"amount":100,"currency":"usd","payment_method":"tok_visa","description":"` + strings.Repeat("x", 1<<20) + `"}`
 			first, again := twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", body) })
 			corrected(t, post(c, "/v1/charges", key, "application/json", valid))
 			return first, again
 		}},
 		{http.StatusUnsupportedMediaType, "unsupported-media-type", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			first, again := twice(func() *apitest.Response { return post(c, "/v1/charges", key, "text/plain", valid) })
 			corrected(t, post(c, "/v1/charges", key, "application/json", valid))
 			return first, again
 		}},
 		{http.StatusConflict, "charge-not-refundable", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
-			declined := c.Post("/v1/charges", newKey(), map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_chargeDeclined"})
+			c, key := env.NewClient(t), apitest.NewKey()
+			declined := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_chargeDeclined"})
 			wantStatus(t, declined, http.StatusPaymentRequired)
 			var doc struct{ Charge string }
 			declined.JSON(t, &doc)
@@ -387,14 +387,14 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusConflict, "last-api-key", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			ids := keyIDs(t, c)
 			if len(ids) != 1 {
 				t.Fatalf("a new account has %d keys, want 1", len(ids))
 			}
 			first, again := twice(func() *apitest.Response { return del(c, "/v1/api_keys/"+ids[0], key) })
 			// With another key, the same DELETE under the same key runs.
-			created := c.Post("/v1/api_keys", newKey(), `{}`)
+			created := c.Post("/v1/api_keys", apitest.NewKey(), `{}`)
 			wantStatus(t, created, http.StatusCreated)
 			var other struct{ Secret string }
 			created.JSON(t, &other)
@@ -403,7 +403,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusUnprocessableEntity, "idempotency-key-reused", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			orig := post(c, "/v1/charges", key, "application/json", valid)
 			wantStatus(t, orig, http.StatusCreated)
 			other := `{"amount":200,"currency":"usd","payment_method":"tok_visa"}`
@@ -417,7 +417,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 		}},
 		{http.StatusConflict, "request-in-progress", func(t *testing.T) (*apitest.Response, *apitest.Response) {
 			env := apitest.New(t, apitest.Options{}) // holding the fake holds every request
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			gate := env.Stripe.Hold()
 			defer gate.Release()
 			done := make(chan *apitest.Response, 1)
@@ -430,7 +430,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 		}},
 		{http.StatusServiceUnavailable, "downstream-unavailable", func(t *testing.T) (*apitest.Response, *apitest.Response) {
 			env := apitest.New(t, apitest.Options{}) // the fault is for every request
-			c, key := env.NewClient(t), newKey()
+			c, key := env.NewClient(t), apitest.NewKey()
 			env.Stripe.FailNext(stripefake.Fail500, 1)
 			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", valid) })
 		}},

@@ -16,7 +16,7 @@ func TestFingerprintCoversTheNormalisedRequest(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
-	key := newKey()
+	key := apitest.NewKey()
 	first := c.Post("/v1/charges", key, `{"amount":1500,"currency":"usd","payment_method":"tok_visa"}`)
 	wantStatus(t, first, http.StatusCreated)
 	for _, same := range []string{
@@ -45,7 +45,7 @@ func TestVersionOneRecordsStayComparable(t *testing.T) {
 	const body = `{"amount": 2000, "currency":"usd","payment_method":"tok_visa","description":"T-shirt","metadata":{"b":"2","a":"1"}}`
 	// Its version-1 fingerprint, as the version-1 code computed it.
 	fp, _ := hex.DecodeString("c296d0daf76924d9b964f516d188c6b92e6adbdcbd7bb9a583d2d30b96f1fe0d")
-	key := newKey()
+	key := apitest.NewKey()
 	if _, err := env.Pool.Exec(context.Background(), `INSERT INTO idempotency_keys
 		(scope, account_id, key, request_method, request_route, request_fingerprint, fingerprint_version,
 		 recovery_point, response_status, response_headers, response_body, finished_at)

@@ -3,7 +3,6 @@ package charges_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"net/http"
 	"testing"
@@ -20,9 +19,6 @@ import (
 // per client and fresh Idempotency-Keys, never by cleaning tables, so they
 // all run in parallel. Tests that inject Stripe faults or hold the fake get
 // an Env of their own, because faults apply to every request the fake sees.
-
-// newKey returns an Idempotency-Key no other test uses.
-func newKey() string { return "k-" + rand.Text() }
 
 // chargeBody is a valid POST /v1/charges body.
 func chargeBody(amount int64) map[string]any {
@@ -200,7 +196,7 @@ type refund struct {
 // createCharge creates a charge for c and returns it decoded.
 func createCharge(t testing.TB, c *apitest.Client, amount int64) charge {
 	t.Helper()
-	resp := c.Post("/v1/charges", newKey(), chargeBody(amount))
+	resp := c.Post("/v1/charges", apitest.NewKey(), chargeBody(amount))
 	wantStatus(t, resp, http.StatusCreated)
 	var ch charge
 	resp.JSON(t, &ch)

@@ -42,7 +42,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 		}, http.StatusCreated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key := newKey()
+			key := apitest.NewKey()
 			body := tc.body(t)
 			first := c.Post(tc.path, key, body)
 			wantStatus(t, first, tc.status)
@@ -74,7 +74,7 @@ func TestSameKeyDifferentRequest(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	first := c.Post("/v1/charges", key, chargeBody(500))
 	wantStatus(t, first, http.StatusCreated)
 	before := countRows(t, env.Pool, c.Account.ID)
@@ -120,7 +120,7 @@ func TestKeyOrderAndWhitespaceAreTheSameRequest(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	first := c.Post("/v1/charges", key,
 		`{"amount":800,"currency":"usd","payment_method":"tok_visa","metadata":{"a":"1","b":"2"}}`)
 	wantStatus(t, first, http.StatusCreated)
@@ -145,7 +145,7 @@ func TestInFlightConflict(t *testing.T) {
 	gate := env.Stripe.Hold()
 	defer gate.Release()
 
-	key := newKey()
+	key := apitest.NewKey()
 	firstc := make(chan *apitest.Response, 1)
 	go func() { firstc <- c.Post("/v1/charges", key, chargeBody(300)) }()
 	downstream := waitArrived(t, gate.Arrived())
@@ -194,7 +194,7 @@ func TestRaceOnOneKey(t *testing.T) {
 	c.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 100}}
 
 	const n = 100
-	key := newKey()
+	key := apitest.NewKey()
 	start := make(chan struct{})
 	resps := make([]*apitest.Response, n)
 	var wg sync.WaitGroup
@@ -278,7 +278,7 @@ func TestSameKeyTwoAccounts(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	a, b := env.NewClient(t), env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	ra := a.Post("/v1/charges", key, chargeBody(1000))
 	rb := b.Post("/v1/charges", key, chargeBody(1000))
 	wantStatus(t, ra, http.StatusCreated)
@@ -314,7 +314,7 @@ func TestSameKeyTwoAccounts(t *testing.T) {
 	wantSameResponse(t, rb, b.Post("/v1/charges", key, chargeBody(1000)))
 
 	// Refunds too.
-	rr := a.Post("/v1/refunds", newKey(), map[string]any{"charge": ca.ID, "amount": 10})
+	rr := a.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ca.ID, "amount": 10})
 	wantStatus(t, rr, http.StatusCreated)
 	var rf refund
 	rr.JSON(t, &rf)
@@ -332,7 +332,7 @@ func TestQuotedKeyIsTheBareKey(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
-	bare := "q-" + newKey()
+	bare := "q-" + apitest.NewKey()
 	quoted := `"` + bare + `"`
 	first := c.Post("/v1/charges", quoted, chargeBody(100))
 	wantStatus(t, first, http.StatusCreated)
@@ -344,7 +344,7 @@ func TestQuotedKeyIsTheBareKey(t *testing.T) {
 	}
 
 	// Escapes: "a\"b" is the key a"b.
-	escaped := `"e-` + strings.ReplaceAll(newKey(), "-", `\"`) + `"`
+	escaped := `"e-` + strings.ReplaceAll(apitest.NewKey(), "-", `\"`) + `"`
 	plain := strings.NewReplacer(`\"`, `"`).Replace(escaped[1 : len(escaped)-1])
 	second := c.Post("/v1/charges", plain, chargeBody(200))
 	wantStatus(t, second, http.StatusCreated)

@@ -17,7 +17,7 @@ func TestDeclineIsFinalAndReplayed(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_chargeDeclined"}
 	first := c.Post("/v1/charges", key, body)
 	wantProblem(t, first, http.StatusPaymentRequired, "card-declined")
@@ -102,7 +102,7 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			// A window, not FailNext(f, 1): http.Transport may re-send the
 			// request on its own when a reused connection drops.
 			env.Stripe.FailFor(tc.fault, time.Minute)
-			key := newKey()
+			key := apitest.NewKey()
 			first := c.Post("/v1/charges", key, chargeBody(1500))
 			wantProblem(t, first, http.StatusServiceUnavailable, "downstream-unavailable")
 			if first.Header.Get("Retry-After") == "" {
@@ -206,7 +206,7 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	gate := env.Stripe.Hold()
 	defer gate.Release()
 
-	key := newKey()
+	key := apitest.NewKey()
 	firstc := make(chan *apitest.Response, 1)
 	go func() { firstc <- c.Post("/v1/charges", key, chargeBody(990)) }()
 	dk := waitArrived(t, gate.Arrived())
@@ -282,7 +282,7 @@ func TestUnknownRefundKeepsReservation(t *testing.T) {
 	// reuse, and http.Transport re-sends a request whose reused connection
 	// drops, which Stripe (here the fake) would answer with its replay.
 	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
-	key := newKey()
+	key := apitest.NewKey()
 	body := map[string]any{"charge": ch.ID, "amount": 600}
 	wantProblem(t, c.Post("/v1/refunds", key, body), http.StatusServiceUnavailable, "downstream-unavailable")
 	env.Stripe.ClearFaults()
@@ -290,7 +290,7 @@ func TestUnknownRefundKeepsReservation(t *testing.T) {
 	if r := getChargeRow(t, env.Pool, ch.ID); r.AmountRefunded != 600 {
 		t.Fatalf("amount_refunded %d while the refund is unresolved, want 600", r.AmountRefunded)
 	}
-	wantProblem(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500}),
 		http.StatusBadRequest, "refund-exceeds-charge")
 
 	retry := c.Post("/v1/refunds", key, body)
@@ -311,7 +311,7 @@ func TestStripeRequestsCarryContentLength(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 1500)
-	wantStatus(t, c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500}), http.StatusCreated)
+	wantStatus(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500}), http.StatusCreated)
 
 	reqs := env.Stripe.Requests()
 	if len(reqs) != 2 {

@@ -119,7 +119,7 @@ func TestAgainstStripeMock(t *testing.T) {
 	env := apitest.New(t, apitest.Options{StripeURL: startStripeMock(t)})
 	c := env.NewClient(t)
 
-	key := newKey()
+	key := apitest.NewKey()
 	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "tok_visa",
 		"description": "stripe-mock smoke", "metadata": map[string]string{"order": "7"}}
 	first := c.Post("/v1/charges", key, body)
@@ -137,7 +137,7 @@ func TestAgainstStripeMock(t *testing.T) {
 	if ch.Status != "succeeded" {
 		t.Fatalf("stripe-mock returned a %s charge, want succeeded", ch.Status)
 	}
-	rkey := newKey()
+	rkey := apitest.NewKey()
 	rbody := map[string]any{"charge": ch.ID, "amount": 500}
 	rf := c.Post("/v1/refunds", rkey, rbody)
 	wantStatus(t, rf, http.StatusCreated)

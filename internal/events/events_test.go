@@ -18,11 +18,9 @@ import (
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
-func newKey() string { return "k-" + rand.Text() }
-
 func charge(t testing.TB, c *apitest.Client, amount int64, pm string) *apitest.Response {
 	t.Helper()
-	return c.Post("/v1/charges", newKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": pm})
+	return c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": pm})
 }
 
 func listEvents(t testing.TB, c *apitest.Client, query string) events.List {
@@ -53,12 +51,12 @@ func TestEventsCommitWithSettlement(t *testing.T) {
 		ID string `json:"id"`
 	}
 	ok.JSON(t, &ch)
-	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 300}); r.Status != http.StatusCreated {
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300}); r.Status != http.StatusCreated {
 		t.Fatalf("refund: %d %s", r.Status, r.Body)
 	}
 	// Stripe down: the charge does not settle, and has no event (yet).
 	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
-	key := newKey()
+	key := apitest.NewKey()
 	body := map[string]any{"amount": 700, "currency": "usd", "payment_method": "tok_visa"}
 	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
 		t.Fatalf("charge while Stripe is down: %d, want 503", r.Status)

@@ -94,13 +94,11 @@ func getCharge(t testing.TB, c *apitest.Client, id string) chargeDetail {
 	return ch
 }
 
-func newKey() string { return "k-" + rand.Text() }
-
 // createCharge makes a charge over the API and returns it with the fake's
 // copy of it (what Stripe holds).
 func createCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (chargeDetail, stripefake.Charge) {
 	t.Helper()
-	resp := c.Post("/v1/charges", newKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
+	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
 	if resp.Status != http.StatusCreated {
 		t.Fatalf("creating a charge: %d %s", resp.Status, resp.Body)
 	}
@@ -162,7 +160,7 @@ func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount 
 	env.Stripe.SetFaultDelay(5 * time.Second)
 	env.Stripe.FailFor(stripefake.Delay, time.Minute)
 	defer env.Stripe.ClearFaults()
-	key := newKey()
+	key := apitest.NewKey()
 	resp := c.Post("/v1/charges", key, map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
 	if resp.Status != http.StatusServiceUnavailable {
 		t.Fatalf("charge during a slow Stripe: %d %s, want 503", resp.Status, resp.Body)
@@ -190,7 +188,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 
 	// A refund over the API, then Stripe tells us it failed later on
 	// (refund.updated): the refund is failed and its amount released.
-	rresp := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch.ID, "amount": 500})
+	rresp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500})
 	if rresp.Status != http.StatusCreated {
 		t.Fatalf("refund: %d %s", rresp.Status, rresp.Body)
 	}
@@ -254,7 +252,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 	if len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" || got.Disputes[0].StripeDisputeID != dispute.ID {
 		t.Fatalf("charge disputes after charge.dispute.created: %s", mustJSON(got.Disputes))
 	}
-	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch2.ID}); r.Status != http.StatusConflict {
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch2.ID}); r.Status != http.StatusConflict {
 		t.Errorf("refund of a disputed charge: %d %s, want 409", r.Status, r.Body)
 	}
 	dispute.Status = "won"
@@ -266,7 +264,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 	if got := getCharge(t, c, ch2.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "won" || got.AmountRefunded != 0 {
 		t.Errorf("after charge.dispute.closed(won): disputes %s, amount_refunded %d", mustJSON(got.Disputes), got.AmountRefunded)
 	}
-	if r := c.Post("/v1/refunds", newKey(), map[string]any{"charge": ch2.ID, "amount": 100}); r.Status != http.StatusCreated {
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch2.ID, "amount": 100}); r.Status != http.StatusCreated {
 		t.Errorf("refund after a won dispute: %d %s, want 201", r.Status, r.Body)
 	}
 
