@@ -125,6 +125,11 @@ const (
 )
 
 const (
+	// brokerTimeout bounds an acknowledgement or a dead-letter publish:
+	// the charge itself runs detached from shutdown, but waiting for a
+	// broker that went away must end (the message is then redelivered).
+	brokerTimeout = 10 * time.Second
+
 	maxDeadLetterDetail   = 500
 	deadLetterMsgIDPrefix = "dlq-"
 )
@@ -248,7 +253,10 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		} else if resp.Status != 201 {
 			outcome = OutcomeDeclined // a final answer (402, 422), stored like any
 		}
-		if err := msg.DoubleAck(ctx); err != nil {
+		actx, cancel := context.WithTimeout(ctx, brokerTimeout)
+		err := msg.DoubleAck(actx)
+		cancel()
+		if err != nil {
 			// The record is finished: the redelivery replays and acks.
 			log.WarnContext(ctx, "order.paid: ack not confirmed", "err", err)
 		}
@@ -308,7 +316,10 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	// A repeated dead-lettering of one message (the process died before
 	// Term) is dropped by JetStream's duplicate window.
 	dl.Header.Set(jetstream.MsgIDHeader, deadLetterMsgIDPrefix+meta.Stream+"-"+seq)
-	if _, err := c.js.PublishMsg(ctx, dl); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, brokerTimeout)
+	_, err := c.js.PublishMsg(pctx, dl)
+	cancel()
+	if err != nil {
 		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)
 		_ = msg.NakWithDelay(c.cfg.Backoff)
 		c.observe(OutcomeNak, reasonUnavailable)
