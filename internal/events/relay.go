@@ -190,7 +190,9 @@ func (r *Relay) observe(n int, err error) {
 	if r.cfg.Observe == nil {
 		return
 	}
-	oldest, lerr := r.q.EventOldestUnpublished(context.Background(), r.pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	oldest, lerr := r.q.EventOldestUnpublished(ctx, r.pool)
 	lag := time.Duration(0)
 	if lerr == nil {
 		lag = max(0, time.Since(oldest))
