@@ -20,15 +20,39 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.ID == "" || k.Object != "api_key" || k.Secret == "" || k.Prefix == "" || k.StatusCode() != http.StatusCreated || k.Replayed() {
-		t.Fatalf("created key %+v", k)
+	if k.ID == "" {
+		t.Fatal("created key: empty id")
+	}
+	if k.Object != "api_key" {
+		t.Fatalf("created key: object %q, want api_key", k.Object)
+	}
+	if k.Secret == "" {
+		t.Fatal("created key: empty secret")
+	}
+	if k.Prefix == "" {
+		t.Fatal("created key: empty prefix")
+	}
+	if k.StatusCode() != http.StatusCreated {
+		t.Fatalf("created key: status %d, want %d", k.StatusCode(), http.StatusCreated)
+	}
+	if k.Replayed() {
+		t.Fatal("created key: replayed, want a fresh answer")
 	}
 	replay, err := a.cl.APIKeys.Create(ctx, client.WithIdempotencyKey("new-key-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !replay.Replayed() || replay.ID != k.ID || replay.Secret != "" || replay.Note == "" {
-		t.Errorf("the replayed creation %+v; want the same key without its secret, with a note", replay)
+	if !replay.Replayed() {
+		t.Error("the replayed creation: not marked replayed")
+	}
+	if replay.ID != k.ID {
+		t.Errorf("the replayed creation: id %s, want %s", replay.ID, k.ID)
+	}
+	if replay.Secret != "" {
+		t.Error("the replayed creation carries the secret, want none")
+	}
+	if replay.Note == "" {
+		t.Error("the replayed creation: empty note, want one explaining the missing secret")
 	}
 
 	list, err := a.cl.APIKeys.List(ctx)
@@ -42,8 +66,11 @@ func TestAPIKeys(t *testing.T) {
 			t.Errorf("the list shows the secret of %s", l.ID)
 		}
 	}
-	if len(list.Data) != 2 || !found {
-		t.Errorf("keys %+v, want the account's first key and %s", list.Data, k.ID)
+	if len(list.Data) != 2 {
+		t.Errorf("%d keys %q, want 2: the account's first key and %s", len(list.Data), keyIDs(list.Data), k.ID)
+	}
+	if !found {
+		t.Errorf("keys %q do not include %s", keyIDs(list.Data), k.ID)
 	}
 
 	// The new key works.
@@ -89,24 +116,50 @@ func TestAPIKeys(t *testing.T) {
 	if key, _ := sameKeyAndBytes(t, reqs); key != "revoke-1" {
 		t.Errorf("DELETE key %q", key)
 	}
-	if atts := obs.all(); len(atts) != 2 || atts[0].Err == nil || atts[1].Status != http.StatusNoContent {
-		t.Errorf("attempts %+v; want a lost answer, then 204", atts)
+	if atts := obs.all(); len(atts) != 2 {
+		t.Errorf("%d attempts (%s); want 2: a lost answer, then 204", len(atts), describeAttempts(atts))
+	} else {
+		if atts[0].Err == nil {
+			t.Errorf("attempt 1: no transport error (status %d), want a lost answer", atts[0].Status)
+		}
+		if atts[1].Status != http.StatusNoContent {
+			t.Errorf("attempt 2: status %d, want %d", atts[1].Status, http.StatusNoContent)
+		}
 	}
 	_, err = withNew.Charges.List(ctx, client.ListParams{})
 	if e := asError(t, err); e.Status != http.StatusUnauthorized {
-		t.Errorf("the revoked key: %+v", e)
+		t.Errorf("the revoked key: status %d, want %d", e.Status, http.StatusUnauthorized)
 	}
 
 	// The account's last key cannot be revoked: a final 409, not retried
 	// like request-in-progress.
 	list, err = a.cl.APIKeys.List(ctx)
-	if err != nil || len(list.Data) != 1 {
-		t.Fatalf("keys after the revocation: %+v %v", list, err)
+	if err != nil {
+		t.Fatalf("keys after the revocation: %v", err)
+	}
+	if len(list.Data) != 1 {
+		t.Fatalf("%d keys after the revocation %q, want 1", len(list.Data), keyIDs(list.Data))
 	}
 	var lastObs counter
 	last := a.client(a.env.Server.URL, client.WithObserver(lastObs.observe))
 	err = last.APIKeys.Delete(ctx, list.Data[0].ID)
-	if e := asError(t, err); e.Status != http.StatusConflict || e.Code() != "last-api-key" || len(lastObs.all()) != 1 {
-		t.Errorf("revoking the last key: %+v after %d attempts; want a final 409 last-api-key", e, len(lastObs.all()))
+	e := asError(t, err)
+	if e.Status != http.StatusConflict {
+		t.Errorf("revoking the last key: status %d, want %d", e.Status, http.StatusConflict)
 	}
+	if e.Code() != "last-api-key" {
+		t.Errorf("revoking the last key: code %q, want last-api-key", e.Code())
+	}
+	if n := len(lastObs.all()); n != 1 {
+		t.Errorf("revoking the last key: %d attempts, want 1 (the 409 is final)", n)
+	}
+}
+
+// keyIDs lists the keys' ids, for failure messages.
+func keyIDs(keys []client.APIKey) []string {
+	ids := make([]string, 0, len(keys))
+	for _, k := range keys {
+		ids = append(ids, k.ID)
+	}
+	return ids
 }

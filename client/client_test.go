@@ -155,6 +155,23 @@ func visa(amount int64) client.ChargeParams {
 
 func ptr[T any](v T) *T { return &v }
 
+// str renders an optional string for a failure message: <nil> or quoted.
+func str(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("%q", *p)
+}
+
+// describeAttempts summarises attempts for a failure message.
+func describeAttempts(atts []client.Attempt) string {
+	parts := make([]string, 0, len(atts))
+	for _, a := range atts {
+		parts = append(parts, fmt.Sprintf("#%d %s status %d err %v retry %t", a.N, a.URL, a.Status, a.Err, a.Retry))
+	}
+	return strings.Join(parts, "; ")
+}
+
 var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
 func asError(t *testing.T, err error) *client.Error {
@@ -179,9 +196,29 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ch.ID == "" || ch.Object != "charge" || ch.Amount != 2000 || ch.Currency != "usd" || ch.Status != "succeeded" ||
-		ch.Description == nil || *ch.Description != "T-shirt" || ch.Metadata["sku"] != "ts-42" || ch.StripeChargeID == nil {
-		t.Errorf("created charge %+v", ch)
+	if ch.ID == "" {
+		t.Error("created charge: empty id")
+	}
+	if ch.Object != "charge" {
+		t.Errorf("created charge: object %q, want charge", ch.Object)
+	}
+	if ch.Amount != 2000 {
+		t.Errorf("created charge: amount %d, want 2000", ch.Amount)
+	}
+	if ch.Currency != "usd" {
+		t.Errorf("created charge: currency %q, want usd", ch.Currency)
+	}
+	if ch.Status != "succeeded" {
+		t.Errorf("created charge: status %q, want succeeded", ch.Status)
+	}
+	if ch.Description == nil || *ch.Description != "T-shirt" {
+		t.Errorf("created charge: description %s, want \"T-shirt\"", str(ch.Description))
+	}
+	if got := ch.Metadata["sku"]; got != "ts-42" {
+		t.Errorf("created charge: metadata sku %q, want ts-42", got)
+	}
+	if ch.StripeChargeID == nil {
+		t.Error("created charge: no stripe_charge_id")
 	}
 	if ch.Replayed() || ch.StatusCode() != http.StatusCreated || ch.Attempts() != 1 || ch.RequestID() == "" {
 		t.Errorf("meta: replayed %v, status %d, attempts %d, request id %q", ch.Replayed(), ch.StatusCode(), ch.Attempts(), ch.RequestID())
@@ -194,8 +231,20 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != ch.ID || got.Amount != 2000 || got.Disputes == nil || len(got.Disputes) != 0 || got.IdempotencyKey() != "" {
-		t.Errorf("got charge %+v (disputes %v)", got, got.Disputes)
+	if got.ID != ch.ID {
+		t.Errorf("got charge: id %s, want %s", got.ID, ch.ID)
+	}
+	if got.Amount != 2000 {
+		t.Errorf("got charge: amount %d, want 2000", got.Amount)
+	}
+	if got.Disputes == nil {
+		t.Error("got charge: disputes nil, want an empty list")
+	}
+	if len(got.Disputes) != 0 {
+		t.Errorf("got charge: %d disputes, want none", len(got.Disputes))
+	}
+	if got.IdempotencyKey() != "" {
+		t.Errorf("got charge: idempotency key %q on a GET, want none", got.IdempotencyKey())
 	}
 
 	second, err := a.cl.Charges.Create(ctx, visa(3000))
@@ -209,15 +258,25 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(page.Data) != 1 || page.Data[0].ID != second.ID || !page.HasMore {
-		t.Errorf("first page %+v, want %s and has_more", page, second.ID)
+	if len(page.Data) != 1 {
+		t.Errorf("first page: %d charges, want 1", len(page.Data))
+	} else if page.Data[0].ID != second.ID {
+		t.Errorf("first page: charge %s, want %s", page.Data[0].ID, second.ID)
+	}
+	if !page.HasMore {
+		t.Error("first page: has_more false, want true")
 	}
 	page, err = a.cl.Charges.List(ctx, client.ListParams{Limit: 10, StartingAfter: second.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(page.Data) != 1 || page.Data[0].ID != ch.ID || page.HasMore {
-		t.Errorf("second page %+v, want only %s", page, ch.ID)
+	if len(page.Data) != 1 {
+		t.Errorf("second page: %d charges, want 1", len(page.Data))
+	} else if page.Data[0].ID != ch.ID {
+		t.Errorf("second page: charge %s, want %s", page.Data[0].ID, ch.ID)
+	}
+	if page.HasMore {
+		t.Error("second page: has_more true, want false")
 	}
 
 	// A key with characters that must be escaped in the inspection path.
@@ -226,29 +285,64 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if re.Charge != ch.ID || re.Amount != 500 || re.Status != "succeeded" || re.IdempotencyKey() != refundKey {
-		t.Errorf("refund %+v with key %q", re, re.IdempotencyKey())
+	if re.Charge != ch.ID {
+		t.Errorf("refund: charge %s, want %s", re.Charge, ch.ID)
+	}
+	if re.Amount != 500 {
+		t.Errorf("refund: amount %d, want 500", re.Amount)
+	}
+	if re.Status != "succeeded" {
+		t.Errorf("refund: status %q, want succeeded", re.Status)
+	}
+	if re.IdempotencyKey() != refundKey {
+		t.Errorf("refund: key %q, want %q", re.IdempotencyKey(), refundKey)
 	}
 	gotRe, err := a.cl.Refunds.Get(ctx, re.ID)
-	if err != nil || gotRe.ID != re.ID || gotRe.Amount != 500 {
-		t.Errorf("GET refund: %+v %v", gotRe, err)
+	if err != nil {
+		t.Errorf("GET refund: %v", err)
+	} else {
+		if gotRe.ID != re.ID {
+			t.Errorf("GET refund: id %s, want %s", gotRe.ID, re.ID)
+		}
+		if gotRe.Amount != 500 {
+			t.Errorf("GET refund: amount %d, want 500", gotRe.Amount)
+		}
 	}
-	if got, err = a.cl.Charges.Get(ctx, ch.ID); err != nil || got.AmountRefunded != 500 {
-		t.Errorf("charge after the refund: %+v %v", got, err)
+	if got, err = a.cl.Charges.Get(ctx, ch.ID); err != nil {
+		t.Errorf("charge after the refund: %v", err)
+	} else if got.AmountRefunded != 500 {
+		t.Errorf("charge after the refund: amount_refunded %d, want 500", got.AmountRefunded)
 	}
 
 	ik, err := a.cl.IdempotencyKeys.Get(ctx, refundKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ik.Key != refundKey || ik.RecoveryPoint != "finished" || ik.Refund == nil || *ik.Refund != re.ID ||
-		ik.RequestMethod != http.MethodPost || ik.ResponseStatus == nil || *ik.ResponseStatus != http.StatusCreated ||
-		ik.DownstreamKey != "idempay_"+ik.ID {
-		t.Errorf("idempotency key record %+v", ik)
+	if ik.Key != refundKey {
+		t.Errorf("idempotency key record: key %q, want %q", ik.Key, refundKey)
+	}
+	if ik.RecoveryPoint != "finished" {
+		t.Errorf("idempotency key record: recovery point %q, want finished", ik.RecoveryPoint)
+	}
+	if ik.Refund == nil || *ik.Refund != re.ID {
+		t.Errorf("idempotency key record: refund %s, want %q", str(ik.Refund), re.ID)
+	}
+	if ik.RequestMethod != http.MethodPost {
+		t.Errorf("idempotency key record: request method %q, want POST", ik.RequestMethod)
+	}
+	if ik.ResponseStatus == nil {
+		t.Errorf("idempotency key record: response status <nil>, want %d", http.StatusCreated)
+	} else if *ik.ResponseStatus != http.StatusCreated {
+		t.Errorf("idempotency key record: response status %d, want %d", *ik.ResponseStatus, http.StatusCreated)
+	}
+	if ik.DownstreamKey != "idempay_"+ik.ID {
+		t.Errorf("idempotency key record: downstream key %q, want %q", ik.DownstreamKey, "idempay_"+ik.ID)
 	}
 	ik, err = a.cl.IdempotencyKeys.Get(ctx, ch.IdempotencyKey())
-	if err != nil || ik.Charge == nil || *ik.Charge != ch.ID {
-		t.Errorf("the charge's record: %+v %v", ik, err)
+	if err != nil {
+		t.Errorf("the charge's record: %v", err)
+	} else if ik.Charge == nil || *ik.Charge != ch.ID {
+		t.Errorf("the charge's record: charge %s, want %q", str(ik.Charge), ch.ID)
 	}
 
 	evs, err := a.cl.Events.List(ctx, client.ListParams{})
@@ -259,23 +353,39 @@ func TestRoundTrip(t *testing.T) {
 	for _, ev := range evs.Data {
 		types[ev.Type]++
 	}
-	if len(evs.Data) != 3 || types["charge.succeeded"] != 2 || types["refund.succeeded"] != 1 || evs.Data[0].Sequence != 3 {
-		t.Fatalf("events %+v, want two charge.succeeded and a refund.succeeded, newest first", evs.Data)
+	if len(evs.Data) != 3 {
+		t.Fatalf("%d events (types %v), want 3: two charge.succeeded and a refund.succeeded", len(evs.Data), types)
+	}
+	if n := types["charge.succeeded"]; n != 2 {
+		t.Fatalf("%d charge.succeeded events (types %v), want 2", n, types)
+	}
+	if n := types["refund.succeeded"]; n != 1 {
+		t.Fatalf("%d refund.succeeded events (types %v), want 1", n, types)
+	}
+	if s := evs.Data[0].Sequence; s != 3 {
+		t.Fatalf("newest event: sequence %d, want 3", s)
 	}
 	ev, err := a.cl.Events.Get(ctx, evs.Data[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ev.ID != evs.Data[0].ID || ev.Type != "refund.succeeded" {
-		t.Errorf("event %+v, want the refund's", ev)
+	if ev.ID != evs.Data[0].ID {
+		t.Errorf("event: id %s, want %s", ev.ID, evs.Data[0].ID)
 	}
-	if r, err := ev.Refund(); err != nil || r.ID != re.ID {
-		t.Errorf("the event's refund: %+v %v", r, err)
+	if ev.Type != "refund.succeeded" {
+		t.Errorf("event: type %q, want refund.succeeded", ev.Type)
+	}
+	if r, err := ev.Refund(); err != nil {
+		t.Errorf("the event's refund: %v", err)
+	} else if r.ID != re.ID {
+		t.Errorf("the event's refund: id %s, want %s", r.ID, re.ID)
 	}
 	for _, e := range evs.Data {
 		if e.Type == "charge.succeeded" {
-			if c, err := e.Charge(); err != nil || (c.ID != ch.ID && c.ID != second.ID) {
-				t.Errorf("the event's charge: %+v %v", c, err)
+			if c, err := e.Charge(); err != nil {
+				t.Errorf("the event's charge: %v", err)
+			} else if c.ID != ch.ID && c.ID != second.ID {
+				t.Errorf("the event's charge: id %s, want %s or %s", c.ID, ch.ID, second.ID)
 			}
 		}
 	}
@@ -297,8 +407,17 @@ func TestDeclineIsFinal(t *testing.T) {
 	_, err := a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 1500, Currency: "usd", PaymentMethod: "tok_chargeDeclined"},
 		client.WithIdempotencyKey("declined-1"))
 	e := asError(t, err)
-	if e.Status != http.StatusPaymentRequired || e.Code() != "card-declined" || e.Type != "/problems/card-declined" || e.Title == "" {
-		t.Errorf("decline: %+v", e)
+	if e.Status != http.StatusPaymentRequired {
+		t.Errorf("decline: status %d, want %d", e.Status, http.StatusPaymentRequired)
+	}
+	if e.Code() != "card-declined" {
+		t.Errorf("decline: code %q, want card-declined", e.Code())
+	}
+	if e.Type != "/problems/card-declined" {
+		t.Errorf("decline: type %q, want /problems/card-declined", e.Type)
+	}
+	if e.Title == "" {
+		t.Error("decline: empty title")
 	}
 	if code, _ := e.Extensions["decline_code"].(string); code != "generic_decline" {
 		t.Errorf("decline_code %v, want generic_decline (extensions %v)", e.Extensions["decline_code"], e.Extensions)
@@ -334,8 +453,17 @@ func TestValidationErrorListsParams(t *testing.T) {
 	for _, p := range e.InvalidParams {
 		names[p.Name] = p.Reason != ""
 	}
-	if e.Status != http.StatusBadRequest || e.Code() != "invalid-request" || !names["amount"] || !names["currency"] {
-		t.Errorf("validation error %+v, want invalid-request naming amount and currency", e)
+	if e.Status != http.StatusBadRequest {
+		t.Errorf("validation error: status %d, want %d", e.Status, http.StatusBadRequest)
+	}
+	if e.Code() != "invalid-request" {
+		t.Errorf("validation error: code %q, want invalid-request", e.Code())
+	}
+	if !names["amount"] {
+		t.Errorf("validation error: invalid_params (name: has a reason) %v do not name amount with a reason", names)
+	}
+	if !names["currency"] {
+		t.Errorf("validation error: invalid_params (name: has a reason) %v do not name currency with a reason", names)
 	}
 	if len(obs.all()) != 1 {
 		t.Errorf("%d attempts, want 1", len(obs.all()))
@@ -352,14 +480,22 @@ func TestMismatchIsFinal(t *testing.T) {
 	}
 	_, err = a.cl.Charges.Create(t.Context(), visa(9999), client.WithIdempotencyKey("order-1"))
 	e := asError(t, err)
-	if e.Status != http.StatusUnprocessableEntity || e.Code() != "idempotency-key-reused" || e.IdempotencyKey != "order-1" {
-		t.Errorf("mismatch: %+v", e)
+	if e.Status != http.StatusUnprocessableEntity {
+		t.Errorf("mismatch: status %d, want %d", e.Status, http.StatusUnprocessableEntity)
+	}
+	if e.Code() != "idempotency-key-reused" {
+		t.Errorf("mismatch: code %q, want idempotency-key-reused", e.Code())
+	}
+	if e.IdempotencyKey != "order-1" {
+		t.Errorf("mismatch: key %q, want order-1", e.IdempotencyKey)
 	}
 	if n := len(obs.all()); n != 2 {
 		t.Errorf("%d attempts for two calls, want 2: a mismatch is final", n)
 	}
-	if got, err := a.cl.Charges.Get(t.Context(), first.ID); err != nil || got.Amount != 1000 {
-		t.Errorf("the charge after the mismatch: %+v %v", got, err)
+	if got, err := a.cl.Charges.Get(t.Context(), first.ID); err != nil {
+		t.Errorf("the charge after the mismatch: %v", err)
+	} else if got.Amount != 1000 {
+		t.Errorf("the charge after the mismatch: amount %d, want 1000", got.Amount)
 	}
 }
 
@@ -367,17 +503,21 @@ func TestNotFoundAndUnauthorized(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
 	_, err := a.cl.Charges.Get(t.Context(), "ch_doesnotexist")
-	if e := asError(t, err); e.Status != http.StatusNotFound || e.Code() != "not-found" {
-		t.Errorf("unknown charge: %+v", e)
+	if e := asError(t, err); e.Status != http.StatusNotFound {
+		t.Errorf("unknown charge: status %d, want %d", e.Status, http.StatusNotFound)
+	} else if e.Code() != "not-found" {
+		t.Errorf("unknown charge: code %q, want not-found", e.Code())
 	}
 	_, err = a.cl.IdempotencyKeys.Get(t.Context(), "never-used")
 	if e := asError(t, err); e.Status != http.StatusNotFound {
-		t.Errorf("unknown key: %+v", e)
+		t.Errorf("unknown key: status %d, want %d", e.Status, http.StatusNotFound)
 	}
 	bad := client.New(a.env.Server.URL, "sk_idem_wrong")
 	_, err = bad.Charges.Create(t.Context(), visa(100))
-	if e := asError(t, err); e.Status != http.StatusUnauthorized || e.Code() != "unauthorized" {
-		t.Errorf("wrong API key: %+v", e)
+	if e := asError(t, err); e.Status != http.StatusUnauthorized {
+		t.Errorf("wrong API key: status %d, want %d", e.Status, http.StatusUnauthorized)
+	} else if e.Code() != "unauthorized" {
+		t.Errorf("wrong API key: code %q, want unauthorized", e.Code())
 	}
 	if _, err := a.cl.Charges.Get(t.Context(), ""); err == nil {
 		t.Error("an empty charge id was sent")
@@ -526,8 +666,11 @@ func TestNotRefundableIsFinal(t *testing.T) {
 	f := newFront(t, a.env.Server.URL, nil)
 	_, err = a.client(f.URL).Refunds.Create(t.Context(), client.RefundParams{Charge: chID})
 	e := asError(t, err)
-	if e.Status != http.StatusConflict || e.Code() != "charge-not-refundable" {
-		t.Fatalf("refund of a declined charge: %+v", e)
+	if e.Status != http.StatusConflict {
+		t.Fatalf("refund of a declined charge: status %d, want %d", e.Status, http.StatusConflict)
+	}
+	if e.Code() != "charge-not-refundable" {
+		t.Fatalf("refund of a declined charge: code %q, want charge-not-refundable", e.Code())
 	}
 	if n := len(f.requests()); n != 1 || e.Attempts != 1 {
 		t.Errorf("%d attempts, want 1: charge-not-refundable is final", n)
@@ -553,8 +696,10 @@ func TestOtherStatusesAreFinal(t *testing.T) {
 				return true
 			})
 			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))
-			if e := asError(t, err); e.Status != tc.status || e.Code() != tc.typ {
-				t.Errorf("error %+v", e)
+			if e := asError(t, err); e.Status != tc.status {
+				t.Errorf("status %d, want %d", e.Status, tc.status)
+			} else if e.Code() != tc.typ {
+				t.Errorf("code %q, want %q", e.Code(), tc.typ)
 			}
 			if n := len(f.requests()); n != 1 {
 				t.Errorf("%d attempts, want 1", n)
@@ -621,8 +766,21 @@ func TestDroppedConnectionIsRetried(t *testing.T) {
 	}
 	sameKeyAndBytes(t, reqs)
 	atts := obs.all()
-	if len(atts) != 2 || atts[0].Err == nil || atts[0].Status != 0 || !atts[0].Retry || atts[1].Status != http.StatusCreated {
-		t.Errorf("attempts %+v; want a transport error, then 201", atts)
+	if len(atts) != 2 {
+		t.Errorf("%d attempts (%s); want 2: a transport error, then 201", len(atts), describeAttempts(atts))
+	} else {
+		if atts[0].Err == nil {
+			t.Error("attempt 1: no transport error, want one")
+		}
+		if atts[0].Status != 0 {
+			t.Errorf("attempt 1: status %d, want none", atts[0].Status)
+		}
+		if !atts[0].Retry {
+			t.Error("attempt 1: retry false, want true")
+		}
+		if atts[1].Status != http.StatusCreated {
+			t.Errorf("attempt 2: status %d, want %d", atts[1].Status, http.StatusCreated)
+		}
 	}
 	if ch.Status != "succeeded" || len(a.env.Stripe.Charges()) != 1 {
 		t.Errorf("charge %s; the fake holds %d charges", ch.Status, len(a.env.Stripe.Charges()))
@@ -675,9 +833,24 @@ func TestBaseURLsRotate(t *testing.T) {
 		t.Fatal(err)
 	}
 	atts := obs.all()
-	if len(atts) != 2 || !strings.HasPrefix(atts[0].URL, dead+"/v1/charges") || atts[0].Err == nil ||
-		atts[1].URL != f.URL+"/v1/charges" || atts[1].Status != http.StatusCreated || ch.Attempts() != 2 {
-		t.Errorf("attempts %+v; want the dead server, then the front", atts)
+	if len(atts) != 2 {
+		t.Errorf("%d attempts (%s); want 2: the dead server, then the front", len(atts), describeAttempts(atts))
+	} else {
+		if !strings.HasPrefix(atts[0].URL, dead+"/v1/charges") {
+			t.Errorf("attempt 1: URL %q, want the dead server's %s/v1/charges", atts[0].URL, dead)
+		}
+		if atts[0].Err == nil {
+			t.Errorf("attempt 1: no transport error (status %d), want one", atts[0].Status)
+		}
+		if atts[1].URL != f.URL+"/v1/charges" {
+			t.Errorf("attempt 2: URL %q, want %q", atts[1].URL, f.URL+"/v1/charges")
+		}
+		if atts[1].Status != http.StatusCreated {
+			t.Errorf("attempt 2: status %d, want %d", atts[1].Status, http.StatusCreated)
+		}
+	}
+	if ch.Attempts() != 2 {
+		t.Errorf("charge after %d attempts, want 2", ch.Attempts())
 	}
 }
 
@@ -689,8 +862,12 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	})
 	_, err := client.New(f.URL, "k", client.WithMaxAttempts(3), client.WithSleep(noSleep)).
 		Charges.Create(t.Context(), visa(1), client.WithIdempotencyKey("give-up-1"))
-	if e := asError(t, err); e.Status != http.StatusInternalServerError || e.Attempts != 3 || e.IdempotencyKey != "give-up-1" {
-		t.Errorf("last answer %+v", e)
+	if e := asError(t, err); e.Status != http.StatusInternalServerError {
+		t.Errorf("last answer: status %d, want %d", e.Status, http.StatusInternalServerError)
+	} else if e.Attempts != 3 {
+		t.Errorf("last answer: after %d attempts, want 3", e.Attempts)
+	} else if e.IdempotencyKey != "give-up-1" {
+		t.Errorf("last answer: key %q, want give-up-1", e.IdempotencyKey)
 	}
 	if _, final := err.(*client.Error); final {
 		t.Errorf("the error of a call that gave up is a bare *client.Error: it would read as a final answer")
@@ -875,7 +1052,7 @@ func TestContextStopsRetries(t *testing.T) {
 			t.Errorf("error %v does not wrap context.Canceled", err)
 		}
 		if e := asError(t, err); e.Status != http.StatusServiceUnavailable {
-			t.Errorf("last answer %+v", e)
+			t.Errorf("last answer: status %d, want %d", e.Status, http.StatusServiceUnavailable)
 		}
 		if n := len(f.requests()); n != 1 {
 			t.Errorf("%d attempts, want 1", n)

@@ -160,7 +160,7 @@ func TestBadInput(t *testing.T) {
 			}
 
 			if now := countRows(t, env.Pool, c.Account.ID); now != before {
-				t.Fatalf("a rejected request stored rows: %+v -> %+v", before, now)
+				t.Fatalf("a rejected request stored rows: %s", now.diff(before))
 			}
 			if key == noKey || tc.typ == "idempotency-key-invalid" || tc.typ == "idempotency-key-missing" {
 				return
@@ -246,8 +246,8 @@ func TestControlCharactersInKeyHeader(t *testing.T) {
 		}
 		t.Logf("key %q: %d %s %s", key, resp.StatusCode, resp.Header.Get("Content-Type"), b)
 	}
-	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{}) {
-		t.Fatalf("stored %+v", got)
+	if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{}); got != want {
+		t.Fatalf("stored rows: %s", got.diff(want))
 	}
 	if n := len(env.Stripe.Requests()); n != 0 {
 		t.Fatalf("Stripe saw %d requests", n)

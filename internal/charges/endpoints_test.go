@@ -41,17 +41,40 @@ func TestCreateAndGetCharge(t *testing.T) {
 		t.Fatalf("fake holds %d charges, want 1", len(fakeCharges))
 	}
 	fc := fakeCharges[0]
-	if ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID || fc.Amount != 1234 || fc.Currency != "eur" ||
-		fc.Source != "tok_visa" || fc.Metadata["idempay_charge_id"] != ch.ID || fc.Metadata["order"] != "42" {
-		t.Fatalf("fake charge %+v does not match %s", fc, resp.Body)
+	if ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID {
+		t.Fatalf("charge stripe_charge_id %s, want the fake's %q", ptr(ch.StripeChargeID), fc.ID)
+	}
+	if fc.Amount != 1234 {
+		t.Fatalf("fake charge amount %d, want 1234", fc.Amount)
+	}
+	if fc.Currency != "eur" {
+		t.Fatalf("fake charge currency %q, want %q", fc.Currency, "eur")
+	}
+	if fc.Source != "tok_visa" {
+		t.Fatalf("fake charge source %q, want %q", fc.Source, "tok_visa")
+	}
+	if got := fc.Metadata["idempay_charge_id"]; got != ch.ID {
+		t.Fatalf("fake charge metadata idempay_charge_id %q, want %q", got, ch.ID)
+	}
+	if got := fc.Metadata["order"]; got != "42" {
+		t.Fatalf("fake charge metadata order %q, want %q", got, "42")
 	}
 	rec := getRecord(t, env.Pool, c.Account.ID, key)
-	if rec.RecoveryPoint != "finished" || rec.Locked || fc.IdempotencyKey != rec.DownstreamKey() {
-		t.Fatalf("record %+v, fake key %q", rec, fc.IdempotencyKey)
+	if rec.RecoveryPoint != "finished" {
+		t.Fatalf("record recovery point %q, want finished", rec.RecoveryPoint)
+	}
+	if rec.Locked {
+		t.Fatal("record locked, want unlocked")
+	}
+	if fc.IdempotencyKey != rec.DownstreamKey() {
+		t.Fatalf("fake charge idempotency key %q, want the record's downstream key %q", fc.IdempotencyKey, rec.DownstreamKey())
 	}
 	row := getChargeRow(t, env.Pool, ch.ID)
-	if row.Status != "succeeded" || row.StripeChargeID == nil || *row.StripeChargeID != fc.ID {
-		t.Fatalf("ledger row %+v", row)
+	if row.Status != "succeeded" {
+		t.Fatalf("ledger row status %q, want succeeded", row.Status)
+	}
+	if row.StripeChargeID == nil || *row.StripeChargeID != fc.ID {
+		t.Fatalf("ledger row Stripe charge %s, want %q", ptr(row.StripeChargeID), fc.ID)
 	}
 
 	get := c.Get("/v1/charges/" + ch.ID)
@@ -204,7 +227,7 @@ func TestRefundsPartialAndFull(t *testing.T) {
 	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 1}),
 		http.StatusBadRequest, "refund-exceeds-charge")
 	if now := countRows(t, env.Pool, c.Account.ID); now != before {
-		t.Fatalf("rejected refunds stored rows: %+v -> %+v", before, now)
+		t.Fatalf("rejected refunds stored rows: %s", now.diff(before))
 	}
 
 	var stripeRefunded int64
@@ -316,10 +339,10 @@ func TestRefundOfForeignOrUnknownCharge(t *testing.T) {
 			}
 			resp.Problem(t)
 			if now := countRows(t, env.Pool, c.Account.ID); now != before {
-				t.Fatalf("rejected refund stored rows: %+v -> %+v", before, now)
+				t.Fatalf("rejected refund stored rows: %s", now.diff(before))
 			}
 			if r := getChargeRow(t, env.Pool, foreign.ID); r.AmountRefunded != 0 {
-				t.Fatalf("foreign charge was touched: %+v", r)
+				t.Fatalf("foreign charge was touched: amount refunded %d, want 0", r.AmountRefunded)
 			}
 
 			fixed := c.Post("/v1/refunds", key, map[string]any{"charge": own.ID, "amount": 100})
@@ -334,7 +357,7 @@ func TestRefundOfForeignOrUnknownCharge(t *testing.T) {
 	t.Cleanup(func() {
 		for _, r := range env.Stripe.Refunds() {
 			if r.Charge == *foreign.StripeChargeID {
-				t.Errorf("a refund reached the foreign charge at Stripe: %+v", r)
+				t.Errorf("refund %s (amount %d, key %q) reached the foreign charge %s at Stripe", r.ID, r.Amount, r.IdempotencyKey, r.Charge)
 			}
 		}
 	})

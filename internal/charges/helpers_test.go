@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,21 @@ func wantSameResponse(t testing.TB, orig, replay *apitest.Response) {
 // rowCounts is what an account has stored.
 type rowCounts struct{ Keys, Charges, Refunds int }
 
+// diff names the counts that differ from want, for a failure message.
+func (c rowCounts) diff(want rowCounts) string {
+	var d []string
+	if c.Keys != want.Keys {
+		d = append(d, fmt.Sprintf("keys %d, want %d", c.Keys, want.Keys))
+	}
+	if c.Charges != want.Charges {
+		d = append(d, fmt.Sprintf("charges %d, want %d", c.Charges, want.Charges))
+	}
+	if c.Refunds != want.Refunds {
+		d = append(d, fmt.Sprintf("refunds %d, want %d", c.Refunds, want.Refunds))
+	}
+	return strings.Join(d, "; ")
+}
+
 func countRows(t testing.TB, pool *pgxpool.Pool, accountID string) rowCounts {
 	t.Helper()
 	var c rowCounts
@@ -109,6 +125,30 @@ type record struct {
 	LockGeneration int64
 	Attempts       int32
 	ResponseStatus int32 // 0 until finished
+}
+
+// diff names the fields that differ from want, for a failure message.
+func (r record) diff(want record) string {
+	var d []string
+	if r.ID != want.ID {
+		d = append(d, fmt.Sprintf("id %q, want %q", r.ID, want.ID))
+	}
+	if r.RecoveryPoint != want.RecoveryPoint {
+		d = append(d, fmt.Sprintf("recovery point %q, want %q", r.RecoveryPoint, want.RecoveryPoint))
+	}
+	if r.Locked != want.Locked {
+		d = append(d, fmt.Sprintf("locked %t, want %t", r.Locked, want.Locked))
+	}
+	if r.LockGeneration != want.LockGeneration {
+		d = append(d, fmt.Sprintf("lock generation %d, want %d", r.LockGeneration, want.LockGeneration))
+	}
+	if r.Attempts != want.Attempts {
+		d = append(d, fmt.Sprintf("attempts %d, want %d", r.Attempts, want.Attempts))
+	}
+	if r.ResponseStatus != want.ResponseStatus {
+		d = append(d, fmt.Sprintf("response status %d, want %d", r.ResponseStatus, want.ResponseStatus))
+	}
+	return strings.Join(d, "; ")
 }
 
 // DownstreamKey is the key idempay must send to Stripe for this record.

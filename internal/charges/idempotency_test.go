@@ -62,7 +62,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 				t.Fatal("the client's raw key reached Stripe")
 			}
 			if now := countRows(t, env.Pool, c.Account.ID); now != before {
-				t.Fatalf("replays stored rows: %+v -> %+v", before, now)
+				t.Fatalf("replays stored rows: %s", now.diff(before))
 			}
 		})
 	}
@@ -101,13 +101,13 @@ func TestSameKeyDifferentRequest(t *testing.T) {
 		})
 	}
 	if now := countRows(t, env.Pool, c.Account.ID); now != before {
-		t.Fatalf("mismatches stored rows: %+v -> %+v", before, now)
+		t.Fatalf("mismatches stored rows: %s", now.diff(before))
 	}
 	if n := len(env.Stripe.Requests()); n != stripeBefore {
 		t.Fatalf("mismatches reached Stripe: %d -> %d requests", stripeBefore, n)
 	}
 	if after := getRecord(t, env.Pool, c.Account.ID, key); after != rec {
-		t.Fatalf("record changed: %+v -> %+v", rec, after)
+		t.Fatalf("record changed: %s", after.diff(rec))
 	}
 	// The original is still what the key replays.
 	wantSameResponse(t, first, c.Post("/v1/charges", key, chargeBody(500)))
@@ -151,8 +151,14 @@ func TestInFlightConflict(t *testing.T) {
 	downstream := waitArrived(t, gate.Arrived())
 
 	rec := getRecord(t, env.Pool, c.Account.ID, key)
-	if rec.RecoveryPoint != "started" || !rec.Locked || rec.DownstreamKey() != downstream {
-		t.Fatalf("record while in flight %+v, downstream key %q", rec, downstream)
+	if rec.RecoveryPoint != "started" {
+		t.Fatalf("record while in flight: recovery point %q, want started", rec.RecoveryPoint)
+	}
+	if !rec.Locked {
+		t.Fatal("record while in flight: unlocked, want locked")
+	}
+	if rec.DownstreamKey() != downstream {
+		t.Fatalf("record while in flight: downstream key %q, Stripe saw %q", rec.DownstreamKey(), downstream)
 	}
 	for range 3 {
 		resp := c.Post("/v1/charges", key, chargeBody(300))
@@ -164,7 +170,7 @@ func TestInFlightConflict(t *testing.T) {
 	// A different request with the key in flight is still a mismatch.
 	wantProblem(t, c.Post("/v1/charges", key, chargeBody(301)), http.StatusUnprocessableEntity, "idempotency-key-reused")
 	if after := getRecord(t, env.Pool, c.Account.ID, key); after != rec {
-		t.Fatalf("record changed while in flight: %+v -> %+v", rec, after)
+		t.Fatalf("record changed while in flight: %s", after.diff(rec))
 	}
 	if n := env.Stripe.KeyCount(downstream); n != 1 {
 		t.Fatalf("Stripe saw the downstream key %d times while in flight", n)
@@ -258,8 +264,8 @@ func TestRaceOnOneKey(t *testing.T) {
 		wantSameResponse(t, original, r)
 	}
 
-	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 1, Charges: 1}) {
-		t.Fatalf("stored %+v, want one record and one charge", got)
+	if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 1, Charges: 1}); got != want {
+		t.Fatalf("stored rows: %s", got.diff(want))
 	}
 	rec := getRecord(t, env.Pool, c.Account.ID, key)
 	keys := downstreamCharges(env)
@@ -340,7 +346,7 @@ func TestQuotedKeyIsTheBareKey(t *testing.T) {
 	wantSameResponse(t, first, c.Post("/v1/charges", quoted, chargeBody(100)))
 	// Stored as the key itself, without quotes.
 	if rec := getRecord(t, env.Pool, c.Account.ID, bare); rec.RecoveryPoint != "finished" {
-		t.Fatalf("record %+v", rec)
+		t.Fatalf("record recovery point %q, want finished", rec.RecoveryPoint)
 	}
 
 	// Escapes: "a\"b" is the key a"b.

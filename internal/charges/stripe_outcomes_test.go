@@ -181,7 +181,7 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 				t.Fatalf("ledger row after the retry: status %q, want succeeded", r.Status)
 			}
 			if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 1, Charges: 1}); got != want {
-				t.Fatalf("stored rows %+v, want %+v", got, want)
+				t.Fatalf("stored rows: %s", got.diff(want))
 			}
 			wantSameResponse(t, retry, c.Post("/v1/charges", key, chargeBody(1500)))
 		})
@@ -261,8 +261,14 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	var ch charge
 	third.JSON(t, &ch)
 	fcs := env.Stripe.Charges()
-	if len(fcs) != 1 || env.Stripe.ChargesByKey(dk) != 1 || *ch.StripeChargeID != fcs[0].ID {
-		t.Fatalf("fake charges %+v, ledger %s", fcs, third.Body)
+	if len(fcs) != 1 {
+		t.Fatalf("fake holds %d charges, want 1", len(fcs))
+	}
+	if n := env.Stripe.ChargesByKey(dk); n != 1 {
+		t.Fatalf("fake holds %d charges with %s, want 1", n, dk)
+	}
+	if *ch.StripeChargeID != fcs[0].ID {
+		t.Fatalf("ledger stripe_charge_id %q, fake charge %q", *ch.StripeChargeID, fcs[0].ID)
 	}
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" || r.LockGeneration != 3 {
 		t.Fatalf("record after the last retry: recovery point %q, lock generation %d; want finished, 3", r.RecoveryPoint, r.LockGeneration)
@@ -315,7 +321,11 @@ func TestStripeRequestsCarryContentLength(t *testing.T) {
 
 	reqs := env.Stripe.Requests()
 	if len(reqs) != 2 {
-		t.Fatalf("want a charge and a refund at Stripe, got %+v", reqs)
+		var got []string
+		for _, r := range reqs {
+			got = append(got, r.Method+" "+r.Path)
+		}
+		t.Fatalf("Stripe saw %d requests %q, want a charge and a refund", len(reqs), got)
 	}
 	for _, r := range reqs {
 		if r.Method != http.MethodPost || r.ContentLength <= 0 {

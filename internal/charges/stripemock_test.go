@@ -131,7 +131,7 @@ func TestAgainstStripeMock(t *testing.T) {
 	}
 	wantSameResponse(t, first, c.Post("/v1/charges", key, body))
 	if row := getChargeRow(t, env.Pool, ch.ID); row.StripeChargeID == nil || *row.StripeChargeID != *ch.StripeChargeID {
-		t.Fatalf("ledger row %+v", row)
+		t.Fatalf("ledger row Stripe charge %s, want %q", ptr(row.StripeChargeID), *ch.StripeChargeID)
 	}
 
 	if ch.Status != "succeeded" {
@@ -147,7 +147,7 @@ func TestAgainstStripeMock(t *testing.T) {
 		t.Fatalf("refund against stripe-mock %s", rf.Body)
 	}
 	wantSameResponse(t, rf, c.Post("/v1/refunds", rkey, rbody))
-	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 2, Charges: 1, Refunds: 1}) {
-		t.Fatalf("stored %+v", got)
+	if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 2, Charges: 1, Refunds: 1}); got != want {
+		t.Fatalf("stored rows: %s", got.diff(want))
 	}
 }
