@@ -116,9 +116,7 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 				}
 				row := checkFinished(t, key, recs[key], indexFake(fake))
 				ch := decodeCharge(t, final.Body)
-				if ch.ID != row.ChargeID || ch.Status != "succeeded" || ch.StripeChargeID == nil || row.StripeChargeID == nil || *ch.StripeChargeID != *row.StripeChargeID {
-					t.Errorf("the response %s does not match ledger row %+v", final.Body, row)
-				}
+				checkNamesRow(t, "the response", ch.ID, ch.Status, ch.StripeChargeID, row)
 
 				// I2: one more retry replays the same bytes.
 				again, err := do(context.Background(), c, http.MethodPost, startedURL(t, d, fake)+"/v1/charges", acct.APIKey, key, body)

@@ -587,6 +587,34 @@ type ledgerRow struct {
 	StripeChargeID *string
 }
 
+// checkNamesRow checks that a charge answer (what) names ledger row row: its
+// id, status succeeded, and the same Stripe charge id, both present.
+func checkNamesRow(t *testing.T, what, id, status string, stripeID *string, row ledgerRow) {
+	t.Helper()
+	if id != row.ChargeID {
+		t.Errorf("%s: charge id %s, want ledger row's %s", what, id, row.ChargeID)
+	}
+	if status != "succeeded" {
+		t.Errorf("%s: status %q, want succeeded", what, status)
+	}
+	switch {
+	case stripeID == nil:
+		t.Errorf("%s: stripe_charge_id null, want ledger row's %v", what, deref(row.StripeChargeID))
+	case row.StripeChargeID == nil:
+		t.Errorf("ledger row %s: stripe_charge_id null, want %s (as %s)", row.ChargeID, *stripeID, what)
+	case *stripeID != *row.StripeChargeID:
+		t.Errorf("%s: stripe_charge_id %s, want ledger row's %s", what, *stripeID, *row.StripeChargeID)
+	}
+}
+
+// deref shows a nullable string for a failure message.
+func deref(s *string) string {
+	if s == nil {
+		return "null"
+	}
+	return *s
+}
+
 // records returns, per key, the records and ledger rows of one account.
 // Every record must have exactly one ledger row (I1); the caller checks
 // how many records there are.

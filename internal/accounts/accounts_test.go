@@ -26,8 +26,14 @@ func TestCreateAndAuthenticate(t *testing.T) {
 	if !strings.HasPrefix(key, accounts.KeyPrefix) || len(key) != len(accounts.KeyPrefix)+64 {
 		t.Fatalf("API key %q: want %s and 64 hex digits", key, accounts.KeyPrefix)
 	}
-	if acct.Name != "Test "+t.Name() || !strings.HasPrefix(acct.ID, "acct_") {
-		t.Fatalf("account %+v", acct)
+	if want := "Test " + t.Name(); acct.Name != want {
+		t.Errorf("account Name = %q, want %q (trimmed)", acct.Name, want)
+	}
+	if !strings.HasPrefix(acct.ID, "acct_") {
+		t.Errorf("account ID = %q, want prefix acct_", acct.ID)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	// Only the SHA-256 of the key is stored.
@@ -50,12 +56,15 @@ func TestCreateAndAuthenticate(t *testing.T) {
 
 	auth := accounts.NewAuthenticator(pool, 0)
 	got, err := auth.Authenticate(ctx, key)
-	if err != nil || got.ID != acct.ID {
-		t.Fatalf("Authenticate: %+v, %v", got, err)
+	if err != nil {
+		t.Fatalf("Authenticate: %v", err)
+	}
+	if got.ID != acct.ID {
+		t.Fatalf("Authenticate: account ID = %q, want %q", got.ID, acct.ID)
 	}
 	for _, wrong := range []string{"", key[:len(key)-1], key + "0", strings.ToUpper(key), accounts.KeyPrefix + strings.Repeat("0", 64)} {
 		if got, err := auth.Authenticate(ctx, wrong); !errors.Is(err, db.ErrNotFound) {
-			t.Errorf("Authenticate(%q) = %+v, %v; want ErrNotFound", wrong, got, err)
+			t.Errorf("Authenticate(%q) = account ID %q, err %v; want ErrNotFound", wrong, got.ID, err)
 		}
 	}
 
@@ -67,8 +76,12 @@ func TestCreateAndAuthenticate(t *testing.T) {
 	if otherKey == key || other.ID == acct.ID {
 		t.Fatal("two accounts share a key or an id")
 	}
-	if got, err := auth.Authenticate(ctx, otherKey); err != nil || got.ID != other.ID {
-		t.Fatalf("Authenticate(other) = %+v, %v", got, err)
+	got, err = auth.Authenticate(ctx, otherKey)
+	if err != nil {
+		t.Fatalf("Authenticate(other): %v", err)
+	}
+	if got.ID != other.ID {
+		t.Fatalf("Authenticate(other): account ID = %q, want %q", got.ID, other.ID)
 	}
 }
 
@@ -104,8 +117,12 @@ func TestAuthenticatorCache(t *testing.T) {
 	cached := accounts.NewAuthenticator(pool, ttl)
 	uncached := accounts.NewAuthenticator(pool, 0)
 	for _, a := range []*accounts.Authenticator{cached, uncached} {
-		if got, err := a.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
-			t.Fatalf("Authenticate: %+v, %v", got, err)
+		got, err := a.Authenticate(ctx, key)
+		if err != nil {
+			t.Fatalf("Authenticate: %v", err)
+		}
+		if got.ID != acct.ID {
+			t.Fatalf("Authenticate: account ID = %q, want %q", got.ID, acct.ID)
 		}
 	}
 	// Rotate the key in the database.
@@ -115,8 +132,10 @@ func TestAuthenticatorCache(t *testing.T) {
 	if _, err := uncached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {
 		t.Errorf("uncached: rotated key still accepted (%v)", err)
 	}
-	if got, err := cached.Authenticate(ctx, key); err != nil || got.ID != acct.ID {
-		t.Errorf("cached: rotated key refused within the TTL: %+v, %v", got, err)
+	if got, err := cached.Authenticate(ctx, key); err != nil {
+		t.Errorf("cached: rotated key refused within the TTL: %v", err)
+	} else if got.ID != acct.ID {
+		t.Errorf("cached: rotated key within the TTL: account ID = %q, want %q", got.ID, acct.ID)
 	}
 	time.Sleep(ttl + 100*time.Millisecond)
 	if _, err := cached.Authenticate(ctx, key); !errors.Is(err, db.ErrNotFound) {
@@ -128,7 +147,9 @@ func TestAuthenticatorCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := cached.Authenticate(ctx, newKey); err != nil || got.ID != newAcct.ID {
-		t.Errorf("new key: %+v, %v", got, err)
+	if got, err := cached.Authenticate(ctx, newKey); err != nil {
+		t.Errorf("new key: %v", err)
+	} else if got.ID != newAcct.ID {
+		t.Errorf("new key: account ID = %q, want %q", got.ID, newAcct.ID)
 	}
 }

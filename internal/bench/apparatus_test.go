@@ -35,8 +35,20 @@ func TestLoadGeneratorAndStripeStandIn(t *testing.T) {
 
 	body := chargeBody(7)
 	first, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-1", body)
-	if err != nil || first.status != http.StatusCreated || first.replayed || !strings.HasPrefix(first.location, "/v1/charges/") {
-		t.Fatalf("first: %+v %v", first, err)
+	if err != nil {
+		t.Fatalf("first: %v", err)
+	}
+	if first.status != http.StatusCreated {
+		t.Errorf("first: status %d, want %d (body %s)", first.status, http.StatusCreated, first.body)
+	}
+	if first.replayed {
+		t.Errorf("first: replayed = true, want false")
+	}
+	if !strings.HasPrefix(first.location, "/v1/charges/") {
+		t.Errorf("first: location %q, want prefix /v1/charges/", first.location)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	var ch struct {
 		StripeChargeID string `json:"stripe_charge_id"`
@@ -48,12 +60,27 @@ func TestLoadGeneratorAndStripeStandIn(t *testing.T) {
 	local := conn.c.LocalAddr().String()
 
 	again, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-1", body)
-	if err != nil || again.status != http.StatusCreated || !again.replayed || string(again.body) != string(first.body) {
-		t.Fatalf("replay: %+v %v", again, err)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if again.status != http.StatusCreated {
+		t.Errorf("replay: status %d, want %d", again.status, http.StatusCreated)
+	}
+	if !again.replayed {
+		t.Errorf("replay: replayed = false, want true")
+	}
+	if string(again.body) != string(first.body) {
+		t.Errorf("replay: body %s, want the first answer's %s", again.body, first.body)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	read, err := conn.do(ctx, http.MethodGet, first.location, auth, "", nil)
-	if err != nil || read.status != http.StatusOK {
-		t.Fatalf("read: %+v %v", read, err)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if read.status != http.StatusOK {
+		t.Fatalf("read: status %d, want %d (body %s)", read.status, http.StatusOK, read.body)
 	}
 	if conn.c == nil || conn.c.LocalAddr().String() != local {
 		t.Fatal("the connection was not kept alive across requests")
@@ -73,16 +100,19 @@ func TestLoadGeneratorAndStripeStandIn(t *testing.T) {
 		t.Fatal("the held charge never reached the stand-in")
 	}
 	dup, err := conn.do(ctx, http.MethodPost, "/v1/charges", auth, "k-bench-held", heldBody(1))
-	if err != nil || dup.status != http.StatusConflict {
-		t.Fatalf("duplicate of a held request: %+v %v", dup, err)
+	if err != nil {
+		t.Fatalf("duplicate of a held request: %v", err)
+	}
+	if dup.status != http.StatusConflict {
+		t.Fatalf("duplicate of a held request: status %d, want %d (body %s)", dup.status, http.StatusConflict, dup.body)
 	}
 	select {
 	case rep := <-done:
-		t.Fatalf("the held request finished before release: %+v", rep)
+		t.Fatalf("the held request finished before release: status %d", rep.status)
 	default:
 	}
 	gate.release()
 	if rep := <-done; rep.status != http.StatusCreated {
-		t.Fatalf("held request after release: %+v", rep)
+		t.Fatalf("held request after release: status %d, want %d (body %s)", rep.status, http.StatusCreated, rep.body)
 	}
 }

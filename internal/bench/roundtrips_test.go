@@ -112,8 +112,11 @@ func TestRoundTrips(t *testing.T) {
 	post := func(key string) *apitest.Response {
 		t.Helper()
 		resp := c.Post("/v1/charges", key, body)
-		if resp == nil || resp.Status != http.StatusCreated {
-			t.Fatalf("POST /v1/charges: %+v", resp)
+		if resp == nil {
+			t.Fatalf("POST /v1/charges %s: no response", key)
+		}
+		if resp.Status != http.StatusCreated {
+			t.Fatalf("POST /v1/charges %s: status %d, want %d (body %s)", key, resp.Status, http.StatusCreated, resp.Body)
 		}
 		return resp
 	}
@@ -138,8 +141,8 @@ func TestRoundTrips(t *testing.T) {
 
 	var resp *apitest.Response
 	replay, prepares := tr.record(func() { resp = post("first") })
-	if resp.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("second POST was not a replay: %+v", resp.Header)
+	if got := resp.Header.Get("Idempotent-Replayed"); got != "true" {
+		t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", got)
 	}
 	wantReplay := []string{"IdempotencyKeyGetByScopeKey"}
 	if !slices.Equal(replay, wantReplay) || prepares != 0 {

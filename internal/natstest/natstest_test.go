@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,7 +74,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !ack.Duplicate {
-		t.Errorf("republished id-3 not flagged duplicate: %+v", ack)
+		t.Errorf("republished id-3: Duplicate = false, want true (stream %s, sequence %d)", ack.Stream, ack.Sequence)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -170,7 +171,11 @@ func TestCluster(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("%s not a current replica yet: leader %s, replicas %+v", victim.Name, ci.Leader, ci.Replicas)
+		replicas := make([]string, 0, len(ci.Replicas))
+		for _, p := range ci.Replicas {
+			replicas = append(replicas, fmt.Sprintf("%s(current=%t offline=%t)", p.Name, p.Current, p.Offline))
+		}
+		return fmt.Errorf("%s not a current replica yet: leader %s, replicas %s", victim.Name, ci.Leader, strings.Join(replicas, ", "))
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"testing"
@@ -112,6 +113,28 @@ func (b *bench) settled(t *testing.T) bool {
 	return ci.NumPending == 0 && ci.NumAckPending == 0
 }
 
+// delivered is the consumer's delivered sequence: it advances on every
+// delivery, redeliveries included.
+func (b *bench) delivered(t *testing.T) uint64 {
+	t.Helper()
+	info, err := b.js.Consumer(context.Background(), b.cfg.Stream, b.cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := info.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ci.Delivered.Consumer
+}
+
+// snapshot copies the outcomes under the lock, for a failure message.
+func (b *bench) snapshot() map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.outcomes)
+}
+
 func (b *bench) charges(t *testing.T, account string) int {
 	t.Helper()
 	var n int
@@ -146,8 +169,11 @@ func TestSameMessageTenTimes(t *testing.T) {
 	}
 	waitFor(t, "10 acknowledgements", func() bool { return b.count(orders.OutcomeNew)+b.count(orders.OutcomeReplayed) == 10 })
 	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
-	if b.count(orders.OutcomeNew) != 1 || b.count(orders.OutcomeReplayed) != 9 {
-		t.Errorf("outcomes %v, want 1 new and 9 replayed", b.outcomes)
+	if got := b.count(orders.OutcomeNew); got != 1 {
+		t.Errorf("%d new, want 1 (outcomes %v)", got, b.snapshot())
+	}
+	if got := b.count(orders.OutcomeReplayed); got != 9 {
+		t.Errorf("%d replayed, want 9 (outcomes %v)", got, b.snapshot())
 	}
 	if n := b.charges(t, acct); n != 1 {
 		t.Errorf("%d ledger rows, want 1", n)
@@ -237,9 +263,28 @@ func TestDeadLetters(t *testing.T) {
 	if n := b.charges(t, acct); n != 2 {
 		t.Errorf("%d ledger rows, want 2 (the charge, and the one Stripe never answered)", n)
 	}
-	time.Sleep(300 * time.Millisecond) // a redelivery would come within the backoff
-	if b.count(orders.OutcomeDeadLetter) != 5 || b.count(orders.OutcomeNew) != 1 {
-		t.Errorf("after settling: outcomes %v", b.outcomes)
+	// Nothing is redelivered after settling. Every nak in this bench is
+	// delayed by at most cfg.MaxBackoff (200 ms), and an unacknowledged
+	// delivery comes back after cfg.AckWait (5 s) at the latest; settled
+	// already saw nothing pending or awaiting an ack, so there is nothing
+	// for the server to redeliver. To check that from the server's side
+	// too, the consumer's delivered sequence (which every delivery and
+	// redelivery advances, however slowly the consumer then handles it) must
+	// not move during 10 × MaxBackoff: far past any nak delay that could
+	// still be running.
+	before := b.delivered(t)
+	time.Sleep(10 * b.cfg.MaxBackoff)
+	if after := b.delivered(t); after != before {
+		t.Errorf("consumer delivered sequence moved from %d to %d after settling: a redelivery", before, after)
+	}
+	if !b.settled(t) {
+		t.Errorf("the consumer has messages pending again after settling")
+	}
+	if got := b.count(orders.OutcomeDeadLetter); got != 5 {
+		t.Errorf("after settling: %d dead letters, want 5 (outcomes %v)", got, b.snapshot())
+	}
+	if got := b.count(orders.OutcomeNew); got != 1 {
+		t.Errorf("after settling: %d new charges, want 1 (outcomes %v)", got, b.snapshot())
 	}
 }
 

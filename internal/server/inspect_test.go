@@ -130,8 +130,18 @@ func TestInspectKey(t *testing.T) {
 	if r := c.Post("/v1/charges", "unknown-1", body); r.Status != http.StatusCreated {
 		t.Fatalf("retry: %d %s", r.Status, r.Body)
 	}
-	if _, st := inspect(t, c, "unknown-1"); st.RecoveryPoint != "finished" || st.LockGeneration != 2 || st.Attempts != 1 {
-		t.Errorf("after retry: %+v", st)
+	r, st = inspect(t, c, "unknown-1")
+	if r.Status != http.StatusOK {
+		t.Fatalf("after retry: inspection status %d, want 200 (%s)", r.Status, r.Body)
+	}
+	if st.RecoveryPoint != "finished" {
+		t.Errorf("after retry: recovery_point = %q, want finished", st.RecoveryPoint)
+	}
+	if st.LockGeneration != 2 {
+		t.Errorf("after retry: lock_generation = %d, want 2", st.LockGeneration)
+	}
+	if st.Attempts != 1 {
+		t.Errorf("after retry: attempts = %d, want 1", st.Attempts)
 	}
 
 	// Another account's key, and unknown keys, are 404 problems.

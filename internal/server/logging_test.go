@@ -45,8 +45,11 @@ func TestLogs(t *testing.T) {
 	do := func(req *http.Request, want int) *apitest.Response {
 		t.Helper()
 		r := c.Do(req)
-		if r == nil || r.Status != want {
-			t.Fatalf("%s %s: %+v, want %d", req.Method, req.URL.Path, r, want)
+		if r == nil {
+			t.Fatalf("%s %s: no response, want %d", req.Method, req.URL.Path, want)
+		}
+		if r.Status != want {
+			t.Fatalf("%s %s: status %d, want %d (body %s)", req.Method, req.URL.Path, r.Status, want, r.Body)
 		}
 		id := r.Header.Get("X-Request-Id")
 		if id == "" {

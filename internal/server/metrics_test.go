@@ -80,8 +80,10 @@ func TestMetrics(t *testing.T) {
 	gate := env.Stripe.Hold()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if r := c.Post("/v1/charges", "m-2", body); r == nil || r.Status != http.StatusCreated {
-			t.Errorf("held charge: %+v", r)
+		if r := c.Post("/v1/charges", "m-2", body); r == nil {
+			t.Errorf("held charge: no response")
+		} else if r.Status != http.StatusCreated {
+			t.Errorf("held charge: status %d, want %d (body %s)", r.Status, http.StatusCreated, r.Body)
 		}
 	})
 	<-gate.Arrived()

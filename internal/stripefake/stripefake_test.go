@@ -64,9 +64,26 @@ func TestCreateAndReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Amount != 1000 || first.Currency != "usd" || first.Status != "succeeded" || !first.Paid ||
-		first.Metadata["payment_id"] != "pay_123" || first.Description != "test charge" {
-		t.Fatalf("unexpected charge: %+v", first)
+	if first.Amount != 1000 {
+		t.Errorf("Amount = %d, want 1000", first.Amount)
+	}
+	if first.Currency != "usd" {
+		t.Errorf("Currency = %q, want usd", first.Currency)
+	}
+	if first.Status != "succeeded" {
+		t.Errorf("Status = %q, want succeeded", first.Status)
+	}
+	if !first.Paid {
+		t.Errorf("Paid = false, want true")
+	}
+	if got := first.Metadata["payment_id"]; got != "pay_123" {
+		t.Errorf("Metadata[payment_id] = %q, want pay_123", got)
+	}
+	if first.Description != "test charge" {
+		t.Errorf("Description = %q, want %q", first.Description, "test charge")
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	if first.LastResponse.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatal("first response must not be marked as replayed")
@@ -89,13 +106,28 @@ func TestCreateAndReplay(t *testing.T) {
 		t.Fatalf("KeyCount = %d, want 2", n)
 	}
 	reqs := fake.Requests()
-	if len(reqs) != 2 || reqs[0].Replayed || !reqs[1].Replayed || reqs[1].Form.Get("metadata[payment_id]") != "pay_123" {
-		t.Fatalf("unexpected requests: %+v", reqs)
+	if len(reqs) != 2 {
+		t.Fatalf("%d requests recorded, want 2", len(reqs))
+	}
+	if reqs[0].Replayed {
+		t.Errorf("requests[0].Replayed = true, want false")
+	}
+	if !reqs[1].Replayed {
+		t.Errorf("requests[1].Replayed = false, want true")
+	}
+	if got := reqs[1].Form.Get("metadata[payment_id]"); got != "pay_123" {
+		t.Errorf("requests[1].Form[metadata[payment_id]] = %q, want pay_123", got)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	got, err := sc.Charges.Get(first.ID, nil)
-	if err != nil || got.ID != first.ID {
-		t.Fatalf("get: %v %+v", err, got)
+	if err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	if got.ID != first.ID {
+		t.Fatalf("get: ID = %q, want %q", got.ID, first.ID)
 	}
 }
 
@@ -139,8 +171,14 @@ func TestDecline(t *testing.T) {
 			}
 
 			declined, err := sc.Charges.Get(se.ChargeID, nil)
-			if err != nil || declined.Status != stripe.ChargeStatusFailed || declined.Paid {
-				t.Fatalf("declined charge: %v %+v", err, declined)
+			if err != nil {
+				t.Fatalf("declined charge: %v", err)
+			}
+			if declined.Status != stripe.ChargeStatusFailed {
+				t.Fatalf("declined charge: Status = %q, want %q", declined.Status, stripe.ChargeStatusFailed)
+			}
+			if declined.Paid {
+				t.Fatalf("declined charge: Paid = true, want false")
 			}
 			if n := fake.ChargesByKey("key-1"); n != 1 {
 				t.Fatalf("ChargesByKey = %d, want 1", n)
@@ -221,7 +259,11 @@ func TestConcurrentSameKey(t *testing.T) {
 func TestFail500ForAWindow(t *testing.T) {
 	t.Parallel()
 	fake, sc := newFake(t)
-	fake.FailFor(Fail500, 200*time.Millisecond)
+	// The window must still be open when the first request arrives, on a
+	// loaded machine under -race too: 2 s is far more than one request to a
+	// local server takes, and short enough for the retries below to outlast.
+	const window = 2 * time.Second
+	fake.FailFor(Fail500, window)
 
 	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
 	stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
@@ -230,23 +272,28 @@ func TestFail500ForAWindow(t *testing.T) {
 	}
 
 	// Retry with the same key until the window ends; 500s were not stored.
-	deadline := time.Now().Add(5 * time.Second)
+	// The deadline only bounds a broken fake: the window ends on its own.
+	deadline := time.Now().Add(window + 30*time.Second)
 	for {
 		_, err = sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
-		if err == nil || time.Now().After(deadline) {
+		if err == nil {
 			break
 		}
 		stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing %v after a %v window: %v", window+30*time.Second, window, err)
+		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
 	}
 	if n := fake.ChargesByKey("key-1"); n != 1 {
 		t.Fatalf("ChargesByKey = %d, want 1", n)
 	}
-	if reqs := fake.Requests(); reqs[0].Fault != "fail500" || reqs[len(reqs)-1].Fault != "" {
-		t.Fatalf("faults not recorded: %+v", reqs)
+	reqs := fake.Requests()
+	if got := reqs[0].Fault; got != "fail500" {
+		t.Errorf("requests[0].Fault = %q, want fail500", got)
+	}
+	if got := reqs[len(reqs)-1].Fault; got != "" {
+		t.Errorf("requests[%d].Fault (the last) = %q, want none", len(reqs)-1, got)
 	}
 }
 
@@ -329,8 +376,11 @@ func TestDropAfterWork(t *testing.T) {
 		t.Fatalf("want a network error, got %v", err)
 	}
 	charges := fake.Charges()
-	if len(charges) != 1 || charges[0].IdempotencyKey != "key-1" {
-		t.Fatalf("the work must be done before the drop: %+v", charges)
+	if len(charges) != 1 {
+		t.Fatalf("the work must be done before the drop: %d charges, want 1", len(charges))
+	}
+	if got := charges[0].IdempotencyKey; got != "key-1" {
+		t.Fatalf("the work must be done before the drop: charge IdempotencyKey = %q, want key-1", got)
 	}
 
 	ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
@@ -362,8 +412,20 @@ func TestRefunds(t *testing.T) {
 	}
 
 	r1, err := refund("refund-1", 500)
-	if err != nil || r1.Amount != 500 || r1.Charge.ID != ch.ID || r1.Status != stripe.RefundStatusSucceeded {
-		t.Fatalf("refund: %v %+v", err, r1)
+	if err != nil {
+		t.Fatalf("refund: %v", err)
+	}
+	if r1.Amount != 500 {
+		t.Errorf("refund: Amount = %d, want 500", r1.Amount)
+	}
+	if r1.Charge == nil || r1.Charge.ID != ch.ID {
+		t.Errorf("refund: Charge = %v, want %s", r1.Charge, ch.ID)
+	}
+	if r1.Status != stripe.RefundStatusSucceeded {
+		t.Errorf("refund: Status = %q, want %q", r1.Status, stripe.RefundStatusSucceeded)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	if again, err := refund("refund-1", 500); err != nil || again.ID != r1.ID {
 		t.Fatalf("replayed refund: %v", err)
@@ -375,16 +437,28 @@ func TestRefunds(t *testing.T) {
 	}
 
 	r3, err := refund("refund-3", 0) // no amount: the rest of the charge
-	if err != nil || r3.Amount != 500 {
-		t.Fatalf("refund of the rest: %v %+v", err, r3)
+	if err != nil {
+		t.Fatalf("refund of the rest: %v", err)
+	}
+	if r3.Amount != 500 {
+		t.Fatalf("refund of the rest: Amount = %d, want 500", r3.Amount)
 	}
 	got, err := sc.Refunds.Get(r3.ID, nil)
 	if err != nil || got.Amount != 500 {
 		t.Fatalf("get refund: %v", err)
 	}
 	after, err := sc.Charges.Get(ch.ID, nil)
-	if err != nil || after.AmountRefunded != 1000 || !after.Refunded {
-		t.Fatalf("charge after refunds: %v %+v", err, after)
+	if err != nil {
+		t.Fatalf("charge after refunds: %v", err)
+	}
+	if after.AmountRefunded != 1000 {
+		t.Errorf("charge after refunds: AmountRefunded = %d, want 1000", after.AmountRefunded)
+	}
+	if !after.Refunded {
+		t.Errorf("charge after refunds: Refunded = false, want true")
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	p := &stripe.RefundParams{Charge: stripe.String("ch_missing")}
@@ -447,7 +521,9 @@ func TestHeldRequestReturnsWhenClientGivesUp(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("want context.Canceled, got %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	// Bounded poll: the fake notices the dropped connection promptly, the
+	// deadline only stops a regression from hanging the test.
+	deadline := time.Now().Add(30 * time.Second)
 	for fake.heldCount() > 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("held request did not return after its client gave up")
