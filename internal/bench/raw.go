@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
@@ -24,9 +23,10 @@ var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/char
 
 // rawFirstOnce is the first-request path's SQL, exactly as the runner and
 // chargeOp issue it (TestRoundTrips pins the list): the replay read (a
-// miss), the claim transaction (upsert + ledger insert) and the finishing
-// transaction (ledger update + event + key finish). The API key is served from the
-// authenticator's cache, as it is for a client sending a stream of requests.
+// miss), the claim with its ledger row (one statement) and the finish with
+// the ledger's outcome and the event (one statement). The API key is served
+// from the authenticator's cache, as it is for a client sending a stream of
+// requests.
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
@@ -35,55 +35,35 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	}
 	body := chargeBody(i)
 	fp := sha256.Sum256(body)
-	type claimed struct {
-		rec dbsqlc.IdempotencyKey
-		ch  dbsqlc.Charge
-	}
-	c, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (claimed, error) {
-		rec, err := q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
-			Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
-			RequestFingerprint: fp[:], LockTimeoutSeconds: 60,
-		})
-		if err != nil {
-			return claimed{}, err
-		}
-		desc := "Order #" + strconv.Itoa(i)
-		ch, err := q.ChargeInsert(ctx, tx, &dbsqlc.ChargeInsertParams{
-			AccountID: a.id, IdempotencyKeyID: &rec.ID, Amount: 1000 + int64(i%9000), Currency: "usd",
-			PaymentMethod: "tok_visa", Description: &desc, Metadata: []byte(`{"channel":"web","order_id":"000001"}`),
-		})
-		return claimed{rec, ch}, err
+	desc := "Order #" + strconv.Itoa(i)
+	c, err := q.ChargeClaimAndInsert(ctx, r.pool, &dbsqlc.ChargeClaimAndInsertParams{
+		Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
+		RequestFingerprint: fp[:], LockTimeoutSeconds: 60,
+		Amount: 1000 + int64(i%9000), Currency: "usd", PaymentMethod: "tok_visa", Description: &desc,
+		Metadata: []byte(`{"channel":"web","order_id":"000001"}`),
 	})
 	if err != nil {
-		return charge{}, fmt.Errorf("claim tx: %w", err)
+		return charge{}, fmt.Errorf("claim: %w", err)
+	}
+	if c.ChargeID == nil {
+		return charge{}, errors.New("claim: no ledger row inserted")
 	}
 	stored := r.storedBody()
-	_, err = db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		stripeID := benchChargeID(r.rawStripeSeq.Add(1)) // as the Stripe stand-in names them
-		if _, err := q.ChargeSetOutcome(ctx, tx, &dbsqlc.ChargeSetOutcomeParams{
-			ID: c.ch.ID, Status: "succeeded", StripeChargeID: &stripeID,
-		}); err != nil {
-			return struct{}{}, err
-		}
-		if _, err := q.EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
-			AccountID: c.ch.AccountID, Type: "charge.succeeded", ObjectID: c.ch.ID, Data: stored,
-		}); err != nil {
-			return struct{}{}, err
-		}
-		status := int32(http.StatusCreated)
-		n, err := q.IdempotencyKeyFinish(ctx, tx, &dbsqlc.IdempotencyKeyFinishParams{
-			ID: c.rec.ID, LockGeneration: c.rec.LockGeneration, ResponseStatus: &status,
-			ResponseHeaders: rawHeaders, ResponseBody: stored,
-		})
-		if err == nil && n != 1 {
-			err = errors.New("finish matched no row")
-		}
-		return struct{}{}, err
+	stripeID := benchChargeID(r.rawStripeSeq.Add(1)) // as the Stripe stand-in names them
+	status := int32(http.StatusCreated)
+	n, err := q.ChargeFinish(ctx, r.pool, &dbsqlc.ChargeFinishParams{
+		ResponseStatus: &status, ResponseHeaders: rawHeaders, ResponseBody: stored,
+		RecordID: c.ID, LockGeneration: c.LockGeneration,
+		ChargeID: *c.ChargeID, Status: "succeeded", StripeChargeID: &stripeID,
+		EventType: "charge.succeeded", EventData: stored,
 	})
-	if err != nil {
-		return charge{}, fmt.Errorf("finish tx: %w", err)
+	if err == nil && n != 1 {
+		err = errors.New("finish matched no record")
 	}
-	return charge{acct: w % len(r.accounts), key: key, body: body, id: c.ch.ID}, nil
+	if err != nil {
+		return charge{}, fmt.Errorf("finish: %w", err)
+	}
+	return charge{acct: w % len(r.accounts), key: key, body: body, id: *c.ChargeID}, nil
 }
 
 func (r *runner) storedBody() []byte {

@@ -193,29 +193,51 @@ type chargeOp struct {
 	s         *Service
 	params    *chargeParams // nil when resumed
 	accountID string
-	charge    *dbsqlc.Charge // set by Begin, or by Load on resume
+	charge    *dbsqlc.Charge // set by ClaimAndBegin, or by Load on resume
 	metadata  map[string]string
 }
 
-func (op *chargeOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+// chargeOp is a FusedOperation: its claim phase and its finishing phase
+// are one statement each (ChargeClaimAndInsert, ChargeFinish), so a first
+// request is three round trips: the read, the claim, the finish.
+var _ idempotency.FusedOperation = (*chargeOp)(nil)
+
+// ClaimAndBegin claims the key and, for a new record, inserts the ledger
+// row, in one statement.
+func (op *chargeOp) ClaimAndBegin(ctx context.Context, dbtx dbsqlc.DBTX, p *dbsqlc.IdempotencyKeyClaimParams) (*idempotency.Record, error) {
 	metadata, err := json.Marshal(op.params.Metadata)
 	if err != nil || op.params.Metadata == nil {
 		metadata = []byte("{}")
 	}
-	ch, err := op.s.q.ChargeInsert(ctx, tx, &dbsqlc.ChargeInsertParams{
-		AccountID:        op.accountID,
-		IdempotencyKeyID: &rec.ID,
-		Amount:           *op.params.Amount,
-		Currency:         *op.params.Currency,
-		PaymentMethod:    *op.params.PaymentMethod,
-		Description:      op.params.Description,
-		Metadata:         metadata,
+	row, err := op.s.q.ChargeClaimAndInsert(ctx, dbtx, &dbsqlc.ChargeClaimAndInsertParams{
+		Scope: p.Scope, AccountID: p.AccountID, Key: p.Key, RequestMethod: p.RequestMethod,
+		RequestRoute: p.RequestRoute, RequestFingerprint: p.RequestFingerprint, LegacyFingerprint: p.LegacyFingerprint,
+		LockTimeoutSeconds: p.LockTimeoutSeconds,
+		Amount:             *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
+		Description: op.params.Description, Metadata: metadata,
 	})
-	if err != nil {
-		return fmt.Errorf("inserting charge: %w", err)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil // the record changed since the read
 	}
-	op.charge, op.metadata = &ch, op.params.Metadata
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("claiming idempotency key and inserting charge: %w", err)
+	}
+	rec := &idempotency.Record{ID: row.ID, Scope: idempotency.Scope(row.Scope), AccountID: op.accountID, Key: row.Key,
+		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
+		LockGeneration: row.LockGeneration, Attempts: row.Attempts}
+	if row.ChargeID != nil { // inserted just now, with the record
+		op.charge = &dbsqlc.Charge{ID: *row.ChargeID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+			Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
+			Description: op.params.Description, Metadata: metadata, Status: "processing", CreatedAt: *row.ChargeCreatedAt}
+		op.metadata = op.params.Metadata
+	}
+	return rec, nil
+}
+
+// Begin is never called for a FusedOperation (ClaimAndBegin does its work);
+// it refuses, so that a change to the runner that calls it shows at once.
+func (op *chargeOp) Begin(context.Context, pgx.Tx, *idempotency.Record) error {
+	return errors.New("chargeOp is fused: the runner calls ClaimAndBegin, not Begin")
 }
 
 // Load reads the ledger row of a record begun elsewhere.
@@ -231,7 +253,9 @@ func (op *chargeOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency
 	return nil
 }
 
-// Call creates the Stripe charge with the record's downstream key.
+// Call creates the Stripe charge with the record's downstream key, and
+// returns the one statement that records its outcome: the ledger row, the
+// settled charge's event and the record's response.
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch, metadata := *op.charge, op.metadata
 
@@ -240,40 +264,68 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)
 	}
-	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-		set := &dbsqlc.ChargeSetOutcomeParams{ID: ch.ID}
+	// The row as ChargeFinish leaves it (the charge is still processing,
+	// so nothing else about it can have changed).
+	updated := ch
+	if kind == outcomeOK {
+		updated.Status, updated.StripeChargeID = stripeStatus(string(sc.Status)), &sc.ID
+	} else {
+		updated.Status = "failed"
+		updated.StripeChargeID = nonEmpty(se.ChargeID)
+		updated.FailureCode = nonEmpty(failureCode(se))
+		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+	}
+	return idempotency.FinishFused(func(ctx context.Context, dbtx dbsqlc.DBTX) (idempotency.Response, bool, error) {
+		var resp idempotency.Response
 		if kind == outcomeOK {
-			set.Status = stripeStatus(string(sc.Status))
-			set.StripeChargeID = &sc.ID
+			if resp, err = created(RouteCharges+"/"+updated.ID, chargeJSON(updated)); err != nil {
+				return idempotency.Response{}, false, err
+			}
 		} else {
-			set.Status = "failed"
-			set.StripeChargeID = nonEmpty(se.ChargeID)
-			set.FailureCode = nonEmpty(failureCode(se))
-			set.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+			resp = failedResponse(kind, se, "charge", updated.ID)
 		}
-		updated, err := op.s.q.ChargeSetOutcome(ctx, tx, set)
+		status, headers, err := idempotency.StoredForm(resp)
 		if err != nil {
-			return idempotency.Response{}, fmt.Errorf("recording charge outcome: %w", err)
+			return idempotency.Response{}, false, err
 		}
-		if err := chargeSettled(ctx, tx, updated); err != nil {
-			return idempotency.Response{}, err
+		finish := &dbsqlc.ChargeFinishParams{
+			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
+			RecordID: rec.ID, LockGeneration: rec.LockGeneration,
+			ChargeID: updated.ID, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
+			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
 		}
-		if kind == outcomeOK {
-			return created(RouteCharges+"/"+updated.ID, chargeJSON(updated))
+		if typ := settledEventType(updated.Status); typ != "" { // the settled charge's event (I10)
+			if finish.EventData, err = json.Marshal(chargeJSON(updated)); err != nil {
+				return idempotency.Response{}, false, fmt.Errorf("encoding the charge's event: %w", err)
+			}
+			finish.EventType = typ
 		}
-		return failedResponse(kind, se, "charge", updated.ID), nil
+		n, err := op.s.q.ChargeFinish(ctx, dbtx, finish)
+		if err != nil {
+			return idempotency.Response{}, false, fmt.Errorf("finishing charge: %w", err)
+		}
+		return resp, n == 1, nil
 	})
+}
+
+// settledEventType is the event of a charge in this status, or "" for one
+// that has not settled.
+func settledEventType(status string) string {
+	switch status {
+	case "succeeded":
+		return events.ChargeSucceeded
+	case "failed":
+		return events.ChargeFailed
+	}
+	return ""
 }
 
 // chargeSettled records the event of a charge that reached a final status,
 // in the transaction that moved it there (I10); a pending charge has none
 // yet.
 func chargeSettled(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge) error {
-	switch ch.Status {
-	case "succeeded":
-		return events.Record(ctx, tx, ch.AccountID, events.ChargeSucceeded, ch.ID, chargeJSON(ch))
-	case "failed":
-		return events.Record(ctx, tx, ch.AccountID, events.ChargeFailed, ch.ID, chargeJSON(ch))
+	if typ := settledEventType(ch.Status); typ != "" {
+		return events.Record(ctx, tx, ch.AccountID, typ, ch.ID, chargeJSON(ch))
 	}
 	return nil
 }

@@ -82,6 +82,106 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 	return i, err
 }
 
+const chargeClaimAndInsert = `-- name: ChargeClaimAndInsert :one
+WITH k AS (
+INSERT INTO idempotency_keys (
+    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
+) VALUES (
+    $1, $2, $3, $4, $5, $6, now()
+)
+ON CONFLICT (scope, key) DO UPDATE
+SET locked_at = now(),
+    lock_generation = idempotency_keys.lock_generation + 1,
+    updated_at = now()
+WHERE idempotency_keys.recovery_point <> 'finished'
+  -- A version-1 record is compared with the request's version-1
+  -- fingerprint (NULL when the caller did not compute one: no match).
+  AND CASE WHEN idempotency_keys.fingerprint_version = 1
+           THEN idempotency_keys.request_fingerprint = $7::bytea
+           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
+  AND (idempotency_keys.locked_at IS NULL
+       OR idempotency_keys.locked_at < now() - make_interval(secs => $8::float8))
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
+), ch AS (
+    INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method, description, metadata)
+    SELECT k.account_id, k.id, $9, $10, $11, $12, $13
+    FROM k WHERE k.lock_generation = 1
+    RETURNING id, created_at
+)
+SELECT k.id, k.scope, k.account_id, k.key, k.request_method, k.request_route, k.recovery_point,
+       k.lock_generation, k.attempts,
+       ch.id AS charge_id, ch.created_at AS charge_created_at
+FROM k LEFT JOIN ch ON true
+`
+
+type ChargeClaimAndInsertParams struct {
+	Scope              string
+	AccountID          *string
+	Key                string
+	RequestMethod      string
+	RequestRoute       string
+	RequestFingerprint []byte
+	LegacyFingerprint  []byte
+	LockTimeoutSeconds float64
+	Amount             int64
+	Currency           string
+	PaymentMethod      string
+	Description        *string
+	Metadata           []byte
+}
+
+type ChargeClaimAndInsertRow struct {
+	ID              string
+	Scope           string
+	AccountID       *string
+	Key             string
+	RequestMethod   string
+	RequestRoute    string
+	RecoveryPoint   string
+	LockGeneration  int64
+	Attempts        int32
+	ChargeID        *string
+	ChargeCreatedAt *time.Time
+}
+
+// The claim phase of a charge in one statement (one round trip, one
+// commit): the claim of IdempotencyKeyClaim, word for word (a test keeps
+// the two the same), and the ledger row when the claim inserted the record
+// (lock generation 1). A takeover inserts no row; a refused claim returns
+// no row, and the caller reads the record as for IdempotencyKeyClaim.
+func (q *Queries) ChargeClaimAndInsert(ctx context.Context, db DBTX, arg *ChargeClaimAndInsertParams) (ChargeClaimAndInsertRow, error) {
+	row := db.QueryRow(ctx, chargeClaimAndInsert,
+		arg.Scope,
+		arg.AccountID,
+		arg.Key,
+		arg.RequestMethod,
+		arg.RequestRoute,
+		arg.RequestFingerprint,
+		arg.LegacyFingerprint,
+		arg.LockTimeoutSeconds,
+		arg.Amount,
+		arg.Currency,
+		arg.PaymentMethod,
+		arg.Description,
+		arg.Metadata,
+	)
+	var i ChargeClaimAndInsertRow
+	err := row.Scan(
+		&i.ID,
+		&i.Scope,
+		&i.AccountID,
+		&i.Key,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.Attempts,
+		&i.ChargeID,
+		&i.ChargeCreatedAt,
+	)
+	return i, err
+}
+
 const chargeFindForEvent = `-- name: ChargeFindForEvent :one
 SELECT id FROM charges
 WHERE idempotency_key_id = $1
@@ -104,6 +204,82 @@ func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFi
 	var id string
 	err := row.Scan(&id)
 	return id, err
+}
+
+const chargeFinish = `-- name: ChargeFinish :one
+WITH k AS (
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished',
+        response_status = $1,
+        response_headers = $2,
+        response_body = $3,
+        locked_at = NULL,
+        last_error = NULL,
+        finished_at = now(),
+        updated_at = now()
+    WHERE idempotency_keys.id = $4
+      AND lock_generation = $5
+      AND recovery_point <> 'finished'
+    RETURNING idempotency_keys.id
+), ch AS (
+    UPDATE charges
+    SET status = $6,
+        stripe_charge_id = $7,
+        failure_code = $8,
+        failure_message = $9,
+        updated_at = now()
+    WHERE charges.id = $10 AND EXISTS (SELECT 1 FROM k)
+    RETURNING charges.id, charges.account_id
+), next AS (
+    UPDATE accounts SET event_seq = event_seq + 1
+    WHERE accounts.id = (SELECT account_id FROM ch) AND $11::text <> ''
+    RETURNING event_seq
+), ev AS (
+    INSERT INTO events (account_id, account_seq, type, object_id, data)
+    SELECT ch.account_id, next.event_seq, $11::text, ch.id, $12 FROM ch, next
+    RETURNING events.id
+)
+SELECT count(*) FROM k
+`
+
+type ChargeFinishParams struct {
+	ResponseStatus  *int32
+	ResponseHeaders []byte
+	ResponseBody    []byte
+	RecordID        string
+	LockGeneration  int64
+	Status          string
+	StripeChargeID  *string
+	FailureCode     *string
+	FailureMessage  *string
+	ChargeID        string
+	EventType       string
+	EventData       []byte
+}
+
+// The finishing phase of a charge in one statement: the record's final
+// response (fenced by the lock generation, as IdempotencyKeyFinish), the
+// ledger row's outcome, and, for a settled charge, its event (as
+// EventInsert). When the record was taken over, nothing is written and the
+// count is 0.
+func (q *Queries) ChargeFinish(ctx context.Context, db DBTX, arg *ChargeFinishParams) (int64, error) {
+	row := db.QueryRow(ctx, chargeFinish,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.RecordID,
+		arg.LockGeneration,
+		arg.Status,
+		arg.StripeChargeID,
+		arg.FailureCode,
+		arg.FailureMessage,
+		arg.ChargeID,
+		arg.EventType,
+		arg.EventData,
+	)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
 }
 
 const chargeGet = `-- name: ChargeGet :one
@@ -247,57 +423,6 @@ func (q *Queries) ChargeGetForUpdate(ctx context.Context, db DBTX, id string) (C
 	return i, err
 }
 
-const chargeInsert = `-- name: ChargeInsert :one
-INSERT INTO charges (
-    account_id, idempotency_key_id, amount, currency, payment_method, description, metadata
-) VALUES (
-    $1, $2, $3, $4, $5, $6, $7
-)
-RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
-`
-
-type ChargeInsertParams struct {
-	AccountID        string
-	IdempotencyKeyID *string
-	Amount           int64
-	Currency         string
-	PaymentMethod    string
-	Description      *string
-	Metadata         []byte
-}
-
-func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertParams) (Charge, error) {
-	row := db.QueryRow(ctx, chargeInsert,
-		arg.AccountID,
-		arg.IdempotencyKeyID,
-		arg.Amount,
-		arg.Currency,
-		arg.PaymentMethod,
-		arg.Description,
-		arg.Metadata,
-	)
-	var i Charge
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Description,
-		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-	)
-	return i, err
-}
-
 const chargeList = `-- name: ChargeList :many
 SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges
 WHERE account_id = $1
@@ -370,53 +495,4 @@ WHERE id = $2
 func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, amount int64, iD string) error {
 	_, err := db.Exec(ctx, chargeReleaseRefunded, amount, iD)
 	return err
-}
-
-const chargeSetOutcome = `-- name: ChargeSetOutcome :one
-UPDATE charges
-SET status = $1,
-    stripe_charge_id = $2,
-    failure_code = $3,
-    failure_message = $4,
-    updated_at = now()
-WHERE id = $5
-RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
-`
-
-type ChargeSetOutcomeParams struct {
-	Status         string
-	StripeChargeID *string
-	FailureCode    *string
-	FailureMessage *string
-	ID             string
-}
-
-func (q *Queries) ChargeSetOutcome(ctx context.Context, db DBTX, arg *ChargeSetOutcomeParams) (Charge, error) {
-	row := db.QueryRow(ctx, chargeSetOutcome,
-		arg.Status,
-		arg.StripeChargeID,
-		arg.FailureCode,
-		arg.FailureMessage,
-		arg.ID,
-	)
-	var i Charge
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Description,
-		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-	)
-	return i, err
 }

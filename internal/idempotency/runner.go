@@ -143,7 +143,25 @@ type Response struct {
 // two things, built with Finish or Unknown.
 type Step struct {
 	finish  func(ctx context.Context, tx pgx.Tx) (Response, error)
+	fused   func(ctx context.Context, db dbsqlc.DBTX) (resp Response, finished bool, err error)
 	unknown error
+}
+
+// FinishFused is a definite downstream outcome that the operation writes
+// in one statement: its ledger write and the record's final response (the
+// same fenced update as IdempotencyKeyFinish, the stored form from
+// StoredForm), so that the finishing phase is one round trip. fn returns
+// finished false when the fenced update matched nothing: then it must have
+// written nothing, and the runner reports ErrFenced.
+func FinishFused(fn func(ctx context.Context, db dbsqlc.DBTX) (resp Response, finished bool, err error)) Step {
+	return Step{fused: fn}
+}
+
+// StoredForm is what a record stores of resp: the status and the
+// allow-listed headers (a JSON object); the body is stored as it is.
+func StoredForm(resp Response) (status int32, headers []byte, err error) {
+	headers, err = encodeHeaders(resp.Header)
+	return int32(resp.Status), headers, err
 }
 
 // Finish is a definite downstream outcome: fn writes it to the ledger inside
@@ -179,6 +197,18 @@ type Operation interface {
 	// transaction is open while it runs. It may be called again for the
 	// same record (after a crash or an unknown outcome), with the same key.
 	Call(ctx context.Context, rec *Record) Step
+}
+
+// FusedOperation is an Operation whose claim phase is one statement: the
+// claim (the same SQL as IdempotencyKeyClaim, with params) and, when that
+// inserted the record (lock generation 1), its ledger row, in one round
+// trip and one commit. ClaimAndBegin returns nil when the claim matched
+// nothing (the record changed since the read). Its Call returns
+// FinishFused, so that the finishing phase is one statement too. The
+// runner calls Begin only for the operations that are not fused.
+type FusedOperation interface {
+	Operation
+	ClaimAndBegin(ctx context.Context, db dbsqlc.DBTX, params *dbsqlc.IdempotencyKeyClaimParams) (*Record, error)
 }
 
 // Outcome names what happened to one request at the idempotency layer, for
@@ -285,38 +315,22 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			// Unlocked or expired: the upsert below takes it over.
 		}
 
+		var accountID *string
+		if id := req.Scope.AccountID(); id != "" {
+			accountID = &id
+		}
+		params := &dbsqlc.IdempotencyKeyClaimParams{
+			Scope:              string(req.Scope),
+			AccountID:          accountID,
+			Key:                req.Key,
+			RequestMethod:      req.Method,
+			RequestRoute:       req.Route,
+			RequestFingerprint: req.Fingerprint,
+			LegacyFingerprint:  legacy,
+			LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		}
 		var refused bool // Begin refused the request: nothing is stored
-		rec, err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (*Record, error) {
-			var accountID *string
-			if id := req.Scope.AccountID(); id != "" {
-				accountID = &id
-			}
-			row, err := r.q.IdempotencyKeyClaim(ctx, tx, &dbsqlc.IdempotencyKeyClaimParams{
-				Scope:              string(req.Scope),
-				AccountID:          accountID,
-				Key:                req.Key,
-				RequestMethod:      req.Method,
-				RequestRoute:       req.Route,
-				RequestFingerprint: req.Fingerprint,
-				LegacyFingerprint:  legacy,
-				LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-			})
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil, nil // changed since the read: read again
-			}
-			if err != nil {
-				return nil, fmt.Errorf("claiming idempotency key: %w", err)
-			}
-			rec := recordOf(row)
-			if rec.LockGeneration == 1 { // inserted just now
-				if err := op.Begin(ctx, tx, rec); err != nil {
-					refused = true
-					return nil, err
-				}
-				rec.begun = true
-			}
-			return rec, nil
-		})
+		rec, err := r.claimAndBegin(ctx, params, op, &refused)
 		if err != nil {
 			if refused {
 				r.observe(OutcomeRolledBack)
@@ -337,6 +351,39 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, refuse(ErrInFlight, "The request with this Idempotency-Key is changing hands. Retry shortly.")
+}
+
+// claimAndBegin is the claim phase: the upsert and, for a new record, the
+// operation's Begin, in one transaction; or, for a FusedOperation, its one
+// statement. A nil record means the upsert matched nothing (the record
+// changed since the read).
+func (r *Runner) claimAndBegin(ctx context.Context, params *dbsqlc.IdempotencyKeyClaimParams, op Operation, refused *bool) (*Record, error) {
+	if f, ok := op.(FusedOperation); ok {
+		rec, err := f.ClaimAndBegin(ctx, r.pool, params)
+		if err != nil || rec == nil {
+			return nil, err
+		}
+		rec.begun = rec.LockGeneration == 1
+		return rec, nil
+	}
+	return db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (*Record, error) {
+		row, err := r.q.IdempotencyKeyClaim(ctx, tx, params)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil // changed since the read: read again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("claiming idempotency key: %w", err)
+		}
+		rec := recordOf(row)
+		if rec.LockGeneration == 1 { // inserted just now
+			if err := op.Begin(ctx, tx, rec); err != nil {
+				*refused = true
+				return nil, err
+			}
+			rec.begun = true
+		}
+		return rec, nil
+	})
 }
 
 // sameRequest tells whether req is the request a record stored under
@@ -389,7 +436,7 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 				return Response{}, r.release(ctx, log, rec, step.unknown)
 			}
 			var err error
-			if resp, err = r.finish(ctx, log, rec, step.finish); err != nil {
+			if resp, err = r.finish(ctx, log, rec, step); err != nil {
 				return Response{}, err
 			}
 			faultpoint.Hit(faultpoint.AfterCommit)
@@ -404,12 +451,18 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 
 // finish is the final phase: the operation's ledger write and the stored
 // response commit in one transaction, fenced by the lock generation.
-func (r *Runner) finish(ctx context.Context, log *slog.Logger, rec *Record,
-	fn func(ctx context.Context, tx pgx.Tx) (Response, error)) (Response, error) {
+func (r *Runner) finish(ctx context.Context, log *slog.Logger, rec *Record, step Step) (Response, error) {
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
+	if step.fused != nil {
+		resp, finished, err := step.fused(wctx, r.pool)
+		if err == nil && !finished {
+			err = ErrFenced
+		}
+		return r.finished(ctx, log, resp, err)
+	}
 	resp, err := db.WithTx(wctx, r.pool, func(ctx context.Context, tx pgx.Tx) (Response, error) {
-		resp, err := fn(ctx, tx)
+		resp, err := step.finish(ctx, tx)
 		if err != nil {
 			return Response{}, err
 		}
@@ -429,6 +482,11 @@ func (r *Runner) finish(ctx context.Context, log *slog.Logger, rec *Record,
 		}
 		return resp, nil
 	})
+	return r.finished(ctx, log, resp, err)
+}
+
+// finished reports a fenced finishing phase as ErrFenced.
+func (r *Runner) finished(ctx context.Context, log *slog.Logger, resp Response, err error) (Response, error) {
 	if errors.Is(err, ErrFenced) {
 		r.observe(OutcomeFenced)
 		log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
