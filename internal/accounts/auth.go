@@ -81,6 +81,10 @@ func NewAuthenticator(db dbsqlc.DBTX, ttl time.Duration) *Authenticator {
 	return &Authenticator{db: db, ttl: ttl, cache: map[[sha256.Size]byte]cachedAccount{}}
 }
 
+// Subscribed tells whether the listener is subscribed to the invalidation
+// channel, so that the cache is in use (tests wait for it).
+func (a *Authenticator) Subscribed() bool { return a.subscribed.Load() }
+
 func (a *Authenticator) caching() bool {
 	return a.ttl > 0 && (!a.listened.Load() || a.subscribed.Load())
 }

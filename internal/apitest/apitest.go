@@ -111,6 +111,13 @@ func New(t testing.TB, opts Options) *Env {
 	listened := make(chan struct{})
 	go func() { env.Auth.Listen(lctx, env.Pool, env.Log); close(listened) }()
 	t.Cleanup(func() { stopListen(); <-listened })
+	// Serve only once the cache is in use, as a long-running server would:
+	// before its LISTEN, every request asks the database for its key.
+	for deadline := time.Now().Add(10 * time.Second); !env.Auth.Subscribed(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the authenticator did not subscribe to its invalidation channel in 10 s")
+		}
+	}
 	keys := accounts.NewKeysAPI(env.Pool, env.Runner)
 	env.Webhooks = webhooks.New(env.Pool, env.Runner, env.Charges, webhooks.Config{
 		Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret,
