@@ -116,7 +116,7 @@ func (s *Service) read(c echo.Context, acct accounts.Account, route string) (req
 		s.rollout(acct.Mode, "unkeyed")
 		key = serverKey("unkeyed_")
 	}
-	req, err = idemhttp.ReadBody(c, idempotency.AccountScope(acct.ID), route, key)
+	req, err = idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), route, key)
 	return req, keyed, err
 }
 
@@ -168,7 +168,7 @@ func validate(req *idempotency.Request, params params) error {
 // core's (*idempotency.Error), a validation problem (*apierror.Error), or
 // the database's.
 func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
-	req, err := idempotency.Prepare(idempotency.AccountScope(accountID), key, http.MethodPost, RouteCharges, RouteCharges,
+	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, http.MethodPost, RouteCharges, RouteCharges,
 		bytes.NewReader(body), idemhttp.MaxBodyBytes)
 	if err != nil {
 		return idempotency.Response{}, err

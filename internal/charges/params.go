@@ -52,6 +52,14 @@ type params interface{ validate() error }
 // such. Field names match the json tags as encoding/json matches them
 // (case-insensitively).
 func decodeParams(raw []byte, dst params) error {
+	// The usual body is a valid one: one strict decode, and the walk field
+	// by field below only when that fails, to name every problem at once.
+	strict := json.NewDecoder(bytes.NewReader(raw))
+	strict.DisallowUnknownFields()
+	if err := strict.Decode(dst); err == nil {
+		return dst.validate()
+	}
+	reflect.ValueOf(dst).Elem().SetZero() // what the strict decode left half done
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if tok, err := dec.Token(); err != nil {
 		return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)

@@ -73,6 +73,23 @@ func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit
 	}, nil
 }
 
+// PrepareBody is Prepare for an entry point that fingerprints its own
+// normalised request with Normalize (a charge): it reads the body and checks
+// that it is one JSON value, and leaves the fingerprint to Normalize, so
+// that a request is canonicalised once. Run refuses a request that has no
+// fingerprint.
+func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, limit int64) (Request, error) {
+	raw, err := ReadBody(body, limit)
+	if err != nil {
+		return Request{}, err
+	}
+	if !json.Valid(raw) {
+		_, err := jcs.Transform(raw) // for the reason
+		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
+	}
+	return Request{Scope: scope, Key: key, Method: method, Route: route, Path: path, Body: raw}, nil
+}
+
 // Normalize makes the fingerprint cover v, the entry point's validated and
 // normalised form of the request (for a charge: the currency in lower case,
 // absent fields absent), instead of the body as sent: two bodies that mean

@@ -15,6 +15,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -266,6 +267,9 @@ func (r *Runner) observe(o Outcome) {
 // unknown downstream outcome is ErrUnknownOutcome; other errors are the
 // operation's own (from Begin or Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
+	if len(req.Fingerprint) != sha256.Size {
+		return Response{}, fmt.Errorf("idempotency: request for key %q has no fingerprint (PrepareBody needs Normalize)", req.Key)
+	}
 	rec, replay, err := r.claim(ctx, req, op)
 	if err != nil {
 		return Response{}, err
@@ -581,6 +585,9 @@ func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Re
 // OutcomeConflict (in flight) or OutcomeTakeover (resumable). An account in
 // shadow mode uses it to count what enforcing idempotency would change.
 func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
+	if len(req.Fingerprint) != sha256.Size {
+		return "", fmt.Errorf("idempotency: request for key %q has no fingerprint (PrepareBody needs Normalize)", req.Key)
+	}
 	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
 	switch err = db.NotFound(err); {
 	case errors.Is(err, db.ErrNotFound):

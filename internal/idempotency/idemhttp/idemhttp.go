@@ -8,6 +8,7 @@ package idemhttp
 
 import (
 	"errors"
+	"io"
 	"mime"
 	"net/http"
 	"regexp"
@@ -90,12 +91,24 @@ func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Re
 // ReadBody is Read for a key the caller already has (from Key, or made by
 // the server for an account that does not require one).
 func ReadBody(c echo.Context, scope idempotency.Scope, route, key string) (idempotency.Request, error) {
+	return read(c, scope, route, key, idempotency.Prepare)
+}
+
+// ReadToNormalize is ReadBody for an entry point that fingerprints its own
+// normalised request (idempotency.Request.Normalize): the body is checked
+// and read, and canonicalised only once, by Normalize.
+func ReadToNormalize(c echo.Context, scope idempotency.Scope, route, key string) (idempotency.Request, error) {
+	return read(c, scope, route, key, idempotency.PrepareBody)
+}
+
+func read(c echo.Context, scope idempotency.Scope, route, key string,
+	prepare func(idempotency.Scope, string, string, string, string, io.Reader, int64) (idempotency.Request, error)) (idempotency.Request, error) {
 	r := c.Request()
 	if mt, _, perr := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); perr != nil || mt != echo.MIMEApplicationJSON {
 		return idempotency.Request{}, apierror.New(apierror.UnsupportedMediaType,
 			"Send the request body as JSON with Content-Type: application/json.")
 	}
-	req, err := idempotency.Prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
+	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
 	if err != nil {
 		return idempotency.Request{}, Problem(err)
 	}
