@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
@@ -24,11 +25,9 @@ type TriggerOptions struct {
 	Status string
 }
 
-// TriggerTypes are the event types Trigger can build.
-var TriggerTypes = []string{
-	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
-	"charge.refund.updated", "refund.updated", "charge.dispute.created", "charge.dispute.closed",
-}
+// TriggerTypes are the event types Trigger can build: every type idempay
+// handles.
+var TriggerTypes = charges.HandledEventTypes
 
 // Trigger builds a realistic event about a charge (or one of its refunds)
 // from the ledger, as Stripe would send it: the objects carry Stripe's ids

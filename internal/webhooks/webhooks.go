@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,7 +71,9 @@ type Config struct {
 	// Tolerance bounds the age of a signature; 0 means DefaultTolerance.
 	Tolerance time.Duration
 	// Observe, when set, counts one delivery by event type and outcome
-	// (metrics). The type is "" when the event could not be read.
+	// (metrics). The type is one of charges.HandledEventTypes, "other", or
+	// "unreadable" when the event could not be read, so that a sender
+	// cannot create a series per type.
 	Observe func(eventType, outcome string)
 	// ObserveLag, when set, receives the time from the event's creation at
 	// Stripe to its application here.
@@ -105,9 +108,16 @@ func (h *Handler) Routes(e *echo.Echo) {
 }
 
 func (h *Handler) observe(typ, outcome string) {
-	if h.cfg.Observe != nil {
-		h.cfg.Observe(typ, outcome)
+	if h.cfg.Observe == nil {
+		return
 	}
+	switch {
+	case typ == "":
+		typ = "unreadable"
+	case !slices.Contains(charges.HandledEventTypes, typ):
+		typ = "other"
+	}
+	h.cfg.Observe(typ, outcome)
 }
 
 // receive answers 2xx only once the event is durably recorded: applied now,
