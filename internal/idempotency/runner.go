@@ -501,11 +501,10 @@ func (r *Runner) finished(ctx context.Context, log *slog.Logger, resp Response, 
 
 // finishParams is the stored form of resp.
 func finishParams(resp Response) (*dbsqlc.IdempotencyKeySettleParams, error) {
-	headers, err := encodeHeaders(resp.Header)
+	status, headers, err := StoredForm(resp)
 	if err != nil {
 		return nil, err
 	}
-	status := int32(resp.Status)
 	return &dbsqlc.IdempotencyKeySettleParams{ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body}, nil
 }
 
