@@ -1,41 +1,27 @@
 package e2e
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 	"time"
 )
 
-// call sends one request with the API key (and, for a POST, an
-// idempotency key and a body of {}), and returns the status and body.
+// call sends one request with do and fails the test on a transport error;
+// a POST carries an empty JSON object.
 func call(t *testing.T, c *http.Client, method, url, apiKey, idemKey string) (int, []byte) {
 	t.Helper()
-	var body io.Reader
+	var body []byte
 	if method == http.MethodPost {
-		body = bytes.NewReader([]byte("{}"))
+		body = []byte("{}")
 	}
-	req, err := http.NewRequest(method, url, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if idemKey != "" {
-		req.Header.Set("Idempotency-Key", idemKey)
-	}
-	resp, err := c.Do(req)
+	resp, err := do(context.Background(), c, method, url, apiKey, idemKey, body)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return resp.Status, resp.Body
 }
 
 // A revoked API key is refused by every server process from the moment the
