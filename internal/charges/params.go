@@ -177,13 +177,17 @@ func expected(e *json.UnmarshalTypeError) string {
 	}
 }
 
-// chargeParams is the body of POST /v1/charges.
+// chargeParams is the body of POST /v1/charges. Its fields are in the
+// order of their json names, as in every params type: encoded, a
+// normalised request is then in RFC 8785 form already and its fingerprint
+// needs no canonicalisation (idempotency.Request.Normalize;
+// TestParamsInNameOrder).
 type chargeParams struct {
 	Amount        *int64            `json:"amount"`
 	Currency      *string           `json:"currency"`
-	PaymentMethod *string           `json:"payment_method"`
 	Description   *string           `json:"description"`
 	Metadata      map[string]string `json:"metadata"`
+	PaymentMethod *string           `json:"payment_method"`
 }
 
 func (p *chargeParams) validate() error {
@@ -257,8 +261,8 @@ func checkText(s string, max int) string {
 
 // refundParams is the body of POST /v1/refunds.
 type refundParams struct {
-	Charge *string `json:"charge"`
 	Amount *int64  `json:"amount"`
+	Charge *string `json:"charge"`
 }
 
 func (p *refundParams) validate() error {

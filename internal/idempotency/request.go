@@ -94,7 +94,8 @@ func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, l
 // normalised form of the request (for a charge: the currency in lower case,
 // absent fields absent), instead of the body as sent: two bodies that mean
 // the same request (USD and usd, a field sent as null or left out) have one
-// fingerprint. v is encoded with encoding/json and then in RFC 8785 form.
+// fingerprint. v is encoded with encoding/json and then in RFC 8785 form
+// (which that encoding usually is already: inRFC8785Form).
 // Changing what v encodes changes fingerprints, and needs a new
 // FingerprintVersion.
 func (r *Request) Normalize(v any) error {
@@ -102,9 +103,11 @@ func (r *Request) Normalize(v any) error {
 	if err != nil {
 		return fmt.Errorf("encoding the normalised request: %w", err)
 	}
-	canonical, err := jcs.Transform(b)
-	if err != nil {
-		return fmt.Errorf("canonicalising the normalised request: %w", err)
+	canonical := b
+	if !inRFC8785Form(b) {
+		if canonical, err = jcs.Transform(b); err != nil {
+			return fmt.Errorf("canonicalising the normalised request: %w", err)
+		}
 	}
 	r.Canonical, r.Fingerprint = canonical, Fingerprint(r.Method, r.Path, canonical)
 	return nil
