@@ -26,7 +26,10 @@ func TestDecodeHeadersStoredForm(t *testing.T) {
 			t.Fatalf("decodeHeaders(%s) = %v, want %v", b, got, want)
 		}
 	}
-	for _, bad := range []string{`[]`, `{"A": 1}`, `{`} {
+	if got, err := decodeHeaders([]byte(`{"Date": "x", "Set-Cookie": "y"}`)); err != nil || len(got) != 0 {
+		t.Errorf("decodeHeaders of headers never stored = %v, %v; want none", got, err)
+	}
+	for _, bad := range []string{`[]`, `{"Location": 1}`, `{`} {
 		if _, err := decodeHeaders([]byte(bad)); err == nil {
 			t.Errorf("decodeHeaders(%s) accepted a value that encodeHeaders never writes", bad)
 		}
