@@ -78,16 +78,16 @@ func statementName(sql string) string {
 // cache (accounts.Authenticator), as it does for a client sending a stream
 // of requests.
 //
-// First request: 9 statements, 2 commits. The replay read (a miss, which is
-// what lets a replay skip every write); the claim transaction (BEGIN,
-// upsert, ledger insert, COMMIT: the record and the ledger row must commit
+// First request: 3 statements, 2 commits. The replay read (a miss, which
+// is what lets a replay skip every write); the claim with its ledger row,
+// one self-committing statement (the record and the ledger row must commit
 // together, before Stripe is called, so a crash after the call is
 // recoverable); then, with no transaction open across the Stripe call, the
-// finishing transaction (BEGIN, ledger update, key finish, COMMIT: the
-// outcome and the stored response must commit together).
+// finish, another (the outcome, the stored response and the event must
+// commit together).
 //
 // Replay: 1 statement, no transaction, no write: one read of the record by
-// its unique (account_id, key) index.
+// its unique (scope, key) index.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
