@@ -163,7 +163,7 @@ func count(list []string, s string) int {
 // TestReplayReadIsIndexScan shows the replay read is a unique-index lookup.
 // Sequential scans are switched off for the EXPLAIN only so that a tiny test
 // table cannot make the planner prefer one; the point is that the predicate
-// matches the unique (account_id, key) index exactly (BENCHMARKS.md has the
+// matches the unique (scope, key) index exactly (BENCHMARKS.md has the
 // plan on a 1M-row table, where no setting is needed).
 func TestReplayReadIsIndexScan(t *testing.T) {
 	t.Parallel()
