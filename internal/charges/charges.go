@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +28,7 @@ import (
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/listing"
 )
 
 // Routes, as fingerprinted and stored on idempotency records.
@@ -444,22 +444,14 @@ func (s *Service) getCharge(c echo.Context) error {
 }
 
 // ChargeList is one page of charges, newest first.
-type ChargeList struct {
-	Object  string   `json:"object"`
-	Data    []Charge `json:"data"`
-	HasMore bool     `json:"has_more"`
-}
+type ChargeList = listing.List[Charge]
 
 func (s *Service) listCharges(c echo.Context) error {
 	acct := accounts.FromContext(c)
 	ctx := c.Request().Context()
-	limit := 10
-	if v := c.QueryParam("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			return apierror.Invalid(apierror.InvalidParam{Name: "limit", Reason: "must be an integer between 1 and 100"})
-		}
-		limit = n
+	limit, err := listing.Limit(c.QueryParam("limit"))
+	if err != nil {
+		return err
 	}
 	params := &dbsqlc.ChargeListParams{AccountID: acct.ID, MaxRows: int32(limit + 1)}
 	if after := c.QueryParam("starting_after"); after != "" {
@@ -475,14 +467,7 @@ func (s *Service) listCharges(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing charges: %w", err)
 	}
-	out := ChargeList{Object: "list", Data: make([]Charge, 0, limit), HasMore: len(rows) > limit}
-	for i, ch := range rows {
-		if i == limit {
-			break
-		}
-		out.Data = append(out.Data, chargeJSON(ch))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, listing.Page(rows, limit, chargeJSON))
 }
 
 // readErr maps a read's error: not found (including another account's

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
@@ -13,6 +12,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/listing"
 )
 
 // API serves GET /v1/events and GET /v1/events/{id}, scoped to the calling
@@ -32,11 +32,7 @@ func (a *API) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 }
 
 // List is one page of events, newest first.
-type List struct {
-	Object  string  `json:"object"`
-	Data    []Event `json:"data"`
-	HasMore bool    `json:"has_more"`
-}
+type List = listing.List[Event]
 
 func (a *API) get(c echo.Context) error {
 	acct := accounts.FromContext(c)
@@ -52,13 +48,9 @@ func (a *API) get(c echo.Context) error {
 func (a *API) list(c echo.Context) error {
 	acct := accounts.FromContext(c)
 	ctx := c.Request().Context()
-	limit := 10
-	if v := c.QueryParam("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			return apierror.Invalid(apierror.InvalidParam{Name: "limit", Reason: "must be an integer between 1 and 100"})
-		}
-		limit = n
+	limit, err := listing.Limit(c.QueryParam("limit"))
+	if err != nil {
+		return err
 	}
 	params := &dbsqlc.EventListParams{AccountID: acct.ID, MaxRows: int32(limit + 1)}
 	if after := c.QueryParam("starting_after"); after != "" {
@@ -74,12 +66,5 @@ func (a *API) list(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing events: %w", err)
 	}
-	out := List{Object: "list", Data: make([]Event, 0, limit), HasMore: len(rows) > limit}
-	for i, row := range rows {
-		if i == limit {
-			break
-		}
-		out.Data = append(out.Data, eventOf(row))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, listing.Page(rows, limit, eventOf))
 }
