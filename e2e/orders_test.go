@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/eventstest"
 	"github.com/idempay/idempay/internal/faultpoint"
 	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/orders"
@@ -303,37 +304,9 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := map[string]int{}
-	last := map[string]int64{}
-	for {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			var ev events.Event
-			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			seen[ev.ID]++
-			if ev.Sequence != last[ev.Account]+1 {
-				t.Errorf("account %s: event %d arrived after %d", ev.Account, ev.Sequence, last[ev.Account])
-			}
-			last[ev.Account] = ev.Sequence
-		}
-		if n == 0 {
-			break
-		}
-	}
-	if len(seen) != 1000 {
-		t.Errorf("the stream holds %d distinct events, want 1000", len(seen))
-	}
-	for id, n := range seen {
-		if n != 1 {
-			t.Errorf("event %s is in the stream %d times", id, n)
-		}
+	last, distinct := eventstest.ReadAll(t, cons, nil)
+	if distinct != 1000 {
+		t.Errorf("the stream holds %d distinct events, want 1000", distinct)
 	}
 	for _, a := range accts {
 		if last[a.ID] != 250 {
