@@ -131,7 +131,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},
 	InvalidRequest: {
-		"The body is JSON but its parameters are wrong: unknown fields, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
+		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
 	UnsupportedMediaType: {
 		"The request body is not sent as application/json. Nothing was stored.",

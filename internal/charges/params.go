@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -45,18 +46,19 @@ type params interface{ validate() error }
 
 // decodeParams decodes the JSON object raw into dst and validates it. It
 // reports every problem at once, in one 400 invalid-request whose
-// invalid_params name each field: every unknown field (in the order of the
-// body), every known field of the wrong type, and every failed check of the
-// known fields (dst.validate). So a client that sends a typo and a bad
-// amount learns of both. A body that is not a JSON object is refused as
-// such. Field names match the json tags as encoding/json matches them
-// (case-insensitively).
+// invalid_params name each field: every field given twice (repeatedNames),
+// every unknown field (in the order of the body), every known field of the
+// wrong type, and every failed check of the known fields (dst.validate).
+// So a client that sends a typo and a bad amount learns of both. A body
+// that is not a JSON object is refused as such. Field names match the json
+// tags as encoding/json matches them (case-insensitively).
 func decodeParams(raw []byte, dst params) error {
+	repeated := repeatedNames(raw)
 	// The usual body is a valid one: one strict decode, and the walk field
 	// by field below only when that fails, to name every problem at once.
 	strict := json.NewDecoder(bytes.NewReader(raw))
 	strict.DisallowUnknownFields()
-	if err := strict.Decode(dst); err == nil {
+	if err := strict.Decode(dst); err == nil && len(repeated) == 0 {
 		return dst.validate()
 	}
 	reflect.ValueOf(dst).Elem().SetZero() // what the strict decode left half done
@@ -69,6 +71,14 @@ func decodeParams(raw []byte, dst params) error {
 	known := jsonFields(dst)
 	var bad []apierror.InvalidParam
 	failed := map[string]bool{} // fields already named, not validated again
+	for i, name := range repeated {
+		if !slices.Contains(repeated[:i], name) {
+			bad = append(bad, apierror.InvalidParam{Name: name, Reason: "is given more than once"})
+		}
+		if field, ok := knownField(known, name); ok {
+			failed[field] = true // which value counts is not for us to say
+		}
+	}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
