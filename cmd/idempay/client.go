@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/idempay/idempay/client"
@@ -21,6 +22,9 @@ const clientUsage = `usage:
   idempay refunds create --charge ch_... [--amount N] [--idempotency-key K]
   idempay refunds get ID
   idempay keys get KEY
+  idempay api-keys create [--idempotency-key K]
+  idempay api-keys list
+  idempay api-keys revoke ID [--idempotency-key K]
 
 These call a running API with the Go client (package client), retrying with
 the same Idempotency-Key until a final answer. They read IDEMPAY_API_URL
@@ -28,10 +32,12 @@ the same Idempotency-Key until a final answer. They read IDEMPAY_API_URL
 JSON on stdout; an error answer is printed as its problem JSON on stderr and
 the exit status is 1. A create without --idempotency-key makes a new key and
 prints it on stderr: run the command again with it to retry the same
-request.`
+request. api-keys create prints the new key's secret once: keep it, the
+server does not.`
 
-// clientCmd is `idempay charges|refunds|keys ...`: the API from the
-// command line, through the same client (and retry rules) as Go callers.
+// clientCmd is `idempay charges|refunds|keys|api-keys ...`: the API from
+// the command line, through the same client (and retry rules) as Go
+// callers.
 func clientCmd(ctx context.Context, cfg Config, args []string) error {
 	if len(args) < 2 {
 		return errors.New(clientUsage)
@@ -61,6 +67,18 @@ func clientCmd(ctx context.Context, cfg Config, args []string) error {
 		res, err = withID(args[2:], func(id string) (raw, error) { return cl.Refunds.Get(ctx, id) })
 	case "keys get":
 		res, err = withID(args[2:], func(id string) (raw, error) { return cl.IdempotencyKeys.Get(ctx, id) })
+	case "api-keys create":
+		res, err = withKey(args[2:], 0, func(_ []string, opt client.CallOption) (raw, error) { return cl.APIKeys.Create(ctx, opt) })
+	case "api-keys list":
+		res, err = withKey(args[2:], -1, func([]string, client.CallOption) (raw, error) { return cl.APIKeys.List(ctx) })
+	case "api-keys revoke":
+		res, err = withKey(args[2:], 1, func(id []string, opt client.CallOption) (raw, error) {
+			if err := cl.APIKeys.Delete(ctx, id[0], opt); err != nil {
+				return nil, err
+			}
+			fmt.Printf("revoked %s\n", id[0])
+			return nil, nil
+		})
 	default:
 		return errors.New(clientUsage)
 	}
@@ -72,7 +90,7 @@ func clientCmd(ctx context.Context, cfg Config, args []string) error {
 		}
 		return err
 	}
-	if err != nil {
+	if err != nil || res == nil {
 		return err
 	}
 	if k := res.IdempotencyKey(); k != "" {
@@ -143,6 +161,33 @@ func refundsCreate(ctx context.Context, cl *client.Client, args []string) (raw, 
 		p.Amount = amount
 	}
 	return cl.Refunds.Create(ctx, p, client.WithIdempotencyKey(*key))
+}
+
+// withKey parses an --idempotency-key flag (none when positional is -1)
+// and exactly positional arguments, and runs call with them.
+func withKey(args []string, positional int, call func(args []string, opt client.CallOption) (raw, error)) (raw, error) {
+	fs := flag.NewFlagSet("api-keys", flag.ContinueOnError)
+	var key *string
+	if positional >= 0 {
+		key = fs.String("idempotency-key", "", "the request's key (default: a new one)")
+	}
+	// The ID may come before the flags (revoke ID --idempotency-key K).
+	var pos []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	pos = append(pos, fs.Args()...)
+	if len(pos) != max(positional, 0) || slices.Contains(pos, "") {
+		return nil, errors.New(clientUsage)
+	}
+	var opt client.CallOption
+	if key != nil {
+		opt = client.WithIdempotencyKey(*key)
+	}
+	return call(pos, opt)
 }
 
 // withID runs get with the one positional argument.

@@ -45,6 +45,7 @@ commands:
   orders publish|dlq|replay  publish an order.paid message; list or replay dead letters
   charges create|get|list    call the API with the Go client (IDEMPAY_API_URL, IDEMPAY_API_KEY)
   refunds create|get         and keys get KEY: likewise
+  api-keys create|list|revoke  the account's API keys, likewise (revoke: in every server at once)
   migrate                    apply database migrations
   accounts create --name N   create an account; prints {"id","api_key"} once
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
@@ -85,7 +86,7 @@ func run(args []string) error {
 		return relayCmd(ctx, cfg, log)
 	case "orders":
 		return ordersCmd(ctx, cfg, args[1:])
-	case "charges", "refunds", "keys":
+	case "charges", "refunds", "keys", "api-keys":
 		return clientCmd(ctx, cfg, args)
 	case "migrate":
 		return migrate(ctx, cfg, log)

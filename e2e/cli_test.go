@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestCLI runs the client commands of the idempay binary against a real
+// server: a charge created twice with one key is one charge (the second
+// answer a replay), and an API key made, listed and revoked from the shell
+// stops working at once.
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "cli")
+	srv := startServer(t, serverOpts{Name: "cli", DBURL: d.URL, StripeURL: fake.URL()})
+
+	// run runs `idempay args...` with apiKey and returns stdout, stderr and
+	// the exit status.
+	run := func(apiKey string, args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = []string{"IDEMPAY_API_URL=" + srv.URL, "IDEMPAY_API_KEY=" + apiKey, "PATH=" + os.Getenv("PATH")}
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		switch {
+		case errors.As(err, &exit):
+			code = exit.ExitCode()
+		case err != nil:
+			t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String(), errOut.String(), code
+	}
+	decode := func(what, stdout string, v any) {
+		t.Helper()
+		if err := json.Unmarshal([]byte(stdout), v); err != nil {
+			t.Fatalf("%s: stdout is not the JSON answer: %v\n%s", what, err, stdout)
+		}
+	}
+
+	// One charge, created twice with the same key.
+	create := []string{"charges", "create", "--amount", "1500", "--payment-method", "tok_visa",
+		"--metadata", "order_id=42", "--idempotency-key", "cli-order-42"}
+	var ids []string
+	for i, wantReplayed := range []string{"replayed: false", "replayed: true"} {
+		out, errOut, code := run(acct.APIKey, create...)
+		if code != 0 {
+			t.Fatalf("charges create #%d: exit status %d, stderr %s", i+1, code, errOut)
+		}
+		var ch struct{ ID, Status string }
+		decode("charges create", out, &ch)
+		if !strings.Contains(errOut, "Idempotency-Key: cli-order-42 ("+wantReplayed+")") {
+			t.Errorf("charges create #%d: stderr %q, want the key and %q", i+1, errOut, wantReplayed)
+		}
+		ids = append(ids, ch.ID)
+	}
+	if ids[0] == "" || ids[0] != ids[1] {
+		t.Errorf("two creates with one key answered charges %q and %q, want one charge", ids[0], ids[1])
+	}
+	var charges int
+	if err := d.Pool.QueryRow(context.Background(), `SELECT count(*) FROM charges WHERE account_id = $1`, acct.ID).Scan(&charges); err != nil {
+		t.Fatal(err)
+	}
+	if charges != 1 {
+		t.Errorf("%d charges in the ledger, want 1", charges)
+	}
+
+	// An API key from the shell: made, listed, used, revoked, refused.
+	out, errOut, code := run(acct.APIKey, "api-keys", "create", "--idempotency-key", "cli-new-key")
+	if code != 0 {
+		t.Fatalf("api-keys create: exit status %d, stderr %s", code, errOut)
+	}
+	var key struct{ ID, Secret string }
+	decode("api-keys create", out, &key)
+	if key.ID == "" || key.Secret == "" {
+		t.Fatalf("api-keys create printed %s, want an id and the secret", out)
+	}
+	out, errOut, code = run(acct.APIKey, "api-keys", "list")
+	var list struct{ Data []struct{ ID, Secret string } }
+	if code != 0 {
+		t.Fatalf("api-keys list: exit status %d, stderr %s", code, errOut)
+	}
+	decode("api-keys list", out, &list)
+	if len(list.Data) != 2 || strings.Contains(out, key.Secret) {
+		t.Errorf("api-keys list shows %d keys, want 2 and no secret:\n%s", len(list.Data), out)
+	}
+	if _, errOut, code := run(key.Secret, "charges", "get", ids[0]); code != 0 {
+		t.Fatalf("charges get with the new key: exit status %d, stderr %s", code, errOut)
+	}
+	out, errOut, code = run(acct.APIKey, "api-keys", "revoke", key.ID, "--idempotency-key", "cli-revoke")
+	if code != 0 || strings.TrimSpace(out) != "revoked "+key.ID {
+		t.Fatalf("api-keys revoke: exit status %d, stdout %q, stderr %s", code, out, errOut)
+	}
+	if _, errOut, code := run(key.Secret, "charges", "get", ids[0]); code != 1 || !strings.Contains(errOut, "unauthorized") {
+		t.Errorf("charges get with the revoked key: exit status %d, stderr %s; want 1 and the unauthorized problem", code, errOut)
+	}
+	// A retry of the revocation replays its answer instead of a 404.
+	if out, errOut, code := run(acct.APIKey, "api-keys", "revoke", key.ID, "--idempotency-key", "cli-revoke"); code != 0 {
+		t.Errorf("api-keys revoke retried: exit status %d, stdout %q, stderr %s", code, out, errOut)
+	}
+
+	// Bad usage is refused with the usage text, and calls nothing.
+	for _, args := range [][]string{{"api-keys", "revoke"}, {"api-keys", "list", "extra"}, {"api-keys", "delete", "x"}, {"charges", "create", "--amount", "5"}} {
+		if _, errOut, code := run(acct.APIKey, args...); code != 1 || !strings.Contains(errOut, "usage:") {
+			t.Errorf("idempay %s: exit status %d, stderr %q; want 1 and the usage", strings.Join(args, " "), code, errOut)
+		}
+	}
+}
