@@ -27,8 +27,12 @@ func BenchmarkReplay(b *testing.B) {
 	c := env.NewClient(b)
 	body := []byte(`{"amount":2000,"currency":"usd","payment_method":"tok_visa","description":"Order #1","metadata":{"order_id":"1"}}`)
 	const key = "bench-replay"
-	if resp := c.Post("/v1/charges", key, body); resp == nil || resp.Status != http.StatusCreated {
-		b.Fatalf("first request: %+v", resp)
+	resp := c.Post("/v1/charges", key, body)
+	if resp == nil {
+		b.Fatal("first request: no response")
+	}
+	if resp.Status != http.StatusCreated {
+		b.Fatalf("first request: status %d, want 201; body %s", resp.Status, resp.Body)
 	}
 	h := env.Server.Config.Handler
 	req := func() *http.Request {

@@ -14,8 +14,11 @@ func TestPoolIsMigrated(t *testing.T) {
 		t.Fatalf("0001_init.sql applied %d times, err %v", n, err)
 	}
 	a, b := NewAccount(t), NewAccount(t)
-	if a.ID == b.ID || a.APIKey == b.APIKey {
-		t.Fatalf("accounts not distinct: %+v %+v", a, b)
+	if a.ID == b.ID {
+		t.Fatalf("two new accounts have one id, %q", a.ID)
+	}
+	if a.APIKey == b.APIKey {
+		t.Fatalf("two new accounts (%s, %s) have one API key", a.ID, b.ID)
 	}
 }
 

@@ -92,7 +92,7 @@ func TestRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n != want {
-			t.Fatalf("PurgeExpired(now %+v) deleted %d records, want %d; left: %v", now.Sub(t0).Round(time.Minute), n, want, keys())
+			t.Fatalf("PurgeExpired(now %v) deleted %d records, want %d; left: %v", now.Sub(t0).Round(time.Minute), n, want, keys())
 		}
 	}
 	const nAll = 10
