@@ -531,12 +531,13 @@ func TestRetriesThroughStripeOutage(t *testing.T) {
 	t.Parallel()
 	var obs counter
 	// Backoff capped at 100 ms: the server's Retry-After: 1 is honoured up
-	// to 600 ms, so the call outlasts the 700 ms outage in a few attempts.
+	// to 600 ms. The outage is Stripe's next two calls, counted rather than
+	// timed, so that a slow machine cannot let the first attempt miss it.
 	env := apitest.New(t, apitest.Options{})
 	key := env.NewClient(t).Account.APIKey
 	cl := client.New(env.Server.URL, key, client.WithBackoff(10*time.Millisecond, 100*time.Millisecond), client.WithObserver(obs.observe))
 
-	env.Stripe.FailFor(stripefake.Fail500, 700*time.Millisecond)
+	env.Stripe.FailNext(stripefake.Fail500, 2)
 	start := time.Now()
 	ch, err := cl.Charges.Create(t.Context(), visa(4200), client.WithIdempotencyKey("outage-1"))
 	if err != nil {
@@ -544,8 +545,8 @@ func TestRetriesThroughStripeOutage(t *testing.T) {
 	}
 	atts := obs.all()
 	t.Logf("succeeded after %d attempts in %s", len(atts), time.Since(start).Round(time.Millisecond))
-	if len(atts) < 2 || ch.Attempts() != len(atts) {
-		t.Fatalf("%d attempts (result says %d); want retries through the outage", len(atts), ch.Attempts())
+	if len(atts) != 3 || ch.Attempts() != len(atts) {
+		t.Fatalf("%d attempts (result says %d); want 3: two through the outage, then the charge", len(atts), ch.Attempts())
 	}
 	for _, at := range atts[:len(atts)-1] {
 		if at.Status != http.StatusServiceUnavailable || at.Type != "/problems/downstream-unavailable" || !at.Retry || at.Wait < 500*time.Millisecond {
@@ -918,9 +919,13 @@ func TestBackoffAndRetryAfter(t *testing.T) {
 			}
 			return nil
 		}},
-		{"date", time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat), func(r int, d time.Duration) error {
-			if d < time.Second || d > 3*time.Second+time.Second {
-				return fmt.Errorf("retry %d waited %s, want about 3s (an HTTP date)", r, d)
+		// An hour ahead, so that however long the subtest waits for its
+		// turn, the date is still far off: the wait is the cap, where an
+		// ignored header would give the backoff (TestParseRetryAfter reads
+		// dates exactly, with a fixed clock).
+		{"date", time.Now().Add(time.Hour).UTC().Format(http.TimeFormat), func(r int, d time.Duration) error {
+			if d != 6*maxB {
+				return fmt.Errorf("retry %d waited %s, want the cap %s (an HTTP date an hour ahead)", r, d, 6*maxB)
 			}
 			return nil
 		}},
@@ -1038,15 +1043,17 @@ func TestContextStopsRetries(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		// Real sleeps: the first wait is at least the 1 s Retry-After.
+		// The front answers Retry-After: 1, so without the cancel the call
+		// would sleep a second; it must end well before that.
+		var cancelled atomic.Int64
 		cl := client.New(f.URL, "k", client.WithObserver(func(a client.Attempt) {
 			if a.N == 1 {
-				time.AfterFunc(50*time.Millisecond, cancel)
+				time.AfterFunc(50*time.Millisecond, func() { cancelled.Store(time.Now().UnixNano()); cancel() })
 			}
 		}))
-		start := time.Now()
 		_, err := cl.Charges.Create(ctx, visa(1))
-		if took := time.Since(start); took > 500*time.Millisecond {
-			t.Errorf("the call took %s after its context was cancelled at 50 ms", took)
+		if took := time.Since(time.Unix(0, cancelled.Load())); cancelled.Load() == 0 || took > 900*time.Millisecond {
+			t.Errorf("the call ended %s after its context was cancelled, want at once (not after the 1 s Retry-After)", took)
 		}
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("error %v does not wrap context.Canceled", err)
@@ -1069,8 +1076,8 @@ func TestContextStopsRetries(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err := client.New(f.URL, "k").Charges.Create(ctx, visa(1))
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("the call took %s with a 100 ms deadline", took)
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("the call took %s with a 100 ms deadline (the server never answers)", took)
 		}
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
