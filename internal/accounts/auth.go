@@ -166,17 +166,22 @@ func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, msg string) (*i
 	return &invalidation{conn: conn, msg: msg}, nil
 }
 
+// ackTimeout bounds wait: long enough for every process of a loaded
+// machine to acknowledge, short enough that a wedged one cannot hold a
+// revocation or a mode change up for long.
+const ackTimeout = 5 * time.Second
+
 // wait returns once every listening process (those whose listening
 // connection pg_stat_activity shows) has acknowledged the message, or after
-// a second: so a revocation or a mode change answers only once it applies
-// everywhere (I11), and a wedged process cannot hold it up for long.
+// ackTimeout: so a revocation or a mode change answers only once it applies
+// everywhere (I11).
 func (iv *invalidation) wait(ctx context.Context, pool *pgxpool.Pool) {
 	var listeners int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND query = $1`, listenStatement).Scan(&listeners); err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
 	defer cancel()
 	for acks := 0; acks < listeners; {
 		n, err := iv.conn.WaitForNotification(ctx)
