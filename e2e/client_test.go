@@ -28,9 +28,10 @@ func TestClientAcrossServerKill(t *testing.T) {
 	const key = "order-kill-1"
 
 	dying := startServer(t, serverOpts{Name: "dying", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: faultpoint.AfterDownstream})
-	// A short lock timeout, so that the stranded record is taken over soon.
+	// A short lock timeout, so that the stranded record is taken over soon,
+	// and a Stripe timeout that a slow machine does not reach on the way.
 	healthy := startServer(t, serverOpts{Name: "healthy", DBURL: d.URL, StripeURL: fake.URL(),
-		Lock: time.Second, Stripe: 500 * time.Millisecond})
+		Lock: 3 * time.Second, Stripe: 2 * time.Second})
 
 	var (
 		mu       sync.Mutex

@@ -62,8 +62,11 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 				var final *apiResponse
 				switch recovery {
 				case "retry":
-					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					// B's lock timeout is long enough that its first attempt
+					// surely finds A's lock fresh however slowly B starts on a
+					// loaded machine: the 409s before the takeover are checked.
+					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL(), Lock: 6 * time.Second})
+					ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 					defer cancel()
 					start := time.Now()
 					var st retryStats

@@ -39,8 +39,16 @@ func TestStorm(t *testing.T) {
 	}
 	var servers []*server
 	for i := range 3 {
-		servers = append(servers, startServer(t, serverOpts{Name: fmt.Sprintf("S%d", i), DBURL: d.URL,
-			StripeURL: fake.URL(), Completer: 300 * time.Millisecond}))
+		opts := serverOpts{Name: fmt.Sprintf("S%d", i), DBURL: d.URL, StripeURL: fake.URL(), Completer: 300 * time.Millisecond}
+		if i == 1 {
+			// S1 is killed while its in-flight charges wait at Stripe: a
+			// Stripe timeout far longer than the wait for them to arrive
+			// (5 s at most), so that none of them times out into a 503
+			// first on a slow machine. The others take its records over
+			// by their own lock timeout.
+			opts.Stripe, opts.Lock = 10*time.Second, 15*time.Second
+		}
+		servers = append(servers, startServer(t, opts))
 	}
 	keyName := func(k int) string { return fmt.Sprintf("storm-%03d", k) }
 	body := func(k int) []byte { return chargeBody(100+k, "storm "+keyName(k)) }

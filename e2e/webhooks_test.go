@@ -90,7 +90,10 @@ func TestWebhookDuplicatesAcrossServers(t *testing.T) {
 	acct := newAccount(t, d.Pool, "webhook storm")
 	var servers []*server
 	for _, name := range []string{"A", "B", "C"} {
-		servers = append(servers, startServer(t, serverOpts{Name: name, DBURL: d.URL, StripeURL: fake.URL()}))
+		// No takeover is waited for here: timeouts that a loaded machine's
+		// healthy Stripe call cannot reach.
+		servers = append(servers, startServer(t, serverOpts{Name: name, DBURL: d.URL, StripeURL: fake.URL(),
+			Lock: 10 * time.Second, Stripe: 5 * time.Second}))
 	}
 	c := newHTTPClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -163,9 +166,12 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 	d := newDB(t)
 	fake := newFake(t)
 	acct := newAccount(t, d.Pool, "webhook crash")
-	b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
+	// B judges A's lock by its own timeout: 8 s, so that the first
+	// redelivery below surely finds it fresh however slowly the kill and the
+	// checks between run on a loaded machine.
+	b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL(), Lock: 8 * time.Second, Stripe: 4 * time.Second})
 	c := newHTTPClient()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	resp, err := do(ctx, c, http.MethodPost, b.URL+"/v1/charges", acct.APIKey, "crash-charge", chargeBody(3000, "crash"))
 	if err != nil || resp.Status != http.StatusCreated {
@@ -194,13 +200,13 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 
 	// Stripe redelivers. While the dead owner's lock is fresh the event is
 	// recorded and owned: 200, nothing applied yet. After the lock timeout
-	// (2 s here) a redelivery takes the record over and applies it.
+	// (B's 8 s) a redelivery takes the record over and applies it.
 	r, err := deliver(ctx, c, b.URL, ev)
 	if err != nil || r.Status != http.StatusOK || r.Outcome != "duplicate" {
 		t.Fatalf("redelivery while the lock is fresh: %v %s, want 200 duplicate", err, r.Body)
 	}
 	var final receipt
-	if !waitFor(15*time.Second, func() bool {
+	if !waitFor(30*time.Second, func() bool {
 		final, err = deliver(ctx, c, b.URL, ev)
 		if err == nil && final.Outcome != "duplicate" {
 			return true
@@ -208,7 +214,7 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		return false
 	}) {
-		t.Fatalf("no redelivery applied the event in 15 s")
+		t.Fatalf("no redelivery applied the event in 30 s")
 	}
 	if final.Status != http.StatusOK || final.Outcome != "applied" || final.Replayed {
 		t.Fatalf("redelivery after the lock timeout: %d %s, want 200 applied", final.Status, final.Body)

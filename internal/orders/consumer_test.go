@@ -40,7 +40,10 @@ func (b *bench) count(key string) int {
 // JetStream server) in front of a fresh API environment.
 func newBench(t *testing.T, maxDeliver int) *bench {
 	t.Helper()
-	env := apitest.New(t, apitest.Options{StripeTimeout: time.Second})
+	// A Stripe timeout that a healthy call on a loaded machine does not
+	// reach (an unknown outcome would add a nak the tests count), and
+	// shorter than AckWait, as the server's configuration requires.
+	env := apitest.New(t, apitest.Options{StripeTimeout: 3 * time.Second})
 	_, js := natstest.Connect(t, natstest.Server(t))
 	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
 	b.cfg.MaxDeliver = maxDeliver

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -111,7 +110,7 @@ func TestInspectKey(t *testing.T) {
 	}
 
 	// Unknown outcome at Stripe: resumable, with the error and the ledger row.
-	env.Stripe.FailFor(stripefake.Fail500, 3*time.Second)
+	env.Stripe.FailNext(stripefake.Fail500, 1)
 	if r := c.Post("/v1/charges", "unknown-1", body); r.Status != http.StatusServiceUnavailable {
 		t.Fatalf("want 503, got %d %s", r.Status, r.Body)
 	}
