@@ -113,6 +113,15 @@ func (r *Request) Normalize(v any) error {
 	return nil
 }
 
+// fingerprinted refuses a request that has no fingerprint: one read by
+// PrepareBody and never given its normalised form.
+func (r Request) fingerprinted() error {
+	if len(r.Fingerprint) != sha256.Size {
+		return fmt.Errorf("idempotency: request for key %q has no fingerprint (PrepareBody needs Normalize)", r.Key)
+	}
+	return nil
+}
+
 // legacyFingerprint is the request's fingerprint of version 1 (SHA-256 over
 // method, route and the encoding/json canonical form of the body as sent),
 // to compare with a record stored under that version.

@@ -15,7 +15,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -267,8 +266,8 @@ func (r *Runner) observe(o Outcome) {
 // unknown downstream outcome is ErrUnknownOutcome; other errors are the
 // operation's own (from Begin or Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
-	if len(req.Fingerprint) != sha256.Size {
-		return Response{}, fmt.Errorf("idempotency: request for key %q has no fingerprint (PrepareBody needs Normalize)", req.Key)
+	if err := req.fingerprinted(); err != nil {
+		return Response{}, err
 	}
 	rec, replay, err := r.claim(ctx, req, op)
 	if err != nil {
@@ -302,21 +301,21 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		if err = db.NotFound(err); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		} else if err == nil {
-			switch {
-			case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, &legacy):
+			switch r.judge(&row, req, &legacy) {
+			case OutcomeMismatch:
 				r.observe(OutcomeMismatch)
 				return nil, nil, refuse(ErrMismatch,
 					"This Idempotency-Key was already used with a different request (method, path or body). Use a new key for a new request.")
-			case row.RecoveryPoint == PointFinished:
+			case OutcomeReplayed:
 				r.observe(OutcomeReplayed)
 				resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 				return nil, resp, err
-			case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
+			case OutcomeConflict:
 				r.observe(OutcomeConflict)
 				return nil, nil, refuse(ErrInFlight,
 					"A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.")
 			}
-			// Unlocked or expired: the upsert below takes it over.
+			// OutcomeTakeover: the upsert below takes it over.
 		}
 
 		var accountID *string
@@ -388,6 +387,25 @@ func (r *Runner) claimAndBegin(ctx context.Context, params *dbsqlc.IdempotencyKe
 		}
 		return rec, nil
 	})
+}
+
+// judge is what Run does with req, given the record stored under its key:
+// OutcomeMismatch (another request), OutcomeReplayed (finished),
+// OutcomeConflict (locked within LockTimeout: in flight) or
+// OutcomeTakeover (unlocked or expired: resumable). Run acts on it, Peek
+// only reports it. A version-1 record leaves req's version-1 fingerprint
+// in *legacy.
+func (r *Runner) judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, legacy *[]byte) Outcome {
+	switch {
+	case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, legacy):
+		return OutcomeMismatch
+	case row.RecoveryPoint == PointFinished:
+		return OutcomeReplayed
+	case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
+		return OutcomeConflict
+	default:
+		return OutcomeTakeover
+	}
 }
 
 // sameRequest tells whether req is the request a record stored under
@@ -584,8 +602,8 @@ func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Re
 // OutcomeConflict (in flight) or OutcomeTakeover (resumable). An account in
 // shadow mode uses it to count what enforcing idempotency would change.
 func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
-	if len(req.Fingerprint) != sha256.Size {
-		return "", fmt.Errorf("idempotency: request for key %q has no fingerprint (PrepareBody needs Normalize)", req.Key)
+	if err := req.fingerprinted(); err != nil {
+		return "", err
 	}
 	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
 	switch err = db.NotFound(err); {
@@ -593,13 +611,7 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 		return OutcomeNew, nil
 	case err != nil:
 		return "", fmt.Errorf("reading idempotency key: %w", err)
-	case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, new([]byte)):
-		return OutcomeMismatch, nil
-	case row.RecoveryPoint == PointFinished:
-		return OutcomeReplayed, nil
-	case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
-		return OutcomeConflict, nil
 	default:
-		return OutcomeTakeover, nil
+		return r.judge(&row, req, new([]byte)), nil
 	}
 }
