@@ -276,11 +276,15 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
 	}
 	return idempotency.FinishFused(func(ctx context.Context, dbtx dbsqlc.DBTX) (idempotency.Response, bool, error) {
+		// The charge as the API shows it, encoded once: the body of a
+		// created charge's answer, and the data of a settled charge's event.
+		data, err := json.Marshal(chargeJSON(updated))
+		if err != nil {
+			return idempotency.Response{}, false, fmt.Errorf("encoding charge %s: %w", updated.ID, err)
+		}
 		var resp idempotency.Response
 		if kind == outcomeOK {
-			if resp, err = created(RouteCharges+"/"+updated.ID, chargeJSON(updated)); err != nil {
-				return idempotency.Response{}, false, err
-			}
+			resp = createdResponse(RouteCharges+"/"+updated.ID, data)
 		} else {
 			resp = failedResponse(kind, se, "charge", updated.ID)
 		}
@@ -295,10 +299,7 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
 		}
 		if typ := settledEventType(updated.Status); typ != "" { // the settled charge's event (I10)
-			if finish.EventData, err = json.Marshal(chargeJSON(updated)); err != nil {
-				return idempotency.Response{}, false, fmt.Errorf("encoding the charge's event: %w", err)
-			}
-			finish.EventType = typ
+			finish.EventType, finish.EventData = typ, data
 		}
 		n, err := op.s.q.ChargeFinish(ctx, dbtx, finish)
 		if err != nil {
@@ -370,11 +371,16 @@ func created(location string, v any) (idempotency.Response, error) {
 	if err != nil {
 		return idempotency.Response{}, fmt.Errorf("encoding response: %w", err)
 	}
+	return createdResponse(location, body), nil
+}
+
+// createdResponse is a 201 with body, the new object's JSON.
+func createdResponse(location string, body []byte) idempotency.Response {
 	return idempotency.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}, "Location": {location}},
 		Body:   body,
-	}, nil
+	}
 }
 
 // Charge is the API representation of a charge.
