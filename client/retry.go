@@ -87,10 +87,10 @@ func (c *Client) do(ctx context.Context, r *request, out metaSetter) error {
 		if err := ctx.Err(); err != nil {
 			return c.stopped(r, n-1, err, last)
 		}
-		a, err := c.send(ctx, r, n)
-		at := Attempt{N: n, Method: r.method, URL: c.url(r, n), IdempotencyKey: r.key}
-		var retryAfter time.Duration
-		var hasRetryAfter bool
+		url := c.url(r, n)
+		a, err := c.send(ctx, r, url)
+		at := Attempt{N: n, Method: r.method, URL: url, IdempotencyKey: r.key}
+		var retryAfter time.Duration // the answer's, already capped
 		switch {
 		case err != nil:
 			at.Err = err
@@ -125,14 +125,13 @@ func (c *Client) do(ctx context.Context, r *request, out metaSetter) error {
 				c.observe(at)
 				return e
 			}
-			last = e
-			retryAfter, hasRetryAfter = c.parseRetryAfter(a.header.Get("Retry-After"))
+			last, retryAfter = e, e.RetryAfter
 		}
 		if n >= c.maxAttempts {
 			c.observe(at)
 			return fmt.Errorf("idempay: %s: no final answer after %d attempts: %w", r, n, last)
 		}
-		at.Retry, at.Wait = true, c.wait(n, retryAfter, hasRetryAfter)
+		at.Retry, at.Wait = true, c.wait(n, retryAfter)
 		c.observe(at)
 		if err := c.sleep(ctx, at.Wait); err != nil {
 			return c.stopped(r, n, err, last)
@@ -140,15 +139,15 @@ func (c *Client) do(ctx context.Context, r *request, out metaSetter) error {
 	}
 }
 
-// send makes attempt n of r and reads its answer in full.
-func (c *Client) send(ctx context.Context, r *request, n int) (answer, error) {
+// send makes an attempt of r at url and reads its answer in full.
+func (c *Client) send(ctx context.Context, r *request, url string) (answer, error) {
 	var body io.Reader
 	if r.body != nil {
 		// The same bytes on every attempt; NewRequest also sets GetBody
 		// from them, for the transport's own re-sends.
 		body = bytes.NewReader(r.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, c.url(r, n), body)
+	req, err := http.NewRequestWithContext(ctx, r.method, url, body)
 	if err != nil {
 		return answer{}, permanentError{err}
 	}
@@ -234,8 +233,8 @@ func retryableStatus(e *Error) bool {
 }
 
 // wait is the delay after attempt n: full jitter over a capped exponential,
-// and at least the answer's Retry-After (already capped) when it has one.
-func (c *Client) wait(n int, retryAfter time.Duration, hasRetryAfter bool) time.Duration {
+// and at least the answer's Retry-After (already capped; 0 when it has none).
+func (c *Client) wait(n int, retryAfter time.Duration) time.Duration {
 	ceiling := c.base
 	for i := 1; i < n && ceiling < c.max; i++ {
 		ceiling *= 2
@@ -245,9 +244,7 @@ func (c *Client) wait(n int, retryAfter time.Duration, hasRetryAfter bool) time.
 	if ceiling > 0 {
 		d = mrand.N(ceiling + 1)
 	}
-	if hasRetryAfter {
-		d = max(d, retryAfter)
-	}
+	d = max(d, retryAfter)
 	return d
 }
 
