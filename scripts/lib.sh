@@ -12,7 +12,7 @@
 #   ensure_database_url URL    create the database named in URL if missing; prints URL
 #   build_stripe_mock          build bin/stripe-mock if missing or older than go.mod
 #   start_stripe_mock          start bin/stripe-mock on loopback; exports STRIPE_MOCK_URL
-#   build_stripe_fake          build bin/stripefake (cmd/stripefake) if missing or stale
+#   build_stripe_fake          build bin/stripefake (cmd/stripefake; go build, cached)
 #   start_stripe_fake          start bin/stripefake on loopback; exports STRIPE_FAKE_URL
 #   ensure_nats                find or start a NATS server with JetStream; exports NATS_URL
 #   stop_private_postgres      stop the private cluster started by ensure_postgres
@@ -484,16 +484,24 @@ ensure_database_url() {
 # build_stripe_mock: build bin/stripe-mock (the version pinned in go.mod) if it
 # is missing or older than go.mod/go.sum.
 build_stripe_mock() {
-	local out="$IDEMPAY_ROOT/bin/stripe-mock" tmp
+	local out="$IDEMPAY_ROOT/bin/stripe-mock"
 	if [[ -x $out && $out -nt $IDEMPAY_ROOT/go.mod && ! $IDEMPAY_ROOT/go.sum -nt $out ]]; then
 		return 0
 	fi
-	idem_log "building bin/stripe-mock"
+	_idem_go_build stripe-mock github.com/stripe/stripe-mock
+}
+
+# _idem_go_build NAME PKG: build PKG as bin/NAME, through a temporary file so
+# that a failed build leaves the old binary in place. go's build cache knows
+# every file a package depends on, and makes an unchanged one cost a fraction
+# of a second, so there is no staleness check of our own.
+_idem_go_build() {
+	local out="$IDEMPAY_ROOT/bin/$1" tmp="$IDEMPAY_ROOT/bin/$1.tmp.$$"
+	idem_log "building bin/$1"
 	mkdir -p "$IDEMPAY_ROOT/bin"
-	tmp="$out.tmp.$$"
-	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" github.com/stripe/stripe-mock) || {
+	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" "$2") || {
 		rm -f "$tmp"
-		idem_die "go build github.com/stripe/stripe-mock failed"
+		idem_die "go build $2 failed"
 	}
 	mv -f "$tmp" "$out"
 }
@@ -560,26 +568,8 @@ start_stripe_mock() {
 }
 
 # build_stripe_fake: build bin/stripefake (cmd/stripefake, the test suite's
-# Stripe fake as a process) if it is missing or older than its sources or
-# go.mod/go.sum.
-build_stripe_fake() {
-	local out="$IDEMPAY_ROOT/bin/stripefake" tmp f stale=""
-	if [[ -x $out ]]; then
-		for f in "$IDEMPAY_ROOT"/go.mod "$IDEMPAY_ROOT"/go.sum "$IDEMPAY_ROOT"/cmd/stripefake/*.go \
-			"$IDEMPAY_ROOT"/internal/stripefake/*.go "$IDEMPAY_ROOT"/internal/webhooks/*.go; do
-			[[ $f -nt $out ]] && stale=1
-		done
-		[[ -z $stale ]] && return 0
-	fi
-	idem_log "building bin/stripefake"
-	mkdir -p "$IDEMPAY_ROOT/bin"
-	tmp="$out.tmp.$$"
-	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" ./cmd/stripefake) || {
-		rm -f "$tmp"
-		idem_die "go build ./cmd/stripefake failed"
-	}
-	mv -f "$tmp" "$out"
-}
+# Stripe fake as a process).
+build_stripe_fake() { _idem_go_build stripefake ./cmd/stripefake; }
 
 # start_stripe_fake: start bin/stripefake on a free loopback port, wait for
 # its ready line, export
@@ -621,24 +611,8 @@ start_stripe_fake() {
 # NATS
 
 # build_natsdev: build bin/natsdev (cmd/natsdev, an embedded nats-server for
-# development and tests) if it is missing or older than its source or go.mod/go.sum.
-build_natsdev() {
-	local out="$IDEMPAY_ROOT/bin/natsdev" tmp f stale=""
-	if [[ -x $out ]]; then
-		for f in "$IDEMPAY_ROOT"/go.mod "$IDEMPAY_ROOT"/go.sum "$IDEMPAY_ROOT"/cmd/natsdev/*.go; do
-			[[ $f -nt $out ]] && stale=1
-		done
-		[[ -z $stale ]] && return 0
-	fi
-	idem_log "building bin/natsdev"
-	mkdir -p "$IDEMPAY_ROOT/bin"
-	tmp="$out.tmp.$$"
-	(cd "$IDEMPAY_ROOT" && go build -o "$tmp" ./cmd/natsdev) || {
-		rm -f "$tmp"
-		idem_die "go build ./cmd/natsdev failed"
-	}
-	mv -f "$tmp" "$out"
-}
+# development and tests).
+build_natsdev() { _idem_go_build natsdev ./cmd/natsdev; }
 
 # _idem_nats_probe PORT: true if a NATS server with JetStream that needs no
 # credentials or TLS answers on 127.0.0.1:PORT (it sends an INFO line first).
