@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/faultpoint"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
@@ -103,7 +104,7 @@ func TestWebhookDuplicatesAcrossServers(t *testing.T) {
 		t.Fatalf("creating the charge: %v %v", resp, err)
 	}
 	ch := decodeCharge(t, resp.Body)
-	obj := fakeCharge(t, fake).EventObject("succeeded")
+	obj := apitest.ChargeObject(fakeCharge(t, fake), "succeeded")
 	obj.AmountRefunded = 1200
 	ev, err := webhooks.NewChargeEvent("charge.refunded", obj, time.Now())
 	if err != nil {
@@ -178,7 +179,7 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 		t.Fatalf("creating the charge: %v %v", resp, err)
 	}
 	ch := decodeCharge(t, resp.Body)
-	obj := fakeCharge(t, fake).EventObject("succeeded")
+	obj := apitest.ChargeObject(fakeCharge(t, fake), "succeeded")
 	obj.AmountRefunded = 3000
 	ev, err := webhooks.NewChargeEvent("charge.refunded", obj, time.Now())
 	if err != nil {
@@ -262,7 +263,7 @@ func TestWebhookFinishesChargeOfDeadServer(t *testing.T) {
 	c := newHTTPClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ev, err := webhooks.NewChargeEvent("charge.succeeded", fc.EventObject("succeeded"), time.Now())
+	ev, err := webhooks.NewChargeEvent("charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

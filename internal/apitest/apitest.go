@@ -247,3 +247,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimRight(p, "\n")))
 	return len(p), nil
 }
+
+// ChargeObject is the fake's charge c as a Stripe event about it carries it,
+// in the given status: what a test builds such an event from. (Here rather
+// than in stripefake, which stays free of idempay's own packages.)
+func ChargeObject(c stripefake.Charge, status string) webhooks.ChargeObject {
+	return webhooks.ChargeObject{ID: c.ID, Amount: c.Amount, Currency: c.Currency, Status: status,
+		AmountRefunded: c.AmountRefunded, PaymentMethod: c.Source, Metadata: c.Metadata, Created: c.Created}
+}

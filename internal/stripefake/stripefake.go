@@ -30,8 +30,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // Fault is a failure the fake can inject into POST requests. Faults exist
@@ -863,10 +861,3 @@ func mustJSON(v any) []byte {
 func newID(prefix string) string { return prefix + rand.Text() }
 
 func ptr(s string) *string { return &s }
-
-// EventObject is what a Stripe event about c says, with the given status,
-// for tests that deliver webhooks about charges the fake made.
-func (c Charge) EventObject(status string) webhooks.ChargeObject {
-	return webhooks.ChargeObject{ID: c.ID, Amount: c.Amount, Currency: c.Currency, Status: status,
-		AmountRefunded: c.AmountRefunded, PaymentMethod: c.Source, Metadata: c.Metadata, Created: c.Created}
-}

@@ -225,7 +225,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 
 	// charge.refunded (a refund made in Stripe's dashboard): Stripe's
 	// amount_refunded is taken as it is, never added.
-	obj := fc.EventObject("succeeded")
+	obj := apitest.ChargeObject(fc, "succeeded")
 	obj.AmountRefunded = 2000
 	refunded := chargeEvent(t, "charge.refunded", obj, now.Add(time.Second))
 	wantOutcome(t, deliver(t, env, refunded), "applied")
@@ -311,7 +311,7 @@ func TestEventFinishesAnUnfinishedCharge(t *testing.T) {
 			c := env.NewClient(t)
 			id, key, fc := unfinishedCharge(t, env, c, 1500)
 
-			obj := fc.EventObject(tc.status)
+			obj := apitest.ChargeObject(fc, tc.status)
 			if tc.status == "failed" {
 				obj.FailureCode, obj.FailureMessage = "card_declined", "Your card was declined."
 			}
@@ -365,7 +365,7 @@ func TestDuplicateDeliveries(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	_, fc := createCharge(t, env, c, 1000)
-	obj := fc.EventObject("succeeded")
+	obj := apitest.ChargeObject(fc, "succeeded")
 	obj.AmountRefunded = 400
 
 	t.Run("sequential", func(t *testing.T) {
@@ -426,8 +426,8 @@ func TestOutOfOrder(t *testing.T) {
 		env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
 		c := env.NewClient(t)
 		id, _, fc := unfinishedCharge(t, env, c, 1200)
-		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), t0.Add(2*time.Second))), "applied")
-		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.pending", fc.EventObject("pending"), t0.Add(time.Second))), "stale")
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), t0.Add(2*time.Second))), "applied")
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.pending", apitest.ChargeObject(fc, "pending"), t0.Add(time.Second))), "stale")
 		if got := getCharge(t, c, id).Status; got != "succeeded" {
 			t.Errorf("status %s, want succeeded", got)
 		}
@@ -438,10 +438,10 @@ func TestOutOfOrder(t *testing.T) {
 		env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
 		c := env.NewClient(t)
 		id, _, fc := unfinishedCharge(t, env, c, 1200)
-		obj := fc.EventObject("succeeded")
+		obj := apitest.ChargeObject(fc, "succeeded")
 		obj.AmountRefunded = 1200
 		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.refunded", obj, t0.Add(2*time.Second))), "applied")
-		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), t0.Add(time.Second))), "stale")
+		wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), t0.Add(time.Second))), "stale")
 		if got := getCharge(t, c, id); got.Status != "succeeded" || got.AmountRefunded != 1200 {
 			t.Errorf("status %s, amount_refunded %d; want succeeded, 1200", got.Status, got.AmountRefunded)
 		}
@@ -471,7 +471,7 @@ func TestBadDeliveries(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	_, fc := createCharge(t, env, c, 1000)
-	good := chargeEvent(t, "charge.succeeded", fc.EventObject("succeeded"), time.Now())
+	good := chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Now())
 	sign := func(p []byte) string { return webhooks.SignatureHeader(p, time.Now(), apitest.WebhookSecret) }
 	oldVersion := bytes.Replace(good.Payload, []byte(`"api_version":"2023-10-16"`), []byte(`"api_version":"2020-08-27"`), 1)
 	tampered := bytes.Replace(good.Payload, []byte(`"amount":1000`), []byte(`"amount":1`), 1)
