@@ -278,13 +278,13 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	return idempotency.FinishFused(func(ctx context.Context, dbtx dbsqlc.DBTX) (idempotency.Response, bool, error) {
 		// The charge as the API shows it, encoded once: the body of a
 		// created charge's answer, and the data of a settled charge's event.
-		data, err := json.Marshal(chargeJSON(updated))
+		data, err := encode(chargeJSON(updated), updated.ID)
 		if err != nil {
-			return idempotency.Response{}, false, fmt.Errorf("encoding charge %s: %w", updated.ID, err)
+			return idempotency.Response{}, false, err
 		}
 		var resp idempotency.Response
 		if kind == outcomeOK {
-			resp = createdResponse(RouteCharges+"/"+updated.ID, data)
+			resp = created(RouteCharges+"/"+updated.ID, data)
 		} else {
 			resp = failedResponse(kind, se, "charge", updated.ID)
 		}
@@ -323,10 +323,10 @@ func settledEventType(status string) string {
 
 // chargeSettled records the event of a charge that reached a final status,
 // in the transaction that moved it there (I10); a pending charge has none
-// yet.
-func chargeSettled(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge) error {
+// yet. data is the charge's JSON (chargeJSON).
+func chargeSettled(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, data []byte) error {
 	if typ := settledEventType(ch.Status); typ != "" {
-		return events.Record(ctx, tx, ch.AccountID, typ, ch.ID, chargeJSON(ch))
+		return events.Record(ctx, tx, ch.AccountID, typ, ch.ID, data)
 	}
 	return nil
 }
@@ -366,16 +366,17 @@ func failedResponse(kind outcome, se *stripe.Error, object, id string) idempoten
 	}
 }
 
-func created(location string, v any) (idempotency.Response, error) {
-	body, err := json.Marshal(v)
+// encode is the JSON of v, the API representation of the object id.
+func encode(v any, id string) ([]byte, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("encoding response: %w", err)
+		return nil, fmt.Errorf("encoding %s: %w", id, err)
 	}
-	return createdResponse(location, body), nil
+	return b, nil
 }
 
-// createdResponse is a 201 with body, the new object's JSON.
-func createdResponse(location string, body []byte) idempotency.Response {
+// created is a 201 with body, the new object's JSON (encode).
+func created(location string, body []byte) idempotency.Response {
 	return idempotency.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}, "Location": {location}},

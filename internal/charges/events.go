@@ -118,20 +118,25 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 	if err != nil {
 		return "", fmt.Errorf("applying event to charge %s: %w", ch.ID, err)
 	}
-	if forward {
-		if err := chargeSettled(ctx, tx, updated); err != nil {
-			return "", err
-		}
+	if !forward {
+		return EventApplied, nil // the refunded amount only
 	}
-	if forward && updated.IdempotencyKeyID != nil {
+	data, err := encode(chargeJSON(updated), updated.ID)
+	if err != nil {
+		return "", err
+	}
+	if err := chargeSettled(ctx, tx, updated, data); err != nil {
+		return "", err
+	}
+	if updated.IdempotencyKeyID != nil {
 		// What the charge's own request would have stored, had its
 		// finishing commit happened (chargeOp.Call).
 		var resp idempotency.Response
 		if status == "failed" {
 			resp = failedResponse(outcomeDeclined, &stripe.Error{Type: stripe.ErrorTypeCard, Msg: sc.FailureMessage,
 				DeclineCode: stripe.DeclineCode(declineCode(sc))}, "charge", updated.ID)
-		} else if resp, err = created(RouteCharges+"/"+updated.ID, chargeJSON(updated)); err != nil {
-			return "", err
+		} else {
+			resp = created(RouteCharges+"/"+updated.ID, data)
 		}
 		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, resp); err != nil {
 			return "", err
@@ -197,15 +202,15 @@ func (s *Service) applyRefund(ctx context.Context, tx pgx.Tx, sr *stripe.Refund,
 	if err != nil {
 		return "", fmt.Errorf("applying event to refund %s: %w", rf.ID, err)
 	}
-	if err := refundSettled(ctx, tx, updated); err != nil {
+	data, err := encode(refundJSON(updated), updated.ID)
+	if err != nil {
+		return "", err
+	}
+	if err := refundSettled(ctx, tx, updated, data); err != nil {
 		return "", err
 	}
 	if updated.IdempotencyKeyID != nil {
-		resp, err := created(RouteRefunds+"/"+updated.ID, refundJSON(updated))
-		if err != nil {
-			return "", err
-		}
-		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, resp); err != nil {
+		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
 			return "", err
 		}
 	}

@@ -115,11 +115,15 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		if err != nil {
 			return idempotency.Response{}, fmt.Errorf("recording refund outcome: %w", err)
 		}
-		if err := refundSettled(ctx, tx, updated); err != nil {
+		data, err := encode(refundJSON(updated), updated.ID)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		if err := refundSettled(ctx, tx, updated, data); err != nil {
 			return idempotency.Response{}, err
 		}
 		if kind == outcomeOK {
-			return created(RouteRefunds+"/"+updated.ID, refundJSON(updated))
+			return created(RouteRefunds+"/"+updated.ID, data), nil
 		}
 		return failedResponse(kind, se, "refund", updated.ID), nil
 	})
@@ -127,13 +131,14 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 
 // refundSettled records the event of a refund that reached a final status,
 // in the transaction that moved it there (I10). A refund can fail after it
-// succeeded; each of the two is an event.
-func refundSettled(ctx context.Context, tx pgx.Tx, rf dbsqlc.Refund) error {
+// succeeded; each of the two is an event. data is the refund's JSON
+// (refundJSON).
+func refundSettled(ctx context.Context, tx pgx.Tx, rf dbsqlc.Refund, data []byte) error {
 	switch rf.Status {
 	case "succeeded":
-		return events.Record(ctx, tx, rf.AccountID, events.RefundSucceeded, rf.ID, refundJSON(rf))
+		return events.Record(ctx, tx, rf.AccountID, events.RefundSucceeded, rf.ID, data)
 	case "failed":
-		return events.Record(ctx, tx, rf.AccountID, events.RefundFailed, rf.ID, refundJSON(rf))
+		return events.Record(ctx, tx, rf.AccountID, events.RefundFailed, rf.ID, data)
 	}
 	return nil
 }

@@ -28,12 +28,9 @@ const (
 
 // Record inserts the event of an object that settled, inside the settling
 // transaction: the event commits with the ledger change, or neither does.
-// object is the API representation of the charge or refund.
-func Record(ctx context.Context, tx dbsqlc.DBTX, accountID, typ, objectID string, object any) error {
-	data, err := json.Marshal(object)
-	if err != nil {
-		return fmt.Errorf("encoding %s event of %s: %w", typ, objectID, err)
-	}
+// data is the JSON of the charge or refund as the API shows it (the caller
+// has it already, for its answer).
+func Record(ctx context.Context, tx dbsqlc.DBTX, accountID, typ, objectID string, data []byte) error {
 	if _, err := dbsqlc.New().EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
 		AccountID: accountID, Type: typ, ObjectID: objectID, Data: data,
 	}); err != nil {
