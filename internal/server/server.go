@@ -33,16 +33,12 @@ type Deps struct {
 	// New makes a registry of its own with the HTTP, pool and Go series
 	// only; cmd/idempay passes the one its runner and Stripe port report to.
 	Metrics *metrics.Metrics
-	// AuthCacheTTL is how long a valid API key is remembered; 0 asks the
-	// database on every request (accounts.Authenticator).
-	AuthCacheTTL time.Duration
-	// Webhooks is the Stripe webhook endpoint; nil leaves it unmounted.
+	// Webhooks is the Stripe webhook endpoint.
 	Webhooks *webhooks.Handler
-	// Keys serves /v1/api_keys; nil leaves it unmounted.
+	// Keys serves /v1/api_keys.
 	Keys *accounts.KeysAPI
-	// Auth authenticates API keys; nil makes one over Pool with
-	// AuthCacheTTL and no invalidation listener (its cache then trusts a
-	// key for the TTL).
+	// Auth authenticates API keys (with its invalidation listener running,
+	// so that a revoked key is refused at once).
 	Auth *accounts.Authenticator
 }
 
@@ -100,20 +96,12 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see charges.Service.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	authn := d.Auth
-	if authn == nil {
-		authn = accounts.NewAuthenticator(d.Pool, d.AuthCacheTTL)
-	}
-	auth := authn.Middleware()
+	auth := d.Auth.Middleware()
 	v1 := e.Group("/v1")
 	d.Charges.Routes(v1, auth)
 	events.NewAPI(d.Pool).Routes(v1, auth)
-	if d.Keys != nil {
-		d.Keys.Routes(v1, auth)
-	}
-	if d.Webhooks != nil {
-		d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
-	}
+	d.Keys.Routes(v1, auth)
+	d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 
 	for _, r := range e.Routes() {
 		routes[r.Path] = true
