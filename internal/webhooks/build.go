@@ -162,8 +162,8 @@ func NewChargeEvent(typ string, ch ChargeObject, created time.Time) (Event, erro
 		Captured:       succeeded,
 		Created:        orTime(ch.Created, created).Unix(),
 		Currency:       ch.Currency,
-		FailureCode:    nullable(ch.FailureCode),
-		FailureMessage: nullable(ch.FailureMessage),
+		FailureCode:    nonEmpty(ch.FailureCode),
+		FailureMessage: nonEmpty(ch.FailureMessage),
 		Metadata:       orEmpty(ch.Metadata),
 		Paid:           succeeded,
 		PaymentMethod:  card,
@@ -297,13 +297,6 @@ func cardID(pm string) string {
 	}
 	sum := sha256.Sum256([]byte(pm))
 	return "card_" + hex.EncodeToString(sum[:12])
-}
-
-func nullable(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }
 
 func orEmpty(m map[string]string) map[string]string {

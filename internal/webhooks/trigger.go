@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -72,7 +73,7 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 			return Event{}, fmt.Errorf("refund %s is not a refund of charge %s", rf.ID, ch.ID)
 		}
 		robj := RefundObject{ID: "re_" + strings.TrimPrefix(rf.ID, "re_"), Charge: stripeCharge, Amount: rf.Amount,
-			Currency: ch.Currency, Status: or(o.Status, "succeeded"), Metadata: map[string]string{"idempay_refund_id": rf.ID},
+			Currency: ch.Currency, Status: cmp.Or(o.Status, "succeeded"), Metadata: map[string]string{"idempay_refund_id": rf.ID},
 			Created: rf.CreatedAt}
 		if rf.StripeRefundID != nil {
 			robj.ID = *rf.StripeRefundID
@@ -89,19 +90,12 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 		d := DisputeObject{ID: "dp_" + strings.TrimPrefix(stripeCharge, "ch_"), Charge: stripeCharge,
 			Amount: ch.Amount, Currency: ch.Currency, Reason: "fraudulent", Status: "needs_response"}
 		if o.Type == "charge.dispute.closed" {
-			d.Status = or(o.Status, "lost")
+			d.Status = cmp.Or(o.Status, "lost")
 		}
 		return NewDisputeEvent(o.Type, d, now)
 	default:
 		return Event{}, fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))
 	}
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // Send posts payload to a webhook endpoint with the given Stripe-Signature

@@ -251,13 +251,12 @@ type eventOp struct {
 }
 
 func (op *eventOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
-	var object struct {
-		ID string `json:"id"`
-	}
-	_ = json.Unmarshal(op.ev.Data.Raw, &object) // an object without an id is recorded without one
+	// stripe-go decoded data.object already; an object without a string id
+	// is recorded without one.
+	objectID, _ := op.ev.Data.Object["id"].(string)
 	_, err := op.h.q.StripeEventInsert(ctx, tx, &dbsqlc.StripeEventInsertParams{
 		ID: op.ev.ID, Type: string(op.ev.Type), ApiVersion: nonEmpty(op.ev.APIVersion),
-		ObjectID: nonEmpty(object.ID), StripeCreated: time.Unix(op.ev.Created, 0),
+		ObjectID: nonEmpty(objectID), StripeCreated: time.Unix(op.ev.Created, 0),
 		Payload: op.payload, IdempotencyKeyID: &rec.ID,
 	})
 	if err != nil {
