@@ -69,15 +69,33 @@ func ordersSettled(js jetstream.JetStream) bool {
 func deadLetterCount(t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
 	cfg := orders.DefaultConfig()
-	s, err := js.Stream(context.Background(), cfg.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dl, err := orders.DeadLetters(context.Background(), s, cfg, 1000)
+	var dl []orders.DeadLetter
+	err := retryJS(func(ctx context.Context) error {
+		s, err := js.Stream(ctx, cfg.Stream)
+		if err == nil {
+			dl, err = orders.DeadLetters(ctx, s, cfg, 1000)
+		}
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return len(dl)
+}
+
+// retryJS runs a JetStream read until it succeeds, for 30 s at most, each
+// try bounded by 5 s: on a cluster that just lost a node, a request can time
+// out while a stream or consumer elects a new leader. It returns the last
+// error.
+func retryJS(read func(ctx context.Context) error) error {
+	var err error
+	waitFor(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = read(ctx)
+		return err == nil
+	})
+	return err
 }
 
 // checkOrders checks I1 and I9 for keys of one account: one finished record
@@ -184,12 +202,14 @@ func runConsumers(t *testing.T, natsURL string, js jetstream.JetStream, env []st
 	// No message lost: all 500 delivered and acknowledged, the ack floor
 	// at the last one.
 	cfg := orders.DefaultConfig()
-	cons, err := js.Consumer(context.Background(), cfg.Stream, cfg.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ci, err := cons.Info(context.Background())
-	if err != nil {
+	var ci *jetstream.ConsumerInfo
+	if err := retryJS(func(ctx context.Context) error {
+		cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
+		if err == nil {
+			ci, err = cons.Info(ctx)
+		}
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if ci.AckFloor.Consumer != ci.Delivered.Consumer || ci.NumPending != 0 || ci.NumAckPending != 0 || ci.AckFloor.Stream < 500 {
