@@ -335,8 +335,8 @@ func TestRoundTrip(t *testing.T) {
 	} else if *ik.ResponseStatus != http.StatusCreated {
 		t.Errorf("idempotency key record: response status %d, want %d", *ik.ResponseStatus, http.StatusCreated)
 	}
-	if ik.DownstreamKey != "idempay_"+ik.ID {
-		t.Errorf("idempotency key record: downstream key %q, want %q", ik.DownstreamKey, "idempay_"+ik.ID)
+	if want := "idempay_" + ik.ID + "_refund"; ik.DownstreamKey != want {
+		t.Errorf("idempotency key record: downstream key %q, want %q", ik.DownstreamKey, want)
 	}
 	ik, err = a.cl.IdempotencyKeys.Get(ctx, ch.IdempotencyKey())
 	if err != nil {
@@ -362,8 +362,8 @@ func TestRoundTrip(t *testing.T) {
 	if n := types["refund.succeeded"]; n != 1 {
 		t.Fatalf("%d refund.succeeded events (types %v), want 1", n, types)
 	}
-	if s := evs.Data[0].Sequence; s != 3 {
-		t.Fatalf("newest event: sequence %d, want 3", s)
+	if v := evs.Data[0].ObjectVersion; v != 2 || evs.Data[0].ObjectID == "" {
+		t.Fatalf("newest event: object %q version %d, want version 2", evs.Data[0].ObjectID, v)
 	}
 	ev, err := a.cl.Events.Get(ctx, evs.Data[0].ID)
 	if err != nil {

@@ -129,7 +129,8 @@ type IdempotencyKey struct {
 	LastError      *string    `json:"last_error"`
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	ResponseStatus *int       `json:"response_status"`
-	// DownstreamKey is the Idempotency-Key sent to Stripe for this record.
+	// DownstreamKey is the Idempotency-Key sent to Stripe for this record
+	// ("" for a record whose operation calls no one).
 	DownstreamKey string     `json:"downstream_key"`
 	Charge        *string    `json:"charge"`
 	Refund        *string    `json:"refund"`
@@ -147,11 +148,14 @@ type Event struct {
 	// refund.failed.
 	Type    string `json:"type"`
 	Account string `json:"account"`
-	// Sequence numbers the account's events from 1 in commit order: a gap
-	// means a missed event.
-	Sequence  int64     `json:"sequence"`
-	CreatedAt time.Time `json:"created_at"`
-	Data      struct {
+	// ObjectID and ObjectVersion name the object the event is about and
+	// its version: one object's events have increasing versions (with
+	// gaps); apply an event only when its version is above the last one
+	// applied for that object.
+	ObjectID      string    `json:"object_id"`
+	ObjectVersion int64     `json:"object_version"`
+	CreatedAt     time.Time `json:"created_at"`
+	Data          struct {
 		// Object is the charge or refund as it settled; see Charge and
 		// Refund.
 		Object json.RawMessage `json:"object"`

@@ -39,7 +39,9 @@ import (
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -657,30 +659,30 @@ func records(t *testing.T, pool *pgxpool.Pool, accountID string) map[string][]le
 	return out
 }
 
-// fakeIndex groups what the fake saw by idempay charge id (the metadata
-// idempay sends on every Stripe call).
+// fakeIndex groups what the fake saw by idempay record id (the metadata
+// idempay_record that idempay sends on every Stripe call).
 type fakeIndex struct {
-	keysByCharge    map[string]map[string]bool // ledger charge id -> downstream keys sent
-	chargesByLedger map[string][]stripefake.Charge
+	keysByRecord    map[string]map[string]bool // record id -> downstream keys sent
+	chargesByRecord map[string][]stripefake.Charge
 	chargesByKey    map[string]int
 	total           int
 }
 
 func indexFake(fake *stripefake.Server) fakeIndex {
-	ix := fakeIndex{keysByCharge: map[string]map[string]bool{}, chargesByLedger: map[string][]stripefake.Charge{}, chargesByKey: map[string]int{}}
+	ix := fakeIndex{keysByRecord: map[string]map[string]bool{}, chargesByRecord: map[string][]stripefake.Charge{}, chargesByKey: map[string]int{}}
 	for _, r := range fake.Requests() {
 		if r.Method != http.MethodPost || r.Path != "/v1/charges" {
 			continue
 		}
-		id := r.Form.Get("metadata[idempay_charge_id]")
-		if ix.keysByCharge[id] == nil {
-			ix.keysByCharge[id] = map[string]bool{}
+		id := r.Form.Get("metadata[idempay_record]")
+		if ix.keysByRecord[id] == nil {
+			ix.keysByRecord[id] = map[string]bool{}
 		}
-		ix.keysByCharge[id][r.IdempotencyKey] = true
+		ix.keysByRecord[id][r.IdempotencyKey] = true
 	}
 	for _, c := range fake.Charges() {
 		ix.total++
-		ix.chargesByLedger[c.Metadata["idempay_charge_id"]] = append(ix.chargesByLedger[c.Metadata["idempay_charge_id"]], c)
+		ix.chargesByRecord[c.Metadata["idempay_record"]] = append(ix.chargesByRecord[c.Metadata["idempay_record"]], c)
 		ix.chargesByKey[c.IdempotencyKey]++
 	}
 	return ix
@@ -702,12 +704,12 @@ func checkFinished(t *testing.T, key string, rows []ledgerRow, ix fakeIndex) led
 	if r.RecoveryPoint != "finished" || r.ResponseStatus == nil || *r.ResponseStatus != http.StatusCreated {
 		t.Errorf("key %s: record %s at %s with status %v, want finished with 201", key, r.RecordID, r.RecoveryPoint, r.ResponseStatus)
 	}
-	wantKey := "idempay_" + r.RecordID
-	keys := ix.keysByCharge[r.ChargeID]
+	wantKey := idempotency.DownstreamKey(r.RecordID, charges.StepCharge)
+	keys := ix.keysByRecord[r.RecordID]
 	if len(keys) != 1 || !keys[wantKey] {
 		t.Errorf("key %s: Stripe saw downstream keys %v for charge %s, want only %s", key, keys, r.ChargeID, wantKey)
 	}
-	fc := ix.chargesByLedger[r.ChargeID]
+	fc := ix.chargesByRecord[r.RecordID]
 	if len(fc) != 1 || ix.chargesByKey[wantKey] != 1 {
 		t.Errorf("key %s: the fake executed %d charges for ledger row %s (%d under %s), want 1", key, len(fc), r.ChargeID, ix.chargesByKey[wantKey], wantKey)
 		return r

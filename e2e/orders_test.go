@@ -330,7 +330,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	}
 	for _, a := range accts {
 		if last[a.ID] != 250 {
-			t.Errorf("account %s: last event %d, want 250", a.ID, last[a.ID])
+			t.Errorf("account %s: %d events in the stream, want 250", a.ID, last[a.ID])
 		}
 	}
 }

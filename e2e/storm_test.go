@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/client"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
 )
 
 // TestStorm is the concurrency proof of I1, I2, I4 and I5 across processes:
@@ -159,7 +161,7 @@ func TestStorm(t *testing.T) {
 			rows.Close()
 			n := 0
 			for _, id := range ids {
-				if seen["idempay_"+id] {
+				if seen[idempotency.DownstreamKey(id, charges.StepCharge)] {
 					n++
 				}
 			}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -105,7 +107,7 @@ func TestStripeOutage(t *testing.T) {
 	attempts := 0
 	for _, key := range keys {
 		row := checkFinished(t, key, recs[key], ix)
-		n := fake.KeyCount("idempay_" + row.RecordID)
+		n := fake.KeyCount(idempotency.DownstreamKey(row.RecordID, charges.StepCharge))
 		attempts += n
 		if n < 2 {
 			t.Errorf("%s: Stripe saw %d attempts; want the failed one and the completer's", key, n)

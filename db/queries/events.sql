@@ -1,24 +1,20 @@
--- name: EventInsert :one
--- Records one event in the settling transaction. The account's row lock
--- (UPDATE accounts) orders the account's settling transactions, so
--- account_seq follows their commit order.
-WITH next AS (
-    UPDATE accounts SET event_seq = event_seq + 1 WHERE id = @account_id RETURNING event_seq
-)
-INSERT INTO events (account_id, account_seq, type, object_id, data)
-SELECT @account_id, next.event_seq, @type, @object_id, @data FROM next
-RETURNING *;
+-- name: EventInsert :exec
+-- Records one event in the settling batch, with the version of the object
+-- that the batch's guarded update of the object wrote: the object's row lock
+-- orders its events, and nothing any other object writes is touched.
+INSERT INTO events (account_id, type, object_id, object_version, data)
+VALUES (@account_id, @type, @object_id, @object_version, @data);
 
 -- name: EventGetByID :one
 SELECT * FROM events WHERE account_id = @account_id AND id = @id;
 
 -- name: EventList :many
--- Newest first; the cursor is the account_seq of the last event of the
--- previous page (NULL: from the newest).
+-- Newest first; the cursor is the seq of the last event of the previous
+-- page (NULL: from the newest).
 SELECT * FROM events
 WHERE account_id = @account_id
-  AND (sqlc.narg(before_seq)::bigint IS NULL OR account_seq < sqlc.narg(before_seq)::bigint)
-ORDER BY account_seq DESC
+  AND (sqlc.narg(before_seq)::bigint IS NULL OR seq < sqlc.narg(before_seq)::bigint)
+ORDER BY seq DESC
 LIMIT @max_rows;
 
 -- name: EventListUnpublished :many

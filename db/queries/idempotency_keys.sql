@@ -1,61 +1,77 @@
--- name: IdempotencyKeyClaim :one
--- Claims (scope, key) in one statement. A new key is inserted with
--- lock_generation 1. An existing key is taken over (generation + 1) only when
--- it is unfinished, its fingerprint matches, and its lock is free or older
--- than the lock timeout. Otherwise no row is returned and the caller reads
--- the record to tell replay, mismatch and in-flight apart.
+-- name: IdempotencyKeyInsert :exec
+-- The claim of a new key, first in the claim's batch. A plain INSERT, not
+-- ON CONFLICT: when another request holds (scope, key), or inserted it a
+-- moment ago, the unique index raises and nothing of the batch commits; the
+-- runner reads the record again. The id is derived from the request
+-- (Record.ID), so the record a retry re-creates after the database lost it
+-- has the same id and sends Stripe the same key.
 INSERT INTO idempotency_keys (
-    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
+    id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
 ) VALUES (
-    @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint, now()
-)
-ON CONFLICT (scope, key) DO UPDATE
-SET locked_at = now(),
-    lock_generation = idempotency_keys.lock_generation + 1,
+    @id, @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint,
+    coalesce(sqlc.narg(now)::timestamptz, now())
+);
+
+-- name: IdempotencyKeyTakeover :one
+-- Takes over a resumable record (unfinished, its lock free or older than the
+-- lock timeout) at the generation the read saw, with a new generation, so
+-- that the old owner's late writes are fenced. No row: the record changed
+-- since the read; the runner reads it again.
+UPDATE idempotency_keys
+SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
+    lock_generation = lock_generation + 1,
     updated_at = now()
-WHERE idempotency_keys.recovery_point <> 'finished'
-  -- A version-1 record is compared with the request's version-1
-  -- fingerprint (NULL when the caller did not compute one: no match).
-  AND CASE WHEN idempotency_keys.fingerprint_version = 1
-           THEN idempotency_keys.request_fingerprint = sqlc.narg(legacy_fingerprint)::bytea
-           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
-  AND (idempotency_keys.locked_at IS NULL
-       OR idempotency_keys.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+WHERE id = @id
+  AND lock_generation = @lock_generation
+  AND recovery_point <> 'finished'
+  AND (locked_at IS NULL
+       OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
 RETURNING *;
 
 -- name: IdempotencyKeyGetByScopeKey :one
 -- The read before a claim, and the whole of a replay: only the columns that
--- tell replay, mismatch and in-flight apart, and the stored response.
-SELECT id, request_fingerprint, fingerprint_version, recovery_point, locked_at,
+-- tell replay, mismatch, in flight and resumable apart, and the stored
+-- response. Whether the lock is fresh is decided here, by the database's
+-- clock (or the test's, through now), the one clock of lock expiry.
+SELECT id, request_fingerprint, recovery_point, lock_generation,
+       (locked_at IS NOT NULL
+        AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
--- name: IdempotencyKeyFinish :execrows
--- Stores the final response. Fenced: it matches no row unless the caller
--- still holds the lock generation it claimed.
-UPDATE idempotency_keys
-SET recovery_point = 'finished',
-    response_status = @response_status,
-    response_headers = @response_headers,
-    response_body = @response_body,
-    locked_at = NULL,
-    last_error = NULL,
-    finished_at = now(),
-    updated_at = now()
-WHERE id = @id
-  AND lock_generation = @lock_generation
-  AND recovery_point <> 'finished';
+-- name: IdempotencyKeyFinish :exec
+-- Stores the final response, first in the finishing batch. Fenced: unless
+-- the caller still holds the generation it claimed, it raises IDF01 and
+-- nothing of the batch commits.
+WITH k AS (
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished',
+        response_status = @response_status,
+        response_headers = @response_headers,
+        response_body = @response_body,
+        locked_at = NULL,
+        last_error = NULL,
+        finished_at = now(),
+        updated_at = now()
+    WHERE id = @id
+      AND lock_generation = @lock_generation
+      AND recovery_point <> 'finished'
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over');
 
 -- name: IdempotencyKeyRelease :execrows
--- Records a downstream call whose outcome is unknown and frees the lock, so a
--- client retry can resume at once and the completer after next_attempt_at.
--- Fenced like IdempotencyKeyFinish.
+-- Frees the lock of a record whose phase did not finish: a downstream call
+-- whose outcome is unknown, or a finishing write that failed. The record
+-- moves to downstream_called, the attempt and its error are recorded, and
+-- the completer may resume it after next_attempt_at; a client retry may
+-- resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 UPDATE idempotency_keys
 SET recovery_point = 'downstream_called',
     locked_at = NULL,
     attempts = attempts + 1,
     last_error = @last_error,
-    next_attempt_at = now() + make_interval(secs => @retry_in_seconds::float8),
+    next_attempt_at = coalesce(sqlc.narg(now)::timestamptz, now()) + make_interval(secs => @retry_in_seconds::float8),
     updated_at = now()
 WHERE id = @id
   AND lock_generation = @lock_generation
@@ -68,16 +84,16 @@ WHERE id = @id
 -- Only records of routes this process can resume are taken, so a process
 -- that lacks an operation (an older version mid-deploy) never fences others.
 UPDATE idempotency_keys
-SET locked_at = now(),
+SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = lock_generation + 1,
     updated_at = now()
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point <> 'finished'
-      AND ik.next_attempt_at <= now()
+      AND ik.next_attempt_at <= coalesce(sqlc.narg(now)::timestamptz, now())
       AND (ik.request_method || ' ' || ik.request_route) = ANY (@routes::text[])
       AND (ik.locked_at IS NULL
-           OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+           OR ik.locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
     ORDER BY ik.next_attempt_at
     LIMIT @max_records
     FOR UPDATE SKIP LOCKED
@@ -114,9 +130,9 @@ LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
 WHERE ik.scope = @scope AND ik.key = @key;
 
--- name: IdempotencyKeySettle :execrows
+-- name: IdempotencyKeySettle :exec
 -- Finishes a record from outside its own lifecycle, inside the caller's
--- transaction (a webhook that learns the outcome of a charge whose finishing
+-- batch (a webhook that learns the outcome of a charge whose finishing
 -- commit never happened). It takes the record over (generation + 1), so a
 -- stale owner that wakes up later is fenced, and it matches no row when the
 -- record is already finished.

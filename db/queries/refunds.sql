@@ -1,7 +1,7 @@
--- name: RefundInsert :one
-INSERT INTO refunds (account_id, idempotency_key_id, charge_id, amount)
-VALUES (@account_id, @idempotency_key_id, @charge_id, @amount)
-RETURNING *;
+-- name: RefundInsert :exec
+-- The ledger row of a new refund, in the claim's batch (version 1).
+INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
+VALUES (@id, @account_id, @idempotency_key_id, @charge_id, @amount);
 
 -- name: RefundGetByID :one
 SELECT * FROM refunds WHERE account_id = @account_id AND id = @id;
@@ -9,36 +9,44 @@ SELECT * FROM refunds WHERE account_id = @account_id AND id = @id;
 -- name: RefundGetByIdempotencyKeyID :one
 SELECT * FROM refunds WHERE idempotency_key_id = @idempotency_key_id;
 
--- name: RefundSetOutcome :one
-UPDATE refunds
-SET status = @status,
-    stripe_refund_id = @stripe_refund_id,
-    failure_code = @failure_code,
-    failure_message = @failure_message,
-    updated_at = now()
-WHERE id = @id
-RETURNING *;
+-- name: RefundSetOutcome :exec
+-- The outcome of the Stripe call; guarded like ChargeSetOutcome.
+WITH r AS (
+    UPDATE refunds
+    SET status = @status,
+        stripe_refund_id = @stripe_refund_id,
+        failure_code = @failure_code,
+        failure_message = @failure_message,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = @id AND version = @version
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the refund changed since it was read');
 
 -- name: RefundFindForEvent :one
 -- The refund a Stripe event is about; see ChargeFindForEvent.
-SELECT id FROM refunds
-WHERE idempotency_key_id = sqlc.narg(record_id)
-   OR id = sqlc.narg(refund_id)
-   OR stripe_refund_id = sqlc.narg(stripe_refund_id)
+SELECT * FROM refunds
+WHERE stripe_refund_id = sqlc.narg(stripe_refund_id)
+   OR idempotency_key_id = sqlc.narg(record_id)
+ORDER BY stripe_refund_id = sqlc.narg(stripe_refund_id) DESC NULLS LAST
 LIMIT 1;
 
--- name: RefundGetForUpdate :one
-SELECT * FROM refunds WHERE id = @id FOR UPDATE;
-
--- name: RefundApplyEvent :one
-UPDATE refunds
-SET status = @status,
-    stripe_refund_id = COALESCE(stripe_refund_id, sqlc.narg(stripe_refund_id)),
-    failure_code = COALESCE(sqlc.narg(failure_code), failure_code),
-    last_event_at = GREATEST(last_event_at, @event_created::timestamptz),
-    updated_at = now()
-WHERE id = @id
-RETURNING *;
+-- name: RefundApplyEvent :exec
+-- Applies a Stripe event's view of the refund, computed from the row at
+-- @version; guarded like ChargeApplyEvent.
+WITH r AS (
+    UPDATE refunds
+    SET status = @status,
+        stripe_refund_id = sqlc.narg(stripe_refund_id),
+        failure_code = sqlc.narg(failure_code),
+        last_event_at = @last_event_at,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = @id AND version = @version
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the refund changed since it was read');
 
 -- name: RefundGet :one
 -- A refund of any account, for operator commands (idempay webhooks trigger).

@@ -86,18 +86,22 @@ func Create(ctx context.Context, dbb db.Beginner, name string) (Account, string,
 }
 
 // NewKey inserts a new API key for the account (created by the idempotency
-// record recordID, or nil) and returns its row and the key itself.
+// record recordID, or nil) through tx (a transaction, or a phase's batch)
+// and returns its row and the key itself. The row's created_at is the
+// database's, which the caller knows only from the transaction it ran in:
+// it is left zero here.
 func NewKey(ctx context.Context, tx dbsqlc.DBTX, accountID string, recordID *string) (dbsqlc.ApiKey, string, error) {
-	raw := make([]byte, 32)
+	raw := make([]byte, 32+16)
 	if _, err := rand.Read(raw); err != nil {
 		return dbsqlc.ApiKey{}, "", fmt.Errorf("generating API key: %w", err)
 	}
-	key := KeyPrefix + hex.EncodeToString(raw)
+	key := KeyPrefix + hex.EncodeToString(raw[:32])
 	hash := hashKey(key)
-	row, err := dbsqlc.New().APIKeyInsert(ctx, tx, &dbsqlc.APIKeyInsertParams{
-		AccountID: accountID, KeyHash: hash[:], Prefix: key[:shownPrefix], IdempotencyKeyID: recordID,
-	})
-	if err != nil {
+	row := dbsqlc.ApiKey{ID: "key_" + hex.EncodeToString(raw[32:]), AccountID: accountID, KeyHash: hash[:],
+		Prefix: key[:shownPrefix], IdempotencyKeyID: recordID}
+	if err := dbsqlc.New().APIKeyInsert(ctx, tx, &dbsqlc.APIKeyInsertParams{
+		ID: row.ID, AccountID: accountID, KeyHash: row.KeyHash, Prefix: row.Prefix, IdempotencyKeyID: recordID,
+	}); err != nil {
 		return dbsqlc.ApiKey{}, "", fmt.Errorf("inserting API key: %w", err)
 	}
 	return row, key, nil

@@ -139,28 +139,31 @@ type createKeyOp struct {
 	secret    string // known only to the process that made it
 }
 
-func (op *createKeyOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+func (op *createKeyOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	var err error
-	op.key, op.secret, err = NewKey(ctx, tx, op.accountID, &rec.ID)
+	op.key, op.secret, err = NewKey(ctx, b, op.accountID, &rec.ID)
 	return err
 }
 
-func (op *createKeyOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
+func (op *createKeyOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	var err error
-	op.key, err = op.k.q.APIKeyGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+	op.key, err = op.k.q.APIKeyGetByIdempotencyKeyID(ctx, op.k.pool, &rec.ID)
 	return err
 }
 
-func (op *createKeyOp) Call(context.Context, *idempotency.Record) idempotency.Step {
-	return idempotency.Finish(func(context.Context, pgx.Tx) (idempotency.Response, error) {
+func (op *createKeyOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.key.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
+		op.key.CreatedAt = rec.CreatedAt
+	}
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
 		stored := apiKeyJSON(op.key)
 		stored.Note = secretNote
 		body, err := json.Marshal(stored)
 		if err != nil {
 			return idempotency.Response{}, err
 		}
-		return idempotency.Response{Status: http.StatusCreated, Body: body, Header: http.Header{
-			"Content-Type": {echo.MIMEApplicationJSON}, "Location": {RouteKeys + "/" + op.key.ID}}}, nil
+		return idempotency.Response{Status: http.StatusCreated, Body: body, Headers: idempotency.Headers{
+			ContentType: echo.MIMEApplicationJSON, Location: RouteKeys + "/" + op.key.ID}}, nil
 	})
 }
 
@@ -219,18 +222,26 @@ func (k *KeysAPI) revoke(c echo.Context) error {
 	return nil
 }
 
-// revokeTx revokes the key in tx and tells every process to forget it.
-func (k *KeysAPI) revokeTx(ctx context.Context, tx pgx.Tx, accountID, id string) error {
-	row, err := k.q.APIKeyRevoke(ctx, tx, id, accountID)
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		// Which: no such active key of this account, or its last one?
-		if _, gerr := k.q.APIKeyGetByID(ctx, tx, accountID, id); gerr == nil {
-			if active, lerr := k.q.APIKeyList(ctx, tx, accountID); lerr == nil && len(active) == 1 && active[0].ID == id {
-				return apierror.New(apierror.LastAPIKey, "This is the account's last active API key; create another before revoking it.")
-			}
-		}
+// revokeTx checks that the key can be revoked (it is an active key of the
+// account, and not its last one), then queues into tx (a transaction, or a
+// phase's batch) its guarded revocation and the message that tells every
+// process to forget it. The revocation raises ErrStale when what was
+// checked no longer holds when it runs.
+func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id string) error {
+	row, err := k.q.APIKeyGetByID(ctx, k.pool, accountID, id)
+	if errors.Is(db.NotFound(err), db.ErrNotFound) || err == nil && row.RevokedAt != nil {
 		return apierror.New(apierror.NotFound, "No such active API key.")
 	} else if err != nil {
+		return fmt.Errorf("reading API key: %w", err)
+	}
+	active, err := k.q.APIKeyList(ctx, k.pool, accountID)
+	if err != nil {
+		return fmt.Errorf("listing API keys: %w", err)
+	}
+	if len(active) == 1 && active[0].ID == id {
+		return apierror.New(apierror.LastAPIKey, "This is the account's last active API key; create another before revoking it.")
+	}
+	if err := k.q.APIKeyRevoke(ctx, tx, accountID, id); err != nil {
 		return fmt.Errorf("revoking API key: %w", err)
 	}
 	return notify(ctx, tx, keyRevoked+hex.EncodeToString(row.KeyHash))
@@ -245,15 +256,15 @@ type revokeKeyOp struct {
 	keyID     string
 }
 
-func (op *revokeKeyOp) Begin(ctx context.Context, tx pgx.Tx, _ *idempotency.Record) error {
-	return op.k.revokeTx(ctx, tx, op.accountID, op.keyID)
+func (op *revokeKeyOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
+	return op.k.revokeTx(ctx, b, op.accountID, op.keyID)
 }
 
 // Load has nothing to read: the revocation committed with the record.
-func (op *revokeKeyOp) Load(context.Context, dbsqlc.DBTX, *idempotency.Record) error { return nil }
+func (op *revokeKeyOp) Load(context.Context, *idempotency.Record) error { return nil }
 
 func (op *revokeKeyOp) Call(context.Context, *idempotency.Record) idempotency.Step {
-	return idempotency.Finish(func(context.Context, pgx.Tx) (idempotency.Response, error) {
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
 		return idempotency.Response{Status: http.StatusNoContent}, nil
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
 )
 
 // The raw loops run the same sqlc queries as the API, on a pool of the same
@@ -23,47 +24,54 @@ var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/char
 
 // rawFirstOnce is the first-request path's SQL, exactly as the runner and
 // chargeOp issue it (TestRoundTrips pins the list): the replay read (a
-// miss), the claim with its ledger row (one statement) and the finish with
-// the ledger's outcome and the event (one statement). The API key is served
-// from the authenticator's cache, as it is for a client sending a stream of
+// miss), the claim's batch (the record, its ledger row) and the finishing
+// batch (the record's fenced finish, the ledger's outcome, the event), each
+// batch one round trip and one commit. The API key is served from the
+// authenticator's cache, as it is for a client sending a stream of
 // requests.
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
-	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, a.id, key); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
+		Scope: a.id, Key: key, LockTimeoutSeconds: 60,
+	}); !errors.Is(err, pgx.ErrNoRows) {
 		return charge{}, fmt.Errorf("replay read: want a miss, got %v", err)
 	}
 	body := chargeBody(i)
 	fp := sha256.Sum256(body)
 	desc := "Order #" + strconv.Itoa(i)
-	c, err := q.ChargeClaimAndInsert(ctx, r.pool, &dbsqlc.ChargeClaimAndInsertParams{
-		Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
-		RequestFingerprint: fp[:], LockTimeoutSeconds: 60,
+	recordID := idempotency.RecordID(idempotency.AccountScope(a.id), key, fp[:])
+	chargeID := "ch_" + recordID[3:]
+	claim := &idempotency.Batch{}
+	_ = q.IdempotencyKeyInsert(ctx, claim, &dbsqlc.IdempotencyKeyInsertParams{
+		ID: recordID, Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
+		RequestFingerprint: fp[:],
+	})
+	_ = q.ChargeInsert(ctx, claim, &dbsqlc.ChargeInsertParams{
+		ID: chargeID, AccountID: a.id, IdempotencyKeyID: &recordID,
 		Amount: 1000 + int64(i%9000), Currency: "usd", PaymentMethod: "tok_visa", Description: &desc,
 		Metadata: []byte(`{"channel":"web","order_id":"000001"}`),
 	})
-	if err != nil {
+	if err := claim.Send(ctx, r.pool); err != nil {
 		return charge{}, fmt.Errorf("claim: %w", err)
-	}
-	if c.ChargeID == nil {
-		return charge{}, errors.New("claim: no ledger row inserted")
 	}
 	stored := r.storedBody()
 	stripeID := benchChargeID(r.rawStripeSeq.Add(1)) // as the Stripe stand-in names them
 	status := int32(http.StatusCreated)
-	n, err := q.ChargeFinish(ctx, r.pool, &dbsqlc.ChargeFinishParams{
-		ResponseStatus: &status, ResponseHeaders: rawHeaders, ResponseBody: stored,
-		RecordID: c.ID, LockGeneration: c.LockGeneration,
-		ChargeID: *c.ChargeID, Status: "succeeded", StripeChargeID: &stripeID,
-		EventType: "charge.succeeded", EventData: stored,
+	finish := &idempotency.Batch{}
+	_ = q.IdempotencyKeyFinish(ctx, finish, &dbsqlc.IdempotencyKeyFinishParams{
+		ResponseStatus: &status, ResponseHeaders: rawHeaders, ResponseBody: stored, ID: recordID, LockGeneration: 1,
 	})
-	if err == nil && n != 1 {
-		err = errors.New("finish matched no record")
-	}
-	if err != nil {
+	_ = q.ChargeSetOutcome(ctx, finish, &dbsqlc.ChargeSetOutcomeParams{
+		ID: chargeID, Version: 1, Status: "succeeded", StripeChargeID: &stripeID,
+	})
+	_ = q.EventInsert(ctx, finish, &dbsqlc.EventInsertParams{
+		AccountID: a.id, Type: "charge.succeeded", ObjectID: chargeID, ObjectVersion: 2, Data: stored,
+	})
+	if err := finish.Send(ctx, r.pool); err != nil {
 		return charge{}, fmt.Errorf("finish: %w", err)
 	}
-	return charge{acct: w % len(r.accounts), key: key, body: body, id: *c.ChargeID}, nil
+	return charge{acct: w % len(r.accounts), key: key, body: body, id: chargeID}, nil
 }
 
 func (r *runner) storedBody() []byte {
@@ -104,7 +112,9 @@ func (r *runner) rawReplay(ctx context.Context) Result {
 	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		a := r.accounts[c.acct]
-		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, a.id, c.key); err != nil {
+		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
+			Scope: a.id, Key: c.key, LockTimeoutSeconds: 60,
+		}); err != nil {
 			return outcome{status: "error"}
 		}
 		return outcome{status: "ok", ok: true}

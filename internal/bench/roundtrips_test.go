@@ -14,21 +14,24 @@ import (
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
-// statementTracer records every statement a pool sends, by sqlc query name
-// ("-- name: X" in the generated SQL) or by its first word (begin, commit).
-// Commit and Begin reach it too: pgx sends them through Exec. Prepares are
-// counted apart; with pgx's default statement cache they happen once per
-// connection and statement, and the test warms the cache first.
-type statementTracer struct {
+// roundTripTracer records every round trip a pool makes: a statement sent
+// on its own by its sqlc query name ("-- name: X" in the generated SQL) or
+// its first word, and a batch (one round trip, one implicit transaction) as
+// "[A B C]" with the names of its statements. Prepares are counted apart;
+// with pgx's default statement cache they happen once per connection and
+// statement, and the test warms the cache first.
+type roundTripTracer struct {
 	mu       sync.Mutex
 	on       bool
 	got      []string
+	batch    []string
 	prepares int
 }
 
-func (tr *statementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+func (tr *roundTripTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.on {
@@ -37,9 +40,30 @@ func (tr *statementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d p
 	return ctx
 }
 
-func (tr *statementTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (tr *roundTripTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (tr *statementTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+func (tr *roundTripTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.batch = nil
+	return ctx
+}
+
+func (tr *roundTripTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.batch = append(tr.batch, statementName(d.SQL))
+}
+
+func (tr *roundTripTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.on {
+		tr.got = append(tr.got, "["+strings.Join(tr.batch, " ")+"]")
+	}
+}
+
+func (tr *roundTripTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.on {
@@ -48,9 +72,9 @@ func (tr *statementTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _
 	return ctx
 }
 
-func (tr *statementTracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+func (tr *roundTripTracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-func (tr *statementTracer) record(fn func()) ([]string, int) {
+func (tr *roundTripTracer) record(fn func()) ([]string, int) {
 	tr.mu.Lock()
 	tr.on, tr.got, tr.prepares = true, nil, 0
 	tr.mu.Unlock()
@@ -72,22 +96,28 @@ func statementName(sql string) string {
 	return sql
 }
 
-// TestRoundTrips pins the database round trips of the two hot paths, through
-// the real HTTP API on a pool of one traced connection. The API key was
-// authenticated by an earlier request, so it comes from the authenticator's
-// cache (accounts.Authenticator), as it does for a client sending a stream
-// of requests.
+// TestRoundTrips pins the database round trips of every operation's first
+// request, through the real entry points on a pool of one traced
+// connection: each phase of the idempotency core is one round trip and one
+// commit (a batch), whatever the operation, and no operation has a path of
+// its own. The API key was authenticated by an earlier request, so it comes
+// from the authenticator's cache (accounts.Authenticator), as it does for a
+// client sending a stream of requests.
 //
-// First request: 3 statements, 2 commits. The replay read (a miss, which
-// is what lets a replay skip every write); the claim with its ledger row,
-// one self-committing statement (the record and the ledger row must commit
-// together, before Stripe is called, so a crash after the call is
-// recoverable); then, with no transaction open across the Stripe call, the
-// finish, another (the outcome, the stored response and the event must
-// commit together).
-//
-// Replay: 1 statement, no transaction, no write: one read of the record by
-// its unique (scope, key) index.
+//   - A charge (POST /v1/charges), and a message (an order.paid message is
+//     charges.Service.CreateCharge): the replay read (a miss, which is what
+//     lets a replay skip every write); the claim's batch (the record, the
+//     ledger row, and the transaction's time); then, with no transaction
+//     open across the Stripe call, the finishing batch (the record's fenced
+//     finish, the ledger's outcome, the settled charge's event).
+//   - A refund: the same, after one read of what it checks (the charge and
+//     its blocking disputes), whose version guards the reservation.
+//   - A Stripe event: the claim's batch records it in the inbox; the
+//     finishing batch applies it (here: a refund Stripe made, so the charge's
+//     amount refunded grows) and marks it processed, after reading the inbox
+//     row and the charge.
+//   - A replay: 1 statement, no transaction, no write: one read of the record
+//     by its unique (scope, key) index.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -97,7 +127,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc.MaxConns = 1 // one connection: one statement cache, warmed below
-	tr := &statementTracer{}
+	tr := &roundTripTracer{}
 	pc.ConnConfig.Tracer = tr
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -109,44 +139,88 @@ func TestRoundTrips(t *testing.T) {
 	c := env.NewClient(t)
 	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "tok_visa",
 		"description": "Order #1", "metadata": map[string]string{"order_id": "1"}}
-	post := func(key string) *apitest.Response {
+	post := func(path, key string, body any) *apitest.Response {
 		t.Helper()
-		resp := c.Post("/v1/charges", key, body)
-		if resp == nil {
-			t.Fatalf("POST /v1/charges %s: no response", key)
-		}
+		resp := c.Post(path, key, body)
 		if resp.Status != http.StatusCreated {
-			t.Fatalf("POST /v1/charges %s: status %d, want %d (body %s)", key, resp.Status, http.StatusCreated, resp.Body)
+			t.Fatalf("POST %s %s: status %d, want %d (body %s)", path, key, resp.Status, http.StatusCreated, resp.Body)
 		}
 		return resp
 	}
-	// Warm the connection's statement cache with both paths.
-	post("warm")
-	post("warm")
+	var charge struct {
+		ID string `json:"id"`
+	}
+	event := func(n int) {
+		t.Helper()
+		fc := env.Stripe.Charges()[0]
+		obj := apitest.ChargeObject(fc, "succeeded")
+		obj.AmountRefunded = int64(n) // Stripe refunded n: the ledger follows
+		ev, err := webhooks.NewChargeEvent("charge.refunded", obj, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		status, _, b, err := webhooks.Send(ctx, http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
+			webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
+		if err != nil || status != http.StatusOK || !strings.Contains(string(b), `"applied"`) {
+			t.Fatalf("delivering the event: %d %s %v", status, b, err)
+		}
+	}
+	// Warm the connection's statement cache with every path.
+	post("/v1/charges", "warm", body).JSON(t, &charge)
+	post("/v1/charges", "warm", body)
+	post("/v1/refunds", "warm-refund", map[string]any{"charge": charge.ID, "amount": 1})
+	event(5)
+	if _, err := env.Charges.CreateCharge(ctx, c.Account.ID, "warm-message", []byte(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`)); err != nil {
+		t.Fatal(err)
+	}
 
-	first, prepares := tr.record(func() { post("first") })
-	// The read that answers replays, one statement that claims and
-	// inserts the ledger row (commit), one that finishes both and writes
-	// the settled charge's event (commit).
-	wantFirst := []string{"IdempotencyKeyGetByScopeKey", "ChargeClaimAndInsert", "ChargeFinish"}
-	if !slices.Equal(first, wantFirst) || prepares != 0 {
-		t.Errorf("first request ran %d statements (+%d prepares):\n  %s\nwant %d:\n  %s",
-			len(first), prepares, strings.Join(first, ", "), len(wantFirst), strings.Join(wantFirst, ", "))
-	}
-	// No explicit transaction: each of the two writing statements commits
-	// on its own, so the first request is 3 round trips and 2 commits.
-	if n := count(first, "begin") + count(first, "commit"); n != 0 {
-		t.Errorf("first request ran %d BEGIN/COMMIT statements, want none (two self-committing statements)", n)
-	}
-
-	var resp *apitest.Response
-	replay, prepares := tr.record(func() { resp = post("first") })
-	if got := resp.Header.Get("Idempotent-Replayed"); got != "true" {
-		t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", got)
-	}
-	wantReplay := []string{"IdempotencyKeyGetByScopeKey"}
-	if !slices.Equal(replay, wantReplay) || prepares != 0 {
-		t.Errorf("replay ran %s (+%d prepares), want exactly %s and no write", strings.Join(replay, ", "), prepares, strings.Join(wantReplay, ", "))
+	for _, tc := range []struct {
+		name string
+		run  func()
+		want []string
+	}{
+		{"charge", func() { post("/v1/charges", "first", body) }, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"[IdempotencyKeyInsert ChargeInsert select]",
+			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
+		}},
+		{"message", func() {
+			if _, err := env.Charges.CreateCharge(ctx, c.Account.ID, "first-message", []byte(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`)); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"[IdempotencyKeyInsert ChargeInsert select]",
+			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
+		}},
+		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"ChargeGetForRefund",
+			"[IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
+			"[IdempotencyKeyFinish RefundSetOutcome EventInsert]",
+		}},
+		{"Stripe event", func() { event(10) }, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"[IdempotencyKeyInsert StripeEventInsert select]",
+			"StripeEventGet",
+			"ChargeFindForEvent",
+			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
+		}},
+		{"replay", func() {
+			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
+			}
+		}, []string{"IdempotencyKeyGetByScopeKey"}},
+	} {
+		got, prepares := tr.record(tc.run)
+		if !slices.Equal(got, tc.want) || prepares != 0 {
+			t.Errorf("%s: %d round trips (+%d prepares):\n  %s\nwant %d:\n  %s", tc.name,
+				len(got), prepares, strings.Join(got, "\n  "), len(tc.want), strings.Join(tc.want, "\n  "))
+		}
+		// No explicit transaction: each batch is one implicit transaction.
+		if n := count(got, "begin") + count(got, "commit"); n != 0 {
+			t.Errorf("%s: %d BEGIN/COMMIT statements, want none", tc.name, n)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +17,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
@@ -187,86 +187,63 @@ func (s *Service) createCharge(c echo.Context) error {
 	})
 }
 
-// chargeOp creates one charge: a ledger row in the claim transaction, then
-// the Stripe charge, then the outcome on the row and the stored response.
+// chargeOp creates one charge: its ledger row in the claim's batch, then
+// the Stripe charge, then the outcome on the row, the settled charge's
+// event and the stored response in the finishing batch.
 type chargeOp struct {
 	s         *Service
 	params    *chargeParams // nil when resumed
 	accountID string
-	charge    *dbsqlc.Charge // set by ClaimAndBegin, or by Load on resume
+	charge    dbsqlc.Charge // the row as Begin inserted it, or as Load read it
 	metadata  map[string]string
 }
 
-// chargeOp is a FusedOperation: its claim phase and its finishing phase
-// are one statement each (ChargeClaimAndInsert, ChargeFinish), so a first
-// request is three round trips: the read, the claim, the finish.
-var _ idempotency.FusedOperation = (*chargeOp)(nil)
-
-// ClaimAndBegin claims the key and, for a new record, inserts the ledger
-// row, in one statement.
-func (op *chargeOp) ClaimAndBegin(ctx context.Context, dbtx dbsqlc.DBTX, p *dbsqlc.IdempotencyKeyClaimParams) (*idempotency.Record, error) {
+// Begin queues the charge's ledger row.
+func (op *chargeOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	metadata, err := json.Marshal(op.params.Metadata)
 	if err != nil || op.params.Metadata == nil {
 		metadata = []byte("{}")
 	}
-	row, err := op.s.q.ChargeClaimAndInsert(ctx, dbtx, &dbsqlc.ChargeClaimAndInsertParams{
-		Scope: p.Scope, AccountID: p.AccountID, Key: p.Key, RequestMethod: p.RequestMethod,
-		RequestRoute: p.RequestRoute, RequestFingerprint: p.RequestFingerprint, LegacyFingerprint: p.LegacyFingerprint,
-		LockTimeoutSeconds: p.LockTimeoutSeconds,
-		Amount:             *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
-		Description: op.params.Description, Metadata: metadata,
+	op.charge = dbsqlc.Charge{ID: newID("ch_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+		Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
+		Description: op.params.Description, Metadata: metadata, Status: "processing", Version: 1}
+	op.metadata = op.params.Metadata
+	return op.s.q.ChargeInsert(ctx, b, &dbsqlc.ChargeInsertParams{
+		ID: op.charge.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, Amount: op.charge.Amount,
+		Currency: op.charge.Currency, PaymentMethod: op.charge.PaymentMethod, Description: op.charge.Description,
+		Metadata: metadata,
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil // the record changed since the read
-	}
-	if err != nil {
-		return nil, fmt.Errorf("claiming idempotency key and inserting charge: %w", err)
-	}
-	rec := &idempotency.Record{ID: row.ID, Scope: idempotency.Scope(row.Scope), AccountID: op.accountID, Key: row.Key,
-		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
-		LockGeneration: row.LockGeneration, Attempts: row.Attempts}
-	if row.ChargeID != nil { // inserted just now, with the record
-		op.charge = &dbsqlc.Charge{ID: *row.ChargeID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
-			Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
-			Description: op.params.Description, Metadata: metadata, Status: "processing", CreatedAt: *row.ChargeCreatedAt}
-		op.metadata = op.params.Metadata
-	}
-	return rec, nil
 }
 
-// Begin is never called for a FusedOperation (ClaimAndBegin does its work);
-// it refuses, so that a change to the runner that calls it shows at once.
-func (op *chargeOp) Begin(context.Context, pgx.Tx, *idempotency.Record) error {
-	return errors.New("chargeOp is fused: the runner calls ClaimAndBegin, not Begin")
-}
-
-// Load reads the ledger row of a record begun elsewhere.
-func (op *chargeOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
-	ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+// Load reads the ledger row of a record begun elsewhere, or of one that an
+// earlier finish found changed.
+func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading charge: %w", err)
 	}
 	if err := json.Unmarshal(ch.Metadata, &op.metadata); err != nil {
 		return fmt.Errorf("decoding metadata of charge %s: %w", ch.ID, err)
 	}
-	op.charge = &ch
+	op.charge = ch
 	return nil
 }
 
 // Call creates the Stripe charge with the record's downstream key, and
-// returns the one statement that records its outcome: the ledger row, the
-// settled charge's event and the record's response.
+// returns the finishing writes: the ledger row's outcome, guarded by the
+// version it had, and the settled charge's event.
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	ch, metadata := *op.charge, op.metadata
-
-	sc, err := op.s.stripe.CreateCharge(ctx, rec, ch, metadata)
+	if op.charge.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
+		op.charge.CreatedAt = rec.CreatedAt
+	}
+	ch := op.charge
+	sc, err := op.s.stripe.CreateCharge(ctx, rec, ch, op.metadata)
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)
 	}
-	// The row as ChargeFinish leaves it (the charge is still processing,
-	// so nothing else about it can have changed).
 	updated := ch
+	updated.Version++
 	if kind == outcomeOK {
 		updated.Status, updated.StripeChargeID = stripeStatus(string(sc.Status)), &sc.ID
 	} else {
@@ -275,38 +252,35 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		updated.FailureCode = nonEmpty(failureCode(se))
 		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
 	}
-	return idempotency.FinishFused(func(ctx context.Context, dbtx dbsqlc.DBTX) (idempotency.Response, bool, error) {
+	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		// The charge as the API shows it, encoded once: the body of a
 		// created charge's answer, and the data of a settled charge's event.
 		data, err := encode(chargeJSON(updated), updated.ID)
 		if err != nil {
-			return idempotency.Response{}, false, err
+			return idempotency.Response{}, err
 		}
-		var resp idempotency.Response
-		if kind == outcomeOK {
-			resp = created(RouteCharges+"/"+updated.ID, data)
-		} else {
-			resp = failedResponse(kind, se, "charge", updated.ID)
-		}
-		status, headers, err := idempotency.StoredForm(resp)
-		if err != nil {
-			return idempotency.Response{}, false, err
-		}
-		finish := &dbsqlc.ChargeFinishParams{
-			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
-			RecordID: rec.ID, LockGeneration: rec.LockGeneration,
-			ChargeID: updated.ID, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
+		if err := op.s.q.ChargeSetOutcome(ctx, b, &dbsqlc.ChargeSetOutcomeParams{
+			ID: updated.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
 			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
+		}); err != nil {
+			return idempotency.Response{}, err
 		}
-		if typ := settledEventType(updated.Status); typ != "" { // the settled charge's event (I10)
-			finish.EventType, finish.EventData = typ, data
+		if err := chargeSettled(ctx, b, updated, data); err != nil {
+			return idempotency.Response{}, err
 		}
-		n, err := op.s.q.ChargeFinish(ctx, dbtx, finish)
-		if err != nil {
-			return idempotency.Response{}, false, fmt.Errorf("finishing charge: %w", err)
+		if kind == outcomeOK {
+			return created(RouteCharges+"/"+updated.ID, data), nil
 		}
-		return resp, n == 1, nil
+		return failedResponse(kind, se, "charge", updated.ID), nil
 	})
+}
+
+// newID is a new ledger row id: the prefix and 128 random bits, as the
+// tables' defaults make them.
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return prefix + hex.EncodeToString(b[:])
 }
 
 // settledEventType is the event of a charge in this status, or "" for one
@@ -321,12 +295,13 @@ func settledEventType(status string) string {
 	return ""
 }
 
-// chargeSettled records the event of a charge that reached a final status,
-// in the transaction that moved it there (I10); a pending charge has none
-// yet. data is the charge's JSON (chargeJSON).
-func chargeSettled(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, data []byte) error {
+// chargeSettled queues the event of a charge that reached a final status,
+// into the batch that moved it there (I10); a pending charge has none yet.
+// ch is the charge as the batch leaves it (its new version), data its JSON
+// (chargeJSON).
+func chargeSettled(ctx context.Context, b *idempotency.Batch, ch dbsqlc.Charge, data []byte) error {
 	if typ := settledEventType(ch.Status); typ != "" {
-		return events.Record(ctx, tx, ch.AccountID, typ, ch.ID, data)
+		return events.Record(ctx, b, ch.AccountID, typ, ch.ID, ch.Version, data)
 	}
 	return nil
 }
@@ -360,9 +335,9 @@ func failedResponse(kind outcome, se *stripe.Error, object, id string) idempoten
 		}
 	}
 	return idempotency.Response{
-		Status: pe.Status(),
-		Header: http.Header{"Content-Type": {apierror.ContentType}},
-		Body:   pe.Body(),
+		Status:  pe.Status(),
+		Headers: idempotency.Headers{ContentType: apierror.ContentType},
+		Body:    pe.Body(),
 	}
 }
 
@@ -378,9 +353,9 @@ func encode(v any, id string) ([]byte, error) {
 // created is a 201 with body, the new object's JSON (encode).
 func created(location string, body []byte) idempotency.Response {
 	return idempotency.Response{
-		Status: http.StatusCreated,
-		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}, "Location": {location}},
-		Body:   body,
+		Status:  http.StatusCreated,
+		Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON, Location: location},
+		Body:    body,
 	}
 }
 

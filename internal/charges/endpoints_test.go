@@ -53,9 +53,6 @@ func TestCreateAndGetCharge(t *testing.T) {
 	if fc.Source != "tok_visa" {
 		t.Fatalf("fake charge source %q, want %q", fc.Source, "tok_visa")
 	}
-	if got := fc.Metadata["idempay_charge_id"]; got != ch.ID {
-		t.Fatalf("fake charge metadata idempay_charge_id %q, want %q", got, ch.ID)
-	}
 	if got := fc.Metadata["order"]; got != "42" {
 		t.Fatalf("fake charge metadata order %q, want %q", got, "42")
 	}
@@ -65,6 +62,9 @@ func TestCreateAndGetCharge(t *testing.T) {
 	}
 	if rec.Locked {
 		t.Fatal("record locked, want unlocked")
+	}
+	if got := fc.Metadata["idempay_record"]; got != rec.ID {
+		t.Fatalf("fake charge metadata idempay_record %q, want the record %q", got, rec.ID)
 	}
 	if fc.IdempotencyKey != rec.DownstreamKey() {
 		t.Fatalf("fake charge idempotency key %q, want the record's downstream key %q", fc.IdempotencyKey, rec.DownstreamKey())

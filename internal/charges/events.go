@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/db"
@@ -41,15 +40,19 @@ var HandledEventTypes = []string{
 	"charge.dispute.created", "charge.dispute.closed",
 }
 
-// ApplyEvent applies a verified Stripe event to the ledger inside tx, the
-// transaction that also marks the event processed (I8). States only move
+// ApplyEvent applies a verified Stripe event to the ledger: it reads the
+// object the event is about, decides, and queues its writes into b, the
+// batch that also marks the event processed (I8). Every write is guarded
+// by the version (or state) it read, so an object that changed in between
+// fails the batch with idempotency.ErrStale, and the caller applies the
+// event again from a fresh read. States only move
 // forward (processing -> pending -> succeeded or failed; a refund's and a
 // dispute's own states likewise), so an older event never overwrites a newer
 // state whatever the arrival order; amounts are taken from the event's
 // object, never added. When the event is about a charge or refund whose
 // idempotency record is unfinished (its server died after Stripe answered),
 // the record is finished too, with the response a retry would have stored.
-func (s *Service) ApplyEvent(ctx context.Context, tx pgx.Tx, ev *stripe.Event) (EventOutcome, error) {
+func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stripe.Event) (EventOutcome, error) {
 	at := time.Unix(ev.Created, 0)
 	switch ev.Type {
 	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
@@ -57,19 +60,19 @@ func (s *Service) ApplyEvent(ctx context.Context, tx pgx.Tx, ev *stripe.Event) (
 		if err := json.Unmarshal(ev.Data.Raw, &sc); err != nil {
 			return "", fmt.Errorf("decoding the charge of event %s: %w", ev.ID, err)
 		}
-		return s.applyCharge(ctx, tx, string(ev.Type), &sc, at)
+		return s.applyCharge(ctx, b, string(ev.Type), &sc, at)
 	case "charge.refund.updated", "refund.updated":
 		var sr stripe.Refund
 		if err := json.Unmarshal(ev.Data.Raw, &sr); err != nil {
 			return "", fmt.Errorf("decoding the refund of event %s: %w", ev.ID, err)
 		}
-		return s.applyRefund(ctx, tx, &sr, at)
+		return s.applyRefund(ctx, b, &sr, at)
 	case "charge.dispute.created", "charge.dispute.closed":
 		var sd stripe.Dispute
 		if err := json.Unmarshal(ev.Data.Raw, &sd); err != nil {
 			return "", fmt.Errorf("decoding the dispute of event %s: %w", ev.ID, err)
 		}
-		return s.applyDispute(ctx, tx, &sd, at)
+		return s.applyDispute(ctx, b, &sd, at)
 	default:
 		return EventIgnored, nil
 	}
@@ -78,19 +81,12 @@ func (s *Service) ApplyEvent(ctx context.Context, tx pgx.Tx, ev *stripe.Event) (
 // chargeRank orders a charge's states; a state only gives way to a higher one.
 var chargeRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 2}
 
-func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
-	id, err := s.q.ChargeFindForEvent(ctx, tx, &dbsqlc.ChargeFindForEventParams{
-		RecordID: nonEmpty(sc.Metadata[MetadataRecord]), ChargeID: nonEmpty(sc.Metadata["idempay_charge_id"]),
-		StripeChargeID: nonEmpty(sc.ID),
-	})
+func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, nonEmpty(sc.ID), nonEmpty(sc.Metadata[MetadataRecord]))
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
-	}
-	ch, err := s.q.ChargeGetForUpdate(ctx, tx, id)
-	if err != nil {
-		return "", fmt.Errorf("locking charge %s: %w", id, err)
 	}
 	status := stripeStatus(string(sc.Status))
 	switch typ {
@@ -105,18 +101,29 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 	if !forward && sc.AmountRefunded <= ch.AmountRefunded {
 		return EventStale, nil
 	}
-	set := &dbsqlc.ChargeApplyEventParams{ID: ch.ID, Status: ch.Status, StripeChargeID: nonEmpty(sc.ID),
-		StripeAmountRefunded: sc.AmountRefunded, EventCreated: at}
+	// The row as the guarded update below leaves it.
+	updated := ch
+	updated.Version++
+	if updated.StripeChargeID == nil {
+		updated.StripeChargeID = nonEmpty(sc.ID)
+	}
+	updated.AmountRefunded = min(ch.Amount, max(ch.AmountRefunded, sc.AmountRefunded))
+	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+		updated.LastEventAt = &at
+	}
 	if forward {
-		set.Status = status
+		updated.Status = status
 		if status == "failed" {
-			set.FailureCode = nonEmpty(declineCode(sc))
-			set.FailureMessage = nonEmpty(truncate(sc.FailureMessage, 1000))
+			updated.FailureCode = cmpOr(nonEmpty(declineCode(sc)), ch.FailureCode)
+			updated.FailureMessage = cmpOr(nonEmpty(truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
 		}
 	}
-	updated, err := s.q.ChargeApplyEvent(ctx, tx, set)
-	if err != nil {
-		return "", fmt.Errorf("applying event to charge %s: %w", ch.ID, err)
+	if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
+		ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
+		FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
+		AmountRefunded: updated.AmountRefunded, LastEventAt: updated.LastEventAt,
+	}); err != nil {
+		return "", err
 	}
 	if !forward {
 		return EventApplied, nil // the refunded amount only
@@ -125,7 +132,7 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 	if err != nil {
 		return "", err
 	}
-	if err := chargeSettled(ctx, tx, updated, data); err != nil {
+	if err := chargeSettled(ctx, b, updated, data); err != nil {
 		return "", err
 	}
 	if updated.IdempotencyKeyID != nil {
@@ -138,11 +145,19 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 		} else {
 			resp = created(RouteCharges+"/"+updated.ID, data)
 		}
-		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, resp); err != nil {
+		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, resp); err != nil {
 			return "", err
 		}
 	}
 	return EventApplied, nil
+}
+
+// cmpOr is the first of a and b that is not nil.
+func cmpOr(a, b *string) *string {
+	if a != nil {
+		return a
+	}
+	return b
 }
 
 // declineCode is the most specific reason Stripe gives for a failed charge:
@@ -171,46 +186,49 @@ func refundStatus(s stripe.RefundStatus) string {
 	}
 }
 
-func (s *Service) applyRefund(ctx context.Context, tx pgx.Tx, sr *stripe.Refund, at time.Time) (EventOutcome, error) {
-	id, err := s.q.RefundFindForEvent(ctx, tx, &dbsqlc.RefundFindForEventParams{
-		RecordID: nonEmpty(sr.Metadata[MetadataRecord]), RefundID: nonEmpty(sr.Metadata["idempay_refund_id"]),
-		StripeRefundID: nonEmpty(sr.ID),
-	})
+func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *stripe.Refund, at time.Time) (EventOutcome, error) {
+	rf, err := s.q.RefundFindForEvent(ctx, s.pool, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
 	}
-	rf, err := s.q.RefundGetForUpdate(ctx, tx, id)
-	if err != nil {
-		return "", fmt.Errorf("locking refund %s: %w", id, err)
-	}
 	status := refundStatus(sr.Status)
 	if refundRank[status] <= refundRank[rf.Status] {
 		return EventStale, nil
 	}
-	set := &dbsqlc.RefundApplyEventParams{ID: rf.ID, Status: status, StripeRefundID: nonEmpty(sr.ID), EventCreated: at}
+	updated := rf
+	updated.Version++
+	updated.Status = status
+	if updated.StripeRefundID == nil {
+		updated.StripeRefundID = nonEmpty(sr.ID)
+	}
+	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+		updated.LastEventAt = &at
+	}
 	if status == "failed" {
-		set.FailureCode = nonEmpty(string(sr.FailureReason))
+		updated.FailureCode = cmpOr(nonEmpty(string(sr.FailureReason)), rf.FailureCode)
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all.
-		if err := s.q.ChargeReleaseRefunded(ctx, tx, rf.Amount, rf.ChargeID); err != nil {
+		if err := s.q.ChargeReleaseRefunded(ctx, b, rf.Amount, rf.ChargeID); err != nil {
 			return "", fmt.Errorf("releasing refund amount: %w", err)
 		}
 	}
-	updated, err := s.q.RefundApplyEvent(ctx, tx, set)
-	if err != nil {
-		return "", fmt.Errorf("applying event to refund %s: %w", rf.ID, err)
+	if err := s.q.RefundApplyEvent(ctx, b, &dbsqlc.RefundApplyEventParams{
+		ID: rf.ID, Version: rf.Version, Status: status, StripeRefundID: updated.StripeRefundID,
+		FailureCode: updated.FailureCode, LastEventAt: updated.LastEventAt,
+	}); err != nil {
+		return "", err
 	}
 	data, err := encode(refundJSON(updated), updated.ID)
 	if err != nil {
 		return "", err
 	}
-	if err := refundSettled(ctx, tx, updated, data); err != nil {
+	if err := refundSettled(ctx, b, updated, data); err != nil {
 		return "", err
 	}
 	if updated.IdempotencyKeyID != nil {
-		if _, err := s.runner.Settle(ctx, tx, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
+		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
 			return "", err
 		}
 	}
@@ -225,27 +243,27 @@ var disputeRank = map[string]int{
 	"warning_closed": 3, "won": 3, "lost": 3,
 }
 
-func (s *Service) applyDispute(ctx context.Context, tx pgx.Tx, sd *stripe.Dispute, at time.Time) (EventOutcome, error) {
+func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *stripe.Dispute, at time.Time) (EventOutcome, error) {
 	status := string(sd.Status)
 	if sd.Charge == nil || disputeRank[status] == 0 || sd.Amount <= 0 {
 		return EventUnknownObject, nil
 	}
-	id, err := s.q.ChargeFindForEvent(ctx, tx, &dbsqlc.ChargeFindForEventParams{StripeChargeID: nonEmpty(sd.Charge.ID)})
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, nonEmpty(sd.Charge.ID), nil)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
 	}
-	// The charge's lock orders every event of the charge, including two
-	// deliveries that would both insert the same new dispute.
-	ch, err := s.q.ChargeGetForUpdate(ctx, tx, id)
-	if err != nil {
-		return "", fmt.Errorf("locking charge %s: %w", id, err)
-	}
 	reason := nonEmpty(truncate(string(sd.Reason), 100))
-	d, err := s.q.DisputeGetByStripeIDForUpdate(ctx, tx, sd.ID)
+	d, err := s.q.DisputeGetByStripeID(ctx, s.pool, sd.ID)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		if _, err := s.q.DisputeInsert(ctx, tx, &dbsqlc.DisputeInsertParams{
+		// The charge's version moves with its new dispute, so that a refund
+		// checked before it fails its guard (refundOp.Begin); the insert's
+		// own guard orders two events that would both insert it.
+		if err := s.q.ChargeTouch(ctx, b, ch.ID, ch.Version); err != nil {
+			return "", err
+		}
+		if err := s.q.DisputeInsert(ctx, b, &dbsqlc.DisputeInsertParams{
 			AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID, Amount: sd.Amount,
 			Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at,
 		}); err != nil {
@@ -260,8 +278,12 @@ func (s *Service) applyDispute(ctx context.Context, tx pgx.Tx, sd *stripe.Disput
 	if !newer {
 		return EventStale, nil
 	}
-	if err := s.q.DisputeSetStatus(ctx, tx, &dbsqlc.DisputeSetStatusParams{
+	if err := s.q.ChargeTouch(ctx, b, ch.ID, ch.Version); err != nil {
+		return "", err
+	}
+	if err := s.q.DisputeSetStatus(ctx, b, &dbsqlc.DisputeSetStatusParams{
 		ID: d.ID, Status: status, Amount: sd.Amount, Reason: reason, LastEventAt: at,
+		ReadStatus: d.Status, ReadLastEventAt: d.LastEventAt,
 	}); err != nil {
 		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
 )
 
 // The integration tests in this package run the real API (server.New, the
@@ -125,6 +127,7 @@ type record struct {
 	LockGeneration int64
 	Attempts       int32
 	ResponseStatus int32 // 0 until finished
+	Route          string
 }
 
 // diff names the fields that differ from want, for a failure message.
@@ -152,15 +155,20 @@ func (r record) diff(want record) string {
 }
 
 // DownstreamKey is the key idempay must send to Stripe for this record.
-func (r record) DownstreamKey() string { return "idempay_" + r.ID }
+func (r record) DownstreamKey() string {
+	if r.Route == charges.RouteRefunds {
+		return idempotency.DownstreamKey(r.ID, charges.StepRefund)
+	}
+	return idempotency.DownstreamKey(r.ID, charges.StepCharge)
+}
 
 func getRecord(t testing.TB, pool *pgxpool.Pool, accountID, key string) record {
 	t.Helper()
 	var r record
 	err := pool.QueryRow(context.Background(), `
-		SELECT id, recovery_point, locked_at IS NOT NULL, lock_generation, attempts, coalesce(response_status, 0)
+		SELECT id, recovery_point, locked_at IS NOT NULL, lock_generation, attempts, coalesce(response_status, 0), request_route
 		FROM idempotency_keys WHERE account_id = $1 AND key = $2`, accountID, key).
-		Scan(&r.ID, &r.RecoveryPoint, &r.Locked, &r.LockGeneration, &r.Attempts, &r.ResponseStatus)
+		Scan(&r.ID, &r.RecoveryPoint, &r.Locked, &r.LockGeneration, &r.Attempts, &r.ResponseStatus, &r.Route)
 	if err != nil {
 		t.Fatalf("reading idempotency record (%s, %s): %v", accountID, key, err)
 	}

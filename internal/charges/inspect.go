@@ -41,8 +41,9 @@ type IdempotencyKey struct {
 	// it is finished.
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	ResponseStatus *int32     `json:"response_status"`
-	// DownstreamKey is the Idempotency-Key sent to Stripe for this record.
-	DownstreamKey string `json:"downstream_key"`
+	// DownstreamKey is the Idempotency-Key sent to Stripe for this record,
+	// or null for a record whose operation calls no one.
+	DownstreamKey *string `json:"downstream_key"`
 	// Charge is the charge the record created, or for a refund's record the
 	// charge it refunds.
 	Charge *string `json:"charge"`
@@ -53,15 +54,27 @@ type IdempotencyKey struct {
 	FinishedAt *time.Time `json:"finished_at"`
 }
 
+// downstreamKey is the key the record's Stripe call sends, or nil for a
+// route that calls no one.
+func downstreamKey(recordID, route string) *string {
+	switch route {
+	case RouteCharges:
+		k := idempotency.DownstreamKey(recordID, StepCharge)
+		return &k
+	case RouteRefunds:
+		k := idempotency.DownstreamKey(recordID, StepRefund)
+		return &k
+	}
+	return nil
+}
+
 func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
-	var rec idempotency.Record
-	rec.ID = row.ID
 	out := IdempotencyKey{
 		Object: "idempotency_key", ID: row.ID, Key: row.Key,
 		RequestMethod: row.RequestMethod, RequestRoute: row.RequestRoute,
 		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration,
 		LockedAt: utc(row.LockedAt), Attempts: row.Attempts, LastError: row.LastError,
-		ResponseStatus: row.ResponseStatus, DownstreamKey: rec.DownstreamKey(),
+		ResponseStatus: row.ResponseStatus, DownstreamKey: downstreamKey(row.ID, row.RequestRoute),
 		Charge: row.ChargeID, Refund: row.RefundID,
 		CreatedAt: row.CreatedAt.UTC(), UpdatedAt: row.UpdatedAt.UTC(), FinishedAt: utc(row.FinishedAt),
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/db"
@@ -25,31 +24,38 @@ func (s *Service) createRefund(c echo.Context) error {
 	})
 }
 
-// refundOp refunds part or all of a charge. Begin locks the charge row and
-// reserves the amount on it (amount_refunded), so concurrent refunds with
-// different keys can never exceed the charge; a definite failure releases
-// the reservation in the final phase.
+// refundOp refunds part or all of a charge. Begin checks the charge and
+// reserves the amount on it (amount_refunded), guarded by the charge's
+// version, so concurrent refunds with different keys can never exceed the
+// charge; a definite failure releases the reservation in the final phase.
 type refundOp struct {
 	s         *Service
 	params    *refundParams // nil when resumed
 	accountID string
-	refund    *dbsqlc.Refund
+	refund    dbsqlc.Refund
+	// stripeChargeID is the Stripe charge the refund is of.
+	stripeChargeID string
 }
 
-func (op *refundOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
-	ch, err := op.s.q.ChargeGetByIDForUpdate(ctx, tx, op.accountID, *op.params.Charge)
+// Begin checks, on a read of the charge, that it can be refunded by this
+// much, and queues the reservation (guarded by the version read) and the
+// refund's ledger row. A charge that changed in between makes the runner
+// claim again, and so check again.
+func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, op.accountID, *op.params.Charge)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return apierror.Invalid(apierror.InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
 	} else if err != nil {
-		return fmt.Errorf("locking charge: %w", err)
+		return fmt.Errorf("reading charge: %w", err)
 	}
+	ch := row.Charge
 	if ch.Status != "succeeded" || ch.StripeChargeID == nil {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status)
 	}
-	// Stripe refuses to refund a disputed charge: the dispute decides.
-	if n, err := op.s.q.DisputeCountBlockingRefund(ctx, tx, ch.ID); err != nil {
-		return fmt.Errorf("reading disputes: %w", err)
-	} else if n > 0 {
+	// Stripe refuses to refund a disputed charge: the dispute decides. A
+	// dispute's event bumps the charge's version (applyDispute), so one
+	// that lands after this read fails the reservation's guard.
+	if row.BlockingDisputes > 0 {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
 	remaining := ch.Amount - ch.AmountRefunded
@@ -62,64 +68,71 @@ func (op *refundOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Recor
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Extensions: map[string]any{"refundable_amount": remaining}}
 	}
-	rf, err := op.s.q.RefundInsert(ctx, tx, &dbsqlc.RefundInsertParams{
-		AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount,
+	if err := op.s.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{
+		ID: ch.ID, Version: ch.Version, Amount: amount,
+	}); err != nil {
+		return err
+	}
+	op.refund = dbsqlc.Refund{ID: newID("re_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
+	op.stripeChargeID = *ch.StripeChargeID
+	return op.s.q.RefundInsert(ctx, b, &dbsqlc.RefundInsertParams{
+		ID: op.refund.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount,
 	})
-	if err != nil {
-		return fmt.Errorf("inserting refund: %w", err)
-	}
-	if err := op.s.q.ChargeAddRefunded(ctx, tx, amount, ch.ID); err != nil {
-		return fmt.Errorf("reserving refund amount: %w", err)
-	}
-	op.refund = &rf
-	return nil
 }
 
-// Load reads the ledger row of a record begun elsewhere.
-func (op *refundOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
-	rf, err := op.s.q.RefundGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+// Load reads the ledger row of a record begun elsewhere, and its charge's
+// Stripe id.
+func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	rf, err := op.s.q.RefundGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading refund: %w", err)
 	}
-	op.refund = &rf
+	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, rf.AccountID, rf.ChargeID)
+	if err != nil {
+		return fmt.Errorf("loading charge of refund %s: %w", rf.ID, err)
+	}
+	op.refund, op.stripeChargeID = rf, *ch.StripeChargeID
 	return nil
 }
 
 // Call creates the Stripe refund with the record's downstream key.
 func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	rf := *op.refund
-	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, rf.AccountID, rf.ChargeID)
-	if err != nil {
-		return idempotency.Unknown(fmt.Errorf("loading charge of refund %s: %w", rf.ID, err))
+	if op.refund.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
+		op.refund.CreatedAt = rec.CreatedAt
 	}
-
-	sr, err := op.s.stripe.CreateRefund(ctx, rec, *ch.StripeChargeID, rf)
+	rf := op.refund
+	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.stripeChargeID, rf)
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)
 	}
-	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-		set := &dbsqlc.RefundSetOutcomeParams{ID: rf.ID}
-		if kind == outcomeOK {
-			set.Status = stripeStatus(string(sr.Status))
-			set.StripeRefundID = &sr.ID
-		} else {
-			set.Status = "failed"
-			set.FailureCode = nonEmpty(failureCode(se))
-			set.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
-			if err := op.s.q.ChargeAddRefunded(ctx, tx, -rf.Amount, rf.ChargeID); err != nil {
+	updated := rf
+	updated.Version++
+	if kind == outcomeOK {
+		updated.Status, updated.StripeRefundID = stripeStatus(string(sr.Status)), &sr.ID
+	} else {
+		updated.Status = "failed"
+		updated.FailureCode = nonEmpty(failureCode(se))
+		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+	}
+	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+		if kind != outcomeOK {
+			if err := op.s.q.ChargeReleaseRefunded(ctx, b, rf.Amount, rf.ChargeID); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}
 		}
-		updated, err := op.s.q.RefundSetOutcome(ctx, tx, set)
-		if err != nil {
-			return idempotency.Response{}, fmt.Errorf("recording refund outcome: %w", err)
+		if err := op.s.q.RefundSetOutcome(ctx, b, &dbsqlc.RefundSetOutcomeParams{
+			ID: rf.ID, Version: rf.Version, Status: updated.Status, StripeRefundID: updated.StripeRefundID,
+			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
+		}); err != nil {
+			return idempotency.Response{}, err
 		}
 		data, err := encode(refundJSON(updated), updated.ID)
 		if err != nil {
 			return idempotency.Response{}, err
 		}
-		if err := refundSettled(ctx, tx, updated, data); err != nil {
+		if err := refundSettled(ctx, b, updated, data); err != nil {
 			return idempotency.Response{}, err
 		}
 		if kind == outcomeOK {
@@ -129,16 +142,16 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	})
 }
 
-// refundSettled records the event of a refund that reached a final status,
-// in the transaction that moved it there (I10). A refund can fail after it
-// succeeded; each of the two is an event. data is the refund's JSON
-// (refundJSON).
-func refundSettled(ctx context.Context, tx pgx.Tx, rf dbsqlc.Refund, data []byte) error {
+// refundSettled queues the event of a refund that reached a final status,
+// into the batch that moved it there (I10). A refund can fail after it
+// succeeded; each of the two is an event. rf is the refund as the batch
+// leaves it, data its JSON (refundJSON).
+func refundSettled(ctx context.Context, b *idempotency.Batch, rf dbsqlc.Refund, data []byte) error {
 	switch rf.Status {
 	case "succeeded":
-		return events.Record(ctx, tx, rf.AccountID, events.RefundSucceeded, rf.ID, data)
+		return events.Record(ctx, b, rf.AccountID, events.RefundSucceeded, rf.ID, rf.Version, data)
 	case "failed":
-		return events.Record(ctx, tx, rf.AccountID, events.RefundFailed, rf.ID, data)
+		return events.Record(ctx, b, rf.AccountID, events.RefundFailed, rf.ID, rf.Version, data)
 	}
 	return nil
 }

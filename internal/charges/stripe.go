@@ -19,8 +19,18 @@ import (
 )
 
 // MetadataRecord is the Stripe metadata key under which every charge and
-// refund idempay creates carries its idempotency record's id.
+// refund idempay creates carries its idempotency record's id: itself a pure
+// function of the request (idempotency.RecordID), like every other
+// parameter sent with the downstream key, so that a record re-created after
+// the database lost it sends Stripe the same request (I13).
 const MetadataRecord = "idempay_record"
+
+// The steps of a record that call Stripe, each with its own downstream key
+// (idempotency.Record.DownstreamKey).
+const (
+	StepCharge = "charge"
+	StepRefund = "refund"
+)
 
 // StripeConfig configures the Stripe port.
 type StripeConfig struct {
@@ -181,12 +191,11 @@ func (s *Stripe) CreateCharge(ctx context.Context, rec *idempotency.Record, ch d
 		Description: ch.Description,
 	}
 	params.Context = ctx
-	params.SetIdempotencyKey(rec.DownstreamKey())
+	params.SetIdempotencyKey(rec.DownstreamKey(StepCharge))
 	for k, v := range metadata {
 		params.AddMetadata(k, v)
 	}
 	params.AddMetadata(MetadataRecord, rec.ID)
-	params.AddMetadata("idempay_charge_id", ch.ID)
 	start := time.Now()
 	sc, err := s.charges.New(params)
 	s.observed("create_charge", start, err)
@@ -206,9 +215,8 @@ func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, stri
 		Amount: stripe.Int64(rf.Amount),
 	}
 	params.Context = ctx
-	params.SetIdempotencyKey(rec.DownstreamKey())
+	params.SetIdempotencyKey(rec.DownstreamKey(StepRefund))
 	params.AddMetadata(MetadataRecord, rec.ID)
-	params.AddMetadata("idempay_refund_id", rf.ID)
 	start := time.Now()
 	r, err := s.refunds.New(params)
 	s.observed("create_refund", start, err)

@@ -10,7 +10,7 @@ import (
 )
 
 const accountGetByID = `-- name: AccountGetByID :one
-SELECT id, name, created_at, event_seq, idempotency_mode FROM accounts WHERE id = $1
+SELECT id, name, created_at, idempotency_mode FROM accounts WHERE id = $1
 `
 
 func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Account, error) {
@@ -20,14 +20,13 @@ func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Accou
 		&i.ID,
 		&i.Name,
 		&i.CreatedAt,
-		&i.EventSeq,
 		&i.IdempotencyMode,
 	)
 	return i, err
 }
 
 const accountInsert = `-- name: AccountInsert :one
-INSERT INTO accounts (name) VALUES ($1) RETURNING id, name, created_at, event_seq, idempotency_mode
+INSERT INTO accounts (name) VALUES ($1) RETURNING id, name, created_at, idempotency_mode
 `
 
 func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string) (Account, error) {
@@ -37,7 +36,6 @@ func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string) (Acco
 		&i.ID,
 		&i.Name,
 		&i.CreatedAt,
-		&i.EventSeq,
 		&i.IdempotencyMode,
 	)
 	return i, err

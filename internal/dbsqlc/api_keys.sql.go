@@ -86,38 +86,29 @@ func (q *Queries) APIKeyGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 	return i, err
 }
 
-const aPIKeyInsert = `-- name: APIKeyInsert :one
-INSERT INTO api_keys (account_id, key_hash, prefix, idempotency_key_id)
-VALUES ($1, $2, $3, $4)
-RETURNING id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at
+const aPIKeyInsert = `-- name: APIKeyInsert :exec
+INSERT INTO api_keys (id, account_id, key_hash, prefix, idempotency_key_id)
+VALUES ($1, $2, $3, $4, $5)
 `
 
 type APIKeyInsertParams struct {
+	ID               string
 	AccountID        string
 	KeyHash          []byte
 	Prefix           string
 	IdempotencyKeyID *string
 }
 
-func (q *Queries) APIKeyInsert(ctx context.Context, db DBTX, arg *APIKeyInsertParams) (ApiKey, error) {
-	row := db.QueryRow(ctx, aPIKeyInsert,
+// A new key, with the id its maker chose (it may be queued in a batch).
+func (q *Queries) APIKeyInsert(ctx context.Context, db DBTX, arg *APIKeyInsertParams) error {
+	_, err := db.Exec(ctx, aPIKeyInsert,
+		arg.ID,
 		arg.AccountID,
 		arg.KeyHash,
 		arg.Prefix,
 		arg.IdempotencyKeyID,
 	)
-	var i ApiKey
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.KeyHash,
-		&i.Prefix,
-		&i.IdempotencyKeyID,
-		&i.CreatedAt,
-		&i.LastUsedAt,
-		&i.RevokedAt,
-	)
-	return i, err
+	return err
 }
 
 const aPIKeyList = `-- name: APIKeyList :many
@@ -153,35 +144,27 @@ func (q *Queries) APIKeyList(ctx context.Context, db DBTX, accountID string) ([]
 	return items, nil
 }
 
-const aPIKeyRevoke = `-- name: APIKeyRevoke :one
+const aPIKeyRevoke = `-- name: APIKeyRevoke :exec
 WITH acct AS (
-    SELECT id FROM accounts WHERE accounts.id = $2 FOR UPDATE
+    SELECT id FROM accounts WHERE accounts.id = $1 FOR UPDATE
 ), others AS (
     SELECT count(*) AS n FROM api_keys, acct
-    WHERE api_keys.account_id = acct.id AND api_keys.revoked_at IS NULL AND api_keys.id <> $1
+    WHERE api_keys.account_id = acct.id AND api_keys.revoked_at IS NULL AND api_keys.id <> $2
+), k AS (
+    UPDATE api_keys SET revoked_at = now()
+    FROM others
+    WHERE api_keys.id = $2 AND api_keys.account_id = $1 AND api_keys.revoked_at IS NULL AND others.n > 0
+    RETURNING 1
 )
-UPDATE api_keys SET revoked_at = now()
-FROM others
-WHERE api_keys.id = $1 AND api_keys.account_id = $2 AND api_keys.revoked_at IS NULL AND others.n > 0
-RETURNING api_keys.id, api_keys.account_id, api_keys.key_hash, api_keys.prefix, api_keys.idempotency_key_id, api_keys.created_at, api_keys.last_used_at, api_keys.revoked_at
+SELECT idempay_expect((SELECT count(*) FROM k), 'IDS01', 'the API key or the account''s keys changed since they were read')
 `
 
 // Revokes one active key of the account, unless it is the account's last
-// active key (then no row: the caller tells which). The account row is
-// locked first, so two revocations of an account's last two keys cannot
-// both succeed.
-func (q *Queries) APIKeyRevoke(ctx context.Context, db DBTX, iD string, accountID string) (ApiKey, error) {
-	row := db.QueryRow(ctx, aPIKeyRevoke, iD, accountID)
-	var i ApiKey
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.KeyHash,
-		&i.Prefix,
-		&i.IdempotencyKeyID,
-		&i.CreatedAt,
-		&i.LastUsedAt,
-		&i.RevokedAt,
-	)
-	return i, err
+// active key. The account row is locked first, so two revocations of an
+// account's last two keys cannot both succeed. Guarded: the caller checked
+// both conditions in a read; when they no longer hold it raises IDS01 and
+// the caller reads and checks again.
+func (q *Queries) APIKeyRevoke(ctx context.Context, db DBTX, accountID string, iD string) error {
+	_, err := db.Exec(ctx, aPIKeyRevoke, accountID, iD)
+	return err
 }

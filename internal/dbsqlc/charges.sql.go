@@ -10,56 +10,67 @@ import (
 	"time"
 )
 
-const chargeAddRefunded = `-- name: ChargeAddRefunded :exec
-UPDATE charges
-SET amount_refunded = amount_refunded + $1, updated_at = now()
-WHERE id = $2
-`
-
-// Reserves (positive delta) or releases (negative delta) refunded amount; the
-// table's CHECK rejects any change that would exceed the charge.
-func (q *Queries) ChargeAddRefunded(ctx context.Context, db DBTX, delta int64, iD string) error {
-	_, err := db.Exec(ctx, chargeAddRefunded, delta, iD)
-	return err
-}
-
-const chargeApplyEvent = `-- name: ChargeApplyEvent :one
-UPDATE charges
-SET status = $1,
-    stripe_charge_id = COALESCE(stripe_charge_id, $2),
-    failure_code = COALESCE($3, failure_code),
-    failure_message = COALESCE($4, failure_message),
-    amount_refunded = LEAST(amount, GREATEST(amount_refunded, $5::bigint)),
-    last_event_at = GREATEST(last_event_at, $6::timestamptz),
-    updated_at = now()
-WHERE id = $7
-RETURNING id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at
+const chargeApplyEvent = `-- name: ChargeApplyEvent :exec
+WITH c AS (
+    UPDATE charges
+    SET status = $1,
+        stripe_charge_id = $2,
+        failure_code = $3,
+        failure_message = $4,
+        amount_refunded = $5,
+        last_event_at = $6,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = $7 AND version = $8
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
 `
 
 type ChargeApplyEventParams struct {
-	Status               string
-	StripeChargeID       *string
-	FailureCode          *string
-	FailureMessage       *string
-	StripeAmountRefunded int64
-	EventCreated         time.Time
-	ID                   string
+	Status         string
+	StripeChargeID *string
+	FailureCode    *string
+	FailureMessage *string
+	AmountRefunded int64
+	LastEventAt    *time.Time
+	ID             string
+	Version        int64
 }
 
-// Applies a Stripe event's view of the charge. The caller decides that the
-// status moves forward; amount_refunded only ever grows here (the larger of
-// ours, which counts refunds in flight, and Stripe's), so an event applied
-// late cannot undo a refund.
-func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeApplyEventParams) (Charge, error) {
-	row := db.QueryRow(ctx, chargeApplyEvent,
+// Applies a Stripe event's view of the charge, as the caller computed it
+// from the row at @version (states only move forward; amount_refunded only
+// grows, so an event applied late cannot undo a refund). Guarded: IDS01
+// when the charge changed since it was read.
+func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeApplyEventParams) error {
+	_, err := db.Exec(ctx, chargeApplyEvent,
 		arg.Status,
 		arg.StripeChargeID,
 		arg.FailureCode,
 		arg.FailureMessage,
-		arg.StripeAmountRefunded,
-		arg.EventCreated,
+		arg.AmountRefunded,
+		arg.LastEventAt,
 		arg.ID,
+		arg.Version,
 	)
+	return err
+}
+
+const chargeFindForEvent = `-- name: ChargeFindForEvent :one
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges
+WHERE stripe_charge_id = $1
+   OR idempotency_key_id = $2
+ORDER BY stripe_charge_id = $1 DESC NULLS LAST
+LIMIT 1
+`
+
+// The charge a Stripe event is about: by Stripe's id, or by the idempotency
+// record that idempay put in the charge's metadata (a charge whose
+// finishing commit never happened has no Stripe id yet). Events carry no
+// account: the account comes from the row. Read without a lock: the writes
+// that follow are guarded by the version read here.
+func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, stripeChargeID *string, recordID *string) (Charge, error) {
+	row := db.QueryRow(ctx, chargeFindForEvent, stripeChargeID, recordID)
 	var i Charge
 	err := row.Scan(
 		&i.ID,
@@ -78,212 +89,13 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
-}
-
-const chargeClaimAndInsert = `-- name: ChargeClaimAndInsert :one
-WITH k AS (
-INSERT INTO idempotency_keys (
-    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
-) VALUES (
-    $1, $2, $3, $4, $5, $6, now()
-)
-ON CONFLICT (scope, key) DO UPDATE
-SET locked_at = now(),
-    lock_generation = idempotency_keys.lock_generation + 1,
-    updated_at = now()
-WHERE idempotency_keys.recovery_point <> 'finished'
-  -- A version-1 record is compared with the request's version-1
-  -- fingerprint (NULL when the caller did not compute one: no match).
-  AND CASE WHEN idempotency_keys.fingerprint_version = 1
-           THEN idempotency_keys.request_fingerprint = $7::bytea
-           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
-  AND (idempotency_keys.locked_at IS NULL
-       OR idempotency_keys.locked_at < now() - make_interval(secs => $8::float8))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
-), ch AS (
-    INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method, description, metadata)
-    SELECT k.account_id, k.id, $9, $10, $11, $12, $13
-    FROM k WHERE k.lock_generation = 1
-    RETURNING id, created_at
-)
-SELECT k.id, k.scope, k.account_id, k.key, k.request_method, k.request_route, k.recovery_point,
-       k.lock_generation, k.attempts,
-       ch.id AS charge_id, ch.created_at AS charge_created_at
-FROM k LEFT JOIN ch ON true
-`
-
-type ChargeClaimAndInsertParams struct {
-	Scope              string
-	AccountID          *string
-	Key                string
-	RequestMethod      string
-	RequestRoute       string
-	RequestFingerprint []byte
-	LegacyFingerprint  []byte
-	LockTimeoutSeconds float64
-	Amount             int64
-	Currency           string
-	PaymentMethod      string
-	Description        *string
-	Metadata           []byte
-}
-
-type ChargeClaimAndInsertRow struct {
-	ID              string
-	Scope           string
-	AccountID       *string
-	Key             string
-	RequestMethod   string
-	RequestRoute    string
-	RecoveryPoint   string
-	LockGeneration  int64
-	Attempts        int32
-	ChargeID        *string
-	ChargeCreatedAt *time.Time
-}
-
-// The claim phase of a charge in one statement (one round trip, one
-// commit): the claim of IdempotencyKeyClaim, word for word (a test keeps
-// the two the same), and the ledger row when the claim inserted the record
-// (lock generation 1). A takeover inserts no row; a refused claim returns
-// no row, and the caller reads the record as for IdempotencyKeyClaim.
-func (q *Queries) ChargeClaimAndInsert(ctx context.Context, db DBTX, arg *ChargeClaimAndInsertParams) (ChargeClaimAndInsertRow, error) {
-	row := db.QueryRow(ctx, chargeClaimAndInsert,
-		arg.Scope,
-		arg.AccountID,
-		arg.Key,
-		arg.RequestMethod,
-		arg.RequestRoute,
-		arg.RequestFingerprint,
-		arg.LegacyFingerprint,
-		arg.LockTimeoutSeconds,
-		arg.Amount,
-		arg.Currency,
-		arg.PaymentMethod,
-		arg.Description,
-		arg.Metadata,
-	)
-	var i ChargeClaimAndInsertRow
-	err := row.Scan(
-		&i.ID,
-		&i.Scope,
-		&i.AccountID,
-		&i.Key,
-		&i.RequestMethod,
-		&i.RequestRoute,
-		&i.RecoveryPoint,
-		&i.LockGeneration,
-		&i.Attempts,
-		&i.ChargeID,
-		&i.ChargeCreatedAt,
-	)
-	return i, err
-}
-
-const chargeFindForEvent = `-- name: ChargeFindForEvent :one
-SELECT id FROM charges
-WHERE idempotency_key_id = $1
-   OR id = $2
-   OR stripe_charge_id = $3
-LIMIT 1
-`
-
-type ChargeFindForEventParams struct {
-	RecordID       *string
-	ChargeID       *string
-	StripeChargeID *string
-}
-
-// The charge a Stripe event is about: by the idempotency record or the
-// charge id that idempay put in the charge's metadata, or by Stripe's id.
-// Events carry no account: the account comes from the row.
-func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFindForEventParams) (string, error) {
-	row := db.QueryRow(ctx, chargeFindForEvent, arg.RecordID, arg.ChargeID, arg.StripeChargeID)
-	var id string
-	err := row.Scan(&id)
-	return id, err
-}
-
-const chargeFinish = `-- name: ChargeFinish :one
-WITH k AS (
-    UPDATE idempotency_keys
-    SET recovery_point = 'finished',
-        response_status = $1,
-        response_headers = $2,
-        response_body = $3,
-        locked_at = NULL,
-        last_error = NULL,
-        finished_at = now(),
-        updated_at = now()
-    WHERE idempotency_keys.id = $4
-      AND lock_generation = $5
-      AND recovery_point <> 'finished'
-    RETURNING idempotency_keys.id
-), ch AS (
-    UPDATE charges
-    SET status = $6,
-        stripe_charge_id = $7,
-        failure_code = $8,
-        failure_message = $9,
-        updated_at = now()
-    WHERE charges.id = $10 AND EXISTS (SELECT 1 FROM k)
-    RETURNING charges.id, charges.account_id
-), next AS (
-    UPDATE accounts SET event_seq = event_seq + 1
-    WHERE accounts.id = (SELECT account_id FROM ch) AND $11::text <> ''
-    RETURNING event_seq
-), ev AS (
-    INSERT INTO events (account_id, account_seq, type, object_id, data)
-    SELECT ch.account_id, next.event_seq, $11::text, ch.id, $12 FROM ch, next
-    RETURNING events.id
-)
-SELECT count(*) FROM k
-`
-
-type ChargeFinishParams struct {
-	ResponseStatus  *int32
-	ResponseHeaders []byte
-	ResponseBody    []byte
-	RecordID        string
-	LockGeneration  int64
-	Status          string
-	StripeChargeID  *string
-	FailureCode     *string
-	FailureMessage  *string
-	ChargeID        string
-	EventType       string
-	EventData       []byte
-}
-
-// The finishing phase of a charge in one statement: the record's final
-// response (fenced by the lock generation, as IdempotencyKeyFinish), the
-// ledger row's outcome, and, for a settled charge, its event (as
-// EventInsert). When the record was taken over, nothing is written and the
-// count is 0.
-func (q *Queries) ChargeFinish(ctx context.Context, db DBTX, arg *ChargeFinishParams) (int64, error) {
-	row := db.QueryRow(ctx, chargeFinish,
-		arg.ResponseStatus,
-		arg.ResponseHeaders,
-		arg.ResponseBody,
-		arg.RecordID,
-		arg.LockGeneration,
-		arg.Status,
-		arg.StripeChargeID,
-		arg.FailureCode,
-		arg.FailureMessage,
-		arg.ChargeID,
-		arg.EventType,
-		arg.EventData,
-	)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
 }
 
 const chargeGet = `-- name: ChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE id = $1
 `
 
 // A charge of any account, for operator commands (idempay webhooks trigger).
@@ -307,12 +119,13 @@ func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, er
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
 const chargeGetByID = `-- name: ChargeGetByID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
@@ -335,40 +148,13 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, 
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
-	)
-	return i, err
-}
-
-const chargeGetByIDForUpdate = `-- name: ChargeGetByIDForUpdate :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE account_id = $1 AND id = $2 FOR UPDATE
-`
-
-func (q *Queries) ChargeGetByIDForUpdate(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
-	row := db.QueryRow(ctx, chargeGetByIDForUpdate, accountID, iD)
-	var i Charge
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Description,
-		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
 const chargeGetByIdempotencyKeyID = `-- name: ChargeGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Charge, error) {
@@ -391,40 +177,85 @@ func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
-const chargeGetForUpdate = `-- name: ChargeGetForUpdate :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges WHERE id = $1 FOR UPDATE
+const chargeGetForRefund = `-- name: ChargeGetForRefund :one
+SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.status, charges.amount_refunded, charges.stripe_charge_id, charges.failure_code, charges.failure_message, charges.created_at, charges.updated_at, charges.last_event_at, charges.version,
+       (SELECT count(*) FROM disputes d
+        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes
+FROM charges WHERE charges.account_id = $1 AND charges.id = $2
 `
 
-func (q *Queries) ChargeGetForUpdate(ctx context.Context, db DBTX, id string) (Charge, error) {
-	row := db.QueryRow(ctx, chargeGetForUpdate, id)
-	var i Charge
+type ChargeGetForRefundRow struct {
+	Charge           Charge
+	BlockingDisputes int64
+}
+
+// What a refund checks, in one read before its claim: the charge, and how
+// many of its disputes forbid a refund (open, or lost).
+func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, accountID string, iD string) (ChargeGetForRefundRow, error) {
+	row := db.QueryRow(ctx, chargeGetForRefund, accountID, iD)
+	var i ChargeGetForRefundRow
 	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Description,
-		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
+		&i.Charge.ID,
+		&i.Charge.AccountID,
+		&i.Charge.IdempotencyKeyID,
+		&i.Charge.Amount,
+		&i.Charge.Currency,
+		&i.Charge.PaymentMethod,
+		&i.Charge.Description,
+		&i.Charge.Metadata,
+		&i.Charge.Status,
+		&i.Charge.AmountRefunded,
+		&i.Charge.StripeChargeID,
+		&i.Charge.FailureCode,
+		&i.Charge.FailureMessage,
+		&i.Charge.CreatedAt,
+		&i.Charge.UpdatedAt,
+		&i.Charge.LastEventAt,
+		&i.Charge.Version,
+		&i.BlockingDisputes,
 	)
 	return i, err
+}
+
+const chargeInsert = `-- name: ChargeInsert :exec
+INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+`
+
+type ChargeInsertParams struct {
+	ID               string
+	AccountID        string
+	IdempotencyKeyID *string
+	Amount           int64
+	Currency         string
+	PaymentMethod    string
+	Description      *string
+	Metadata         []byte
+}
+
+// The ledger row of a new charge, in the claim's batch after the record's
+// INSERT (version 1, processing).
+func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertParams) error {
+	_, err := db.Exec(ctx, chargeInsert,
+		arg.ID,
+		arg.AccountID,
+		arg.IdempotencyKeyID,
+		arg.Amount,
+		arg.Currency,
+		arg.PaymentMethod,
+		arg.Description,
+		arg.Metadata,
+	)
+	return err
 }
 
 const chargeList = `-- name: ChargeList :many
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges
 WHERE account_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::text))
@@ -472,6 +303,7 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.LastEventAt,
+			&i.Version,
 		); err != nil {
 			return nil, err
 		}
@@ -485,7 +317,7 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 
 const chargeReleaseRefunded = `-- name: ChargeReleaseRefunded :exec
 UPDATE charges
-SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), updated_at = now()
+SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), version = version + 1, updated_at = now()
 WHERE id = $2
 `
 
@@ -494,5 +326,87 @@ WHERE id = $2
 // to Stripe's own figure by an event (ChargeApplyEvent).
 func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, amount int64, iD string) error {
 	_, err := db.Exec(ctx, chargeReleaseRefunded, amount, iD)
+	return err
+}
+
+const chargeReserveRefund = `-- name: ChargeReserveRefund :exec
+WITH c AS (
+    UPDATE charges
+    SET amount_refunded = amount_refunded + $1, version = version + 1, updated_at = now()
+    WHERE id = $2 AND version = $3
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+`
+
+type ChargeReserveRefundParams struct {
+	Amount  int64
+	ID      string
+	Version int64
+}
+
+// Reserves a refund's amount on the charge, in the refund's claim batch.
+// Guarded: the charge must still be at the version the refund's checks read
+// (status, disputes, what is left to refund), or it raises IDS01 and the
+// runner reads and checks again. The table's CHECK rejects any amount that
+// would exceed the charge whatever the checks said.
+func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
+	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.Version)
+	return err
+}
+
+const chargeSetOutcome = `-- name: ChargeSetOutcome :exec
+WITH c AS (
+    UPDATE charges
+    SET status = $1,
+        stripe_charge_id = $2,
+        failure_code = $3,
+        failure_message = $4,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = $5 AND version = $6
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+`
+
+type ChargeSetOutcomeParams struct {
+	Status         string
+	StripeChargeID *string
+	FailureCode    *string
+	FailureMessage *string
+	ID             string
+	Version        int64
+}
+
+// The outcome of the Stripe call, in the finishing batch after the record's
+// fenced finish. Guarded by the version the owner loaded: IDS01 when
+// something else (a Stripe event) changed the charge in between.
+func (q *Queries) ChargeSetOutcome(ctx context.Context, db DBTX, arg *ChargeSetOutcomeParams) error {
+	_, err := db.Exec(ctx, chargeSetOutcome,
+		arg.Status,
+		arg.StripeChargeID,
+		arg.FailureCode,
+		arg.FailureMessage,
+		arg.ID,
+		arg.Version,
+	)
+	return err
+}
+
+const chargeTouch = `-- name: ChargeTouch :exec
+WITH c AS (
+    UPDATE charges SET version = version + 1, updated_at = now()
+    WHERE id = $1 AND version = $2
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+`
+
+// Bumps the charge's version without changing it otherwise, guarded by the
+// version read: a dispute's event does, so that a refund checked against
+// the charge before the dispute fails its guard and checks again.
+func (q *Queries) ChargeTouch(ctx context.Context, db DBTX, iD string, version int64) error {
+	_, err := db.Exec(ctx, chargeTouch, iD, version)
 	return err
 }

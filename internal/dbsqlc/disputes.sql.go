@@ -10,25 +10,12 @@ import (
 	"time"
 )
 
-const disputeCountBlockingRefund = `-- name: DisputeCountBlockingRefund :one
-SELECT count(*) FROM disputes
-WHERE charge_id = $1 AND status NOT IN ('won', 'warning_closed')
+const disputeGetByStripeID = `-- name: DisputeGetByStripeID :one
+SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at, created_at, updated_at FROM disputes WHERE stripe_dispute_id = $1
 `
 
-// Disputes that forbid a refund: open, or lost.
-func (q *Queries) DisputeCountBlockingRefund(ctx context.Context, db DBTX, chargeID string) (int64, error) {
-	row := db.QueryRow(ctx, disputeCountBlockingRefund, chargeID)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
-const disputeGetByStripeIDForUpdate = `-- name: DisputeGetByStripeIDForUpdate :one
-SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at, created_at, updated_at FROM disputes WHERE stripe_dispute_id = $1 FOR UPDATE
-`
-
-func (q *Queries) DisputeGetByStripeIDForUpdate(ctx context.Context, db DBTX, stripeDisputeID string) (Dispute, error) {
-	row := db.QueryRow(ctx, disputeGetByStripeIDForUpdate, stripeDisputeID)
+func (q *Queries) DisputeGetByStripeID(ctx context.Context, db DBTX, stripeDisputeID string) (Dispute, error) {
+	row := db.QueryRow(ctx, disputeGetByStripeID, stripeDisputeID)
 	var i Dispute
 	err := row.Scan(
 		&i.ID,
@@ -46,10 +33,14 @@ func (q *Queries) DisputeGetByStripeIDForUpdate(ctx context.Context, db DBTX, st
 	return i, err
 }
 
-const disputeInsert = `-- name: DisputeInsert :one
-INSERT INTO disputes (account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at, created_at, updated_at
+const disputeInsert = `-- name: DisputeInsert :exec
+WITH d AS (
+    INSERT INTO disputes (account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (stripe_dispute_id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM d), 'IDS01', 'the dispute was inserted since it was read')
 `
 
 type DisputeInsertParams struct {
@@ -63,8 +54,10 @@ type DisputeInsertParams struct {
 	LastEventAt     time.Time
 }
 
-func (q *Queries) DisputeInsert(ctx context.Context, db DBTX, arg *DisputeInsertParams) (Dispute, error) {
-	row := db.QueryRow(ctx, disputeInsert,
+// A dispute first seen. Guarded: IDS01 when another event inserted it since
+// the read (the runner reads again and updates it instead).
+func (q *Queries) DisputeInsert(ctx context.Context, db DBTX, arg *DisputeInsertParams) error {
+	_, err := db.Exec(ctx, disputeInsert,
 		arg.AccountID,
 		arg.ChargeID,
 		arg.StripeDisputeID,
@@ -74,21 +67,7 @@ func (q *Queries) DisputeInsert(ctx context.Context, db DBTX, arg *DisputeInsert
 		arg.Status,
 		arg.LastEventAt,
 	)
-	var i Dispute
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.ChargeID,
-		&i.StripeDisputeID,
-		&i.Amount,
-		&i.Currency,
-		&i.Reason,
-		&i.Status,
-		&i.LastEventAt,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
+	return err
 }
 
 const disputeListByCharge = `-- name: DisputeListByCharge :many
@@ -128,19 +107,26 @@ func (q *Queries) DisputeListByCharge(ctx context.Context, db DBTX, chargeID str
 }
 
 const disputeSetStatus = `-- name: DisputeSetStatus :exec
-UPDATE disputes
-SET status = $1, amount = $2, reason = $3, last_event_at = $4, updated_at = now()
-WHERE id = $5
+WITH d AS (
+    UPDATE disputes
+    SET status = $1, amount = $2, reason = $3, last_event_at = $4, updated_at = now()
+    WHERE id = $5 AND status = $6 AND last_event_at = $7
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM d), 'IDS01', 'the dispute changed since it was read')
 `
 
 type DisputeSetStatusParams struct {
-	Status      string
-	Amount      int64
-	Reason      *string
-	LastEventAt time.Time
-	ID          string
+	Status          string
+	Amount          int64
+	Reason          *string
+	LastEventAt     time.Time
+	ID              string
+	ReadStatus      string
+	ReadLastEventAt time.Time
 }
 
+// Guarded by the state the caller read (status and last event time).
 func (q *Queries) DisputeSetStatus(ctx context.Context, db DBTX, arg *DisputeSetStatusParams) error {
 	_, err := db.Exec(ctx, disputeSetStatus,
 		arg.Status,
@@ -148,6 +134,8 @@ func (q *Queries) DisputeSetStatus(ctx context.Context, db DBTX, arg *DisputeSet
 		arg.Reason,
 		arg.LastEventAt,
 		arg.ID,
+		arg.ReadStatus,
+		arg.ReadLastEventAt,
 	)
 	return err
 }

@@ -11,7 +11,7 @@ import (
 )
 
 const eventGetByID = `-- name: EventGetByID :one
-SELECT id, seq, account_id, account_seq, type, object_id, data, created_at, published_at FROM events WHERE account_id = $1 AND id = $2
+SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) EventGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Event, error) {
@@ -21,62 +21,48 @@ func (q *Queries) EventGetByID(ctx context.Context, db DBTX, accountID string, i
 		&i.ID,
 		&i.Seq,
 		&i.AccountID,
-		&i.AccountSeq,
 		&i.Type,
 		&i.ObjectID,
 		&i.Data,
 		&i.CreatedAt,
 		&i.PublishedAt,
+		&i.ObjectVersion,
 	)
 	return i, err
 }
 
-const eventInsert = `-- name: EventInsert :one
-WITH next AS (
-    UPDATE accounts SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq
-)
-INSERT INTO events (account_id, account_seq, type, object_id, data)
-SELECT $1, next.event_seq, $2, $3, $4 FROM next
-RETURNING id, seq, account_id, account_seq, type, object_id, data, created_at, published_at
+const eventInsert = `-- name: EventInsert :exec
+INSERT INTO events (account_id, type, object_id, object_version, data)
+VALUES ($1, $2, $3, $4, $5)
 `
 
 type EventInsertParams struct {
-	AccountID string
-	Type      string
-	ObjectID  string
-	Data      []byte
+	AccountID     string
+	Type          string
+	ObjectID      string
+	ObjectVersion int64
+	Data          []byte
 }
 
-// Records one event in the settling transaction. The account's row lock
-// (UPDATE accounts) orders the account's settling transactions, so
-// account_seq follows their commit order.
-func (q *Queries) EventInsert(ctx context.Context, db DBTX, arg *EventInsertParams) (Event, error) {
-	row := db.QueryRow(ctx, eventInsert,
+// Records one event in the settling batch, with the version of the object
+// that the batch's guarded update of the object wrote: the object's row lock
+// orders its events, and nothing any other object writes is touched.
+func (q *Queries) EventInsert(ctx context.Context, db DBTX, arg *EventInsertParams) error {
+	_, err := db.Exec(ctx, eventInsert,
 		arg.AccountID,
 		arg.Type,
 		arg.ObjectID,
+		arg.ObjectVersion,
 		arg.Data,
 	)
-	var i Event
-	err := row.Scan(
-		&i.ID,
-		&i.Seq,
-		&i.AccountID,
-		&i.AccountSeq,
-		&i.Type,
-		&i.ObjectID,
-		&i.Data,
-		&i.CreatedAt,
-		&i.PublishedAt,
-	)
-	return i, err
+	return err
 }
 
 const eventList = `-- name: EventList :many
-SELECT id, seq, account_id, account_seq, type, object_id, data, created_at, published_at FROM events
+SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events
 WHERE account_id = $1
-  AND ($2::bigint IS NULL OR account_seq < $2::bigint)
-ORDER BY account_seq DESC
+  AND ($2::bigint IS NULL OR seq < $2::bigint)
+ORDER BY seq DESC
 LIMIT $3
 `
 
@@ -86,8 +72,8 @@ type EventListParams struct {
 	MaxRows   int32
 }
 
-// Newest first; the cursor is the account_seq of the last event of the
-// previous page (NULL: from the newest).
+// Newest first; the cursor is the seq of the last event of the previous
+// page (NULL: from the newest).
 func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) ([]Event, error) {
 	rows, err := db.Query(ctx, eventList, arg.AccountID, arg.BeforeSeq, arg.MaxRows)
 	if err != nil {
@@ -101,12 +87,12 @@ func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) 
 			&i.ID,
 			&i.Seq,
 			&i.AccountID,
-			&i.AccountSeq,
 			&i.Type,
 			&i.ObjectID,
 			&i.Data,
 			&i.CreatedAt,
 			&i.PublishedAt,
+			&i.ObjectVersion,
 		); err != nil {
 			return nil, err
 		}
@@ -119,7 +105,7 @@ func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) 
 }
 
 const eventListUnpublished = `-- name: EventListUnpublished :many
-SELECT id, seq, account_id, account_seq, type, object_id, data, created_at, published_at FROM events WHERE published_at IS NULL ORDER BY seq LIMIT $1
+SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE published_at IS NULL ORDER BY seq LIMIT $1
 `
 
 func (q *Queries) EventListUnpublished(ctx context.Context, db DBTX, maxRows int32) ([]Event, error) {
@@ -135,12 +121,12 @@ func (q *Queries) EventListUnpublished(ctx context.Context, db DBTX, maxRows int
 			&i.ID,
 			&i.Seq,
 			&i.AccountID,
-			&i.AccountSeq,
 			&i.Type,
 			&i.ObjectID,
 			&i.Data,
 			&i.CreatedAt,
 			&i.PublishedAt,
+			&i.ObjectVersion,
 		); err != nil {
 			return nil, err
 		}

@@ -10,100 +10,27 @@ import (
 	"time"
 )
 
-const idempotencyKeyClaim = `-- name: IdempotencyKeyClaim :one
-INSERT INTO idempotency_keys (
-    scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
-) VALUES (
-    $1, $2, $3, $4, $5, $6, now()
-)
-ON CONFLICT (scope, key) DO UPDATE
-SET locked_at = now(),
-    lock_generation = idempotency_keys.lock_generation + 1,
-    updated_at = now()
-WHERE idempotency_keys.recovery_point <> 'finished'
-  -- A version-1 record is compared with the request's version-1
-  -- fingerprint (NULL when the caller did not compute one: no match).
-  AND CASE WHEN idempotency_keys.fingerprint_version = 1
-           THEN idempotency_keys.request_fingerprint = $7::bytea
-           ELSE idempotency_keys.request_fingerprint = EXCLUDED.request_fingerprint END
-  AND (idempotency_keys.locked_at IS NULL
-       OR idempotency_keys.locked_at < now() - make_interval(secs => $8::float8))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
-`
-
-type IdempotencyKeyClaimParams struct {
-	Scope              string
-	AccountID          *string
-	Key                string
-	RequestMethod      string
-	RequestRoute       string
-	RequestFingerprint []byte
-	LegacyFingerprint  []byte
-	LockTimeoutSeconds float64
-}
-
-// Claims (scope, key) in one statement. A new key is inserted with
-// lock_generation 1. An existing key is taken over (generation + 1) only when
-// it is unfinished, its fingerprint matches, and its lock is free or older
-// than the lock timeout. Otherwise no row is returned and the caller reads
-// the record to tell replay, mismatch and in-flight apart.
-func (q *Queries) IdempotencyKeyClaim(ctx context.Context, db DBTX, arg *IdempotencyKeyClaimParams) (IdempotencyKey, error) {
-	row := db.QueryRow(ctx, idempotencyKeyClaim,
-		arg.Scope,
-		arg.AccountID,
-		arg.Key,
-		arg.RequestMethod,
-		arg.RequestRoute,
-		arg.RequestFingerprint,
-		arg.LegacyFingerprint,
-		arg.LockTimeoutSeconds,
-	)
-	var i IdempotencyKey
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.Key,
-		&i.RequestMethod,
-		&i.RequestRoute,
-		&i.RequestFingerprint,
-		&i.RecoveryPoint,
-		&i.LockGeneration,
-		&i.LockedAt,
-		&i.Attempts,
-		&i.NextAttemptAt,
-		&i.LastError,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
-		&i.Scope,
-		&i.FingerprintVersion,
-	)
-	return i, err
-}
-
 const idempotencyKeyClaimExpired = `-- name: IdempotencyKeyClaimExpired :many
 UPDATE idempotency_keys
-SET locked_at = now(),
+SET locked_at = coalesce($1::timestamptz, now()),
     lock_generation = lock_generation + 1,
     updated_at = now()
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point <> 'finished'
-      AND ik.next_attempt_at <= now()
-      AND (ik.request_method || ' ' || ik.request_route) = ANY ($1::text[])
+      AND ik.next_attempt_at <= coalesce($1::timestamptz, now())
+      AND (ik.request_method || ' ' || ik.request_route) = ANY ($2::text[])
       AND (ik.locked_at IS NULL
-           OR ik.locked_at < now() - make_interval(secs => $2::float8))
+           OR ik.locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))
     ORDER BY ik.next_attempt_at
-    LIMIT $3
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope, fingerprint_version
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
+	Now                *time.Time
 	Routes             []string
 	LockTimeoutSeconds float64
 	MaxRecords         int32
@@ -115,7 +42,12 @@ type IdempotencyKeyClaimExpiredParams struct {
 // Only records of routes this process can resume are taken, so a process
 // that lacks an operation (an older version mid-deploy) never fences others.
 func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *IdempotencyKeyClaimExpiredParams) ([]IdempotencyKey, error) {
-	rows, err := db.Query(ctx, idempotencyKeyClaimExpired, arg.Routes, arg.LockTimeoutSeconds, arg.MaxRecords)
+	rows, err := db.Query(ctx, idempotencyKeyClaimExpired,
+		arg.Now,
+		arg.Routes,
+		arg.LockTimeoutSeconds,
+		arg.MaxRecords,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +75,6 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 			&i.UpdatedAt,
 			&i.FinishedAt,
 			&i.Scope,
-			&i.FingerprintVersion,
 		); err != nil {
 			return nil, err
 		}
@@ -177,19 +108,23 @@ func (q *Queries) IdempotencyKeyDeleteFinishedBefore(ctx context.Context, db DBT
 	return result.RowsAffected(), nil
 }
 
-const idempotencyKeyFinish = `-- name: IdempotencyKeyFinish :execrows
-UPDATE idempotency_keys
-SET recovery_point = 'finished',
-    response_status = $1,
-    response_headers = $2,
-    response_body = $3,
-    locked_at = NULL,
-    last_error = NULL,
-    finished_at = now(),
-    updated_at = now()
-WHERE id = $4
-  AND lock_generation = $5
-  AND recovery_point <> 'finished'
+const idempotencyKeyFinish = `-- name: IdempotencyKeyFinish :exec
+WITH k AS (
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished',
+        response_status = $1,
+        response_headers = $2,
+        response_body = $3,
+        locked_at = NULL,
+        last_error = NULL,
+        finished_at = now(),
+        updated_at = now()
+    WHERE id = $4
+      AND lock_generation = $5
+      AND recovery_point <> 'finished'
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over')
 `
 
 type IdempotencyKeyFinishParams struct {
@@ -200,55 +135,109 @@ type IdempotencyKeyFinishParams struct {
 	LockGeneration  int64
 }
 
-// Stores the final response. Fenced: it matches no row unless the caller
-// still holds the lock generation it claimed.
-func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *IdempotencyKeyFinishParams) (int64, error) {
-	result, err := db.Exec(ctx, idempotencyKeyFinish,
+// Stores the final response, first in the finishing batch. Fenced: unless
+// the caller still holds the generation it claimed, it raises IDF01 and
+// nothing of the batch commits.
+func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *IdempotencyKeyFinishParams) error {
+	_, err := db.Exec(ctx, idempotencyKeyFinish,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ID,
 		arg.LockGeneration,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
 }
 
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
-SELECT id, request_fingerprint, fingerprint_version, recovery_point, locked_at,
+SELECT id, request_fingerprint, recovery_point, lock_generation,
+       (locked_at IS NOT NULL
+        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
        response_status, response_headers, response_body
-FROM idempotency_keys WHERE scope = $1 AND key = $2
+FROM idempotency_keys WHERE scope = $3 AND key = $4
 `
+
+type IdempotencyKeyGetByScopeKeyParams struct {
+	Now                *time.Time
+	LockTimeoutSeconds float64
+	Scope              string
+	Key                string
+}
 
 type IdempotencyKeyGetByScopeKeyRow struct {
 	ID                 string
 	RequestFingerprint []byte
-	FingerprintVersion int16
 	RecoveryPoint      string
-	LockedAt           *time.Time
+	LockGeneration     int64
+	LockFresh          bool
 	ResponseStatus     *int32
 	ResponseHeaders    []byte
 	ResponseBody       []byte
 }
 
 // The read before a claim, and the whole of a replay: only the columns that
-// tell replay, mismatch and in-flight apart, and the stored response.
-func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, scope string, key string) (IdempotencyKeyGetByScopeKeyRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByScopeKey, scope, key)
+// tell replay, mismatch, in flight and resumable apart, and the stored
+// response. Whether the lock is fresh is decided here, by the database's
+// clock (or the test's, through now), the one clock of lock expiry.
+func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByScopeKeyParams) (IdempotencyKeyGetByScopeKeyRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyGetByScopeKey,
+		arg.Now,
+		arg.LockTimeoutSeconds,
+		arg.Scope,
+		arg.Key,
+	)
 	var i IdempotencyKeyGetByScopeKeyRow
 	err := row.Scan(
 		&i.ID,
 		&i.RequestFingerprint,
-		&i.FingerprintVersion,
 		&i.RecoveryPoint,
-		&i.LockedAt,
+		&i.LockGeneration,
+		&i.LockFresh,
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
 	)
 	return i, err
+}
+
+const idempotencyKeyInsert = `-- name: IdempotencyKeyInsert :exec
+INSERT INTO idempotency_keys (
+    id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
+) VALUES (
+    $1, $2, $3, $4, $5, $6, $7,
+    coalesce($8::timestamptz, now())
+)
+`
+
+type IdempotencyKeyInsertParams struct {
+	ID                 string
+	Scope              string
+	AccountID          *string
+	Key                string
+	RequestMethod      string
+	RequestRoute       string
+	RequestFingerprint []byte
+	Now                *time.Time
+}
+
+// The claim of a new key, first in the claim's batch. A plain INSERT, not
+// ON CONFLICT: when another request holds (scope, key), or inserted it a
+// moment ago, the unique index raises and nothing of the batch commits; the
+// runner reads the record again. The id is derived from the request
+// (Record.ID), so the record a retry re-creates after the database lost it
+// has the same id and sends Stripe the same key.
+func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *IdempotencyKeyInsertParams) error {
+	_, err := db.Exec(ctx, idempotencyKeyInsert,
+		arg.ID,
+		arg.Scope,
+		arg.AccountID,
+		arg.Key,
+		arg.RequestMethod,
+		arg.RequestRoute,
+		arg.RequestFingerprint,
+		arg.Now,
+	)
+	return err
 }
 
 const idempotencyKeyInspect = `-- name: IdempotencyKeyInspect :one
@@ -320,26 +309,30 @@ SET recovery_point = 'downstream_called',
     locked_at = NULL,
     attempts = attempts + 1,
     last_error = $1,
-    next_attempt_at = now() + make_interval(secs => $2::float8),
+    next_attempt_at = coalesce($2::timestamptz, now()) + make_interval(secs => $3::float8),
     updated_at = now()
-WHERE id = $3
-  AND lock_generation = $4
+WHERE id = $4
+  AND lock_generation = $5
   AND recovery_point <> 'finished'
 `
 
 type IdempotencyKeyReleaseParams struct {
 	LastError      *string
+	Now            *time.Time
 	RetryInSeconds float64
 	ID             string
 	LockGeneration int64
 }
 
-// Records a downstream call whose outcome is unknown and frees the lock, so a
-// client retry can resume at once and the completer after next_attempt_at.
-// Fenced like IdempotencyKeyFinish.
+// Frees the lock of a record whose phase did not finish: a downstream call
+// whose outcome is unknown, or a finishing write that failed. The record
+// moves to downstream_called, the attempt and its error are recorded, and
+// the completer may resume it after next_attempt_at; a client retry may
+// resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := db.Exec(ctx, idempotencyKeyRelease,
 		arg.LastError,
+		arg.Now,
 		arg.RetryInSeconds,
 		arg.ID,
 		arg.LockGeneration,
@@ -350,7 +343,7 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *Idemp
 	return result.RowsAffected(), nil
 }
 
-const idempotencyKeySettle = `-- name: IdempotencyKeySettle :execrows
+const idempotencyKeySettle = `-- name: IdempotencyKeySettle :exec
 UPDATE idempotency_keys
 SET recovery_point = 'finished',
     response_status = $1,
@@ -373,19 +366,72 @@ type IdempotencyKeySettleParams struct {
 }
 
 // Finishes a record from outside its own lifecycle, inside the caller's
-// transaction (a webhook that learns the outcome of a charge whose finishing
+// batch (a webhook that learns the outcome of a charge whose finishing
 // commit never happened). It takes the record over (generation + 1), so a
 // stale owner that wakes up later is fenced, and it matches no row when the
 // record is already finished.
-func (q *Queries) IdempotencyKeySettle(ctx context.Context, db DBTX, arg *IdempotencyKeySettleParams) (int64, error) {
-	result, err := db.Exec(ctx, idempotencyKeySettle,
+func (q *Queries) IdempotencyKeySettle(ctx context.Context, db DBTX, arg *IdempotencyKeySettleParams) error {
+	_, err := db.Exec(ctx, idempotencyKeySettle,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ID,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
+}
+
+const idempotencyKeyTakeover = `-- name: IdempotencyKeyTakeover :one
+UPDATE idempotency_keys
+SET locked_at = coalesce($1::timestamptz, now()),
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id = $2
+  AND lock_generation = $3
+  AND recovery_point <> 'finished'
+  AND (locked_at IS NULL
+       OR locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
+RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+`
+
+type IdempotencyKeyTakeoverParams struct {
+	Now                *time.Time
+	ID                 string
+	LockGeneration     int64
+	LockTimeoutSeconds float64
+}
+
+// Takes over a resumable record (unfinished, its lock free or older than the
+// lock timeout) at the generation the read saw, with a new generation, so
+// that the old owner's late writes are fenced. No row: the record changed
+// since the read; the runner reads it again.
+func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {
+	row := db.QueryRow(ctx, idempotencyKeyTakeover,
+		arg.Now,
+		arg.ID,
+		arg.LockGeneration,
+		arg.LockTimeoutSeconds,
+	)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.Key,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.RequestFingerprint,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.LockedAt,
+		&i.Attempts,
+		&i.NextAttemptAt,
+		&i.LastError,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.FinishedAt,
+		&i.Scope,
+	)
+	return i, err
 }

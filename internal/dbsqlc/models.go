@@ -12,7 +12,6 @@ type Account struct {
 	ID              string
 	Name            string
 	CreatedAt       time.Time
-	EventSeq        int64
 	IdempotencyMode string
 }
 
@@ -44,6 +43,7 @@ type Charge struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	LastEventAt      *time.Time
+	Version          int64
 }
 
 type Dispute struct {
@@ -61,15 +61,15 @@ type Dispute struct {
 }
 
 type Event struct {
-	ID          string
-	Seq         *int64
-	AccountID   string
-	AccountSeq  int64
-	Type        string
-	ObjectID    string
-	Data        []byte
-	CreatedAt   time.Time
-	PublishedAt *time.Time
+	ID            string
+	Seq           *int64
+	AccountID     string
+	Type          string
+	ObjectID      string
+	Data          []byte
+	CreatedAt     time.Time
+	PublishedAt   *time.Time
+	ObjectVersion int64
 }
 
 type IdempotencyKey struct {
@@ -92,7 +92,6 @@ type IdempotencyKey struct {
 	UpdatedAt          time.Time
 	FinishedAt         *time.Time
 	Scope              string
-	FingerprintVersion int16
 }
 
 type Refund struct {
@@ -108,6 +107,7 @@ type Refund struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	LastEventAt      *time.Time
+	Version          int64
 }
 
 type StripeEvent struct {

@@ -10,33 +10,55 @@ import (
 	"time"
 )
 
-const refundApplyEvent = `-- name: RefundApplyEvent :one
-UPDATE refunds
-SET status = $1,
-    stripe_refund_id = COALESCE(stripe_refund_id, $2),
-    failure_code = COALESCE($3, failure_code),
-    last_event_at = GREATEST(last_event_at, $4::timestamptz),
-    updated_at = now()
-WHERE id = $5
-RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
+const refundApplyEvent = `-- name: RefundApplyEvent :exec
+WITH r AS (
+    UPDATE refunds
+    SET status = $1,
+        stripe_refund_id = $2,
+        failure_code = $3,
+        last_event_at = $4,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = $5 AND version = $6
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the refund changed since it was read')
 `
 
 type RefundApplyEventParams struct {
 	Status         string
 	StripeRefundID *string
 	FailureCode    *string
-	EventCreated   time.Time
+	LastEventAt    *time.Time
 	ID             string
+	Version        int64
 }
 
-func (q *Queries) RefundApplyEvent(ctx context.Context, db DBTX, arg *RefundApplyEventParams) (Refund, error) {
-	row := db.QueryRow(ctx, refundApplyEvent,
+// Applies a Stripe event's view of the refund, computed from the row at
+// @version; guarded like ChargeApplyEvent.
+func (q *Queries) RefundApplyEvent(ctx context.Context, db DBTX, arg *RefundApplyEventParams) error {
+	_, err := db.Exec(ctx, refundApplyEvent,
 		arg.Status,
 		arg.StripeRefundID,
 		arg.FailureCode,
-		arg.EventCreated,
+		arg.LastEventAt,
 		arg.ID,
+		arg.Version,
 	)
+	return err
+}
+
+const refundFindForEvent = `-- name: RefundFindForEvent :one
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds
+WHERE stripe_refund_id = $1
+   OR idempotency_key_id = $2
+ORDER BY stripe_refund_id = $1 DESC NULLS LAST
+LIMIT 1
+`
+
+// The refund a Stripe event is about; see ChargeFindForEvent.
+func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, stripeRefundID *string, recordID *string) (Refund, error) {
+	row := db.QueryRow(ctx, refundFindForEvent, stripeRefundID, recordID)
 	var i Refund
 	err := row.Scan(
 		&i.ID,
@@ -51,34 +73,13 @@ func (q *Queries) RefundApplyEvent(ctx context.Context, db DBTX, arg *RefundAppl
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
-const refundFindForEvent = `-- name: RefundFindForEvent :one
-SELECT id FROM refunds
-WHERE idempotency_key_id = $1
-   OR id = $2
-   OR stripe_refund_id = $3
-LIMIT 1
-`
-
-type RefundFindForEventParams struct {
-	RecordID       *string
-	RefundID       *string
-	StripeRefundID *string
-}
-
-// The refund a Stripe event is about; see ChargeFindForEvent.
-func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, arg *RefundFindForEventParams) (string, error) {
-	row := db.QueryRow(ctx, refundFindForEvent, arg.RecordID, arg.RefundID, arg.StripeRefundID)
-	var id string
-	err := row.Scan(&id)
-	return id, err
-}
-
 const refundGet = `-- name: RefundGet :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE id = $1
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE id = $1
 `
 
 // A refund of any account, for operator commands (idempay webhooks trigger).
@@ -98,12 +99,13 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, id string) (Refund, er
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
 const refundGetByID = `-- name: RefundGetByID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Refund, error) {
@@ -122,12 +124,13 @@ func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, accountID string, 
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
 const refundGetByIdempotencyKeyID = `-- name: RefundGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Refund, error) {
@@ -146,81 +149,49 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.LastEventAt,
+		&i.Version,
 	)
 	return i, err
 }
 
-const refundGetForUpdate = `-- name: RefundGetForUpdate :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at FROM refunds WHERE id = $1 FOR UPDATE
-`
-
-func (q *Queries) RefundGetForUpdate(ctx context.Context, db DBTX, id string) (Refund, error) {
-	row := db.QueryRow(ctx, refundGetForUpdate, id)
-	var i Refund
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.ChargeID,
-		&i.Amount,
-		&i.Status,
-		&i.StripeRefundID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-	)
-	return i, err
-}
-
-const refundInsert = `-- name: RefundInsert :one
-INSERT INTO refunds (account_id, idempotency_key_id, charge_id, amount)
-VALUES ($1, $2, $3, $4)
-RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
+const refundInsert = `-- name: RefundInsert :exec
+INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
+VALUES ($1, $2, $3, $4, $5)
 `
 
 type RefundInsertParams struct {
+	ID               string
 	AccountID        string
 	IdempotencyKeyID *string
 	ChargeID         string
 	Amount           int64
 }
 
-func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg *RefundInsertParams) (Refund, error) {
-	row := db.QueryRow(ctx, refundInsert,
+// The ledger row of a new refund, in the claim's batch (version 1).
+func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg *RefundInsertParams) error {
+	_, err := db.Exec(ctx, refundInsert,
+		arg.ID,
 		arg.AccountID,
 		arg.IdempotencyKeyID,
 		arg.ChargeID,
 		arg.Amount,
 	)
-	var i Refund
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.ChargeID,
-		&i.Amount,
-		&i.Status,
-		&i.StripeRefundID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-	)
-	return i, err
+	return err
 }
 
-const refundSetOutcome = `-- name: RefundSetOutcome :one
-UPDATE refunds
-SET status = $1,
-    stripe_refund_id = $2,
-    failure_code = $3,
-    failure_message = $4,
-    updated_at = now()
-WHERE id = $5
-RETURNING id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at
+const refundSetOutcome = `-- name: RefundSetOutcome :exec
+WITH r AS (
+    UPDATE refunds
+    SET status = $1,
+        stripe_refund_id = $2,
+        failure_code = $3,
+        failure_message = $4,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = $5 AND version = $6
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the refund changed since it was read')
 `
 
 type RefundSetOutcomeParams struct {
@@ -229,30 +200,18 @@ type RefundSetOutcomeParams struct {
 	FailureCode    *string
 	FailureMessage *string
 	ID             string
+	Version        int64
 }
 
-func (q *Queries) RefundSetOutcome(ctx context.Context, db DBTX, arg *RefundSetOutcomeParams) (Refund, error) {
-	row := db.QueryRow(ctx, refundSetOutcome,
+// The outcome of the Stripe call; guarded like ChargeSetOutcome.
+func (q *Queries) RefundSetOutcome(ctx context.Context, db DBTX, arg *RefundSetOutcomeParams) error {
+	_, err := db.Exec(ctx, refundSetOutcome,
 		arg.Status,
 		arg.StripeRefundID,
 		arg.FailureCode,
 		arg.FailureMessage,
 		arg.ID,
+		arg.Version,
 	)
-	var i Refund
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.IdempotencyKeyID,
-		&i.ChargeID,
-		&i.Amount,
-		&i.Status,
-		&i.StripeRefundID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-	)
-	return i, err
+	return err
 }

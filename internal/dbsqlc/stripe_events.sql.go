@@ -10,6 +10,30 @@ import (
 	"time"
 )
 
+const stripeEventGet = `-- name: StripeEventGet :one
+SELECT id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error FROM stripe_events WHERE id = $1
+`
+
+func (q *Queries) StripeEventGet(ctx context.Context, db DBTX, id string) (StripeEvent, error) {
+	row := db.QueryRow(ctx, stripeEventGet, id)
+	var i StripeEvent
+	err := row.Scan(
+		&i.ID,
+		&i.Type,
+		&i.ApiVersion,
+		&i.ObjectID,
+		&i.StripeCreated,
+		&i.Payload,
+		&i.IdempotencyKeyID,
+		&i.Outcome,
+		&i.ReceivedAt,
+		&i.ProcessedAt,
+		&i.Attempts,
+		&i.LastError,
+	)
+	return i, err
+}
+
 const stripeEventGetByIdempotencyKeyID = `-- name: StripeEventGetByIdempotencyKeyID :one
 SELECT id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error FROM stripe_events WHERE idempotency_key_id = $1
 `
@@ -34,36 +58,10 @@ func (q *Queries) StripeEventGetByIdempotencyKeyID(ctx context.Context, db DBTX,
 	return i, err
 }
 
-const stripeEventGetForUpdate = `-- name: StripeEventGetForUpdate :one
-SELECT id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error FROM stripe_events WHERE id = $1 FOR UPDATE
-`
-
-// Locks the event's row for the transaction that applies it.
-func (q *Queries) StripeEventGetForUpdate(ctx context.Context, db DBTX, id string) (StripeEvent, error) {
-	row := db.QueryRow(ctx, stripeEventGetForUpdate, id)
-	var i StripeEvent
-	err := row.Scan(
-		&i.ID,
-		&i.Type,
-		&i.ApiVersion,
-		&i.ObjectID,
-		&i.StripeCreated,
-		&i.Payload,
-		&i.IdempotencyKeyID,
-		&i.Outcome,
-		&i.ReceivedAt,
-		&i.ProcessedAt,
-		&i.Attempts,
-		&i.LastError,
-	)
-	return i, err
-}
-
-const stripeEventInsert = `-- name: StripeEventInsert :one
+const stripeEventInsert = `-- name: StripeEventInsert :exec
 INSERT INTO stripe_events (id, type, api_version, object_id, stripe_created, payload, idempotency_key_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (id) DO UPDATE SET idempotency_key_id = COALESCE(stripe_events.idempotency_key_id, EXCLUDED.idempotency_key_id)
-RETURNING id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error
 `
 
 type StripeEventInsertParams struct {
@@ -76,10 +74,11 @@ type StripeEventInsertParams struct {
 	IdempotencyKeyID *string
 }
 
-// Records a verified event. A redelivery after the idempotency record was
-// purged finds the row already there and returns it as it is.
-func (q *Queries) StripeEventInsert(ctx context.Context, db DBTX, arg *StripeEventInsertParams) (StripeEvent, error) {
-	row := db.QueryRow(ctx, stripeEventInsert,
+// Records a verified event, in the claim's batch. A redelivery after the
+// idempotency record was purged finds the row already there and points it
+// at the new record.
+func (q *Queries) StripeEventInsert(ctx context.Context, db DBTX, arg *StripeEventInsertParams) error {
+	_, err := db.Exec(ctx, stripeEventInsert,
 		arg.ID,
 		arg.Type,
 		arg.ApiVersion,
@@ -88,38 +87,24 @@ func (q *Queries) StripeEventInsert(ctx context.Context, db DBTX, arg *StripeEve
 		arg.Payload,
 		arg.IdempotencyKeyID,
 	)
-	var i StripeEvent
-	err := row.Scan(
-		&i.ID,
-		&i.Type,
-		&i.ApiVersion,
-		&i.ObjectID,
-		&i.StripeCreated,
-		&i.Payload,
-		&i.IdempotencyKeyID,
-		&i.Outcome,
-		&i.ReceivedAt,
-		&i.ProcessedAt,
-		&i.Attempts,
-		&i.LastError,
-	)
-	return i, err
+	return err
 }
 
-const stripeEventMarkProcessed = `-- name: StripeEventMarkProcessed :execrows
-UPDATE stripe_events
-SET processed_at = now(), outcome = $1, attempts = attempts + 1, last_error = NULL
-WHERE id = $2 AND processed_at IS NULL
+const stripeEventMarkProcessed = `-- name: StripeEventMarkProcessed :exec
+WITH e AS (
+    UPDATE stripe_events
+    SET processed_at = now(), outcome = $1, attempts = attempts + 1, last_error = NULL
+    WHERE id = $2 AND processed_at IS NULL
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM e), 'IDS01', 'the event was processed since it was read')
 `
 
-// The event's once-only guard, in the transaction that changes the ledger:
-// it matches no row when the event was processed already.
-func (q *Queries) StripeEventMarkProcessed(ctx context.Context, db DBTX, outcome *string, iD string) (int64, error) {
-	result, err := db.Exec(ctx, stripeEventMarkProcessed, outcome, iD)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// The event's once-only guard, in the batch that changes the ledger: IDS01
+// when the event was processed since it was read.
+func (q *Queries) StripeEventMarkProcessed(ctx context.Context, db DBTX, outcome *string, iD string) error {
+	_, err := db.Exec(ctx, stripeEventMarkProcessed, outcome, iD)
+	return err
 }
 
 const stripeEventRecordFailure = `-- name: StripeEventRecordFailure :exec

@@ -60,7 +60,7 @@ func (a *API) list(c echo.Context) error {
 		} else if err != nil {
 			return fmt.Errorf("reading cursor event: %w", err)
 		}
-		params.BeforeSeq = &cur.AccountSeq
+		params.BeforeSeq = cur.Seq
 	}
 	rows, err := a.q.EventList(ctx, a.pool, params)
 	if err != nil {

@@ -5,8 +5,9 @@
 //
 // An event is a fact about one object at the moment it settled: its type
 // (charge.succeeded, charge.failed, refund.succeeded, refund.failed), the
-// object as the API showed it, and the account's sequence number, which
-// orders one account's events as they committed (I10).
+// object as the API showed it, and the object's version, which orders one
+// object's events (I10). Nothing orders the events of two objects: no row
+// that all of an account's requests write sits on the settling path.
 package events
 
 import (
@@ -27,12 +28,14 @@ const (
 )
 
 // Record inserts the event of an object that settled, inside the settling
-// transaction: the event commits with the ledger change, or neither does.
-// data is the JSON of the charge or refund as the API shows it (the caller
-// has it already, for its answer).
-func Record(ctx context.Context, tx dbsqlc.DBTX, accountID, typ, objectID string, data []byte) error {
-	if _, err := dbsqlc.New().EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
-		AccountID: accountID, Type: typ, ObjectID: objectID, Data: data,
+// transaction or batch: the event commits with the ledger change, or
+// neither does. version is the object's version that the same transaction
+// wrote (its guarded update), which orders the object's events; data is the
+// JSON of the charge or refund as the API shows it (the caller has it
+// already, for its answer).
+func Record(ctx context.Context, tx dbsqlc.DBTX, accountID, typ, objectID string, version int64, data []byte) error {
+	if err := dbsqlc.New().EventInsert(ctx, tx, &dbsqlc.EventInsertParams{
+		AccountID: accountID, Type: typ, ObjectID: objectID, ObjectVersion: version, Data: data,
 	}); err != nil {
 		return fmt.Errorf("recording %s event of %s: %w", typ, objectID, err)
 	}
@@ -46,17 +49,21 @@ type Event struct {
 	Type   string `json:"type"`
 	// Account is the account the object belongs to.
 	Account string `json:"account"`
-	// Sequence numbers the account's events from 1, in the order they
-	// committed: a consumer that sees a gap has missed one.
-	Sequence int64     `json:"sequence"`
-	Created  time.Time `json:"created_at"`
-	Data     struct {
+	// ObjectID and ObjectVersion name the object the event is about and
+	// the version of it that the event describes. One object's events have
+	// increasing versions: a consumer applies an event only when its
+	// version is above the last it applied for that object. Versions have
+	// gaps (not every change of an object is an event).
+	ObjectID      string    `json:"object_id"`
+	ObjectVersion int64     `json:"object_version"`
+	Created       time.Time `json:"created_at"`
+	Data          struct {
 		Object json.RawMessage `json:"object"`
 	} `json:"data"`
 }
 
 func eventOf(row dbsqlc.Event) Event {
-	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, Sequence: row.AccountSeq,
+	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, ObjectID: row.ObjectID, ObjectVersion: row.ObjectVersion,
 		Created: row.CreatedAt.UTC()}
 	ev.Data.Object = row.Data
 	return ev

@@ -79,23 +79,25 @@ func TestEventsCommitWithSettlement(t *testing.T) {
 		t.Fatalf("%d events, want %d", len(l.Data), len(want))
 	}
 	for i, ev := range l.Data { // newest first
-		if ev.Type != want[len(want)-1-i] || ev.Sequence != int64(len(want)-i) || ev.Account != c.Account.ID {
-			t.Errorf("event %d: type %s, sequence %d, account %s; want %s, %d, %s", i, ev.Type, ev.Sequence, ev.Account,
-				want[len(want)-1-i], len(want)-i, c.Account.ID)
+		// Each settled at its object's finish: the object's version 2
+		// (1 when its ledger row was inserted).
+		if ev.Type != want[len(want)-1-i] || ev.ObjectVersion != 2 || ev.Account != c.Account.ID {
+			t.Errorf("event %d: type %s, object version %d, account %s; want %s, 2, %s", i, ev.Type, ev.ObjectVersion, ev.Account,
+				want[len(want)-1-i], c.Account.ID)
 		}
 	}
 	var data struct {
 		ID     string `json:"id"`
 		Object string `json:"object"`
 	}
-	if err := json.Unmarshal(l.Data[3].Data.Object, &data); err != nil || data.ID != ch.ID || data.Object != "charge" {
+	if err := json.Unmarshal(l.Data[3].Data.Object, &data); err != nil || data.ID != ch.ID || data.Object != "charge" || l.Data[3].ObjectID != ch.ID {
 		t.Errorf("the first event's object is %s, want charge %s", l.Data[3].Data.Object, ch.ID)
 	}
 
 	// Pagination and one event.
 	page := listEvents(t, c, "?limit=2")
 	next := listEvents(t, c, "?limit=2&starting_after="+page.Data[1].ID)
-	if !page.HasMore || len(next.Data) != 2 || next.HasMore || next.Data[0].Sequence != 2 {
+	if !page.HasMore || len(next.Data) != 2 || next.HasMore || next.Data[0].ID != l.Data[2].ID {
 		t.Errorf("pages: first has_more %v, second %d events (has_more %v)", page.HasMore, len(next.Data), next.HasMore)
 	}
 	if r := c.Get("/v1/events/" + l.Data[0].ID); r.Status != http.StatusOK {
@@ -179,7 +181,7 @@ func TestRelayPublishesOnceInOrder(t *testing.T) {
 	mine := 0
 	for _, c := range clients {
 		if last[c.Account.ID] != 30 {
-			t.Errorf("account %s: last event %d, want 30", c.Account.ID, last[c.Account.ID])
+			t.Errorf("account %s: %d events in the stream, want 30", c.Account.ID, last[c.Account.ID])
 		}
 		mine += int(last[c.Account.ID])
 	}

@@ -27,6 +27,7 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 		Routes:             routes,
 		LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
 		MaxRecords:         r.cfg.CompleterBatch,
+		Now:                r.now(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claiming expired idempotency records: %w", err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -103,14 +103,14 @@ type testOp struct {
 	calls     atomic.Int32
 }
 
-func (o *testOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
-	_, err := tx.Exec(ctx, `INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
+func (o *testOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	_, err := b.Exec(ctx, `INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
 		VALUES ($1, $2, 100, 'usd', 'tok_visa')`, o.accountID, rec.ID)
 	return err
 }
 
 // Load has nothing to read: the test's Call carries its own state.
-func (o *testOp) Load(context.Context, dbsqlc.DBTX, *idempotency.Record) error { return nil }
+func (o *testOp) Load(context.Context, *idempotency.Record) error { return nil }
 
 func (o *testOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	o.calls.Add(1)
@@ -122,18 +122,18 @@ func (o *testOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.
 // with stripe_charge_id = owner and inserts one more ledger row described
 // "written by <owner>", so a test can count whose writes committed.
 func finishFor(rec *idempotency.Record, owner string) idempotency.Step {
-	return idempotency.Finish(func(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-		if _, err := tx.Exec(ctx, `UPDATE charges SET status = 'succeeded', stripe_charge_id = $1, updated_at = now()
+	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+		if _, err := b.Exec(ctx, `UPDATE charges SET status = 'succeeded', stripe_charge_id = $1, updated_at = now()
 			WHERE idempotency_key_id = $2`, owner, rec.ID); err != nil {
 			return idempotency.Response{}, fmt.Errorf("updating ledger row: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, description)
+		if _, err := b.Exec(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, description)
 			VALUES ($1, 1, 'usd', 'tok_visa', $2)`, rec.AccountID, "written by "+owner); err != nil {
 			return idempotency.Response{}, fmt.Errorf("inserting marker row: %w", err)
 		}
 		return idempotency.Response{Status: http.StatusCreated,
-			Header: http.Header{"Content-Type": {"application/json"}},
-			Body:   []byte(`{"owner":"` + owner + `"}`)}, nil
+			Headers: idempotency.Headers{ContentType: "application/json"},
+			Body:    []byte(`{"owner":"` + owner + `"}`)}, nil
 	})
 }
 
@@ -216,13 +216,30 @@ func awaitErr(t *testing.T, ch chan error) error {
 	}
 }
 
-// newCompleterRunner returns a runner with the given lock timeout whose
-// completer resumes records of testRoute with one shared operation that
-// finishes them as owner "completer" and counts its Execute calls.
-func newCompleterRunner(t *testing.T, d *testDB, lockTimeout time.Duration) (*idempotency.Runner, *testOp, idempotency.Config) {
+// testClock is the runner's clock of lock expiry in a test (Config.Now):
+// the test moves it forward instead of sleeping.
+type testClock struct{ ns atomic.Int64 }
+
+func newTestClock() *testClock {
+	c := &testClock{}
+	c.ns.Store(time.Now().Truncate(time.Microsecond).UnixNano()) // as PostgreSQL stores it
+	return c
+}
+
+func (c *testClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// newCompleterRunner returns a runner with the given lock timeout and the
+// clock of lock expiry clock (nil: the database's), whose completer resumes
+// records of testRoute with one shared operation that finishes them as owner
+// "completer" and counts its Execute calls.
+func newCompleterRunner(t *testing.T, d *testDB, lockTimeout time.Duration, clock *testClock) (*idempotency.Runner, *testOp, idempotency.Config) {
 	t.Helper()
 	cfg := idempotency.DefaultConfig()
 	cfg.LockTimeout = lockTimeout
+	if clock != nil {
+		cfg.Now = clock.Now
+	}
 	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 	resumed := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
 		return finishFor(rec, "completer")
@@ -235,39 +252,26 @@ func newCompleterRunner(t *testing.T, d *testDB, lockTimeout time.Duration) (*id
 // process, as far as the database can tell) is left alone while its lock is
 // fresh, taken over by CompleteDue with a new lock generation once the lock
 // has expired, and finished once; the stalled owner's late Finish is fenced.
+// Lock expiry is decided by one clock, here the test's: it moves past the
+// lock timeout instead of sleeping through it.
 func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	// The lock must still be fresh at the first CompleteDue, right after the
-	// claim, on a loaded 2-core machine under -race: 1 s leaves room for
-	// that; the wait for its expiry polls, so it holds however late.
-	r, resumed, cfg := newCompleterRunner(t, d, time.Second)
+	clock := newTestClock()
+	r, resumed, cfg := newCompleterRunner(t, d, time.Minute, clock)
 
 	release, result := stalledOwner(t, r, d, "stalled")
 	claimed := readRecord(t, d.Pool, d.AccountID, "stalled")
-	if claimed.LockedAt == nil {
-		t.Fatal("the stalled owner's record is not locked")
+	if claimed.LockedAt == nil || !claimed.LockedAt.Equal(clock.Now()) {
+		t.Fatalf("the stalled owner's record is locked at %v, want the clock's %v", claimed.LockedAt, clock.Now())
 	}
+	clock.Advance(cfg.LockTimeout - time.Second)
 	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
-		t.Fatalf("CompleteDue with a fresh lock: %d, %v; want 0", n, err)
+		t.Fatalf("CompleteDue a second before the lock expires: %d, %v; want 0", n, err)
 	}
-	var finished int
-	for deadline := time.Now().Add(cfg.LockTimeout + 10*time.Second); finished == 0 && time.Now().Before(deadline); {
-		n, err := r.CompleteDue(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		finished = n
-		time.Sleep(20 * time.Millisecond)
-	}
-	if finished != 1 {
-		t.Fatal("the completer did not take the expired record over")
-	}
-	// Measured from the lock's own timestamp, not from when the test saw
-	// the claim (later), so a takeover right at expiry is not mistaken for
-	// an early one.
-	if waited := time.Since(*claimed.LockedAt); waited < cfg.LockTimeout {
-		t.Errorf("the completer took the record over after %s, before the lock timeout %s", waited, cfg.LockTimeout)
+	clock.Advance(2 * time.Second)
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 1 {
+		t.Fatalf("CompleteDue a second after the lock expired: %d, %v; want 1", n, err)
 	}
 	if c := resumed.calls.Load(); c != 1 {
 		t.Errorf("the completer executed %d times, want 1", c)
@@ -302,10 +306,11 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	r, _, cfg := newCompleterRunner(t, d, 100*time.Millisecond)
+	clock := newTestClock()
+	r, _, cfg := newCompleterRunner(t, d, time.Minute, clock)
 	release, result := stalledOwner(t, r, d, "orphan")
 	before := readRecord(t, d.Pool, d.AccountID, "orphan")
-	time.Sleep(2 * cfg.LockTimeout)
+	clock.Advance(2 * cfg.LockTimeout)
 
 	other := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 	other.Register(http.MethodPost, "/some/other/route", func() idempotency.Operation { panic("not this route") })
@@ -326,59 +331,106 @@ func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 // TestCompleterResumesAfterBackoff: after an unknown downstream outcome the
 // record is unlocked at downstream_called, the client gets 503 with
 // Retry-After, and the completer leaves it alone until its backoff (1 s
-// after the first attempt) has passed, then finishes it.
+// after the first attempt, by the runner's clock) has passed, then finishes
+// it.
 func TestCompleterResumesAfterBackoff(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
-	r, resumed, _ := newCompleterRunner(t, d, 300*time.Millisecond)
+	clock := newTestClock()
+	r, resumed, _ := newCompleterRunner(t, d, time.Minute, clock)
 
 	first := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
 		return idempotency.Unknown(errors.New("read tcp: i/o timeout"))
 	}}
 	_, err := r.Run(context.Background(), request(d.AccountID, "unknown"), first)
-	releasedAt := time.Now()
 	requireKind(t, err, idempotency.ErrUnknownOutcome)
-	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
-	if rec.RecoveryPoint != idempotency.PointDownstreamCalled {
-		t.Fatalf("record after an unknown outcome: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointDownstreamCalled)
-	}
-	if rec.LockedAt != nil {
-		t.Fatalf("record after an unknown outcome: locked at %s, want unlocked", rec.LockedAt)
-	}
-	if rec.Attempts != 1 {
-		t.Fatalf("record after an unknown outcome: attempts %d, want 1", rec.Attempts)
-	}
-	if rec.LastError == nil {
-		t.Fatal("record after an unknown outcome: no last error, want the downstream error")
-	}
-	// Polls for up to 15 s, well past the 1 s backoff, however slow the
-	// machine; only the lower bound on the wait below is what is tested.
-	var finished int
-	for deadline := time.Now().Add(15 * time.Second); finished == 0 && time.Now().Before(deadline); {
-		n, err := r.CompleteDue(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		finished = n
-		if n == 0 {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	if finished != 1 {
-		t.Fatal("the completer did not finish the record within 15 s")
-	}
-	if waited := time.Since(releasedAt); waited < 900*time.Millisecond {
-		t.Errorf("the completer resumed after %s, before the 1 s backoff", waited)
-	}
+	requireReleased(t, d, "unknown", 1, "i/o timeout")
+	completeAfterBackoff(t, r, clock)
 	if c := resumed.calls.Load(); c != 1 {
 		t.Errorf("the completer executed %d times, want 1", c)
 	}
-	rec = readRecord(t, d.Pool, d.AccountID, "unknown")
+	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
 	if rec.RecoveryPoint != idempotency.PointFinished {
 		t.Errorf("record after the completer: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointFinished)
 	}
 	if rec.LastError != nil {
 		t.Errorf("record after the completer: last error %q, want none", *rec.LastError)
+	}
+}
+
+// requireReleased checks that the record of key is resumable after a phase
+// that did not finish: unlocked at downstream_called, with its attempts and
+// its last error recorded.
+func requireReleased(t *testing.T, d *testDB, key string, attempts int32, lastError string) {
+	t.Helper()
+	rec := readRecord(t, d.Pool, d.AccountID, key)
+	if rec.RecoveryPoint != idempotency.PointDownstreamCalled {
+		t.Fatalf("record %s: recovery point %q, want %q", key, rec.RecoveryPoint, idempotency.PointDownstreamCalled)
+	}
+	if rec.LockedAt != nil {
+		t.Fatalf("record %s: locked at %s, want unlocked", key, rec.LockedAt)
+	}
+	if rec.Attempts != attempts {
+		t.Fatalf("record %s: attempts %d, want %d", key, rec.Attempts, attempts)
+	}
+	if rec.LastError == nil || !strings.Contains(*rec.LastError, lastError) {
+		t.Fatalf("record %s: last error %v, want one that says %q", key, rec.LastError, lastError)
+	}
+}
+
+// completeAfterBackoff checks that the completer leaves a released record
+// alone until its first backoff (1 s) has passed, and finishes it after.
+func completeAfterBackoff(t *testing.T, r *idempotency.Runner, clock *testClock) {
+	t.Helper()
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 0 {
+		t.Fatalf("CompleteDue before the backoff passed: %d, %v; want 0", n, err)
+	}
+	clock.Advance(2 * time.Second)
+	if n, err := r.CompleteDue(context.Background()); err != nil || n != 1 {
+		t.Fatalf("CompleteDue after the backoff: %d, %v; want 1", n, err)
+	}
+}
+
+// TestFailedFinishIsReleased: a finishing batch that fails without being
+// fenced (here a ledger write the database refuses) commits nothing of the
+// phase, and the record is released at once with the attempt and the error
+// recorded, so that it is visible and the completer retries it with its
+// backoff, instead of holding its lock for the whole lock timeout with
+// nothing in its row. The caller is told to retry (ErrUnknownOutcome).
+func TestFailedFinishIsReleased(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	clock := newTestClock()
+	r, resumed, _ := newCompleterRunner(t, d, time.Minute, clock)
+
+	failing := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+			if _, err := b.Exec(ctx, `UPDATE charges SET amount = -1 WHERE idempotency_key_id = $1`, rec.ID); err != nil {
+				return idempotency.Response{}, err
+			}
+			return idempotency.Response{Status: http.StatusCreated, Body: []byte(`{}`)}, nil
+		})
+	}}
+	_, err := r.Run(context.Background(), request(d.AccountID, "failing"), failing)
+	requireKind(t, err, idempotency.ErrUnknownOutcome)
+	requireReleased(t, d, "failing", 1, "charges_amount_check")
+	var amount int64
+	if err := d.Pool.QueryRow(context.Background(), `SELECT amount FROM charges c JOIN idempotency_keys ik ON ik.id = c.idempotency_key_id
+		WHERE ik.account_id = $1 AND ik.key = 'failing'`, d.AccountID).Scan(&amount); err != nil || amount != 100 {
+		t.Fatalf("ledger row after the failed finish: amount %d, %v; want 100 (nothing of the phase committed)", amount, err)
+	}
+	// A second failure counts a second attempt.
+	_, err = r.Run(context.Background(), request(d.AccountID, "failing"), failing)
+	requireKind(t, err, idempotency.ErrUnknownOutcome)
+	requireReleased(t, d, "failing", 2, "charges_amount_check")
+
+	clock.Advance(time.Second) // the second backoff is 2 s: one more second needed
+	completeAfterBackoff(t, r, clock)
+	if c := resumed.calls.Load(); c != 1 {
+		t.Errorf("the completer executed %d times, want 1", c)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "failing"); rec.RecoveryPoint != idempotency.PointFinished || rec.LastError != nil {
+		t.Errorf("record after the completer: recovery point %q, last error %v; want finished, none", rec.RecoveryPoint, rec.LastError)
 	}
 }
 

@@ -1,8 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 )
@@ -69,29 +67,4 @@ func parseSFString(s string) (string, bool) {
 		}
 	}
 	return b.String(), true
-}
-
-// canonicalV1 is the canonical form of fingerprint version 1, kept only to
-// compare a retry with a record stored before version 2 (within the
-// retention window after an upgrade): encoding/json's decode (numbers as
-// json.Number, the last of duplicate keys) and re-encode (sorted keys, HTML
-// characters not escaped), without the trailing newline. Data after the
-// value is an error unless it is all whitespace.
-func canonicalV1(body []byte) ([]byte, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
-	}
-	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
-		return nil, fmt.Errorf("%w: data after the JSON value", ErrInvalidJSON)
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
-	}
-	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }

@@ -97,7 +97,7 @@ func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, l
 // fingerprint. v is encoded with encoding/json and then in RFC 8785 form
 // (which that encoding usually is already: inRFC8785Form).
 // Changing what v encodes changes fingerprints, and needs a new
-// FingerprintVersion.
+// fingerprintTag.
 func (r *Request) Normalize(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -122,23 +122,6 @@ func (r Request) fingerprinted() error {
 	return nil
 }
 
-// legacyFingerprint is the request's fingerprint of version 1 (SHA-256 over
-// method, route and the encoding/json canonical form of the body as sent),
-// to compare with a record stored under that version.
-func legacyFingerprint(r Request) []byte {
-	canonical, err := canonicalV1(r.Body)
-	if err != nil {
-		return nil // matches no record
-	}
-	h := sha256.New()
-	h.Write([]byte(r.Method))
-	h.Write([]byte{0})
-	h.Write([]byte(r.Path))
-	h.Write([]byte{0})
-	h.Write(canonical)
-	return h.Sum(nil)
-}
-
 // ReadBody reads at most limit bytes. A longer body is an *Error of kind
 // ErrBodyTooLarge; the reader is not drained.
 func ReadBody(r io.Reader, limit int64) ([]byte, error) {
@@ -152,17 +135,12 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// FingerprintVersion is the definition of Fingerprint that new records are
-// stored under (idempotency_keys.fingerprint_version). Version 1 records
-// are still compared with their own definition until retention removes
-// them.
-const FingerprintVersion = 2
-
-// fingerprintTag starts the hashed input, so that no version-2
-// fingerprint can equal a version-1 one.
+// fingerprintTag starts the hashed input and names the definition: a
+// change to what the fingerprint covers gets a new tag, so that no new
+// fingerprint can equal an old one.
 const fingerprintTag = "idempay-fingerprint-2"
 
-// Fingerprint identifies a logical request (version 2): SHA-256 over the
+// Fingerprint identifies a logical request: SHA-256 over the
 // tag "idempay-fingerprint-2", the method, the concrete path and the RFC
 // 8785 (JSON Canonicalization Scheme) form of the body or of the normalised
 // request, separated by NUL bytes. README.md, "The fingerprint", defines it

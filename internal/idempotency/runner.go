@@ -5,23 +5,29 @@
 // points (started -> downstream_called -> finished), so that a retry, or the
 // background completer, resumes a request that crashed half way.
 //
+// Every operation takes the same path: each phase is one Batch, the core's
+// own statement (the claim, or the fenced finish) followed by the
+// operation's writes, sent as one round trip that commits once. No operation
+// restates the core's SQL, and none has a path of its own.
+//
 // The package speaks Go, not HTTP: its refusals are the errors in errors.go,
 // and each entry point maps them onto its own protocol (package idemhttp for
 // HTTP). It knows nothing about charges either: an Operation supplies the
-// ledger writes and the downstream call. The invariants cited as I1..I12
+// ledger writes and the downstream call. The invariants cited as I1..I14
 // are listed in docs/invariants.md.
 package idempotency
 
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
+	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
@@ -66,6 +72,11 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
+	// Now, when set, is the clock that decides lock expiry and the
+	// completer's schedule instead of the database's now(). Production
+	// leaves it nil, so one clock (the database's) decides for every server
+	// process; tests move it forward instead of sleeping.
+	Now func() time.Time
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
@@ -93,8 +104,12 @@ type Record struct {
 	Method, Route  string
 	RecoveryPoint  string
 	LockGeneration int64
-	// Attempts counts earlier downstream calls with an unknown outcome.
+	// Attempts counts earlier phases that did not finish (an unknown
+	// downstream outcome, a finishing write that failed).
 	Attempts int32
+	// CreatedAt is the time of the claim's transaction: also the created_at
+	// of every ledger row that Begin inserted with the record.
+	CreatedAt time.Time
 	// begun is true when this process ran Begin for the record (a new key);
 	// otherwise the operation must Load its state from the ledger.
 	begun bool
@@ -104,7 +119,7 @@ func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
 		ID: row.ID, Scope: Scope(row.Scope), AccountID: deref(row.AccountID), Key: row.Key,
 		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
-		LockGeneration: row.LockGeneration, Attempts: row.Attempts,
+		LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
 }
 
@@ -115,22 +130,49 @@ func deref(s *string) string {
 	return *s
 }
 
-// DownstreamKey is the Idempotency-Key sent to Stripe for this record. It is
-// derived from the record id, never from the client's key, so the same client
-// key in two accounts never collides at Stripe, and every attempt for one
-// record sends the same key and is replayed by Stripe instead of charging
-// twice (I1, I5).
-func (r *Record) DownstreamKey() string { return DownstreamKey(r.ID) }
+// recordIDTag starts the hashed input of RecordID and names its definition.
+const recordIDTag = "idempay-record-1"
 
-// DownstreamKey is the downstream key of the record with this id.
-func DownstreamKey(recordID string) string { return "idempay_" + recordID }
+var recordIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// RecordID is the id of the record of a request: a pure function of what
+// identifies the logical request, its scope, the client's key and its
+// fingerprint (160 bits of SHA-256 over the tag, scope, key and fingerprint,
+// separated by NUL bytes, which none of them contains). Never a value from a
+// sequence, a counter or a clock: a record re-created after the database
+// lost it (a restore, a failover to a standby that missed the last commits)
+// has the same id, so it sends Stripe the same downstream key and the same
+// parameters, and Stripe replays instead of charging again (I13). Two keys,
+// or one key in two accounts, never share an id (I5).
+func RecordID(scope Scope, key string, fingerprint []byte) string {
+	h := sha256.New()
+	h.Write([]byte(recordIDTag))
+	h.Write([]byte{0})
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write(fingerprint)
+	return "ik_" + recordIDEncoding.EncodeToString(h.Sum(nil)[:20])
+}
+
+// DownstreamKey is the Idempotency-Key sent to Stripe for one step of this
+// record (charge, refund, capture ...): the record's id, itself derived from
+// the request, and the step, never the client's raw key, so the same client
+// key in two accounts never collides at Stripe, and every attempt of one
+// step sends the same key and is replayed by Stripe instead of charging
+// twice (I1, I5, I13).
+func (r *Record) DownstreamKey(step string) string { return DownstreamKey(r.ID, step) }
+
+// DownstreamKey is the downstream key of one step of the record with this id.
+func DownstreamKey(recordID, step string) string { return "idempay_" + recordID + "_" + step }
 
 // Response is the outcome of an operation as stored for replay: a status,
 // the allow-listed headers and the body bytes (I2).
 type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
+	Status  int
+	Headers Headers
+	Body    []byte
 	// Replayed is true when the response comes from the store.
 	Replayed bool
 	// RecordID is the id of the record that answered (Run sets it, on a
@@ -142,32 +184,17 @@ type Response struct {
 // Step is what an Operation's downstream call tells the runner. It is one of
 // two things, built with Finish or Unknown.
 type Step struct {
-	finish  func(ctx context.Context, tx pgx.Tx) (Response, error)
-	fused   func(ctx context.Context, db dbsqlc.DBTX) (resp Response, finished bool, err error)
+	finish  func(ctx context.Context, b *Batch) (Response, error)
 	unknown error
 }
 
-// FinishFused is a definite downstream outcome that the operation writes
-// in one statement: its ledger write and the record's final response (the
-// same fenced update as IdempotencyKeyFinish, the stored form from
-// StoredForm), so that the finishing phase is one round trip. fn returns
-// finished false when the fenced update matched nothing: then it must have
-// written nothing, and the runner reports ErrFenced.
-func FinishFused(fn func(ctx context.Context, db dbsqlc.DBTX) (resp Response, finished bool, err error)) Step {
-	return Step{fused: fn}
-}
-
-// StoredForm is what a record stores of resp: the status and the
-// allow-listed headers (a JSON object); the body is stored as it is.
-func StoredForm(resp Response) (status int32, headers []byte, err error) {
-	headers, err = encodeHeaders(resp.Header)
-	return int32(resp.Status), headers, err
-}
-
-// Finish is a definite downstream outcome: fn writes it to the ledger inside
-// the transaction that finishes the record, and returns the response to
-// store. An error from fn rolls back the whole phase.
-func Finish(fn func(ctx context.Context, tx pgx.Tx) (Response, error)) Step {
+// Finish is a definite downstream outcome: fn queues its ledger writes into
+// b, the finishing phase, and returns the response to store. The runner
+// sends the record's fenced finish and those writes as one batch: they
+// commit together, or (an error from fn or from the batch) not at all. A
+// guarded write that finds its row changed (ErrStale) makes the runner call
+// the step again, from a fresh read.
+func Finish(fn func(ctx context.Context, b *Batch) (Response, error)) Step {
 	return Step{finish: fn}
 }
 
@@ -182,33 +209,26 @@ func Unknown(err error) Step {
 }
 
 // Operation is one kind of mutating request (create a charge, a refund,
-// apply a Stripe event).
+// apply a Stripe event). Its methods receive the batch they write into, and
+// read, when they must, before the phase and from their own pool.
 type Operation interface {
-	// Begin creates the ledger row for a newly claimed record, inside the
-	// transaction that inserts the record. An error rolls both back: nothing
-	// is stored, and a corrected retry with the same key runs.
-	Begin(ctx context.Context, tx pgx.Tx, rec *Record) error
+	// Begin queues the ledger rows of a newly claimed record into b, the
+	// claim's batch, after the record's INSERT. It may read first, to
+	// validate; the writes it queues must then be guarded by what it read
+	// (a changed row raises ErrStale, and the runner claims again). An
+	// error refuses the request: nothing is stored, and a corrected retry
+	// with the same key runs.
+	Begin(ctx context.Context, b *Batch, rec *Record) error
 	// Load reads the operation's state from the ledger for a record that
 	// was begun elsewhere: by a process that crashed, or by an attempt that
 	// ended with an unknown outcome. The runner calls it instead of Begin
 	// when it takes a record over.
-	Load(ctx context.Context, db dbsqlc.DBTX, rec *Record) error
-	// Call makes the downstream call with rec.DownstreamKey(). No
+	Load(ctx context.Context, rec *Record) error
+	// Call makes the downstream call with rec.DownstreamKey(step). No
 	// transaction is open while it runs. It may be called again for the
-	// same record (after a crash or an unknown outcome), with the same key.
+	// same record (after a crash, an unknown outcome or a stale read), with
+	// the same key and the same parameters.
 	Call(ctx context.Context, rec *Record) Step
-}
-
-// FusedOperation is an Operation whose claim phase is one statement: the
-// claim (the same SQL as IdempotencyKeyClaim, with params) and, when that
-// inserted the record (lock generation 1), its ledger row, in one round
-// trip and one commit. ClaimAndBegin returns nil when the claim matched
-// nothing (the record changed since the read). Its Call returns
-// FinishFused, so that the finishing phase is one statement too. The
-// runner calls Begin only for the operations that are not fused.
-type FusedOperation interface {
-	Operation
-	ClaimAndBegin(ctx context.Context, db dbsqlc.DBTX, params *dbsqlc.IdempotencyKeyClaimParams) (*Record, error)
 }
 
 // Outcome names what happened to one request at the idempotency layer, for
@@ -245,13 +265,20 @@ func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{}}
 }
 
-// Config returns the runner's timings.
-func (r *Runner) Config() Config { return r.cfg }
-
 // Register tells the completer how to resume records of one operation:
 // resume returns an Operation that Loads its state from the ledger.
 func (r *Runner) Register(method, route string, resume func() Operation) {
 	r.resumers[method+" "+route] = resume
+}
+
+// now is the clock of lock expiry passed to the queries: nil, the
+// database's now(), unless a test set Config.Now.
+func (r *Runner) now() *time.Time {
+	if r.cfg.Now == nil {
+		return nil
+	}
+	t := r.cfg.Now()
+	return &t
 }
 
 func (r *Runner) observe(o Outcome) {
@@ -287,178 +314,153 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	return resp, nil
 }
 
+// maxAttempts bounds the claim's loop (the record changed between the read
+// and the write) and the finishing phase's (a guarded write found its row
+// changed): each turn means another request made progress.
+const maxAttempts = 5
+
 // claim takes ownership of the key, or says why not. It reads first: a
 // replay, a mismatch or an in-flight conflict is answered from one indexed
-// read, with no transaction, no row lock and no write. Only a key that is
-// absent, or present and resumable, goes on to the upsert, which stays the
-// atomic arbiter: two requests that both read "absent" race in the INSERT
-// ... ON CONFLICT, and the loser reads again. It loops only when the record
-// changed between the read and the upsert.
+// read, with no transaction, no row lock and no write. An absent key is
+// claimed by the claim's batch (the record's INSERT, the operation's ledger
+// rows): two requests that both read "absent" race in the INSERT, whose
+// unique index is the atomic arbiter, and the loser reads again. A
+// resumable record is taken over at the generation the read saw.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
-	for attempt := 0; attempt < 3; attempt++ {
-		var legacy []byte // the version-1 fingerprint, when a version-1 record is in the way
-		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
-		if err = db.NotFound(err); err != nil && !errors.Is(err, db.ErrNotFound) {
-			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
-		} else if err == nil {
-			switch r.judge(&row, req, &legacy) {
-			case OutcomeMismatch:
-				r.observe(OutcomeMismatch)
-				return nil, nil, refuse(ErrMismatch,
-					"This Idempotency-Key was already used with a different request (method, path or body). Use a new key for a new request.")
-			case OutcomeReplayed:
-				r.observe(OutcomeReplayed)
-				resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
-				return nil, resp, err
-			case OutcomeConflict:
-				r.observe(OutcomeConflict)
-				return nil, nil, refuse(ErrInFlight,
-					"A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.")
+	for range maxAttempts {
+		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
+			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		})
+		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+			rec, err := r.begin(ctx, req, op)
+			switch {
+			case errors.Is(err, errTaken), errors.Is(err, ErrStale):
+				continue // claimed concurrently, or Begin's read changed: read again
+			case err != nil:
+				return nil, nil, err
 			}
-			// OutcomeTakeover: the upsert below takes it over.
-		}
-
-		var accountID *string
-		if id := req.Scope.AccountID(); id != "" {
-			accountID = &id
-		}
-		params := &dbsqlc.IdempotencyKeyClaimParams{
-			Scope:              string(req.Scope),
-			AccountID:          accountID,
-			Key:                req.Key,
-			RequestMethod:      req.Method,
-			RequestRoute:       req.Route,
-			RequestFingerprint: req.Fingerprint,
-			LegacyFingerprint:  legacy,
-			LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-		}
-		var refused bool // Begin refused the request: nothing is stored
-		rec, err := r.claimAndBegin(ctx, params, op, &refused)
-		if err != nil {
-			if refused {
-				r.observe(OutcomeRolledBack)
-			}
-			return nil, nil, err
-		}
-		if rec != nil {
-			if rec.begun {
-				r.observe(OutcomeNew)
-			} else {
-				r.observe(OutcomeTakeover)
-				r.log.InfoContext(ctx, "took over idempotency record",
-					"idempotency_key_id", rec.ID, "recovery_point", rec.RecoveryPoint,
-					"lock_generation", rec.LockGeneration)
-			}
+			r.observe(OutcomeNew)
 			return rec, nil, nil
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		}
+		switch judge(&row, req) {
+		case OutcomeMismatch:
+			r.observe(OutcomeMismatch)
+			return nil, nil, refuse(ErrMismatch,
+				"This key was already used with a different request. Use a new key for a new request.")
+		case OutcomeReplayed:
+			r.observe(OutcomeReplayed)
+			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
+			return nil, resp, err
+		case OutcomeConflict:
+			r.observe(OutcomeConflict)
+			return nil, nil, refuse(ErrInFlight, "A request with this key is still being processed. Retry after a short delay.")
+		}
+		taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
+			ID: row.ID, LockGeneration: row.LockGeneration, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		})
+		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+			continue // changed since the read
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("taking over idempotency record: %w", err)
+		}
+		rec := recordOf(taken)
+		r.observe(OutcomeTakeover)
+		r.log.InfoContext(ctx, "took over idempotency record",
+			"idempotency_key_id", rec.ID, "recovery_point", rec.RecoveryPoint, "lock_generation", rec.LockGeneration)
+		return rec, nil, nil
 	}
 	r.observe(OutcomeConflict)
-	return nil, nil, refuse(ErrInFlight, "The request with this Idempotency-Key is changing hands. Retry shortly.")
+	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
 }
 
-// claimAndBegin is the claim phase: the upsert and, for a new record, the
-// operation's Begin, in one transaction; or, for a FusedOperation, its one
-// statement. A nil record means the upsert matched nothing (the record
-// changed since the read).
-func (r *Runner) claimAndBegin(ctx context.Context, params *dbsqlc.IdempotencyKeyClaimParams, op Operation, refused *bool) (*Record, error) {
-	if f, ok := op.(FusedOperation); ok {
-		rec, err := f.ClaimAndBegin(ctx, r.pool, params)
-		if err != nil || rec == nil {
-			return nil, err
-		}
-		rec.begun = rec.LockGeneration == 1
-		return rec, nil
+// begin is the claim phase of a new key: the record's INSERT and the
+// operation's ledger rows, one batch. Begin's own refusal stores nothing.
+func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
+	accountID := req.Scope.AccountID()
+	rec := &Record{
+		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: accountID, Key: req.Key,
+		Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
-	return db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) (*Record, error) {
-		row, err := r.q.IdempotencyKeyClaim(ctx, tx, params)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, nil // changed since the read: read again
+	b := &Batch{}
+	var account *string
+	if accountID != "" {
+		account = &accountID
+	}
+	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
+		ID: rec.ID, Scope: string(req.Scope), AccountID: account, Key: req.Key, RequestMethod: req.Method,
+		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(),
+	}); err != nil {
+		return nil, err
+	}
+	if err := op.Begin(ctx, b, rec); err != nil {
+		r.observe(OutcomeRolledBack)
+		return nil, err
+	}
+	b.queueNow()
+	if err := send(ctx, r.pool, b); err != nil {
+		if !errors.Is(err, errTaken) && !errors.Is(err, ErrStale) {
+			err = fmt.Errorf("claiming idempotency key: %w", err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("claiming idempotency key: %w", err)
-		}
-		rec := recordOf(row)
-		if rec.LockGeneration == 1 { // inserted just now
-			if err := op.Begin(ctx, tx, rec); err != nil {
-				*refused = true
-				return nil, err
-			}
-			rec.begun = true
-		}
-		return rec, nil
-	})
+		return nil, err
+	}
+	rec.CreatedAt = b.now
+	return rec, nil
 }
 
 // judge is what Run does with req, given the record stored under its key:
 // OutcomeMismatch (another request), OutcomeReplayed (finished),
-// OutcomeConflict (locked within LockTimeout: in flight) or
-// OutcomeTakeover (unlocked or expired: resumable). Run acts on it, Peek
-// only reports it. A version-1 record leaves req's version-1 fingerprint
-// in *legacy.
-func (r *Runner) judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, legacy *[]byte) Outcome {
+// OutcomeConflict (locked within LockTimeout, by the database's clock: in
+// flight) or OutcomeTakeover (unlocked or expired: resumable). Run acts on
+// it, Peek only reports it.
+func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request) Outcome {
 	switch {
-	case !sameRequest(row.RequestFingerprint, row.FingerprintVersion, req, legacy):
+	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
 		return OutcomeMismatch
 	case row.RecoveryPoint == PointFinished:
 		return OutcomeReplayed
-	case row.LockedAt != nil && time.Since(*row.LockedAt) < r.cfg.LockTimeout:
+	case row.LockFresh:
 		return OutcomeConflict
 	default:
 		return OutcomeTakeover
 	}
 }
 
-// sameRequest tells whether req is the request a record stored under
-// fingerprint version `version`: a version-1 record is compared with req's
-// version-1 fingerprint, which is then left in *legacy for the claim.
-func sameRequest(stored []byte, version int16, req Request, legacy *[]byte) bool {
-	if version == 1 {
-		*legacy = legacyFingerprint(req)
-		return bytes.Equal(stored, *legacy)
-	}
-	return bytes.Equal(stored, req.Fingerprint)
-}
-
 func storedResponse(id string, status *int32, headers, body []byte) (*Response, error) {
-	var h http.Header
+	var h Headers
 	if len(headers) > 0 {
 		var err error
 		if h, err = decodeHeaders(headers); err != nil {
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", id, err)
 		}
 	}
-	return &Response{Status: int(*status), Header: h, Body: body, Replayed: true, RecordID: id}, nil
+	return &Response{Status: int(*status), Headers: h, Body: body, Replayed: true, RecordID: id}, nil
 }
 
 // drive is the lifecycle of a record this process owns at
 // rec.LockGeneration, from its recovery point to the end: one case per
 // recovery point, the way a reader would draw it.
 //
-//	claim (Run)        record + ledger row, one transaction  -> started
+//	claim (Run)        record + ledger rows, one batch           -> started
 //	started            downstream call, no transaction open
-//	                   definite answer: ledger + response, one transaction -> finished
-//	                   unknown answer:  attempt recorded, lock freed   -> downstream_called
+//	                   definite answer: ledger + response, one batch -> finished
+//	                   unknown answer:  attempt recorded, lock freed -> downstream_called
 //	downstream_called  (a retry or the completer took it over) as started
 //	finished           the stored response is the answer
 func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
 	if !rec.begun {
-		if err := op.Load(ctx, r.pool, rec); err != nil {
-			return Response{}, r.release(ctx, log, rec, fmt.Errorf("loading the ledger row of record %s: %w", rec.ID, err))
+		if err := op.Load(ctx, rec); err != nil {
+			return Response{}, r.release(ctx, log, rec, fmt.Errorf("loading the ledger rows of record %s: %w", rec.ID, err), detailNotRecorded)
 		}
 	}
 	var resp Response
 	for {
 		switch rec.RecoveryPoint {
 		case PointStarted, PointDownstreamCalled:
-			faultpoint.Hit(faultpoint.BeforeDownstream)
-			step := op.Call(ctx, rec)
-			faultpoint.Hit(faultpoint.AfterDownstream)
-			if step.unknown != nil {
-				return Response{}, r.release(ctx, log, rec, step.unknown)
-			}
 			var err error
-			if resp, err = r.finish(ctx, log, rec, step); err != nil {
+			if resp, err = r.callAndFinish(ctx, log, rec, op); err != nil {
 				return Response{}, err
 			}
 			faultpoint.Hit(faultpoint.AfterCommit)
@@ -471,98 +473,129 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 	}
 }
 
-// finish is the final phase: the operation's ledger write and the stored
-// response commit in one transaction, fenced by the lock generation.
-func (r *Runner) finish(ctx context.Context, log *slog.Logger, rec *Record, step Step) (Response, error) {
+// callAndFinish makes the downstream call and finishes the record with its
+// definite outcome, calling again (with the same downstream key) when the
+// finishing batch found a row it read changed. An unknown outcome, or a
+// finish that fails otherwise, releases the record with its error recorded.
+func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Record, op Operation) (Response, error) {
+	var err error
+	for range maxAttempts {
+		faultpoint.Hit(faultpoint.BeforeDownstream)
+		step := op.Call(ctx, rec)
+		faultpoint.Hit(faultpoint.AfterDownstream)
+		if step.unknown != nil {
+			return Response{}, r.release(ctx, log, rec, step.unknown, detailUnknown)
+		}
+		var resp Response
+		resp, err = r.finish(ctx, rec, step)
+		switch {
+		case err == nil:
+			return resp, nil
+		case errors.Is(err, ErrFenced):
+			r.observe(OutcomeFenced)
+			log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
+			return Response{}, r.fenced()
+		case !errors.Is(err, ErrStale):
+			return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+		}
+	}
+	return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+}
+
+// finish is the final phase: the record's fenced finish, then the
+// operation's ledger writes, one batch.
+func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, error) {
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
-	if step.fused != nil {
-		resp, finished, err := step.fused(wctx, r.pool)
-		if err == nil && !finished {
-			err = ErrFenced
-		}
-		return r.finished(ctx, log, resp, err)
-	}
-	resp, err := db.WithTx(wctx, r.pool, func(ctx context.Context, tx pgx.Tx) (Response, error) {
-		resp, err := step.finish(ctx, tx)
-		if err != nil {
-			return Response{}, err
-		}
-		params, err := finishParams(resp)
-		if err != nil {
-			return Response{}, err
-		}
-		n, err := r.q.IdempotencyKeyFinish(ctx, tx, &dbsqlc.IdempotencyKeyFinishParams{
-			ID: rec.ID, LockGeneration: rec.LockGeneration,
-			ResponseStatus: params.ResponseStatus, ResponseHeaders: params.ResponseHeaders, ResponseBody: params.ResponseBody,
-		})
-		if err != nil {
-			return Response{}, fmt.Errorf("finishing idempotency record: %w", err)
-		}
-		if n == 0 {
-			return Response{}, ErrFenced
-		}
-		return resp, nil
-	})
-	return r.finished(ctx, log, resp, err)
-}
-
-// finished reports a fenced finishing phase as ErrFenced.
-func (r *Runner) finished(ctx context.Context, log *slog.Logger, resp Response, err error) (Response, error) {
-	if errors.Is(err, ErrFenced) {
-		r.observe(OutcomeFenced)
-		log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
-		return Response{}, r.fenced()
-	}
-	return resp, err
-}
-
-// finishParams is the stored form of resp.
-func finishParams(resp Response) (*dbsqlc.IdempotencyKeySettleParams, error) {
-	status, headers, err := StoredForm(resp)
+	b := &Batch{}
+	resp, err := step.finish(wctx, b)
 	if err != nil {
-		return nil, err
+		return Response{}, err
 	}
-	return &dbsqlc.IdempotencyKeySettleParams{ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body}, nil
+	headers, err := encodeHeaders(resp.Headers)
+	if err != nil {
+		return Response{}, err
+	}
+	// The core's statement goes first, so that a fenced owner's writes
+	// never run.
+	writes := b.b.QueuedQueries
+	b.b.QueuedQueries = nil
+	status := int32(resp.Status)
+	if err := r.q.IdempotencyKeyFinish(wctx, b, &dbsqlc.IdempotencyKeyFinishParams{
+		ID: rec.ID, LockGeneration: rec.LockGeneration,
+		ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
+	}); err != nil {
+		return Response{}, err
+	}
+	b.b.QueuedQueries = append(b.b.QueuedQueries, writes...)
+	return resp, send(wctx, r.pool, b)
 }
 
-// release records an unknown downstream outcome: the record moves to
-// downstream_called, its lock is freed and the completer is scheduled with
-// exponential backoff. It returns the error the caller gets.
-func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cause error) error {
+// What the caller of a record that did not finish is told: the error is
+// ErrUnknownOutcome, with one of these details.
+const (
+	detailUnknown = "The payment processor did not give a definite answer. Retry with the same key: " +
+		"the retry resumes this request and never charges twice."
+	detailNotRecorded = "The outcome of this request could not be recorded yet. Retry with the same key: " +
+		"the retry resumes this request and never repeats it."
+)
+
+// lastErrorMax is the length limit of idempotency_keys.last_error.
+const lastErrorMax = 1000
+
+// release records a phase that did not finish (an unknown downstream
+// outcome, a finishing write that failed, a ledger row that could not be
+// loaded): the record moves to downstream_called, its attempt and error are
+// recorded (GET /v1/idempotency_keys/{key} shows them), its lock is freed,
+// and the completer resumes it after an exponential backoff. A record whose
+// finish always fails is thus visible and retried at a bounded rate,
+// instead of holding its lock for the whole lock timeout with nothing in
+// its row. It returns the error the caller gets.
+func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cause error, detail string) error {
 	r.observe(OutcomeUnknown)
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
 	retryIn := r.backoff(rec.Attempts)
-	lastErr := cause.Error()
-	if len(lastErr) > 1000 {
-		lastErr = lastErr[:1000]
-	}
+	lastErr := truncateText(cause.Error(), lastErrorMax)
 	n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
 		ID:             rec.ID,
 		LockGeneration: rec.LockGeneration,
 		LastError:      &lastErr,
 		RetryInSeconds: retryIn.Seconds(),
+		Now:            r.now(),
 	})
 	switch {
 	case err != nil:
 		// The lock stays until it expires; the completer resumes then.
-		log.ErrorContext(ctx, "releasing idempotency record after unknown outcome", "err", err)
+		log.ErrorContext(ctx, "releasing idempotency record", "err", err, "cause", cause)
 	case n == 0:
 		r.observe(OutcomeFenced)
-		log.WarnContext(ctx, "fenced: record was taken over; this owner's unknown outcome was not recorded",
-			"err", cause)
+		log.WarnContext(ctx, "fenced: record was taken over; this owner's outcome was not recorded", "err", cause)
 		return r.fenced()
-	default:
+	case detail == detailUnknown:
 		log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
 			"err", cause, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
+	default:
+		log.ErrorContext(ctx, "phase did not finish; record left resumable",
+			"err", cause, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
 	}
-	return &Error{Kind: ErrUnknownOutcome, Cause: cause,
-		Detail: "The payment processor did not give a definite answer. Retry with the same Idempotency-Key: the retry resumes this request and never charges twice."}
+	return &Error{Kind: ErrUnknownOutcome, Cause: cause, Detail: detail}
+}
+
+// truncateText cuts s to at most n bytes, at a character boundary: the
+// database refuses text that is not UTF-8.
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func (r *Runner) fenced() error {
-	return refuse(ErrFenced, "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome.")
+	return refuse(ErrFenced, "The request with this key was taken over by a retry. Retry to get its outcome.")
 }
 
 // backoff is the completer's delay after the given number of earlier
@@ -572,29 +605,28 @@ func (r *Runner) backoff(attempts int32) time.Duration {
 	return min(d, r.cfg.MaxBackoff)
 }
 
-// Settle finishes the record recordID with resp inside the caller's
-// transaction, from outside the record's own lifecycle: an entry point that
-// learns a request's outcome from elsewhere (a Stripe event about a charge
-// whose finishing commit never happened) finishes the record with the
-// response a retry would have stored, in the transaction that writes the
-// ledger. It takes the record over (a new lock generation), so the owner, if
-// it is still alive, is fenced. It returns false when the record was
-// already finished (or no longer exists), in which case the caller must not
-// store a second answer.
-func (r *Runner) Settle(ctx context.Context, tx pgx.Tx, recordID string, resp Response) (bool, error) {
-	params, err := finishParams(resp)
+// Settle finishes the record recordID with resp inside the caller's batch,
+// from outside the record's own lifecycle: an entry point that learns a
+// request's outcome from elsewhere (a Stripe event about a charge whose
+// finishing commit never happened) finishes the record with the response a
+// retry would have stored, in the batch that writes the ledger. It takes the
+// record over (a new lock generation), so the owner, if it is still alive,
+// is fenced; it changes nothing when the record is already finished (the
+// caller's guarded ledger write then fails first, since the owner's finish
+// changed the ledger row).
+func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
+	headers, err := encodeHeaders(resp.Headers)
 	if err != nil {
-		return false, err
+		return err
 	}
-	params.ID = recordID
-	n, err := r.q.IdempotencyKeySettle(ctx, tx, params)
-	if err != nil {
-		return false, fmt.Errorf("settling idempotency record %s: %w", recordID, err)
+	status := int32(resp.Status)
+	if err := r.q.IdempotencyKeySettle(ctx, b, &dbsqlc.IdempotencyKeySettleParams{
+		ID: recordID, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
+	}); err != nil {
+		return fmt.Errorf("settling idempotency record %s: %w", recordID, err)
 	}
-	if n == 1 {
-		r.observe(OutcomeSettled)
-	}
-	return n == 1, nil
+	r.observe(OutcomeSettled)
+	return nil
 }
 
 // Peek tells, without claiming or writing anything, what Run would do with
@@ -605,13 +637,15 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	if err := req.fingerprinted(); err != nil {
 		return "", err
 	}
-	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, string(req.Scope), req.Key)
+	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
+		Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+	})
 	switch err = db.NotFound(err); {
 	case errors.Is(err, db.ErrNotFound):
 		return OutcomeNew, nil
 	case err != nil:
 		return "", fmt.Errorf("reading idempotency key: %w", err)
 	default:
-		return r.judge(&row, req, new([]byte)), nil
+		return judge(&row, req), nil
 	}
 }

@@ -66,7 +66,7 @@ func TestInspectKey(t *testing.T) {
 		st.Attempts != 0 || st.LastError != nil || st.LockedAt != nil || st.NextAttemptAt != nil ||
 		st.ResponseStatus == nil || *st.ResponseStatus != http.StatusCreated || st.FinishedAt == nil ||
 		st.Charge == nil || *st.Charge != ch.ID || st.Refund != nil ||
-		!strings.HasPrefix(st.ID, "ik_") || st.DownstreamKey != "idempay_"+st.ID {
+		!strings.HasPrefix(st.ID, "ik_") || st.DownstreamKey != "idempay_"+st.ID+"_charge" {
 		t.Errorf("after success: %s", r.Body)
 	}
 	// The stored response is not part of the state.

@@ -22,7 +22,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
@@ -241,8 +240,8 @@ type receipt struct {
 }
 
 // eventOp applies one event. Begin records it in the inbox with its record;
-// there is no downstream call: the finishing transaction applies the event
-// to the ledger and marks it processed.
+// there is no downstream call: the finishing batch applies the event to the
+// ledger and marks it processed.
 type eventOp struct {
 	h       *Handler
 	ev      *stripe.Event
@@ -250,23 +249,22 @@ type eventOp struct {
 	outcome charges.EventOutcome
 }
 
-func (op *eventOp) Begin(ctx context.Context, tx pgx.Tx, rec *idempotency.Record) error {
+func (op *eventOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	// stripe-go decoded data.object already; an object without a string id
 	// is recorded without one.
 	objectID, _ := op.ev.Data.Object["id"].(string)
-	_, err := op.h.q.StripeEventInsert(ctx, tx, &dbsqlc.StripeEventInsertParams{
+	if err := op.h.q.StripeEventInsert(ctx, b, &dbsqlc.StripeEventInsertParams{
 		ID: op.ev.ID, Type: string(op.ev.Type), ApiVersion: nonEmpty(op.ev.APIVersion),
 		ObjectID: nonEmpty(objectID), StripeCreated: time.Unix(op.ev.Created, 0),
 		Payload: op.payload, IdempotencyKeyID: &rec.ID,
-	})
-	if err != nil {
+	}); err != nil {
 		return fmt.Errorf("recording stripe event %s: %w", op.ev.ID, err)
 	}
 	return nil
 }
 
-func (op *eventOp) Load(ctx context.Context, dbtx dbsqlc.DBTX, rec *idempotency.Record) error {
-	row, err := op.h.q.StripeEventGetByIdempotencyKeyID(ctx, dbtx, &rec.ID)
+func (op *eventOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	row, err := op.h.q.StripeEventGetByIdempotencyKeyID(ctx, op.h.pool, &rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading stripe event: %w", err)
 	}
@@ -282,22 +280,24 @@ func (op *eventOp) Call(context.Context, *idempotency.Record) idempotency.Step {
 	return idempotency.Finish(op.apply)
 }
 
-// apply is the finishing transaction: the inbox row's lock orders it against
-// any other processing of the same event id, and processed_at is its
-// once-only guard, also beyond the idempotency record's retention.
-func (op *eventOp) apply(ctx context.Context, tx pgx.Tx) (idempotency.Response, error) {
-	row, err := op.h.q.StripeEventGetForUpdate(ctx, tx, op.ev.ID)
+// apply reads what the event is about and queues the finishing batch: the
+// ledger change and the inbox row's processed_at, whose guard (processed_at
+// IS NULL) is the event's once-only mark, also beyond the idempotency
+// record's retention. An event applied before its record was purged is
+// answered with its stored outcome.
+func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+	row, err := op.h.q.StripeEventGet(ctx, op.h.pool, op.ev.ID)
 	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("locking stripe event %s: %w", op.ev.ID, err)
+		return idempotency.Response{}, fmt.Errorf("reading stripe event %s: %w", op.ev.ID, err)
 	}
 	if row.ProcessedAt != nil { // applied before its record was purged
 		op.outcome = charges.EventOutcome(*row.Outcome)
 	} else {
-		if op.outcome, err = op.h.charges.ApplyEvent(ctx, tx, op.ev); err != nil {
+		if op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev); err != nil {
 			return idempotency.Response{}, err
 		}
 		outcome := string(op.outcome)
-		if _, err := op.h.q.StripeEventMarkProcessed(ctx, tx, &outcome, op.ev.ID); err != nil {
+		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &outcome, op.ev.ID); err != nil {
 			return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
 		}
 	}
@@ -306,7 +306,7 @@ func (op *eventOp) apply(ctx context.Context, tx pgx.Tx) (idempotency.Response, 
 		return idempotency.Response{}, err
 	}
 	return idempotency.Response{Status: http.StatusOK,
-		Header: http.Header{"Content-Type": {echo.MIMEApplicationJSON}}, Body: body}, nil
+		Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON}, Body: body}, nil
 }
 
 func nonEmpty(s string) *string {

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -104,7 +106,28 @@ func createCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int6
 	}
 	var ch chargeDetail
 	resp.JSON(t, &ch)
-	return ch, stripeCharge(t, env, "idempay_charge_id", ch.ID)
+	return ch, stripeChargeOf(t, env, ch.ID)
+}
+
+// stripeChargeOf is the fake's charge of the ledger charge chargeID: the
+// one whose metadata names the charge's idempotency record.
+func stripeChargeOf(t testing.TB, env *apitest.Env, chargeID string) stripefake.Charge {
+	t.Helper()
+	var record string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT idempotency_key_id FROM charges WHERE id = $1`, chargeID).Scan(&record); err != nil {
+		t.Fatalf("reading the record of charge %s: %v", chargeID, err)
+	}
+	return stripeCharge(t, env, "idempay_record", record)
+}
+
+// chargeOfRecord is the ledger charge of the idempotency record recordID.
+func chargeOfRecord(t testing.TB, env *apitest.Env, recordID string) string {
+	t.Helper()
+	var id string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT id FROM charges WHERE idempotency_key_id = $1`, recordID).Scan(&id); err != nil {
+		t.Fatalf("reading the charge of record %s: %v", recordID, err)
+	}
+	return id
 }
 
 // stripeCharge is the fake's charge whose metadata has key = value.
@@ -174,7 +197,7 @@ func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount 
 	if point != "downstream_called" {
 		t.Fatalf("record at %s, want downstream_called", point)
 	}
-	return id, key, stripeCharge(t, env, "idempay_charge_id", id)
+	return id, key, stripeChargeOf(t, env, id)
 }
 
 // Every handled type moves the ledger as documented; other types are
@@ -345,7 +368,7 @@ func TestEventFinishesAnUnfinishedCharge(t *testing.T) {
 			if !bytes.Contains(retry.Body, []byte(id)) {
 				t.Errorf("the replay %s does not name charge %s", retry.Body, id)
 			}
-			downstream := "idempay_" + fc.Metadata["idempay_record"]
+			downstream := idempotency.DownstreamKey(fc.Metadata["idempay_record"], charges.StepCharge)
 			for _, r := range env.Stripe.Requests() {
 				if r.Method == http.MethodPost && r.IdempotencyKey != downstream {
 					t.Errorf("Stripe saw downstream key %q, want only %q", r.IdempotencyKey, downstream)
@@ -410,7 +433,7 @@ func TestDuplicateDeliveries(t *testing.T) {
 			t.Errorf("after 20 concurrent deliveries: %d processing attempts, %d records; want 1, 1", in.attempts, in.records)
 		}
 	})
-	if got := getCharge(t, c, stripeCharge(t, env, "idempay_record", fc.Metadata["idempay_record"]).Metadata["idempay_charge_id"]); got.AmountRefunded != 700 {
+	if got := getCharge(t, c, chargeOfRecord(t, env, fc.Metadata["idempay_record"])); got.AmountRefunded != 700 {
 		t.Errorf("amount_refunded %d, want 700", got.AmountRefunded)
 	}
 }

@@ -1,5 +1,5 @@
 // Package eventstest reads the events stream in tests, checking what every
-// reader of it relies on: each event once, each account's in order.
+// reader of it relies on: each event once, each object's in order.
 package eventstest
 
 import (
@@ -12,15 +12,16 @@ import (
 	"github.com/idempay/idempay/internal/events"
 )
 
-// ReadAll fetches from cons until a fetch brings nothing, and returns each
-// account's last event sequence and how many distinct events it read. It
-// fails t for a message that is not an event, an event read twice, or an
-// account's event that does not follow the one before it. check, when not
-// nil, sees every message with its event.
-func ReadAll(t testing.TB, cons jetstream.Consumer, check func(jetstream.Msg, events.Event)) (last map[string]int64, distinct int) {
+// ReadAll fetches from cons until a fetch brings nothing, and returns how
+// many distinct events it read of each account, and in all. It fails t for
+// a message that is not an event, an event read twice, or an object's event
+// whose version is not above the one before it. check, when not nil, sees
+// every message with its event.
+func ReadAll(t testing.TB, cons jetstream.Consumer, check func(jetstream.Msg, events.Event)) (perAccount map[string]int64, distinct int) {
 	t.Helper()
 	seen := map[string]bool{}
-	last = map[string]int64{}
+	perAccount = map[string]int64{}
+	version := map[string]int64{} // each object's last version read
 	for {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
@@ -35,18 +36,20 @@ func ReadAll(t testing.TB, cons jetstream.Consumer, check func(jetstream.Msg, ev
 			}
 			if seen[ev.ID] {
 				t.Errorf("event %s is in the stream twice", ev.ID)
+				continue
 			}
 			seen[ev.ID] = true
-			if ev.Sequence != last[ev.Account]+1 {
-				t.Errorf("account %s: event %d arrived after %d", ev.Account, ev.Sequence, last[ev.Account])
+			perAccount[ev.Account]++
+			if ev.ObjectVersion <= version[ev.ObjectID] {
+				t.Errorf("object %s: event of version %d arrived after version %d", ev.ObjectID, ev.ObjectVersion, version[ev.ObjectID])
 			}
-			last[ev.Account] = ev.Sequence
+			version[ev.ObjectID] = ev.ObjectVersion
 			if check != nil {
 				check(msg, ev)
 			}
 		}
 		if n == 0 {
-			return last, len(seen)
+			return perAccount, len(seen)
 		}
 	}
 }

@@ -138,10 +138,11 @@ func RecordID(c echo.Context) string {
 // Write sends resp; a replay carries Idempotent-Replayed: true (I2).
 func Write(w http.ResponseWriter, resp idempotency.Response) {
 	h := w.Header()
-	for name, v := range resp.Header {
-		if len(v) > 0 && v[0] != "" {
-			h[name] = v[:1]
-		}
+	if resp.Headers.ContentType != "" {
+		h["Content-Type"] = []string{resp.Headers.ContentType}
+	}
+	if resp.Headers.Location != "" {
+		h["Location"] = []string{resp.Headers.Location}
 	}
 	if resp.Replayed {
 		h["Idempotent-Replayed"] = []string{"true"}
@@ -162,6 +163,15 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrUnknownOutcome: apierror.DownstreamUnavailable,
 }
 
+// httpDetails say the core's refusals in HTTP's words (the core's own
+// details name no header).
+var httpDetails = map[error]string{
+	idempotency.ErrMismatch: "This Idempotency-Key was already used with a different request (method, path or body). " +
+		"Use a new key for a new request.",
+	idempotency.ErrInFlight: "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
+	idempotency.ErrFenced:   "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome.",
+}
+
 // Problem maps a refusal of the core onto its problem; a retryable one
 // (in flight, fenced, unknown outcome) carries Retry-After. Any other error
 // is returned as it is.
@@ -174,7 +184,11 @@ func Problem(err error) error {
 	if !ok {
 		return err
 	}
-	pe := &apierror.Error{Type: t, Detail: ie.Detail, Cause: ie.Cause}
+	detail := ie.Detail
+	if d, ok := httpDetails[ie.Kind]; ok {
+		detail = d
+	}
+	pe := &apierror.Error{Type: t, Detail: detail, Cause: ie.Cause}
 	if t == apierror.RequestInProgress || t == apierror.DownstreamUnavailable {
 		pe.RetryAfter = retryAfter
 	}
