@@ -782,7 +782,7 @@ func (r *runner) warmup(ctx context.Context, scen []string) {
 	if slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
 		r.rawFirst(ctx, r.cfg.Warmup, 0)
 	}
-	fmt.Fprintf(r.cfg.Out, "warm-up (%s): %s of first requests (API and raw), not counted\n", r.label, r.cfg.Warmup)
+	fmt.Fprintf(r.cfg.Out, "warm-up (%s): %s of each kind of first request the scenarios send, not counted\n", r.label, r.cfg.Warmup)
 }
 
 func printResult(out io.Writer, r Result) {
