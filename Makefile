@@ -42,7 +42,7 @@ fmt-check: # gofmt -l must print nothing (bin/, .run/ and .git/ skipped)
 	@out="$$(find . \( -path ./bin -o -path ./.run -o -path ./.git \) -prune -o -name '*.go' -print0 | xargs -0 -r gofmt -l)"; \
 	if [[ -n "$$out" ]]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-bench: ## load benchmark (BENCHMARKS.md): bin/idempay-bench starts bin/idempay on BENCH_DATABASE_URL behind a Stripe stand-in; BENCH_ARGS='-rounds 15 -duration 2s ...'
+bench: ## load benchmark (BENCHMARKS.md): bin/idempay-bench starts bin/idempay on BENCH_DATABASE_URL behind a Stripe stand-in; BENCH_ARGS='-rounds 15 -duration 2s ...'; side by side with the peer: BENCH_ARGS='-peer PATH/fiberredis'; one account vs 100: BENCH_ARGS='-compare-accounts 1,100'
 	$(GO) build -o bin/idempay ./cmd/idempay
 	$(GO) build -o bin/idempay-bench ./cmd/idempay-bench
 	DATABASE_URL="$${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempay_bench?sslmode=disable}" bin/idempay-bench $(BENCH_ARGS)

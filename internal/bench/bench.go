@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,8 +83,30 @@ type Config struct {
 	// prepared and the server's caches filled.
 	Warmup time.Duration
 
-	// Accounts is how many merchant accounts the load is spread over.
+	// Accounts is how many merchant accounts the first requests are spread
+	// over (default 1): each worker takes them in turn, request by request.
+	// One account is the hard case: a single busy merchant, whose requests
+	// meet on whatever rows the account's requests share.
 	Accounts int
+	// CompareAccounts adds a first-request scenario per entry, spread over
+	// that many accounts (first-<N>acct), run interleaved with the others,
+	// and prints the throughput of each over the last one's.
+	CompareAccounts []int
+
+	// Peer is the peer's binary (fiberredis, Fiber v3's idempotency
+	// middleware on Redis in front of a plain Postgres charge handler).
+	// When set, the bench starts it beside idempay, each on a database of
+	// its own, behind the same Stripe stand-in, and drives both with the
+	// same load, alternating, round by round.
+	Peer string
+	// PeerDatabaseURL is the peer's database (default: the bench
+	// database's name with "_peer" appended, on the same server).
+	PeerDatabaseURL string
+	// RedisURL is the peer's Redis.
+	RedisURL string
+	// TopStatements is how many statements pg_stat_statements' report
+	// shows per scenario (default 8).
+	TopStatements int
 	// DBMaxConns is the pool size of the raw loops and, as DB_MAX_CONNS, of
 	// the server process (0: pgxpool's default, max(4, GOMAXPROCS)).
 	DBMaxConns int32
@@ -96,6 +119,7 @@ type Config struct {
 // Result is one scenario's measurement.
 type Result struct {
 	Name        string
+	Side        string // idempay or peer
 	Requests    uint64
 	Elapsed     time.Duration
 	P50, P99    time.Duration
@@ -103,6 +127,9 @@ type Result struct {
 	Statuses    map[string]int
 	Unexpected  int
 	Concurrency int
+	// Usage is what the scenario cost the machine (see usage.go); nil when
+	// not measured.
+	Usage *Usage
 
 	hist *histogram
 }
@@ -129,6 +156,10 @@ type charge struct {
 }
 
 type runner struct {
+	label    string // idempay or peer
+	peer     bool
+	srv      *serverProcess // nil with -target
+	meter    *meter
 	cfg      Config
 	pool     *pgxpool.Pool
 	poolSize int32
@@ -148,7 +179,8 @@ type runner struct {
 	stored     []byte   // one stored response body, for the raw loops
 }
 
-// Run runs the configured scenarios and writes the report to cfg.Out.
+// Run runs the configured scenarios and writes the report to cfg.Out. It
+// returns each side's results merged over the rounds, idempay's first.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Concurrency < 1 {
 		return nil, errors.New("concurrency must be at least 1")
@@ -157,73 +189,50 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, errors.New("duration must be positive")
 	}
 	if cfg.Accounts < 1 {
-		cfg.Accounts = min(cfg.Concurrency, 16)
+		cfg.Accounts = 1
 	}
-	scen, err := expand(cfg.Scenarios)
+	if cfg.TopStatements == 0 {
+		cfg.TopStatements = 8
+	}
+	scen, err := expand(cfg.Scenarios, cfg.CompareAccounts)
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, runID: fmt.Sprintf("%x", time.Now().UnixNano())}
+	if cfg.Peer != "" {
+		if cfg.Target != "" {
+			return nil, errors.New("-peer starts both servers itself: drop -target")
+		}
+		for _, s := range scen {
+			if !peerScenario(s) {
+				return nil, fmt.Errorf("scenario %s has no counterpart in the peer (with -peer: first, first-<N>acct, replay, read, floor)", s)
+			}
+		}
+	}
+	nAccounts := cfg.Accounts
+	for _, s := range scen {
+		if n, ok := accountsOf(s); ok {
+			nAccounts = max(nAccounts, n)
+		}
+	}
+	runID := fmt.Sprintf("%x", time.Now().UnixNano())
 
-	if err := ensureDatabase(ctx, cfg.DatabaseURL); err != nil {
+	r, closeIdempay, err := newIdempayRunner(ctx, cfg, scen, nAccounts, runID)
+	defer closeIdempay()
+	if err != nil {
 		return nil, err
 	}
-	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	if cfg.DBMaxConns > 0 {
-		pc.MaxConns = cfg.DBMaxConns
-	}
-	r.poolSize = pc.MaxConns
-	r.pool, err = pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("opening bench database: %w", err)
-	}
-	defer r.pool.Close()
-	if _, err := db.Migrate(ctx, r.pool); err != nil {
-		return nil, err
-	}
-	for i := 0; i < cfg.Accounts; i++ {
-		a, key, err := accounts.Create(ctx, r.pool, fmt.Sprintf("bench %s #%d", r.runID, i))
+	sides := []*runner{r}
+	if cfg.Peer != "" {
+		p, closePeer, err := newPeerRunner(ctx, cfg, r.stripe.url, nAccounts, runID)
+		defer closePeer()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("the peer: %w", err)
 		}
-		r.accounts = append(r.accounts, account{id: a.ID, auth: "Bearer " + key})
+		sides = append(sides, p)
 	}
-
-	var srv *serverProcess
-	needHTTP := slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") })
-	if cfg.Target != "" {
-		r.base = strings.TrimRight(cfg.Target, "/")
-		if r.addr, err = hostPort(r.base); err != nil {
-			return nil, err
-		}
-	} else if needHTTP {
-		r.stripe, err = startInstantStripe()
-		if err != nil {
-			return nil, fmt.Errorf("starting the Stripe stand-in: %w", err)
-		}
-		defer r.stripe.close()
-		srv, err = startServer(ctx, cfg, r.stripe.url)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.stop()
-		r.base = srv.base
-		r.addr, _ = hostPort(srv.base)
-	}
-	for range cfg.Concurrency {
-		r.conns = append(r.conns, &httpConn{addr: r.addr})
-	}
-	defer func() {
-		for _, c := range r.conns {
-			c.close()
-		}
-	}()
 
 	fmt.Fprintf(cfg.Out, "idempay bench: %d CPUs (GOMAXPROCS %d), %s, concurrency %d, %s per scenario, %d accounts, pool %d conns",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cfg.Concurrency, cfg.Duration, len(r.accounts), r.poolSize)
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), cfg.Concurrency, cfg.Duration, cfg.Accounts, r.poolSize)
 	if cfg.Rate > 0 {
 		fmt.Fprintf(cfg.Out, ", paced at %.0f req/s", cfg.Rate)
 	}
@@ -231,66 +240,235 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if v, err := r.pgVersion(ctx); err == nil {
 		fmt.Fprintf(cfg.Out, "database: %s\n", v)
 	}
-	if srv != nil {
-		fmt.Fprintf(cfg.Out, "server: pid %d on %s, Stripe stand-in in the bench process at %s (answers at once)\n", srv.cmd.Process.Pid, srv.base, r.stripe.url)
+	if r.srv != nil {
+		fmt.Fprintf(cfg.Out, "server: pid %d on %s, Stripe stand-in in the bench process at %s (answers at once)\n", r.srv.cmd.Process.Pid, r.srv.base, r.stripe.url)
 	} else if r.base != "" {
 		fmt.Fprintf(cfg.Out, "server: %s (already running)\n", r.base)
 	}
+	if len(sides) > 1 {
+		p := sides[1]
+		fmt.Fprintf(cfg.Out, "peer: pid %d on %s (fiberredis, Fiber v3's idempotency middleware on Redis), database %s, Redis pid %d, the same Stripe stand-in and load generator\n",
+			p.srv.cmd.Process.Pid, p.srv.base, databaseName(p.cfg.DatabaseURL), p.meter.extra)
+	}
+	printMeterState(cfg.Out, r.meter)
 	fmt.Fprintln(cfg.Out)
 
 	if cfg.Warmup > 0 {
-		r.warmup(ctx, scen)
+		for _, sd := range sides {
+			sd.warmup(ctx, scen)
+		}
 	}
 	rounds := max(cfg.Rounds, 1)
-	var perRound [][]Result // perRound[round] holds that round's results, in scenario order
+	perRound := make([][][]Result, len(sides)) // [side][round] holds that round's results, in scenario order
 	for round := 0; round < rounds && ctx.Err() == nil; round++ {
 		if rounds > 1 {
 			fmt.Fprintf(cfg.Out, "round %d of %d\n", round+1, rounds)
 		}
-		order := scen
+		order, sideOrder := scen, []int{0, 1}[:len(sides)]
 		if round%2 == 1 { // every other round backwards: what one scenario leaves behind falls on each alike
 			order = slices.Clone(scen)
 			slices.Reverse(order)
+			sideOrder = slices.Clone(sideOrder)
+			slices.Reverse(sideOrder)
 		}
-		var results []Result
+		results := make([][]Result, len(sides))
 		for _, s := range order {
-			if err := ctx.Err(); err != nil {
-				break
+			for _, i := range sideOrder {
+				if err := ctx.Err(); err != nil {
+					break
+				}
+				res, ran, err := sides[i].measured(ctx, s)
+				if err != nil {
+					return allMerged(perRound), fmt.Errorf("%s scenario %s: %w", sides[i].label, s, err)
+				}
+				if !ran {
+					continue
+				}
+				results[i] = append(results[i], res)
+				printResult(cfg.Out, res)
+				printUsage(cfg.Out, res.Usage, res.Requests)
 			}
-			res, ran, err := r.runScenario(ctx, s)
-			if err != nil {
-				return merged(perRound), fmt.Errorf("scenario %s: %w", s, err)
-			}
-			if !ran {
-				continue
-			}
-			results = append(results, res)
-			printResult(cfg.Out, res)
 		}
-		perRound = append(perRound, results)
+		for i := range sides {
+			perRound[i] = append(perRound[i], results[i])
+		}
 	}
-	results := merged(perRound)
+	merges := make([][]Result, len(sides))
+	for i := range sides {
+		merges[i] = merged(perRound[i])
+	}
 	if rounds > 1 {
 		fmt.Fprintf(cfg.Out, "\nall %d rounds together\n", rounds)
-		for _, res := range results {
-			printResult(cfg.Out, res)
+		for i := range sides {
+			for _, res := range merges[i] {
+				printResult(cfg.Out, res)
+				printUsage(cfg.Out, res.Usage, res.Requests)
+			}
 		}
 	}
 	fmt.Fprintln(cfg.Out)
-	printRatios(cfg.Out, results, perRound, cfg.Rate)
-	printFloor(cfg.Out, results, cfg.Rate)
-	if srv != nil {
-		srv.stopSampling()
-		printRSS(cfg.Out, srv.samples())
+	printRatios(cfg.Out, merges[0], perRound[0], cfg.Rate)
+	printFloor(cfg.Out, merges[0], cfg.Rate)
+	for i, sd := range sides {
+		printAccountRatios(cfg.Out, sd.label, merges[i], perRound[i], cfg.Rate)
 	}
-	return results, nil
+	if len(sides) > 1 {
+		printPeerRatios(cfg.Out, merges[0], merges[1], perRound[0], perRound[1], cfg.Rate)
+	}
+	for i, sd := range sides {
+		if sd.meter.pgss {
+			for _, res := range merges[i] {
+				printStatements(cfg.Out, sd.label+" "+res.Name, res.Usage, res.Requests, cfg.TopStatements)
+			}
+		}
+	}
+	for _, sd := range sides {
+		if sd.srv != nil {
+			sd.srv.stopSampling()
+			printRSS(cfg.Out, sd.label, sd.srv.samples())
+		}
+	}
+	return allMerged(perRound), nil
 }
 
-func expand(list []string) ([]string, error) {
-	if len(list) == 0 {
-		return AllScenarios, nil
+// newIdempayRunner opens the bench database, creates n accounts and, unless
+// cfg.Target names a running API, starts the Stripe stand-in and the
+// server. The returned close function is always safe to call.
+func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, runID string) (*runner, func(), error) {
+	r := &runner{cfg: cfg, runID: runID, label: "idempay"}
+	var closers []func()
+	closeAll := func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
 	}
+	if err := ensureDatabase(ctx, cfg.DatabaseURL); err != nil {
+		return nil, closeAll, err
+	}
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, closeAll, fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if cfg.DBMaxConns > 0 {
+		pc.MaxConns = cfg.DBMaxConns
+	}
+	r.poolSize = pc.MaxConns
+	r.pool, err = pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, closeAll, fmt.Errorf("opening bench database: %w", err)
+	}
+	closers = append(closers, r.pool.Close)
+	if _, err := db.Migrate(ctx, r.pool); err != nil {
+		return nil, closeAll, err
+	}
+	for i := 0; i < n; i++ {
+		a, key, err := accounts.Create(ctx, r.pool, fmt.Sprintf("bench %s #%d", r.runID, i))
+		if err != nil {
+			return nil, closeAll, err
+		}
+		r.accounts = append(r.accounts, account{id: a.ID, auth: "Bearer " + key})
+	}
+	r.meter = newMeter(ctx, r.pool)
+
+	needHTTP := slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) || cfg.Peer != ""
+	if cfg.Target != "" {
+		r.base = strings.TrimRight(cfg.Target, "/")
+		if r.addr, err = hostPort(r.base); err != nil {
+			return nil, closeAll, err
+		}
+	} else if needHTTP {
+		r.stripe, err = startInstantStripe()
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("starting the Stripe stand-in: %w", err)
+		}
+		closers = append(closers, r.stripe.close)
+		r.srv, err = startServer(ctx, cfg, r.stripe.url)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		closers = append(closers, r.srv.stop)
+		r.base = r.srv.base
+		r.addr, _ = hostPort(r.srv.base)
+		r.meter.server = r.srv.cmd.Process.Pid
+	}
+	r.openConns()
+	closers = append(closers, r.closeConns)
+	return r, closeAll, nil
+}
+
+func (r *runner) openConns() {
+	for range r.cfg.Concurrency {
+		r.conns = append(r.conns, &httpConn{addr: r.addr})
+	}
+}
+
+func (r *runner) closeConns() {
+	for _, c := range r.conns {
+		c.close()
+	}
+}
+
+// measured runs one scenario between two readings of the meter. What the
+// scenario needs first (charges to replay or read) is made before the first
+// reading, so that it is not counted.
+func (r *runner) measured(ctx context.Context, s string) (Result, bool, error) {
+	switch s {
+	case ScenarioReplay, ScenarioRead:
+		if err := r.ensureCharges(ctx, false); err != nil {
+			return Result{}, false, err
+		}
+	case ScenarioRawReplay:
+		if err := r.ensureCharges(ctx, true); err != nil {
+			return Result{}, false, err
+		}
+	}
+	before := r.meter.start(ctx)
+	res, ran, err := r.runScenario(ctx, s)
+	if err != nil || !ran {
+		return res, ran, err
+	}
+	res.Side, res.Usage = r.label, r.meter.stop(ctx, before)
+	return res, true, nil
+}
+
+// allMerged is every side's results merged over its rounds, idempay first.
+func allMerged(perRound [][][]Result) []Result {
+	var out []Result
+	for _, rounds := range perRound {
+		out = append(out, merged(rounds)...)
+	}
+	return out
+}
+
+// printMeterState says once what the per-request figures can and cannot
+// include on this machine.
+func printMeterState(out io.Writer, m *meter) {
+	if m.postmaster > 0 {
+		fmt.Fprintf(out, "PostgreSQL processes: postmaster pid %d (CPU per request from /proc; the whole cluster's CPU and WAL include any other user of it)\n", m.postmaster)
+	} else {
+		fmt.Fprintf(out, "PostgreSQL CPU: not available (%s)\n", m.why)
+	}
+	if m.pgss {
+		fmt.Fprintln(out, "pg_stat_statements: available (reset before each scenario, this database only)")
+	} else {
+		fmt.Fprintf(out, "pg_stat_statements: not available (%s)\n", m.pgssWhy)
+	}
+}
+
+// expand turns the -scenarios list (and the -compare-accounts counts) into
+// scenario names in running order: AllScenarios' order, each
+// first-<N>acct right after first, in the order given.
+func expand(list []string, compare []int) ([]string, error) {
 	want := map[string]bool{}
+	var spread []string
+	addSpread := func(s string) {
+		if !slices.Contains(spread, s) {
+			spread = append(spread, s)
+		}
+	}
+	if len(list) == 0 && len(compare) == 0 {
+		list = AllScenarios
+	}
 	for _, s := range list {
 		s = strings.TrimSpace(s)
 		switch {
@@ -304,16 +482,59 @@ func expand(list []string) ([]string, error) {
 		case slices.Contains(AllScenarios, s):
 			want[s] = true
 		default:
-			return nil, fmt.Errorf("unknown scenario %q (want %s, raw or all)", s, strings.Join(AllScenarios, ", "))
+			if _, ok := accountsOf(s); !ok {
+				return nil, fmt.Errorf("unknown scenario %q (want %s, first-<N>acct, raw or all)", s, strings.Join(AllScenarios, ", "))
+			}
+			addSpread(s)
 		}
+	}
+	for _, n := range compare {
+		if n < 1 || n > maxSpreadAccounts {
+			return nil, fmt.Errorf("-compare-accounts: %d accounts (want 1..%d)", n, maxSpreadAccounts)
+		}
+		addSpread(spreadScenario(n))
 	}
 	var out []string
 	for _, s := range AllScenarios {
 		if want[s] {
 			out = append(out, s)
 		}
+		if s == ScenarioFirst {
+			out = append(out, spread...)
+		}
 	}
 	return out, nil
+}
+
+// maxSpreadAccounts bounds first-<N>acct: each account is created for the
+// run (in the peer too, one process start each).
+const maxSpreadAccounts = 1000
+
+// spreadScenario names first requests spread over n accounts.
+func spreadScenario(n int) string { return fmt.Sprintf("first-%dacct", n) }
+
+// accountsOf parses a first-<N>acct scenario name.
+func accountsOf(s string) (int, bool) {
+	v, ok := strings.CutPrefix(s, "first-")
+	if !ok {
+		return 0, false
+	}
+	if v, ok = strings.CutSuffix(v, "acct"); !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxSpreadAccounts || spreadScenario(n) != s {
+		return 0, false
+	}
+	return n, true
+}
+
+// peerScenario reports whether the peer can run s: it has charges, replays
+// and reads, and GET /healthz, but no raw loops, and its middleware makes a
+// duplicate in flight wait for the lock instead of answering 409.
+func peerScenario(s string) bool {
+	_, spread := accountsOf(s)
+	return spread || slices.Contains([]string{ScenarioFirst, ScenarioReplay, ScenarioRead, ScenarioFloor}, s)
 }
 
 func (r *runner) pgVersion(ctx context.Context) (string, error) {
@@ -431,6 +652,12 @@ func (r *Result) add(o Result) {
 	if r.hist == nil {
 		r.hist, r.Statuses = newHistogram(), map[string]int{}
 	}
+	if o.Usage != nil {
+		if r.Usage == nil {
+			r.Usage = &Usage{}
+		}
+		r.Usage.add(o.Usage)
+	}
 	r.Elapsed += o.Elapsed
 	r.Unexpected += o.Unexpected
 	for k, v := range o.Statuses {
@@ -447,7 +674,7 @@ func merged(perRound [][]Result) []Result {
 		for _, res := range results {
 			i := slices.IndexFunc(out, func(m Result) bool { return m.Name == res.Name })
 			if i < 0 {
-				out = append(out, Result{Name: res.Name, Concurrency: res.Concurrency})
+				out = append(out, Result{Name: res.Name, Side: res.Side, Concurrency: res.Concurrency})
 				i = len(out) - 1
 			}
 			out[i].add(res)
@@ -500,7 +727,7 @@ func (r *runner) ensureCharges(ctx context.Context, raw bool) error {
 	for w := 0; w < conc; w++ {
 		wg.Go(func() {
 			for i := 0; i < seedCharges/conc; i++ {
-				r.createCharge(ctx, fmt.Sprintf("bench-%s-seed-%d-%d", r.runID, w, i), w)
+				r.createCharge(ctx, fmt.Sprintf("bench-%s-seed-%d-%d", r.runID, w, i), w, (w+i)%r.cfg.Accounts)
 			}
 		})
 	}
@@ -513,6 +740,9 @@ func (r *runner) ensureCharges(ctx context.Context, raw bool) error {
 
 // runScenario runs one scenario once. ran is false when it was skipped.
 func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran bool, err error) {
+	if n, ok := accountsOf(s); ok {
+		return r.firstOn(ctx, s, n, r.cfg.Duration, r.cfg.Rate), true, nil
+	}
 	switch s {
 	case ScenarioFirst:
 		res = r.first(ctx, r.cfg.Duration, r.cfg.Rate)
@@ -552,7 +782,7 @@ func (r *runner) warmup(ctx context.Context, scen []string) {
 	if slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
 		r.rawFirst(ctx, r.cfg.Warmup, 0)
 	}
-	fmt.Fprintf(r.cfg.Out, "warm-up: %s of first requests (API and raw), not counted\n\n", r.cfg.Warmup)
+	fmt.Fprintf(r.cfg.Out, "warm-up (%s): %s of each kind of first request the scenarios send, not counted\n", r.label, r.cfg.Warmup)
 }
 
 func printResult(out io.Writer, r Result) {
@@ -565,8 +795,12 @@ func printResult(out io.Writer, r Result) {
 	for _, k := range keys {
 		st = append(st, fmt.Sprintf("%s:%d", k, r.Statuses[k]))
 	}
-	fmt.Fprintf(out, "%-11s %9d in %6.1fs %9.0f /s  p50 %8s  p99 %8s  max %8s  unexpected %d  [%s]\n",
-		r.Name, r.Requests, r.Elapsed.Seconds(), r.Throughput(), round(r.P50), round(r.P99), round(r.Max),
+	name := r.Name
+	if r.Side == "peer" {
+		name = "peer " + name
+	}
+	fmt.Fprintf(out, "%-18s %9d in %6.1fs %9.0f /s  p50 %8s  p99 %8s  max %8s  unexpected %d  [%s]\n",
+		name, r.Requests, r.Elapsed.Seconds(), r.Throughput(), round(r.P50), round(r.P99), round(r.Max),
 		r.Unexpected, strings.Join(st, " "))
 }
 

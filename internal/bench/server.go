@@ -54,6 +54,27 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 	if cfg.Executable == "" {
 		return nil, errors.New("no server executable to start (and no -target)")
 	}
+	level := cfg.ServerLogLevel
+	if level == "" {
+		level = "warn"
+	}
+	env := []string{
+		"DATABASE_URL=" + cfg.DatabaseURL,
+		"STRIPE_API_URL=" + stripeURL,
+		"STRIPE_SECRET_KEY=sk_test_idempay_bench",
+		"LOG_LEVEL=" + level,
+		"SHUTDOWN_TIMEOUT=5s",
+	}
+	if cfg.DBMaxConns > 0 {
+		env = append(env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
+	}
+	return startProcess(ctx, cfg.Executable, env, "/readyz")
+}
+
+// startProcess runs `exe serve` with env (and LISTEN_ADDR on a free
+// loopback port) added to the bench's environment, and waits until
+// readyPath answers 200.
+func startProcess(ctx context.Context, exe string, env []string, readyPath string) (*serverProcess, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("finding a free port: %w", err)
@@ -61,34 +82,20 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 	addr := l.Addr().String()
 	l.Close()
 
-	level := cfg.ServerLogLevel
-	if level == "" {
-		level = "warn"
-	}
-	cmd := exec.Command(cfg.Executable, "serve")
-	cmd.Env = append(os.Environ(),
-		"DATABASE_URL="+cfg.DatabaseURL,
-		"LISTEN_ADDR="+addr,
-		"STRIPE_API_URL="+stripeURL,
-		"STRIPE_SECRET_KEY=sk_test_idempay_bench",
-		"LOG_LEVEL="+level,
-		"SHUTDOWN_TIMEOUT=5s",
-	)
-	if cfg.DBMaxConns > 0 {
-		cmd.Env = append(cmd.Env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
-	}
+	cmd := exec.Command(exe, "serve")
+	cmd.Env = append(append(os.Environ(), env...), "LISTEN_ADDR="+addr)
 	s := &serverProcess{cmd: cmd, base: "http://" + addr, stderr: &tail{max: 64 << 10}, done: make(chan struct{}),
 		stopRSS: make(chan struct{}), rssDone: make(chan struct{})}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = s.stderr
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s serve: %w", cfg.Executable, err)
+		return nil, fmt.Errorf("starting %s serve: %w", exe, err)
 	}
 	go func() { _ = cmd.Wait(); close(s.done) }()
 
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.base+readyPath, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -97,7 +104,7 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 		}
 		select {
 		case <-s.done:
-			return nil, fmt.Errorf("server exited during start-up: %s", s.stderr.String())
+			return nil, fmt.Errorf("%s exited during start-up: %s", exe, s.stderr.String())
 		case <-ctx.Done():
 			s.stop()
 			return nil, ctx.Err()
@@ -105,7 +112,7 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, fmt.Errorf("server not ready within 30s: %s", s.stderr.String())
+			return nil, fmt.Errorf("%s not ready within 30s: %s", exe, s.stderr.String())
 		}
 	}
 	go s.sampleRSS()
@@ -171,7 +178,7 @@ func (s *serverProcess) stop() {
 	}
 }
 
-func printRSS(out io.Writer, samples []rssSample) {
+func printRSS(out io.Writer, label string, samples []rssSample) {
 	if len(samples) == 0 {
 		return
 	}
@@ -180,15 +187,15 @@ func printRSS(out io.Writer, samples []rssSample) {
 		maxKiB = max(maxKiB, x.kib)
 	}
 	first, last := samples[0], samples[len(samples)-1]
-	fmt.Fprintf(out, "server RSS: first %.1f MiB, last %.1f MiB, max %.1f MiB over %s (%d samples, 1/s)\n",
-		mib(first.kib), mib(last.kib), mib(maxKiB), last.at.Round(time.Second), len(samples))
+	fmt.Fprintf(out, "%s server RSS: first %.1f MiB, last %.1f MiB, max %.1f MiB over %s (%d samples, 1/s)\n",
+		label, mib(first.kib), mib(last.kib), mib(maxKiB), last.at.Round(time.Second), len(samples))
 	// A coarse series, about ten points, to show whether memory is flat.
 	step := max(1, len(samples)/10)
 	var pts []string
 	for i := 0; i < len(samples); i += step {
 		pts = append(pts, fmt.Sprintf("%s:%.1f", samples[i].at.Round(time.Second), mib(samples[i].kib)))
 	}
-	fmt.Fprintf(out, "server RSS series (MiB): %s\n", strings.Join(pts, " "))
+	fmt.Fprintf(out, "%s server RSS series (MiB): %s\n", label, strings.Join(pts, " "))
 }
 
 func mib(kib int64) float64 { return float64(kib) / 1024 }

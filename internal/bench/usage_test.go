@@ -1,0 +1,272 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/paymentintent"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
+)
+
+// The /proc reader on a real process, this one: the CPU it burns between two
+// readings shows up, and its parent is the one the kernel reports.
+func TestProcStatReadsThisProcess(t *testing.T) {
+	before, err := readProcStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.ppid != os.Getppid() {
+		t.Errorf("ppid %d, want %d", before.ppid, os.Getppid())
+	}
+	x := 0
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		x++ // burn CPU on this thread
+	}
+	after, err := readProcStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 300 ms of wall time on a busy thread; a loaded machine may give it
+	// less CPU, but not less than a tenth.
+	if got := after.own() - before.own(); got < 30*time.Millisecond || got > 10*time.Second {
+		t.Errorf("CPU over a 300 ms busy loop: %s (%d iterations)", got, x)
+	}
+	if _, err := readProcStat(1 << 30); err == nil {
+		t.Error("a pid that does not exist read without error")
+	}
+}
+
+func TestParseLSN(t *testing.T) {
+	for in, want := range map[string]uint64{"0/0": 0, "16/B374D848": 0x16<<32 | 0xB374D848, "FFFFFFFF/FFFFFFFF": 1<<64 - 1} {
+		if got, err := parseLSN(in); err != nil || got != want {
+			t.Errorf("parseLSN(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "16", "x/1", "1/-1"} {
+		if _, err := parseLSN(in); err == nil {
+			t.Errorf("parseLSN(%q): no error", in)
+		}
+	}
+}
+
+// The meter on the test database's real server: it finds the postmaster of
+// the backend it talks to, and work done on one connection shows up as that
+// database's backend CPU, within the cluster's, and as WAL. On a cluster
+// without pg_stat_statements preloaded it says why it cannot use it.
+func TestMeterOnRealPostgreSQL(t *testing.T) {
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	m := newMeter(ctx, pool)
+	if m.postmaster == 0 {
+		t.Fatalf("postmaster not found: %s (the test database must be a server of this machine)", m.why)
+	}
+	if !m.pgss && m.pgssWhy == "" {
+		t.Error("pg_stat_statements unavailable without a reason")
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS bench_meter_probe (n int, pad text)"); err != nil {
+		t.Fatal(err)
+	}
+	before := m.start(ctx)
+	if _, err := pool.Exec(ctx, "SELECT count(*) FROM generate_series(1, 3000000)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO bench_meter_probe SELECT g, repeat('x', 100) FROM generate_series(1, 2000) g"); err != nil {
+		t.Fatal(err)
+	}
+	u := m.stop(ctx, before)
+	if !u.Measured || !u.HasPG {
+		t.Fatalf("measured %v, PostgreSQL found %v", u.Measured, u.HasPG)
+	}
+	if u.PGBackends < 20*time.Millisecond {
+		t.Errorf("this database's backends: %s of CPU for 3M rows counted, want at least 20ms", u.PGBackends)
+	}
+	if u.PGCluster < u.PGBackends {
+		t.Errorf("the cluster's CPU %s is less than its backends' %s", u.PGCluster, u.PGBackends)
+	}
+	if u.WALBytes < 2000*100 {
+		t.Errorf("WAL %d bytes for 2000 rows of 100 bytes", u.WALBytes)
+	}
+	if m.pgss {
+		t.Logf("pg_stat_statements available: %d statements", len(u.Statements))
+	}
+}
+
+// The stand-in's PaymentIntents, through stripe-go as a server would call
+// them: a confirmed one succeeds, a manual-capture one waits, is captured
+// (partly) and another is cancelled, all decoded into Stripe's type.
+func TestStandInPaymentIntents(t *testing.T) {
+	stand, err := startInstantStripe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stand.close()
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL: stripe.String(stand.url), MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry: stripe.Bool(false), LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	pis := paymentintent.Client{B: backend, Key: "sk_test_bench"}
+
+	params := &stripe.PaymentIntentParams{Amount: stripe.Int64(1234), Currency: stripe.String("usd"),
+		PaymentMethod: stripe.String("pm_card_visa"), Confirm: stripe.Bool(true), Description: stripe.String("Order #1")}
+	params.AddMetadata("idempay_record", "rec_1")
+	params.SetIdempotencyKey("k-pi-1")
+	pi, err := pis.New(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pi.Status != stripe.PaymentIntentStatusSucceeded || pi.Amount != 1234 || pi.AmountReceived != 1234 ||
+		pi.Currency != "usd" || pi.Object != "payment_intent" || !strings.HasPrefix(pi.ID, "pi_") || len(pi.ID) != 27 {
+		t.Errorf("confirmed: id %q status %q amount %d received %d currency %q object %q", pi.ID, pi.Status, pi.Amount, pi.AmountReceived, pi.Currency, pi.Object)
+	}
+	if pi.Metadata["idempay_record"] != "rec_1" || pi.Description != "Order #1" || pi.LatestCharge == nil || pi.PaymentMethod == nil {
+		t.Errorf("confirmed: metadata %v, description %q, latest charge %v, payment method %v", pi.Metadata, pi.Description, pi.LatestCharge, pi.PaymentMethod)
+	}
+
+	manual := func() *stripe.PaymentIntent {
+		t.Helper()
+		pi, err := pis.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(5000), Currency: stripe.String("usd"),
+			PaymentMethod: stripe.String("pm_card_visa"), Confirm: stripe.Bool(true), CaptureMethod: stripe.String("manual")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pi.Status != stripe.PaymentIntentStatusRequiresCapture || pi.AmountCapturable != 5000 || pi.AmountReceived != 0 {
+			t.Fatalf("manual: status %q capturable %d received %d", pi.Status, pi.AmountCapturable, pi.AmountReceived)
+		}
+		return pi
+	}
+	auth := manual()
+	captured, err := pis.Capture(auth.ID, &stripe.PaymentIntentCaptureParams{AmountToCapture: stripe.Int64(3000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if captured.ID != auth.ID || captured.Status != stripe.PaymentIntentStatusSucceeded || captured.AmountReceived != 3000 || captured.Amount != 5000 {
+		t.Errorf("capture: id %q (want %q) status %q received %d amount %d", captured.ID, auth.ID, captured.Status, captured.AmountReceived, captured.Amount)
+	}
+	other := manual()
+	canceled, err := pis.Cancel(other.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if canceled.ID != other.ID || canceled.Status != stripe.PaymentIntentStatusCanceled {
+		t.Errorf("cancel: id %q status %q", canceled.ID, canceled.Status)
+	}
+
+	_, err = pis.Capture("pi_notfromthestandin", nil)
+	var se *stripe.Error
+	if !errors.As(err, &se) || se.HTTPStatusCode != http.StatusNotFound {
+		t.Errorf("capture of an unknown id: %v, want a 404 Stripe error", err)
+	}
+	_, err = pis.Capture(auth.ID, &stripe.PaymentIntentCaptureParams{AmountToCapture: stripe.Int64(6000)})
+	if !errors.As(err, &se) || se.HTTPStatusCode != http.StatusBadRequest {
+		t.Errorf("capture above the amount: %v, want a 400 Stripe error", err)
+	}
+}
+
+// The accounts spread, seen from the wire: a recording proxy in front of the
+// real API notes which API key sent each first request, by pass (one pass
+// per first-request loop). -accounts 3 with -compare-accounts 1,5 must give
+// three loops that used exactly 1, 3 and 5 keys, and the ratio line.
+func TestAccountsSpread(t *testing.T) {
+	env := apitest.New(t, apitest.Options{})
+	target, err := url.Parse(env.Server.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	keysByPass := map[string]map[string]bool{}
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		// bench-<run>-first-<pass>-<worker>-<i>
+		if f := strings.Split(req.Header.Get("Idempotency-Key"), "-"); len(f) == 6 && f[2] == "first" {
+			mu.Lock()
+			if keysByPass[f[3]] == nil {
+				keysByPass[f[3]] = map[string]bool{}
+			}
+			keysByPass[f[3]][req.Header.Get("Authorization")] = true
+			mu.Unlock()
+		}
+		proxy.ServeHTTP(w, req)
+	}))
+	defer rec.Close()
+
+	results, report := runBench(t, Config{Target: rec.URL, Duration: 300 * time.Millisecond, Rounds: 1,
+		Accounts: 3, CompareAccounts: []int{1, 5}, Scenarios: []string{ScenarioFirst}})
+	var names []string
+	for _, res := range results {
+		names = append(names, res.Name)
+		if res.Requests == 0 || res.Unexpected != 0 {
+			t.Errorf("%s: %d requests, %d unexpected %v", res.Name, res.Requests, res.Unexpected, res.Statuses)
+		}
+		if res.Usage == nil || !res.Usage.Measured {
+			t.Errorf("%s: not measured", res.Name)
+		}
+	}
+	if strings.Join(names, ",") != "first,first-1acct,first-5acct" {
+		t.Errorf("scenarios %v, want first,first-1acct,first-5acct", names)
+	}
+	mu.Lock()
+	var counts []int
+	for _, keys := range keysByPass {
+		counts = append(counts, len(keys))
+	}
+	mu.Unlock()
+	if len(counts) != 3 || !containsAll(counts, 1, 3, 5) {
+		t.Errorf("API keys per first-request loop: %v, want 1, 3 and 5", counts)
+	}
+	checkReport(t, report, []string{"idempay first-1acct/first-5acct: first-1acct ", "per request: PostgreSQL CPU "}, nil)
+}
+
+func containsAll(have []int, want ...int) bool {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			found = found || h == w
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// The side-by-side run with the real peer, when its binary is given
+// (IDEMPAY_BENCH_PEER; it needs Redis at the default URL): both servers
+// take first requests and replays without an unexpected answer, and the
+// report gives the ratio of each scenario and the peer's Redis CPU.
+func TestPeerSideBySide(t *testing.T) {
+	peer := os.Getenv("IDEMPAY_BENCH_PEER")
+	if peer == "" {
+		t.Skip("set IDEMPAY_BENCH_PEER to the peer's binary (fiberredis) to run idempay and the peer side by side")
+	}
+	exe := filepath.Join(t.TempDir(), "idempay")
+	if out, err := exec.Command("go", "build", "-o", exe, "github.com/idempay/idempay/cmd/idempay").CombinedOutput(); err != nil {
+		t.Fatalf("building idempay: %v\n%s", err, out)
+	}
+	results, report := runBench(t, Config{Executable: exe, Peer: peer, Duration: 400 * time.Millisecond, Rounds: 2,
+		Scenarios: []string{ScenarioFirst, ScenarioReplay}})
+	sides := map[string]int{}
+	for _, res := range results {
+		sides[res.Side]++
+		if res.Requests < 10 || res.Unexpected != 0 {
+			t.Errorf("%s %s: %d requests, %d unexpected %v", res.Side, res.Name, res.Requests, res.Unexpected, res.Statuses)
+		}
+	}
+	if sides["idempay"] != 2 || sides["peer"] != 2 {
+		t.Errorf("results by side %v, want 2 each", sides)
+	}
+	checkReport(t, report, []string{"idempay/peer first: idempay ", "idempay/peer replay: idempay ", "(by round: ", ", redis CPU "}, nil)
+}
