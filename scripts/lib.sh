@@ -15,6 +15,7 @@
 #   build_stripe_fake          build bin/stripefake (cmd/stripefake; go build, cached)
 #   start_stripe_fake          start bin/stripefake on loopback; exports STRIPE_FAKE_URL
 #   ensure_nats                find or start a NATS server with JetStream; exports NATS_URL
+#   ensure_pgbouncer           find or install pgbouncer; exports PGBOUNCER_BIN
 #   stop_private_postgres      stop the private cluster started by ensure_postgres
 #   idem_on_exit CMD...        run CMD when the script exits (LIFO, also on INT/TERM)
 #
@@ -706,6 +707,38 @@ ensure_nats() {
 	done
 	[[ -z $lockfd ]] || exec {lockfd}>&-
 	idem_die "natsdev did not start, see $log"
+}
+
+# ---------------------------------------------------------------------------
+# PgBouncer
+
+# ensure_pgbouncer: the tests that put PgBouncer in front of PostgreSQL
+# (internal/accounts: a revocation behind a transaction pooler) start their
+# own from the pgbouncer program; export its path as PGBOUNCER_BIN. Installs
+# the pgbouncer package with apt-get when missing and we are root (Debian
+# keeps the program in /usr/sbin, which a user's PATH may lack); otherwise
+# those tests skip, saying why.
+ensure_pgbouncer() {
+	local bin
+	bin=$(command -v pgbouncer 2>/dev/null || true)
+	[[ -n $bin || ! -x /usr/sbin/pgbouncer ]] || bin=/usr/sbin/pgbouncer
+	if [[ -z $bin && $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		idem_log "pgbouncer: not installed, installing the pgbouncer package with apt-get"
+		# The package lists are refreshed only when the install needs it.
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer >&2 ||
+			{ DEBIAN_FRONTEND=noninteractive apt-get update >&2 &&
+				DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer >&2; } ||
+			idem_log "pgbouncer: apt-get install pgbouncer failed; the PgBouncer tests will skip"
+		bin=$(command -v pgbouncer 2>/dev/null || true)
+		[[ -n $bin || ! -x /usr/sbin/pgbouncer ]] || bin=/usr/sbin/pgbouncer
+	fi
+	if [[ -z $bin ]]; then
+		idem_log "pgbouncer: not installed (apt-get install pgbouncer); the PgBouncer tests will skip"
+		return 0
+	fi
+	PGBOUNCER_BIN=$bin
+	export PGBOUNCER_BIN
+	idem_log "pgbouncer: $PGBOUNCER_BIN"
 }
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 #   2. build bin/stripe-mock (tests start their own instances from it),
 #   3. go vet ./... and go test -race -count=1 -timeout 15m ./... "$@".
 #
-# Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN.
+# Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN, PGBOUNCER_BIN (when
+# pgbouncer is installed, or could be).
 # Extra arguments go to `go test`, e.g. scripts/test.sh -run TestReplay -v
 # The exit status is go test's (or go vet's when vet fails first).
 set -euo pipefail
@@ -29,6 +30,7 @@ build_stripe_mock
 export STRIPE_MOCK_BIN="$IDEMPAY_ROOT/bin/stripe-mock"
 
 ensure_cgo_compiler
+ensure_pgbouncer
 
 idem_log "TEST_DATABASE_URL=$(_idem_redact "$TEST_DATABASE_URL")"
 idem_log "STRIPE_MOCK_BIN=$STRIPE_MOCK_BIN"

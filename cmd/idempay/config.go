@@ -15,10 +15,23 @@ import (
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
+// direct is how the accounts package opens its LISTEN connections:
+// DATABASE_DIRECT_URL when set, else (nil) out of the pool.
+func (c Config) direct() (accounts.Direct, error) {
+	if c.DatabaseDirectURL == "" {
+		return nil, nil
+	}
+	return accounts.DialURL(c.DatabaseDirectURL)
+}
+
 // Config is read once from the environment and passed down as plain values.
 // The README's configuration table lists every variable and its default.
 type Config struct {
-	DatabaseURL       string
+	DatabaseURL string
+	// DatabaseDirectURL reaches PostgreSQL past a transaction pooler, for
+	// the connections that need a session of their own (LISTEN); "" when
+	// DATABASE_URL is direct itself.
+	DatabaseDirectURL string
 	DBMaxConns        int32
 	ListenAddr        string
 	AuthCacheTTL      time.Duration
@@ -42,13 +55,14 @@ func loadConfig() (Config, error) {
 	e := envReader{}
 	idem := idempotency.DefaultConfig()
 	cfg := Config{
-		DatabaseURL:     e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
-		DBMaxConns:      int32(e.int("DB_MAX_CONNS", 16)),
-		ListenAddr:      e.str("LISTEN_ADDR", "127.0.0.1:8080"),
-		AuthCacheTTL:    e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
-		StripeSecretKey: e.str("STRIPE_SECRET_KEY", ""),
-		StripeAPIURL:    strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
-		StripeTimeout:   e.dur("STRIPE_TIMEOUT", 20*time.Second),
+		DatabaseURL:       e.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idempay?sslmode=disable"),
+		DatabaseDirectURL: e.str("DATABASE_DIRECT_URL", ""),
+		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
+		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		AuthCacheTTL:      e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
+		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
+		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
+		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),
 		Webhooks: webhooks.Config{
 			Secret:         e.str("STRIPE_WEBHOOK_SECRET", ""),
 			PreviousSecret: e.str("STRIPE_WEBHOOK_SECRET_PREVIOUS", ""),

@@ -176,6 +176,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var wg sync.WaitGroup
 	// The auth cache forgets a revoked key in every process at once (I11).
 	auth := accounts.NewAuthenticator(a.pool, cfg.AuthCacheTTL)
+	if auth.Direct, err = cfg.direct(); err != nil {
+		stopBG()
+		return err
+	}
+	a.keys.Direct = auth.Direct
 	wg.Go(func() { auth.Listen(bg, a.pool, log) })
 	srv := &http.Server{
 		Addr: cfg.ListenAddr,
@@ -294,7 +299,11 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 		if len(args) != 3 {
 			return errors.New(accountsUsage)
 		}
-		if err := accounts.SetMode(ctx, pool, args[1], args[2]); err != nil {
+		direct, err := cfg.direct()
+		if err != nil {
+			return err
+		}
+		if err := accounts.SetModeDirect(ctx, pool, direct, args[1], args[2]); err != nil {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": args[1], "idempotency_mode": args[2]})

@@ -122,12 +122,18 @@ func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
 // second), so the account's next request, wherever it goes, is under the
 // new mode.
 func SetMode(ctx context.Context, pool *pgxpool.Pool, id, mode string) error {
+	return SetModeDirect(ctx, pool, nil, id, mode)
+}
+
+// SetModeDirect is SetMode for a pool that goes through a transaction
+// pooler: direct opens the connection that awaits the acknowledgements.
+func SetModeDirect(ctx context.Context, pool *pgxpool.Pool, direct Direct, id, mode string) error {
 	switch mode {
 	case ModeRequired, ModeOptional, ModeShadow:
 	default:
 		return fmt.Errorf("mode %q: want %s, %s or %s", mode, ModeRequired, ModeOptional, ModeShadow)
 	}
-	iv, err := expectInvalidation(ctx, pool, accountChanged+id)
+	iv, err := expectInvalidation(ctx, pool, direct, accountChanged+id)
 	if err != nil {
 		return fmt.Errorf("preparing the mode change: %w", err)
 	}

@@ -36,10 +36,23 @@ const (
 	accountChanged = "account:" // + the account id
 )
 
-// listenStatement is the one statement a listening connection runs; its
-// text identifies the listeners in pg_stat_activity, which is how the
-// revoking process knows how many acknowledgements to wait for.
+// listenStatement is the one statement with which a listening connection
+// subscribes.
 const listenStatement = "LISTEN " + authChannel
+
+// A listening connection, once subscribed, holds this session advisory lock
+// in shared mode (the two-int4 form, so that it never meets a one-bigint
+// lock such as the relay's or the migrations'). pg_locks then lists each
+// subscribed listener with its backend pid, to any role, through any pooler
+// in front of the server, and PostgreSQL drops the row the moment the
+// connection ends: that is how the revoking process knows whose
+// acknowledgements to wait for. (pg_stat_activity, the older way, shows
+// another role's query text only to privileged roles, and behind a pooler
+// the statement text tells nothing about who listens.)
+const (
+	listenerLockClass = 0x69646d70 // "idmp"
+	listenerLockObj   = 1          // the auth cache's listeners
+)
 
 // notify queues the invalidation msg in tx: PostgreSQL delivers it to every
 // listener when, and only if, tx commits.
@@ -66,6 +79,15 @@ type Authenticator struct {
 	// is used only while subscribed is true.
 	listened   atomic.Bool
 	subscribed atomic.Bool
+
+	// Direct opens the listening connection; nil takes it out of the pool
+	// given to Listen. Set it before Listen when that pool goes through a
+	// transaction pooler.
+	Direct Direct
+
+	// beforeForget, when set (by tests), runs before each message is
+	// applied: a slow process, to show that the sender waits for it.
+	beforeForget func()
 
 	mu    sync.Mutex
 	cache map[[sha256.Size]byte]cachedAccount
@@ -143,6 +165,44 @@ func (a *Authenticator) forget(msg string) {
 	}
 }
 
+// Direct opens a connection to PostgreSQL itself for a session of its own:
+// a LISTEN, and the advisory lock that marks a listener, live as long as
+// their connection, which a transaction pooler (PgBouncer in transaction
+// mode) would hand to other clients between transactions. Where the pool
+// goes through such a pooler, Direct must reach the server past it (see
+// DialURL); nil takes the connection out of the pool instead, which is
+// right when the pool itself is direct.
+type Direct func(ctx context.Context) (*pgx.Conn, error)
+
+// DialURL is a Direct that connects to url, a PostgreSQL URL that bypasses
+// any pooler; a multi-host URL with target_session_attrs=read-write follows
+// the primary across a failover like the pool's.
+func DialURL(url string) (Direct, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the direct database URL: %w", err)
+	}
+	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }, nil
+}
+
+// open returns a connection of its own: from d, or taken out of pool for
+// good (a listening connection goes back to no other user).
+func (d Direct) open(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	if d != nil {
+		return d(ctx)
+	}
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pc.Hijack(), nil
+}
+
+// ackPayload is a listener's acknowledgement of msg: its backend pid, a
+// space, and msg, so that the sender counts each listener once and only
+// the listeners it waits for.
+func ackPayload(pid uint32, msg string) string { return fmt.Sprintf("%d %s", pid, msg) }
+
 // invalidation is a change of keys or accounts about to commit, whose
 // sender waits for every listening process to have applied it.
 type invalidation struct {
@@ -151,14 +211,14 @@ type invalidation struct {
 }
 
 // expectInvalidation prepares a change about to commit: it subscribes to
-// the acknowledgements before the commit, so that none is missed. Call wait
-// after the commit, and close in any case.
-func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, msg string) (*invalidation, error) {
-	pc, err := pool.Acquire(ctx)
+// the acknowledgements (on a connection from direct, or taken out of pool)
+// before the commit, so that none is missed. Call wait after the commit,
+// and close in any case.
+func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, direct Direct, msg string) (*invalidation, error) {
+	conn, err := direct.open(ctx, pool)
 	if err != nil {
 		return nil, err
 	}
-	conn := pc.Hijack() // a listening connection goes back to no other user
 	if _, err := conn.Exec(ctx, "LISTEN "+ackChannel); err != nil {
 		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
 		return nil, err
@@ -171,26 +231,42 @@ func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, msg string) (*i
 // revocation or a mode change up for long.
 const ackTimeout = 5 * time.Second
 
-// wait returns once every listening process (those whose listening
-// connection pg_stat_activity shows) has acknowledged the message, or after
+// listenersQuery lists the backend pids of the subscribed listeners of
+// this database: those holding the listener lock.
+const listenersQuery = `SELECT pid FROM pg_locks
+	WHERE locktype = 'advisory' AND granted AND objsubid = 2
+	  AND classid = $1::int8::oid AND objid = $2::int8::oid
+	  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// wait returns once every listener subscribed when the change committed
+// (and still connected now) has acknowledged the message, or after
 // ackTimeout: so a revocation or a mode change answers only once it applies
-// everywhere (I11).
+// everywhere (I11). It reads the listeners after the commit: one that
+// subscribed before the commit is listed and receives the message; one
+// that subscribes in between is listed too but never hears of it (it
+// started with an empty cache, so it holds nothing to forget), and only
+// makes this wait run to ackTimeout.
 func (iv *invalidation) wait(ctx context.Context, pool *pgxpool.Pool) {
-	var listeners int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND query = $1`, listenStatement).Scan(&listeners); err != nil {
+	rows, err := pool.Query(ctx, listenersQuery, listenerLockClass, listenerLockObj)
+	if err != nil {
 		return
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return
+	}
+	pending := make(map[string]bool, len(pids))
+	for _, pid := range pids {
+		pending[ackPayload(uint32(pid), iv.msg)] = true
 	}
 	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
 	defer cancel()
-	for acks := 0; acks < listeners; {
+	for len(pending) > 0 {
 		n, err := iv.conn.WaitForNotification(ctx)
 		if err != nil {
 			return
 		}
-		if n.Payload == iv.msg {
-			acks++
-		}
+		delete(pending, n.Payload)
 	}
 }
 
@@ -203,7 +279,10 @@ func (iv *invalidation) close() {
 // Listen subscribes to the invalidation channel on a connection of its own
 // and applies every message until ctx is done. While it is not subscribed
 // (before the first LISTEN, after a lost connection) the cache is not used,
-// so no process trusts a key it may have missed the revocation of.
+// so no process trusts a key it may have missed the revocation of. The
+// connection comes from a.Direct, or out of pool; pool carries only the
+// acknowledgements, which need no session, so it may go through a
+// transaction pooler.
 func (a *Authenticator) Listen(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) {
 	a.listened.Store(true)
 	for ctx.Err() == nil {
@@ -224,15 +303,21 @@ func (a *Authenticator) Listen(ctx context.Context, pool *pgxpool.Pool, log *slo
 }
 
 func (a *Authenticator) listenOnce(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
-	pc, err := pool.Acquire(ctx)
+	conn, err := a.Direct.open(ctx, pool)
 	if err != nil {
 		return err
 	}
-	// A listening connection goes back to no other user: it leaves the pool.
-	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
 	if _, err := conn.PgConn().Exec(ctx, listenStatement).ReadAll(); err != nil {
 		return err
+	}
+	// Only now, subscribed, does this listener show itself to the
+	// revoking processes; the pid its acknowledgements carry is the one
+	// pg_locks shows (the server's, even through a session pooler).
+	var pid int32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock_shared($1, $2)) l",
+		int32(listenerLockClass), int32(listenerLockObj)).Scan(&pid); err != nil {
+		return fmt.Errorf("marking the listener: %w", err)
 	}
 	a.mu.Lock()
 	clear(a.cache) // anything revoked before the LISTEN is forgotten too
@@ -246,12 +331,16 @@ func (a *Authenticator) listenOnce(ctx context.Context, pool *pgxpool.Pool, log 
 		if n.Channel != authChannel {
 			continue // another process's acknowledgement
 		}
+		if a.beforeForget != nil {
+			a.beforeForget()
+		}
 		a.forget(n.Payload)
-		// Acknowledge on another connection: this one only listens.
-		go func(msg string) {
-			if _, err := pool.Exec(context.WithoutCancel(ctx), "SELECT pg_notify($1, $2)", ackChannel, msg); err != nil {
+		// Acknowledge on another connection: this one only listens. A
+		// NOTIFY needs no session, so the pool may go through a pooler.
+		go func(ack string) {
+			if _, err := pool.Exec(context.WithoutCancel(ctx), "SELECT pg_notify($1, $2)", ackChannel, ack); err != nil {
 				log.WarnContext(ctx, "auth cache: acknowledging an invalidation", "err", err)
 			}
-		}(n.Payload)
+		}(ackPayload(uint32(pid), n.Payload))
 	}
 }

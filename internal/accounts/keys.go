@@ -37,6 +37,11 @@ type KeysAPI struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
 	runner *idempotency.Runner
+
+	// Direct opens the connection on which a revocation awaits the other
+	// processes' acknowledgements; nil takes it out of the pool. Set it when
+	// the pool goes through a transaction pooler.
+	Direct Direct
 }
 
 // NewKeysAPI returns the API and registers its operations with the runner,
@@ -184,7 +189,7 @@ func (k *KeysAPI) revoke(c echo.Context) error {
 	// for every process to have forgotten the key (I11).
 	var iv *invalidation
 	if row, err := k.q.APIKeyGetByID(ctx, k.pool, acct.ID, id); err == nil && row.RevokedAt == nil {
-		if iv, err = expectInvalidation(ctx, k.pool, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
+		if iv, err = expectInvalidation(ctx, k.pool, k.Direct, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
 			return fmt.Errorf("preparing the revocation: %w", err)
 		}
 	}

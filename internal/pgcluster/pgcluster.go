@@ -1,0 +1,211 @@
+// Package pgcluster starts, from a test, the PostgreSQL topologies that a
+// payment API meets in production and that one shared test server cannot
+// show: a primary with an asynchronous standby that can be cut off, crashed
+// and failed over (Start), and PgBouncer in front of a server
+// (StartPgBouncer). It is used only by tests.
+//
+// Everything runs on loopback ports under a temporary directory, in process
+// groups of their own, as the postgres user when the test runs as root
+// (initdb and PgBouncer refuse root); t.Cleanup kills every process it
+// started and removes the directory, so that a failed test leaves nothing
+// running.
+package pgcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Bindir returns the directory of the PostgreSQL server programs (initdb,
+// postgres, pg_basebackup): PG_BINDIR if set, else what `pg_config
+// --bindir` names, else the newest /usr/lib/postgresql/*/bin (Debian puts
+// only the client programs on PATH).
+func Bindir() (string, error) {
+	if d := os.Getenv("PG_BINDIR"); d != "" {
+		return d, nil
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		d := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(found) == 0 {
+		return "", errors.New("no PostgreSQL server programs (initdb) found: install PostgreSQL or set PG_BINDIR")
+	}
+	sort.Slice(found, func(i, j int) bool { return versionOf(found[i]) < versionOf(found[j]) })
+	return filepath.Dir(found[len(found)-1]), nil
+}
+
+func versionOf(initdb string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdb))))
+	return n
+}
+
+// runAs is who the servers run as: the postgres user when the test runs as
+// root, the test's own user otherwise.
+type runAs struct {
+	cred *syscall.Credential // nil: as the test itself
+}
+
+func lookupRunAs() (runAs, error) {
+	if os.Geteuid() != 0 {
+		return runAs{}, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return runAs{}, fmt.Errorf("running as root, and there is no postgres user to run the servers as: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return runAs{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}, nil
+}
+
+// command prepares name as the server user, in a process group of its own
+// (so that a kill reaches its children), with its output in log.
+func (r runAs) command(log *os.File, name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: r.cred}
+	cmd.Stdout, cmd.Stderr = log, log
+	return cmd
+}
+
+// run runs name to its end as the server user and returns its output in
+// the error when it fails.
+func (r runAs) run(name string, args ...string) error {
+	var out bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: r.cred}
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out.Bytes())
+	}
+	return nil
+}
+
+// chown gives path to the server user.
+func (r runAs) chown(path string) error {
+	if r.cred == nil {
+		return nil
+	}
+	return os.Chown(path, int(r.cred.Uid), int(r.cred.Gid))
+}
+
+// tempDir is a directory the server user can write, removed in Cleanup
+// (t.TempDir is private to the test's user).
+func tempDir(t testing.TB, r runAs, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := r.chown(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// freePort returns a loopback port nobody listens on now.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// process is a started server: its process group is signalled, never a
+// single pid, so that no child outlives it.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func start(t testing.TB, cmd *exec.Cmd) (*process, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }() //nolint:errcheck // the exit is expected
+	t.Cleanup(func() { p.stop(5 * time.Second) })
+	return p, nil
+}
+
+// kill sends SIGKILL to the whole group and waits for the leader.
+func (p *process) kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
+	<-p.done
+}
+
+// stop asks the group to end (SIGTERM), and kills it after grace.
+func (p *process) stop(grace time.Duration) {
+	select {
+	case <-p.done:
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // orphans, if any
+		return
+	default:
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+	}
+	p.kill()
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitConnect retries a connection to url until it succeeds, the process
+// exits, or timeout.
+func waitConnect(ctx context.Context, p *process, url, logPath string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(cctx, url)
+		cancel()
+		if err == nil {
+			conn.Close(ctx)
+			return nil
+		}
+		if p.exited() || time.Now().After(deadline) {
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("no connection to %s (%v); its log:\n%s", url, err, tail(log, 2000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
