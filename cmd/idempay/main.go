@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -177,15 +176,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The auth cache forgets a revoked key in every process at once (I11).
 	auth := accounts.NewAuthenticator(a.pool, cfg.AuthCacheTTL)
 	wg.Go(func() { auth.Listen(bg, a.pool, log) })
-	srv := &http.Server{
-		Addr: cfg.ListenAddr,
-		Handler: server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics,
-			Webhooks: a.webhooks, Keys: a.keys, Auth: auth}),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
+	srv := server.NewHTTPServer(cfg.ListenAddr, server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log,
+		Metrics: a.metrics, Webhooks: a.webhooks, Keys: a.keys, Auth: auth}))
 
 	if cfg.CompleterInterval > 0 {
 		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
@@ -207,8 +199,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("NATS_URL is not set: events wait in the outbox (GET /v1/events shows them) until a relay runs")
 	}
 
+	ln, err := server.Listen(cfg.ListenAddr) // net/http's own refusals as problem+json too
+	if err != nil {
+		stopBG()
+		wg.Wait()
+		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	go func() { errc <- srv.Serve(ln) }()
 	if cfg.Webhooks.Secret == "" {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}
