@@ -15,7 +15,8 @@ import (
 // text (PostgreSQL would refuse it: a 500 before I14), a query string that
 // does not parse, and the requests Go's HTTP server refuses by itself (a
 // header over 64 KiB, a control character in a header value, a
-// Transfer-Encoding it does not know), each over a real TCP connection.
+// Transfer-Encoding it does not know), and two Idempotency-Key lines with
+// different keys, each over a real TCP connection.
 func TestInputRefusals(t *testing.T) {
 	t.Parallel()
 	_, client, addr, logs := newWireServer(t)
@@ -37,6 +38,7 @@ func TestInputRefusals(t *testing.T) {
 		{"a header over 64 KiB", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Big: " + strings.Repeat("x", 64<<10) + "\r\n", 431, apierror.HeaderTooLarge, ""},
 		{"NUL in a header value", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Note: a\x00b\r\n", 400, apierror.MalformedRequest, ""},
 		{"an unknown Transfer-Encoding", "POST /v1/charges HTTP/1.1\r\n" + auth + "Transfer-Encoding: gzip\r\n", 400, apierror.MalformedRequest, ""},
+		{"two different Idempotency-Keys", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: k-a\r\nIdempotency-Key: k-b\r\nContent-Type: application/json\r\n", 400, apierror.IdempotencyKeyInvalid, ""},
 		{"a control character in the request line", "GET /v1/charges/\x01 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, ""},
 	} {
 		logged := logs.len()
