@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/apitest"
 )
 
 // TestInputRefusals: the refusals of FuzzInput's known-bad cases say what
@@ -16,33 +17,42 @@ import (
 // does not parse, and the requests Go's HTTP server refuses by itself (a
 // header over 64 KiB, a control character in a header value, a
 // Transfer-Encoding it does not know), and two Idempotency-Key lines with
-// different keys, each over a real TCP connection.
+// different keys, and a body whose text is not valid Unicode (which
+// encoding/json would have turned into U+FFFD), each over a real TCP
+// connection.
 func TestInputRefusals(t *testing.T) {
 	t.Parallel()
 	_, client, addr, logs := newWireServer(t)
 	auth := "Authorization: Bearer " + client.Account.APIKey + "\r\n"
 	for _, tc := range []struct {
 		name, request string
+		body          string
 		status        int
 		typ           apierror.Type
 		param         string // the invalid_params name, if any
 	}{
-		{"NUL in a path segment", "GET /v1/charges/%00 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "id"},
-		{"invalid UTF-8 in a path segment", "GET /v1/refunds/re_%FF HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "id"},
-		{"raw invalid UTF-8 in a path segment", "GET /v1/events/\xff\xfe HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "id"},
-		{"NUL in a key's path", "GET /v1/idempotency_keys/k%00 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "key"},
-		{"invalid UTF-8 in an API key id", "DELETE /v1/api_keys/%C3 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "id"},
-		{"NUL in a cursor", "GET /v1/charges?starting_after=ch_%00 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "starting_after"},
-		{"invalid UTF-8 in a limit", "GET /v1/events?limit=%FF HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, "limit"},
-		{"a malformed query string", "GET /v1/charges?limit=%zz HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, ""},
-		{"a header over 64 KiB", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Big: " + strings.Repeat("x", 64<<10) + "\r\n", 431, apierror.HeaderTooLarge, ""},
-		{"NUL in a header value", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Note: a\x00b\r\n", 400, apierror.MalformedRequest, ""},
-		{"an unknown Transfer-Encoding", "POST /v1/charges HTTP/1.1\r\n" + auth + "Transfer-Encoding: gzip\r\n", 400, apierror.MalformedRequest, ""},
-		{"two different Idempotency-Keys", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: k-a\r\nIdempotency-Key: k-b\r\nContent-Type: application/json\r\n", 400, apierror.IdempotencyKeyInvalid, ""},
-		{"a control character in the request line", "GET /v1/charges/\x01 HTTP/1.1\r\n" + auth, 400, apierror.MalformedRequest, ""},
+		{"NUL in a path segment", "GET /v1/charges/%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
+		{"invalid UTF-8 in a path segment", "GET /v1/refunds/re_%FF HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
+		{"raw invalid UTF-8 in a path segment", "GET /v1/events/\xff\xfe HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
+		{"NUL in a key's path", "GET /v1/idempotency_keys/k%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "key"},
+		{"invalid UTF-8 in an API key id", "DELETE /v1/api_keys/%C3 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
+		{"NUL in a cursor", "GET /v1/charges?starting_after=ch_%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "starting_after"},
+		{"invalid UTF-8 in a limit", "GET /v1/events?limit=%FF HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "limit"},
+		{"a malformed query string", "GET /v1/charges?limit=%zz HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, ""},
+		{"a header over 64 KiB", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Big: " + strings.Repeat("x", 64<<10) + "\r\n", "", 431, apierror.HeaderTooLarge, ""},
+		{"NUL in a header value", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Note: a\x00b\r\n", "", 400, apierror.MalformedRequest, ""},
+		{"an unknown Transfer-Encoding", "POST /v1/charges HTTP/1.1\r\n" + auth + "Transfer-Encoding: gzip\r\n", "", 400, apierror.MalformedRequest, ""},
+		{"two different Idempotency-Keys", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: k-a\r\nIdempotency-Key: k-b\r\nContent-Type: application/json\r\n", "", 400, apierror.IdempotencyKeyInvalid, ""},
+		{"invalid UTF-8 in a description", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
+			`{"amount":100,"currency":"usd","payment_method":"tok_visa","description":"caf` + "\xe9" + `"}`, 400, apierror.InvalidRequest, "description"},
+		{"an unpaired surrogate in a metadata value", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
+			`{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"order":"\ud800"}}`, 400, apierror.InvalidRequest, "metadata[order]"},
+		{"invalid UTF-8 in a refund's charge", "POST /v1/refunds HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
+			`{"charge":"ch_` + "\xff" + `"}`, 400, apierror.InvalidRequest, "charge"},
+		{"a control character in the request line", "GET /v1/charges/\x01 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, ""},
 	} {
 		logged := logs.len()
-		status, ct, body := roundTrip(t, addr, []byte(tc.request+"Host: idempay\r\nConnection: close\r\n\r\n"))
+		status, ct, body := roundTrip(t, addr, []byte(fmt.Sprintf("%sHost: idempay\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", tc.request, len(tc.body), tc.body)))
 		var p struct {
 			Type          string                  `json:"type"`
 			Status        int                     `json:"status"`
