@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -56,7 +57,8 @@ configuration is read from the environment; see README.md.
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "idempay:", err)
+		// Once: the client's errors already begin with "idempay: ".
+		fmt.Fprintln(os.Stderr, "idempay:", strings.TrimPrefix(err.Error(), "idempay: "))
 		os.Exit(1)
 	}
 }
@@ -65,6 +67,10 @@ func run(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, usage)
 		return errors.New("no command")
+	}
+	if wantsHelp(args) { // before the configuration: help needs none
+		fmt.Println(strings.TrimRight(helpFor(args[0]), "\n"))
+		return nil
 	}
 	cfg, err := loadConfig()
 	if err != nil {
@@ -95,13 +101,42 @@ func run(args []string) error {
 		return purge(ctx, cfg, log)
 	case "webhooks":
 		return webhooksCmd(ctx, cfg, args[1:])
-	case "help", "-h", "--help":
-		fmt.Print(usage)
-		return nil
 	default:
 		fmt.Fprint(os.Stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
 	}
+}
+
+// wantsHelp reports whether args ask for help: `idempay help`, or -h,
+// -help or --help anywhere before a "--".
+func wantsHelp(args []string) bool {
+	if args[0] == "help" {
+		return true
+	}
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
+}
+
+// helpFor is the usage of the command cmd, or the overview.
+func helpFor(cmd string) string {
+	switch cmd {
+	case "charges", "refunds", "keys", "api-keys":
+		return clientUsage
+	case "orders":
+		return ordersUsage
+	case "accounts":
+		return accountsUsage
+	case "webhooks":
+		return fmt.Sprintf(webhooksUsage, strings.Join(webhooks.TriggerTypes, ", "))
+	}
+	return usage
 }
 
 // newLogger writes JSON (or text) to stderr; server.NewLogHandler adds the
