@@ -16,10 +16,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -57,7 +57,8 @@ configuration is read from the environment; see README.md.
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "idempay:", err)
+		// Once: the client's errors already begin with "idempay: ".
+		fmt.Fprintln(os.Stderr, "idempay:", strings.TrimPrefix(err.Error(), "idempay: "))
 		os.Exit(1)
 	}
 }
@@ -66,6 +67,10 @@ func run(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, usage)
 		return errors.New("no command")
+	}
+	if wantsHelp(args) { // before the configuration: help needs none
+		fmt.Println(strings.TrimRight(helpFor(args[0]), "\n"))
+		return nil
 	}
 	cfg, err := loadConfig()
 	if err != nil {
@@ -96,13 +101,42 @@ func run(args []string) error {
 		return purge(ctx, cfg, log)
 	case "webhooks":
 		return webhooksCmd(ctx, cfg, args[1:])
-	case "help", "-h", "--help":
-		fmt.Print(usage)
-		return nil
 	default:
 		fmt.Fprint(os.Stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
 	}
+}
+
+// wantsHelp reports whether args ask for help: `idempay help`, or -h,
+// -help or --help anywhere before a "--".
+func wantsHelp(args []string) bool {
+	if args[0] == "help" {
+		return true
+	}
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
+}
+
+// helpFor is the usage of the command cmd, or the overview.
+func helpFor(cmd string) string {
+	switch cmd {
+	case "charges", "refunds", "keys", "api-keys":
+		return clientUsage
+	case "orders":
+		return ordersUsage
+	case "accounts":
+		return accountsUsage
+	case "webhooks":
+		return fmt.Sprintf(webhooksUsage, strings.Join(webhooks.TriggerTypes, ", "))
+	}
+	return usage
 }
 
 // newLogger writes JSON (or text) to stderr; server.NewLogHandler adds the
@@ -182,15 +216,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	a.keys.Direct = auth.Direct
 	wg.Go(func() { auth.Listen(bg, a.pool, log) })
-	srv := &http.Server{
-		Addr: cfg.ListenAddr,
-		Handler: server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log, Metrics: a.metrics,
-			Webhooks: a.webhooks, Keys: a.keys, Auth: auth}),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
+	srv := server.NewHTTPServer(cfg.ListenAddr, server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log,
+		Metrics: a.metrics, Webhooks: a.webhooks, Keys: a.keys, Auth: auth}))
 
 	if cfg.CompleterInterval > 0 {
 		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
@@ -212,8 +239,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("NATS_URL is not set: events wait in the outbox (GET /v1/events shows them) until a relay runs")
 	}
 
+	ln, err := server.Listen(cfg.ListenAddr) // net/http's own refusals as problem+json too
+	if err != nil {
+		stopBG()
+		wg.Wait()
+		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	go func() { errc <- srv.Serve(ln) }()
 	if cfg.Webhooks.Secret == "" {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}

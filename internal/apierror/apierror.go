@@ -41,6 +41,8 @@ const (
 	RequestInProgress     Type = "request-in-progress"
 	InvalidJSON           Type = "invalid-json"
 	InvalidRequest        Type = "invalid-request"
+	MalformedRequest      Type = "malformed-request"
+	HeaderTooLarge        Type = "header-too-large"
 	UnsupportedMediaType  Type = "unsupported-media-type"
 	BodyTooLarge          Type = "body-too-large"
 	NotFound              Type = "not-found"
@@ -66,6 +68,8 @@ var statusOf = map[Type]int{
 	RequestInProgress:     http.StatusConflict,
 	InvalidJSON:           http.StatusBadRequest,
 	InvalidRequest:        http.StatusBadRequest,
+	MalformedRequest:      http.StatusBadRequest,
+	HeaderTooLarge:        http.StatusRequestHeaderFieldsTooLarge,
 	UnsupportedMediaType:  http.StatusUnsupportedMediaType,
 	BodyTooLarge:          http.StatusRequestEntityTooLarge,
 	NotFound:              http.StatusNotFound,
@@ -91,6 +95,8 @@ var titleOf = map[Type]string{
 	RequestInProgress:     "A request with this Idempotency-Key is in progress",
 	InvalidJSON:           "Request body is not valid JSON",
 	InvalidRequest:        "Request parameters are invalid",
+	MalformedRequest:      "The request is malformed",
+	HeaderTooLarge:        "Request header is too large",
 	UnsupportedMediaType:  "Request body must be application/json",
 	BodyTooLarge:          "Request body is too large",
 	NotFound:              "Resource not found",
@@ -119,8 +125,8 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"A POST was sent without an Idempotency-Key (or Idempotency-Token) header, which this account requires. Nothing was stored.",
 		"Send a key that is unique to this logical request, for example a UUID, and send the same key with every retry of it."},
 	IdempotencyKeyInvalid: {
-		"The Idempotency-Key is empty, longer than 255 characters, not printable ASCII, or a malformed quoted form; or Idempotency-Token is not a lower-case GUID, or names another key than Idempotency-Key. Nothing was stored.",
-		"Fix the key (1 to 255 printable ASCII characters) and send the request again."},
+		"The Idempotency-Key is empty, longer than 255 characters, not printable ASCII, or a malformed quoted form; or Idempotency-Token is not a lower-case GUID, or names another key than Idempotency-Key; or the request has two header lines of one of them with different keys. Nothing was stored.",
+		"Fix the key (1 to 255 printable ASCII characters), send it once, and send the request again."},
 	IdempotencyKeyReused: {
 		"The Idempotency-Key was already used for a different request (another method, path or body). Nothing changed: the key keeps the answer to its first request.",
 		"This is a bug on the client's side: a new request needs a new key. Retrying the first request with this key gets its stored answer."},
@@ -133,6 +139,12 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	InvalidRequest: {
 		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
+	MalformedRequest: {
+		"The request is malformed before its body is read: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, or a request line or header that HTTP does not allow. Nothing was stored.",
+		"Percent-encode the path and query as UTF-8, send header values without control characters, and send the request again; the same Idempotency-Key is fine."},
+	HeaderTooLarge: {
+		"The request line and headers together are larger than 64 KiB. Nothing was stored.",
+		"Send smaller headers (or a shorter URL); the same Idempotency-Key is fine."},
 	UnsupportedMediaType: {
 		"The request body is not sent as application/json. Nothing was stored.",
 		"Send the body as JSON with Content-Type: application/json; the same Idempotency-Key is fine."},

@@ -47,6 +47,7 @@ type params interface{ validate() error }
 // decodeParams decodes the JSON object raw into dst and validates it. It
 // reports every problem at once, in one 400 invalid-request whose
 // invalid_params name each field: every field given twice (repeatedNames),
+// every field whose name or text is not valid Unicode (invalidText),
 // every unknown field (in the order of the body), every known field of the
 // wrong type, and every failed check of the known fields (dst.validate).
 // So a client that sends a typo and a bad amount learns of both. A body
@@ -54,11 +55,12 @@ type params interface{ validate() error }
 // tags as encoding/json matches them (case-insensitively).
 func decodeParams(raw []byte, dst params) error {
 	repeated := repeatedNames(raw)
+	badText := invalidText(raw)
 	// The usual body is a valid one: one strict decode, and the walk field
 	// by field below only when that fails, to name every problem at once.
 	strict := json.NewDecoder(bytes.NewReader(raw))
 	strict.DisallowUnknownFields()
-	if err := strict.Decode(dst); err == nil && len(repeated) == 0 {
+	if err := strict.Decode(dst); err == nil && len(repeated) == 0 && len(badText) == 0 {
 		return dst.validate()
 	}
 	reflect.ValueOf(dst).Elem().SetZero() // what the strict decode left half done
@@ -77,6 +79,14 @@ func decodeParams(raw []byte, dst params) error {
 		}
 		if field, ok := knownField(known, name); ok {
 			failed[field] = true // which value counts is not for us to say
+		}
+	}
+	// Text that is not valid Unicode: encoding/json would decode it as
+	// U+FFFD, and the field's own checks would pass what was not sent.
+	for _, p := range badText {
+		if field := baseField(p.Name); !failed[field] {
+			bad = append(bad, p)
+			failed[field] = true
 		}
 	}
 	for dec.More() {

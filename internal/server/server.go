@@ -73,6 +73,7 @@ func New(d Deps) *echo.Echo {
 	}))
 	e.Use(requestLogger(log, m, routes))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true}))
+	e.Use(checkInput) // after routing: it checks the route's path parameters
 
 	e.GET("/healthz", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})

@@ -34,29 +34,67 @@ var guid = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 // Key reads the request's key from Idempotency-Key or its alias
 // Idempotency-Token. present is false when neither header was sent (the
 // caller decides whether that is allowed: idempotency.ErrKeyMissing is the
-// refusal when it is not). A malformed value, or both headers with
-// different keys, is a 400 problem.
+// refusal when it is not). A malformed value, both headers with different
+// keys, or two lines of one header with different keys, is a 400 problem.
+//
+// Two lines of one header are two values: a request that names two keys
+// would be deduplicated under whichever one a reader picks (net/http's Get
+// takes the first, a proxy or a log may take the last), so it is refused,
+// as a JSON field given twice is. The same key on two lines (a client or
+// proxy that adds the header again) means one key and passes. A comma in
+// one line is not a separator: the key is an opaque string, and a comma is
+// one of its printable characters; a proxy that folds two lines into one
+// "a, b" therefore sends the key "a, b". Empty lines are ignored.
 func Key(h http.Header) (key string, present bool, err error) {
-	rawKey, rawToken := h.Get(HeaderKey), strings.TrimSpace(h.Get(HeaderToken))
-	if rawKey == "" && rawToken == "" {
+	rawToken, err := oneValue(h, HeaderToken, func(v string) (string, error) { return v, nil })
+	if err != nil {
+		return "", true, err
+	}
+	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
+		k, err := idempotency.ParseKey(v)
+		return k, Problem(err)
+	})
+	if err != nil {
+		return "", true, err
+	}
+	if key == "" && rawToken == "" {
 		return "", false, nil
 	}
 	if rawToken != "" && !guid.MatchString(rawToken) {
 		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
 			"The Idempotency-Token must be a lower-case canonical GUID (8-4-4-4-12 hex digits).")
 	}
-	if rawKey == "" {
+	if key == "" {
 		return rawToken, true, nil
-	}
-	key, err = idempotency.ParseKey(rawKey)
-	if err != nil {
-		return "", true, Problem(err)
 	}
 	if rawToken != "" && rawToken != key {
 		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
 			"Idempotency-Key and Idempotency-Token name different keys; send one of them.")
 	}
 	return key, true, nil
+}
+
+// oneValue is the key that every non-empty line of the header name gives
+// through parse, "" when there is none, or a refusal when a line does not
+// parse or two lines give different keys.
+func oneValue(h http.Header, name string, parse func(string) (string, error)) (string, error) {
+	var key string
+	for _, line := range h.Values(name) {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		k, err := parse(line)
+		if err != nil {
+			return "", err
+		}
+		if key != "" && k != key {
+			return "", apierror.Newf(apierror.IdempotencyKeyInvalid,
+				"The request has two %s headers with different keys; send the header once.", name)
+		}
+		key = k
+	}
+	return key, nil
 }
 
 // MissingKey is the refusal of a request without a key where one is

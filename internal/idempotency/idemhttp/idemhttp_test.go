@@ -66,3 +66,46 @@ func TestProblem(t *testing.T) {
 		t.Errorf("Problem(other error) = %v, want it unchanged", got)
 	}
 }
+
+// TestKeyLines: two header lines with different keys are refused (which
+// one counts is not for the server to guess); the same key twice, in bare
+// and quoted form too, is one key; a comma is part of a key.
+func TestKeyLines(t *testing.T) {
+	t.Parallel()
+	const guid = "0b7e8a3c-1f2d-4e5f-8a9b-0c1d2e3f4a5b"
+	for _, tc := range []struct {
+		name          string
+		keys, tokens  []string
+		want          string
+		present, fail bool
+	}{
+		{"no header", nil, nil, "", false, false},
+		{"one key", []string{"k1"}, nil, "k1", true, false},
+		{"two different keys", []string{"k1", "k2"}, nil, "", true, true},
+		{"one key twice", []string{"k1", "k1"}, nil, "k1", true, false},
+		{"one key, bare and quoted", []string{"k1", `"k1"`}, nil, "k1", true, false},
+		{"an empty line and a key", []string{"", "k1"}, nil, "k1", true, false},
+		{"a comma is part of the key", []string{"a, b"}, nil, "a, b", true, false},
+		{"a valid key and a malformed one", []string{"k1", "k\x00"}, nil, "", true, true},
+		{"two different tokens", nil, []string{guid, "1b7e8a3c-1f2d-4e5f-8a9b-0c1d2e3f4a5b"}, "", true, true},
+		{"one token twice", nil, []string{guid, guid}, guid, true, false},
+		{"a key and a different token", []string{"k1"}, []string{guid}, "", true, true},
+	} {
+		h := http.Header{}
+		for _, k := range tc.keys {
+			h.Add(idemhttp.HeaderKey, k)
+		}
+		for _, k := range tc.tokens {
+			h.Add(idemhttp.HeaderToken, k)
+		}
+		key, present, err := idemhttp.Key(h)
+		if key != tc.want || present != tc.present || (err != nil) != tc.fail {
+			t.Errorf("%s: key %q, present %v, err %v; want %q, %v, failure %v", tc.name, key, present, err, tc.want, tc.present, tc.fail)
+			continue
+		}
+		var pe *apierror.Error
+		if tc.fail && (!errors.As(err, &pe) || pe.Type != apierror.IdempotencyKeyInvalid) {
+			t.Errorf("%s: error %v, want an %s problem", tc.name, err, apierror.IdempotencyKeyInvalid)
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/idempay/idempay/internal/apitest"
+)
+
+// TestMain lets a test run this binary's main as a child process: with
+// IDEMPAY_TEST_MAIN=1, the test binary is idempay.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMPAY_TEST_MAIN") == "1" {
+		os.Args = append([]string{"idempay"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// idempay runs the command with exactly env (nothing inherited) and
+// returns its stdout, stderr and exit status.
+func idempay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append([]string{"IDEMPAY_TEST_MAIN=1"}, env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// TestHelpNeedsNoEnvironment: --help, -h and `help` print the usage of the
+// command asked about on stdout and exit 0, with no environment at all (no
+// API key, no NATS_URL, no DATABASE_URL), and run nothing: `serve --help`
+// does not serve.
+func TestHelpNeedsNoEnvironment(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string // a line of the usage that must be printed
+	}{
+		{[]string{"--help"}, "usage: idempay <command>"},
+		{[]string{"-h"}, "usage: idempay <command>"},
+		{[]string{"help"}, "usage: idempay <command>"},
+		{[]string{"serve", "--help"}, "usage: idempay <command>"},
+		{[]string{"consume", "-h"}, "usage: idempay <command>"},
+		{[]string{"charges", "--help"}, "idempay charges create --amount N"},
+		{[]string{"charges", "create", "--help"}, "idempay charges create --amount N"},
+		{[]string{"refunds", "get", "-h"}, "idempay refunds get ID"},
+		{[]string{"api-keys", "--help"}, "idempay api-keys revoke ID"},
+		{[]string{"orders", "--help"}, "idempay orders publish --account ACCT"},
+		{[]string{"orders", "publish", "-help"}, "idempay orders publish --account ACCT"},
+		{[]string{"accounts", "create", "--help"}, "usage: idempay accounts create --name NAME"},
+		{[]string{"webhooks", "trigger", "--help"}, "usage: idempay webhooks trigger TYPE"},
+	} {
+		stdout, stderr, code := idempay(t, nil, tc.args...)
+		if code != 0 || !strings.Contains(stdout, tc.want) || stderr != "" {
+			t.Errorf("idempay %s: exit %d, stdout %.120q, stderr %q; want exit 0 and %q on stdout, nothing on stderr",
+				strings.Join(tc.args, " "), code, stdout, stderr, tc.want)
+		}
+	}
+}
+
+// TestErrorPrintedOnce: an error answer of the API is printed as its
+// problem and one line that says "idempay:" once (it said
+// "idempay: idempay: 422 ..."), against the real API and database.
+func TestErrorPrintedOnce(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	client := env.NewClient(t)
+	vars := []string{"IDEMPAY_API_URL=" + env.Server.URL, "IDEMPAY_API_KEY=" + client.Account.APIKey}
+	key := apitest.NewKey()
+	if _, stderr, code := idempay(t, vars, "charges", "create", "--amount", "100", "--payment-method", "tok_visa", "--idempotency-key", key); code != 0 {
+		t.Fatalf("charges create: exit %d, stderr %s", code, stderr)
+	}
+	_, stderr, code := idempay(t, vars, "charges", "create", "--amount", "200", "--payment-method", "tok_visa", "--idempotency-key", key)
+	if code != 1 {
+		t.Fatalf("charges create with a reused key: exit %d, want 1; stderr %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "/problems/idempotency-key-reused") {
+		t.Errorf("stderr does not show the problem:\n%s", stderr)
+	}
+	if n := strings.Count(stderr, "idempay:"); n != 1 || !strings.Contains(stderr, "idempay: 422") {
+		t.Errorf("stderr has %q %d times, want one line \"idempay: 422 ...\":\n%s", "idempay:", n, stderr)
+	}
+}
