@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.1.2
 	github.com/gowebpki/jcs v1.0.2
+	github.com/idempay/idempay/client v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/tern/v2 v2.3.4
 	github.com/labstack/echo/v4 v4.15.4
@@ -66,3 +67,7 @@ require (
 )
 
 tool github.com/stripe/stripe-mock
+
+// The client is its own module (an importer gets only what it needs); the
+// server builds against the copy in this repository.
+replace github.com/idempay/idempay/client => ./client
