@@ -13,6 +13,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // EventOutcome is what a Stripe event did to the ledger.
@@ -111,7 +112,7 @@ func (s *Service) applyCharge(ctx context.Context, tx pgx.Tx, typ string, sc *st
 		set.Status = status
 		if status == "failed" {
 			set.FailureCode = nonEmpty(declineCode(sc))
-			set.FailureMessage = nonEmpty(truncate(sc.FailureMessage, 1000))
+			set.FailureMessage = nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000))
 		}
 	}
 	updated, err := s.q.ChargeApplyEvent(ctx, tx, set)
@@ -242,7 +243,7 @@ func (s *Service) applyDispute(ctx context.Context, tx pgx.Tx, sd *stripe.Disput
 	if err != nil {
 		return "", fmt.Errorf("locking charge %s: %w", id, err)
 	}
-	reason := nonEmpty(truncate(string(sd.Reason), 100))
+	reason := nonEmpty(pgtext.Truncate(string(sd.Reason), 100))
 	d, err := s.q.DisputeGetByStripeIDForUpdate(ctx, tx, sd.ID)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		if _, err := s.q.DisputeInsert(ctx, tx, &dbsqlc.DisputeInsertParams{

@@ -34,6 +34,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Config configures the consumer.
@@ -298,9 +299,7 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 // naming why and where it came from, then terminates it. If the publish
 // fails, the message is nak'ed instead: it is never dropped.
 func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason, detail string) {
-	if len(detail) > maxDeadLetterDetail {
-		detail = detail[:maxDeadLetterDetail]
-	}
+	detail = pgtext.Truncate(detail, maxDeadLetterDetail)
 	dl := nats.NewMsg(c.cfg.DLQSubject)
 	dl.Data = msg.Data()
 	for k, v := range msg.Headers() {

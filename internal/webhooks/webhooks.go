@@ -33,6 +33,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Route is the endpoint, as registered and as stored on its records.
@@ -224,10 +225,7 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 // recordFailure notes a failed processing attempt on the inbox row, if the
 // event got that far; it is best effort, for an operator's eyes.
 func (h *Handler) recordFailure(ctx context.Context, eventID string, cause error) {
-	msg := cause.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
+	msg := pgtext.Truncate(cause.Error(), 1000)
 	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool, &msg, eventID); err != nil {
 		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
 	}
