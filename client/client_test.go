@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -24,24 +23,6 @@ import (
 
 // ---------------------------------------------------------------------------
 // Helpers.
-
-// counter is an Observer that keeps every attempt.
-type counter struct {
-	mu       sync.Mutex
-	attempts []client.Attempt
-}
-
-func (c *counter) observe(a client.Attempt) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.attempts = append(c.attempts, a)
-}
-
-func (c *counter) all() []client.Attempt {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.attempts)
-}
 
 // seen is one request as the front received it.
 type seen struct {
@@ -100,22 +81,6 @@ func (f *front) requests() []seen {
 	return slices.Clone(f.seen)
 }
 
-// sameKeyAndBytes fails unless every request carried one key and one body
-// (I12), and returns them.
-func sameKeyAndBytes(t *testing.T, reqs []seen) (string, []byte) {
-	t.Helper()
-	if len(reqs) == 0 {
-		t.Fatal("no request reached the front")
-	}
-	for i, r := range reqs {
-		if r.key != reqs[0].key || !bytes.Equal(r.body, reqs[0].body) || r.method != reqs[0].method || r.path != reqs[0].path {
-			t.Errorf("attempt %d: %s %s key %q body %q; attempt 1: %s %s key %q body %q",
-				i+1, r.method, r.path, r.key, r.body, reqs[0].method, reqs[0].path, reqs[0].key, reqs[0].body)
-		}
-	}
-	return reqs[0].key, reqs[0].body
-}
-
 // problem writes a problem+json answer as the API does.
 func problem(w http.ResponseWriter, status int, typ, retryAfter string) {
 	if retryAfter != "" {
@@ -129,27 +94,6 @@ func problem(w http.ResponseWriter, status int, typ, retryAfter string) {
 func visa(amount int64) client.ChargeParams {
 	return client.ChargeParams{Amount: amount, Currency: "usd", PaymentMethod: "tok_visa"}
 }
-
-func ptr[T any](v T) *T { return &v }
-
-// str renders an optional string for a failure message: <nil> or quoted.
-func str(p *string) string {
-	if p == nil {
-		return "<nil>"
-	}
-	return fmt.Sprintf("%q", *p)
-}
-
-// describeAttempts summarises attempts for a failure message.
-func describeAttempts(atts []client.Attempt) string {
-	parts := make([]string, 0, len(atts))
-	for _, a := range atts {
-		parts = append(parts, fmt.Sprintf("#%d %s status %d err %v retry %t", a.N, a.URL, a.Status, a.Err, a.Retry))
-	}
-	return strings.Join(parts, "; ")
-}
-
-var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
 func asError(t *testing.T, err error) *client.Error {
 	t.Helper()
@@ -236,7 +180,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	} else if e.IdempotencyKey != "give-up-1" {
 		t.Errorf("last answer: key %q, want give-up-1", e.IdempotencyKey)
 	}
-	if _, final := err.(*client.Error); final {
+	if _, final := err.(*client.Error); final { //nolint:errorlint // the point: it must not be a bare *client.Error
 		t.Errorf("the error of a call that gave up is a bare *client.Error: it would read as a final answer")
 	}
 	// The message names the attempts and the key, to retry the call later.

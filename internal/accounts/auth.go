@@ -160,7 +160,7 @@ func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, msg string) (*i
 	}
 	conn := pc.Hijack() // a listening connection goes back to no other user
 	if _, err := conn.Exec(ctx, "LISTEN "+ackChannel); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return &invalidation{conn: conn, msg: msg}, nil
@@ -196,7 +196,7 @@ func (iv *invalidation) wait(ctx context.Context, pool *pgxpool.Pool) {
 
 func (iv *invalidation) close() {
 	if iv != nil {
-		iv.conn.Close(context.Background()) //nolint:errcheck
+		iv.conn.Close(context.Background())
 	}
 }
 
@@ -230,7 +230,7 @@ func (a *Authenticator) listenOnce(ctx context.Context, pool *pgxpool.Pool, log 
 	}
 	// A listening connection goes back to no other user: it leaves the pool.
 	conn := pc.Hijack()
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.PgConn().Exec(ctx, listenStatement).ReadAll(); err != nil {
 		return err
 	}

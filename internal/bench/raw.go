@@ -31,7 +31,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
 	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, a.id, key); !errors.Is(err, pgx.ErrNoRows) {
-		return charge{}, fmt.Errorf("replay read: want a miss, got %v", err)
+		return charge{}, fmt.Errorf("replay read: want a miss, got %w", err)
 	}
 	body := chargeBody(i)
 	fp := sha256.Sum256(body)

@@ -82,7 +82,7 @@ func canonicalV1(body []byte) ([]byte, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJSON, err)
 	}
 	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
 		return nil, fmt.Errorf("%w: data after the JSON value", ErrInvalidJSON)
@@ -91,7 +91,7 @@ func canonicalV1(body []byte) ([]byte, error) {
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJSON, err)
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }

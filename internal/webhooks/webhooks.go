@@ -207,7 +207,7 @@ func (h *Handler) verify(payload []byte, header string) (*stripe.Event, error) {
 func request(ev *stripe.Event) (idempotency.Request, error) {
 	key, err := idempotency.ParseKey(ev.ID)
 	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
-		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.")
+		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.") //nolint:staticcheck // the text is the problem's detail, a sentence
 	}
 	stable, err := json.Marshal(struct {
 		ID         string          `json:"id"`
@@ -217,7 +217,7 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 		Object     json.RawMessage `json:"object"`
 	}{ev.ID, string(ev.Type), ev.Created, ev.APIVersion, ev.Data.Raw})
 	if err != nil {
-		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err)
+		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err) //nolint:errorlint,staticcheck // the problem's detail, a sentence; the cause is not for callers to match
 	}
 	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idemhttp.MaxBodyBytes)
 }
