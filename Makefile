@@ -9,14 +9,16 @@ SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.30.0
 # sqlc finds sqlc.yaml in the repository root by itself; elsewhere we point at it.
 SQLC_CONFIG ?= $(firstword $(wildcard sqlc.yaml sqlc.yml sqlc.json db/sqlc.yaml db/sqlc.yml db/sqlc.json))
 SQLC_FLAGS  := $(if $(SQLC_CONFIG),-f $(SQLC_CONFIG))
+# golangci-lint, pinned like sqlc; .golangci.yml says what it checks and why.
+GOLANGCI_LINT := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 # Extra arguments for go test, e.g. make test ARGS='-run TestReplay -v'
 ARGS ?=
 
-.PHONY: help up test generate verify build lint fmt-check bench clean distclean
+.PHONY: help up test generate verify build lint fmt-check bench clean clean-services distclean
 
 help: ## list the targets
 	@echo "usage: make <target>"
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 up: ## start PostgreSQL, stripe-mock (STRIPE=fake: the Stripe fake, which declines tok_chargeDeclined) and the API on 127.0.0.1:8080 (Ctrl-C stops)
 	bash scripts/up.sh
@@ -27,16 +29,20 @@ test: ## vet and run all tests with -race against PostgreSQL and stripe-mock (AR
 generate: ## regenerate the sqlc code from the SQL
 	$(SQLC) $(SQLC_FLAGS) generate
 
-verify: fmt-check ## check that sqlc output is current, go.mod/go.sum are tidy, gofmt is clean and go vet passes
+verify: fmt-check ## check that sqlc output is current, go.mod/go.sum are tidy (server and client/), gofmt, go vet and golangci-lint pass
 	$(SQLC) $(SQLC_FLAGS) diff
 	$(GO) mod tidy -diff
-	$(GO) vet ./...
+	cd client && $(GO) mod tidy -diff
+	$(MAKE) --no-print-directory lint
 
 build: ## build bin/idempay
 	$(GO) build -o bin/idempay ./cmd/idempay
 
-lint: fmt-check ## go vet and gofmt check
+lint: fmt-check ## gofmt check, go vet and golangci-lint (.golangci.yml) on the server and client/ modules
 	$(GO) vet ./...
+	cd client && $(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+	cd client && $(GOLANGCI_LINT) run ./...
 
 fmt-check: # gofmt -l must print nothing (bin/, .run/ and .git/ skipped)
 	@out="$$(find . \( -path ./bin -o -path ./.run -o -path ./.git \) -prune -o -name '*.go' -print0 | xargs -0 -r gofmt -l)"; \
@@ -47,8 +53,11 @@ bench: ## load benchmark (BENCHMARKS.md): bin/idempay-bench starts bin/idempay o
 	$(GO) build -o bin/idempay-bench ./cmd/idempay-bench
 	DATABASE_URL="$${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempay_bench?sslmode=disable}" bin/idempay-bench $(BENCH_ARGS)
 
-clean: ## remove build output (bin/)
-	rm -rf bin
+clean: clean-services ## remove bin/ and what the demo and tests left on the shared services (clean-services)
+	@if [[ -d bin ]]; then rm -rf bin && echo "removed bin/"; fi
+
+clean-services: ## drop the idempay and idempay_* databases (demo, bench, tests) and the demo's NATS streams ORDERS and IDEMPAY_EVENTS; prints each (CLEAN_ARGS=-n: only print)
+	$(GO) run ./scripts/cleanservices $(CLEAN_ARGS)
 
 distclean: clean ## also stop the private PostgreSQL cluster and delete .run/ (its data)
 	source scripts/lib.sh && stop_private_postgres

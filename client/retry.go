@@ -222,10 +222,10 @@ func retryableTransport(err error) bool {
 // retryableStatus says whether an error answer asks for the same request
 // again: 409 request-in-progress, 429 and every 5xx.
 func retryableStatus(e *Error) bool {
-	switch {
-	case e.Status == http.StatusConflict:
+	switch e.Status {
+	case http.StatusConflict:
 		return e.Code() == "request-in-progress"
-	case e.Status == http.StatusTooManyRequests:
+	case http.StatusTooManyRequests:
 		return true
 	default:
 		return e.Status >= 500 && e.Status <= 599
@@ -242,7 +242,7 @@ func (c *Client) wait(n int, retryAfter time.Duration) time.Duration {
 	ceiling = min(ceiling, c.max)
 	var d time.Duration
 	if ceiling > 0 {
-		d = mrand.N(ceiling + 1)
+		d = mrand.N(ceiling + 1) //nolint:gosec // jitter spreads retries; it guards nothing
 	}
 	d = max(d, retryAfter)
 	return d

@@ -5,18 +5,11 @@ package db
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-//go:embed migrations/*.sql
-var migrations embed.FS
 
 // ErrNotFound is returned instead of pgx.ErrNoRows so that callers test one
 // domain error and never depend on the driver.
@@ -53,66 +46,4 @@ func WithTx[T any](ctx context.Context, db Beginner, fn func(ctx context.Context
 		return zero, fmt.Errorf("committing transaction: %w", err)
 	}
 	return v, nil
-}
-
-// migrationLockID is the advisory lock that serialises migrations when
-// several processes (servers, test packages) start at once.
-const migrationLockID = 7_146_153_209
-
-// Migrate applies every embedded migration that has not been applied yet, in
-// file name order, each in its own transaction. It is safe to run
-// concurrently from several processes.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("acquiring connection for migrations: %w", err)
-	}
-	defer conn.Release()
-
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLockID); err != nil {
-		return nil, fmt.Errorf("taking migration lock: %w", err)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockID) //nolint:errcheck
-
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    text PRIMARY KEY,
-		applied_at timestamptz NOT NULL DEFAULT now()
-	)`); err != nil {
-		return nil, fmt.Errorf("creating schema_migrations: %w", err)
-	}
-
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return nil, fmt.Errorf("listing migrations: %w", err)
-	}
-	sort.Strings(names)
-
-	var applied []string
-	for _, name := range names {
-		version := name[len("migrations/"):]
-		sql, err := migrations.ReadFile(name)
-		if err != nil {
-			return applied, fmt.Errorf("reading %s: %w", name, err)
-		}
-		done, err := WithTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) (bool, error) {
-			tag, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING", version)
-			if err != nil {
-				return false, err
-			}
-			if tag.RowsAffected() == 0 {
-				return false, nil
-			}
-			if _, err := tx.Exec(ctx, string(sql)); err != nil {
-				return false, err
-			}
-			return true, nil
-		})
-		if err != nil {
-			return applied, fmt.Errorf("applying migration %s: %w", version, err)
-		}
-		if done {
-			applied = append(applied, version)
-		}
-	}
-	return applied, nil
 }

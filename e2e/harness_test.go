@@ -14,8 +14,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -134,12 +132,6 @@ func newFake(t *testing.T) *stripefake.Server {
 	fake := stripefake.New()
 	t.Cleanup(fake.Close)
 	return fake
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // freePort returns a loopback port that was free a moment ago.
@@ -541,7 +533,7 @@ func createCharge(ctx context.Context, cl *client.Client, key string, p client.C
 	if err == nil {
 		return &apiResponse{Status: ch.StatusCode(), Header: ch.Header(), Body: ch.RawBody()}, nil
 	}
-	if e, final := err.(*client.Error); final { // a final answer is returned unwrapped
+	if e, final := err.(*client.Error); final { //nolint:errorlint // a final answer is returned unwrapped; a wrapped one ended a call that gave up
 		return &apiResponse{Status: e.Status, Header: e.Header, Body: e.Body}, nil
 	}
 	return nil, fmt.Errorf("key %s: %w", key, err)

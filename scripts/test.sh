@@ -5,7 +5,9 @@
 #      (or use $TEST_DATABASE_URL as is); the tests use its name as a prefix:
 #      each test package creates and uses idempay_test_<package>,
 #   2. build bin/stripe-mock (tests start their own instances from it),
-#   3. go vet ./... and go test -race -count=1 -timeout 15m ./... "$@".
+#   3. go vet ./... and go test -race -count=1 -timeout 15m ./... "$@",
+#   4. the same in client/, the Go client's own module (skipped when the
+#      arguments name packages, e.g. scripts/test.sh -run X ./internal/db/...).
 #
 # Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN, PGBOUNCER_BIN (when
 # pgbouncer is installed, or could be).
@@ -38,7 +40,22 @@ idem_log "STRIPE_MOCK_BIN=$STRIPE_MOCK_BIN"
 idem_log "go vet ./..."
 go vet ./...
 
-idem_log "go test -race -count=1 -timeout 15m ./... $*"
+# Arguments that name packages replace ./... here and skip the client module,
+# whose packages the server module's go test cannot name.
+pkgs=()
+for a in "$@"; do
+	[[ $a == ./* || $a == github.com/* ]] && pkgs+=("$a")
+done
+
+idem_log "go test -race -count=1 -timeout 15m $([[ ${#pkgs[@]} -eq 0 ]] && echo './... ')$*"
 rc=0
-go test -race -count=1 -timeout 15m ./... "$@" || rc=$?
+if [[ ${#pkgs[@]} -eq 0 ]]; then
+	go test -race -count=1 -timeout 15m ./... "$@" || rc=$?
+	idem_log "client module: go vet ./... && go test -race -count=1 ./... $*"
+	crc=0
+	(cd client && go vet ./... && go test -race -count=1 -timeout 5m ./... "$@") || crc=$?
+	[[ $rc -ne 0 ]] || rc=$crc
+else
+	go test -race -count=1 -timeout 15m "$@" || rc=$?
+fi
 exit "$rc"

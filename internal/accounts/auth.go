@@ -220,7 +220,7 @@ func expectInvalidation(ctx context.Context, pool *pgxpool.Pool, direct Direct, 
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+ackChannel); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return &invalidation{conn: conn, msg: msg}, nil
@@ -272,7 +272,7 @@ func (iv *invalidation) wait(ctx context.Context, pool *pgxpool.Pool) {
 
 func (iv *invalidation) close() {
 	if iv != nil {
-		iv.conn.Close(context.Background()) //nolint:errcheck
+		iv.conn.Close(context.Background())
 	}
 }
 
@@ -307,7 +307,7 @@ func (a *Authenticator) listenOnce(ctx context.Context, pool *pgxpool.Pool, log 
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.PgConn().Exec(ctx, listenStatement).ReadAll(); err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func (h *httpConn) do(ctx context.Context, method, path, auth, idemKey string, b
 	}
 	c := h.c
 	// A cancelled run (Ctrl-C) unblocks the request at once.
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if err := c.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
 		h.close()

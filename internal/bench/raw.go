@@ -35,7 +35,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 		Scope: a.id, Key: key, LockTimeoutSeconds: 60,
 	}); !errors.Is(err, pgx.ErrNoRows) {
-		return charge{}, fmt.Errorf("replay read: want a miss, got %v", err)
+		return charge{}, fmt.Errorf("replay read: want a miss, got %w", err)
 	}
 	body := chargeBody(i)
 	fp := sha256.Sum256(body)

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
@@ -29,6 +28,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/listing"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Routes, as fingerprinted and stored on idempotency records.
@@ -250,7 +250,7 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		updated.Status = "failed"
 		updated.StripeChargeID = nonEmpty(se.ChargeID)
 		updated.FailureCode = nonEmpty(failureCode(se))
-		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		// The charge as the API shows it, encoded once: the body of a
@@ -470,15 +470,4 @@ func nonEmpty(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // EventOutcome is what a Stripe event did to the ledger.
@@ -115,7 +116,7 @@ func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ str
 		updated.Status = status
 		if status == "failed" {
 			updated.FailureCode = cmpOr(nonEmpty(declineCode(sc)), ch.FailureCode)
-			updated.FailureMessage = cmpOr(nonEmpty(truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
+			updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
 		}
 	}
 	if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
@@ -254,7 +255,7 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
 	}
-	reason := nonEmpty(truncate(string(sd.Reason), 100))
+	reason := nonEmpty(pgtext.Truncate(string(sd.Reason), 100))
 	d, err := s.q.DisputeGetByStripeID(ctx, s.pool, sd.ID)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		// The charge's version moves with its new dispute, so that a refund

@@ -15,6 +15,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 func (s *Service) createRefund(c echo.Context) error {
@@ -114,7 +115,7 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	} else {
 		updated.Status = "failed"
 		updated.FailureCode = nonEmpty(failureCode(se))
-		updated.FailureMessage = nonEmpty(truncate(se.Msg, 1000))
+		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		if kind != outcomeOK {

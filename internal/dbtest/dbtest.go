@@ -25,6 +25,7 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is not set. Tests never use the
@@ -175,10 +176,7 @@ type Account struct {
 // NewAccount creates a fresh account, so that a test's rows are its own.
 func NewAccount(tb testing.TB) Account {
 	tb.Helper()
-	name := "test " + tb.Name()
-	if len(name) > 200 {
-		name = name[:200]
-	}
+	name := pgtext.Truncate("test "+tb.Name(), 200)
 	acct, key, err := accounts.Create(context.Background(), Pool(tb), name)
 	if err != nil {
 		tb.Fatalf("creating account: %v", err)

@@ -123,7 +123,7 @@ func (r *Relay) lead(ctx context.Context) error {
 			return nil
 		}
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", relayLockID) //nolint:errcheck
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", relayLockID) //nolint:errcheck // the lock ends with the session if this fails
 	for {
 		// The lock lives as long as its session: a lost connection means
 		// another relay may hold it now.

@@ -3,8 +3,6 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,12 +42,6 @@ func newTestDB(tb testing.TB) *testDB {
 		tb.Fatalf("creating account: %v", err)
 	}
 	return &testDB{Pool: pool, AccountID: acct.ID}
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // testLogger sends the runner's warnings to t.Log.
@@ -288,7 +280,7 @@ func TestCompleterTakesOverExpiredRecord(t *testing.T) {
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
-	requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
+	_ = requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
 	if n := countWritten(t, d.Pool, d.AccountID, "stalled"); n != 0 {
 		t.Errorf("the fenced owner committed %d ledger rows", n)
 	}
@@ -325,7 +317,7 @@ func TestCompleterSkipsRoutesItCannotResume(t *testing.T) {
 		t.Fatalf("CompleteDue of the runner with the route: %d, %v; want 1", n, err)
 	}
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "stalled") })
-	requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
+	_ = requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
 }
 
 // TestCompleterResumesAfterBackoff: after an unknown downstream outcome the
@@ -343,7 +335,7 @@ func TestCompleterResumesAfterBackoff(t *testing.T) {
 		return idempotency.Unknown(errors.New("read tcp: i/o timeout"))
 	}}
 	_, err := r.Run(context.Background(), request(d.AccountID, "unknown"), first)
-	requireKind(t, err, idempotency.ErrUnknownOutcome)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	requireReleased(t, d, "unknown", 1, "i/o timeout")
 	completeAfterBackoff(t, r, clock)
 	if c := resumed.calls.Load(); c != 1 {

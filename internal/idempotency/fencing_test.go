@@ -42,7 +42,7 @@ func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *te
 		if err == nil {
 			return resp, conflicts
 		}
-		requireKind(t, err, idempotency.ErrInFlight)
+		_ = requireKind(t, err, idempotency.ErrInFlight)
 		if op.calls.Load() != 0 {
 			t.Fatalf("a request rejected with 409 executed the operation")
 		}
@@ -83,7 +83,7 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 	}
 
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
-	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
+	_ = requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 
 	if n := countWritten(t, d.Pool, d.AccountID, "A"); n != 0 {
 		t.Errorf("stale owner A committed %d ledger rows", n)
@@ -133,7 +133,7 @@ func TestFencingStaleOwnerRelease(t *testing.T) {
 	release(func(*idempotency.Record) idempotency.Step {
 		return idempotency.Unknown(errors.New("context deadline exceeded"))
 	})
-	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
+	_ = requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 
 	after := readRecord(t, d.Pool, d.AccountID, "k")
 	if after.RecoveryPoint != idempotency.PointFinished {
@@ -199,7 +199,7 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	}
 
 	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
-	requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
+	_ = requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
 	rec := readRecord(t, d.Pool, d.AccountID, "k")
 	if rec.RecoveryPoint != idempotency.PointStarted {
 		t.Errorf("A's late Finish changed the record B owns: recovery point %q, want %q", rec.RecoveryPoint, idempotency.PointStarted)

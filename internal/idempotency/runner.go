@@ -26,13 +26,13 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/faultpoint"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Recovery points, as stored in idempotency_keys.recovery_point. drive
@@ -556,7 +556,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cau
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
 	retryIn := r.backoff(rec.Attempts)
-	lastErr := truncateText(cause.Error(), lastErrorMax)
+	lastErr := pgtext.Truncate(cause.Error(), lastErrorMax)
 	n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
 		ID:             rec.ID,
 		LockGeneration: rec.LockGeneration,
@@ -580,18 +580,6 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cau
 			"err", cause, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
 	}
 	return &Error{Kind: ErrUnknownOutcome, Cause: cause, Detail: detail}
-}
-
-// truncateText cuts s to at most n bytes, at a character boundary: the
-// database refuses text that is not UTF-8.
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 func (r *Runner) fenced() error {

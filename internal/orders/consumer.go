@@ -16,13 +16,13 @@ package orders
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,6 +34,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Config configures the consumer.
@@ -59,6 +60,10 @@ type Config struct {
 	Backoff, MaxBackoff time.Duration
 	// Replicas of the stream (3 on a three-node cluster).
 	Replicas int
+	// ShutdownTimeout bounds how long Run waits, once its context is done,
+	// for the message in hand to finish; 0 means AckWait, after which
+	// JetStream would redeliver the message anyway.
+	ShutdownTimeout time.Duration
 	// Observe, when set, counts one message by outcome (new, replayed,
 	// declined, nak, dlq) and, for dlq and nak, reason (metrics).
 	Observe func(outcome, reason string)
@@ -176,18 +181,28 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 	return s, nil
 }
 
-// Run consumes until ctx is done, then stops taking messages and lets the
-// one in hand finish.
+// Run consumes until ctx is done, then stops taking messages and returns
+// once the message in hand has finished (charged, then acknowledged; or
+// nak'ed or dead-lettered), so that a shutdown (SIGTERM) never leaves one
+// half done: a message is either finished by this process or left to
+// JetStream to redeliver, never both. A message that arrives after ctx is
+// done is nak'ed at once, without starting anything. The wait is bounded by
+// Config.ShutdownTimeout (AckWait when 0): a handler still running then
+// gets an error back from Run, and its message, unacknowledged, is
+// redelivered after the ack wait, which the charge's idempotency record
+// makes safe (the redelivery replays or resumes the same record).
 func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.Setup(ctx)
 	if err != nil {
 		return err
 	}
 	c.log.InfoContext(ctx, "consuming", "stream", c.cfg.Stream, "subject", c.cfg.Subject, "durable", c.cfg.Durable)
-	var inHand sync.WaitGroup
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		inHand.Add(1)
-		defer inHand.Done()
+		if ctx.Err() != nil {
+			// Pulled while shutting down: hand it back rather than begin.
+			_ = msg.Nak()
+			return
+		}
 		c.Handle(ctx, msg)
 	}, jetstream.PullMaxMessages(1))
 	if err != nil {
@@ -195,12 +210,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	// Stop pulling at once (a drain would wait for the open pull request
-	// to expire), and let the message in hand finish: its ack follows its
-	// commit. A message pulled but not begun is redelivered after the ack
-	// wait.
+	// to expire). Closed is closed once the subscription's delivery
+	// goroutine has returned from the handler in hand, if any.
 	cc.Stop()
-	inHand.Wait()
-	return nil
+	timeout := cmp.Or(c.cfg.ShutdownTimeout, c.cfg.AckWait)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-cc.Closed():
+		c.log.Info("consumer stopped")
+		return nil
+	case <-t.C:
+		return fmt.Errorf("shutting down: a message was still being handled after %s; JetStream redelivers it after the ack wait", timeout)
+	}
 }
 
 // Handle processes one delivery. The charge runs detached from ctx: a
@@ -298,9 +320,7 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 // naming why and where it came from, then terminates it. If the publish
 // fails, the message is nak'ed instead: it is never dropped.
 func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason, detail string) {
-	if len(detail) > maxDeadLetterDetail {
-		detail = detail[:maxDeadLetterDetail]
-	}
+	detail = pgtext.Truncate(detail, maxDeadLetterDetail)
 	dl := nats.NewMsg(c.cfg.DLQSubject)
 	dl.Data = msg.Data()
 	for k, v := range msg.Headers() {

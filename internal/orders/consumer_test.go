@@ -28,6 +28,9 @@ type bench struct {
 
 	mu       sync.Mutex
 	outcomes map[string]int // "outcome" or "outcome/reason"
+
+	cancel context.CancelFunc // stops the consumer (as SIGTERM does)
+	done   chan error         // Run's result
 }
 
 func (b *bench) count(key string) int {
@@ -39,6 +42,12 @@ func (b *bench) count(key string) int {
 // newBench starts a consumer (on a stream of its own, against its own
 // JetStream server) in front of a fresh API environment.
 func newBench(t *testing.T, maxDeliver int) *bench {
+	t.Helper()
+	return newBenchConfig(t, maxDeliver, nil)
+}
+
+// newBenchConfig is newBench with a last change to the configuration.
+func newBenchConfig(t *testing.T, maxDeliver int, configure func(*orders.Config)) *bench {
 	t.Helper()
 	// A Stripe timeout that a healthy call on a loaded machine does not
 	// reach (an unknown outcome would add a nak the tests count), and
@@ -57,16 +66,19 @@ func newBench(t *testing.T, maxDeliver int) *bench {
 			b.outcomes[outcome+"/"+reason]++
 		}
 	}
+	if configure != nil {
+		configure(&b.cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	b.cancel, b.done = cancel, make(chan error, 1)
 	c := orders.New(env.Pool, js, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
 	if _, err := c.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	go func() { done <- c.Run(ctx) }()
+	go func() { b.done <- c.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		if err, ok := <-b.done; ok && err != nil {
 			t.Errorf("consumer: %v", err)
 		}
 	})
@@ -316,5 +328,102 @@ func TestReplayDeadLetter(t *testing.T) {
 	waitFor(t, "the replayed message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
 	if n := len(b.env.Stripe.Charges()); n != 1 {
 		t.Errorf("Stripe holds %d charges, want 1", n)
+	}
+}
+
+// stop cancels the consumer's context, as SIGTERM does in `idempay consume`,
+// and returns Run's result, or fails the test if Run has not returned
+// within limit. Cleanup then finds the result taken (done is closed).
+func (b *bench) stop(t *testing.T, limit time.Duration) error {
+	t.Helper()
+	b.cancel()
+	select {
+	case err := <-b.done:
+		close(b.done)
+		return err
+	case <-time.After(limit):
+		t.Fatalf("Run did not return within %s of the cancel", limit)
+		return nil
+	}
+}
+
+// A SIGTERM while a message's charge is at Stripe: Run waits for it, the
+// message is charged once and acknowledged once, and nothing is left to
+// redeliver or half done.
+func TestShutdownWaitsForTheChargeInFlight(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 5)
+	acct := b.env.NewClient(t).Account.ID
+	gate := b.env.Stripe.Hold()
+	defer gate.Release()
+	b.publish(t, message(acct, "order-"+rand.Text(), 3100), "")
+	select {
+	case <-gate.Arrived():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the charge never reached Stripe")
+	}
+
+	b.cancel()
+	select {
+	case err := <-b.done:
+		t.Fatalf("Run returned (%v) while the charge was still at Stripe", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	gate.Release()
+	if err := b.stop(t, 10*time.Second); err != nil {
+		t.Fatalf("Run after the charge finished: %v", err)
+	}
+
+	if got := b.count(orders.OutcomeNew); got != 1 {
+		t.Errorf("%d new charges acknowledged, want 1 (outcomes %v)", got, b.snapshot())
+	}
+	if !b.settled(t) {
+		t.Error("the message is pending or unacknowledged after the shutdown: it would be redelivered")
+	}
+	if n := b.charges(t, acct); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+	var unfinished int
+	if err := b.env.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND recovery_point <> 'finished'`, acct).Scan(&unfinished); err != nil {
+		t.Fatal(err)
+	}
+	if unfinished != 0 {
+		t.Errorf("%d unfinished idempotency records after the shutdown, want 0", unfinished)
+	}
+	if n := len(b.env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
+	}
+}
+
+// A charge that outlasts ShutdownTimeout: Run gives up waiting with an
+// error instead of hanging, and the message, never acknowledged by the
+// stopped process, is not lost: it finishes (the handler runs on) and is
+// acknowledged once.
+func TestShutdownIsBounded(t *testing.T) {
+	t.Parallel()
+	b := newBenchConfig(t, 5, func(c *orders.Config) { c.ShutdownTimeout = 300 * time.Millisecond })
+	acct := b.env.NewClient(t).Account.ID
+	gate := b.env.Stripe.Hold()
+	defer gate.Release()
+	b.publish(t, message(acct, "order-"+rand.Text(), 3200), "")
+	select {
+	case <-gate.Arrived():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the charge never reached Stripe")
+	}
+	start := time.Now()
+	err := b.stop(t, 5*time.Second)
+	if err == nil {
+		t.Fatal("Run returned nil while a charge was still in flight past ShutdownTimeout")
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Errorf("Run returned after %s, before ShutdownTimeout", waited)
+	}
+	gate.Release()
+	waitFor(t, "the charge's acknowledgement", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.charges(t, acct); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
 	}
 }

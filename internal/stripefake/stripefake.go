@@ -711,7 +711,7 @@ func (s *Server) write(w http.ResponseWriter, key string, replayed bool, res res
 		h.Set("Idempotent-Replayed", "true")
 	}
 	w.WriteHeader(res.status)
-	w.Write(res.body)
+	_, _ = w.Write(res.body) // the client went away: nothing to do
 }
 
 // dropConnection closes the TCP connection without answering, which the

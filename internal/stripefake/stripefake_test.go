@@ -139,7 +139,7 @@ func TestParamsMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := sc.Charges.New(chargeParams("key-1", 2000, "tok_visa"))
-	stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeIdempotency)
+	_ = stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeIdempotency)
 	if n := len(fake.Charges()); n != 1 {
 		t.Fatalf("charges = %d, want 1", n)
 	}
@@ -266,7 +266,7 @@ func TestFail500ForAWindow(t *testing.T) {
 	fake.FailFor(Fail500, window)
 
 	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
-	stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+	_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
 	if n := len(fake.Charges()); n != 0 {
 		t.Fatalf("a 500 must not do the work, charges = %d", n)
 	}
@@ -279,7 +279,7 @@ func TestFail500ForAWindow(t *testing.T) {
 		if err == nil {
 			break
 		}
-		stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+		_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
 		if time.Now().After(deadline) {
 			t.Fatalf("still failing %v after a %v window: %v", window+30*time.Second, window, err)
 		}

@@ -63,7 +63,7 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 		return NewChargeEvent(o.Type, obj, now)
 	case "charge.refund.updated", "refund.updated":
 		if o.RefundID == "" {
-			return Event{}, fmt.Errorf("%s needs --refund re_...", o.Type)
+			return Event{}, fmt.Errorf("%s needs --refund re_...", o.Type) //nolint:staticcheck // a usage hint that ends with an example id
 		}
 		rf, err := q.RefundGet(ctx, dbtx, o.RefundID)
 		if err = db.NotFound(err); err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Route is the endpoint, as registered and as stored on its records.
@@ -205,7 +206,7 @@ func (h *Handler) verify(payload []byte, header string) (*stripe.Event, error) {
 func request(ev *stripe.Event) (idempotency.Request, error) {
 	key, err := idempotency.ParseKey(ev.ID)
 	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
-		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.")
+		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.") //nolint:staticcheck // the text is the problem's detail, a sentence
 	}
 	stable, err := json.Marshal(struct {
 		ID         string          `json:"id"`
@@ -215,7 +216,7 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 		Object     json.RawMessage `json:"object"`
 	}{ev.ID, string(ev.Type), ev.Created, ev.APIVersion, ev.Data.Raw})
 	if err != nil {
-		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err)
+		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err) //nolint:errorlint,staticcheck // the problem's detail, a sentence; the cause is not for callers to match
 	}
 	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idemhttp.MaxBodyBytes)
 }
@@ -223,10 +224,7 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 // recordFailure notes a failed processing attempt on the inbox row, if the
 // event got that far; it is best effort, for an operator's eyes.
 func (h *Handler) recordFailure(ctx context.Context, eventID string, cause error) {
-	msg := cause.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
+	msg := pgtext.Truncate(cause.Error(), 1000)
 	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool, &msg, eventID); err != nil {
 		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
 	}

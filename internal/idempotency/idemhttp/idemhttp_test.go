@@ -62,7 +62,7 @@ func TestProblem(t *testing.T) {
 		}
 	}
 	other := errors.New("database down")
-	if got := idemhttp.Problem(other); got != other {
+	if got := idemhttp.Problem(other); got != other { //nolint:errorlint // the very same error, not one that wraps it
 		t.Errorf("Problem(other error) = %v, want it unchanged", got)
 	}
 }

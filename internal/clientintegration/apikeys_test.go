@@ -1,4 +1,4 @@
-package client_test
+package clientintegration_test
 
 import (
 	"net/http"

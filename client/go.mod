@@ -1,0 +1,3 @@
+module github.com/idempay/idempay/client
+
+go 1.26.0
