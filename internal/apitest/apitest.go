@@ -140,6 +140,12 @@ type Client struct {
 	HTTP    *http.Client
 }
 
+// ClientFor is a client for an account that already exists (in a database
+// of the test's own).
+func (e *Env) ClientFor(t testing.TB, acct dbtest.Account) *Client {
+	return &Client{t: t, env: e, Account: acct, HTTP: &http.Client{Timeout: 30 * time.Second}}
+}
+
 // NewClient creates an account and a client for it.
 func (e *Env) NewClient(t testing.TB) *Client {
 	return &Client{t: t, env: e, Account: dbtest.NewAccount(t), HTTP: &http.Client{Timeout: 30 * time.Second}}
