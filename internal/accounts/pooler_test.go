@@ -18,10 +18,10 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgcluster"
+	"github.com/idempay/idempay/internal/server"
 )
 
 // process is what one server process holds of the database: a pool
@@ -135,7 +135,7 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 	keys := accounts.NewKeysAPI(c.pool, idempotency.NewRunner(c.pool, idempotency.DefaultConfig(), log))
 	keys.Direct = c.direct
 	e := echo.New()
-	e.HTTPErrorHandler = apierror.Handler(log)
+	e.HTTPErrorHandler = server.ErrorHandler(log)
 	keys.Routes(e.Group("/v1"), c.auth.Middleware())
 	req := httptest.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.id, nil)
 	req.Header.Set("Authorization", "Bearer "+key)

@@ -9,14 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/labstack/echo/v4"
 )
 
 // ContentType is the media type of every error body.
@@ -307,31 +305,14 @@ func (e *Error) Write(w http.ResponseWriter) {
 	_, _ = w.Write(e.Body())
 }
 
-// From turns any error into a problem: an *Error as is, echo's own HTTP
-// errors (404 route, 405, 413 ...) by status, and anything else as internal.
+// From turns any error into a problem: an *Error as is, a database outage
+// as 503 with Retry-After, and anything else as internal. The HTTP
+// framework's own errors (a 404 route, a 405) are the HTTP adapter's to map
+// (server.problemOf) before they get here.
 func From(err error) *Error {
 	var pe *Error
 	if errors.As(err, &pe) {
 		return pe
-	}
-	var he *echo.HTTPError
-	if errors.As(err, &he) {
-		switch he.Code {
-		case http.StatusNotFound:
-			return New(NotFound, "No route matches this path.")
-		case http.StatusMethodNotAllowed:
-			return New(MethodNotAllowed, "This route does not accept that method.")
-		case http.StatusRequestEntityTooLarge:
-			return New(BodyTooLarge, "The request body exceeds 1 MiB.")
-		case http.StatusUnsupportedMediaType:
-			return New(UnsupportedMediaType, "Send the body as application/json.")
-		case http.StatusUnauthorized:
-			return New(Unauthorized, "Send Authorization: Bearer <api key>.")
-		case http.StatusBadRequest:
-			return New(InvalidRequest, fmt.Sprint(he.Message))
-		case http.StatusServiceUnavailable:
-			return &Error{Type: ServiceUnavailable, Detail: "Try again shortly.", RetryAfter: 1, Cause: err}
-		}
 	}
 	if databaseUnavailable(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
@@ -357,21 +338,4 @@ func databaseUnavailable(err error) bool {
 			pgErr.Code == "53300" // too many connections
 	}
 	return false
-}
-
-// Handler is echo's HTTPErrorHandler for idempay: every error becomes
-// problem+json, and internal errors are logged with their cause.
-func Handler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		pe := From(err)
-		if pe.Status() >= 500 {
-			log.ErrorContext(c.Request().Context(), "request failed",
-				"type", string(pe.Type), "status", pe.Status(), "err", err,
-				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
-		}
-		pe.Write(c.Response())
-	}
 }

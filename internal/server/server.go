@@ -62,7 +62,7 @@ func New(d Deps) *echo.Echo {
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
-	e.HTTPErrorHandler = apierror.Handler(log)
+	e.HTTPErrorHandler = ErrorHandler(log)
 
 	routes := map[string]bool{} // filled in below, read per request
 	e.Use(sanitizeRequestID)

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/internal/apierror"
+)
+
+// ErrorHandler is echo's HTTPErrorHandler for idempay: every error becomes
+// problem+json (echo's own errors mapped here, the rest by apierror.From),
+// and internal errors are logged with their cause.
+func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+	return func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		pe := problemOf(err)
+		if pe.Status() >= 500 {
+			log.ErrorContext(c.Request().Context(), "request failed",
+				"type", string(pe.Type), "status", pe.Status(), "err", err,
+				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		}
+		pe.Write(c.Response())
+	}
+}
+
+// problemOf is the problem of err: echo's own HTTP errors (no route, wrong
+// method, body too large ...) by status, and every other error as
+// apierror.From makes it.
+func problemOf(err error) *apierror.Error {
+	var pe *apierror.Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			return apierror.New(apierror.NotFound, "No route matches this path.")
+		case http.StatusMethodNotAllowed:
+			return apierror.New(apierror.MethodNotAllowed, "This route does not accept that method.")
+		case http.StatusRequestEntityTooLarge:
+			return apierror.New(apierror.BodyTooLarge, "The request body exceeds 1 MiB.")
+		case http.StatusUnsupportedMediaType:
+			return apierror.New(apierror.UnsupportedMediaType, "Send the body as application/json.")
+		case http.StatusUnauthorized:
+			return apierror.New(apierror.Unauthorized, "Send Authorization: Bearer <api key>.")
+		case http.StatusBadRequest:
+			return apierror.New(apierror.InvalidRequest, fmt.Sprint(he.Message))
+		case http.StatusServiceUnavailable:
+			return &apierror.Error{Type: apierror.ServiceUnavailable, Detail: "Try again shortly.", RetryAfter: 1, Cause: err}
+		}
+	}
+	return apierror.From(err)
+}
