@@ -28,9 +28,9 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -164,37 +164,25 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// app is the wired service, shared by serve and completer.
-type app struct {
-	pool     *pgxpool.Pool
-	runner   *idempotency.Runner
-	charges  *charges.Service
-	webhooks *webhooks.Handler
-	keys     *accounts.KeysAPI
-	metrics  *metrics.Metrics
-}
-
-func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
+// newApp opens the pool and wires the application (internal/app, the same
+// wiring the tests run), for every command that serves or works.
+func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error) {
 	if err := cfg.requireStripe(); err != nil {
+		return nil, err
+	}
+	direct, err := cfg.direct()
+	if err != nil {
 		return nil, err
 	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	m := metrics.New(pool)
-	runner := idempotency.NewRunner(pool, cfg.Idempotency, log)
-	runner.OnOutcome = m.ObserveOutcome
-	stripe := charges.NewStripe(charges.StripeConfig{
-		SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout,
-		Observe: m.ObserveStripe,
-	})
-	svc := charges.New(pool, runner, stripe, log)
-	svc.OnRollout = m.ObserveRollout
-	whcfg := cfg.Webhooks
-	whcfg.Observe, whcfg.ObserveLag = m.ObserveWebhook, m.ObserveWebhookLag
-	return &app{pool: pool, runner: runner, charges: svc, metrics: m,
-		webhooks: webhooks.New(pool, runner, svc, whcfg, log), keys: accounts.NewKeysAPI(pool, runner)}, nil
+	return app.New(pool, app.Config{
+		Idempotency: cfg.Idempotency,
+		Stripe:      charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
+		Webhooks:    cfg.Webhooks, AuthCacheTTL: cfg.AuthCacheTTL, Direct: direct,
+	}, log), nil
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -202,28 +190,21 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer a.pool.Close()
+	defer a.Pool.Close()
 	startPprof(ctx, log) // PPROF_ADDR, off by default
 	tuneGC(log, serveGCPercent, serveMemoryLimit)
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	// The auth cache forgets a revoked key in every process at once (I11).
-	auth := accounts.NewAuthenticator(a.pool, cfg.AuthCacheTTL)
-	if auth.Direct, err = cfg.direct(); err != nil {
-		stopBG()
-		return err
-	}
-	a.keys.Direct = auth.Direct
-	wg.Go(func() { auth.Listen(bg, a.pool, log) })
-	srv := server.NewHTTPServer(cfg.ListenAddr, server.New(server.Deps{Pool: a.pool, Charges: a.charges, Log: log,
-		Metrics: a.metrics, Webhooks: a.webhooks, Keys: a.keys, Auth: auth}))
+	wg.Go(func() { a.Auth.Listen(bg, a.Pool, log) })
+	srv := server.NewHTTPServer(cfg.ListenAddr, a.Handler())
 
 	if cfg.CompleterInterval > 0 {
-		wg.Go(func() { a.runner.RunCompleter(bg, cfg.CompleterInterval) })
+		wg.Go(func() { a.Runner.RunCompleter(bg, cfg.CompleterInterval) })
 	}
 	if cfg.RetentionInterval > 0 {
-		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, a.metrics.ObservePurged) })
+		wg.Go(func() { a.Runner.RunRetention(bg, cfg.RetentionInterval, a.Metrics.ObservePurged) })
 	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")
@@ -278,12 +259,12 @@ func completer(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer a.pool.Close()
+	defer a.Pool.Close()
 	interval := cfg.CompleterInterval
 	if interval == 0 {
 		interval = 5 * time.Second
 	}
-	a.runner.RunCompleter(ctx, interval)
+	a.Runner.RunCompleter(ctx, interval)
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/orders"
 )
@@ -38,10 +39,10 @@ func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, erro
 }
 
 // newRelay wires the outbox relay.
-func newRelay(a *app, cfg Config, js jetstream.JetStream, log *slog.Logger) *events.Relay {
+func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) *events.Relay {
 	rcfg := cfg.Relay
-	rcfg.Observe = a.metrics.ObserveRelay
-	return events.NewRelay(a.pool, js, rcfg, log)
+	rcfg.Observe = a.Metrics.ObserveRelay
+	return events.NewRelay(a.Pool, js, rcfg, log)
 }
 
 // relayCmd is `idempay relay`: the outbox relay alone.
@@ -50,7 +51,7 @@ func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer a.pool.Close()
+	defer a.Pool.Close()
 	nc, js, err := connectNATS(cfg, "idempay relay")
 	if err != nil {
 		return err
@@ -63,12 +64,12 @@ func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // serveMetrics serves /metrics on addr for a process without the API
 // (consume, relay), until ctx is done; "" serves nothing.
-func serveMetrics(ctx context.Context, addr string, a *app, log *slog.Logger) {
+func serveMetrics(ctx context.Context, addr string, a *app.App, log *slog.Logger) {
 	if addr == "" {
 		return
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", a.metrics.Handler())
+	mux.Handle("GET /metrics", a.Metrics.Handler())
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -89,7 +90,7 @@ func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer a.pool.Close()
+	defer a.Pool.Close()
 	nc, js, err := connectNATS(cfg, "idempay consume")
 	if err != nil {
 		return err
@@ -97,8 +98,8 @@ func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer nc.Close()
 	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	ocfg := cfg.Orders
-	ocfg.Observe = a.metrics.ObserveOrder
-	return orders.New(a.pool, js, a.charges, ocfg, log).Run(ctx)
+	ocfg.Observe = a.Metrics.ObserveOrder
+	return orders.New(a.Pool, js, a.Charges, ocfg, log).Run(ctx)
 }
 
 const ordersUsage = `usage:

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -98,15 +99,14 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 5 * time.Second
 	}
-	env.Metrics = metrics.New(env.Pool)
-	env.Runner = idempotency.NewRunner(env.Pool, cfg, env.Log)
-	env.Runner.OnOutcome = env.Metrics.ObserveOutcome
-	stripe := charges.NewStripe(charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL,
-		Timeout: opts.StripeTimeout, Observe: env.Metrics.ObserveStripe})
-	env.Charges = charges.New(env.Pool, env.Runner, stripe, env.Log)
-	env.Charges.OnRollout = env.Metrics.ObserveRollout
+	a := app.New(env.Pool, app.Config{
+		Idempotency:  cfg,
+		Stripe:       charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Webhooks:     webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
+		AuthCacheTTL: accounts.DefaultCacheTTL,
+	}, env.Log)
+	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
 	// The auth cache listens for revocations, as in idempay serve.
-	env.Auth = accounts.NewAuthenticator(env.Pool, accounts.DefaultCacheTTL)
 	lctx, stopListen := context.WithCancel(context.Background())
 	listened := make(chan struct{})
 	go func() { env.Auth.Listen(lctx, env.Pool, env.Log); close(listened) }()
@@ -118,13 +118,12 @@ func New(t testing.TB, opts Options) *Env {
 			t.Fatal("the authenticator did not subscribe to its invalidation channel in 10 s")
 		}
 	}
-	keys := accounts.NewKeysAPI(env.Pool, env.Runner)
-	env.Webhooks = webhooks.New(env.Pool, env.Runner, env.Charges, webhooks.Config{
-		Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret,
-		Observe: env.Metrics.ObserveWebhook, ObserveLag: env.Metrics.ObserveWebhookLag,
-	}, env.Log)
-	env.Server = httptest.NewServer(server.New(server.Deps{Pool: env.Pool, Charges: env.Charges, Log: env.Log, Metrics: env.Metrics,
-		Webhooks: env.Webhooks, Keys: keys, Auth: env.Auth}))
+	// Served as idempay serve serves: its http.Server settings, and the
+	// listener that answers net/http's own refusals as problem+json.
+	env.Server = httptest.NewUnstartedServer(nil)
+	env.Server.Config = server.NewHTTPServer("", a.Handler())
+	env.Server.Listener = server.ProblemListener(env.Server.Listener)
+	env.Server.Start()
 	t.Cleanup(env.Server.Close)
 	return env
 }

@@ -1,0 +1,78 @@
+// Package app wires idempay's parts into one application: the idempotency
+// runner, the charges service and its Stripe port, the webhook endpoint,
+// the API keys, the authenticator, the metrics and the HTTP handler. The
+// binary (cmd/idempay) and the tests (internal/apitest) build it with the
+// same function, New, so the wiring is written once and what the tests run
+// is what serves (as benbjohnson/wtf's cmd Main).
+package app
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// Config is what the wiring needs, read once by its caller (the binary
+// from the environment, a test from its options).
+type Config struct {
+	Idempotency idempotency.Config
+	// Stripe configures the Stripe port; New sets its Observe hook.
+	Stripe charges.StripeConfig
+	// Webhooks configures the webhook endpoint; New sets its hooks.
+	Webhooks webhooks.Config
+	// AuthCacheTTL bounds how long the authenticator remembers a key
+	// while it does not listen for revocations.
+	AuthCacheTTL time.Duration
+	// Direct opens the sessions that must bypass a transaction pooler
+	// (LISTEN for revocations); nil takes them from the pool.
+	Direct accounts.Direct
+}
+
+// App is idempay, wired.
+type App struct {
+	Pool     *pgxpool.Pool
+	Log      *slog.Logger
+	Metrics  *metrics.Metrics
+	Runner   *idempotency.Runner
+	Charges  *charges.Service
+	Webhooks *webhooks.Handler
+	Keys     *accounts.KeysAPI
+	// Auth checks API keys. Its caller runs Auth.Listen (a long-running
+	// server does; a one-shot command need not).
+	Auth *accounts.Authenticator
+}
+
+// New wires the application on pool. It starts nothing: the caller runs
+// what it needs (Handler, Auth.Listen, the completer, the retention job).
+func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
+	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool)}
+	a.Runner = idempotency.NewRunner(pool, cfg.Idempotency, log)
+	a.Runner.OnOutcome = a.Metrics.ObserveOutcome
+	sc := cfg.Stripe
+	sc.Observe = a.Metrics.ObserveStripe
+	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
+	a.Charges.OnRollout = a.Metrics.ObserveRollout
+	wc := cfg.Webhooks
+	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag
+	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)
+	a.Auth = accounts.NewAuthenticator(pool, cfg.AuthCacheTTL)
+	a.Auth.Direct = cfg.Direct
+	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
+	a.Keys.Direct = cfg.Direct
+	return a
+}
+
+// Handler is the HTTP API.
+func (a *App) Handler() http.Handler {
+	return server.New(server.Deps{Pool: a.Pool, Charges: a.Charges, Log: a.Log, Metrics: a.Metrics,
+		Webhooks: a.Webhooks, Keys: a.Keys, Auth: a.Auth})
+}
