@@ -19,7 +19,7 @@
 //
 // # When a call is retried
 //
-// The rule is the README's ("When things fail": send the same request with
+// The rule is the server's (docs/failure-behaviour.md: send the same request with
 // the same key until the answer is neither 409 nor 5xx), with the 409s told
 // apart by their problem type, since some are final. This package retries
 //

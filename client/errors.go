@@ -19,7 +19,7 @@ import (
 //	var e *client.Error
 //	if errors.As(err, &e) && e.Code() == "card-declined" { … e.Extensions["decline_code"] … }
 //
-// The README's "Errors" table lists every type and what to do about it.
+// The server's docs/api.md ("Errors") lists every type and what to do about it.
 type Error struct {
 	// Type is the problem type, a URI reference such as
 	// "/problems/card-declined"; Code gives its last segment. It is "" when

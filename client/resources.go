@@ -13,7 +13,7 @@ import (
 
 // ChargeParams is the body of POST /v1/charges. The server validates it
 // (amount 1 to 99,999,999 in the currency's minor unit, a supported
-// currency, a Stripe token; see the README) and answers 400 with
+// currency, a Stripe token; see the server's docs/api.md) and answers 400 with
 // InvalidParams naming each bad field.
 type ChargeParams struct {
 	Amount        int64             `json:"amount"`

@@ -25,7 +25,7 @@ func (c Config) direct() (accounts.Direct, error) {
 }
 
 // Config is read once from the environment and passed down as plain values.
-// The README's configuration table lists every variable and its default.
+// docs/configuration.md lists every variable and its default.
 type Config struct {
 	DatabaseURL string
 	// DatabaseDirectURL reaches PostgreSQL past a transaction pooler, for

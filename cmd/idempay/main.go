@@ -52,7 +52,7 @@ commands:
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
 
-configuration is read from the environment; see README.md.
+configuration is read from the environment; see docs/configuration.md.
 `
 
 func main() {

@@ -26,11 +26,11 @@ type Type string
 
 // TypeBase prefixes every problem type. It is a relative URI reference (RFC
 // 9457 §3.1.1), resolved against the API's own address, where GET
-// /problems/{type} describes the type; the README lists them all.
+// /problems/{type} describes the type; docs/api.md lists them all.
 const TypeBase = "/problems/"
 
 // The outcomes. Adding one means adding it to statusOf, titleOf and docOf,
-// and to the README.
+// and to docs/api.md.
 const (
 	Unauthorized          Type = "unauthorized"
 	IdempotencyKeyMissing Type = "idempotency-key-missing"
@@ -113,7 +113,7 @@ var titleOf = map[Type]string{
 }
 
 // docOf describes each type at its URI (GET /problems/{type}): what it
-// means, and what the client should do about it. The README's error table
+// means, and what the client should do about it. The error table of docs/api.md
 // says the same in short.
 var docOf = map[Type]struct{ description, whatToDo string }{
 	Unauthorized: {

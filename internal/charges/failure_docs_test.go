@@ -23,7 +23,7 @@ import (
 // not keep fails here.
 const (
 	guidePath  = "../../docs/failure-behaviour.md"
-	readmePath = "../../README.md"
+	readmePath = "../../docs/api.md"
 )
 
 // mdTable returns the body rows (cells trimmed, header and separator
@@ -140,7 +140,7 @@ func guideClaim(t *testing.T, rows []guideRow, status int, typ string) guideRow 
 func readmeStored(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	for _, cells := range mdTable(t, readmePath, "### Errors") {
+	for _, cells := range mdTable(t, readmePath, "## Errors") {
 		if len(cells) != 5 {
 			t.Fatalf("%s: error table row %q has %d cells, want 5", readmePath, cells[0], len(cells))
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 )
 
-// Limits of the request format, documented in the README.
+// Limits of the request format, documented in docs/api.md.
 const (
 	MaxAmount         = 99_999_999
 	MaxDescription    = 1000

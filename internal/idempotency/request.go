@@ -143,7 +143,7 @@ const fingerprintTag = "idempay-fingerprint-2"
 // Fingerprint identifies a logical request: SHA-256 over the
 // tag "idempay-fingerprint-2", the method, the concrete path and the RFC
 // 8785 (JSON Canonicalization Scheme) form of the body or of the normalised
-// request, separated by NUL bytes. README.md, "The fingerprint", defines it
+// request, separated by NUL bytes. docs/fingerprint.md defines it
 // for reimplementation.
 func Fingerprint(method, path string, jcsBody []byte) []byte {
 	h := sha256.New()
