@@ -51,7 +51,9 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 	dbName := strings.TrimPrefix(u.Path, "/")
 	port := 5432
 	if p := u.Port(); p != "" {
-		fmt.Sscan(p, &port)
+		if _, err := fmt.Sscan(p, &port); err != nil {
+			t.Fatalf("the test database port %q: %v", p, err)
+		}
 	}
 
 	// An application role without privileges beyond its tables.
@@ -68,8 +70,8 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() {
-		admin.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()) //nolint:errcheck
-		admin.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())     //nolint:errcheck
+		admin.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()) //nolint:errcheck // best-effort cleanup
+		admin.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())     //nolint:errcheck // best-effort cleanup
 	})
 
 	bouncer := pgcluster.StartPgBouncer(t, pgcluster.PgBouncerOptions{Host: u.Hostname(), Port: port,

@@ -154,7 +154,7 @@ func start(t testing.TB, cmd *exec.Cmd) (*process, error) {
 
 // kill sends SIGKILL to the whole group and waits for the leader.
 func (p *process) kill() {
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // the group may be gone already
 	<-p.done
 }
 
@@ -162,11 +162,11 @@ func (p *process) kill() {
 func (p *process) stop(grace time.Duration) {
 	select {
 	case <-p.done:
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // orphans, if any
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // the group may be gone already // orphans, if any
 		return
 	default:
 	}
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck // the group may be gone already
 	select {
 	case <-p.done:
 	case <-time.After(grace):
@@ -197,7 +197,7 @@ func waitConnect(ctx context.Context, p *process, url, logPath string, timeout t
 		}
 		if p.exited() || time.Now().After(deadline) {
 			log, _ := os.ReadFile(logPath)
-			return fmt.Errorf("no connection to %s (%v); its log:\n%s", url, err, tail(log, 2000))
+			return fmt.Errorf("no connection to %s (%w); its log:\n%s", url, err, tail(log, 2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
