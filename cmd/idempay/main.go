@@ -157,6 +157,9 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.DBMaxConns > 0 {
 		pc.MaxConns = cfg.DBMaxConns
 	}
+	// A connection that reached a standby (25006) or a server going away
+	// is closed, not reused: the next one finds the primary.
+	db.DropOnFailover(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %w", err)

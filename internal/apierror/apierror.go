@@ -17,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
+
+	"github.com/idempay/idempay/db"
 )
 
 // ContentType is the media type of every error body.
@@ -176,7 +178,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
 		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
 	ServiceUnavailable: {
-		"The database is unreachable for the moment. This answer is not stored.",
+		"The database is unreachable for the moment, or failing over (this server's connection reached a read-only standby, or a server shutting down). This answer is not stored.",
 		"Retry after Retry-After, with the same Idempotency-Key and body: that is always safe."},
 	Internal: {
 		"The server failed while handling the request: a bug. The cause is logged under the request id (X-Request-Id), never shown. This answer is not stored.",
@@ -333,6 +335,10 @@ func From(err error) *Error {
 			return &Error{Type: ServiceUnavailable, Detail: "Try again shortly.", RetryAfter: 1, Cause: err}
 		}
 	}
+	if db.FailingOver(err) {
+		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
+			RetryAfter: 1, Cause: err}
+	}
 	if databaseUnavailable(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
@@ -341,7 +347,8 @@ func From(err error) *Error {
 }
 
 // databaseUnavailable tells a database outage (no connection, connection
-// lost, server shutting down or starting, too many connections) from a bug,
+// lost, server shutting down or starting, too many connections; a failover
+// is db.FailingOver) from a bug,
 // so that the client gets 503 with Retry-After rather than 500.
 func databaseUnavailable(err error) bool {
 	var connectErr *pgconn.ConnectError

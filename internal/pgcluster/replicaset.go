@@ -107,7 +107,7 @@ func StartSingle(t testing.TB, opts Options) *Node {
 }
 
 // Kill kills the server's postmaster and every backend at once (SIGKILL
-// to its process group), as a crash would: no checkpoint, and whatever
+// to each), as a crash would: no checkpoint, and whatever
 // WAL sits in shared memory, not yet written (an asynchronous commit's),
 // is gone.
 func (n *Node) Kill() { n.proc.kill() }
@@ -262,8 +262,8 @@ func (c *Cluster) Cut(ctx context.Context) {
 }
 
 // KillPrimary kills the primary's postmaster and every backend at once
-// (SIGKILL to its process group): no shutdown checkpoint, no last WAL
-// shipped, open connections reset.
+// (SIGKILL to each): no shutdown checkpoint, no last WAL shipped, open
+// connections reset, and no statement under way commits.
 func (c *Cluster) KillPrimary() {
 	c.Primary.proc.kill()
 }
