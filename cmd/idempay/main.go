@@ -236,7 +236,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		defer nc.Close()
-		relay := newRelay(a, cfg, js, log)
+		relay, err := newRelay(a, cfg, js, log)
+		if err != nil {
+			stopBG()
+			wg.Wait()
+			return err
+		}
 		wg.Go(func() { relay.Run(bg) })
 	} else {
 		log.Warn("NATS_URL is not set: events wait in the outbox (GET /v1/events shows them) until a relay runs")
@@ -292,6 +297,11 @@ func completer(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	// The migration's advisory lock is a session lock, and tern's
+	// statements must run in that session: past any pooler.
+	if cfg.DatabaseDirectURL != "" {
+		cfg.DatabaseURL = cfg.DatabaseDirectURL
+	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
