@@ -172,7 +172,7 @@ func (r *Relay) lockConn(ctx context.Context) (sessionConn, func(), error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
 		}
-		return conn, func() { conn.Close(context.WithoutCancel(ctx)) }, nil //nolint:errcheck // closing: the lock ends with the session
+		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {

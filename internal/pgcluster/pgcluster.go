@@ -164,9 +164,9 @@ func (p *process) kill() {
 	syscall.Kill(pid, syscall.SIGSTOP) //nolint:errcheck // gone already: nothing to stop
 	children := childrenOf(pid)
 	for _, c := range children {
-		syscall.Kill(c, syscall.SIGKILL) //nolint:errcheck
+		syscall.Kill(c, syscall.SIGKILL) //nolint:errcheck // gone already: nothing to kill
 	}
-	syscall.Kill(-pid, syscall.SIGKILL) //nolint:errcheck
+	syscall.Kill(-pid, syscall.SIGKILL) //nolint:errcheck // likewise
 	<-p.done
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		alive := false
@@ -230,7 +230,7 @@ func (p *process) stop(grace time.Duration) {
 		return
 	default:
 	}
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck // gone already: kill below waits
 	select {
 	case <-p.done:
 	case <-time.After(grace):
@@ -261,7 +261,7 @@ func waitConnect(ctx context.Context, p *process, url, logPath string, timeout t
 		}
 		if p.exited() || time.Now().After(deadline) {
 			log, _ := os.ReadFile(logPath)
-			return fmt.Errorf("no connection to %s (%v); its log:\n%s", url, err, tail(log, 2000))
+			return fmt.Errorf("no connection to %s (%w); its log:\n%s", url, err, tail(log, 2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
