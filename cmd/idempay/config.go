@@ -92,6 +92,7 @@ func loadConfig() (Config, error) {
 	idem.LockTimeout = e.dur("IDEMPOTENCY_LOCK_TIMEOUT", idem.LockTimeout)
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
+	idem.AsyncClaim = e.bool("IDEMPOTENCY_ASYNC_CLAIM", idem.AsyncClaim)
 	cfg.Idempotency = idem
 	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {
 		e.errs = append(e.errs, fmt.Sprintf("LOG_LEVEL: %v", err))
@@ -144,6 +145,20 @@ func (e *envReader) int(name string, def int) int {
 		return def
 	}
 	return n
+}
+
+func (e *envReader) bool(name string, def bool) bool {
+	switch v := strings.ToLower(e.str(name, "")); v {
+	case "":
+		return def
+	case "on", "true", "1", "yes":
+		return true
+	case "off", "false", "0", "no":
+		return false
+	default:
+		e.errs = append(e.errs, fmt.Sprintf("%s: want on or off, got %q", name, v))
+		return def
+	}
 }
 
 func (e *envReader) dur(name string, def time.Duration) time.Duration {

@@ -157,6 +157,9 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.DBMaxConns > 0 {
 		pc.MaxConns = cfg.DBMaxConns
 	}
+	// A connection that reached a standby (25006) or a server going away
+	// is closed, not reused: the next one finds the primary.
+	db.DropOnFailover(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("opening database pool: %w", err)
@@ -214,7 +217,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		defer nc.Close()
-		relay := newRelay(a, cfg, js, log)
+		relay, err := newRelay(a, cfg, js, log)
+		if err != nil {
+			stopBG()
+			wg.Wait()
+			return err
+		}
 		wg.Go(func() { relay.Run(bg) })
 	} else {
 		log.Warn("NATS_URL is not set: events wait in the outbox (GET /v1/events shows them) until a relay runs")
@@ -232,7 +240,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}
 	log.Info("serving", "addr", cfg.ListenAddr, "stripe_api_url", cfg.StripeAPIURL,
-		"lock_timeout", cfg.Idempotency.LockTimeout.String(), "retention", cfg.Idempotency.Retention.String())
+		"lock_timeout", cfg.Idempotency.LockTimeout.String(), "retention", cfg.Idempotency.Retention.String(),
+		"async_claim", cfg.Idempotency.AsyncClaim)
 
 	select {
 	case err := <-errc:
@@ -269,6 +278,11 @@ func completer(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	// The migration's advisory lock is a session lock, and tern's
+	// statements must run in that session: past any pooler.
+	if cfg.DatabaseDirectURL != "" {
+		cfg.DatabaseURL = cfg.DatabaseDirectURL
+	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err

@@ -39,10 +39,16 @@ func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, erro
 }
 
 // newRelay wires the outbox relay.
-func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) *events.Relay {
+func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) (*events.Relay, error) {
+	direct, err := cfg.direct()
+	if err != nil {
+		return nil, err
+	}
 	rcfg := cfg.Relay
 	rcfg.Observe = a.Metrics.ObserveRelay
-	return events.NewRelay(a.Pool, js, rcfg, log)
+	relay := events.NewRelay(a.Pool, js, rcfg, log)
+	relay.Direct = direct // its session lock needs a session of its own
+	return relay, nil
 }
 
 // relayCmd is `idempay relay`: the outbox relay alone.
@@ -58,7 +64,11 @@ func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer nc.Close()
 	serveMetrics(ctx, cfg.MetricsAddr, a, log)
-	newRelay(a, cfg, js, log).Run(ctx)
+	relay, err := newRelay(a, cfg, js, log)
+	if err != nil {
+		return err
+	}
+	relay.Run(ctx)
 	return nil
 }
 

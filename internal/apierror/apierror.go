@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idempay/idempay/db"
 )
 
 // ContentType is the media type of every error body.
@@ -174,7 +176,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
 		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
 	ServiceUnavailable: {
-		"The database is unreachable for the moment. This answer is not stored.",
+		"The database is unreachable for the moment, or failing over (this server's connection reached a read-only standby, or a server shutting down). This answer is not stored.",
 		"Retry after Retry-After, with the same Idempotency-Key and body: that is always safe."},
 	Internal: {
 		"The server failed while handling the request: a bug. The cause is logged under the request id (X-Request-Id), never shown. This answer is not stored.",
@@ -314,6 +316,10 @@ func From(err error) *Error {
 	if errors.As(err, &pe) {
 		return pe
 	}
+	if db.FailingOver(err) {
+		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
+			RetryAfter: 1, Cause: err}
+	}
 	if databaseUnavailable(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
@@ -322,7 +328,8 @@ func From(err error) *Error {
 }
 
 // databaseUnavailable tells a database outage (no connection, connection
-// lost, server shutting down or starting, too many connections) from a bug,
+// lost, server shutting down or starting, too many connections; a failover
+// is db.FailingOver) from a bug,
 // so that the client gets 503 with Retry-After rather than 500.
 func databaseUnavailable(err error) bool {
 	var connectErr *pgconn.ConnectError

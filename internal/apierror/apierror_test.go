@@ -36,6 +36,7 @@ func TestFromDatabaseOutageIs503(t *testing.T) {
 		"admin shutdown":  fmt.Errorf("claiming: %w", &pgconn.PgError{Code: "57P01"}),
 		"starting up":     &pgconn.PgError{Code: "57P03"},
 		"connection lost": &pgconn.PgError{Code: "08006"},
+		"read-only":       fmt.Errorf("claiming idempotency key: %w", &pgconn.PgError{Code: "25006"}),
 	} {
 		pe := From(err)
 		if pe.Type != ServiceUnavailable || pe.Status() != http.StatusServiceUnavailable || pe.RetryAfter == 0 {

@@ -5,17 +5,26 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/events/eventstest"
 	"github.com/idempay/idempay/internal/natstest"
+	"github.com/idempay/idempay/internal/pgcluster"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -211,4 +220,85 @@ func publishedIDs(t *testing.T, env *apitest.Env, clients []*apitest.Client) []s
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// TestRelayLockOnDirectConnection: with Relay.Direct (DATABASE_DIRECT_URL),
+// the relay's session lock is held by the direct connection, not by a
+// server connection of the pooler its pool goes through (a real PgBouncer
+// in transaction mode), and the relay publishes through the pool; the lock
+// ends with the relay.
+func TestRelayLockOnDirectConnection(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	u, err := url.Parse(dbtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(u.Host)
+	portN, _ := strconv.Atoi(port)
+	bouncer := pgcluster.StartPgBouncer(t, pgcluster.PgBouncerOptions{Host: host, Port: portN})
+	pooled, err := pgxpool.New(ctx, bouncer.URL(u.User.Username(), strings.TrimPrefix(u.Path, "/"))+"&default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pooled.Close()
+
+	c := env.NewClient(t)
+	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", r.Status, r.Body)
+	}
+	cfg := events.DefaultRelayConfig()
+	cfg.Stream = "EVENTS_" + rand.Text()[:8]
+	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
+	cfg.Interval = 20 * time.Millisecond
+	relay := events.NewRelay(pooled, js, cfg, slog.New(slog.DiscardHandler))
+	var directPID atomic.Uint32
+	relay.Direct = func(ctx context.Context) (*pgx.Conn, error) {
+		conn, err := pgx.Connect(ctx, dbtest.URL())
+		if err == nil {
+			directPID.Store(conn.PgConn().PID())
+		}
+		return conn, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { relay.Run(rctx); close(done) }()
+
+	holder := func() uint32 {
+		var pid uint32
+		err := env.Pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_locks
+			WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, int64(7_146_153_210)).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	var got uint32
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if got = holder(); got != 0 && got == directPID.Load() {
+			break
+		}
+	}
+	if got == 0 || got != directPID.Load() {
+		t.Fatalf("the relay lock is held by backend %d, want the direct connection's %d", got, directPID.Load())
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if len(publishedIDs(t, env, []*apitest.Client{c})) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not publish the charge's event through the pooler")
+		}
+	}
+	stop()
+	<-done
+	for deadline := time.Now().Add(10 * time.Second); holder() == got; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay lock outlived the relay")
+		}
+	}
 }

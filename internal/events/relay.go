@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,6 +62,14 @@ type Relay struct {
 	q    *dbsqlc.Queries
 	cfg  RelayConfig
 	log  *slog.Logger
+	// Direct, when set, opens the connection that holds the relay lock,
+	// past any pooler (DATABASE_DIRECT_URL). The lock is a session lock:
+	// behind a pooler in transaction mode, the session it was taken in is
+	// a server connection that other clients' transactions borrow next,
+	// so it would neither stay with this relay nor end when the relay
+	// dies. Nil takes it out of the pool, which is right when the pool is
+	// direct.
+	Direct func(ctx context.Context) (*pgx.Conn, error)
 }
 
 // NewRelay returns a relay.
@@ -106,11 +116,11 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lead holds the relay lock on one connection and publishes while it can.
 func (r *Relay) lead(ctx context.Context) error {
-	conn, err := r.pool.Acquire(ctx)
+	conn, done, err := r.lockConn(ctx)
 	if err != nil {
-		return fmt.Errorf("acquiring a connection: %w", err)
+		return err
 	}
-	defer conn.Release()
+	defer done()
 	for {
 		var got bool
 		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", relayLockID).Scan(&got); err != nil {
@@ -144,6 +154,31 @@ func (r *Relay) lead(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// sessionConn is what lead does on the connection that holds the lock: a
+// pooled connection or a direct one.
+type sessionConn interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Ping(ctx context.Context) error
+}
+
+// lockConn opens the connection that holds the relay lock (Direct) or
+// takes one from the pool, and returns how to give it back.
+func (r *Relay) lockConn(ctx context.Context) (sessionConn, func(), error) {
+	if r.Direct != nil {
+		conn, err := r.Direct(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
+		}
+		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("acquiring a connection: %w", err)
+	}
+	return conn, conn.Release, nil
 }
 
 // PublishPending publishes one batch of pending events, in order, and marks

@@ -72,6 +72,22 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
+	// AsyncClaim lets the claim's batch commit without waiting for its WAL
+	// to reach disk (synchronous_commit = off for that one transaction), so
+	// that a first request waits for one WAL flush, its finish's, instead of
+	// two. The finish stays synchronous, and its flush covers the claim's
+	// WAL too (WAL is flushed in order), so no answer a client receives
+	// rests on an unflushed commit. What a crash of PostgreSQL may lose is a
+	// claim whose finish has not committed yet, and that is harmless: the
+	// record id, and so the downstream key and every parameter sent to
+	// Stripe, derive from the request (RecordID), so the client's retry
+	// re-creates the same record and Stripe replays a call already made
+	// (I13). The cost: a client that never retries such a request is no
+	// longer covered by the completer, which cannot resume a record it
+	// cannot see; it is the case of a failover to a standby that missed the
+	// last commits, and reconciliation is what restores its ledger row.
+	// DefaultConfig turns it on; IDEMPOTENCY_ASYNC_CLAIM=off turns it off.
+	AsyncClaim bool
 	// Now, when set, is the clock that decides lock expiry and the
 	// completer's schedule instead of the database's now(). Production
 	// leaves it nil, so one clock (the database's) decides for every server
@@ -80,7 +96,7 @@ type Config struct {
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more.
+// window kept for 1 h more, and an asynchronous claim.
 func DefaultConfig() Config {
 	return Config{
 		LockTimeout:    60 * time.Second,
@@ -90,6 +106,7 @@ func DefaultConfig() Config {
 		CompleterBatch: 10,
 		MaxBackoff:     5 * time.Minute,
 		FinishTimeout:  10 * time.Second,
+		AsyncClaim:     true,
 	}
 }
 
@@ -384,6 +401,9 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
+	if r.cfg.AsyncClaim {
+		b.queueAsyncCommit()
+	}
 	var account *string
 	if accountID != "" {
 		account = &accountID

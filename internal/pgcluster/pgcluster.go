@@ -152,10 +152,74 @@ func start(t testing.TB, cmd *exec.Cmd) (*process, error) {
 	return p, nil
 }
 
-// kill sends SIGKILL to the whole group and waits for the leader.
+// kill sends SIGKILL to the leader, its group and every child of the
+// leader, and waits until they are gone. A PostgreSQL backend is not in the
+// postmaster's process group (each child calls setsid), so a signal to the
+// group alone leaves the backends running until they notice that the
+// postmaster died, long enough to commit, and flush, a statement already
+// under way: that is not a crash. The leader is stopped first, so that it
+// forks nothing while its children are listed.
 func (p *process) kill() {
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // the group may be gone already
+	pid := p.cmd.Process.Pid
+	syscall.Kill(pid, syscall.SIGSTOP) //nolint:errcheck // gone already: nothing to stop
+	children := childrenOf(pid)
+	for _, c := range children {
+		syscall.Kill(c, syscall.SIGKILL) //nolint:errcheck // gone already: nothing to kill
+	}
+	syscall.Kill(-pid, syscall.SIGKILL) //nolint:errcheck // likewise
 	<-p.done
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		alive := false
+		for _, c := range children {
+			if running(c) {
+				alive = true
+			}
+		}
+		if !alive {
+			return
+		}
+	}
+}
+
+// childrenOf lists the processes whose parent is pid (from /proc).
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, _ := procStat(c); ppid == pid {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// procStat reads a process's parent and state from /proc/<pid>/stat.
+func procStat(pid int) (ppid int, state string) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, ""
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, ""
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return ppid, f[0]
+}
+
+// running is false once pid has exited (gone, or a zombie).
+func running(pid int) bool {
+	_, state := procStat(pid)
+	return state != "" && state != "Z" && state != "X"
 }
 
 // stop asks the group to end (SIGTERM), and kills it after grace.
@@ -166,7 +230,7 @@ func (p *process) stop(grace time.Duration) {
 		return
 	default:
 	}
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck // the group may be gone already
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck // gone already: kill below waits
 	select {
 	case <-p.done:
 	case <-time.After(grace):

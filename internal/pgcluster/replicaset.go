@@ -35,6 +35,7 @@ type Node struct {
 	log  string
 	proc *process
 	c    *Cluster
+	opts Options
 }
 
 // Options adjust Start.
@@ -81,10 +82,51 @@ func Start(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
+// StartSingle initialises and starts one server with no standby, for a
+// test that crashes a database and starts it again (Node.Kill,
+// Node.Restart). It stops in Cleanup, like Start's.
+func StartSingle(t testing.TB, opts Options) *Node {
+	t.Helper()
+	bindir, err := Bindir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := lookupRunAs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{t: t, bindir: bindir, as: as}
+	c.dir = tempDir(t, as, "pgsingle-")
+	c.Primary = c.node("single", opts)
+	if err := as.run(c.bin("initdb"), "-D", c.Primary.Data, "-U", "postgres", "--auth=trust",
+		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		t.Fatal(err)
+	}
+	c.Primary.start(opts)
+	return c.Primary
+}
+
+// Kill kills the server's postmaster and every backend at once (SIGKILL
+// to each), as a crash would: no checkpoint, and whatever
+// WAL sits in shared memory, not yet written (an asynchronous commit's),
+// is gone.
+func (n *Node) Kill() { n.proc.kill() }
+
+// Restart starts a killed (or stopped) server again on the same port and
+// data directory; it runs crash recovery and returns once it accepts
+// connections.
+func (n *Node) Restart() {
+	n.c.t.Helper()
+	if !n.proc.exited() {
+		n.c.t.Fatalf("restarting %s, which still runs", n.Name)
+	}
+	n.start(n.opts)
+}
+
 func (c *Cluster) bin(name string) string { return filepath.Join(c.bindir, name) }
 
 func (c *Cluster) node(name string, opts Options) *Node {
-	n := &Node{Name: name, Port: freePort(c.t), Data: filepath.Join(c.dir, name), log: filepath.Join(c.dir, name+".log"), c: c}
+	n := &Node{Name: name, Port: freePort(c.t), Data: filepath.Join(c.dir, name), log: filepath.Join(c.dir, name+".log"), c: c, opts: opts}
 	for _, d := range []string{n.Data, n.Data + ".sock"} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			c.t.Fatal(err)
@@ -220,8 +262,8 @@ func (c *Cluster) Cut(ctx context.Context) {
 }
 
 // KillPrimary kills the primary's postmaster and every backend at once
-// (SIGKILL to its process group): no shutdown checkpoint, no last WAL
-// shipped, open connections reset.
+// (SIGKILL to each): no shutdown checkpoint, no last WAL shipped, open
+// connections reset, and no statement under way commits.
 func (c *Cluster) KillPrimary() {
 	c.Primary.proc.kill()
 }

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/pgcluster"
+)
+
+// answerLog records every HTTP answer the clients got, with its time and
+// Retry-After, from a RoundTripper under the Go client: what the client
+// saw, attempt by attempt.
+type answerLog struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	all  []answer
+}
+
+type answer struct {
+	at         time.Time
+	status     int
+	retryAfter string
+	path       string
+}
+
+func (l *answerLog) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := l.next.RoundTrip(r)
+	if err == nil {
+		l.mu.Lock()
+		l.all = append(l.all, answer{at: time.Now(), status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), path: r.URL.Path})
+		l.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (l *answerLog) answers() []answer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]answer(nil), l.all...)
+}
+
+// TestFailoverToAStandbyThatMissedCommits is issue 18's replica set: a
+// primary and an asynchronous standby (internal/pgcluster), two idempay
+// servers on the multi-host DATABASE_URL (target_session_attrs=read-write),
+// and clients charging under load, each retrying its key until it has a
+// final answer. Mid-load the standby is cut off, so that it misses the last
+// commits (records, ledger rows, finishes), the primary is killed with -9,
+// and the standby is promoted. The clients keep retrying through the
+// failover; then every key is sent once more (what a client that retries
+// every key until it has seen it settled does), and:
+//
+//   - no payment reached Stripe under two keys: each client key reached the
+//     Stripe fake under one downstream key only, and the fake executed one
+//     charge per client key;
+//   - every Stripe object idempay made has exactly one ledger row, finished
+//     and naming it;
+//   - no 5xx outside the failover window (from the kill until a probe
+//     charge through each server, retried like the others, has its 201
+//     after the promotion), and inside it only 503 with Retry-After.
+//
+// Before the last pass, the test counts the charges Stripe holds that have
+// no ledger row on the new primary: those whose 201 was committed only on
+// the lost primary. Only the clients' retry of those keys (here) or
+// reconciliation (which lists Stripe's objects) restores them.
+func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c := pgcluster.Start(t, pgcluster.Options{})
+	if _, err := c.Primary.Conn(ctx).Exec(ctx, "CREATE DATABASE idempay_e2e"); err != nil {
+		t.Fatal(err)
+	}
+	setup := openMigrated(t, ctx, c.Primary.URL("idempay_e2e"))
+	acct := newAccount(t, setup, "failover")
+	setup.Close()
+	c.CatchUp(ctx)
+
+	fake := newFake(t)
+	fake.SetDelay(25 * time.Millisecond)
+	dbURL := c.URL("idempay_e2e") + "&connect_timeout=2"
+	var servers []*server
+	for _, name := range []string{"A", "B"} {
+		servers = append(servers, startServer(t, serverOpts{Name: name, DBURL: dbURL, StripeURL: fake.URL(),
+			Completer: 300 * time.Millisecond, Lock: 2 * time.Second, Stripe: time.Second}))
+	}
+	urls := []string{servers[0].URL, servers[1].URL}
+	log := &answerLog{next: http.DefaultTransport}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: log}
+
+	const (
+		nClients = 6
+		nKeys    = 25 // per client
+	)
+	key := func(g, k int) string { return fmt.Sprintf("failover-%d-%d", g, k) }
+	params := func(g, k int) (string, int) { return key(g, k), 1000 + 100*g + k }
+	var done atomic.Int64
+	var mu sync.Mutex
+	first := map[string]*apiResponse{}
+	var wg sync.WaitGroup
+	for g := range nClients {
+		wg.Go(func() {
+			cl := newAPIClient(hc, acct.APIKey, 400, nil, urls[g%2], urls[(g+1)%2])
+			for k := range nKeys {
+				desc, amount := params(g, k)
+				resp, err := createCharge(ctx, cl, key(g, k), chargeParams(amount, desc))
+				if err != nil {
+					t.Errorf("%s: %v", key(g, k), err)
+					return
+				}
+				mu.Lock()
+				first[key(g, k)] = resp
+				mu.Unlock()
+				done.Add(1)
+			}
+		})
+	}
+
+	total := int64(nClients * nKeys)
+	if !waitFor(30*time.Second, func() bool { return done.Load() >= total/3 }) {
+		t.Fatal("no progress before the failover")
+	}
+	c.Cut(ctx)
+	atCut := done.Load()
+	// Commits from now on live only on the primary.
+	if !waitFor(30*time.Second, func() bool { return done.Load() >= atCut+total/6 }) {
+		t.Fatal("no progress after the cut")
+	}
+	atKill := done.Load()
+	killedAt := time.Now()
+	c.KillPrimary()
+	c.Promote(ctx)
+	promotedAt := time.Now()
+	// The failover window ends when both servers have answered a charge
+	// again: a probe charge through each, retried like the others.
+	for i, srv := range servers {
+		probe := newAPIClient(hc, acct.APIKey, 400, nil, srv.URL)
+		resp, err := createCharge(ctx, probe, fmt.Sprintf("probe-%d", i), chargeParams(500+i, "probe"))
+		if err != nil || resp.Status != http.StatusCreated {
+			t.Fatalf("probe through server %s after the promotion: %v %v", srv.opts.Name, resp, err)
+		}
+	}
+	windowEnd := time.Now()
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("cut after %d of %d keys, killed after %d; promoted %s after the kill; charges answered again %s after the promotion",
+		atCut, total, atKill, promotedAt.Sub(killedAt).Round(time.Millisecond), windowEnd.Sub(promotedAt).Round(time.Millisecond))
+
+	// What the new primary lacks: charges Stripe made that have no ledger
+	// row, each a 201 that committed only on the lost primary.
+	check := openMigrated(t, ctx, c.Standby.URL("idempay_e2e"))
+	waitFor(20*time.Second, func() bool {
+		var n int
+		err := check.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`).Scan(&n)
+		return err == nil && n == 0
+	})
+	missing := 0
+	for _, fc := range fake.Charges() {
+		var n int
+		if err := check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE stripe_charge_id = $1`, fc.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			missing++
+		}
+	}
+	t.Logf("before the last pass: %d of the fake's %d charges have no ledger row on the new primary (only a retry of their key, or reconciliation, restores them)",
+		missing, len(fake.Charges()))
+
+	// Every key once more, as a client that retries until it has seen its
+	// charge settled: a lost record is re-created and Stripe replays.
+	cl := newAPIClient(hc, acct.APIKey, 100, nil, urls...)
+	for g := range nClients {
+		for k := range nKeys {
+			desc, amount := params(g, k)
+			resp, err := createCharge(ctx, cl, key(g, k), chargeParams(amount, desc))
+			if err != nil {
+				t.Fatalf("last pass: %v", err)
+			}
+			if resp.Status != http.StatusCreated {
+				t.Errorf("last pass, %s: %d %s, want 201", key(g, k), resp.Status, resp.Body)
+			}
+		}
+	}
+
+	// No payment reached Stripe under two keys; one charge per client key.
+	ix := indexFake(fake)
+	probes := len(servers)
+	if ix.total != int(total)+probes {
+		t.Errorf("the fake executed %d charges for %d client keys", ix.total, int(total)+probes)
+	}
+	recs := records(t, check, acct.ID)
+	if len(recs) != int(total)+probes {
+		t.Errorf("%d keys have records on the new primary, want %d", len(recs), int(total)+probes)
+	}
+	for i := range probes {
+		checkFinished(t, fmt.Sprintf("probe-%d", i), recs[fmt.Sprintf("probe-%d", i)], ix)
+	}
+	renamed := 0
+	for g := range nClients {
+		for k := range nKeys {
+			row := checkFinished(t, key(g, k), recs[key(g, k)], ix)
+			if r := first[key(g, k)]; r != nil && r.Status == http.StatusCreated && decodeCharge(t, r.Body).ID != row.ChargeID {
+				renamed++ // its record was lost and re-created
+			}
+		}
+	}
+	// Every Stripe object idempay made has exactly one ledger row.
+	for _, fc := range fake.Charges() {
+		var n int
+		if err := check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE stripe_charge_id = $1`, fc.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("Stripe charge %s (record %s): %d ledger rows, want 1", fc.ID, fc.Metadata["idempay_record"], n)
+		}
+	}
+
+	// No 5xx outside the failover window; 503 with Retry-After inside.
+	var in503 int
+	for _, a := range log.answers() {
+		if a.status < 500 {
+			continue
+		}
+		inside := !a.at.Before(killedAt) && !a.at.After(windowEnd)
+		switch {
+		case !inside:
+			t.Errorf("%d on %s at %s, outside the failover window [%s, %s]", a.status, a.path,
+				a.at.Sub(start).Round(time.Millisecond), killedAt.Sub(start).Round(time.Millisecond), windowEnd.Sub(start).Round(time.Millisecond))
+		case a.status != http.StatusServiceUnavailable || a.retryAfter == "":
+			t.Errorf("%d (Retry-After %q) on %s inside the failover window, want 503 with Retry-After", a.status, a.retryAfter, a.path)
+		default:
+			in503++
+		}
+	}
+	for k, r := range first {
+		if r.Status != http.StatusCreated {
+			t.Errorf("%s: first final answer %d %s, want 201", k, r.Status, r.Body)
+		}
+	}
+	t.Logf("%d answers, %d × 503 with Retry-After inside the failover window; %d keys' ledger rows were re-created under a new idempay charge id (the Stripe charge is the same); whole test %s",
+		len(log.answers()), in503, renamed, time.Since(start).Round(time.Millisecond))
+}
