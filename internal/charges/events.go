@@ -12,7 +12,6 @@ import (
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
@@ -208,9 +207,10 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 			Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON}, Body: data}
 		if *pendingAction == actionCapture && updated.Status != "succeeded" ||
 			*pendingAction == actionCancel && updated.Status != "canceled" {
-			pe := op.notAllowed("Charge %s is %s.", ch.ID, updated.Status)
-			resp = idempotency.Response{Status: pe.Status(),
-				Headers: idempotency.Headers{ContentType: apierror.ContentType}, Body: pe.Body()}
+			// What Stripe answers the action on a PaymentIntent in this
+			// state (pendingOp.refusedResponse).
+			resp = op.refusedResponse(outcomeRejected, &stripe.Error{
+				Msg: fmt.Sprintf("Charge %s is %s; it cannot be %s.", ch.ID, updated.Status, pastTense[*pendingAction])})
 		}
 		if err := s.runner.Settle(ctx, b, *pendingRecord, resp); err != nil {
 			return "", err
@@ -218,6 +218,8 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 	}
 	return EventApplied, nil
 }
+
+var pastTense = map[string]string{actionCapture: "captured", actionCancel: "canceled"}
 
 func deref(s *string) string {
 	if s == nil {

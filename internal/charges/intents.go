@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
@@ -210,13 +209,14 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 	updated := ch
 	updated.Version++
 	updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
-	if kind == outcomeOK {
+	// Stripe's answer, or its refusal, carries the PaymentIntent as it is:
+	// settle forward from it. An answer that does not move the charge on
+	// (stripe-mock's fixed one) leaves it as it is: never backward.
+	if kind != outcomeOK && se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
+		pi = se.PaymentIntent
+	}
+	if pi != nil && chargeRank[intentStatus(pi)] > chargeRank[ch.Status] {
 		applyIntent(&updated, pi)
-	} else if se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
-		// Stripe's answer carries the PaymentIntent as it is: settle forward.
-		if next := intentStatus(se.PaymentIntent); chargeRank[next] > chargeRank[ch.Status] {
-			applyIntent(&updated, se.PaymentIntent)
-		}
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		if err := op.s.q.ChargeSettlePending(ctx, b, &dbsqlc.ChargeSettlePendingParams{
@@ -247,20 +247,10 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 }
 
 // refusedResponse is the stored answer of a capture or cancel that Stripe
-// refused: a decline is 402 as for a charge, anything else 409 with
-// Stripe's reason.
+// refused: a decline is 402 card-declined, anything else (the
+// PaymentIntent was captured, canceled or expired outside this ledger) 422
+// payment-rejected with Stripe's reason, as for a charge. Both are final and
+// replayed; the charge itself was settled forward from Stripe's answer.
 func (op *pendingOp) refusedResponse(kind outcome, se *stripe.Error) idempotency.Response {
-	if kind == outcomeDeclined {
-		return failedResponse(kind, se, "charge", op.chargeID)
-	}
-	pe := op.notAllowed("Stripe refused to %s charge %s: %s", op.action, op.chargeID, strings.TrimSpace(se.Msg))
-	if se.Code != "" {
-		pe.Extensions["stripe_code"] = string(se.Code)
-	}
-	return idempotency.Response{
-		Status:  pe.Status(),
-		Headers: idempotency.Headers{ContentType: apierror.ContentType},
-		Body:    pe.Body(),
-	}
+	return failedResponse(kind, se, "charge", op.chargeID)
 }
-

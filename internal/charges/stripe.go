@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
@@ -199,8 +198,8 @@ func classify(err error) (outcome, *stripe.Error) {
 // ledger row, with the record's downstream idempotency key and its id in
 // the metadata (idempay_record), so that a Stripe event about it finds the
 // record. Every parameter comes from the request: manual capture when the
-// client authorizes only; a card token (tok_...) goes in as
-// payment_method_data, anything else as payment_method (pm_...).
+// client authorizes only, and the payment method as the client named it
+// (a PaymentMethod, pm_...).
 func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Record, ch dbsqlc.Charge, capture bool, metadata map[string]string) (*stripe.PaymentIntent, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -215,12 +214,7 @@ func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Recor
 	if !capture {
 		params.CaptureMethod = stripe.String(string(stripe.PaymentIntentCaptureMethodManual))
 	}
-	if token, ok := strings.CutPrefix(ch.PaymentMethod, "tok_"); ok {
-		params.PaymentMethodData = &stripe.PaymentIntentPaymentMethodDataParams{Type: stripe.String("card")}
-		params.AddExtra("payment_method_data[card][token]", "tok_"+token)
-	} else {
-		params.PaymentMethod = stripe.String(ch.PaymentMethod)
-	}
+	params.PaymentMethod = stripe.String(ch.PaymentMethod)
 	params.Context = ctx
 	params.SetIdempotencyKey(rec.DownstreamKey(StepCharge))
 	for k, v := range metadata {

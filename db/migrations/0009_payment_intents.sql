@@ -34,7 +34,7 @@ ALTER TABLE charges
     DROP CONSTRAINT charges_status_check,
     ADD CONSTRAINT charges_status_check CHECK (status IN
         ('processing', 'requires_action', 'requires_capture', 'pending', 'succeeded', 'failed', 'canceled')),
-    DROP CONSTRAINT charges_amount_refunded_check,
+    DROP CONSTRAINT charges_check,
     ADD CONSTRAINT charges_amount_refunded_check CHECK (amount_refunded >= 0 AND amount_refunded <= amount_captured);
 
 CREATE INDEX charges_stripe_payment_intent_id ON charges (stripe_payment_intent_id)
