@@ -10,47 +10,41 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// fencingLockTimeout is the fencing tests' lock timeout. It must be long
-// enough that B's first attempt, made right after A claimed the record,
-// still meets A's fresh lock on a loaded 2-core machine under -race (the
-// tests check that it does), and short enough that waiting it out keeps
-// the tests quick; the waits for expiry poll, so they hold however late.
-const fencingLockTimeout = time.Second
+// fencingLockTimeout is the fencing tests' lock timeout, on the runner's
+// clock (Config.Now), which the tests move forward instead of sleeping.
+const fencingLockTimeout = time.Minute
 
-// fencingSetup is a runner with a short lock timeout on a database of the
-// test's own, counting outcomes.
-func fencingSetup(t *testing.T) (*testDB, *idempotency.Runner, *outcomes) {
+// fencingSetup is a runner on a clock of the test's own, on a database of
+// the test's own, counting outcomes.
+func fencingSetup(t *testing.T) (*testDB, *idempotency.Runner, *outcomes, *testClock) {
 	t.Helper()
 	d := newTestDB(t)
+	clock := newTestClock()
 	cfg := idempotency.DefaultConfig()
 	cfg.LockTimeout = fencingLockTimeout
+	cfg.Now = clock.Now
 	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 	o := &outcomes{}
 	r.OnOutcome = o.observe
-	return d, r, o
+	return d, r, o, clock
 }
 
-// takeOver retries the same request as owner B until the stale owner's lock
-// expires (each early attempt must be a 409 with Retry-After that changes
-// nothing, I4) and returns B's response. B's Execute is exec.
-func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *testOp) (idempotency.Response, int) {
+// takeOver sends the same request as owner B while the stale owner's lock
+// is fresh (a 409 that changes nothing, I4), then once the clock has moved
+// past the lock timeout, and returns B's response.
+func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *testOp, clock *testClock) idempotency.Response {
 	t.Helper()
-	conflicts := 0
-	// Polls until well past the lock timeout, however slow the machine.
-	for deadline := time.Now().Add(fencingLockTimeout + 10*time.Second); time.Now().Before(deadline); {
-		resp, err := r.Run(context.Background(), request(d.AccountID, key), op)
-		if err == nil {
-			return resp, conflicts
-		}
-		_ = requireKind(t, err, idempotency.ErrInFlight)
-		if op.calls.Load() != 0 {
-			t.Fatalf("a request rejected with 409 executed the operation")
-		}
-		conflicts++
-		time.Sleep(20 * time.Millisecond)
+	_, err := r.Run(context.Background(), request(d.AccountID, key), op)
+	_ = requireKind(t, err, idempotency.ErrInFlight)
+	if op.calls.Load() != 0 {
+		t.Fatalf("a request rejected with 409 executed the operation")
 	}
-	t.Fatal("B never took the record over")
-	return idempotency.Response{}, 0
+	clock.Advance(fencingLockTimeout + time.Second)
+	resp, err := r.Run(context.Background(), request(d.AccountID, key), op)
+	if err != nil {
+		t.Fatalf("B after the lock timeout: %v", err)
+	}
+	return resp
 }
 
 // TestFencingStaleOwnerFinish: owner A claims a key and stalls in its
@@ -61,16 +55,13 @@ func takeOver(t *testing.T, r *idempotency.Runner, d *testDB, key string, op *te
 // retry replays.
 func TestFencingStaleOwnerFinish(t *testing.T) {
 	t.Parallel()
-	d, r, o := fencingSetup(t)
+	d, r, o, clock := fencingSetup(t)
 	release, resultA := stalledOwner(t, r, d, "k")
 
 	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
 		return finishFor(rec, "B")
 	}}
-	respB, conflicts := takeOver(t, r, d, "k", opB)
-	if conflicts == 0 {
-		t.Errorf("B took the record over at once; want 409 while A's lock was fresh")
-	}
+	respB := takeOver(t, r, d, "k", opB, clock)
 	if respB.Status != http.StatusCreated || string(respB.Body) != `{"owner":"B"}` || respB.Replayed {
 		t.Fatalf("B got %d %s (replayed %v)", respB.Status, respB.Body, respB.Replayed)
 	}
@@ -122,12 +113,12 @@ func TestFencingStaleOwnerFinish(t *testing.T) {
 // finished record stays exactly as B left it.
 func TestFencingStaleOwnerRelease(t *testing.T) {
 	t.Parallel()
-	d, r, o := fencingSetup(t)
+	d, r, o, clock := fencingSetup(t)
 	release, resultA := stalledOwner(t, r, d, "k")
 	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
 		return finishFor(rec, "B")
 	}}
-	takeOver(t, r, d, "k", opB)
+	takeOver(t, r, d, "k", opB, clock)
 	before := readRecord(t, d.Pool, d.AccountID, "k")
 
 	release(func(*idempotency.Record) idempotency.Step {
@@ -162,11 +153,9 @@ func TestFencingStaleOwnerRelease(t *testing.T) {
 // unfinished, and B then finishes normally.
 func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	t.Parallel()
-	d, r, _ := fencingSetup(t)
+	d, r, _, clock := fencingSetup(t)
 	releaseA, resultA := stalledOwner(t, r, d, "k")
-	// Wait out A's lock (a sleep lasts at least this long, so this holds
-	// under load); B's loop below still tolerates a lock not yet expired.
-	time.Sleep(fencingLockTimeout + 50*time.Millisecond)
+	clock.Advance(fencingLockTimeout + time.Second) // A's lock expires
 
 	bStarted := make(chan struct{})
 	bGo := make(chan struct{})
@@ -181,16 +170,8 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	}
 	resultB := make(chan result, 1)
 	go func() {
-		deadline := time.Now().Add(fencingLockTimeout + 10*time.Second)
-		for {
-			resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
-			if time.Now().Before(deadline) && errors.Is(err, idempotency.ErrInFlight) {
-				time.Sleep(20 * time.Millisecond) // A's lock not expired yet
-				continue
-			}
-			resultB <- result{resp, err}
-			return
-		}
+		resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
+		resultB <- result{resp, err}
 	}()
 	select {
 	case <-bStarted:

@@ -8,9 +8,6 @@ import (
 // MaxKeyLength is the longest Idempotency-Key accepted, in characters.
 const MaxKeyLength = 255
 
-// HeaderKey is the request header that carries the client's key.
-const HeaderKey = "Idempotency-Key"
-
 // ParseKey validates an Idempotency-Key header value. It accepts the bare form
 // that Stripe's clients send (abc) and the IETF draft's Structured Field
 // string form ("abc", with \" and \\ escapes), and returns the key itself.
