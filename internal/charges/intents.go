@@ -210,13 +210,27 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 	updated.Version++
 	updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
 	// Stripe's answer, or its refusal, carries the PaymentIntent as it is:
-	// settle forward from it. An answer that does not move the charge on
-	// (stripe-mock's fixed one) leaves it as it is: never backward.
+	// settle forward from it, never backward.
 	if kind != outcomeOK && se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
 		pi = se.PaymentIntent
 	}
-	if pi != nil && chargeRank[intentStatus(pi)] > chargeRank[ch.Status] {
+	switch {
+	case pi != nil && chargeRank[intentStatus(pi)] > chargeRank[ch.Status]:
 		applyIntent(&updated, pi)
+	case kind == outcomeOK:
+		// A 200 to a capture is a capture, to a cancel a cancel, whatever
+		// the object says (stripe-mock answers every call with one fixed
+		// PaymentIntent that has not moved).
+		updated.AmountCapturable = 0
+		if op.action == actionCancel {
+			updated.Status = "canceled"
+		} else {
+			updated.Status = "succeeded"
+			updated.AmountCaptured = ch.AmountCapturable
+			if op.amount > 0 {
+				updated.AmountCaptured = op.amount
+			}
+		}
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		if err := op.s.q.ChargeSettlePending(ctx, b, &dbsqlc.ChargeSettlePendingParams{
