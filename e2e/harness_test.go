@@ -553,9 +553,9 @@ func chargeBody(amount int, description string) []byte {
 
 // apiCharge is the part of the charge resource the tests read.
 type apiCharge struct {
-	ID             string  `json:"id"`
-	Amount         int64   `json:"amount"`
-	Status         string  `json:"status"`
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+	Status string `json:"status"`
 	// StripeChargeID is the charge's PaymentIntent at Stripe.
 	StripeChargeID *string `json:"stripe_payment_intent_id"`
 }
