@@ -51,6 +51,7 @@ commands:
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
+  reconcile [--since 24h]    compare the ledger with Stripe's PaymentIntents once, and repair it
 
 configuration is read from the environment; see README.md.
 `
@@ -101,6 +102,8 @@ func run(args []string) error {
 		return purge(ctx, cfg, log)
 	case "webhooks":
 		return webhooksCmd(ctx, cfg, args[1:])
+	case "reconcile":
+		return reconcileCmd(ctx, cfg, log, args[1:])
 	default:
 		fmt.Fprint(os.Stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
@@ -191,6 +194,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app, error) {
 	})
 	svc := charges.New(pool, runner, stripe, log)
 	svc.OnRollout = m.ObserveRollout
+	svc.OnReconcile = m.ObserveReconcile
 	whcfg := cfg.Webhooks
 	whcfg.Observe, whcfg.ObserveLag = m.ObserveWebhook, m.ObserveWebhookLag
 	return &app{pool: pool, runner: runner, charges: svc, metrics: m,
@@ -224,6 +228,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if cfg.RetentionInterval > 0 {
 		wg.Go(func() { a.runner.RunRetention(bg, cfg.RetentionInterval, a.metrics.ObservePurged) })
+	}
+	if cfg.ReconcileInterval > 0 {
+		wg.Go(func() { a.charges.RunReconciler(bg, cfg.ReconcileInterval) })
 	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")
@@ -270,6 +277,35 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// reconcileCmd is `idempay reconcile [--since DURATION]`: one pass over the
+// PaymentIntents Stripe holds for the window (Service.Reconcile), whose
+// report is printed as JSON; every repair is also a log line.
+func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents at Stripe")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 || *since <= 0 {
+		return errors.New("usage: idempay reconcile [--since DURATION] (a positive duration such as 24h)")
+	}
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.pool.Close()
+	report, err := a.charges.Reconcile(ctx, time.Now().Add(-*since))
+	if err != nil {
+		return err
+	}
+	out, err := json.Marshal(report)
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
 	return nil
 }
 

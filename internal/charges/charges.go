@@ -50,6 +50,9 @@ type Service struct {
 	// to a request (metrics): mode and outcome (unkeyed, would_replayed,
 	// would_mismatch, would_conflict, would_takeover).
 	OnRollout func(mode, outcome string)
+	// OnReconcile, when set, counts what reconciliation did with each
+	// PaymentIntent it listed (metrics): one of the Reconcile* outcomes.
+	OnReconcile func(outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so
@@ -202,6 +205,10 @@ type chargeOp struct {
 	accountID string
 	charge    dbsqlc.Charge // the row as Begin inserted it, or as Load read it
 	metadata  map[string]string
+	// recovered, when set, is the PaymentIntent that Stripe already holds
+	// for this request (reconciliation re-creating a record the database
+	// lost): Call finishes with it instead of calling Stripe.
+	recovered *stripe.PaymentIntent
 }
 
 // Begin queues the charge's ledger row.
@@ -248,7 +255,15 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		op.charge.CreatedAt = rec.CreatedAt
 	}
 	ch := op.charge
-	pi, err := op.s.stripe.CreatePaymentIntent(ctx, rec, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
+	pi, err := op.recovered, error(nil)
+	if pi != nil && intentStatus(pi) == "failed" && pi.LastPaymentError != nil {
+		// Stripe answered the request with this decline (402).
+		se := *pi.LastPaymentError
+		se.HTTPStatusCode, se.PaymentIntent = http.StatusPaymentRequired, pi
+		pi, err = nil, &se
+	} else if pi == nil {
+		pi, err = op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
+	}
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)

@@ -3,6 +3,7 @@ package charges
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,19 @@ import (
 // parameter sent with the downstream key, so that a record re-created after
 // the database lost it sends Stripe the same request (I13).
 const MetadataRecord = "idempay_record"
+
+// MetadataKey, MetadataAccount and MetadataFingerprint carry, on a
+// PaymentIntent, what identifies its request: the client's Idempotency-Key,
+// its account and the request's fingerprint (hex). With them
+// reconciliation re-creates a record that the database lost (they must
+// derive idempay_record), and a later retry of that key replays it. All
+// three are the request's own, so the parameters stay a pure function of
+// it (I13).
+const (
+	MetadataKey         = "idempay_key"
+	MetadataAccount     = "idempay_account"
+	MetadataFingerprint = "idempay_fingerprint"
+)
 
 // The steps of a record that call Stripe, each with its own downstream key
 // (idempotency.Record.DownstreamKey).
@@ -200,7 +214,7 @@ func classify(err error) (outcome, *stripe.Error) {
 // record. Every parameter comes from the request: manual capture when the
 // client authorizes only, and the payment method as the client named it
 // (a PaymentMethod, pm_...).
-func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Record, ch dbsqlc.Charge, capture bool, metadata map[string]string) (*stripe.PaymentIntent, error) {
+func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Record, fingerprint []byte, ch dbsqlc.Charge, capture bool, metadata map[string]string) (*stripe.PaymentIntent, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	params := &stripe.PaymentIntentParams{
@@ -221,6 +235,9 @@ func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Recor
 		params.AddMetadata(k, v)
 	}
 	params.AddMetadata(MetadataRecord, rec.ID)
+	params.AddMetadata(MetadataKey, rec.Key)
+	params.AddMetadata(MetadataAccount, rec.AccountID)
+	params.AddMetadata(MetadataFingerprint, hex.EncodeToString(fingerprint))
 	start := time.Now()
 	pi, err := s.intents.New(params)
 	s.observed("create_charge", start, err)
@@ -228,6 +245,25 @@ func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Recor
 		return nil, fmt.Errorf("stripe: creating payment intent: %w", err)
 	}
 	return pi, nil
+}
+
+// ListPaymentIntents calls fn with every PaymentIntent created at or after
+// since, newest first, through stripe-go's list iterator (it pages on its
+// own).
+func (s *Stripe) ListPaymentIntents(ctx context.Context, since time.Time, fn func(*stripe.PaymentIntent) error) error {
+	params := &stripe.PaymentIntentListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := s.intents.List(params)
+	for it.Next() {
+		if err := fn(it.PaymentIntent()); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("stripe: listing payment intents: %w", err)
+	}
+	return nil
 }
 
 // CapturePaymentIntent captures an authorized PaymentIntent: amount, or
