@@ -77,16 +77,6 @@ func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
 	}
 }
 
-// chargeIDParam is the charge id of the path, or a 404 for one that cannot
-// be a charge's (it never reaches the database).
-func chargeIDParam(c echo.Context) (string, error) {
-	id := c.Param("id")
-	if len(id) > maxChargeIDLength || !chargeIDPattern.MatchString(id) {
-		return "", apierror.New(apierror.NotFound, "No such charge.")
-	}
-	return id, nil
-}
-
 func (s *Service) captureCharge(c echo.Context) error {
 	return s.pending(c, actionCapture, RouteCapture, &captureParams{})
 }
@@ -95,11 +85,11 @@ func (s *Service) cancelCharge(c echo.Context) error {
 	return s.pending(c, actionCancel, RouteCancel, &cancelParams{})
 }
 
+// pending is a capture or cancel: the same front half as every POST (the
+// key, the body, its validation, in that order), then the operation, whose
+// Begin refuses a path that names no charge.
 func (s *Service) pending(c echo.Context, action, route string, p params) error {
-	id, err := chargeIDParam(c)
-	if err != nil {
-		return err
-	}
+	id := c.Param("id")
 	return s.run(c, route, p, func(acct accounts.Account) idempotency.Operation {
 		op := &pendingOp{s: s, action: action, accountID: acct.ID, chargeID: id}
 		if cp, ok := p.(*captureParams); ok && cp.Amount != nil {
@@ -141,6 +131,9 @@ func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
 // capture at most what is capturable. A charge whose authorization outcome
 // is still unknown (processing) is refused: it is never captured blind.
 func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
+		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
+	}
 	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, op.accountID, op.chargeID)
 	if err := readErr(err, "charge"); err != nil {
 		return err

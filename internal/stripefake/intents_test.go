@@ -36,7 +36,7 @@ func TestPaymentIntents(t *testing.T) {
 	if err != nil || got.Status != stripe.PaymentIntentStatusSucceeded || got.AmountReceived != 3000 || got.AmountCapturable != 0 {
 		t.Fatalf("capture: %v %+v", err, got)
 	}
-	if _, err := sc.PaymentIntents.Capture(pi.ID, cp); err != nil {
+	if replay, err := sc.PaymentIntents.Capture(pi.ID, cp); err != nil || replay.AmountReceived != 3000 {
 		t.Fatalf("the capture's replay: %v", err)
 	}
 	if fake.IntentBody(pi.ID) == nil || fake.Charges()[0].Captures != 1 {
@@ -52,14 +52,14 @@ func TestPaymentIntents(t *testing.T) {
 	cancel := &stripe.PaymentIntentCancelParams{}
 	cancel.SetIdempotencyKey("k1-cancel")
 	_, err = sc.PaymentIntents.Cancel(pi.ID, cancel)
-	stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest)
+	_ = stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest)
 
 	_, err = sc.PaymentIntents.New(intentParams("k2", 100, "pm_card_chargeDeclined", false))
 	if se := stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard); se.DeclineCode != "generic_decline" || se.PaymentIntent == nil {
 		t.Fatalf("decline: %+v", se)
 	}
 	_, err = sc.PaymentIntents.New(intentParams("k2", 100, "pm_card_chargeDeclined", false))
-	stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard)
+	_ = stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard)
 
 	sca, err := sc.PaymentIntents.New(intentParams("k3", 700, "pm_card_threeDSecure2Required", false))
 	if err != nil || sca.Status != stripe.PaymentIntentStatusRequiresAction || sca.NextAction == nil || sca.NextAction.RedirectToURL == nil {
