@@ -13,14 +13,25 @@ import (
 
 // ChargeParams is the body of POST /v1/charges. The server validates it
 // (amount 1 to 99,999,999 in the currency's minor unit, a supported
-// currency, a Stripe token; see the server's docs/api.md) and answers 400 with
+// currency, a Stripe PaymentMethod such as pm_card_visa; see the server's docs/api.md) and answers 400 with
 // InvalidParams naming each bad field.
 type ChargeParams struct {
-	Amount        int64             `json:"amount"`
+	Amount int64 `json:"amount"`
+	// Capture false authorizes only: the charge answers requires_capture
+	// and waits for Charges.Capture (or Charges.Cancel). nil captures at
+	// once.
+	Capture       *bool             `json:"capture,omitempty"`
 	Currency      string            `json:"currency"`
 	PaymentMethod string            `json:"payment_method"`
 	Description   *string           `json:"description,omitempty"`
 	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+// CaptureParams is the body of POST /v1/charges/{id}/capture. A nil Amount
+// captures all that the authorization holds; a smaller one captures that
+// much and releases the rest.
+type CaptureParams struct {
+	Amount *int64 `json:"amount,omitempty"`
 }
 
 // RefundParams is the body of POST /v1/refunds. A nil Amount refunds all
@@ -62,14 +73,32 @@ type Charge struct {
 	Description    *string           `json:"description"`
 	Metadata       map[string]string `json:"metadata"`
 	// Status is processing (until Stripe's answer is recorded), pending,
-	// succeeded or failed.
-	Status         string    `json:"status"`
-	StripeChargeID *string   `json:"stripe_charge_id"`
-	FailureCode    *string   `json:"failure_code"`
-	FailureMessage *string   `json:"failure_message"`
-	CreatedAt      time.Time `json:"created_at"`
+	// requires_action (the customer must authenticate: NextAction),
+	// requires_capture (authorized: AmountCapturable), succeeded, failed or
+	// canceled.
+	Status           string      `json:"status"`
+	AmountCapturable int64       `json:"amount_capturable"`
+	AmountCaptured   int64       `json:"amount_captured"`
+	NextAction       *NextAction `json:"next_action"`
+	// StripePaymentIntentID is the PaymentIntent at Stripe; StripeChargeID
+	// Stripe's charge of it.
+	StripePaymentIntentID *string   `json:"stripe_payment_intent_id"`
+	StripeChargeID        *string   `json:"stripe_charge_id"`
+	FailureCode           *string   `json:"failure_code"`
+	FailureMessage        *string   `json:"failure_message"`
+	CreatedAt             time.Time `json:"created_at"`
 	// Disputes are known from Stripe's events; only Charges.Get fills them.
 	Disputes []Dispute `json:"disputes,omitempty"`
+}
+
+// NextAction is what the customer must do before a charge that
+// requires_action goes on: follow RedirectToURL.URL (3-D Secure). Stripe's
+// events then settle the charge.
+type NextAction struct {
+	Type          string `json:"type"`
+	RedirectToURL struct {
+		URL string `json:"url"`
+	} `json:"redirect_to_url"`
 }
 
 // Dispute is a dispute of a charge, known from Stripe's events.
@@ -212,8 +241,8 @@ type APIKeyList struct {
 	Data   []APIKey `json:"data"`
 }
 
-// ChargesService is POST /v1/charges, GET /v1/charges/{id} and GET
-// /v1/charges.
+// ChargesService is POST /v1/charges, POST /v1/charges/{id}/capture and
+// /cancel, GET /v1/charges/{id} and GET /v1/charges.
 type ChargesService struct{ c *Client }
 
 // Create charges a payment method, exactly once per Idempotency-Key
@@ -223,6 +252,30 @@ type ChargesService struct{ c *Client }
 func (s *ChargesService) Create(ctx context.Context, p ChargeParams, opts ...CallOption) (*Charge, error) {
 	var out Charge
 	return result(&out, s.c.call(ctx, http.MethodPost, "/v1/charges", nil, p, opts, &out))
+}
+
+// Capture takes an authorization's money (all of it, or p.Amount),
+// exactly once per Idempotency-Key. A charge that is not requires_capture,
+// or has a capture or cancel in progress, is a final 409
+// charge-not-capturable; more than it holds, a 400
+// capture-exceeds-authorization with Extensions["amount_capturable"].
+func (s *ChargesService) Capture(ctx context.Context, id string, p CaptureParams, opts ...CallOption) (*Charge, error) {
+	if id == "" {
+		return nil, errors.New("idempay: capture: empty charge id")
+	}
+	var out Charge
+	return result(&out, s.c.call(ctx, http.MethodPost, "/v1/charges/"+url.PathEscape(id)+"/capture", nil, p, opts, &out))
+}
+
+// Cancel releases an authorization (or ends a charge that waits for its
+// customer), exactly once per Idempotency-Key. A captured charge is a final
+// 409 charge-not-cancelable: refund it instead.
+func (s *ChargesService) Cancel(ctx context.Context, id string, opts ...CallOption) (*Charge, error) {
+	if id == "" {
+		return nil, errors.New("idempay: cancel: empty charge id")
+	}
+	var out Charge
+	return result(&out, s.c.call(ctx, http.MethodPost, "/v1/charges/"+url.PathEscape(id)+"/cancel", nil, struct{}{}, opts, &out))
 }
 
 // Get reads a charge in its current state, with its disputes. Another

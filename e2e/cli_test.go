@@ -74,8 +74,40 @@ func TestCLI(t *testing.T) {
 		t.Errorf("%d charges in the ledger, want 1", charges)
 	}
 
+	// Authorize, then capture part; authorize, then cancel, and the capture
+	// of the canceled one is refused with its problem.
+	var held [2]struct {
+		ID, Status       string
+		AmountCapturable int64 `json:"amount_capturable"`
+		AmountCaptured   int64 `json:"amount_captured"`
+	}
+	for i := range held {
+		out, errOut, code := run(acct.APIKey, "charges", "create", "--amount", "900", "--payment-method", "pm_card_visa", "--capture=false")
+		if code != 0 {
+			t.Fatalf("charges create --capture=false: exit status %d, stderr %s", code, errOut)
+		}
+		decode("charges create --capture=false", out, &held[i])
+		if held[i].Status != "requires_capture" || held[i].AmountCapturable != 900 {
+			t.Fatalf("an authorization from the shell: %s", out)
+		}
+	}
+	out, errOut, code := run(acct.APIKey, "charges", "capture", held[0].ID, "--amount", "600", "--idempotency-key", "cli-capture")
+	if code != 0 {
+		t.Fatalf("charges capture: exit status %d, stderr %s", code, errOut)
+	}
+	decode("charges capture", out, &held[0])
+	if held[0].Status != "succeeded" || held[0].AmountCaptured != 600 {
+		t.Errorf("charges capture printed %s, want succeeded with 600 captured", out)
+	}
+	if out, errOut, code = run(acct.APIKey, "charges", "cancel", held[1].ID); code != 0 || !strings.Contains(out, `"canceled"`) {
+		t.Fatalf("charges cancel: exit status %d, stdout %s, stderr %s", code, out, errOut)
+	}
+	if _, errOut, code = run(acct.APIKey, "charges", "capture", held[1].ID); code != 1 || !strings.Contains(errOut, "charge-not-capturable") {
+		t.Errorf("charges capture of a canceled charge: exit status %d, stderr %s; want 1 and charge-not-capturable", code, errOut)
+	}
+
 	// An API key from the shell: made, listed, used, revoked, refused.
-	out, errOut, code := run(acct.APIKey, "api-keys", "create", "--idempotency-key", "cli-new-key")
+	out, errOut, code = run(acct.APIKey, "api-keys", "create", "--idempotency-key", "cli-new-key")
 	if code != 0 {
 		t.Fatalf("api-keys create: exit status %d, stderr %s", code, errOut)
 	}

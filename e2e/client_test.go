@@ -107,7 +107,7 @@ func TestClientAcrossServerKill(t *testing.T) {
 		t.Errorf("%d ledger rows, want 1", ledger)
 	}
 	row := checkFinished(t, key, recs[key], indexFake(fake))
-	checkNamesRow(t, "the answer", ch.ID, ch.Status, ch.StripeChargeID, row)
+	checkNamesRow(t, "the answer", ch.ID, ch.Status, ch.StripePaymentIntentID, row)
 	if n := countLog([]*server{healthy}, "took over idempotency record"); n != 1 {
 		t.Errorf("the healthy server logged %d takeovers, want 1", n)
 	}

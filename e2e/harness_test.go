@@ -553,10 +553,11 @@ func chargeBody(amount int, description string) []byte {
 
 // apiCharge is the part of the charge resource the tests read.
 type apiCharge struct {
-	ID             string  `json:"id"`
-	Amount         int64   `json:"amount"`
-	Status         string  `json:"status"`
-	StripeChargeID *string `json:"stripe_charge_id"`
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+	Status string `json:"status"`
+	// StripeChargeID is the charge's PaymentIntent at Stripe.
+	StripeChargeID *string `json:"stripe_payment_intent_id"`
 }
 
 func decodeCharge(t *testing.T, b []byte) apiCharge {
@@ -615,7 +616,7 @@ func deref(s *string) string {
 func records(t *testing.T, pool *pgxpool.Pool, accountID string) map[string][]ledgerRow {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
-		SELECT ik.key, ik.id, ik.recovery_point, ik.response_status, c.id, c.status, c.stripe_charge_id
+		SELECT ik.key, ik.id, ik.recovery_point, ik.response_status, c.id, c.status, c.stripe_payment_intent_id
 		FROM idempotency_keys ik LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 		WHERE ik.account_id = $1`, accountID)
 	if err != nil {
@@ -663,7 +664,7 @@ type fakeIndex struct {
 func indexFake(fake *stripefake.Server) fakeIndex {
 	ix := fakeIndex{keysByRecord: map[string]map[string]bool{}, chargesByRecord: map[string][]stripefake.Charge{}, chargesByKey: map[string]int{}}
 	for _, r := range fake.Requests() {
-		if r.Method != http.MethodPost || r.Path != "/v1/charges" {
+		if r.Method != http.MethodPost || r.Path != "/v1/payment_intents" {
 			continue
 		}
 		id := r.Form.Get("metadata[idempay_record]")

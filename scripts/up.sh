@@ -5,7 +5,8 @@
 #      (or use $DATABASE_URL as is, creating its database if missing),
 #   2. build bin/idempay, start a Stripe on loopback (bin/stripe-mock, or with
 #      STRIPE=fake bin/stripefake, the test suite's Stripe fake, which
-#      declines Stripe's test tokens such as tok_chargeDeclined), and find or
+#      keeps PaymentIntents: declines pm_card_chargeDeclined, asks 3-D Secure for
+#      pm_card_threeDSecure2Required), and find or
 #      start NATS JetStream (ensure_nats),
 #   3. apply migrations,
 #   4. run `idempay serve` (with the outbox relay) and `idempay consume`,
@@ -80,7 +81,7 @@ fi
 STRIPE=${STRIPE:-mock}
 case $STRIPE in
 mock | fake) ;;
-*) idem_die "STRIPE must be mock (stripe-mock, the default) or fake (the Stripe fake, which declines tok_chargeDeclined); got '$STRIPE'" ;;
+*) idem_die "STRIPE must be mock (stripe-mock, the default) or fake (the Stripe fake, which keeps PaymentIntents: declines, 3-D Secure); got '$STRIPE'" ;;
 esac
 
 LISTEN_ADDR=${LISTEN_ADDR:-127.0.0.1:8080}
@@ -137,7 +138,8 @@ fi
 export DATABASE_URL
 
 # 2. Binaries and a Stripe: stripe-mock (stateless, never declines) or, with
-# STRIPE=fake, the Stripe fake (keeps its charges, declines tok_chargeDeclined).
+# STRIPE=fake, the Stripe fake (keeps its PaymentIntents, declines
+# pm_card_chargeDeclined, asks 3-D Secure for pm_card_threeDSecure2Required).
 idem_log "building bin/idempay"
 go build -o bin/idempay ./cmd/idempay
 if [[ $STRIPE == fake ]]; then
@@ -275,13 +277,14 @@ if [[ -z $account_id ]]; then
 	account_note=${account_note:-"NEW, saved in $demo_account for the next make up"}
 fi
 
-# What `idempay webhooks trigger` needs to reach this server and its
-# database, kept out of the terminal (the database URL may hold a password).
+# What `idempay webhooks trigger` and `idempay reconcile` need to reach this
+# server, its database and its Stripe, kept out of the terminal (the
+# database URL may hold a password).
 demo_env=.run/demo.env
 (
 	umask 077
-	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\nNATS_URL=%q\n' \
-		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" >"$demo_env"
+	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\nNATS_URL=%q\nSTRIPE_API_URL=%q\nSTRIPE_SECRET_KEY=%q\n' \
+		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" "$STRIPE_API_URL" "$STRIPE_SECRET_KEY" >"$demo_env"
 )
 
 metrics_hint=""
@@ -302,22 +305,36 @@ fi
 if [[ $STRIPE == fake ]]; then
 	decline_hint=$(
 		cat <<EOF
- A declined card: the Stripe fake declines Stripe's test token
- tok_chargeDeclined. The answer is 402 card-declined, a final answer that
- is stored like a success: run it twice, the second is the replay.
+ A declined card: the Stripe fake declines Stripe's test payment method
+ pm_card_chargeDeclined. The answer is 402 card-declined, a final answer
+ that is stored like a success: run it twice, the second is the replay.
 
 curl -s -i $api_url/v1/charges \\
   -H "Authorization: Bearer \$KEY" \\
   -H 'Idempotency-Key: $idem_key-declined' \\
   -H 'Content-Type: application/json' \\
-  -d '{"amount":2000,"currency":"usd","payment_method":"tok_chargeDeclined"}'
+  -d '{"amount":2000,"currency":"usd","payment_method":"pm_card_chargeDeclined"}'
+
+ 3-D Secure: pm_card_threeDSecure2Required answers requires_action with the
+ customer's page (next_action.redirect_to_url.url); open it with
+ ?result=succeed, then Stripe's event settles the charge:
+
+SCA=\$(curl -s $api_url/v1/charges -H "Authorization: Bearer \$KEY" \\
+  -H 'Idempotency-Key: $idem_key-3ds' -H 'Content-Type: application/json' \\
+  -d '{"amount":4200,"currency":"eur","payment_method":"pm_card_threeDSecure2Required"}')
+echo "\$SCA"
+curl -s "\$(echo "\$SCA" | sed -n 's/.*"url":"\([^"]*\)".*/\1/p')?result=succeed"
+(set -a; . $demo_env; bin/idempay webhooks trigger payment_intent.succeeded --charge "\$(echo "\$SCA" | sed -n 's/.*"id":"\(ch_[^"]*\)".*/\1/p')")
 EOF
 	)
 else
 	decline_hint=$(
 		cat <<EOF
- stripe-mock never declines a card. To see a 402 card-declined, run
- make up STRIPE=fake instead: the Stripe fake declines tok_chargeDeclined.
+ stripe-mock is stateless: it answers every PaymentIntent with one fixed
+ object, so a new charge stays pending until Stripe's event (the trigger
+ payment_intent.succeeded above), and it never declines or asks for
+ 3-D Secure. Run make up STRIPE=fake for those: the Stripe fake keeps
+ PaymentIntents as Stripe does.
 EOF
 	)
 fi
@@ -340,7 +357,7 @@ curl -s -i $api_url/v1/charges \\
   -H "Authorization: Bearer \$KEY" \\
   -H 'Idempotency-Key: $idem_key' \\
   -H 'Content-Type: application/json' \\
-  -d '{"amount":2000,"currency":"usd","payment_method":"tok_visa","description":"demo charge"}'
+  -d '{"amount":2000,"currency":"usd","payment_method":"pm_card_visa","description":"demo charge"}'
 
  Run it twice and see the replay: the second call returns the stored
  response of the first (same charge id, header Idempotent-Replayed: true)
@@ -348,12 +365,23 @@ curl -s -i $api_url/v1/charges \\
  Change the Idempotency-Key to make a new charge.
 
  Then have "Stripe" tell the server something later, as a signed webhook
- (neither Stripe here sends any; this is what \`stripe trigger\` does): a
- dispute.
+ (neither Stripe here sends any; this is what \`stripe trigger\` does): the
+ PaymentIntent succeeded (stale if it had already), then a dispute.
 
 CHARGE=\$(curl -s $api_url/v1/charges -H "Authorization: Bearer \$KEY" | grep -o '"id":"ch_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+(set -a; . $demo_env; bin/idempay webhooks trigger payment_intent.succeeded --charge "\$CHARGE")
 (set -a; . $demo_env; bin/idempay webhooks trigger charge.dispute.created --charge "\$CHARGE")
 curl -s $api_url/v1/charges/\$CHARGE -H "Authorization: Bearer \$KEY"
+
+ Authorize now, capture later: an authorization ("capture": false answers
+ requires_capture), its event (stale with the fake), a capture of part of it.
+
+AUTH=\$(curl -s $api_url/v1/charges -H "Authorization: Bearer \$KEY" \\
+  -H 'Idempotency-Key: $idem_key-auth' -H 'Content-Type: application/json' \\
+  -d '{"amount":5000,"currency":"usd","payment_method":"pm_card_visa","capture":false}' | sed -n 's/.*"id":"\(ch_[^"]*\)".*/\1/p')
+(set -a; . $demo_env; bin/idempay webhooks trigger payment_intent.amount_capturable_updated --charge "\$AUTH")
+curl -s -i $api_url/v1/charges/\$AUTH/capture -H "Authorization: Bearer \$KEY" \\
+  -H 'Idempotency-Key: $idem_key-capture' -H 'Content-Type: application/json' -d '{"amount":3000}'
 
  Run the trigger twice: a new event each time, applied once each (the
  second is stale). Other types: idempay webhooks trigger --help.

@@ -16,7 +16,9 @@ import (
 )
 
 const clientUsage = `usage:
-  idempay charges create --amount N --payment-method TOKEN [--currency usd] [--description D] [--metadata k=v ...] [--idempotency-key K]
+  idempay charges create --amount N --payment-method PM [--capture=false] [--currency usd] [--description D] [--metadata k=v ...] [--idempotency-key K]
+  idempay charges capture ID [--amount N] [--idempotency-key K]
+  idempay charges cancel ID [--idempotency-key K]
   idempay charges get ID
   idempay charges list [--limit N] [--starting-after ID]
   idempay refunds create --charge ch_... [--amount N] [--idempotency-key K]
@@ -57,6 +59,12 @@ func clientCmd(ctx context.Context, cfg Config, args []string) error {
 	switch args[0] + " " + args[1] {
 	case "charges create":
 		res, err = chargesCreate(ctx, cl, args[2:])
+	case "charges capture":
+		res, err = chargesCapture(ctx, cl, args[2:])
+	case "charges cancel":
+		res, err = withKey(args[2:], 1, func(id []string, opt client.CallOption) (raw, error) {
+			return cl.Charges.Cancel(ctx, id[0], opt)
+		})
 	case "charges get":
 		res, err = withID(args[2:], func(id string) (raw, error) { return cl.Charges.Get(ctx, id) })
 	case "charges list":
@@ -111,7 +119,8 @@ func chargesCreate(ctx context.Context, cl *client.Client, args []string) (raw, 
 	fs := flag.NewFlagSet("charges create", flag.ContinueOnError)
 	amount := fs.Int64("amount", 0, "amount in the currency's minor unit (required)")
 	currency := fs.String("currency", "usd", "ISO 4217 currency")
-	pm := fs.String("payment-method", "", "a Stripe token such as tok_visa (required)")
+	pm := fs.String("payment-method", "", "a Stripe PaymentMethod such as pm_card_visa (required)")
+	capture := fs.Bool("capture", true, "false authorizes only: capture later with `charges capture`")
 	description := fs.String("description", "", "description")
 	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
 	meta := metadataFlag{}
@@ -129,7 +138,34 @@ func chargesCreate(ctx context.Context, cl *client.Client, args []string) (raw, 
 	if len(meta) > 0 {
 		p.Metadata = meta
 	}
+	if !*capture {
+		p.Capture = capture
+	}
 	return cl.Charges.Create(ctx, p, client.WithIdempotencyKey(*key))
+}
+
+// chargesCapture is `charges capture ID [--amount N]`: all that the
+// authorization holds, or N of it.
+func chargesCapture(ctx context.Context, cl *client.Client, args []string) (raw, error) {
+	fs := flag.NewFlagSet("charges capture", flag.ContinueOnError)
+	amount := fs.Int64("amount", 0, "amount to capture (default: all that is capturable)")
+	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
+	var pos []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	pos = append(pos, fs.Args()...)
+	if len(pos) != 1 || pos[0] == "" {
+		return nil, errors.New(clientUsage)
+	}
+	var p client.CaptureParams
+	if flagSet(fs, "amount") {
+		p.Amount = amount
+	}
+	return cl.Charges.Capture(ctx, pos[0], p, client.WithIdempotencyKey(*key))
 }
 
 func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, error) {

@@ -46,6 +46,7 @@ type Config struct {
 	Idempotency       idempotency.Config
 	CompleterInterval time.Duration // 0 disables the completer inside serve
 	RetentionInterval time.Duration // 0 disables retention inside serve
+	ReconcileInterval time.Duration // 0 disables reconciliation inside serve
 	ShutdownTimeout   time.Duration
 	LogLevel          slog.Level
 	LogFormat         string
@@ -70,6 +71,7 @@ func loadConfig() (Config, error) {
 		},
 		CompleterInterval: e.dur("COMPLETER_INTERVAL", 5*time.Second),
 		RetentionInterval: e.dur("RETENTION_INTERVAL", 5*time.Minute),
+		ReconcileInterval: e.dur("RECONCILE_INTERVAL", 10*time.Minute),
 		ShutdownTimeout:   e.dur("SHUTDOWN_TIMEOUT", 30*time.Second),
 		LogFormat:         e.str("LOG_FORMAT", "json"),
 	}

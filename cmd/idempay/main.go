@@ -51,6 +51,7 @@ commands:
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
+  reconcile [--since 24h]    compare the ledger with Stripe's PaymentIntents once, and repair it
 
 configuration is read from the environment; see docs/configuration.md.
 `
@@ -101,6 +102,8 @@ func run(args []string) error {
 		return purge(ctx, cfg, log)
 	case "webhooks":
 		return webhooksCmd(ctx, cfg, args[1:])
+	case "reconcile":
+		return reconcileCmd(ctx, cfg, log, args[1:])
 	default:
 		fmt.Fprint(os.Stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])
@@ -209,6 +212,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.RetentionInterval > 0 {
 		wg.Go(func() { a.Runner.RunRetention(bg, cfg.RetentionInterval, a.Metrics.ObservePurged) })
 	}
+	if cfg.ReconcileInterval > 0 {
+		wg.Go(func() { a.Charges.RunReconciler(bg, cfg.ReconcileInterval) })
+	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")
 		if err != nil {
@@ -260,6 +266,35 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// reconcileCmd is `idempay reconcile [--since DURATION]`: one pass over the
+// PaymentIntents Stripe holds for the window (Service.Reconcile), whose
+// report is printed as JSON; every repair is also a log line.
+func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents at Stripe")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 || *since <= 0 {
+		return errors.New("usage: idempay reconcile [--since DURATION] (a positive duration such as 24h)")
+	}
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.Pool.Close()
+	report, err := a.Charges.Reconcile(ctx, time.Now().Add(-*since))
+	if err != nil {
+		return err
+	}
+	out, err := json.Marshal(report)
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
 	return nil
 }
 

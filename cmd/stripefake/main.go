@@ -1,13 +1,15 @@
 // Command stripefake serves the test suite's Stripe fake (internal/stripefake)
 // as a process, on loopback, for development only: `make up STRIPE=fake`
-// runs it instead of stripe-mock. Unlike stripe-mock it keeps the charges it
-// makes, replays a repeated Idempotency-Key as Stripe does, and honours
-// Stripe's documented test tokens, so a demo can see a decline:
-// tok_chargeDeclined (generic_decline) and
-// tok_chargeDeclinedInsufficientFunds (insufficient_funds) answer 402, and a
-// payment method that is not a token (card_x) a 400 that idempay reports as
-// 422 payment-rejected. It holds everything in memory and forgets it on
-// exit.
+// runs it instead of stripe-mock. Unlike stripe-mock it keeps the
+// PaymentIntents it makes (authorized, captured, canceled), replays a
+// repeated Idempotency-Key as Stripe does, and honours Stripe's documented
+// test payment methods, so a demo can see every flow:
+// pm_card_chargeDeclined (generic_decline) and
+// pm_card_chargeDeclinedInsufficientFunds (insufficient_funds) answer 402,
+// pm_card_threeDSecure2Required requires_action with a test page that
+// completes or fails the authentication, and a payment method that is
+// neither pm_ nor tok_ (card_x) a 400 that idempay reports as 422
+// payment-rejected. It holds everything in memory and forgets it on exit.
 //
 //	stripefake [-addr 127.0.0.1:12112]
 //

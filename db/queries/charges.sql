@@ -29,15 +29,18 @@ WITH c AS (
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read');
 
 -- name: ChargeFindForEvent :one
--- The charge a Stripe event is about: by Stripe's id, or by the idempotency
--- record that idempay put in the charge's metadata (a charge whose
--- finishing commit never happened has no Stripe id yet). Events carry no
--- account: the account comes from the row. Read without a lock: the writes
--- that follow are guarded by the version read here.
+-- The charge a Stripe event is about: by Stripe's PaymentIntent or charge
+-- id, or by the idempotency record that idempay put in the PaymentIntent's
+-- metadata (a charge whose finishing commit never happened has no Stripe id
+-- yet). Events carry no account: the account comes from the row. Read
+-- without a lock: the writes that follow are guarded by the version read
+-- here.
 SELECT * FROM charges
-WHERE stripe_charge_id = sqlc.narg(stripe_charge_id)
+WHERE stripe_payment_intent_id = sqlc.narg(stripe_payment_intent_id)
+   OR stripe_charge_id = sqlc.narg(stripe_charge_id)
    OR idempotency_key_id = sqlc.narg(record_id)
-ORDER BY stripe_charge_id = sqlc.narg(stripe_charge_id) DESC NULLS LAST
+ORDER BY stripe_payment_intent_id = sqlc.narg(stripe_payment_intent_id) DESC NULLS LAST,
+         stripe_charge_id = sqlc.narg(stripe_charge_id) DESC NULLS LAST
 LIMIT 1;
 
 -- name: ChargeReleaseRefunded :exec
@@ -57,9 +60,16 @@ WITH c AS (
     UPDATE charges
     SET status = @status,
         stripe_charge_id = sqlc.narg(stripe_charge_id),
+        stripe_payment_intent_id = sqlc.narg(stripe_payment_intent_id),
         failure_code = sqlc.narg(failure_code),
         failure_message = sqlc.narg(failure_message),
         amount_refunded = @amount_refunded,
+        amount_capturable = @amount_capturable,
+        amount_captured = @amount_captured,
+        next_action_url = sqlc.narg(next_action_url),
+        pending_action = sqlc.narg(pending_action),
+        pending_record_id = sqlc.narg(pending_record_id),
+        pending_amount = sqlc.narg(pending_amount),
         last_event_at = @last_event_at,
         version = version + 1,
         updated_at = now()
@@ -75,8 +85,8 @@ SELECT * FROM charges WHERE id = @id;
 -- name: ChargeInsert :exec
 -- The ledger row of a new charge, in the claim's batch after the record's
 -- INSERT (version 1, processing).
-INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata)
-VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata);
+INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method);
 
 -- name: ChargeSetOutcome :exec
 -- The outcome of the Stripe call, in the finishing batch after the record's
@@ -86,8 +96,12 @@ WITH c AS (
     UPDATE charges
     SET status = @status,
         stripe_charge_id = @stripe_charge_id,
+        stripe_payment_intent_id = @stripe_payment_intent_id,
         failure_code = @failure_code,
         failure_message = @failure_message,
+        amount_capturable = @amount_capturable,
+        amount_captured = @amount_captured,
+        next_action_url = @next_action_url,
         version = version + 1,
         updated_at = now()
     WHERE id = @id AND version = @version
@@ -113,3 +127,41 @@ SELECT sqlc.embed(charges),
        (SELECT count(*) FROM disputes d
         WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes
 FROM charges WHERE charges.account_id = @account_id AND charges.id = @id;
+
+-- name: ChargeBeginPending :exec
+-- Begins a capture or a cancel of the charge, in its claim batch. Guarded:
+-- the charge must still be at the version whose checks passed (status,
+-- nothing else pending), or it raises IDS01 and the runner reads and checks
+-- again; so of a capture and a cancel racing, one begins and the other then
+-- finds it pending.
+WITH c AS (
+    UPDATE charges
+    SET pending_action = @pending_action, pending_record_id = @pending_record_id,
+        pending_amount = sqlc.narg(pending_amount), version = version + 1, updated_at = now()
+    WHERE id = @id AND version = @version AND pending_action IS NULL
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read');
+
+-- name: ChargeGetByPendingRecord :one
+-- The charge of a capture or cancel in flight, by its idempotency record.
+SELECT * FROM charges WHERE pending_record_id = @pending_record_id;
+
+-- name: ChargeSettlePending :exec
+-- The outcome of a capture or cancel, in its finishing batch: the charge's
+-- new state, the pending action cleared. Guarded by the version the owner
+-- read.
+WITH c AS (
+    UPDATE charges
+    SET status = @status,
+        stripe_charge_id = sqlc.narg(stripe_charge_id),
+        amount_capturable = @amount_capturable,
+        amount_captured = @amount_captured,
+        next_action_url = NULL,
+        pending_action = NULL, pending_record_id = NULL, pending_amount = NULL,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = @id AND version = @version
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read');

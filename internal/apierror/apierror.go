@@ -51,64 +51,74 @@ const (
 	PaymentRejected       Type = "payment-rejected"
 	RefundExceedsCharge   Type = "refund-exceeds-charge"
 	ChargeNotRefundable   Type = "charge-not-refundable"
-	LastAPIKey            Type = "last-api-key"
-	DownstreamUnavailable Type = "downstream-unavailable"
-	ServiceUnavailable    Type = "service-unavailable"
-	Internal              Type = "internal-error"
+	ChargeNotCapturable   Type = "charge-not-capturable"
+	ChargeNotCancelable   Type = "charge-not-cancelable"
+	// CaptureExceedsAuthorization: a capture of more than is capturable.
+	CaptureExceedsAuthorization Type = "capture-exceeds-authorization"
+	LastAPIKey                  Type = "last-api-key"
+	DownstreamUnavailable       Type = "downstream-unavailable"
+	ServiceUnavailable          Type = "service-unavailable"
+	Internal                    Type = "internal-error"
 	// The Stripe webhook endpoint's own refusals.
 	WebhookSignatureInvalid Type = "webhook-signature-invalid"
 	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
 )
 
 var statusOf = map[Type]int{
-	Unauthorized:          http.StatusUnauthorized,
-	IdempotencyKeyMissing: http.StatusBadRequest,
-	IdempotencyKeyInvalid: http.StatusBadRequest,
-	IdempotencyKeyReused:  http.StatusUnprocessableEntity,
-	RequestInProgress:     http.StatusConflict,
-	InvalidJSON:           http.StatusBadRequest,
-	InvalidRequest:        http.StatusBadRequest,
-	MalformedRequest:      http.StatusBadRequest,
-	HeaderTooLarge:        http.StatusRequestHeaderFieldsTooLarge,
-	UnsupportedMediaType:  http.StatusUnsupportedMediaType,
-	BodyTooLarge:          http.StatusRequestEntityTooLarge,
-	NotFound:              http.StatusNotFound,
-	MethodNotAllowed:      http.StatusMethodNotAllowed,
-	CardDeclined:          http.StatusPaymentRequired,
-	PaymentRejected:       http.StatusUnprocessableEntity,
-	RefundExceedsCharge:   http.StatusBadRequest,
-	ChargeNotRefundable:   http.StatusConflict,
-	LastAPIKey:            http.StatusConflict,
-	DownstreamUnavailable: http.StatusServiceUnavailable,
-	ServiceUnavailable:    http.StatusServiceUnavailable,
-	Internal:              http.StatusInternalServerError,
+	Unauthorized:                http.StatusUnauthorized,
+	IdempotencyKeyMissing:       http.StatusBadRequest,
+	IdempotencyKeyInvalid:       http.StatusBadRequest,
+	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
+	RequestInProgress:           http.StatusConflict,
+	InvalidJSON:                 http.StatusBadRequest,
+	InvalidRequest:              http.StatusBadRequest,
+	MalformedRequest:            http.StatusBadRequest,
+	HeaderTooLarge:              http.StatusRequestHeaderFieldsTooLarge,
+	UnsupportedMediaType:        http.StatusUnsupportedMediaType,
+	BodyTooLarge:                http.StatusRequestEntityTooLarge,
+	NotFound:                    http.StatusNotFound,
+	MethodNotAllowed:            http.StatusMethodNotAllowed,
+	CardDeclined:                http.StatusPaymentRequired,
+	PaymentRejected:             http.StatusUnprocessableEntity,
+	RefundExceedsCharge:         http.StatusBadRequest,
+	ChargeNotRefundable:         http.StatusConflict,
+	ChargeNotCapturable:         http.StatusConflict,
+	ChargeNotCancelable:         http.StatusConflict,
+	CaptureExceedsAuthorization: http.StatusBadRequest,
+	LastAPIKey:                  http.StatusConflict,
+	DownstreamUnavailable:       http.StatusServiceUnavailable,
+	ServiceUnavailable:          http.StatusServiceUnavailable,
+	Internal:                    http.StatusInternalServerError,
 
 	WebhookSignatureInvalid: http.StatusBadRequest,
 	WebhookPayloadInvalid:   http.StatusBadRequest,
 }
 
 var titleOf = map[Type]string{
-	Unauthorized:          "Missing or invalid API key",
-	IdempotencyKeyMissing: "Idempotency-Key header is required",
-	IdempotencyKeyInvalid: "Idempotency-Key header is malformed",
-	IdempotencyKeyReused:  "Idempotency-Key was used with a different request",
-	RequestInProgress:     "A request with this Idempotency-Key is in progress",
-	InvalidJSON:           "Request body is not valid JSON",
-	InvalidRequest:        "Request parameters are invalid",
-	MalformedRequest:      "The request is malformed",
-	HeaderTooLarge:        "Request header is too large",
-	UnsupportedMediaType:  "Request body must be application/json",
-	BodyTooLarge:          "Request body is too large",
-	NotFound:              "Resource not found",
-	MethodNotAllowed:      "Method not allowed",
-	CardDeclined:          "The card was declined",
-	PaymentRejected:       "The payment processor rejected the request",
-	RefundExceedsCharge:   "Refund exceeds the refundable amount",
-	ChargeNotRefundable:   "Charge cannot be refunded",
-	LastAPIKey:            "The account's last API key cannot be revoked",
-	DownstreamUnavailable: "Payment processor outcome unknown; retry with the same Idempotency-Key",
-	ServiceUnavailable:    "Service temporarily unavailable",
-	Internal:              "Internal server error",
+	Unauthorized:                "Missing or invalid API key",
+	IdempotencyKeyMissing:       "Idempotency-Key header is required",
+	IdempotencyKeyInvalid:       "Idempotency-Key header is malformed",
+	IdempotencyKeyReused:        "Idempotency-Key was used with a different request",
+	RequestInProgress:           "A request with this Idempotency-Key is in progress",
+	InvalidJSON:                 "Request body is not valid JSON",
+	InvalidRequest:              "Request parameters are invalid",
+	MalformedRequest:            "The request is malformed",
+	HeaderTooLarge:              "Request header is too large",
+	UnsupportedMediaType:        "Request body must be application/json",
+	BodyTooLarge:                "Request body is too large",
+	NotFound:                    "Resource not found",
+	MethodNotAllowed:            "Method not allowed",
+	CardDeclined:                "The card was declined",
+	PaymentRejected:             "The payment processor rejected the request",
+	RefundExceedsCharge:         "Refund exceeds the refundable amount",
+	ChargeNotRefundable:         "Charge cannot be refunded",
+	ChargeNotCapturable:         "Charge cannot be captured",
+	ChargeNotCancelable:         "Charge cannot be canceled",
+	CaptureExceedsAuthorization: "Capture exceeds the capturable amount",
+	LastAPIKey:                  "The account's last API key cannot be revoked",
+	DownstreamUnavailable:       "Payment processor outcome unknown; retry with the same Idempotency-Key",
+	ServiceUnavailable:          "Service temporarily unavailable",
+	Internal:                    "Internal server error",
 
 	WebhookSignatureInvalid: "Stripe-Signature header is missing, stale or does not match",
 	WebhookPayloadInvalid:   "Webhook payload is not a Stripe event this endpoint understands",
@@ -169,6 +179,15 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	ChargeNotRefundable: {
 		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
 		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
+	ChargeNotCapturable: {
+		"The charge cannot be captured: it is not an authorization waiting for its capture (requires_capture), another capture or cancel of it is in progress, its authorization is not settled yet, or Stripe refused (the authorization was canceled or expired). Nothing was captured.",
+		"Read the charge (GET /v1/charges/{id}): a charge that is still processing can be captured once it requires_capture; a canceled one cannot be captured at all. A new attempt needs a new Idempotency-Key."},
+	ChargeNotCancelable: {
+		"The charge cannot be canceled: it was captured (refund it instead), it already ended, or another capture or cancel of it is in progress. Nothing was released.",
+		"Read the charge (GET /v1/charges/{id}); to give back a captured charge, refund it (POST /v1/refunds). A new attempt needs a new Idempotency-Key."},
+	CaptureExceedsAuthorization: {
+		"The capture asks for more than the authorization holds; amount_capturable says how much it holds. Nothing was stored.",
+		"Lower the amount to at most amount_capturable, or leave it out to capture all of it; the same Idempotency-Key is fine."},
 	LastAPIKey: {
 		"The API key to revoke is the account's last active one; revoking it would lock the account out. Nothing was stored.",
 		"Create another key first (POST /v1/api_keys), then revoke this one; the same Idempotency-Key is fine."},

@@ -257,6 +257,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 // in the given status: what a test builds such an event from. (Here rather
 // than in stripefake, which stays free of idempay's own packages.)
 func ChargeObject(c stripefake.Charge, status string) webhooks.ChargeObject {
-	return webhooks.ChargeObject{ID: c.ID, Amount: c.Amount, Currency: c.Currency, Status: status,
+	obj := webhooks.ChargeObject{ID: c.ID, Amount: c.Amount, Currency: c.Currency, Status: status,
 		AmountRefunded: c.AmountRefunded, PaymentMethod: c.Source, Metadata: c.Metadata, Created: c.Created}
+	if c.Object == "payment_intent" { // the PaymentIntent's charge
+		obj.ID, obj.PaymentIntent = c.LatestCharge, c.ID
+	}
+	return obj
 }

@@ -61,6 +61,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	sc.Observe = a.Metrics.ObserveStripe
 	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
 	a.Charges.OnRollout = a.Metrics.ObserveRollout
+	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
 	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)

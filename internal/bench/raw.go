@@ -47,10 +47,11 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 		ID: recordID, Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
 		RequestFingerprint: fp[:],
 	})
+	amount := 1000 + int64(i%9000)
 	_ = q.ChargeInsert(ctx, claim, &dbsqlc.ChargeInsertParams{
 		ID: chargeID, AccountID: a.id, IdempotencyKeyID: &recordID,
-		Amount: 1000 + int64(i%9000), Currency: "usd", PaymentMethod: "tok_visa", Description: &desc,
-		Metadata: []byte(`{"channel":"web","order_id":"000001"}`),
+		Amount: amount, Currency: "usd", PaymentMethod: "tok_visa", Description: &desc,
+		Metadata: []byte(`{"channel":"web","order_id":"000001"}`), CaptureMethod: "automatic",
 	})
 	if err := claim.Send(ctx, r.pool); err != nil {
 		return charge{}, fmt.Errorf("claim: %w", err)
@@ -63,7 +64,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 		ResponseStatus: &status, ResponseHeaders: rawHeaders, ResponseBody: stored, ID: recordID, LockGeneration: 1,
 	})
 	_ = q.ChargeSetOutcome(ctx, finish, &dbsqlc.ChargeSetOutcomeParams{
-		ID: chargeID, Version: 1, Status: "succeeded", StripeChargeID: &stripeID,
+		ID: chargeID, Version: 1, Status: "succeeded", StripeChargeID: &stripeID, AmountCaptured: amount,
 	})
 	_ = q.EventInsert(ctx, finish, &dbsqlc.EventInsertParams{
 		AccountID: a.id, Type: "charge.succeeded", ObjectID: chargeID, ObjectVersion: 2, Data: stored,

@@ -117,6 +117,9 @@ func statementName(sql string) string {
 //     finishing batch applies it (here: a refund Stripe made, so the charge's
 //     amount refunded grows) and marks it processed, after reading the inbox
 //     row and the charge.
+//   - A capture or a cancel of an authorization: one read of the charge it
+//     checks, whose version guards the claim's batch marking the action
+//     pending; the finishing batch settles the charge and writes its event.
 //   - A replay: 1 statement, no transaction, no write: one read of the record
 //     by its unique (scope, key) index.
 func TestRoundTrips(t *testing.T) {
@@ -151,6 +154,12 @@ func TestRoundTrips(t *testing.T) {
 	var charge struct {
 		ID string `json:"id"`
 	}
+	act := func(id, action, key string) {
+		t.Helper()
+		if resp := c.Post("/v1/charges/"+id+"/"+action, key, map[string]any{}); resp.Status != http.StatusOK {
+			t.Fatalf("%s of %s: status %d (body %s)", action, id, resp.Status, resp.Body)
+		}
+	}
 	event := func(n int) {
 		t.Helper()
 		fc := env.Stripe.Charges()[0]
@@ -167,10 +176,22 @@ func TestRoundTrips(t *testing.T) {
 		}
 	}
 	// Warm the connection's statement cache with every path.
-	post("/v1/charges", "warm", body).JSON(t, &charge)
+	post("/v1/charges", "warm", body).JSON(t, &charge) // the fake's first: the events are about it
+	// Authorizations to capture and cancel: two to warm, two to measure.
+	authorized := make([]string, 4)
+	for i := range authorized {
+		var a struct {
+			ID string `json:"id"`
+		}
+		post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 700, "currency": "usd",
+			"payment_method": "pm_card_visa", "capture": false}).JSON(t, &a)
+		authorized[i] = a.ID
+	}
 	post("/v1/charges", "warm", body)
 	post("/v1/refunds", "warm-refund", map[string]any{"charge": charge.ID, "amount": 1})
 	event(5)
+	act(authorized[0], "capture", "warm-capture")
+	act(authorized[1], "cancel", "warm-cancel")
 	if _, err := env.Charges.CreateCharge(ctx, c.Account.ID, "warm-message", []byte(`{"amount":100,"currency":"usd","payment_method":"tok_visa"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +227,18 @@ func TestRoundTrips(t *testing.T) {
 			"StripeEventGet",
 			"ChargeFindForEvent",
 			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
+		}},
+		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"ChargeGetByID",
+			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
+		}},
+		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
+			"IdempotencyKeyGetByScopeKey",
+			"ChargeGetByID",
+			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {
 			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {

@@ -289,8 +289,8 @@ func TestInvalidParamsListsEveryProblem(t *testing.T) {
 		want             []param // names and a word of each reason, in order
 	}{
 		{"two unknown fields and a negative amount", "/v1/charges",
-			`{"amount":-5,"customer":"cus_1","currency":"usd","payment_method":"tok_visa","capture":true}`,
-			[]param{{"customer", "not a known parameter"}, {"capture", "not a known parameter"}, {"amount", "between 1 and"}}},
+			`{"amount":-5,"customer":"cus_1","currency":"usd","payment_method":"tok_visa","confirm":true}`,
+			[]param{{"customer", "not a known parameter"}, {"confirm", "not a known parameter"}, {"amount", "between 1 and"}}},
 		{"an unknown field and a wrong type", "/v1/charges",
 			`{"amount":"100","currency":"usd","payment_method":"tok_visa","source":"tok_visa"}`,
 			[]param{{"amount", "not a JSON string"}, {"source", "not a known parameter"}}},

@@ -35,6 +35,8 @@ import (
 const (
 	RouteCharges = "/v1/charges"
 	RouteRefunds = "/v1/refunds"
+	RouteCapture = "/v1/charges/:id/capture"
+	RouteCancel  = "/v1/charges/:id/cancel"
 )
 
 // Service serves the charges and refunds API.
@@ -48,6 +50,9 @@ type Service struct {
 	// to a request (metrics): mode and outcome (unkeyed, would_replayed,
 	// would_mismatch, would_conflict, would_takeover).
 	OnRollout func(mode, outcome string)
+	// OnReconcile, when set, counts what reconciliation did with each
+	// PaymentIntent it listed (metrics): one of the Reconcile* outcomes.
+	OnReconcile func(outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so
@@ -56,6 +61,8 @@ func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe *Stripe, log *sl
 	s := &Service{pool: pool, q: dbsqlc.New(), runner: runner, stripe: stripe, log: log}
 	runner.Register(http.MethodPost, RouteCharges, func() idempotency.Operation { return &chargeOp{s: s} })
 	runner.Register(http.MethodPost, RouteRefunds, func() idempotency.Operation { return &refundOp{s: s} })
+	runner.Register(http.MethodPost, RouteCapture, func() idempotency.Operation { return &pendingOp{s: s, action: actionCapture} })
+	runner.Register(http.MethodPost, RouteCancel, func() idempotency.Operation { return &pendingOp{s: s, action: actionCancel} })
 	return s
 }
 
@@ -67,6 +74,8 @@ func (s *Service) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 	g.POST("/charges", s.createCharge, m...)
 	g.GET("/charges", s.listCharges, m...)
 	g.GET("/charges/:id", s.getCharge, m...)
+	g.POST("/charges/:id/capture", s.captureCharge, m...)
+	g.POST("/charges/:id/cancel", s.cancelCharge, m...)
 	g.POST("/refunds", s.createRefund, m...)
 	g.GET("/refunds/:id", s.getRefund, m...)
 	g.GET("/idempotency_keys/:key", s.getIdempotencyKey, m...)
@@ -196,6 +205,10 @@ type chargeOp struct {
 	accountID string
 	charge    dbsqlc.Charge // the row as Begin inserted it, or as Load read it
 	metadata  map[string]string
+	// recovered, when set, is the PaymentIntent that Stripe already holds
+	// for this request (reconciliation re-creating a record the database
+	// lost): Call finishes with it instead of calling Stripe.
+	recovered *stripe.PaymentIntent
 }
 
 // Begin queues the charge's ledger row.
@@ -204,14 +217,19 @@ func (op *chargeOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if err != nil || op.params.Metadata == nil {
 		metadata = []byte("{}")
 	}
+	captureMethod := captureAutomatic
+	if op.params.Capture != nil && !*op.params.Capture {
+		captureMethod = captureManual
+	}
 	op.charge = dbsqlc.Charge{ID: newID("ch_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
-		Description: op.params.Description, Metadata: metadata, Status: "processing", Version: 1}
+		Description: op.params.Description, Metadata: metadata, Status: "processing", Version: 1,
+		CaptureMethod: captureMethod}
 	op.metadata = op.params.Metadata
 	return op.s.q.ChargeInsert(ctx, b, &dbsqlc.ChargeInsertParams{
 		ID: op.charge.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, Amount: op.charge.Amount,
 		Currency: op.charge.Currency, PaymentMethod: op.charge.PaymentMethod, Description: op.charge.Description,
-		Metadata: metadata,
+		Metadata: metadata, CaptureMethod: captureMethod,
 	})
 }
 
@@ -229,15 +247,23 @@ func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	return nil
 }
 
-// Call creates the Stripe charge with the record's downstream key, and
-// returns the finishing writes: the ledger row's outcome, guarded by the
-// version it had, and the settled charge's event.
+// Call creates and confirms the Stripe PaymentIntent with the record's
+// downstream key, and returns the finishing writes: the ledger row's
+// outcome, guarded by the version it had, and the settled charge's event.
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	if op.charge.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.charge.CreatedAt = rec.CreatedAt
 	}
 	ch := op.charge
-	sc, err := op.s.stripe.CreateCharge(ctx, rec, ch, op.metadata)
+	pi, err := op.recovered, error(nil)
+	if pi != nil && intentStatus(pi) == "failed" && pi.LastPaymentError != nil {
+		// Stripe answered the request with this decline (402).
+		se := *pi.LastPaymentError
+		se.HTTPStatusCode, se.PaymentIntent = http.StatusPaymentRequired, pi
+		pi, err = nil, &se
+	} else if pi == nil {
+		pi, err = op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
+	}
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)
@@ -245,10 +271,13 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	updated := ch
 	updated.Version++
 	if kind == outcomeOK {
-		updated.Status, updated.StripeChargeID = stripeStatus(string(sc.Status)), &sc.ID
+		applyIntent(&updated, pi)
 	} else {
 		updated.Status = "failed"
 		updated.StripeChargeID = nonEmpty(se.ChargeID)
+		if se.PaymentIntent != nil {
+			updated.StripePaymentIntentID = nonEmpty(se.PaymentIntent.ID)
+		}
 		updated.FailureCode = nonEmpty(failureCode(se))
 		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
 	}
@@ -261,7 +290,9 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		}
 		if err := op.s.q.ChargeSetOutcome(ctx, b, &dbsqlc.ChargeSetOutcomeParams{
 			ID: updated.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
+			StripePaymentIntentID: updated.StripePaymentIntentID, FailureCode: updated.FailureCode,
+			FailureMessage: updated.FailureMessage, AmountCapturable: updated.AmountCapturable,
+			AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
 		}); err != nil {
 			return idempotency.Response{}, err
 		}
@@ -295,12 +326,17 @@ func settledEventType(status string) string {
 		return events.ChargeSucceeded
 	case "failed":
 		return events.ChargeFailed
+	case "requires_capture":
+		return events.ChargeRequiresCapture
+	case "canceled":
+		return events.ChargeCanceled
 	}
 	return ""
 }
 
-// chargeSettled queues the event of a charge that reached a final status,
-// into the batch that moved it there (I10); a pending charge has none yet.
+// chargeSettled queues the event of a charge that reached a settled status
+// (final, or authorized and waiting for its capture), into the batch that
+// moved it there (I10); a pending charge has none yet.
 // ch is the charge as the batch leaves it (its new version), data its JSON
 // (chargeJSON).
 func chargeSettled(ctx context.Context, b *idempotency.Batch, ch dbsqlc.Charge, data []byte) error {
@@ -308,16 +344,6 @@ func chargeSettled(ctx context.Context, b *idempotency.Batch, ch dbsqlc.Charge, 
 		return events.Record(ctx, b, ch.AccountID, typ, ch.ID, ch.Version, data)
 	}
 	return nil
-}
-
-// stripeStatus maps a Stripe charge status onto the ledger's statuses.
-func stripeStatus(s string) string {
-	switch s {
-	case "succeeded", "pending", "failed":
-		return s
-	default:
-		return "pending"
-	}
 }
 
 func failureCode(se *stripe.Error) string {
@@ -374,19 +400,49 @@ type Charge struct {
 	Description    *string         `json:"description"`
 	Metadata       json.RawMessage `json:"metadata"`
 	Status         string          `json:"status"`
-	StripeChargeID *string         `json:"stripe_charge_id"`
-	FailureCode    *string         `json:"failure_code"`
-	FailureMessage *string         `json:"failure_message"`
-	CreatedAt      time.Time       `json:"created_at"`
+	// AmountCapturable is what an authorization (requires_capture) still
+	// holds; AmountCaptured what was taken.
+	AmountCapturable int64       `json:"amount_capturable"`
+	AmountCaptured   int64       `json:"amount_captured"`
+	NextAction       *NextAction `json:"next_action"`
+	// StripePaymentIntentID is the PaymentIntent at Stripe; StripeChargeID
+	// Stripe's charge of it (named by Stripe's disputes).
+	StripePaymentIntentID *string   `json:"stripe_payment_intent_id"`
+	StripeChargeID        *string   `json:"stripe_charge_id"`
+	FailureCode           *string   `json:"failure_code"`
+	FailureMessage        *string   `json:"failure_message"`
+	CreatedAt             time.Time `json:"created_at"`
+}
+
+// NextAction is what the customer must do before a charge that
+// requires_action can go on: follow the URL (3-D Secure), after which
+// Stripe's events settle the charge.
+type NextAction struct {
+	Type          string        `json:"type"`
+	RedirectToURL RedirectToURL `json:"redirect_to_url"`
+}
+
+// RedirectToURL is the page of a redirect_to_url next action.
+type RedirectToURL struct {
+	URL string `json:"url"`
 }
 
 func chargeJSON(ch dbsqlc.Charge) Charge {
 	return Charge{
 		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: ch.AmountRefunded,
 		Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
-		Metadata: ch.Metadata, Status: ch.Status, StripeChargeID: ch.StripeChargeID,
-		FailureCode: ch.FailureCode, FailureMessage: ch.FailureMessage, CreatedAt: ch.CreatedAt.UTC(),
+		Metadata: ch.Metadata, Status: ch.Status, AmountCapturable: ch.AmountCapturable,
+		AmountCaptured: ch.AmountCaptured, NextAction: nextAction(ch), StripePaymentIntentID: ch.StripePaymentIntentID,
+		StripeChargeID: ch.StripeChargeID, FailureCode: ch.FailureCode, FailureMessage: ch.FailureMessage,
+		CreatedAt: ch.CreatedAt.UTC(),
 	}
+}
+
+func nextAction(ch dbsqlc.Charge) *NextAction {
+	if ch.Status != "requires_action" || ch.NextActionUrl == nil {
+		return nil
+	}
+	return &NextAction{Type: "redirect_to_url", RedirectToURL: RedirectToURL{URL: *ch.NextActionUrl}}
 }
 
 // ChargeDetail is a charge as GET /v1/charges/{id} shows it: with its

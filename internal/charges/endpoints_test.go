@@ -41,8 +41,8 @@ func TestCreateAndGetCharge(t *testing.T) {
 		t.Fatalf("fake holds %d charges, want 1", len(fakeCharges))
 	}
 	fc := fakeCharges[0]
-	if ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID {
-		t.Fatalf("charge stripe_charge_id %s, want the fake's %q", ptr(ch.StripeChargeID), fc.ID)
+	if ch.StripePaymentIntentID == nil || *ch.StripePaymentIntentID != fc.ID {
+		t.Fatalf("charge stripe_charge_id %s, want the fake's %q", ptr(ch.StripePaymentIntentID), fc.ID)
 	}
 	if fc.Amount != 1234 {
 		t.Fatalf("fake charge amount %d, want 1234", fc.Amount)
@@ -73,8 +73,8 @@ func TestCreateAndGetCharge(t *testing.T) {
 	if row.Status != "succeeded" {
 		t.Fatalf("ledger row status %q, want succeeded", row.Status)
 	}
-	if row.StripeChargeID == nil || *row.StripeChargeID != fc.ID {
-		t.Fatalf("ledger row Stripe charge %s, want %q", ptr(row.StripeChargeID), fc.ID)
+	if row.StripePaymentIntentID == nil || *row.StripePaymentIntentID != fc.ID {
+		t.Fatalf("ledger row Stripe charge %s, want %q", ptr(row.StripePaymentIntentID), fc.ID)
 	}
 
 	get := c.Get("/v1/charges/" + ch.ID)
@@ -82,7 +82,7 @@ func TestCreateAndGetCharge(t *testing.T) {
 	var got charge
 	get.JSON(t, &got)
 	if got.ID != ch.ID || got.Amount != ch.Amount || !got.CreatedAt.Equal(ch.CreatedAt) ||
-		*got.StripeChargeID != *ch.StripeChargeID {
+		*got.StripePaymentIntentID != *ch.StripePaymentIntentID {
 		t.Fatalf("GET returned %s, POST returned %s", get.Body, resp.Body)
 	}
 
@@ -356,7 +356,7 @@ func TestRefundOfForeignOrUnknownCharge(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for _, r := range env.Stripe.Refunds() {
-			if r.Charge == *foreign.StripeChargeID {
+			if r.PaymentIntent == *foreign.StripePaymentIntentID {
 				t.Errorf("refund %s (amount %d, key %q) reached the foreign charge %s at Stripe", r.ID, r.Amount, r.IdempotencyKey, r.Charge)
 			}
 		}

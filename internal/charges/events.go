@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/db"
@@ -36,6 +38,8 @@ const (
 // HandledEventTypes are the Stripe event types that move the ledger. Others
 // are recorded and acknowledged.
 var HandledEventTypes = []string{
+	"payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
+	"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing",
 	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
 	"charge.refund.updated", "refund.updated",
 	"charge.dispute.created", "charge.dispute.closed",
@@ -56,6 +60,13 @@ var HandledEventTypes = []string{
 func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stripe.Event) (EventOutcome, error) {
 	at := time.Unix(ev.Created, 0)
 	switch ev.Type {
+	case "payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
+		"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing":
+		var pi stripe.PaymentIntent
+		if err := json.Unmarshal(ev.Data.Raw, &pi); err != nil {
+			return "", fmt.Errorf("decoding the payment intent of event %s: %w", ev.ID, err)
+		}
+		return s.applyIntentEvent(ctx, b, string(ev.Type), &pi, at)
 	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
 		var sc stripe.Charge
 		if err := json.Unmarshal(ev.Data.Raw, &sc); err != nil {
@@ -79,55 +90,94 @@ func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stri
 	}
 }
 
-// chargeRank orders a charge's states; a state only gives way to a higher one.
-var chargeRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 2}
+// chargeRank orders a charge's states; a state only gives way to a higher
+// one. An authorization (requires_capture) ends captured (succeeded) or
+// canceled; a payment that waits for its customer (requires_action) ends
+// authorized, succeeded, failed or canceled.
+var chargeRank = map[string]int{
+	"processing": 0, "requires_action": 1, "pending": 1, "requires_capture": 2,
+	"succeeded": 3, "failed": 3, "canceled": 3,
+}
 
-func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, nonEmpty(sc.ID), nonEmpty(sc.Metadata[MetadataRecord]))
+// intentEventStatus is the status a payment_intent.* event moves a charge
+// to: the event's type says it, the PaymentIntent in it may already be
+// further on.
+func intentEventStatus(typ string, pi *stripe.PaymentIntent) string {
+	status := intentStatus(pi)
+	switch typ {
+	case "payment_intent.payment_failed":
+		if status == "pending" || status == "requires_action" {
+			status = "failed"
+		}
+	case "payment_intent.canceled":
+		status = "canceled"
+	case "payment_intent.succeeded":
+		status = "succeeded"
+	}
+	return status
+}
+
+// applyIntentEvent applies a payment_intent.* event: the PaymentIntent's
+// state, forward only (a 3-D Secure payment completed, failed or
+// abandoned; an authorization that became capturable, was captured or
+// expired).
+func (s *Service) applyIntentEvent(ctx context.Context, b *idempotency.Batch, typ string, pi *stripe.PaymentIntent, at time.Time) (EventOutcome, error) {
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
+		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
+	})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
-		return "", fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
+		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
 	}
-	status := stripeStatus(string(sc.Status))
-	switch typ {
-	case "charge.succeeded":
-		status = "succeeded"
-	case "charge.failed":
-		status = "failed"
-	case "charge.pending":
-		status = "pending"
-	}
-	forward := chargeRank[status] > chargeRank[ch.Status]
-	if !forward && sc.AmountRefunded <= ch.AmountRefunded {
+	status := intentEventStatus(typ, pi)
+	if chargeRank[status] <= chargeRank[ch.Status] {
 		return EventStale, nil
 	}
-	// The row as the guarded update below leaves it.
 	updated := ch
-	updated.Version++
-	if updated.StripeChargeID == nil {
-		updated.StripeChargeID = nonEmpty(sc.ID)
+	applyIntent(&updated, pi)
+	updated.Status = status
+	if status == "failed" && updated.FailureCode == nil {
+		updated.FailureCode = nonEmpty("payment_failed")
 	}
-	updated.AmountRefunded = min(ch.Amount, max(ch.AmountRefunded, sc.AmountRefunded))
+	if status != "requires_capture" {
+		updated.AmountCapturable = 0
+	}
+	if status != "requires_action" {
+		updated.NextActionUrl = nil
+	}
+	return s.moveCharge(ctx, b, ch, updated, at)
+}
+
+// moveCharge writes updated, a charge moved forward from ch by an event at
+// at, guarded by ch's version; queues its event; and finishes, with what
+// their own finishes would have stored, the charge's request if it never
+// finished and a capture or cancel in flight that this state ends.
+func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, updated dbsqlc.Charge, at time.Time) (EventOutcome, error) {
+	updated.Version = ch.Version + 1
 	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
 		updated.LastEventAt = &at
 	}
-	if forward {
-		updated.Status = status
-		if status == "failed" {
-			updated.FailureCode = cmpOr(nonEmpty(declineCode(sc)), ch.FailureCode)
-			updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
-		}
+	ended := chargeRank[updated.Status] == 3
+	var pendingRecord, pendingAction *string
+	if ended {
+		pendingRecord, pendingAction = ch.PendingRecordID, ch.PendingAction
+		updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
 	}
+	if updated.Status == "succeeded" && updated.AmountCaptured == 0 {
+		updated.AmountCaptured = updated.Amount
+	}
+	updated.AmountRefunded = min(updated.AmountRefunded, updated.AmountCaptured)
 	if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
 		ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-		FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
-		AmountRefunded: updated.AmountRefunded, LastEventAt: updated.LastEventAt,
+		StripePaymentIntentID: updated.StripePaymentIntentID,
+		FailureCode:           updated.FailureCode, FailureMessage: updated.FailureMessage,
+		AmountRefunded: updated.AmountRefunded, AmountCapturable: updated.AmountCapturable,
+		AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
+		PendingAction: updated.PendingAction, PendingRecordID: updated.PendingRecordID,
+		PendingAmount: updated.PendingAmount, LastEventAt: updated.LastEventAt,
 	}); err != nil {
 		return "", err
-	}
-	if !forward {
-		return EventApplied, nil // the refunded amount only
 	}
 	data, err := encode(chargeJSON(updated), updated.ID)
 	if err != nil {
@@ -138,11 +188,12 @@ func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ str
 	}
 	if updated.IdempotencyKeyID != nil {
 		// What the charge's own request would have stored, had its
-		// finishing commit happened (chargeOp.Call).
+		// finishing commit happened (chargeOp.Call). A finished record is
+		// left as it is (Settle).
 		var resp idempotency.Response
-		if status == "failed" {
-			resp = failedResponse(outcomeDeclined, &stripe.Error{Type: stripe.ErrorTypeCard, Msg: sc.FailureMessage,
-				DeclineCode: stripe.DeclineCode(declineCode(sc))}, "charge", updated.ID)
+		if updated.Status == "failed" {
+			resp = failedResponse(outcomeDeclined, &stripe.Error{Type: stripe.ErrorTypeCard,
+				Msg: deref(updated.FailureMessage), DeclineCode: stripe.DeclineCode(deref(updated.FailureCode))}, "charge", updated.ID)
 		} else {
 			resp = created(RouteCharges+"/"+updated.ID, data)
 		}
@@ -150,7 +201,127 @@ func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ str
 			return "", err
 		}
 	}
+	if pendingRecord != nil {
+		op := &pendingOp{action: *pendingAction, chargeID: ch.ID}
+		resp := idempotency.Response{Status: http.StatusOK,
+			Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON}, Body: data}
+		if *pendingAction == actionCapture && updated.Status != "succeeded" ||
+			*pendingAction == actionCancel && updated.Status != "canceled" {
+			// What Stripe answers the action on a PaymentIntent in this
+			// state (pendingOp.refusedResponse).
+			resp = op.refusedResponse(outcomeRejected, &stripe.Error{
+				Msg: fmt.Sprintf("Charge %s is %s; it cannot be %s.", ch.ID, updated.Status, pastTense[*pendingAction])})
+		}
+		if err := s.runner.Settle(ctx, b, *pendingRecord, resp); err != nil {
+			return "", err
+		}
+	}
 	return EventApplied, nil
+}
+
+var pastTense = map[string]string{actionCapture: "captured", actionCancel: "canceled"}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// chargeEventStatus is the status a charge.* event moves a charge to. With
+// PaymentIntents, Stripe's charge "succeeded" also when it was only
+// authorized (captured false).
+func chargeEventStatus(typ string, sc *stripe.Charge) string {
+	switch typ {
+	case "charge.succeeded":
+		if !sc.Captured {
+			return "requires_capture"
+		}
+		return "succeeded"
+	case "charge.failed":
+		return "failed"
+	case "charge.pending":
+		return "pending"
+	}
+	switch {
+	case sc.Status == stripe.ChargeStatusSucceeded && sc.Captured:
+		return "succeeded"
+	case sc.Status == stripe.ChargeStatusSucceeded:
+		return "requires_capture"
+	case sc.Status == stripe.ChargeStatusFailed:
+		return "failed"
+	}
+	return "pending"
+}
+
+func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
+	var intentID *string
+	if sc.PaymentIntent != nil {
+		intentID = nonEmpty(sc.PaymentIntent.ID)
+	}
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
+		StripePaymentIntentID: intentID, StripeChargeID: nonEmpty(sc.ID), RecordID: nonEmpty(sc.Metadata[MetadataRecord]),
+	})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return EventUnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
+	}
+	status := chargeEventStatus(typ, sc)
+	forward := chargeRank[status] > chargeRank[ch.Status]
+	captured := ch.AmountCaptured
+	if sc.Captured {
+		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
+	}
+	if !forward && sc.AmountRefunded <= ch.AmountRefunded && captured == ch.AmountCaptured {
+		return EventStale, nil
+	}
+	// The row as the guarded update below leaves it.
+	updated := ch
+	if updated.StripeChargeID == nil {
+		updated.StripeChargeID = nonEmpty(sc.ID)
+	}
+	if updated.StripePaymentIntentID == nil {
+		updated.StripePaymentIntentID = intentID
+	}
+	updated.AmountCaptured = captured
+	if forward && status == "succeeded" && updated.AmountCaptured == 0 {
+		updated.AmountCaptured = ch.Amount
+	}
+	updated.AmountRefunded = min(updated.AmountCaptured, max(ch.AmountRefunded, sc.AmountRefunded))
+	if !forward {
+		updated.Version++
+		if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+			updated.LastEventAt = &at
+		}
+		if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
+			ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
+			StripePaymentIntentID: updated.StripePaymentIntentID,
+			FailureCode:           updated.FailureCode, FailureMessage: updated.FailureMessage,
+			AmountRefunded: updated.AmountRefunded, AmountCapturable: updated.AmountCapturable,
+			AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
+			PendingAction: updated.PendingAction, PendingRecordID: updated.PendingRecordID,
+			PendingAmount: updated.PendingAmount, LastEventAt: updated.LastEventAt,
+		}); err != nil {
+			return "", err
+		}
+		return EventApplied, nil // the amounts only
+	}
+	updated.Status = status
+	switch status {
+	case "failed":
+		updated.FailureCode = cmpOr(nonEmpty(declineCode(sc)), ch.FailureCode)
+		updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
+	case "requires_capture":
+		updated.AmountCapturable = min(ch.Amount, max(sc.Amount-sc.AmountCaptured, 0))
+	}
+	if status != "requires_capture" {
+		updated.AmountCapturable = 0
+	}
+	if status != "requires_action" {
+		updated.NextActionUrl = nil
+	}
+	return s.moveCharge(ctx, b, ch, updated, at)
 }
 
 // cmpOr is the first of a and b that is not nil.
@@ -249,7 +420,13 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 	if sd.Charge == nil || disputeRank[status] == 0 || sd.Amount <= 0 {
 		return EventUnknownObject, nil
 	}
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, nonEmpty(sd.Charge.ID), nil)
+	var intentID *string
+	if sd.PaymentIntent != nil {
+		intentID = nonEmpty(sd.PaymentIntent.ID)
+	}
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
+		StripePaymentIntentID: intentID, StripeChargeID: nonEmpty(sd.Charge.ID),
+	})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {

@@ -185,20 +185,20 @@ func ptr(p *string) string {
 
 // chargeRow is the ledger row of a charge.
 type chargeRow struct {
-	ID, Status     string
-	Amount         int64
-	AmountRefunded int64
-	StripeChargeID *string
-	FailureCode    *string
+	ID, Status            string
+	Amount                int64
+	AmountRefunded        int64
+	StripePaymentIntentID *string
+	FailureCode           *string
 }
 
 func getChargeRow(t testing.TB, pool *pgxpool.Pool, id string) chargeRow {
 	t.Helper()
 	var c chargeRow
 	err := pool.QueryRow(context.Background(), `
-		SELECT id, status, amount, amount_refunded, stripe_charge_id, failure_code
+		SELECT id, status, amount, amount_refunded, stripe_payment_intent_id, failure_code
 		FROM charges WHERE id = $1`, id).
-		Scan(&c.ID, &c.Status, &c.Amount, &c.AmountRefunded, &c.StripeChargeID, &c.FailureCode)
+		Scan(&c.ID, &c.Status, &c.Amount, &c.AmountRefunded, &c.StripePaymentIntentID, &c.FailureCode)
 	if err != nil {
 		t.Fatalf("reading charge %s: %v", id, err)
 	}
@@ -218,18 +218,18 @@ func chargeOfRecord(t testing.TB, pool *pgxpool.Pool, recordID string) chargeRow
 
 // charge is the API representation, as the tests decode it.
 type charge struct {
-	ID             string            `json:"id"`
-	Object         string            `json:"object"`
-	Amount         int64             `json:"amount"`
-	AmountRefunded int64             `json:"amount_refunded"`
-	Currency       string            `json:"currency"`
-	PaymentMethod  string            `json:"payment_method"`
-	Description    *string           `json:"description"`
-	Metadata       map[string]string `json:"metadata"`
-	Status         string            `json:"status"`
-	StripeChargeID *string           `json:"stripe_charge_id"`
-	FailureCode    *string           `json:"failure_code"`
-	CreatedAt      time.Time         `json:"created_at"`
+	ID                    string            `json:"id"`
+	Object                string            `json:"object"`
+	Amount                int64             `json:"amount"`
+	AmountRefunded        int64             `json:"amount_refunded"`
+	Currency              string            `json:"currency"`
+	PaymentMethod         string            `json:"payment_method"`
+	Description           *string           `json:"description"`
+	Metadata              map[string]string `json:"metadata"`
+	Status                string            `json:"status"`
+	StripePaymentIntentID *string           `json:"stripe_payment_intent_id"`
+	FailureCode           *string           `json:"failure_code"`
+	CreatedAt             time.Time         `json:"created_at"`
 }
 
 type refund struct {

@@ -11,12 +11,12 @@ import (
 	"github.com/idempay/idempay/internal/apitest"
 )
 
-// downstreamCharges returns the Idempotency-Keys of the POST /v1/charges
-// requests the fake received, in order.
+// downstreamCharges returns the Idempotency-Keys of the POST
+// /v1/payment_intents requests the fake received, in order.
 func downstreamCharges(env *apitest.Env) []string {
 	var keys []string
 	for _, r := range env.Stripe.Requests() {
-		if r.Method == http.MethodPost && r.Path == "/v1/charges" {
+		if r.Method == http.MethodPost && r.Path == "/v1/payment_intents" {
 			keys = append(keys, r.IdempotencyKey)
 		}
 	}
@@ -295,7 +295,7 @@ func TestSameKeyTwoAccounts(t *testing.T) {
 	var ca, cb charge
 	ra.JSON(t, &ca)
 	rb.JSON(t, &cb)
-	if ca.ID == cb.ID || *ca.StripeChargeID == *cb.StripeChargeID {
+	if ca.ID == cb.ID || *ca.StripePaymentIntentID == *cb.StripePaymentIntentID {
 		t.Fatalf("two accounts share a charge: %s / %s", ra.Body, rb.Body)
 	}
 

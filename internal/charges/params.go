@@ -203,7 +203,11 @@ func expected(e *json.UnmarshalTypeError) string {
 // needs no canonicalisation (idempotency.Request.Normalize;
 // TestParamsInNameOrder).
 type chargeParams struct {
-	Amount        *int64            `json:"amount"`
+	Amount *int64 `json:"amount"`
+	// Capture false authorizes only: the charge waits in requires_capture
+	// for POST /v1/charges/{id}/capture. true, the default, is normalised
+	// away, so that a body with it and one without are the same request.
+	Capture       *bool             `json:"capture"`
 	Currency      *string           `json:"currency"`
 	Description   *string           `json:"description"`
 	Metadata      map[string]string `json:"metadata"`
@@ -215,6 +219,9 @@ func (p *chargeParams) validate() error {
 	add := func(name, reason string) { bad = append(bad, apierror.InvalidParam{Name: name, Reason: reason}) }
 
 	bad = append(bad, validateAmount("amount", p.Amount, true)...)
+	if p.Capture != nil && *p.Capture {
+		p.Capture = nil
+	}
 	switch {
 	case p.Currency == nil:
 		add("currency", "is required")
@@ -226,7 +233,7 @@ func (p *chargeParams) validate() error {
 	}
 	switch {
 	case p.PaymentMethod == nil || *p.PaymentMethod == "":
-		add("payment_method", "is required (for example tok_visa)")
+		add("payment_method", "is required (for example pm_card_visa)")
 	case len(*p.PaymentMethod) > MaxPaymentMethod || !paymentMethodPattern.MatchString(*p.PaymentMethod):
 		add("payment_method", fmt.Sprintf("must be 1 to %d letters, digits or underscores", MaxPaymentMethod))
 	}
@@ -299,3 +306,22 @@ func (p *refundParams) validate() error {
 	}
 	return nil
 }
+
+// captureParams is the body of POST /v1/charges/{id}/capture.
+type captureParams struct {
+	// Amount is what to capture, at most what is capturable; nil captures
+	// all of it. The rest of the authorization is released.
+	Amount *int64 `json:"amount"`
+}
+
+func (p *captureParams) validate() error {
+	if bad := validateAmount("amount", p.Amount, false); len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// cancelParams is the body of POST /v1/charges/{id}/cancel: nothing.
+type cancelParams struct{}
+
+func (p *cancelParams) validate() error { return nil }

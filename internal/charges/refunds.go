@@ -34,8 +34,8 @@ type refundOp struct {
 	params    *refundParams // nil when resumed
 	accountID string
 	refund    dbsqlc.Refund
-	// stripeChargeID is the Stripe charge the refund is of.
-	stripeChargeID string
+	// intentID is the Stripe PaymentIntent the refund is of.
+	intentID string
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -50,7 +50,11 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return fmt.Errorf("reading charge: %w", err)
 	}
 	ch := row.Charge
-	if ch.Status != "succeeded" || ch.StripeChargeID == nil {
+	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
+		return apierror.Newf(apierror.ChargeNotRefundable,
+			"Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID)
+	}
+	if ch.Status != "succeeded" || ch.StripePaymentIntentID == nil {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status)
 	}
 	// Stripe refuses to refund a disputed charge: the dispute decides. A
@@ -59,7 +63,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if row.BlockingDisputes > 0 {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
-	remaining := ch.Amount - ch.AmountRefunded
+	remaining := ch.AmountCaptured - ch.AmountRefunded
 	amount := remaining
 	if op.params.Amount != nil {
 		amount = *op.params.Amount
@@ -76,7 +80,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	}
 	op.refund = dbsqlc.Refund{ID: newID("re_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
-	op.stripeChargeID = *ch.StripeChargeID
+	op.intentID = *ch.StripePaymentIntentID
 	return op.s.q.RefundInsert(ctx, b, &dbsqlc.RefundInsertParams{
 		ID: op.refund.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount,
 	})
@@ -93,7 +97,10 @@ func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	if err != nil {
 		return fmt.Errorf("loading charge of refund %s: %w", rf.ID, err)
 	}
-	op.refund, op.stripeChargeID = rf, *ch.StripeChargeID
+	if ch.StripePaymentIntentID == nil {
+		return fmt.Errorf("charge %s of refund %s has no PaymentIntent", ch.ID, rf.ID)
+	}
+	op.refund, op.intentID = rf, *ch.StripePaymentIntentID
 	return nil
 }
 
@@ -103,7 +110,7 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		op.refund.CreatedAt = rec.CreatedAt
 	}
 	rf := op.refund
-	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.stripeChargeID, rf)
+	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
 	kind, se := classify(err)
 	if kind == outcomeUnknown {
 		return idempotency.Unknown(err)
@@ -111,7 +118,7 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	updated := rf
 	updated.Version++
 	if kind == outcomeOK {
-		updated.Status, updated.StripeRefundID = stripeStatus(string(sr.Status)), &sr.ID
+		updated.Status, updated.StripeRefundID = refundStatus(sr.Status), &sr.ID
 	} else {
 		updated.Status = "failed"
 		updated.FailureCode = nonEmpty(failureCode(se))

@@ -78,7 +78,7 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 	}
 	var before struct {
 		ID             string `json:"id"`
-		StripeChargeID string `json:"stripe_charge_id"`
+		StripeChargeID string `json:"stripe_payment_intent_id"`
 	}
 	first.JSON(t, &before)
 	p.Close()
@@ -93,7 +93,7 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 		t.Fatalf("the retry after the restore: %d %s", retry.Status, retry.Body)
 	}
 	var after struct {
-		StripeChargeID string `json:"stripe_charge_id"`
+		StripeChargeID string `json:"stripe_payment_intent_id"`
 	}
 	retry.JSON(t, &after)
 	if n := len(stripe.Charges()); n != 1 {

@@ -3,6 +3,7 @@ package charges
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +12,7 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
-	"github.com/stripe/stripe-go/v76/charge"
+	"github.com/stripe/stripe-go/v76/paymentintent"
 	"github.com/stripe/stripe-go/v76/refund"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -25,12 +26,32 @@ import (
 // the database lost it sends Stripe the same request (I13).
 const MetadataRecord = "idempay_record"
 
+// MetadataKey, MetadataAccount and MetadataFingerprint carry, on a
+// PaymentIntent, what identifies its request: the client's Idempotency-Key,
+// its account and the request's fingerprint (hex). With them
+// reconciliation re-creates a record that the database lost (they must
+// derive idempay_record), and a later retry of that key replays it. All
+// three are the request's own, so the parameters stay a pure function of
+// it (I13).
+const (
+	MetadataKey         = "idempay_key"
+	MetadataAccount     = "idempay_account"
+	MetadataFingerprint = "idempay_fingerprint"
+)
+
 // The steps of a record that call Stripe, each with its own downstream key
 // (idempotency.Record.DownstreamKey).
 const (
-	StepCharge = "charge"
-	StepRefund = "refund"
+	StepCharge  = "charge"
+	StepRefund  = "refund"
+	StepCapture = "capture"
+	StepCancel  = "cancel"
 )
+
+// DefaultReturnURL is where Stripe sends a customer back after 3-D Secure
+// when StripeConfig.ReturnURL is empty. It is part of every PaymentIntent's
+// parameters, so it must not change between attempts of one request.
+const DefaultReturnURL = "https://example.com/idempay/return"
 
 // StripeConfig configures the Stripe port.
 type StripeConfig struct {
@@ -41,6 +62,9 @@ type StripeConfig struct {
 	// Timeout bounds every Stripe call. Keep it well under the idempotency
 	// lock timeout.
 	Timeout time.Duration
+	// ReturnURL is the return_url of every PaymentIntent (the page Stripe
+	// sends a customer to after authenticating); DefaultReturnURL if empty.
+	ReturnURL string
 	// Observe, when set, is called after every Stripe call with the
 	// operation ("create_charge", "create_refund"), the result class ("ok",
 	// "declined", "rejected", "unknown") and the call's latency (metrics).
@@ -53,10 +77,11 @@ type StripeConfig struct {
 // goes back to the idempotency layer, which retries on its own schedule with
 // the same downstream key.
 type Stripe struct {
-	charges *charge.Client
-	refunds *refund.Client
-	timeout time.Duration
-	observe func(operation, result string, d time.Duration)
+	intents   *paymentintent.Client
+	refunds   *refund.Client
+	timeout   time.Duration
+	returnURL string
+	observe   func(operation, result string, d time.Duration)
 }
 
 // NewStripe builds the port.
@@ -84,11 +109,16 @@ func NewStripe(cfg StripeConfig) *Stripe {
 		EnableTelemetry:   stripe.Bool(false),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
+	returnURL := cfg.ReturnURL
+	if returnURL == "" {
+		returnURL = DefaultReturnURL
+	}
 	return &Stripe{
-		charges: &charge.Client{B: backend, Key: cfg.SecretKey},
-		refunds: &refund.Client{B: backend, Key: cfg.SecretKey},
-		timeout: cfg.Timeout,
-		observe: cfg.Observe,
+		intents:   &paymentintent.Client{B: backend, Key: cfg.SecretKey},
+		refunds:   &refund.Client{B: backend, Key: cfg.SecretKey},
+		timeout:   cfg.Timeout,
+		returnURL: returnURL,
+		observe:   cfg.Observe,
 	}
 }
 
@@ -178,41 +208,109 @@ func classify(err error) (outcome, *stripe.Error) {
 	}
 }
 
-// CreateCharge creates the Stripe charge for a ledger row, with the record's
-// downstream idempotency key and its id in the charge's metadata
-// (idempay_record), so that a Stripe event about the charge finds the record.
-func (s *Stripe) CreateCharge(ctx context.Context, rec *idempotency.Record, ch dbsqlc.Charge, metadata map[string]string) (*stripe.Charge, error) {
+// CreatePaymentIntent creates and confirms the Stripe PaymentIntent of a
+// ledger row, with the record's downstream idempotency key and its id in
+// the metadata (idempay_record), so that a Stripe event about it finds the
+// record. Every parameter comes from the request: manual capture when the
+// client authorizes only, and the payment method as the client named it
+// (a PaymentMethod, pm_...).
+func (s *Stripe) CreatePaymentIntent(ctx context.Context, rec *idempotency.Record, fingerprint []byte, ch dbsqlc.Charge, capture bool, metadata map[string]string) (*stripe.PaymentIntent, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	params := &stripe.ChargeParams{
-		Amount:      stripe.Int64(ch.Amount),
-		Currency:    stripe.String(ch.Currency),
-		Source:      &stripe.PaymentSourceSourceParams{Token: stripe.String(ch.PaymentMethod)},
-		Description: ch.Description,
+	params := &stripe.PaymentIntentParams{
+		Amount:             stripe.Int64(ch.Amount),
+		Currency:           stripe.String(ch.Currency),
+		Confirm:            stripe.Bool(true),
+		PaymentMethodTypes: []*string{stripe.String("card")},
+		ReturnURL:          stripe.String(s.returnURL),
+		Description:        ch.Description,
 	}
+	if !capture {
+		params.CaptureMethod = stripe.String(string(stripe.PaymentIntentCaptureMethodManual))
+	}
+	params.PaymentMethod = stripe.String(ch.PaymentMethod)
 	params.Context = ctx
 	params.SetIdempotencyKey(rec.DownstreamKey(StepCharge))
 	for k, v := range metadata {
 		params.AddMetadata(k, v)
 	}
 	params.AddMetadata(MetadataRecord, rec.ID)
+	params.AddMetadata(MetadataKey, rec.Key)
+	params.AddMetadata(MetadataAccount, rec.AccountID)
+	params.AddMetadata(MetadataFingerprint, hex.EncodeToString(fingerprint))
 	start := time.Now()
-	sc, err := s.charges.New(params)
+	pi, err := s.intents.New(params)
 	s.observed("create_charge", start, err)
 	if err != nil {
-		return nil, fmt.Errorf("stripe: creating charge: %w", err)
+		return nil, fmt.Errorf("stripe: creating payment intent: %w", err)
 	}
-	return sc, nil
+	return pi, nil
 }
 
-// CreateRefund refunds amount of a Stripe charge, with the record's
-// downstream idempotency key and its id in the refund's metadata.
-func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, stripeChargeID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
+// ListPaymentIntents calls fn with every PaymentIntent created at or after
+// since, newest first, through stripe-go's list iterator (it pages on its
+// own).
+func (s *Stripe) ListPaymentIntents(ctx context.Context, since time.Time, fn func(*stripe.PaymentIntent) error) error {
+	params := &stripe.PaymentIntentListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := s.intents.List(params)
+	for it.Next() {
+		if err := fn(it.PaymentIntent()); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("stripe: listing payment intents: %w", err)
+	}
+	return nil
+}
+
+// CapturePaymentIntent captures an authorized PaymentIntent: amount, or
+// (0) all that is capturable; Stripe releases the rest.
+func (s *Stripe) CapturePaymentIntent(ctx context.Context, rec *idempotency.Record, intentID string, amount int64) (*stripe.PaymentIntent, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.PaymentIntentCaptureParams{}
+	if amount > 0 {
+		params.AmountToCapture = stripe.Int64(amount)
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey(rec.DownstreamKey(StepCapture))
+	start := time.Now()
+	pi, err := s.intents.Capture(intentID, params)
+	s.observed("capture_charge", start, err)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: capturing payment intent %s: %w", intentID, err)
+	}
+	return pi, nil
+}
+
+// CancelPaymentIntent cancels a PaymentIntent that is not captured: the
+// authorization is released.
+func (s *Stripe) CancelPaymentIntent(ctx context.Context, rec *idempotency.Record, intentID string) (*stripe.PaymentIntent, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.PaymentIntentCancelParams{}
+	params.Context = ctx
+	params.SetIdempotencyKey(rec.DownstreamKey(StepCancel))
+	start := time.Now()
+	pi, err := s.intents.Cancel(intentID, params)
+	s.observed("cancel_charge", start, err)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: canceling payment intent %s: %w", intentID, err)
+	}
+	return pi, nil
+}
+
+// CreateRefund refunds amount of a captured PaymentIntent, with the
+// record's downstream idempotency key and its id in the refund's metadata.
+func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, intentID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	params := &stripe.RefundParams{
-		Charge: stripe.String(stripeChargeID),
-		Amount: stripe.Int64(rf.Amount),
+		PaymentIntent: stripe.String(intentID),
+		Amount:        stripe.Int64(rf.Amount),
 	}
 	params.Context = ctx
 	params.SetIdempotencyKey(rec.DownstreamKey(StepRefund))

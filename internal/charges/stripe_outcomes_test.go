@@ -48,7 +48,7 @@ func TestDeclineIsFinalAndReplayed(t *testing.T) {
 	if len(fc) != 1 {
 		t.Fatalf("fake executed %d charges, want 1", len(fc))
 	}
-	if fc[0].Status != "failed" {
+	if fc[0].Status != "requires_payment_method" {
 		t.Fatalf("fake charge status %q, want failed", fc[0].Status)
 	}
 	if row.Status != "failed" {
@@ -57,8 +57,8 @@ func TestDeclineIsFinalAndReplayed(t *testing.T) {
 	if row.FailureCode == nil || *row.FailureCode != "generic_decline" {
 		t.Fatalf("ledger row: failure code %s, want \"generic_decline\"", ptr(row.FailureCode))
 	}
-	if row.StripeChargeID == nil || *row.StripeChargeID != fc[0].ID {
-		t.Fatalf("ledger row: Stripe charge %s, want %q", ptr(row.StripeChargeID), fc[0].ID)
+	if row.StripePaymentIntentID == nil || *row.StripePaymentIntentID != fc[0].ID {
+		t.Fatalf("ledger row: Stripe charge %s, want %q", ptr(row.StripePaymentIntentID), fc[0].ID)
 	}
 
 	again := c.Post("/v1/charges", key, body)
@@ -126,8 +126,8 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			if row.Status != "processing" {
 				t.Fatalf("ledger row after an unknown outcome: status %q, want processing", row.Status)
 			}
-			if row.StripeChargeID != nil {
-				t.Fatalf("ledger row after an unknown outcome: Stripe charge %s, want none", ptr(row.StripeChargeID))
+			if row.StripePaymentIntentID != nil {
+				t.Fatalf("ledger row after an unknown outcome: Stripe charge %s, want none", ptr(row.StripePaymentIntentID))
 			}
 			if got := env.Stripe.ChargesByKey(rec.DownstreamKey()); tc.workDone != (got == 1) {
 				t.Fatalf("fake executed %d charges during the fault", got)
@@ -150,8 +150,8 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			if len(fcs) != 1 || env.Stripe.ChargesByKey(dk) != 1 {
 				t.Fatalf("fake executed %d charges (%d with %s), want exactly 1", len(fcs), env.Stripe.ChargesByKey(dk), dk)
 			}
-			if *ch.StripeChargeID != fcs[0].ID {
-				t.Fatalf("ledger says %s, Stripe holds %s", *ch.StripeChargeID, fcs[0].ID)
+			if *ch.StripePaymentIntentID != fcs[0].ID {
+				t.Fatalf("ledger says %s, Stripe holds %s", *ch.StripePaymentIntentID, fcs[0].ID)
 			}
 			var replayed bool
 			for _, r := range env.Stripe.Requests() {
@@ -252,8 +252,8 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "downstream_called" || r.LockGeneration != 2 {
 		t.Fatalf("the fenced owner changed the record: recovery point %q, lock generation %d; want downstream_called, 2", r.RecoveryPoint, r.LockGeneration)
 	}
-	if r := chargeOfRecord(t, env.Pool, rec.ID); r.Status != "processing" || r.StripeChargeID != nil {
-		t.Fatalf("the fenced owner wrote the ledger row: status %q, Stripe charge %s; want processing, none", r.Status, ptr(r.StripeChargeID))
+	if r := chargeOfRecord(t, env.Pool, rec.ID); r.Status != "processing" || r.StripePaymentIntentID != nil {
+		t.Fatalf("the fenced owner wrote the ledger row: status %q, Stripe charge %s; want processing, none", r.Status, ptr(r.StripePaymentIntentID))
 	}
 
 	third := c.Post("/v1/charges", key, chargeBody(990))
@@ -267,8 +267,8 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	if n := env.Stripe.ChargesByKey(dk); n != 1 {
 		t.Fatalf("fake holds %d charges with %s, want 1", n, dk)
 	}
-	if *ch.StripeChargeID != fcs[0].ID {
-		t.Fatalf("ledger stripe_charge_id %q, fake charge %q", *ch.StripeChargeID, fcs[0].ID)
+	if *ch.StripePaymentIntentID != fcs[0].ID {
+		t.Fatalf("ledger stripe_charge_id %q, fake charge %q", *ch.StripePaymentIntentID, fcs[0].ID)
 	}
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" || r.LockGeneration != 3 {
 		t.Fatalf("record after the last retry: recovery point %q, lock generation %d; want finished, 3", r.RecoveryPoint, r.LockGeneration)

@@ -112,31 +112,57 @@ func startStripeMock(t *testing.T) string {
 
 // The API against Stripe's official mock, through stripe-go: the request
 // and response formats idempay relies on are the real ones. stripe-mock is
-// stateless (no replay, no declines), so this is a smoke test; the Stripe
-// fake covers the behaviours.
+// stateless: it answers every PaymentIntent call with one fixture
+// (requires_payment_method, no error), which idempay keeps pending. So the
+// test moves the ledger rows as Stripe's events would, and then sends the
+// capture, the cancel and the refund in their real formats; the Stripe fake
+// covers the behaviours.
 func TestAgainstStripeMock(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{StripeURL: startStripeMock(t)})
 	c := env.NewClient(t)
 
 	key := apitest.NewKey()
-	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "tok_visa",
+	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "pm_card_visa",
 		"description": "stripe-mock smoke", "metadata": map[string]string{"order": "7"}}
 	first := c.Post("/v1/charges", key, body)
 	wantStatus(t, first, http.StatusCreated)
 	var ch charge
 	first.JSON(t, &ch)
-	if ch.StripeChargeID == nil || !strings.HasPrefix(*ch.StripeChargeID, "ch_") || ch.Status == "processing" {
+	if ch.StripePaymentIntentID == nil || !strings.HasPrefix(*ch.StripePaymentIntentID, "pi_") || ch.Status != "pending" {
 		t.Fatalf("charge against stripe-mock %s", first.Body)
 	}
 	wantSameResponse(t, first, c.Post("/v1/charges", key, body))
-	if row := getChargeRow(t, env.Pool, ch.ID); row.StripeChargeID == nil || *row.StripeChargeID != *ch.StripeChargeID {
-		t.Fatalf("ledger row Stripe charge %s, want %q", ptr(row.StripeChargeID), *ch.StripeChargeID)
+	if row := getChargeRow(t, env.Pool, ch.ID); row.StripePaymentIntentID == nil || *row.StripePaymentIntentID != *ch.StripePaymentIntentID {
+		t.Fatalf("ledger row PaymentIntent %s, want %q", ptr(row.StripePaymentIntentID), *ch.StripePaymentIntentID)
 	}
 
-	if ch.Status != "succeeded" {
-		t.Fatalf("stripe-mock returned a %s charge, want succeeded", ch.Status)
+	auth := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 900, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": false})
+	wantStatus(t, auth, http.StatusCreated)
+	var held charge
+	auth.JSON(t, &held)
+	if _, err := env.Pool.Exec(context.Background(), `
+		UPDATE charges SET status = CASE WHEN id = $1 THEN 'succeeded' ELSE 'requires_capture' END,
+			amount_captured = CASE WHEN id = $1 THEN amount ELSE 0 END,
+			amount_capturable = CASE WHEN id = $1 THEN 0 ELSE amount END
+		WHERE id IN ($1, $2)`, ch.ID, held.ID); err != nil {
+		t.Fatal(err)
 	}
+	// A 200 to a capture is a capture, whatever stripe-mock's fixed object
+	// says; the charge can then no longer be canceled.
+	capt := c.Post("/v1/charges/"+held.ID+"/capture", apitest.NewKey(), map[string]any{"amount": 500})
+	wantStatus(t, capt, http.StatusOK)
+	var captured struct {
+		Status         string `json:"status"`
+		AmountCaptured int64  `json:"amount_captured"`
+	}
+	capt.JSON(t, &captured)
+	if captured.Status != "succeeded" || captured.AmountCaptured != 500 {
+		t.Fatalf("capture against stripe-mock: %s", capt.Body)
+	}
+	wantProblem(t, c.Post("/v1/charges/"+held.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-cancelable")
+
 	rkey := apitest.NewKey()
 	rbody := map[string]any{"charge": ch.ID, "amount": 500}
 	rf := c.Post("/v1/refunds", rkey, rbody)
@@ -147,7 +173,7 @@ func TestAgainstStripeMock(t *testing.T) {
 		t.Fatalf("refund against stripe-mock %s", rf.Body)
 	}
 	wantSameResponse(t, rf, c.Post("/v1/refunds", rkey, rbody))
-	if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 2, Charges: 1, Refunds: 1}); got != want {
+	if got, want := countRows(t, env.Pool, c.Account.ID), (rowCounts{Keys: 4, Charges: 2, Refunds: 1}); got != want {
 		t.Fatalf("stored rows: %s", got.diff(want))
 	}
 }

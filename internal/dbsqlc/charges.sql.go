@@ -15,27 +15,41 @@ WITH c AS (
     UPDATE charges
     SET status = $1,
         stripe_charge_id = $2,
-        failure_code = $3,
-        failure_message = $4,
-        amount_refunded = $5,
-        last_event_at = $6,
+        stripe_payment_intent_id = $3,
+        failure_code = $4,
+        failure_message = $5,
+        amount_refunded = $6,
+        amount_capturable = $7,
+        amount_captured = $8,
+        next_action_url = $9,
+        pending_action = $10,
+        pending_record_id = $11,
+        pending_amount = $12,
+        last_event_at = $13,
         version = version + 1,
         updated_at = now()
-    WHERE id = $7 AND version = $8
+    WHERE id = $14 AND version = $15
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
 `
 
 type ChargeApplyEventParams struct {
-	Status         string
-	StripeChargeID *string
-	FailureCode    *string
-	FailureMessage *string
-	AmountRefunded int64
-	LastEventAt    *time.Time
-	ID             string
-	Version        int64
+	Status                string
+	StripeChargeID        *string
+	StripePaymentIntentID *string
+	FailureCode           *string
+	FailureMessage        *string
+	AmountRefunded        int64
+	AmountCapturable      int64
+	AmountCaptured        int64
+	NextActionUrl         *string
+	PendingAction         *string
+	PendingRecordID       *string
+	PendingAmount         *int64
+	LastEventAt           *time.Time
+	ID                    string
+	Version               int64
 }
 
 // Applies a Stripe event's view of the charge, as the caller computed it
@@ -46,9 +60,16 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 	_, err := db.Exec(ctx, chargeApplyEvent,
 		arg.Status,
 		arg.StripeChargeID,
+		arg.StripePaymentIntentID,
 		arg.FailureCode,
 		arg.FailureMessage,
 		arg.AmountRefunded,
+		arg.AmountCapturable,
+		arg.AmountCaptured,
+		arg.NextActionUrl,
+		arg.PendingAction,
+		arg.PendingRecordID,
+		arg.PendingAmount,
 		arg.LastEventAt,
 		arg.ID,
 		arg.Version,
@@ -56,21 +77,65 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 	return err
 }
 
+const chargeBeginPending = `-- name: ChargeBeginPending :exec
+WITH c AS (
+    UPDATE charges
+    SET pending_action = $1, pending_record_id = $2,
+        pending_amount = $3, version = version + 1, updated_at = now()
+    WHERE id = $4 AND version = $5 AND pending_action IS NULL
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+`
+
+type ChargeBeginPendingParams struct {
+	PendingAction   *string
+	PendingRecordID *string
+	PendingAmount   *int64
+	ID              string
+	Version         int64
+}
+
+// Begins a capture or a cancel of the charge, in its claim batch. Guarded:
+// the charge must still be at the version whose checks passed (status,
+// nothing else pending), or it raises IDS01 and the runner reads and checks
+// again; so of a capture and a cancel racing, one begins and the other then
+// finds it pending.
+func (q *Queries) ChargeBeginPending(ctx context.Context, db DBTX, arg *ChargeBeginPendingParams) error {
+	_, err := db.Exec(ctx, chargeBeginPending,
+		arg.PendingAction,
+		arg.PendingRecordID,
+		arg.PendingAmount,
+		arg.ID,
+		arg.Version,
+	)
+	return err
+}
+
 const chargeFindForEvent = `-- name: ChargeFindForEvent :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges
-WHERE stripe_charge_id = $1
-   OR idempotency_key_id = $2
-ORDER BY stripe_charge_id = $1 DESC NULLS LAST
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges
+WHERE stripe_payment_intent_id = $1
+   OR stripe_charge_id = $2
+   OR idempotency_key_id = $3
+ORDER BY stripe_payment_intent_id = $1 DESC NULLS LAST,
+         stripe_charge_id = $2 DESC NULLS LAST
 LIMIT 1
 `
 
-// The charge a Stripe event is about: by Stripe's id, or by the idempotency
-// record that idempay put in the charge's metadata (a charge whose
-// finishing commit never happened has no Stripe id yet). Events carry no
-// account: the account comes from the row. Read without a lock: the writes
-// that follow are guarded by the version read here.
-func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, stripeChargeID *string, recordID *string) (Charge, error) {
-	row := db.QueryRow(ctx, chargeFindForEvent, stripeChargeID, recordID)
+type ChargeFindForEventParams struct {
+	StripePaymentIntentID *string
+	StripeChargeID        *string
+	RecordID              *string
+}
+
+// The charge a Stripe event is about: by Stripe's PaymentIntent or charge
+// id, or by the idempotency record that idempay put in the PaymentIntent's
+// metadata (a charge whose finishing commit never happened has no Stripe id
+// yet). Events carry no account: the account comes from the row. Read
+// without a lock: the writes that follow are guarded by the version read
+// here.
+func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFindForEventParams) (Charge, error) {
+	row := db.QueryRow(ctx, chargeFindForEvent, arg.StripePaymentIntentID, arg.StripeChargeID, arg.RecordID)
 	var i Charge
 	err := row.Scan(
 		&i.ID,
@@ -90,12 +155,20 @@ func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, stripeChargeI
 		&i.UpdatedAt,
 		&i.LastEventAt,
 		&i.Version,
+		&i.StripePaymentIntentID,
+		&i.CaptureMethod,
+		&i.AmountCapturable,
+		&i.AmountCaptured,
+		&i.NextActionUrl,
+		&i.PendingAction,
+		&i.PendingRecordID,
+		&i.PendingAmount,
 	)
 	return i, err
 }
 
 const chargeGet = `-- name: ChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE id = $1
 `
 
 // A charge of any account, for operator commands (idempay webhooks trigger).
@@ -120,12 +193,20 @@ func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, er
 		&i.UpdatedAt,
 		&i.LastEventAt,
 		&i.Version,
+		&i.StripePaymentIntentID,
+		&i.CaptureMethod,
+		&i.AmountCapturable,
+		&i.AmountCaptured,
+		&i.NextActionUrl,
+		&i.PendingAction,
+		&i.PendingRecordID,
+		&i.PendingAmount,
 	)
 	return i, err
 }
 
 const chargeGetByID = `-- name: ChargeGetByID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE account_id = $1 AND id = $2
 `
 
 func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
@@ -149,12 +230,20 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, 
 		&i.UpdatedAt,
 		&i.LastEventAt,
 		&i.Version,
+		&i.StripePaymentIntentID,
+		&i.CaptureMethod,
+		&i.AmountCapturable,
+		&i.AmountCaptured,
+		&i.NextActionUrl,
+		&i.PendingAction,
+		&i.PendingRecordID,
+		&i.PendingAmount,
 	)
 	return i, err
 }
 
 const chargeGetByIdempotencyKeyID = `-- name: ChargeGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Charge, error) {
@@ -178,12 +267,58 @@ func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.UpdatedAt,
 		&i.LastEventAt,
 		&i.Version,
+		&i.StripePaymentIntentID,
+		&i.CaptureMethod,
+		&i.AmountCapturable,
+		&i.AmountCaptured,
+		&i.NextActionUrl,
+		&i.PendingAction,
+		&i.PendingRecordID,
+		&i.PendingAmount,
+	)
+	return i, err
+}
+
+const chargeGetByPendingRecord = `-- name: ChargeGetByPendingRecord :one
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE pending_record_id = $1
+`
+
+// The charge of a capture or cancel in flight, by its idempotency record.
+func (q *Queries) ChargeGetByPendingRecord(ctx context.Context, db DBTX, pendingRecordID *string) (Charge, error) {
+	row := db.QueryRow(ctx, chargeGetByPendingRecord, pendingRecordID)
+	var i Charge
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountRefunded,
+		&i.StripeChargeID,
+		&i.FailureCode,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.LastEventAt,
+		&i.Version,
+		&i.StripePaymentIntentID,
+		&i.CaptureMethod,
+		&i.AmountCapturable,
+		&i.AmountCaptured,
+		&i.NextActionUrl,
+		&i.PendingAction,
+		&i.PendingRecordID,
+		&i.PendingAmount,
 	)
 	return i, err
 }
 
 const chargeGetForRefund = `-- name: ChargeGetForRefund :one
-SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.status, charges.amount_refunded, charges.stripe_charge_id, charges.failure_code, charges.failure_message, charges.created_at, charges.updated_at, charges.last_event_at, charges.version,
+SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.status, charges.amount_refunded, charges.stripe_charge_id, charges.failure_code, charges.failure_message, charges.created_at, charges.updated_at, charges.last_event_at, charges.version, charges.stripe_payment_intent_id, charges.capture_method, charges.amount_capturable, charges.amount_captured, charges.next_action_url, charges.pending_action, charges.pending_record_id, charges.pending_amount,
        (SELECT count(*) FROM disputes d
         WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes
 FROM charges WHERE charges.account_id = $1 AND charges.id = $2
@@ -217,14 +352,22 @@ func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, accountID str
 		&i.Charge.UpdatedAt,
 		&i.Charge.LastEventAt,
 		&i.Charge.Version,
+		&i.Charge.StripePaymentIntentID,
+		&i.Charge.CaptureMethod,
+		&i.Charge.AmountCapturable,
+		&i.Charge.AmountCaptured,
+		&i.Charge.NextActionUrl,
+		&i.Charge.PendingAction,
+		&i.Charge.PendingRecordID,
+		&i.Charge.PendingAmount,
 		&i.BlockingDisputes,
 	)
 	return i, err
 }
 
 const chargeInsert = `-- name: ChargeInsert :exec
-INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 `
 
 type ChargeInsertParams struct {
@@ -236,6 +379,7 @@ type ChargeInsertParams struct {
 	PaymentMethod    string
 	Description      *string
 	Metadata         []byte
+	CaptureMethod    string
 }
 
 // The ledger row of a new charge, in the claim's batch after the record's
@@ -250,12 +394,13 @@ func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertPa
 		arg.PaymentMethod,
 		arg.Description,
 		arg.Metadata,
+		arg.CaptureMethod,
 	)
 	return err
 }
 
 const chargeList = `-- name: ChargeList :many
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges
 WHERE account_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::text))
@@ -304,6 +449,14 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 			&i.UpdatedAt,
 			&i.LastEventAt,
 			&i.Version,
+			&i.StripePaymentIntentID,
+			&i.CaptureMethod,
+			&i.AmountCapturable,
+			&i.AmountCaptured,
+			&i.NextActionUrl,
+			&i.PendingAction,
+			&i.PendingRecordID,
+			&i.PendingAmount,
 		); err != nil {
 			return nil, err
 		}
@@ -360,23 +513,31 @@ WITH c AS (
     UPDATE charges
     SET status = $1,
         stripe_charge_id = $2,
-        failure_code = $3,
-        failure_message = $4,
+        stripe_payment_intent_id = $3,
+        failure_code = $4,
+        failure_message = $5,
+        amount_capturable = $6,
+        amount_captured = $7,
+        next_action_url = $8,
         version = version + 1,
         updated_at = now()
-    WHERE id = $5 AND version = $6
+    WHERE id = $9 AND version = $10
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
 `
 
 type ChargeSetOutcomeParams struct {
-	Status         string
-	StripeChargeID *string
-	FailureCode    *string
-	FailureMessage *string
-	ID             string
-	Version        int64
+	Status                string
+	StripeChargeID        *string
+	StripePaymentIntentID *string
+	FailureCode           *string
+	FailureMessage        *string
+	AmountCapturable      int64
+	AmountCaptured        int64
+	NextActionUrl         *string
+	ID                    string
+	Version               int64
 }
 
 // The outcome of the Stripe call, in the finishing batch after the record's
@@ -386,8 +547,53 @@ func (q *Queries) ChargeSetOutcome(ctx context.Context, db DBTX, arg *ChargeSetO
 	_, err := db.Exec(ctx, chargeSetOutcome,
 		arg.Status,
 		arg.StripeChargeID,
+		arg.StripePaymentIntentID,
 		arg.FailureCode,
 		arg.FailureMessage,
+		arg.AmountCapturable,
+		arg.AmountCaptured,
+		arg.NextActionUrl,
+		arg.ID,
+		arg.Version,
+	)
+	return err
+}
+
+const chargeSettlePending = `-- name: ChargeSettlePending :exec
+WITH c AS (
+    UPDATE charges
+    SET status = $1,
+        stripe_charge_id = $2,
+        amount_capturable = $3,
+        amount_captured = $4,
+        next_action_url = NULL,
+        pending_action = NULL, pending_record_id = NULL, pending_amount = NULL,
+        version = version + 1,
+        updated_at = now()
+    WHERE id = $5 AND version = $6
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+`
+
+type ChargeSettlePendingParams struct {
+	Status           string
+	StripeChargeID   *string
+	AmountCapturable int64
+	AmountCaptured   int64
+	ID               string
+	Version          int64
+}
+
+// The outcome of a capture or cancel, in its finishing batch: the charge's
+// new state, the pending action cleared. Guarded by the version the owner
+// read.
+func (q *Queries) ChargeSettlePending(ctx context.Context, db DBTX, arg *ChargeSettlePendingParams) error {
+	_, err := db.Exec(ctx, chargeSettlePending,
+		arg.Status,
+		arg.StripeChargeID,
+		arg.AmountCapturable,
+		arg.AmountCaptured,
 		arg.ID,
 		arg.Version,
 	)

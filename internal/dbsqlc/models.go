@@ -27,23 +27,31 @@ type ApiKey struct {
 }
 
 type Charge struct {
-	ID               string
-	AccountID        string
-	IdempotencyKeyID *string
-	Amount           int64
-	Currency         string
-	PaymentMethod    string
-	Description      *string
-	Metadata         []byte
-	Status           string
-	AmountRefunded   int64
-	StripeChargeID   *string
-	FailureCode      *string
-	FailureMessage   *string
-	CreatedAt        time.Time
-	UpdatedAt        time.Time
-	LastEventAt      *time.Time
-	Version          int64
+	ID                    string
+	AccountID             string
+	IdempotencyKeyID      *string
+	Amount                int64
+	Currency              string
+	PaymentMethod         string
+	Description           *string
+	Metadata              []byte
+	Status                string
+	AmountRefunded        int64
+	StripeChargeID        *string
+	FailureCode           *string
+	FailureMessage        *string
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
+	LastEventAt           *time.Time
+	Version               int64
+	StripePaymentIntentID *string
+	CaptureMethod         string
+	AmountCapturable      int64
+	AmountCaptured        int64
+	NextActionUrl         *string
+	PendingAction         *string
+	PendingRecordID       *string
+	PendingAmount         *int64
 }
 
 type Dispute struct {

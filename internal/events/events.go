@@ -23,8 +23,12 @@ import (
 const (
 	ChargeSucceeded = "charge.succeeded"
 	ChargeFailed    = "charge.failed"
-	RefundSucceeded = "refund.succeeded"
-	RefundFailed    = "refund.failed"
+	// ChargeRequiresCapture: an authorization ("capture": false) holds the
+	// money until a capture or cancel.
+	ChargeRequiresCapture = "charge.requires_capture"
+	ChargeCanceled        = "charge.canceled"
+	RefundSucceeded       = "refund.succeeded"
+	RefundFailed          = "refund.failed"
 )
 
 // Record inserts the event of an object that settled, inside the settling

@@ -118,6 +118,7 @@ type Record struct {
 	// AccountID is the account of an account scope, "" for a source.
 	AccountID      string
 	Key            string
+	Fingerprint    []byte
 	Method, Route  string
 	RecoveryPoint  string
 	LockGeneration int64
@@ -134,7 +135,7 @@ type Record struct {
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
-		ID: row.ID, Scope: Scope(row.Scope), AccountID: deref(row.AccountID), Key: row.Key,
+		ID: row.ID, Scope: Scope(row.Scope), AccountID: deref(row.AccountID), Key: row.Key, Fingerprint: row.RequestFingerprint,
 		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
 		LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
@@ -397,7 +398,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
 	accountID := req.Scope.AccountID()
 	rec := &Record{
-		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: accountID, Key: req.Key,
+		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: accountID, Key: req.Key, Fingerprint: req.Fingerprint,
 		Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}

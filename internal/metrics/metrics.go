@@ -44,6 +44,7 @@ type Metrics struct {
 	relayErrors    prometheus.Counter
 	outboxLag      prometheus.Gauge
 	rollout        *prometheus.CounterVec
+	reconcile      *prometheus.CounterVec
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -130,8 +131,13 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Help: "What an account's idempotency mode changed, by mode and outcome: unkeyed (optional or shadow: a request without a key ran unprotected), would_replayed, would_mismatch, would_conflict, would_takeover (shadow: what enforcing would have done to a request that ran as before).",
 	}, []string{"mode", "outcome"})
 
+	m.reconcile = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "reconcile", Name: "payment_intents_total",
+		Help: "What reconciliation did with each PaymentIntent it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
+	}, []string{"outcome"})
+
 	m.reg.MustRegister(
-		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout,
+		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout, m.reconcile,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
@@ -216,6 +222,12 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 		m.relayErrors.Inc()
 	}
 	m.outboxLag.Set(lag.Seconds())
+}
+
+// ObserveReconcile counts what reconciliation did with one PaymentIntent;
+// it is the function to set as charges.Service.OnReconcile.
+func (m *Metrics) ObserveReconcile(outcome string) {
+	m.reconcile.WithLabelValues(outcome).Inc()
 }
 
 // ObserveRollout counts what an account's idempotency mode did to one

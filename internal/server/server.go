@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	_ "embed"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -74,6 +75,7 @@ func New(d Deps) *echo.Echo {
 	e.Use(requestLogger(log, m, routes))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true}))
 	e.Use(checkInput) // after routing: it checks the route's path parameters
+	e.Use(drainReads)
 
 	e.GET("/healthz", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
@@ -108,6 +110,20 @@ func New(d Deps) *echo.Echo {
 		routes[r.Path] = true
 	}
 	return e
+}
+
+// drainReads reads and discards the body of a GET or HEAD, up to the API's
+// body limit, before answering it. No such route reads a body, and net/http
+// closes a connection whose unread body is larger than it drains on its own,
+// which resets it and can cut off a large answer (GET /openapi.json) that the
+// client is still reading (I14).
+func drainReads(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, idemhttp.MaxBodyBytes))
+		}
+		return next(c)
+	}
 }
 
 // problemDoc is GET /problems/{type}: the type's URI, title and status, what

@@ -1,5 +1,8 @@
 // Package stripefake is a small, stateful imitation of the part of the Stripe
-// API that idempay uses: creating, reading and refunding charges.
+// API that idempay uses: PaymentIntents (created and confirmed at once,
+// captured now or later, partially, canceled, authenticated by the
+// customer, expired, listed) and their refunds. The legacy Charges API
+// (POST /v1/charges) is kept for its own tests.
 //
 // It exists because stripe-mock, Stripe's official mock, is stateless: it
 // never replays a response for a repeated Idempotency-Key, it cannot decline
@@ -16,6 +19,7 @@
 package stripefake
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -99,21 +103,38 @@ type Request struct {
 	At            time.Time
 }
 
-// Charge is a charge the fake created. It is the fake's own record rather
-// than a stripe.Charge because tests need to see fields Stripe does not
-// return, such as the Idempotency-Key and the source token.
+// Charge is a payment the fake created: a PaymentIntent (Object
+// "payment_intent", what idempay makes) or a legacy charge (Object
+// "charge"). It is the fake's own record rather than a stripe type because
+// tests need to see fields Stripe does not return, such as the
+// Idempotency-Key.
 type Charge struct {
 	ID             string
+	Object         string // "payment_intent" or "charge"
 	IdempotencyKey string // key of the request that created it ("" if none)
 	Amount         int64
 	Currency       string
-	Source         string
-	Description    string
-	Metadata       map[string]string
-	Status         string // "succeeded", or "failed" when declined
-	DeclineCode    string // set when Status is "failed"
+	// Source is the payment method (pm_... or a card token tok_...).
+	Source      string
+	Description string
+	Metadata    map[string]string
+	// Status is a PaymentIntent's (succeeded, requires_capture,
+	// requires_action, requires_payment_method when declined, canceled),
+	// or a legacy charge's (succeeded, failed).
+	Status         string
+	DeclineCode    string // set when the card declined
 	AmountRefunded int64
 	Created        time.Time
+
+	// A PaymentIntent's own fields.
+	CaptureMethod      string // "automatic" or "manual"
+	AmountCapturable   int64  // what an authorization holds
+	AmountReceived     int64  // what was captured
+	Captures           int    // how many capture calls executed (at most 1)
+	LatestCharge       string // ch_fake_...
+	ReturnURL          string
+	CancellationReason string
+	AuthFailed         bool // the customer failed authentication
 }
 
 // Refund is a refund the fake created, recorded for the same reason as Charge.
@@ -121,6 +142,7 @@ type Refund struct {
 	ID             string
 	IdempotencyKey string
 	Charge         string
+	PaymentIntent  string // "" for a refund of a legacy charge
 	Amount         int64
 	Currency       string
 	Status         string
@@ -396,6 +418,18 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/payment_intents":
+		s.servePost(w, r, idx, fault, s.createIntent)
+	case r.Method == http.MethodPost && intentAction(r.URL.Path, "capture") != "":
+		s.servePost(w, r, idx, fault, s.captureIntent(intentAction(r.URL.Path, "capture")))
+	case r.Method == http.MethodPost && intentAction(r.URL.Path, "cancel") != "":
+		s.servePost(w, r, idx, fault, s.cancelIntent(intentAction(r.URL.Path, "cancel")))
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/payment_intents":
+		s.write(w, key, false, s.listIntents(form))
+	case r.Method == http.MethodGet && idIn(r.URL.Path, "/v1/payment_intents/") != "":
+		s.write(w, key, false, s.getIntent(idIn(r.URL.Path, "/v1/payment_intents/")))
+	case r.Method == http.MethodGet && idIn(r.URL.Path, "/_fake/3ds/") != "":
+		s.serveAuthPage(w, r, idIn(r.URL.Path, "/_fake/3ds/"))
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/charges":
 		s.servePost(w, r, idx, fault, s.createCharge)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/refunds":
@@ -594,6 +628,7 @@ func (s *Server) createCharge(form url.Values, key string) response {
 
 	c := &Charge{
 		ID:             newID("ch_fake_"),
+		Object:         "charge",
 		IdempotencyKey: key,
 		Amount:         amount,
 		Currency:       currency,
@@ -633,8 +668,8 @@ var declineCodes = map[string]string{
 // createRefund validates and executes POST /v1/refunds. Refusals (unknown
 // charge, amount too large) are validation errors and are not stored.
 func (s *Server) createRefund(form url.Values, key string) response {
-	chargeID := form.Get("charge")
-	if chargeID == "" {
+	chargeID, intentID := form.Get("charge"), form.Get("payment_intent")
+	if chargeID == "" && intentID == "" {
 		return missingParam("charge")
 	}
 	amount, bad := positiveInt(form, "amount", false)
@@ -644,11 +679,23 @@ func (s *Server) createRefund(form url.Values, key string) response {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.chargeByID[chargeID]
-	if c == nil {
-		return invalidRequest(http.StatusNotFound, "resource_missing", "charge", "No such charge: '"+chargeID+"'")
+	var c *Charge
+	left := int64(0)
+	if intentID != "" {
+		if c = s.intent(intentID); c == nil {
+			return invalidRequest(http.StatusNotFound, "resource_missing", "payment_intent", "No such payment_intent: '"+intentID+"'")
+		}
+		if c.Status != IntentSucceeded {
+			return invalidRequest(http.StatusBadRequest, "charge_not_refundable", "payment_intent",
+				"This PaymentIntent ("+c.ID+") does not have a successful charge to refund.")
+		}
+		left = c.AmountReceived - c.AmountRefunded
+	} else {
+		if c = s.chargeByID[chargeID]; c == nil || c.Object != "charge" {
+			return invalidRequest(http.StatusNotFound, "resource_missing", "charge", "No such charge: '"+chargeID+"'")
+		}
+		left = c.Amount - c.AmountRefunded
 	}
-	left := c.Amount - c.AmountRefunded
 	switch {
 	case c.Status != "succeeded":
 		return invalidRequest(http.StatusBadRequest, "charge_not_refundable", "charge",
@@ -666,7 +713,8 @@ func (s *Server) createRefund(form url.Values, key string) response {
 	rf := &Refund{
 		ID:             newID("re_fake_"),
 		IdempotencyKey: key,
-		Charge:         c.ID,
+		Charge:         cmp.Or(c.LatestCharge, c.ID),
+		PaymentIntent:  intentID,
 		Amount:         amount,
 		Currency:       c.Currency,
 		Status:         "succeeded",
@@ -682,7 +730,7 @@ func (s *Server) getCharge(id string) response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.chargeByID[id]
-	if c == nil {
+	if c == nil || c.Object != "charge" {
 		return invalidRequest(http.StatusNotFound, "resource_missing", "id", "No such charge: '"+id+"'")
 	}
 	return response{status: http.StatusOK, body: chargeBody(c)}
@@ -733,6 +781,9 @@ type apiError struct {
 	Message     string `json:"message"`
 	Charge      string `json:"charge,omitempty"`
 	Param       string `json:"param,omitempty"`
+	// PaymentIntent is the PaymentIntent an error is about, as Stripe sends
+	// it with a decline or a refusal of its state.
+	PaymentIntent json.RawMessage `json:"payment_intent,omitempty"`
 }
 
 func errorResponse(status int, e apiError) response {
@@ -780,6 +831,20 @@ func metadata(form url.Values) map[string]string {
 		}
 	}
 	return m
+}
+
+// intentAction returns the PaymentIntent id of a path
+// /v1/payment_intents/{id}/{action}, or "".
+func intentAction(path, action string) string {
+	rest, ok := strings.CutPrefix(path, "/v1/payment_intents/")
+	if !ok {
+		return ""
+	}
+	id, ok := strings.CutSuffix(rest, "/"+action)
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return ""
+	}
+	return id
 }
 
 // idIn returns the object ID in path if path is prefix followed by one
@@ -835,18 +900,23 @@ func chargeBody(c *Charge) []byte {
 }
 
 func refundBody(r *Refund) []byte {
+	var intent *string
+	if r.PaymentIntent != "" {
+		intent = &r.PaymentIntent
+	}
 	return mustJSON(struct {
-		ID       string            `json:"id"`
-		Object   string            `json:"object"`
-		Amount   int64             `json:"amount"`
-		Charge   string            `json:"charge"`
-		Created  int64             `json:"created"`
-		Currency string            `json:"currency"`
-		Metadata map[string]string `json:"metadata"`
-		Status   string            `json:"status"`
+		ID            string            `json:"id"`
+		Object        string            `json:"object"`
+		Amount        int64             `json:"amount"`
+		Charge        string            `json:"charge"`
+		Created       int64             `json:"created"`
+		Currency      string            `json:"currency"`
+		Metadata      map[string]string `json:"metadata"`
+		PaymentIntent *string           `json:"payment_intent"`
+		Status        string            `json:"status"`
 	}{
 		ID: r.ID, Object: "refund", Amount: r.Amount, Charge: r.Charge, Created: r.Created.Unix(),
-		Currency: r.Currency, Metadata: map[string]string{}, Status: r.Status,
+		Currency: r.Currency, Metadata: map[string]string{}, PaymentIntent: intent, Status: r.Status,
 	})
 }
 

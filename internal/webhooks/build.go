@@ -19,6 +19,7 @@ import (
 // command can describe a charge without spelling out Stripe's whole object.
 type ChargeObject struct {
 	ID             string            // ch_... at Stripe
+	PaymentIntent  string            // pi_... the charge is of ("" for none)
 	Amount         int64             // in the currency's minor unit
 	Currency       string            // lower-case ISO 4217 code, as Stripe sends it
 	Status         string            // "succeeded", "pending", "failed"
@@ -46,13 +47,14 @@ type RefundObject struct {
 // DisputeObject is the part of a Stripe dispute that an event carries. It
 // exists so dispute events can be built from the few fields idempay acts on.
 type DisputeObject struct {
-	ID       string    // dp_...
-	Charge   string    // the Stripe charge id
-	Amount   int64     // in the currency's minor unit
-	Currency string    // lower-case ISO 4217 code
-	Reason   string    // e.g. "fraudulent"
-	Status   string    // "warning_needs_response", "needs_response", "under_review", "won", "lost", ...
-	Created  time.Time // zero means the event's time
+	ID            string    // dp_...
+	Charge        string    // the Stripe charge id
+	PaymentIntent string    // its PaymentIntent ("" for none)
+	Amount        int64     // in the currency's minor unit
+	Currency      string    // lower-case ISO 4217 code
+	Reason        string    // e.g. "fraudulent"
+	Status        string    // "warning_needs_response", "needs_response", "under_review", "won", "lost", ...
+	Created       time.Time // zero means the event's time
 }
 
 // Event is one Stripe event, ready to send. Payload is kept as bytes because
@@ -102,6 +104,7 @@ type chargeJSON struct {
 	Metadata       map[string]string `json:"metadata"`
 	Outcome        *outcomeJSON      `json:"outcome"`
 	Paid           bool              `json:"paid"`
+	PaymentIntent  *string           `json:"payment_intent"`
 	PaymentMethod  string            `json:"payment_method"`
 	Refunded       bool              `json:"refunded"`
 	Source         sourceJSON        `json:"source"`
@@ -140,6 +143,7 @@ type disputeJSON struct {
 	Created            int64             `json:"created"`
 	Currency           string            `json:"currency"`
 	IsChargeRefundable bool              `json:"is_charge_refundable"`
+	PaymentIntent      *string           `json:"payment_intent"`
 	Livemode           bool              `json:"livemode"`
 	Metadata           map[string]string `json:"metadata"`
 	Reason             string            `json:"reason"`
@@ -166,6 +170,7 @@ func NewChargeEvent(typ string, ch ChargeObject, created time.Time) (Event, erro
 		FailureMessage: nonEmpty(ch.FailureMessage),
 		Metadata:       orEmpty(ch.Metadata),
 		Paid:           succeeded,
+		PaymentIntent:  nonEmpty(ch.PaymentIntent),
 		PaymentMethod:  card,
 		Refunded:       ch.Amount > 0 && ch.AmountRefunded == ch.Amount,
 		Source:         sourceJSON{ID: card, Object: "card"},
@@ -218,16 +223,85 @@ func NewRefundEvent(typ string, rf RefundObject, created time.Time) (Event, erro
 func NewDisputeEvent(typ string, d DisputeObject, created time.Time) (Event, error) {
 	created = orNow(created)
 	return NewEvent("", typ, disputeJSON{
-		ID:       d.ID,
-		Object:   "dispute",
-		Amount:   d.Amount,
-		Charge:   d.Charge,
-		Created:  orTime(d.Created, created).Unix(),
-		Currency: d.Currency,
-		Metadata: map[string]string{},
-		Reason:   d.Reason,
-		Status:   d.Status,
+		ID:            d.ID,
+		Object:        "dispute",
+		Amount:        d.Amount,
+		Charge:        d.Charge,
+		PaymentIntent: nonEmpty(d.PaymentIntent),
+		Created:       orTime(d.Created, created).Unix(),
+		Currency:      d.Currency,
+		Metadata:      map[string]string{},
+		Reason:        d.Reason,
+		Status:        d.Status,
 	}, created)
+}
+
+// IntentObject is the part of a Stripe PaymentIntent that an event carries:
+// the fields idempay reads from payment_intent.* events.
+type IntentObject struct {
+	ID               string // pi_...
+	Amount           int64
+	AmountCapturable int64 // what an authorization holds (requires_capture)
+	AmountReceived   int64 // what was captured
+	Currency         string
+	// Status: succeeded, requires_capture, requires_action, processing,
+	// requires_payment_method, canceled.
+	Status        string
+	CaptureMethod string // "automatic" or "manual"
+	LatestCharge  string // ch_... ("" for none)
+	// FailureCode and FailureMessage make last_payment_error ("" for none).
+	FailureCode, FailureMessage string
+	CancellationReason          string // "" for none
+	Metadata                    map[string]string
+	Created                     time.Time // zero means the event's time
+}
+
+type intentJSON struct {
+	ID                 string            `json:"id"`
+	Object             string            `json:"object"`
+	Amount             int64             `json:"amount"`
+	AmountCapturable   int64             `json:"amount_capturable"`
+	AmountReceived     int64             `json:"amount_received"`
+	CancellationReason *string           `json:"cancellation_reason"`
+	CaptureMethod      string            `json:"capture_method"`
+	Created            int64             `json:"created"`
+	Currency           string            `json:"currency"`
+	LastPaymentError   *lastErrorJSON    `json:"last_payment_error"`
+	LatestCharge       *string           `json:"latest_charge"`
+	Livemode           bool              `json:"livemode"`
+	Metadata           map[string]string `json:"metadata"`
+	NextAction         any               `json:"next_action"`
+	Status             string            `json:"status"`
+}
+
+type lastErrorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Type    string `json:"type"`
+}
+
+// NewIntentEvent returns a payment_intent.* event whose data.object is pi,
+// shaped as Stripe sends it. A zero created means now.
+func NewIntentEvent(typ string, pi IntentObject, created time.Time) (Event, error) {
+	created = orNow(created)
+	obj := intentJSON{
+		ID: pi.ID, Object: "payment_intent", Amount: pi.Amount, AmountCapturable: pi.AmountCapturable,
+		AmountReceived: pi.AmountReceived, CancellationReason: nonEmpty(pi.CancellationReason),
+		CaptureMethod: cmpOr(pi.CaptureMethod, "automatic"), Created: orTime(pi.Created, created).Unix(),
+		Currency: pi.Currency, LatestCharge: nonEmpty(pi.LatestCharge), Metadata: orEmpty(pi.Metadata),
+		Status: pi.Status,
+	}
+	if pi.FailureCode != "" || pi.FailureMessage != "" {
+		obj.LastPaymentError = &lastErrorJSON{Code: pi.FailureCode, Message: pi.FailureMessage, Type: "card_error"}
+	}
+	return NewEvent("", typ, obj, created)
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // NewEvent wraps object, marshalled as data.object, in Stripe's event envelope

@@ -51,7 +51,13 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 	}
 	obj := ChargeObject{ID: stripeCharge, Amount: ch.Amount, Currency: ch.Currency, Status: "succeeded",
 		AmountRefunded: ch.AmountRefunded, PaymentMethod: ch.PaymentMethod, Metadata: metadata, Created: ch.CreatedAt}
+	if ch.StripePaymentIntentID != nil {
+		obj.PaymentIntent = *ch.StripePaymentIntentID
+	}
 	switch o.Type {
+	case "payment_intent.succeeded", "payment_intent.amount_capturable_updated", "payment_intent.payment_failed",
+		"payment_intent.canceled", "payment_intent.requires_action", "payment_intent.processing":
+		return NewIntentEvent(o.Type, triggeredIntent(o, ch, stripeCharge, metadata), now)
 	case "charge.succeeded", "charge.pending":
 		obj.Status = strings.TrimPrefix(o.Type, "charge.")
 		return NewChargeEvent(o.Type, obj, now)
@@ -96,6 +102,34 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 	default:
 		return Event{}, fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))
 	}
+}
+
+// triggeredIntent is the PaymentIntent of ch as Stripe would send it in an
+// event of type o.Type: succeeded captures what the charge authorized (or
+// already captured), amount_capturable_updated authorizes it,
+// payment_failed declines it, canceled ends it (cancellation_reason
+// automatic, an expired authorization, unless --status names another).
+func triggeredIntent(o TriggerOptions, ch dbsqlc.Charge, stripeCharge string, metadata map[string]string) IntentObject {
+	pi := IntentObject{ID: "pi_" + strings.TrimPrefix(ch.ID, "ch_"), Amount: ch.Amount, Currency: ch.Currency,
+		CaptureMethod: ch.CaptureMethod, LatestCharge: stripeCharge, Metadata: metadata, Created: ch.CreatedAt}
+	if ch.StripePaymentIntentID != nil {
+		pi.ID = *ch.StripePaymentIntentID
+	}
+	switch o.Type {
+	case "payment_intent.succeeded":
+		pi.Status, pi.AmountReceived = "succeeded", cmp.Or(ch.AmountCaptured, ch.Amount)
+	case "payment_intent.amount_capturable_updated":
+		pi.Status, pi.AmountCapturable = "requires_capture", ch.Amount
+	case "payment_intent.payment_failed":
+		pi.Status, pi.FailureCode, pi.FailureMessage = "requires_payment_method", "card_declined", "Your card was declined."
+	case "payment_intent.canceled":
+		pi.Status, pi.CancellationReason = "canceled", cmp.Or(o.Status, "automatic")
+	case "payment_intent.requires_action":
+		pi.Status = "requires_action"
+	case "payment_intent.processing":
+		pi.Status = "processing"
+	}
+	return pi
 }
 
 // Send posts payload to a webhook endpoint with the given Stripe-Signature

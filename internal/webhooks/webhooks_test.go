@@ -264,7 +264,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 	// Disputes: created, then closed; the charge shows them, and an open
 	// dispute forbids a refund.
 	ch2, fc2 := createCharge(t, env, c, 3000)
-	dispute := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc2.ID, Amount: 3000, Currency: "usd",
+	dispute := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc2.LatestCharge, Amount: 3000, Currency: "usd",
 		Reason: "fraudulent", Status: "needs_response"}
 	created, err := webhooks.NewDisputeEvent("charge.dispute.created", dispute, now)
 	if err != nil {
@@ -340,8 +340,8 @@ func TestEventFinishesAnUnfinishedCharge(t *testing.T) {
 			}
 			wantOutcome(t, deliver(t, env, chargeEvent(t, tc.typ, obj, time.Now())), "applied")
 			ch := getCharge(t, c, id)
-			if ch.Status != tc.status || ch.StripeChargeID == nil || *ch.StripeChargeID != fc.ID {
-				t.Fatalf("ledger after %s: status %s, stripe id %v; want %s, %s", tc.typ, ch.Status, ch.StripeChargeID, tc.status, fc.ID)
+			if ch.Status != tc.status || ch.StripeChargeID == nil || *ch.StripeChargeID != fc.LatestCharge {
+				t.Fatalf("ledger after %s: status %s, stripe id %v; want %s, %s", tc.typ, ch.Status, ch.StripeChargeID, tc.status, fc.LatestCharge)
 			}
 
 			// The settled charge's event commits with the webhook's change
@@ -475,7 +475,7 @@ func TestOutOfOrder(t *testing.T) {
 		env := apitest.New(t, apitest.Options{})
 		c := env.NewClient(t)
 		ch, fc := createCharge(t, env, c, 900)
-		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.ID, Amount: 900, Currency: "usd", Reason: "fraudulent", Status: "lost"}
+		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 900, Currency: "usd", Reason: "fraudulent", Status: "lost"}
 		closed, _ := webhooks.NewDisputeEvent("charge.dispute.closed", d, t0.Add(2*time.Second))
 		d.Status = "needs_response"
 		created, _ := webhooks.NewDisputeEvent("charge.dispute.created", d, t0.Add(time.Second))

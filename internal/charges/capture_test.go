@@ -1,0 +1,392 @@
+package charges_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// authorized is a charge made with "capture": false, as the API shows it.
+type authorized struct {
+	ID               string  `json:"id"`
+	Amount           int64   `json:"amount"`
+	Status           string  `json:"status"`
+	AmountCapturable int64   `json:"amount_capturable"`
+	AmountCaptured   int64   `json:"amount_captured"`
+	AmountRefunded   int64   `json:"amount_refunded"`
+	PaymentIntent    *string `json:"stripe_payment_intent_id"`
+	NextAction       *struct {
+		Type          string `json:"type"`
+		RedirectToURL struct {
+			URL string `json:"url"`
+		} `json:"redirect_to_url"`
+	} `json:"next_action"`
+}
+
+// authorize makes a charge that only authorizes amount.
+func authorize(t testing.TB, c *apitest.Client, amount int64) authorized {
+	t.Helper()
+	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": amount, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": false})
+	wantStatus(t, resp, http.StatusCreated)
+	var ch authorized
+	resp.JSON(t, &ch)
+	if ch.Status != "requires_capture" || ch.AmountCapturable != amount || ch.AmountCaptured != 0 {
+		t.Fatalf("authorization: %s", resp.Body)
+	}
+	return ch
+}
+
+// fakeIntent is the fake's PaymentIntent of a charge.
+func fakeIntent(t testing.TB, env *apitest.Env, ch authorized) stripefake.Charge {
+	t.Helper()
+	for _, fc := range env.Stripe.Charges() {
+		if ch.PaymentIntent != nil && fc.ID == *ch.PaymentIntent {
+			return fc
+		}
+	}
+	t.Fatalf("the fake holds no PaymentIntent %v for %s", ch.PaymentIntent, ch.ID)
+	return stripefake.Charge{}
+}
+
+// stripeCalls counts the POSTs to a PaymentIntent's path ending in action
+// that the fake executed (not replayed, not faulted).
+func stripeCalls(env *apitest.Env, intentID, action string) (executed, all int) {
+	for _, r := range env.Stripe.Requests() {
+		if r.Method == http.MethodPost && r.Path == "/v1/payment_intents/"+intentID+"/"+action {
+			all++
+			if !r.Replayed && r.Fault == "" {
+				executed++
+			}
+		}
+	}
+	return executed, all
+}
+
+// Authorize, then capture all of it, or part of it (the rest is released):
+// the charge answers what it holds at each step, the capture has its own
+// record and downstream key and replays, and refunds go up to what was
+// captured.
+func TestAuthorizeThenCapture(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	for _, tc := range []struct {
+		name    string
+		body    map[string]any
+		capture int64
+	}{
+		{"full", map[string]any{}, 5000},
+		{"partial", map[string]any{"amount": 3200}, 3200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ch := authorize(t, c, 5000)
+			if fc := fakeIntent(t, env, ch); fc.CaptureMethod != "manual" || fc.Status != "requires_capture" {
+				t.Fatalf("at Stripe: capture_method %s, status %s; want manual, requires_capture", fc.CaptureMethod, fc.Status)
+			}
+			refund := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID})
+			if p := wantProblem(t, refund, http.StatusConflict, "charge-not-refundable"); !strings.Contains(p.Detail, "/cancel") {
+				t.Errorf("refund of an authorization: detail %q does not point to cancel", p.Detail)
+			}
+
+			key := apitest.NewKey()
+			path := "/v1/charges/" + ch.ID + "/capture"
+			resp := c.Post(path, key, tc.body)
+			wantStatus(t, resp, http.StatusOK)
+			var got authorized
+			resp.JSON(t, &got)
+			if got.Status != "succeeded" || got.AmountCaptured != tc.capture || got.AmountCapturable != 0 {
+				t.Fatalf("captured: status %s, amount_captured %d, amount_capturable %d; want succeeded, %d, 0",
+					got.Status, got.AmountCaptured, got.AmountCapturable, tc.capture)
+			}
+			wantSameResponse(t, resp, c.Post(path, key, tc.body))
+			fc := fakeIntent(t, env, ch)
+			if fc.Status != "succeeded" || fc.AmountReceived != tc.capture || fc.Captures != 1 {
+				t.Fatalf("at Stripe: status %s, amount_received %d, %d captures; want succeeded, %d, 1",
+					fc.Status, fc.AmountReceived, fc.Captures, tc.capture)
+			}
+			rec := getRecord(t, env.Pool, c.Account.ID, key)
+			downstream := idempotency.DownstreamKey(rec.ID, charges.StepCapture)
+			for _, r := range env.Stripe.Requests() {
+				if r.Path == "/v1/payment_intents/"+fc.ID+"/capture" && r.Form.Get("amount_to_capture") != "" && tc.capture == 5000 {
+					t.Errorf("a capture of everything sent amount_to_capture %s", r.Form.Get("amount_to_capture"))
+				}
+				if r.Path == "/v1/payment_intents/"+fc.ID+"/capture" && r.IdempotencyKey != downstream {
+					t.Errorf("capture sent downstream key %q, want %q", r.IdempotencyKey, downstream)
+				}
+			}
+			if rec.Route != charges.RouteCapture {
+				t.Errorf("the capture's record has route %q, want %q", rec.Route, charges.RouteCapture)
+			}
+
+			over := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": tc.capture + 1})
+			wantProblem(t, over, http.StatusBadRequest, "refund-exceeds-charge")
+			wantStatus(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID}), http.StatusCreated)
+			if fc := fakeIntent(t, env, ch); fc.AmountRefunded != tc.capture {
+				t.Errorf("refunded at Stripe %d, want %d", fc.AmountRefunded, tc.capture)
+			}
+			again := c.Post(path, apitest.NewKey(), map[string]any{})
+			wantProblem(t, again, http.StatusConflict, "charge-not-capturable")
+		})
+	}
+}
+
+// Cancel releases an authorization; it can then be neither captured nor
+// canceled again, and a captured charge cannot be canceled.
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	ch := authorize(t, c, 2500)
+	key := apitest.NewKey()
+	resp := c.Post("/v1/charges/"+ch.ID+"/cancel", key, map[string]any{})
+	wantStatus(t, resp, http.StatusOK)
+	var got authorized
+	resp.JSON(t, &got)
+	if got.Status != "canceled" || got.AmountCapturable != 0 || got.AmountCaptured != 0 {
+		t.Fatalf("canceled: %s", resp.Body)
+	}
+	wantSameResponse(t, resp, c.Post("/v1/charges/"+ch.ID+"/cancel", key, map[string]any{}))
+	if fc := fakeIntent(t, env, ch); fc.Status != "canceled" {
+		t.Fatalf("at Stripe: %s, want canceled", fc.Status)
+	}
+	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
+	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-cancelable")
+
+	paid := createCharge(t, c, 700)
+	wantProblem(t, c.Post("/v1/charges/"+paid.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-cancelable")
+	if n := len(env.Stripe.Requests()); n == 0 {
+		t.Fatal("no request reached the fake")
+	}
+	for _, r := range env.Stripe.Requests() {
+		if paid.StripePaymentIntentID != nil && strings.HasPrefix(r.Path, "/v1/payment_intents/"+*paid.StripePaymentIntentID+"/") {
+			t.Errorf("a refused cancel reached Stripe: %s %s", r.Method, r.Path)
+		}
+	}
+}
+
+// Capture and cancel of one authorization, raced: 20 goroutines with one
+// key (one capture request, one call that executes at Stripe) and 20 with
+// 20 keys, half capturing, half canceling (exactly one of them wins in the
+// ledger; the others are refused before they reach Stripe).
+func TestCaptureCancelRace(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+
+	t.Run("one key", func(t *testing.T) {
+		t.Parallel()
+		ch := authorize(t, c, 4000)
+		key := apitest.NewKey()
+		statuses := race(20, func(int) *apitest.Response {
+			return c.Post("/v1/charges/"+ch.ID+"/capture", key, map[string]any{"amount": 1500})
+		})
+		var ok int
+		for _, s := range statuses {
+			switch s {
+			case http.StatusOK:
+				ok++
+			case http.StatusConflict: // request-in-progress
+			default:
+				t.Errorf("status %d", s)
+			}
+		}
+		if ok == 0 {
+			t.Fatal("no capture answered 200")
+		}
+		fc := fakeIntent(t, env, ch)
+		if executed, _ := stripeCalls(env, fc.ID, "capture"); executed != 1 || fc.Captures != 1 || fc.AmountReceived != 1500 {
+			t.Fatalf("at Stripe: %d capture calls executed, %d captures of %d; want 1, 1 of 1500", executed, fc.Captures, fc.AmountReceived)
+		}
+		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != "succeeded" {
+			t.Fatalf("ledger: %s, want succeeded", got.Status)
+		}
+	})
+
+	t.Run("twenty keys", func(t *testing.T) {
+		t.Parallel()
+		ch := authorize(t, c, 4000)
+		statuses := race(20, func(i int) *apitest.Response {
+			action := "capture"
+			if i%2 == 1 {
+				action = "cancel"
+			}
+			return c.Post("/v1/charges/"+ch.ID+"/"+action, apitest.NewKey(), map[string]any{})
+		})
+		var won []int
+		for i, s := range statuses {
+			switch s {
+			case http.StatusOK:
+				won = append(won, i)
+			case http.StatusConflict: // charge-not-capturable or -cancelable, or request-in-progress
+			default:
+				t.Errorf("request %d: status %d", i, s)
+			}
+		}
+		if len(won) != 1 {
+			t.Fatalf("%d requests won (%v), want exactly 1", len(won), won)
+		}
+		fc := fakeIntent(t, env, ch)
+		captures, _ := stripeCalls(env, fc.ID, "capture")
+		cancels, _ := stripeCalls(env, fc.ID, "cancel")
+		if captures+cancels != 1 {
+			t.Fatalf("at Stripe: %d captures and %d cancels executed, want one call in all", captures, cancels)
+		}
+		want := "succeeded"
+		if won[0]%2 == 1 {
+			want = "canceled"
+		}
+		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != want {
+			t.Fatalf("ledger: %s, want %s (request %d won)", got.Status, want, won[0])
+		}
+	})
+}
+
+// race runs n requests at once and returns their statuses.
+func race(n int, do func(i int) *apitest.Response) []int {
+	statuses := make([]int, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			statuses[i] = do(i).Status
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return statuses
+}
+
+// A PaymentIntent that Stripe no longer lets capture (it expired, or was
+// canceled from the dashboard, after the ledger last heard): Stripe's
+// refusal is final (422 payment-rejected, replayed), and the charge is
+// settled forward from the PaymentIntent in Stripe's answer.
+func TestCaptureRefusedByStripe(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := authorize(t, c, 1800)
+	if _, err := env.Stripe.Expire(*ch.PaymentIntent); err != nil {
+		t.Fatal(err)
+	}
+	key := apitest.NewKey()
+	resp := c.Post("/v1/charges/"+ch.ID+"/capture", key, map[string]any{})
+	wantProblem(t, resp, http.StatusUnprocessableEntity, "payment-rejected")
+	wantSameResponse(t, resp, c.Post("/v1/charges/"+ch.ID+"/capture", key, map[string]any{}))
+	if got := getChargeRow(t, env.Pool, ch.ID); got.Status != "canceled" {
+		t.Fatalf("ledger: %s, want canceled (from Stripe's answer)", got.Status)
+	}
+	var pending *string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT pending_action FROM charges WHERE id = $1`, ch.ID).Scan(&pending); err != nil || pending != nil {
+		t.Fatalf("pending_action %v (%v), want none", pending, err)
+	}
+}
+
+// A charge whose authorization is not known yet (its request's Stripe call
+// had no answer) is never captured blind: the capture is refused and
+// reaches nothing.
+func TestCaptureOfUnsettledAuthorization(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1000, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": false})
+	wantStatus(t, resp, http.StatusServiceUnavailable)
+	var id string
+	if err := env.Pool.QueryRow(context.Background(),
+		`SELECT id FROM charges WHERE account_id = $1 AND status = 'processing'`, c.Account.ID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	before := len(env.Stripe.Requests())
+	p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
+	if !strings.Contains(p.Detail, "not settled") {
+		t.Errorf("detail %q", p.Detail)
+	}
+	if after := len(env.Stripe.Requests()); after != before {
+		t.Fatalf("the refused capture sent %d requests to Stripe", after-before)
+	}
+}
+
+// Every new input is validated with problem+json, before anything is
+// stored.
+func TestCaptureCancelBadInput(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	other := env.NewClient(t)
+	ch := authorize(t, c, 1000)
+	capture := "/v1/charges/" + ch.ID + "/capture"
+	for _, tc := range []struct {
+		name, path string
+		body       any
+		status     int
+		typ        string
+	}{
+		{"negative amount", capture, map[string]any{"amount": -1}, 400, "invalid-request"},
+		{"zero amount", capture, map[string]any{"amount": 0}, 400, "invalid-request"},
+		{"amount as text", capture, map[string]any{"amount": "5"}, 400, "invalid-request"},
+		{"huge amount", capture, map[string]any{"amount": 1e12}, 400, "invalid-request"},
+		{"more than authorized", capture, map[string]any{"amount": 1001}, 400, "capture-exceeds-authorization"},
+		{"unknown field", capture, map[string]any{"amount_to_capture": 5}, 400, "invalid-request"},
+		{"cancel with a field", "/v1/charges/" + ch.ID + "/cancel", map[string]any{"reason": "x"}, 400, "invalid-request"},
+		{"not an object", capture, []int{1}, 400, "invalid-request"},
+		{"no such charge", "/v1/charges/ch_0000/capture", map[string]any{}, 404, "not-found"},
+		{"not a charge id", "/v1/charges/re_1/cancel", map[string]any{}, 404, "not-found"},
+		{"capture of capture", capture + "/capture", map[string]any{}, 404, "not-found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantProblem(t, c.Post(tc.path, apitest.NewKey(), tc.body), tc.status, tc.typ)
+		})
+	}
+	t.Run("invalid JSON", func(t *testing.T) {
+		req := c.NewRequest(http.MethodPost, capture, strings.NewReader(`{"amount":`))
+		req.Header.Set("Idempotency-Key", apitest.NewKey())
+		req.Header.Set("Content-Type", "application/json")
+		wantProblem(t, c.Do(req), http.StatusBadRequest, "invalid-json")
+	})
+	t.Run("no key", func(t *testing.T) {
+		wantProblem(t, c.Post(capture, "", map[string]any{}), http.StatusBadRequest, "idempotency-key-missing")
+	})
+	t.Run("another account's charge", func(t *testing.T) {
+		wantProblem(t, other.Post(capture, apitest.NewKey(), map[string]any{}), http.StatusNotFound, "not-found")
+		wantProblem(t, other.Post("/v1/charges/"+ch.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusNotFound, "not-found")
+	})
+	t.Run("capture as a string", func(t *testing.T) {
+		wantProblem(t, c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 100, "currency": "usd",
+			"payment_method": "pm_card_visa", "capture": "no"}), http.StatusBadRequest, "invalid-request")
+	})
+	if got := getChargeRow(t, env.Pool, ch.ID); got.Status != "requires_capture" {
+		t.Fatalf("after the refusals the charge is %s", got.Status)
+	}
+	if got := countRows(t, env.Pool, c.Account.ID); got.Keys != 1 {
+		t.Fatalf("the refusals stored records: %s", got.diff(rowCounts{Keys: 1, Charges: 1}))
+	}
+}
+
+// "capture": true is the default: the same request as leaving it out.
+func TestCaptureTrueIsTheDefault(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	first := c.Post("/v1/charges", key, map[string]any{"amount": 100, "currency": "usd", "payment_method": "pm_card_visa"})
+	wantStatus(t, first, http.StatusCreated)
+	wantSameResponse(t, first, c.Post("/v1/charges", key, map[string]any{"amount": 100, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": true}))
+	wantProblem(t, c.Post("/v1/charges", key, map[string]any{"amount": 100, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": false}), http.StatusUnprocessableEntity, "idempotency-key-reused")
+}

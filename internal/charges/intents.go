@@ -1,0 +1,263 @@
+package charges
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v76"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
+)
+
+// A charge's capture method, as stored in charges.capture_method.
+const (
+	captureAutomatic = "automatic"
+	captureManual    = "manual"
+)
+
+// The actions that move an authorization on, as stored in
+// charges.pending_action while one is in flight.
+const (
+	actionCapture = "capture"
+	actionCancel  = "cancel"
+)
+
+// intentStatus maps a PaymentIntent's status onto the ledger's. A
+// PaymentIntent that wants a payment method after its confirmation failed
+// (last_payment_error) is a failed charge; without that error, it is what
+// stripe-mock, which is stateless, answers to every request: the charge
+// stays pending until an event settles it.
+func intentStatus(pi *stripe.PaymentIntent) string {
+	switch pi.Status {
+	case stripe.PaymentIntentStatusSucceeded:
+		return "succeeded"
+	case stripe.PaymentIntentStatusRequiresCapture:
+		return "requires_capture"
+	case stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
+		return "requires_action"
+	case stripe.PaymentIntentStatusCanceled:
+		return "canceled"
+	case stripe.PaymentIntentStatusRequiresPaymentMethod:
+		if pi.LastPaymentError != nil {
+			return "failed"
+		}
+		return "pending"
+	default: // processing
+		return "pending"
+	}
+}
+
+// applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
+// amounts, the customer's next step and the reason of a failure.
+func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
+	ch.Status = intentStatus(pi)
+	ch.StripePaymentIntentID = nonEmpty(pi.ID)
+	if pi.LatestCharge != nil && pi.LatestCharge.ID != "" {
+		ch.StripeChargeID = &pi.LatestCharge.ID
+	}
+	ch.AmountCapturable = min(max(pi.AmountCapturable, 0), ch.Amount)
+	ch.AmountCaptured = min(max(pi.AmountReceived, ch.AmountCaptured, 0), ch.Amount)
+	ch.NextActionUrl = nil
+	if pi.NextAction != nil && pi.NextAction.RedirectToURL != nil && pi.NextAction.RedirectToURL.URL != "" {
+		u := pgtext.Truncate(pi.NextAction.RedirectToURL.URL, 2048)
+		ch.NextActionUrl = &u
+	}
+	if ch.Status == "failed" && pi.LastPaymentError != nil {
+		ch.FailureCode = cmpOr(nonEmpty(failureCode(pi.LastPaymentError)), ch.FailureCode)
+		ch.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(pi.LastPaymentError.Msg, 1000)), ch.FailureMessage)
+	}
+	if ch.Status != "requires_capture" {
+		ch.AmountCapturable = 0
+	}
+}
+
+func (s *Service) captureCharge(c echo.Context) error {
+	return s.pending(c, actionCapture, RouteCapture, &captureParams{})
+}
+
+func (s *Service) cancelCharge(c echo.Context) error {
+	return s.pending(c, actionCancel, RouteCancel, &cancelParams{})
+}
+
+// pending is a capture or cancel: the same front half as every POST (the
+// key, the body, its validation, in that order), then the operation, whose
+// Begin refuses a path that names no charge.
+func (s *Service) pending(c echo.Context, action, route string, p params) error {
+	id := c.Param("id")
+	return s.run(c, route, p, func(acct accounts.Account) idempotency.Operation {
+		op := &pendingOp{s: s, action: action, accountID: acct.ID, chargeID: id}
+		if cp, ok := p.(*captureParams); ok && cp.Amount != nil {
+			op.amount = *cp.Amount
+		}
+		return op
+	})
+}
+
+// pendingOp captures or cancels an authorized charge: a request of its own
+// (its record, its downstream key, step "capture" or "cancel"), whose ledger
+// row is the charge. Begin checks the charge on a read and marks the action
+// pending on it, guarded by the version read: of a capture and a cancel
+// racing, whichever claim commits first begins, and the other, checking
+// again, finds an action pending and is refused (409). Only the one begun
+// ever reaches Stripe. Its finish settles the charge and clears the mark.
+type pendingOp struct {
+	s         *Service
+	action    string
+	accountID string
+	chargeID  string
+	// amount is the capture's amount; 0 captures all that is capturable.
+	amount int64
+	charge dbsqlc.Charge
+}
+
+// notAllowed is the refusal of an action on a charge in the wrong state.
+func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
+	t := apierror.ChargeNotCapturable
+	if op.action == actionCancel {
+		t = apierror.ChargeNotCancelable
+	}
+	return &apierror.Error{Type: t, Detail: fmt.Sprintf(format, args...),
+		Extensions: map[string]any{"charge": op.chargeID}}
+}
+
+// Begin checks the charge: authorized (requires_capture; a cancel may also
+// end a charge that requires_action), nothing else pending, and for a
+// capture at most what is capturable. A charge whose authorization outcome
+// is still unknown (processing) is refused: it is never captured blind.
+func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
+		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
+	}
+	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, op.accountID, op.chargeID)
+	if err := readErr(err, "charge"); err != nil {
+		return err
+	}
+	switch {
+	case ch.PendingAction != nil:
+		return op.notAllowed("Charge %s has a %s in progress.", ch.ID, *ch.PendingAction)
+	case ch.Status == "processing" || ch.Status == "pending":
+		return op.notAllowed("The authorization of charge %s is not settled yet; retry once it is.", ch.ID)
+	case op.action == actionCapture && ch.Status != "requires_capture":
+		return op.notAllowed("Charge %s is %s; only a charge that requires_capture can be captured.", ch.ID, ch.Status)
+	case op.action == actionCancel && ch.Status != "requires_capture" && ch.Status != "requires_action":
+		return op.notAllowed("Charge %s is %s; only an uncaptured charge can be canceled (refund a captured one).", ch.ID, ch.Status)
+	case ch.StripePaymentIntentID == nil:
+		return op.notAllowed("Charge %s has no PaymentIntent at Stripe.", ch.ID)
+	case op.amount > ch.AmountCapturable:
+		return &apierror.Error{Type: apierror.CaptureExceedsAuthorization,
+			Detail:     fmt.Sprintf("Charge %s has %d capturable.", ch.ID, ch.AmountCapturable),
+			Extensions: map[string]any{"amount_capturable": ch.AmountCapturable}}
+	}
+	var amount *int64
+	if op.amount > 0 {
+		amount = &op.amount
+	}
+	if err := op.s.q.ChargeBeginPending(ctx, b, &dbsqlc.ChargeBeginPendingParams{
+		ID: ch.ID, Version: ch.Version, PendingAction: &op.action, PendingRecordID: &rec.ID, PendingAmount: amount,
+	}); err != nil {
+		return err
+	}
+	ch.Version++
+	ch.PendingAction, ch.PendingRecordID, ch.PendingAmount = &op.action, &rec.ID, amount
+	op.charge = ch
+	return nil
+}
+
+// Load reads the charge of a capture or cancel begun elsewhere.
+func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	ch, err := op.s.q.ChargeGetByPendingRecord(ctx, op.s.pool, &rec.ID)
+	if err != nil {
+		return fmt.Errorf("loading the charge of %s %s: %w", op.action, rec.ID, err)
+	}
+	op.charge, op.accountID, op.chargeID = ch, ch.AccountID, ch.ID
+	if ch.PendingAmount != nil {
+		op.amount = *ch.PendingAmount
+	}
+	return nil
+}
+
+// Call captures or cancels the PaymentIntent with the record's downstream
+// key. A definite refusal by Stripe (the PaymentIntent was canceled, or
+// captured, by something other than this ledger: an expiry, the dashboard)
+// is final: 409, and the charge's pending mark is cleared.
+func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+	ch := op.charge
+	var pi *stripe.PaymentIntent
+	var err error
+	if op.action == actionCapture {
+		pi, err = op.s.stripe.CapturePaymentIntent(ctx, rec, *ch.StripePaymentIntentID, op.amount)
+	} else {
+		pi, err = op.s.stripe.CancelPaymentIntent(ctx, rec, *ch.StripePaymentIntentID)
+	}
+	kind, se := classify(err)
+	if kind == outcomeUnknown {
+		return idempotency.Unknown(err)
+	}
+	updated := ch
+	updated.Version++
+	updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
+	// Stripe's answer, or its refusal, carries the PaymentIntent as it is:
+	// settle forward from it, never backward.
+	if kind != outcomeOK && se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
+		pi = se.PaymentIntent
+	}
+	switch {
+	case pi != nil && chargeRank[intentStatus(pi)] > chargeRank[ch.Status]:
+		applyIntent(&updated, pi)
+	case kind == outcomeOK:
+		// A 200 to a capture is a capture, to a cancel a cancel, whatever
+		// the object says (stripe-mock answers every call with one fixed
+		// PaymentIntent that has not moved).
+		updated.AmountCapturable = 0
+		if op.action == actionCancel {
+			updated.Status = "canceled"
+		} else {
+			updated.Status = "succeeded"
+			updated.AmountCaptured = ch.AmountCapturable
+			if op.amount > 0 {
+				updated.AmountCaptured = op.amount
+			}
+		}
+	}
+	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+		if err := op.s.q.ChargeSettlePending(ctx, b, &dbsqlc.ChargeSettlePendingParams{
+			ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
+			AmountCapturable: updated.AmountCapturable, AmountCaptured: updated.AmountCaptured,
+		}); err != nil {
+			return idempotency.Response{}, err
+		}
+		updated.NextActionUrl = nil
+		data, err := encode(chargeJSON(updated), updated.ID)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		if updated.Status != ch.Status {
+			if err := chargeSettled(ctx, b, updated, data); err != nil {
+				return idempotency.Response{}, err
+			}
+		}
+		if kind != outcomeOK {
+			return op.refusedResponse(kind, se), nil
+		}
+		return idempotency.Response{
+			Status:  http.StatusOK,
+			Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON},
+			Body:    data,
+		}, nil
+	})
+}
+
+// refusedResponse is the stored answer of a capture or cancel that Stripe
+// refused: a decline is 402 card-declined, anything else (the
+// PaymentIntent was captured, canceled or expired outside this ledger) 422
+// payment-rejected with Stripe's reason, as for a charge. Both are final and
+// replayed; the charge itself was settled forward from Stripe's answer.
+func (op *pendingOp) refusedResponse(kind outcome, se *stripe.Error) idempotency.Response {
+	return failedResponse(kind, se, "charge", op.chargeID)
+}

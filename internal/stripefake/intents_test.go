@@ -1,0 +1,111 @@
+package stripefake
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+)
+
+func intentParams(key string, amount int64, pm string, manual bool) *stripe.PaymentIntentParams {
+	p := &stripe.PaymentIntentParams{Amount: stripe.Int64(amount), Currency: stripe.String("usd"),
+		Confirm: stripe.Bool(true), PaymentMethod: stripe.String(pm)}
+	if manual {
+		p.CaptureMethod = stripe.String("manual")
+	}
+	p.SetIdempotencyKey(key)
+	return p
+}
+
+// A PaymentIntent's life through stripe-go: authorized, captured in part
+// (the rest released), replayed by key; a second capture and a cancel of a
+// captured one are Stripe's 400 payment_intent_unexpected_state with the
+// PaymentIntent in the error; a decline is a stored 402; 3-D Secure waits
+// for Authenticate.
+func TestPaymentIntents(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	pi, err := sc.PaymentIntents.New(intentParams("k1", 5000, "pm_card_visa", true))
+	if err != nil || pi.Status != stripe.PaymentIntentStatusRequiresCapture || pi.AmountCapturable != 5000 {
+		t.Fatalf("authorization: %v %+v", err, pi)
+	}
+	cp := &stripe.PaymentIntentCaptureParams{AmountToCapture: stripe.Int64(3000)}
+	cp.SetIdempotencyKey("k1-capture")
+	got, err := sc.PaymentIntents.Capture(pi.ID, cp)
+	if err != nil || got.Status != stripe.PaymentIntentStatusSucceeded || got.AmountReceived != 3000 || got.AmountCapturable != 0 {
+		t.Fatalf("capture: %v %+v", err, got)
+	}
+	if replay, err := sc.PaymentIntents.Capture(pi.ID, cp); err != nil || replay.AmountReceived != 3000 {
+		t.Fatalf("the capture's replay: %v", err)
+	}
+	if fake.IntentBody(pi.ID) == nil || fake.Charges()[0].Captures != 1 {
+		t.Fatalf("captures executed: %d, want 1", fake.Charges()[0].Captures)
+	}
+	again := &stripe.PaymentIntentCaptureParams{}
+	again.SetIdempotencyKey("k1-capture-2")
+	_, err = sc.PaymentIntents.Capture(pi.ID, again)
+	if se := stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest); se.Code != stripe.ErrorCodePaymentIntentUnexpectedState ||
+		se.PaymentIntent == nil || se.PaymentIntent.Status != stripe.PaymentIntentStatusSucceeded {
+		t.Fatalf("a second capture: %+v", se)
+	}
+	cancel := &stripe.PaymentIntentCancelParams{}
+	cancel.SetIdempotencyKey("k1-cancel")
+	_, err = sc.PaymentIntents.Cancel(pi.ID, cancel)
+	_ = stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeInvalidRequest)
+
+	_, err = sc.PaymentIntents.New(intentParams("k2", 100, "pm_card_chargeDeclined", false))
+	if se := stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard); se.DeclineCode != "generic_decline" || se.PaymentIntent == nil {
+		t.Fatalf("decline: %+v", se)
+	}
+	_, err = sc.PaymentIntents.New(intentParams("k2", 100, "pm_card_chargeDeclined", false))
+	_ = stripeErr(t, err, http.StatusPaymentRequired, stripe.ErrorTypeCard)
+
+	sca, err := sc.PaymentIntents.New(intentParams("k3", 700, "pm_card_threeDSecure2Required", false))
+	if err != nil || sca.Status != stripe.PaymentIntentStatusRequiresAction || sca.NextAction == nil || sca.NextAction.RedirectToURL == nil {
+		t.Fatalf("3-D Secure: %v %+v", err, sca)
+	}
+	if _, err := fake.Authenticate(sca.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Authenticate(sca.ID, true); err == nil {
+		t.Fatal("authenticated twice")
+	}
+	if fc := fake.Charges()[2]; fc.Status != IntentSucceeded || fc.AmountReceived != 700 {
+		t.Fatalf("after authentication: %s, %d received", fc.Status, fc.AmountReceived)
+	}
+	if _, err := fake.Expire(sca.ID); err == nil {
+		t.Fatal("expired a succeeded PaymentIntent")
+	}
+}
+
+// The list pages newest first and honours created[gte], as stripe-go's
+// iterator asks.
+func TestListPaymentIntents(t *testing.T) {
+	t.Parallel()
+	_, sc := newFake(t)
+	for i := range 5 {
+		if _, err := sc.PaymentIntents.New(intentParams("l"+string(rune('a'+i)), int64(100+i), "pm_card_visa", false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := func(gte int64) int {
+		p := &stripe.PaymentIntentListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: gte}}
+		p.Limit = stripe.Int64(2) // three pages
+		it := sc.PaymentIntents.List(p)
+		seen := map[string]bool{}
+		for it.Next() {
+			seen[it.PaymentIntent().ID] = true
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return len(seen)
+	}
+	if n := list(time.Now().Add(-time.Hour).Unix()); n != 5 {
+		t.Errorf("listed %d of the hour's PaymentIntents, want 5", n)
+	}
+	if n := list(time.Now().Add(time.Hour).Unix()); n != 0 {
+		t.Errorf("listed %d PaymentIntents created in the future, want 0", n)
+	}
+}

@@ -1,0 +1,242 @@
+package webhooks_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// intentCharge is a charge as the API shows it, with its PaymentIntent
+// fields.
+type intentCharge struct {
+	ID               string  `json:"id"`
+	Amount           int64   `json:"amount"`
+	Status           string  `json:"status"`
+	AmountCapturable int64   `json:"amount_capturable"`
+	AmountCaptured   int64   `json:"amount_captured"`
+	PaymentIntent    *string `json:"stripe_payment_intent_id"`
+	FailureCode      *string `json:"failure_code"`
+	NextAction       *struct {
+		Type          string `json:"type"`
+		RedirectToURL struct {
+			URL string `json:"url"`
+		} `json:"redirect_to_url"`
+	} `json:"next_action"`
+}
+
+func postCharge(t testing.TB, c *apitest.Client, body map[string]any) intentCharge {
+	t.Helper()
+	resp := c.Post("/v1/charges", apitest.NewKey(), body)
+	if resp.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", resp.Status, resp.Body)
+	}
+	var ch intentCharge
+	resp.JSON(t, &ch)
+	return ch
+}
+
+func readCharge(t testing.TB, c *apitest.Client, id string) intentCharge {
+	t.Helper()
+	resp := c.Get("/v1/charges/" + id)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("GET charge: %d %s", resp.Status, resp.Body)
+	}
+	var ch intentCharge
+	resp.JSON(t, &ch)
+	return ch
+}
+
+// intentEvent is a payment_intent.* event whose object is the fake's
+// PaymentIntent as body shows it.
+func intentEvent(t testing.TB, typ string, body []byte, created time.Time) webhooks.Event {
+	t.Helper()
+	ev, err := webhooks.NewEvent("", typ, json.RawMessage(body), created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// eventTypes are the types of the events idempay recorded about object id,
+// in their order.
+func eventTypes(t testing.TB, env *apitest.Env, id string) []string {
+	t.Helper()
+	rows, err := env.Pool.Query(context.Background(), `SELECT type FROM events WHERE object_id = $1 ORDER BY object_version`, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var typ string
+		if err := rows.Scan(&typ); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, typ)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func threeDS(t testing.TB, c *apitest.Client, capture bool) intentCharge {
+	t.Helper()
+	ch := postCharge(t, c, map[string]any{"amount": 4200, "currency": "eur",
+		"payment_method": "pm_card_threeDSecure2Required", "capture": capture})
+	if ch.Status != "requires_action" || ch.NextAction == nil || ch.NextAction.Type != "redirect_to_url" ||
+		!strings.Contains(ch.NextAction.RedirectToURL.URL, "/_fake/3ds/") {
+		t.Fatalf("3-D Secure charge: status %s, next_action %+v", ch.Status, ch.NextAction)
+	}
+	return ch
+}
+
+// A payment that needs 3-D Secure answers requires_action with the
+// customer's redirect; the customer authenticates on it; Stripe's event
+// settles the charge. The event is delivered twice, and an older event of
+// the same PaymentIntent arrives after it: the charge ends succeeded once,
+// with one event out.
+func TestThreeDSecureSettledByEvent(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := threeDS(t, c, true)
+	before := env.Stripe.IntentBody(*ch.PaymentIntent)
+
+	// The customer follows the redirect and completes the challenge.
+	page, err := http.Get(ch.NextAction.RedirectToURL.URL + "?result=succeed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, page.Body)
+	page.Body.Close()
+	if page.StatusCode != http.StatusOK {
+		t.Fatalf("authentication page: %d", page.StatusCode)
+	}
+	after := env.Stripe.IntentBody(*ch.PaymentIntent)
+
+	t0 := time.Now().Add(-time.Minute)
+	succeeded := intentEvent(t, "payment_intent.succeeded", after, t0.Add(2*time.Second))
+	older := intentEvent(t, "payment_intent.requires_action", before, t0.Add(time.Second))
+	first := deliver(t, env, succeeded)
+	wantOutcome(t, first, "applied")
+	second := deliver(t, env, succeeded)
+	if !second.Replayed || second.Status != http.StatusOK {
+		t.Fatalf("the second delivery: %d, replayed %v; want the stored 200", second.Status, second.Replayed)
+	}
+	wantOutcome(t, deliver(t, env, older), "stale")
+
+	got := readCharge(t, c, ch.ID)
+	if got.Status != "succeeded" || got.AmountCaptured != 4200 || got.NextAction != nil {
+		t.Fatalf("after the events: status %s, amount_captured %d, next_action %+v; want succeeded, 4200, none",
+			got.Status, got.AmountCaptured, got.NextAction)
+	}
+	if types := eventTypes(t, env, ch.ID); !slices.Equal(types, []string{"charge.succeeded"}) {
+		t.Fatalf("events out %v, want one charge.succeeded", types)
+	}
+}
+
+// Out of order the other way round: the PaymentIntent's success arrives
+// before the event that it required action, and a failed authentication
+// ends the charge failed.
+func TestThreeDSecureOutcomes(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	t0 := time.Now().Add(-time.Minute)
+
+	t.Run("failed authentication", func(t *testing.T) {
+		t.Parallel()
+		ch := threeDS(t, c, true)
+		body, err := env.Stripe.Authenticate(*ch.PaymentIntent, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.payment_failed", body, t0)), "applied")
+		got := readCharge(t, c, ch.ID)
+		if got.Status != "failed" || got.FailureCode == nil || *got.FailureCode != "payment_intent_authentication_failure" {
+			t.Fatalf("status %s, failure_code %v; want failed, payment_intent_authentication_failure", got.Status, got.FailureCode)
+		}
+		if types := eventTypes(t, env, ch.ID); !slices.Equal(types, []string{"charge.failed"}) {
+			t.Fatalf("events out %v", types)
+		}
+	})
+
+	t.Run("authorized only, then captured", func(t *testing.T) {
+		t.Parallel()
+		ch := threeDS(t, c, false)
+		body, err := env.Stripe.Authenticate(*ch.PaymentIntent, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.amount_capturable_updated", body, t0)), "applied")
+		if got := readCharge(t, c, ch.ID); got.Status != "requires_capture" || got.AmountCapturable != 4200 {
+			t.Fatalf("status %s, amount_capturable %d; want requires_capture, 4200", got.Status, got.AmountCapturable)
+		}
+		resp := c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{"amount": 4000})
+		if resp.Status != http.StatusOK {
+			t.Fatalf("capture: %d %s", resp.Status, resp.Body)
+		}
+		// Stripe's event of the capture, after the capture's own answer.
+		wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.succeeded",
+			env.Stripe.IntentBody(*ch.PaymentIntent), t0.Add(time.Second))), "stale")
+		if got := readCharge(t, c, ch.ID); got.Status != "succeeded" || got.AmountCaptured != 4000 {
+			t.Fatalf("status %s, amount_captured %d; want succeeded, 4000", got.Status, got.AmountCaptured)
+		}
+		if types := eventTypes(t, env, ch.ID); !slices.Equal(types, []string{"charge.requires_capture", "charge.succeeded"}) {
+			t.Fatalf("events out %v", types)
+		}
+	})
+
+	t.Run("success before requires_action", func(t *testing.T) {
+		t.Parallel()
+		ch := threeDS(t, c, true)
+		before := env.Stripe.IntentBody(*ch.PaymentIntent)
+		after, err := env.Stripe.Authenticate(*ch.PaymentIntent, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.succeeded", after, t0.Add(time.Second))), "applied")
+		wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.requires_action", before, t0)), "stale")
+		if got := readCharge(t, c, ch.ID).Status; got != "succeeded" {
+			t.Fatalf("status %s, want succeeded", got)
+		}
+	})
+}
+
+// An authorization that is never captured expires at Stripe: its
+// payment_intent.canceled event ends the charge canceled (charge.canceled
+// out), and it can no longer be captured.
+func TestExpiredAuthorization(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := postCharge(t, c, map[string]any{"amount": 990, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+	if ch.Status != "requires_capture" {
+		t.Fatalf("authorization: %s", ch.Status)
+	}
+	body, err := env.Stripe.Expire(*ch.PaymentIntent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := intentEvent(t, "payment_intent.canceled", body, time.Now())
+	wantOutcome(t, deliver(t, env, ev), "applied")
+	got := readCharge(t, c, ch.ID)
+	if got.Status != "canceled" || got.AmountCapturable != 0 {
+		t.Fatalf("status %s, amount_capturable %d; want canceled, 0", got.Status, got.AmountCapturable)
+	}
+	if types := eventTypes(t, env, ch.ID); !slices.Equal(types, []string{"charge.requires_capture", "charge.canceled"}) {
+		t.Fatalf("events out %v", types)
+	}
+	resp := c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{})
+	if resp.Status != http.StatusConflict || resp.Problem(t).Type != "/problems/charge-not-capturable" {
+		t.Fatalf("capture of an expired authorization: %d %s", resp.Status, resp.Body)
+	}
+}
