@@ -392,8 +392,8 @@ $decline_hint
  charged by the consumer; publish it twice: one charge. Then the events
  idempay published for it (also on the stream IDEMPAY_EVENTS):
 
-(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
-(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id 1042)
+(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id $idem_key-order)
+(set -a; . $demo_env; bin/idempay orders publish --account $account_id --amount 4200 --order-id $idem_key-order)
 curl -s '$api_url/v1/charges?limit=1' -H "Authorization: Bearer \$KEY"
 curl -s '$api_url/v1/events?limit=3' -H "Authorization: Bearer \$KEY"
 $metrics_hint

@@ -84,9 +84,18 @@ SELECT * FROM charges WHERE id = @id;
 
 -- name: ChargeInsert :exec
 -- The ledger row of a new charge, in the claim's batch after the record's
--- INSERT (version 1, processing).
-INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
-VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method);
+-- INSERT (version 1, processing). Its id is derived from the record's
+-- (ledgerID), so it exists already only when the same key and request made
+-- this charge before and its record has since expired: then it raises
+-- IDK01 and nothing of the claim commits (a 422: a new charge needs a new
+-- key).
+WITH c AS (
+    INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+    VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDK01', 'this key and request made this charge before its record expired');
 
 -- name: ChargeSetOutcome :exec
 -- The outcome of the Stripe call, in the finishing batch after the record's

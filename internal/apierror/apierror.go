@@ -335,6 +335,11 @@ func From(err error) *Error {
 	if errors.As(err, &pe) {
 		return pe
 	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "IDK01" { // raised by ChargeInsert, RefundInsert
+		return &Error{Type: IdempotencyKeyReused, Cause: err,
+			Detail: "This Idempotency-Key was used for this same request before its record expired (the retention window), and its object exists. Use a new key for a new request."}
+	}
 	if db.FailingOver(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}

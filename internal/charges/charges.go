@@ -8,12 +8,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -221,7 +221,7 @@ func (op *chargeOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if op.params.Capture != nil && !*op.params.Capture {
 		captureMethod = captureManual
 	}
-	op.charge = dbsqlc.Charge{ID: newID("ch_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+	op.charge = dbsqlc.Charge{ID: ledgerID("ch_", rec), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
 		Description: op.params.Description, Metadata: metadata, Status: "processing", Version: 1,
 		CaptureMethod: captureMethod}
@@ -306,16 +306,16 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	})
 }
 
-// newID is a new ledger row id, as the tables' defaults make them
-// (idempay_ordered_id in db/migrations): the prefix, the time in
-// milliseconds (12 hex digits) and 80 random bits. Ids that grow with time
-// keep the primary key's inserts on its right edge (BENCHMARKS.md, "Where
-// PostgreSQL spends"); nothing reads the time in them, and no ledger id is
-// sent to Stripe.
-func newID(prefix string) string {
-	var b [10]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return fmt.Sprintf("%s%012x%s", prefix, time.Now().UnixMilli(), hex.EncodeToString(b[:]))
+// ledgerID is the id of the ledger row a record creates: the prefix and
+// the record id's hash (idempotency.RecordID), so that, like the record, it
+// is a pure function of the request. A record re-created after the database
+// lost it (a restore, a failover; a retry or reconciliation re-creates it)
+// then creates the same charge id that the client may have seen in the lost
+// answer. The price is an id that does not grow with time (the tables'
+// default, idempay_ordered_id, does): measured, time-ordered ledger ids made
+// no difference beyond noise (BENCHMARKS.md, "Where PostgreSQL spends").
+func ledgerID(prefix string, rec *idempotency.Record) string {
+	return prefix + strings.TrimPrefix(rec.ID, "ik_")
 }
 
 // settledEventType is the event of a charge in this status, or "" for one

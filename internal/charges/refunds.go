@@ -78,7 +78,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	}); err != nil {
 		return err
 	}
-	op.refund = dbsqlc.Refund{ID: newID("re_"), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+	op.refund = dbsqlc.Refund{ID: ledgerID("re_", rec), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
 	op.intentID = *ch.StripePaymentIntentID
 	return op.s.q.RefundInsert(ctx, b, &dbsqlc.RefundInsertParams{

@@ -77,8 +77,8 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 		t.Fatalf("the charge: %d %s", first.Status, first.Body)
 	}
 	var before struct {
-		ID             string `json:"id"`
-		StripeChargeID string `json:"stripe_payment_intent_id"`
+		ID                    string `json:"id"`
+		StripePaymentIntentID string `json:"stripe_payment_intent_id"`
 	}
 	first.JSON(t, &before)
 	p.Close()
@@ -93,14 +93,18 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 		t.Fatalf("the retry after the restore: %d %s", retry.Status, retry.Body)
 	}
 	var after struct {
-		StripeChargeID string `json:"stripe_payment_intent_id"`
+		ID                    string `json:"id"`
+		StripePaymentIntentID string `json:"stripe_payment_intent_id"`
 	}
 	retry.JSON(t, &after)
+	if after.ID != before.ID {
+		t.Errorf("the re-created charge is %s, want the id the lost answer named, %s", after.ID, before.ID)
+	}
 	if n := len(stripe.Charges()); n != 1 {
 		t.Fatalf("Stripe holds %d charges after the retry, want 1 (the customer was charged twice)", n)
 	}
-	if after.StripeChargeID != before.StripeChargeID {
-		t.Errorf("the re-created ledger row names Stripe charge %s, want the first %s", after.StripeChargeID, before.StripeChargeID)
+	if after.StripePaymentIntentID != before.StripePaymentIntentID {
+		t.Errorf("the re-created ledger row names Stripe charge %s, want the first %s", after.StripePaymentIntentID, before.StripePaymentIntentID)
 	}
 	fc := stripe.Charges()[0]
 	var recordID string
@@ -135,5 +139,36 @@ func TestRecordIDIsAPureFunction(t *testing.T) {
 		if id == a || !strings.HasPrefix(id, "ik_") || len(id) != 35 {
 			t.Errorf("%s: id %q (the first request's is %q)", name, id, a)
 		}
+	}
+}
+
+// TestKeyReusedAfterRetention: a key used again, with the same request,
+// after its record expired (the retention job deleted it; the charge
+// stays) is a 422, not a second charge under the same ledger id (the
+// charge id is derived from the record's) and not a 5xx; Stripe is not
+// called again.
+func TestKeyReusedAfterRetention(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", r.Status, r.Body)
+	}
+	if _, err := env.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key); err != nil {
+		t.Fatal(err)
+	}
+	calls := len(env.Stripe.Requests())
+	r := c.Post("/v1/charges", key, body)
+	if r.Status != http.StatusUnprocessableEntity || !strings.Contains(string(r.Body), "/problems/idempotency-key-reused") {
+		t.Fatalf("the same key and request after the record expired: %d %s, want 422 idempotency-key-reused", r.Status, r.Body)
+	}
+	if n := len(env.Stripe.Requests()); n != calls {
+		t.Errorf("Stripe got %d more requests, want none", n-calls)
+	}
+	var records int
+	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key).Scan(&records); err != nil || records != 0 {
+		t.Errorf("%d records stored by the refused request (%v), want none", records, err)
 	}
 }

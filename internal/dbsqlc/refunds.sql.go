@@ -155,8 +155,13 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 }
 
 const refundInsert = `-- name: RefundInsert :exec
-INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
-VALUES ($1, $2, $3, $4, $5)
+WITH r AS (
+    INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDK01', 'this key and request made this refund before its record expired')
 `
 
 type RefundInsertParams struct {
@@ -167,7 +172,8 @@ type RefundInsertParams struct {
 	Amount           int64
 }
 
-// The ledger row of a new refund, in the claim's batch (version 1).
+// The ledger row of a new refund, in the claim's batch (version 1); its id
+// is derived from the record's, as a charge's (ChargeInsert).
 func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg *RefundInsertParams) error {
 	_, err := db.Exec(ctx, refundInsert,
 		arg.ID,
