@@ -231,13 +231,13 @@ func TestRoundTrips(t *testing.T) {
 		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[select IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[select IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {
