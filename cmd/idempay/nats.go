@@ -182,7 +182,7 @@ func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args
 	account := fs.String("account", "", "the account (acct_...)")
 	amount := fs.Int64("amount", 0, "in the currency's minor unit")
 	currency := fs.String("currency", "usd", "ISO 4217")
-	pm := fs.String("payment-method", "tok_visa", "a Stripe token")
+	pm := fs.String("payment-method", "pm_card_visa", "a Stripe PaymentMethod")
 	orderID := fs.String("order-id", fmt.Sprintf("%d", time.Now().UnixNano()), "the order")
 	key := fs.String("idempotency-key", "", `the key (default "order-" + the order id)`)
 	desc := fs.String("description", "", "optional")
