@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/events"
@@ -101,11 +102,11 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see chargeshttp.Handler.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	auth := d.Auth.Middleware()
+	auth := accountshttp.Middleware(d.Auth)
 	v1 := e.Group("/v1")
 	d.Charges.Routes(v1, auth)
 	eventshttp.New(events.NewReader(d.Pool)).Routes(v1, auth)
-	d.Keys.Routes(v1, auth)
+	accountshttp.NewKeys(d.Keys).Routes(v1, auth)
 	d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 
 	for _, r := range e.Routes() {

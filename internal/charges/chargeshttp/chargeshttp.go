@@ -18,6 +18,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
@@ -88,7 +89,7 @@ func (h *Handler) cancelCharge(c echo.Context) error {
 // never touches the idempotency table.
 func (h *Handler) run(c echo.Context, route string,
 	command func(accountID string, req idempotency.Request) (*charges.Command, error)) error {
-	acct := accounts.FromContext(c)
+	acct := accountshttp.FromContext(c)
 	ctx := c.Request().Context()
 	req, keyed, err := h.read(c, acct, route)
 	if err != nil {
@@ -163,7 +164,7 @@ func serverKey(prefix string) string {
 }
 
 func (h *Handler) getCharge(c echo.Context) error {
-	ch, err := h.svc.Charge(c.Request().Context(), accounts.FromContext(c).ID, c.Param("id"))
+	ch, err := h.svc.Charge(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -175,7 +176,7 @@ func (h *Handler) listCharges(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	page, err := h.svc.Charges(c.Request().Context(), accounts.FromContext(c).ID, limit, c.QueryParam("starting_after"))
+	page, err := h.svc.Charges(c.Request().Context(), accountshttp.FromContext(c).ID, limit, c.QueryParam("starting_after"))
 	if err != nil {
 		return err
 	}
@@ -183,7 +184,7 @@ func (h *Handler) listCharges(c echo.Context) error {
 }
 
 func (h *Handler) getRefund(c echo.Context) error {
-	rf, err := h.svc.Refund(c.Request().Context(), accounts.FromContext(c).ID, c.Param("id"))
+	rf, err := h.svc.Refund(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func (h *Handler) getIdempotencyKey(c echo.Context) error {
 			key = k
 		}
 	}
-	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accounts.FromContext(c).ID, key)
+	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, key)
 	if err != nil {
 		return err
 	}

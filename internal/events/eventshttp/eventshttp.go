@@ -8,7 +8,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/listing"
 )
@@ -26,7 +26,7 @@ func (a *API) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 }
 
 func (a *API) get(c echo.Context) error {
-	ev, err := a.r.Event(c.Request().Context(), accounts.FromContext(c).ID, c.Param("id"))
+	ev, err := a.r.Event(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -38,7 +38,7 @@ func (a *API) list(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	page, err := a.r.Events(c.Request().Context(), accounts.FromContext(c).ID, limit, c.QueryParam("starting_after"))
+	page, err := a.r.Events(c.Request().Context(), accountshttp.FromContext(c).ID, limit, c.QueryParam("starting_after"))
 	if err != nil {
 		return err
 	}
