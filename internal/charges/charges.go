@@ -44,7 +44,9 @@ const (
 	RouteCancel  = "/v1/charges/:id/cancel"
 )
 
-// Service serves the charges and refunds API.
+// Service is the payment domain: the charges and refunds API as Go
+// methods, which every entry point (chargeshttp, orders, webhooks,
+// reconciliation) calls.
 type Service struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
