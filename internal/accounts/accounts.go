@@ -21,10 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
@@ -157,40 +155,4 @@ func SetModeDirect(ctx context.Context, pool *pgxpool.Pool, direct Direct, id, m
 // hashKey is what is stored and looked up instead of the key itself.
 func hashKey(key string) [sha256.Size]byte {
 	return sha256.Sum256([]byte(key))
-}
-
-const contextKey = "idempay.account"
-
-// Middleware authenticates "Authorization: Bearer <key>" and stores the
-// account for FromContext. A missing, unknown or revoked key is a 401
-// problem, and such a request never reaches the idempotency layer.
-func (a *Authenticator) Middleware() echo.MiddlewareFunc {
-	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			auth := c.Request().Header.Get(echo.HeaderAuthorization)
-			scheme, key, ok := strings.Cut(auth, " ")
-			if !ok || !strings.EqualFold(scheme, "Bearer") || !strings.HasPrefix(key, KeyPrefix) || len(key) > 200 {
-				return unauthorized()
-			}
-			acct, err := a.Authenticate(c.Request().Context(), key)
-			if errors.Is(err, db.ErrNotFound) {
-				return unauthorized()
-			}
-			if err != nil {
-				return &apierror.Error{Type: apierror.ServiceUnavailable, Detail: "Could not check the API key. Retry shortly.",
-					RetryAfter: 1, Cause: fmt.Errorf("authenticating: %w", err)}
-			}
-			c.Set(contextKey, acct)
-			return next(c)
-		}
-	}
-}
-
-func unauthorized() error {
-	return apierror.New(apierror.Unauthorized, "Send a valid API key as Authorization: Bearer <key>.")
-}
-
-// FromContext returns the account Middleware authenticated.
-func FromContext(c echo.Context) Account {
-	return c.Get(contextKey).(Account)
 }

@@ -12,13 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 )
 
 // Routes of the API keys, as stored on idempotency records.
@@ -32,7 +30,8 @@ const (
 const secretNote = "The secret is shown only in the first answer to this request and is not stored; " +
 	"if it was lost, revoke this key and create another."
 
-// KeysAPI serves POST, GET /v1/api_keys and DELETE /v1/api_keys/{id}.
+// KeysAPI is what POST, GET /v1/api_keys and DELETE /v1/api_keys/{id} do
+// (their HTTP adapter is accountshttp.Keys).
 type KeysAPI struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
@@ -51,13 +50,6 @@ func NewKeysAPI(pool *pgxpool.Pool, runner *idempotency.Runner) *KeysAPI {
 	runner.Register(http.MethodPost, RouteKeys, func() idempotency.Operation { return &createKeyOp{k: k} })
 	runner.Register(http.MethodDelete, RouteKey, func() idempotency.Operation { return &revokeKeyOp{k: k} })
 	return k
-}
-
-// Routes mounts the API on g, with m (the authentication) on every route.
-func (k *KeysAPI) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
-	g.POST("/api_keys", k.create, m...)
-	g.GET("/api_keys", k.list, m...)
-	g.DELETE("/api_keys/:id", k.revoke, m...)
 }
 
 // APIKey is the API representation of a key: never its hash, and its
@@ -87,52 +79,49 @@ type List struct {
 	Data   []APIKey `json:"data"`
 }
 
-func (k *KeysAPI) list(c echo.Context) error {
-	rows, err := k.q.APIKeyList(c.Request().Context(), k.pool, FromContext(c).ID)
+// List is the account's active keys.
+func (k *KeysAPI) List(ctx context.Context, accountID string) (List, error) {
+	rows, err := k.q.APIKeyList(ctx, k.pool, accountID)
 	if err != nil {
-		return fmt.Errorf("listing API keys: %w", err)
+		return List{}, fmt.Errorf("listing API keys: %w", err)
 	}
 	out := List{Object: "list", Data: make([]APIKey, 0, len(rows))}
 	for _, row := range rows {
 		out.Data = append(out.Data, apiKeyJSON(row))
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // noParams is the body of POST /v1/api_keys: an empty object.
 type noParams struct{}
 
-// create makes another key for the calling account. Like every POST it is
-// idempotent; its stored answer (what a retry replays) carries the key's id
-// and prefix and a note instead of the secret, which is never stored.
-func (k *KeysAPI) create(c echo.Context) error {
-	acct := FromContext(c)
-	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), RouteKeys)
-	if err != nil {
-		return err
-	}
+// Create makes another key for the account; req is its POST, key and body
+// read. Like every POST it is idempotent; its stored answer (what a retry
+// replays) carries the key's id and prefix and a note instead of the
+// secret, which is never stored. Errors are a refusal of the body
+// (*apierror.Error), the core's (*idempotency.Error) or the database's.
+func (k *KeysAPI) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
 	dec := json.NewDecoder(bytes.NewReader(req.Body))
 	dec.DisallowUnknownFields()
 	var p noParams
 	if err := dec.Decode(&p); err != nil {
-		return apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
+		return idempotency.Response{}, apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
 	}
-	op := &createKeyOp{k: k, accountID: acct.ID}
-	resp, err := k.runner.Run(c.Request().Context(), req, op)
+	op := &createKeyOp{k: k, accountID: accountID}
+	resp, err := k.runner.Run(ctx, req, op)
 	if err != nil {
-		return idemhttp.Problem(err)
+		return idempotency.Response{}, err
 	}
 	if !resp.Replayed && op.secret != "" {
 		shown := apiKeyJSON(op.key)
 		shown.Secret = &op.secret
 		body, err := json.Marshal(shown)
 		if err != nil {
-			return err
+			return idempotency.Response{}, err
 		}
 		resp.Body = body
 	}
-	idemhttp.Respond(c, resp)
-	return nil
+	return resp, nil
 }
 
 // createKeyOp inserts the key in the claim transaction; there is no
@@ -168,29 +157,24 @@ func (op *createKeyOp) Call(_ context.Context, rec *idempotency.Record) idempote
 			return idempotency.Response{}, err
 		}
 		return idempotency.Response{Status: http.StatusCreated, Body: body, Headers: idempotency.Headers{
-			ContentType: echo.MIMEApplicationJSON, Location: RouteKeys + "/" + op.key.ID}}, nil
+			ContentType: "application/json", Location: RouteKeys + "/" + op.key.ID}}, nil
 	})
 }
 
-// revoke revokes one of the account's keys. With an Idempotency-Key (or
-// Idempotency-Token) it runs through the idempotency core, so a retry
-// replays the first 204 instead of answering 404 (the Azure guideline);
-// without one it is a plain DELETE. The account's last active key cannot
-// be revoked (409): the account would lock itself out.
-func (k *KeysAPI) revoke(c echo.Context) error {
-	acct := FromContext(c)
-	ctx := c.Request().Context()
-	key, present, err := idemhttp.Key(c.Request().Header)
-	if err != nil {
-		return err
-	}
-	id := c.Param("id")
+// Revoke revokes the account's key id. With req, a request under the
+// client's Idempotency-Key (or Idempotency-Token), it runs through the
+// idempotency core, so a retry replays the first 204 instead of answering
+// 404 (the Azure guideline); with nil, a request without a key, it is a
+// plain revocation. The account's last active key cannot be revoked (409):
+// the account would lock itself out. It returns once every process has
+// forgotten the key (I11).
+func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempotency.Request) (idempotency.Response, error) {
 	// Know the key's hash before the revocation commits, to wait after it
 	// for every process to have forgotten the key (I11).
 	var iv *invalidation
-	if row, err := k.q.APIKeyGetByID(ctx, k.pool, acct.ID, id); err == nil && row.RevokedAt == nil {
+	if row, err := k.q.APIKeyGetByID(ctx, k.pool, accountID, id); err == nil && row.RevokedAt == nil {
 		if iv, err = expectInvalidation(ctx, k.pool, k.Direct, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
-			return fmt.Errorf("preparing the revocation: %w", err)
+			return idempotency.Response{}, fmt.Errorf("preparing the revocation: %w", err)
 		}
 	}
 	defer iv.close()
@@ -199,32 +183,23 @@ func (k *KeysAPI) revoke(c echo.Context) error {
 			iv.wait(ctx, k.pool)
 		}
 	}
-	if !present {
+	if req == nil {
 		if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-			return struct{}{}, k.revokeTx(ctx, tx, acct.ID, id)
+			return struct{}{}, k.revokeTx(ctx, tx, accountID, id)
 		}); err != nil {
-			return err
+			return idempotency.Response{}, err
 		}
 		await(ctx)
-		return c.NoContent(http.StatusNoContent)
+		return idempotency.Response{Status: http.StatusNoContent}, nil
 	}
-	// The body of a DELETE is not read; the fingerprint covers the method
-	// and the concrete path (a key used for key A and then key B is a
-	// mismatch, not a replay).
-	req, err := idempotency.Prepare(idempotency.AccountScope(acct.ID), key, http.MethodDelete, RouteKey,
-		c.Request().URL.Path, bytes.NewReader([]byte("{}")), idemhttp.MaxBodyBytes)
+	resp, err := k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
 	if err != nil {
-		return idemhttp.Problem(err)
-	}
-	resp, err := k.runner.Run(ctx, req, &revokeKeyOp{k: k, accountID: acct.ID, keyID: id})
-	if err != nil {
-		return idemhttp.Problem(err)
+		return idempotency.Response{}, err
 	}
 	if !resp.Replayed {
 		await(ctx)
 	}
-	idemhttp.Respond(c, resp)
-	return nil
+	return resp, nil
 }
 
 // revokeTx checks that the key can be revoked (it is an active key of the

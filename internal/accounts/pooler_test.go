@@ -18,6 +18,7 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgcluster"
@@ -138,7 +139,7 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 	keys.Direct = c.direct
 	e := echo.New()
 	e.HTTPErrorHandler = server.ErrorHandler(log)
-	keys.Routes(e.Group("/v1"), c.auth.Middleware())
+	accountshttp.NewKeys(keys).Routes(e.Group("/v1"), accountshttp.Middleware(c.auth))
 	req := httptest.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.id, nil)
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Idempotency-Key", "revoke-"+second.id)

@@ -65,7 +65,7 @@ type Env struct {
 	Stripe   *stripefake.Server // nil when Options.StripeURL was set
 	Runner   *idempotency.Runner
 	Charges  *charges.Service
-	Webhooks *webhooks.Handler
+	Webhooks *webhooks.Receiver
 	Auth     *accounts.Authenticator
 	Server   *httptest.Server
 	Log      *slog.Logger

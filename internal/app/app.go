@@ -1,6 +1,7 @@
 // Package app wires idempay's parts into one application: the idempotency
-// runner, the charges service and its Stripe port, the webhook endpoint,
-// the API keys, the authenticator, the metrics and the HTTP handler. The
+// runner, the charges service and its Stripe port, the webhook inbox, the
+// API keys, the authenticator, the metrics, and the HTTP adapters and
+// handler. The
 // binary (cmd/idempay) and the tests (internal/apitest) build it with the
 // same function, New, so the wiring is written once and what the tests run
 // is what serves (as benbjohnson/wtf's cmd Main).
@@ -15,10 +16,12 @@ import (
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
+	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
 
 // Config is what the wiring needs, read once by its caller (the binary
@@ -44,8 +47,11 @@ type App struct {
 	Metrics  *metrics.Metrics
 	Runner   *idempotency.Runner
 	Charges  *charges.Service
-	Webhooks *webhooks.Handler
-	Keys     *accounts.KeysAPI
+	Webhooks *webhooks.Receiver
+	// ChargesHTTP is the charges' HTTP adapter; the rollout metrics are
+	// its.
+	ChargesHTTP *chargeshttp.Handler
+	Keys        *accounts.KeysAPI
 	// Auth checks API keys. Its caller runs Auth.Listen (a long-running
 	// server does; a one-shot command need not).
 	Auth *accounts.Authenticator
@@ -60,11 +66,12 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	sc := cfg.Stripe
 	sc.Observe = a.Metrics.ObserveStripe
 	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
-	a.Charges.OnRollout = a.Metrics.ObserveRollout
 	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
 	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)
+	a.ChargesHTTP = chargeshttp.New(a.Charges, log)
+	a.ChargesHTTP.OnRollout = a.Metrics.ObserveRollout
 	a.Auth = accounts.NewAuthenticator(pool, cfg.AuthCacheTTL)
 	a.Auth.Direct = cfg.Direct
 	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
@@ -74,6 +81,6 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 
 // Handler is the HTTP API.
 func (a *App) Handler() http.Handler {
-	return server.New(server.Deps{Pool: a.Pool, Charges: a.Charges, Log: a.Log, Metrics: a.Metrics,
-		Webhooks: a.Webhooks, Keys: a.Keys, Auth: a.Auth})
+	return server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
+		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth})
 }

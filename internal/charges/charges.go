@@ -1,13 +1,21 @@
-// Package charges is idempay's payment API: charges and refunds, their
-// validation, their ledger rows, and the Stripe port they call. Every POST
-// goes through idempotency.Runner, which owns the claim, replay and phase
-// bookkeeping; this package supplies the ledger writes and the Stripe call.
+// Package charges is idempay's payment domain: charges and refunds, their
+// validation, their ledger rows, the Stripe port they call, Stripe's events
+// applied to them, and reconciliation. Every POST goes through
+// idempotency.Runner, which owns the claim, replay and phase bookkeeping;
+// this package supplies the ledger writes and the Stripe call.
+//
+// It knows nothing of HTTP serving: its methods take plain values (an
+// account id, a prepared idempotency.Request, a charge id) and return the
+// stored response, an API representation, or a domain error
+// (*apierror.Error, *idempotency.Error). The HTTP adapter (chargeshttp)
+// reads requests into those values and answers; other entry points (a
+// broker consumer, the webhook endpoint, reconciliation) call the same
+// methods, so a request means the same thing whichever way it came.
 package charges
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,16 +25,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/listing"
 	"github.com/idempay/idempay/internal/pgtext"
 )
@@ -39,17 +44,15 @@ const (
 	RouteCancel  = "/v1/charges/:id/cancel"
 )
 
-// Service serves the charges and refunds API.
+// Service is the payment domain: the charges and refunds API as Go
+// methods, which every entry point (chargeshttp, orders, webhooks,
+// reconciliation) calls.
 type Service struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
 	runner *idempotency.Runner
 	stripe *Stripe
 	log    *slog.Logger
-	// OnRollout, when set, counts what an account's idempotency mode did
-	// to a request (metrics): mode and outcome (unkeyed, would_replayed,
-	// would_mismatch, would_conflict, would_takeover).
-	OnRollout func(mode, outcome string)
 	// OnReconcile, when set, counts what reconciliation did with each
 	// PaymentIntent it listed (metrics): one of the Reconcile* outcomes.
 	OnReconcile func(outcome string)
@@ -66,102 +69,79 @@ func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe *Stripe, log *sl
 	return s
 }
 
-// Routes mounts the API on g, with m (the authentication) on every route.
-// Pass the middleware here rather than with g.Use: echo's group middleware
-// registers a catch-all 404 route for the group, which answers a wrong
-// method on a real route with 404 instead of 405.
-func (s *Service) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
-	g.POST("/charges", s.createCharge, m...)
-	g.GET("/charges", s.listCharges, m...)
-	g.GET("/charges/:id", s.getCharge, m...)
-	g.POST("/charges/:id/capture", s.captureCharge, m...)
-	g.POST("/charges/:id/cancel", s.cancelCharge, m...)
-	g.POST("/refunds", s.createRefund, m...)
-	g.GET("/refunds/:id", s.getRefund, m...)
-	g.GET("/idempotency_keys/:key", s.getIdempotencyKey, m...)
+// A Command is one validated POST, ready to run: its request, fingerprinted
+// over the normalised body (two bodies that mean the same charge, USD and
+// usd, are the same request), and the operation that carries it out. The
+// New* methods build it; a refusal there stores nothing. An entry point may
+// still change Request.Key before Run (a rollout's shadow mode runs a
+// request that would have been deduplicated under a key of its own).
+type Command struct {
+	Request idempotency.Request
+	op      idempotency.Operation
 }
 
-// run is the shared shape of every POST: the front half (key, body,
-// fingerprint; idemhttp.Read), the body's own validation, then the runner.
-// Anything rejected before the runner never touches the idempotency table.
-func (s *Service) run(c echo.Context, route string, params params,
-	op func(acct accounts.Account) idempotency.Operation) error {
-	acct := accounts.FromContext(c)
-	ctx := c.Request().Context()
-	req, keyed, err := s.read(c, acct, route)
-	if err != nil {
-		return err
+// NewCharge validates req, a POST /v1/charges of the account, into its
+// command.
+func (s *Service) NewCharge(accountID string, req idempotency.Request) (*Command, error) {
+	var p chargeParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
-	if err := validate(&req, params); err != nil {
-		return err
-	}
-	if keyed && acct.Mode == accounts.ModeShadow {
-		if err := s.shadow(ctx, acct, &req); err != nil {
-			return err
-		}
-	}
-	resp, err := s.runner.Run(ctx, req, op(acct))
-	if err != nil {
-		return idemhttp.Problem(err)
-	}
-	idemhttp.Respond(c, resp)
-	return nil
+	return &Command{Request: req, op: &chargeOp{s: s, params: &p, accountID: accountID}}, nil
 }
 
-// read is the front half of a POST under the account's idempotency mode
-// (a rollout, account by account): the key, then the body. required: a key
-// is needed. optional and shadow: a request without one runs unprotected
-// (under a key the server makes up, so it still has a record and a ledger
-// row), and is counted. keyed tells whether the client sent a key.
-func (s *Service) read(c echo.Context, acct accounts.Account, route string) (req idempotency.Request, keyed bool, err error) {
-	key, keyed, err := idemhttp.Key(c.Request().Header)
-	if err != nil {
-		return idempotency.Request{}, false, err
+// NewRefund validates req, a POST /v1/refunds of the account, into its
+// command.
+func (s *Service) NewRefund(accountID string, req idempotency.Request) (*Command, error) {
+	var p refundParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
-	if !keyed {
-		if acct.Mode == accounts.ModeRequired {
-			return idempotency.Request{}, false, idemhttp.MissingKey()
-		}
-		s.rollout(acct.Mode, "unkeyed")
-		key = serverKey("unkeyed_")
-	}
-	req, err = idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), route, key)
-	return req, keyed, err
+	return &Command{Request: req, op: &refundOp{s: s, params: &p, accountID: accountID}}, nil
 }
 
-// shadow is the shadow mode's part: a key is recorded the first time; a
-// request that would have been replayed, refused as a mismatch or as in
-// flight runs again as before, under a key of its own, and is counted and
-// logged as what enforcing would have changed.
-func (s *Service) shadow(ctx context.Context, acct accounts.Account, req *idempotency.Request) error {
-	would, err := s.runner.Peek(ctx, *req)
-	if err != nil {
-		return err
+// NewCapture validates req, a capture of the account's charge chargeID,
+// into its command. The charge id is not looked up here: the operation's
+// Begin refuses one that names no charge, after the key and body were
+// checked, as for every POST.
+func (s *Service) NewCapture(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p captureParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
-	if would != idempotency.OutcomeNew {
-		s.rollout(acct.Mode, "would_"+string(would))
-		s.log.WarnContext(ctx, "shadow mode: idempotency would have changed this request; it runs as before",
-			"account_id", acct.ID, "would", string(would))
-		req.Key = serverKey("shadow_")
+	op := &pendingOp{s: s, action: actionCapture, accountID: accountID, chargeID: chargeID}
+	if p.Amount != nil {
+		op.amount = *p.Amount
 	}
-	return nil
+	return &Command{Request: req, op: op}, nil
 }
 
-func (s *Service) rollout(mode, outcome string) {
-	if s.OnRollout != nil {
-		s.OnRollout(mode, outcome)
+// NewCancel validates req, a cancel of the account's charge chargeID, into
+// its command (see NewCapture).
+func (s *Service) NewCancel(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p cancelParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
+	return &Command{Request: req, op: &pendingOp{s: s, action: actionCancel, accountID: accountID, chargeID: chargeID}}, nil
 }
 
-// serverKey is a key the server makes for a request that has none of its
-// own: unique, so the request is never deduplicated.
-func serverKey(prefix string) string {
-	return prefix + rand.Text()
+// Run runs the command through the idempotency runner: the stored response
+// (fresh or replayed), or the core's refusal (*idempotency.Error), a
+// domain refusal (*apierror.Error) or the database's error.
+func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, error) {
+	return s.runner.Run(ctx, cmd.Request, cmd.op)
+}
+
+// Peek tells, without claiming or writing anything, what Run would do with
+// req (idempotency.Runner.Peek): for a rollout's shadow mode, which counts
+// what enforcing would change.
+func (s *Service) Peek(ctx context.Context, req idempotency.Request) (idempotency.Outcome, error) {
+	return s.runner.Peek(ctx, req)
 }
 
 // validate decodes and validates the body into params (a refusal stores
-// nothing), and makes the fingerprint cover the normalised request, so that
-// two bodies that mean the same charge (USD and usd) are the same request.
+// nothing), and makes the fingerprint cover the normalised request.
 func validate(req *idempotency.Request, params params) error {
 	if err := decodeParams(req.Body, params); err != nil {
 		return err
@@ -169,31 +149,24 @@ func validate(req *idempotency.Request, params params) error {
 	return req.Normalize(params)
 }
 
-// CreateCharge is POST /v1/charges for an entry point other than HTTP (a
-// broker message): the same front half, validation, record, ledger row and
-// downstream key, so a charge made by message and one made over HTTP with
-// the same account, key and body are the same charge (I9), and the second
-// replays. body is the JSON of the HTTP request's body. Errors are the
-// core's (*idempotency.Error), a validation problem (*apierror.Error), or
-// the database's.
+// CreateCharge is POST /v1/charges for an entry point that has the body as
+// bytes (a broker message): the same front half, validation, record, ledger
+// row and downstream key, so a charge made by message and one made over
+// HTTP with the same account, key and body are the same charge (I9), and
+// the second replays. body is the JSON of the HTTP request's body. Errors
+// are the core's (*idempotency.Error), a validation problem
+// (*apierror.Error), or the database's.
 func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
 	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, http.MethodPost, RouteCharges, RouteCharges,
-		bytes.NewReader(body), idemhttp.MaxBodyBytes)
+		bytes.NewReader(body), idempotency.MaxBodyBytes)
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	var p chargeParams
-	if err := validate(&req, &p); err != nil {
+	cmd, err := s.NewCharge(accountID, req)
+	if err != nil {
 		return idempotency.Response{}, err
 	}
-	return s.runner.Run(ctx, req, &chargeOp{s: s, params: &p, accountID: accountID})
-}
-
-func (s *Service) createCharge(c echo.Context) error {
-	var p chargeParams
-	return s.run(c, RouteCharges, &p, func(acct accounts.Account) idempotency.Operation {
-		return &chargeOp{s: s, params: &p, accountID: acct.ID}
-	})
+	return s.Run(ctx, cmd)
 }
 
 // chargeOp creates one charge: its ledger row in the claim's batch, then
@@ -380,11 +353,14 @@ func encode(v any, id string) ([]byte, error) {
 	return b, nil
 }
 
+// contentTypeJSON is the media type of the API's JSON answers.
+const contentTypeJSON = "application/json"
+
 // created is a 201 with body, the new object's JSON (encode).
 func created(location string, body []byte) idempotency.Response {
 	return idempotency.Response{
 		Status:  http.StatusCreated,
-		Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON, Location: location},
+		Headers: idempotency.Headers{ContentType: contentTypeJSON, Location: location},
 		Body:    body,
 	}
 }
@@ -465,16 +441,16 @@ type Dispute struct {
 	UpdatedAt       time.Time `json:"updated_at"`
 }
 
-func (s *Service) getCharge(c echo.Context) error {
-	acct := accounts.FromContext(c)
-	ctx := c.Request().Context()
-	ch, err := s.q.ChargeGetByID(ctx, s.pool, acct.ID, c.Param("id"))
+// Charge is GET /v1/charges/{id}: the account's charge with its disputes.
+// Another account's charge is not found, like an unknown one (I5).
+func (s *Service) Charge(ctx context.Context, accountID, id string) (ChargeDetail, error) {
+	ch, err := s.q.ChargeGetByID(ctx, s.pool, accountID, id)
 	if err := readErr(err, "charge"); err != nil {
-		return err
+		return ChargeDetail{}, err
 	}
 	rows, err := s.q.DisputeListByCharge(ctx, s.pool, ch.ID)
 	if err != nil {
-		return fmt.Errorf("reading disputes: %w", err)
+		return ChargeDetail{}, fmt.Errorf("reading disputes: %w", err)
 	}
 	out := ChargeDetail{Charge: chargeJSON(ch), Disputes: make([]Dispute, 0, len(rows))}
 	for _, d := range rows {
@@ -482,34 +458,30 @@ func (s *Service) getCharge(c echo.Context) error {
 			Amount: d.Amount, Currency: d.Currency, Reason: d.Reason, Status: d.Status,
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC()})
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // ChargeList is one page of charges, newest first.
 type ChargeList = listing.List[Charge]
 
-func (s *Service) listCharges(c echo.Context) error {
-	acct := accounts.FromContext(c)
-	ctx := c.Request().Context()
-	limit, err := listing.Limit(c.QueryParam("limit"))
-	if err != nil {
-		return err
-	}
-	params := &dbsqlc.ChargeListParams{AccountID: acct.ID, MaxRows: int32(limit + 1)}
-	if after := c.QueryParam("starting_after"); after != "" {
-		cur, err := s.q.ChargeGetByID(ctx, s.pool, acct.ID, after)
+// Charges is GET /v1/charges: one page of at most limit of the account's
+// charges, newest first, after the charge startingAfter when it is not "".
+func (s *Service) Charges(ctx context.Context, accountID string, limit int, startingAfter string) (ChargeList, error) {
+	params := &dbsqlc.ChargeListParams{AccountID: accountID, MaxRows: int32(limit + 1)}
+	if startingAfter != "" {
+		cur, err := s.q.ChargeGetByID(ctx, s.pool, accountID, startingAfter)
 		if errors.Is(db.NotFound(err), db.ErrNotFound) {
-			return apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
+			return ChargeList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
 		} else if err != nil {
-			return fmt.Errorf("reading cursor charge: %w", err)
+			return ChargeList{}, fmt.Errorf("reading cursor charge: %w", err)
 		}
 		params.CursorCreatedAt, params.CursorID = &cur.CreatedAt, &cur.ID
 	}
 	rows, err := s.q.ChargeList(ctx, s.pool, params)
 	if err != nil {
-		return fmt.Errorf("listing charges: %w", err)
+		return ChargeList{}, fmt.Errorf("listing charges: %w", err)
 	}
-	return c.JSON(http.StatusOK, listing.Page(rows, limit, chargeJSON))
+	return listing.Page(rows, limit, chargeJSON), nil
 }
 
 // readErr maps a read's error: not found (including another account's

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/db"
@@ -204,7 +203,7 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 	if pendingRecord != nil {
 		op := &pendingOp{action: *pendingAction, chargeID: ch.ID}
 		resp := idempotency.Response{Status: http.StatusOK,
-			Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON}, Body: data}
+			Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: data}
 		if *pendingAction == actionCapture && updated.Status != "succeeded" ||
 			*pendingAction == actionCancel && updated.Status != "canceled" {
 			// What Stripe answers the action on a PaymentIntent in this

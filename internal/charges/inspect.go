@@ -1,14 +1,10 @@
 package charges
 
 import (
-	"net/http"
-	"net/url"
+	"context"
 	"time"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -95,28 +91,17 @@ func utc(t *time.Time) *time.Time {
 	return &u
 }
 
-// getIdempotencyKey serves GET /v1/idempotency_keys/{key}. The key is sent
-// URL-path-escaped (a key may hold '/', '?', '%' or spaces). Another
-// account's key is 404, exactly like an unknown one (I5).
-func (s *Service) getIdempotencyKey(c echo.Context) error {
-	key := c.Param("key")
-	// echo routes on the escaped path when it differs from the decoded one
-	// (for example when the key holds %2F), and then hands over the
-	// parameter still escaped.
-	if c.Request().URL.RawPath != "" {
-		k, err := url.PathUnescape(key)
-		if err != nil {
-			return readErr(db.ErrNotFound, "idempotency key")
-		}
-		key = k
-	}
+// IdempotencyKey is GET /v1/idempotency_keys/{key}: the state of the
+// account's record under key. Another account's key is not found, exactly
+// like an unknown one (I5); so is a key that no request could have sent
+// (empty or too long), without a look-up.
+func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (IdempotencyKey, error) {
 	if key == "" || len(key) > idempotency.MaxKeyLength {
-		return readErr(db.ErrNotFound, "idempotency key")
+		return IdempotencyKey{}, readErr(db.ErrNotFound, "idempotency key")
 	}
-	acct := accounts.FromContext(c)
-	row, err := s.q.IdempotencyKeyInspect(c.Request().Context(), s.pool, acct.ID, key)
+	row, err := s.q.IdempotencyKeyInspect(ctx, s.pool, accountID, key)
 	if err := readErr(err, "idempotency key"); err != nil {
-		return err
+		return IdempotencyKey{}, err
 	}
-	return c.JSON(http.StatusOK, idempotencyKeyJSON(row))
+	return idempotencyKeyJSON(row), nil
 }

@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
 
-	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -75,28 +73,6 @@ func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
 	if ch.Status != "requires_capture" {
 		ch.AmountCapturable = 0
 	}
-}
-
-func (s *Service) captureCharge(c echo.Context) error {
-	return s.pending(c, actionCapture, RouteCapture, &captureParams{})
-}
-
-func (s *Service) cancelCharge(c echo.Context) error {
-	return s.pending(c, actionCancel, RouteCancel, &cancelParams{})
-}
-
-// pending is a capture or cancel: the same front half as every POST (the
-// key, the body, its validation, in that order), then the operation, whose
-// Begin refuses a path that names no charge.
-func (s *Service) pending(c echo.Context, action, route string, p params) error {
-	id := c.Param("id")
-	return s.run(c, route, p, func(acct accounts.Account) idempotency.Operation {
-		op := &pendingOp{s: s, action: action, accountID: acct.ID, chargeID: id}
-		if cp, ok := p.(*captureParams); ok && cp.Amount != nil {
-			op.amount = *cp.Amount
-		}
-		return op
-	})
 }
 
 // pendingOp captures or cancels an authorized charge: a request of its own
@@ -247,7 +223,7 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 		}
 		return idempotency.Response{
 			Status:  http.StatusOK,
-			Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON},
+			Headers: idempotency.Headers{ContentType: contentTypeJSON},
 			Body:    data,
 		}, nil
 	})

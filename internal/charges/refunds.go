@@ -4,26 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
 )
-
-func (s *Service) createRefund(c echo.Context) error {
-	var p refundParams
-	return s.run(c, RouteRefunds, &p, func(acct accounts.Account) idempotency.Operation {
-		return &refundOp{s: s, params: &p, accountID: acct.ID}
-	})
-}
 
 // refundOp refunds part or all of a charge. Begin checks the charge and
 // reserves the amount on it (amount_refunded), guarded by the charge's
@@ -185,11 +174,12 @@ func refundJSON(rf dbsqlc.Refund) Refund {
 	}
 }
 
-func (s *Service) getRefund(c echo.Context) error {
-	acct := accounts.FromContext(c)
-	rf, err := s.q.RefundGetByID(c.Request().Context(), s.pool, acct.ID, c.Param("id"))
+// Refund is GET /v1/refunds/{id}: the account's refund. Another account's
+// refund is not found, like an unknown one (I5).
+func (s *Service) Refund(ctx context.Context, accountID, id string) (Refund, error) {
+	rf, err := s.q.RefundGetByID(ctx, s.pool, accountID, id)
 	if err := readErr(err, "refund"); err != nil {
-		return err
+		return Refund{}, err
 	}
-	return c.JSON(http.StatusOK, refundJSON(rf))
+	return refundJSON(rf), nil
 }

@@ -1,7 +1,8 @@
 // Package events is idempay's events out: the outbox row written in the
 // transaction that settles a charge or refund (Record), the relay that
-// publishes those rows to NATS JetStream (relay.go), and GET /v1/events
-// (api.go), the same events as Stripe's events API shows its own.
+// publishes those rows to NATS JetStream (relay.go), and their reader
+// (read.go) behind GET /v1/events (served by eventshttp), the same events as
+// Stripe's events API shows its own.
 //
 // An event is a fact about one object at the moment it settled: its type
 // (charge.succeeded, charge.failed, refund.succeeded, refund.failed), the

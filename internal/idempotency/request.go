@@ -122,6 +122,11 @@ func (r Request) fingerprinted() error {
 	return nil
 }
 
+// MaxBodyBytes bounds every request body the API reads, whatever its entry
+// point (HTTP, a broker message, a webhook): the same body is the same
+// request everywhere, so it is refused everywhere alike.
+const MaxBodyBytes = 1 << 20 // 1 MiB
+
 // ReadBody reads at most limit bytes. A longer body is an *Error of kind
 // ErrBodyTooLarge; the reader is not drained.
 func ReadBody(r io.Reader, limit int64) ([]byte, error) {

@@ -231,7 +231,7 @@ func (m *Metrics) ObserveReconcile(outcome string) {
 }
 
 // ObserveRollout counts what an account's idempotency mode did to one
-// request; it is the function to set as charges.Service.OnRollout.
+// request; it is the function to set as chargeshttp.Handler.OnRollout.
 func (m *Metrics) ObserveRollout(mode, outcome string) {
 	m.rollout.WithLabelValues(mode, outcome).Inc()
 }

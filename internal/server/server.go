@@ -17,25 +17,28 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/apierror"
-	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/eventshttp"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/metrics"
-	"github.com/idempay/idempay/internal/webhooks"
+	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
 
 // Deps are what the API needs.
 type Deps struct {
-	Pool    *pgxpool.Pool
-	Charges *charges.Service
+	Pool *pgxpool.Pool
+	// Charges serves /v1/charges, /v1/refunds and /v1/idempotency_keys.
+	Charges *chargeshttp.Handler
 	Log     *slog.Logger
 	// Metrics is served at /metrics and records the HTTP series. When nil,
 	// New makes a registry of its own with the HTTP, pool and Go series
 	// only; cmd/idempay passes the one its runner and Stripe port report to.
 	Metrics *metrics.Metrics
 	// Webhooks is the Stripe webhook endpoint.
-	Webhooks *webhooks.Handler
+	Webhooks *webhookshttp.Handler
 	// Keys serves /v1/api_keys.
 	Keys *accounts.KeysAPI
 	// Auth authenticates API keys (with its invalidation listener running,
@@ -97,13 +100,13 @@ func New(d Deps) *echo.Echo {
 	})
 	e.GET(apierror.TypeBase+":type", describeProblem)
 
-	// Authentication is per route (see charges.Service.Routes), so that a
+	// Authentication is per route (see chargeshttp.Handler.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	auth := d.Auth.Middleware()
+	auth := accountshttp.Middleware(d.Auth)
 	v1 := e.Group("/v1")
 	d.Charges.Routes(v1, auth)
-	events.NewAPI(d.Pool).Routes(v1, auth)
-	d.Keys.Routes(v1, auth)
+	eventshttp.New(events.NewReader(d.Pool)).Routes(v1, auth)
+	accountshttp.NewKeys(d.Keys).Routes(v1, auth)
 	d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 
 	for _, r := range e.Routes() {

@@ -1,6 +1,8 @@
-// Package webhooks is idempay's Stripe webhook endpoint, the idempotency
-// core's second entry point: POST /v1/webhooks/stripe verifies the
-// Stripe-Signature header with stripe-go's webhook package, then runs the
+// Package webhooks is idempay's Stripe webhook inbox, the idempotency core's
+// second entry point: a delivery to POST /v1/webhooks/stripe (served by
+// webhookshttp, which hands the body and the Stripe-Signature header to
+// Receiver.Receive) has its
+// signature verified with stripe-go's webhook package, then runs the
 // event through the same Runner as POST /v1/charges, scoped to the source
 // "stripe-webhooks" with the event id as the key. The claim transaction
 // records the event in the inbox (stripe_events); the finishing transaction
@@ -23,7 +25,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/webhook"
 
@@ -31,7 +32,6 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -80,8 +80,8 @@ type Config struct {
 	ObserveLag func(time.Duration)
 }
 
-// Handler serves the endpoint.
-type Handler struct {
+// Receiver receives Stripe's deliveries.
+type Receiver struct {
 	pool    *pgxpool.Pool
 	q       *dbsqlc.Queries
 	runner  *idempotency.Runner
@@ -90,24 +90,18 @@ type Handler struct {
 	log     *slog.Logger
 }
 
-// New returns the endpoint and registers its operation with the runner, so
+// New returns the receiver and registers its operation with the runner, so
 // that the completer applies an event whose processing was interrupted.
-func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, cfg Config, log *slog.Logger) *Handler {
+func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, cfg Config, log *slog.Logger) *Receiver {
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = DefaultTolerance
 	}
-	h := &Handler{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
+	h := &Receiver{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
 	runner.Register(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
 	return h
 }
 
-// Routes mounts the endpoint on e. It takes no API key: the signature is
-// its authentication.
-func (h *Handler) Routes(e *echo.Echo) {
-	e.POST(Route, h.receive)
-}
-
-func (h *Handler) observe(typ, outcome string) {
+func (h *Receiver) observe(typ, outcome string) {
 	if h.cfg.Observe == nil {
 		return
 	}
@@ -120,26 +114,23 @@ func (h *Handler) observe(typ, outcome string) {
 	h.cfg.Observe(typ, outcome)
 }
 
-// receive answers 2xx only once the event is durably recorded: applied now,
-// a duplicate of one recorded before, or recorded and left to the
-// completer. A delivery refused here (400) stores nothing.
-func (h *Handler) receive(c echo.Context) error {
-	r := c.Request()
-	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
+// Receive takes one delivery: its payload and its Stripe-Signature header.
+// It returns a response (2xx) only once the event is durably recorded:
+// applied now, a duplicate of one recorded before, or recorded and left to
+// the completer. A delivery refused (*apierror.Error, 400) stores nothing;
+// any other error means Stripe should retry.
+func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string) (idempotency.Response, error) {
+	ev, err := h.verify(payload, signature)
 	if err != nil {
-		return idemhttp.Problem(err)
-	}
-	ev, err := h.verify(payload, r.Header.Get("Stripe-Signature"))
-	if err != nil {
-		return err
+		return idempotency.Response{}, err
 	}
 	req, err := request(ev)
 	if err != nil {
 		h.observe("", OutcomeRejectedPayload)
-		return apierror.New(apierror.WebhookPayloadInvalid, err.Error())
+		return idempotency.Response{}, apierror.New(apierror.WebhookPayloadInvalid, err.Error())
 	}
 	op := &eventOp{h: h, ev: ev, payload: payload}
-	resp, err := h.runner.Run(r.Context(), req, op)
+	resp, err := h.runner.Run(ctx, req, op)
 	typ := string(ev.Type)
 	switch {
 	case err == nil && resp.Replayed:
@@ -147,7 +138,7 @@ func (h *Handler) receive(c echo.Context) error {
 	case err == nil:
 		h.observe(typ, string(op.outcome))
 		if op.outcome == charges.EventUnknownObject {
-			h.log.WarnContext(r.Context(), "stripe event about an object idempay never created: recorded, not applied",
+			h.log.WarnContext(ctx, "stripe event about an object idempay never created: recorded, not applied",
 				"event_id", ev.ID, "event_type", typ)
 		}
 		if h.cfg.ObserveLag != nil {
@@ -157,26 +148,40 @@ func (h *Handler) receive(c echo.Context) error {
 		// Another process holds the event's record: it is recorded, and
 		// that process (or the completer) applies it.
 		h.observe(typ, OutcomeDuplicate)
-		return c.JSON(http.StatusOK, receipt{ID: ev.ID, Object: "webhook_receipt", Outcome: OutcomeDuplicate})
+		return receiptResponse(ev.ID, OutcomeDuplicate)
 	case errors.Is(err, idempotency.ErrUnknownOutcome):
 		h.observe(typ, OutcomePending)
-		return c.JSON(http.StatusOK, receipt{ID: ev.ID, Object: "webhook_receipt", Outcome: OutcomePending})
+		return receiptResponse(ev.ID, OutcomePending)
 	case errors.Is(err, idempotency.ErrMismatch):
 		// The same event id with other content: not something Stripe sends.
 		h.observe(typ, OutcomeRejectedPayload)
-		return apierror.Newf(apierror.WebhookPayloadInvalid, "Event %s was received before with different content.", ev.ID)
+		return idempotency.Response{}, apierror.Newf(apierror.WebhookPayloadInvalid, "Event %s was received before with different content.", ev.ID)
 	default:
-		h.recordFailure(r.Context(), ev.ID, err)
-		return err // 503 when the database is down, else 500: Stripe retries
+		h.recordFailure(ctx, ev.ID, err)
+		return idempotency.Response{}, err // 503 when the database is down, else 500: Stripe retries
 	}
-	idemhttp.Respond(c, resp)
-	return nil
+	return resp, nil
 }
+
+// receiptResponse is the answer, not stored, to a delivery whose event is
+// recorded but whose processing this request did not finish: 200, so that
+// Stripe stops sending it.
+func receiptResponse(eventID, outcome string) (idempotency.Response, error) {
+	body, err := json.Marshal(receipt{ID: eventID, Object: "webhook_receipt", Outcome: outcome})
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{Status: http.StatusOK,
+		Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: append(body, '\n')}, nil
+}
+
+// contentTypeJSON is the media type of the endpoint's answers.
+const contentTypeJSON = "application/json"
 
 // verify checks the signature against the current secret, then the
 // previous one, and parses the event. stripe-go also refuses an event whose
 // API version is not its own: its objects would be decoded wrongly.
-func (h *Handler) verify(payload []byte, header string) (*stripe.Event, error) {
+func (h *Receiver) verify(payload []byte, header string) (*stripe.Event, error) {
 	opts := webhook.ConstructEventOptions{Tolerance: h.cfg.Tolerance}
 	if h.cfg.Secret == "" {
 		h.observe("", OutcomeRejectedSignature)
@@ -218,12 +223,12 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 	if err != nil {
 		return idempotency.Request{}, fmt.Errorf("The event could not be encoded: %v.", err) //nolint:errorlint,staticcheck // the problem's detail, a sentence; the cause is not for callers to match
 	}
-	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idemhttp.MaxBodyBytes)
+	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idempotency.MaxBodyBytes)
 }
 
 // recordFailure notes a failed processing attempt on the inbox row, if the
 // event got that far; it is best effort, for an operator's eyes.
-func (h *Handler) recordFailure(ctx context.Context, eventID string, cause error) {
+func (h *Receiver) recordFailure(ctx context.Context, eventID string, cause error) {
 	msg := pgtext.Truncate(cause.Error(), 1000)
 	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool, &msg, eventID); err != nil {
 		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
@@ -241,7 +246,7 @@ type receipt struct {
 // there is no downstream call: the finishing batch applies the event to the
 // ledger and marks it processed.
 type eventOp struct {
-	h       *Handler
+	h       *Receiver
 	ev      *stripe.Event
 	payload []byte
 	outcome charges.EventOutcome
@@ -304,7 +309,7 @@ func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency
 		return idempotency.Response{}, err
 	}
 	return idempotency.Response{Status: http.StatusOK,
-		Headers: idempotency.Headers{ContentType: echo.MIMEApplicationJSON}, Body: body}, nil
+		Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: body}, nil
 }
 
 func nonEmpty(s string) *string {

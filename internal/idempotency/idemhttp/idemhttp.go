@@ -104,8 +104,9 @@ func MissingKey() error {
 	return Problem(err)
 }
 
-// MaxBodyBytes bounds every request body the API reads.
-const MaxBodyBytes = 1 << 20 // 1 MiB
+// MaxBodyBytes bounds every request body the API reads
+// (idempotency.MaxBodyBytes).
+const MaxBodyBytes = idempotency.MaxBodyBytes
 
 // retryAfter is the Retry-After, in seconds, of every retryable refusal: an
 // in-flight request normally finishes within one Stripe round trip.

@@ -1,4 +1,4 @@
-package charges_test
+package chargeshttp_test
 
 import (
 	"bytes"
