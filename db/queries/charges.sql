@@ -86,16 +86,12 @@ SELECT * FROM charges WHERE id = @id;
 -- The ledger row of a new charge, in the claim's batch after the record's
 -- INSERT (version 1, processing). Its id is derived from the record's
 -- (ledgerID), so it exists already only when the same key and request made
--- this charge before and its record has since expired: then it raises
--- IDK01 and nothing of the claim commits (a 422: a new charge needs a new
--- key).
-WITH c AS (
-    INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
-    VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING 1
-)
-SELECT idempay_expect((SELECT count(*) FROM c), 'IDK01', 'this key and request made this charge before its record expired');
+-- this charge before and its record has since expired: then the primary key
+-- refuses it (23505 on charges_pkey), nothing of the claim commits, and the
+-- answer is a 422 (a new charge needs a new key). A plain INSERT: the
+-- unique index is the check, at no cost beyond the insert itself.
+INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method);
 
 -- name: ChargeSetOutcome :exec
 -- The outcome of the Stripe call, in the finishing batch after the record's

@@ -336,7 +336,7 @@ func From(err error) *Error {
 		return pe
 	}
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "IDK01" { // raised by ChargeInsert, RefundInsert
+	if errors.As(err, &pg) && pg.Code == "23505" && ledgerPrimaryKeys[pg.ConstraintName] { // unique_violation
 		return &Error{Type: IdempotencyKeyReused, Cause: err,
 			Detail: "This Idempotency-Key was used for this same request before its record expired (the retention window), and its object exists. Use a new key for a new request."}
 	}
@@ -350,6 +350,12 @@ func From(err error) *Error {
 	}
 	return Wrap(err)
 }
+
+// ledgerPrimaryKeys are the primary keys of the ledger rows a claim inserts
+// (ChargeInsert, RefundInsert): their ids derive from the request, so one
+// refuses an insert only when the same key and request made the row before
+// and its idempotency record has since expired.
+var ledgerPrimaryKeys = map[string]bool{"charges_pkey": true, "refunds_pkey": true}
 
 // databaseUnavailable tells a database outage (no connection, connection
 // lost, server shutting down or starting, too many connections; a failover

@@ -366,13 +366,8 @@ func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, accountID str
 }
 
 const chargeInsert = `-- name: ChargeInsert :exec
-WITH c AS (
-    INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING 1
-)
-SELECT idempay_expect((SELECT count(*) FROM c), 'IDK01', 'this key and request made this charge before its record expired')
+INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 `
 
 type ChargeInsertParams struct {
@@ -390,9 +385,10 @@ type ChargeInsertParams struct {
 // The ledger row of a new charge, in the claim's batch after the record's
 // INSERT (version 1, processing). Its id is derived from the record's
 // (ledgerID), so it exists already only when the same key and request made
-// this charge before and its record has since expired: then it raises
-// IDK01 and nothing of the claim commits (a 422: a new charge needs a new
-// key).
+// this charge before and its record has since expired: then the primary key
+// refuses it (23505 on charges_pkey), nothing of the claim commits, and the
+// answer is a 422 (a new charge needs a new key). A plain INSERT: the
+// unique index is the check, at no cost beyond the insert itself.
 func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertParams) error {
 	_, err := db.Exec(ctx, chargeInsert,
 		arg.ID,
