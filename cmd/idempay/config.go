@@ -95,6 +95,8 @@ func loadConfig() (Config, error) {
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
 	idem.AsyncClaim = e.bool("IDEMPOTENCY_ASYNC_CLAIM", idem.AsyncClaim)
+	idem.ReplayCacheSize = e.int("IDEMPOTENCY_REPLAY_CACHE_SIZE", idem.ReplayCacheSize)
+	idem.ReplayCacheTTL = e.dur("IDEMPOTENCY_REPLAY_CACHE_TTL", idem.ReplayCacheTTL)
 	cfg.Idempotency = idem
 	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {
 		e.errs = append(e.errs, fmt.Sprintf("LOG_LEVEL: %v", err))

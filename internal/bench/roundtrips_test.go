@@ -121,7 +121,12 @@ func statementName(sql string) string {
 //     checks, whose version guards the claim's batch marking the action
 //     pending; the finishing batch settles the charge and writes its event.
 //   - A replay: 1 statement, no transaction, no write: one read of the record
-//     by its unique (scope, key) index.
+//     by its unique (scope, key) index; here through a second server
+//     process's worth of wiring on the same pool (another API process, or
+//     this one after its replay cache's TTL), since this one remembers the
+//     records it finished.
+//   - A replay of a record this process finished moments ago: no round trip
+//     at all, from its replay cache (idempotency.Config.ReplayCacheSize).
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -141,6 +146,9 @@ func TestRoundTrips(t *testing.T) {
 
 	env := apitest.New(t, apitest.Options{Pool: pool})
 	c := env.NewClient(t)
+	// Another server on the same pool, for the account's replays from the
+	// database: it has seen none of the records finish.
+	other := apitest.New(t, apitest.Options{Pool: pool, NoReplayCache: true}).ClientFor(t, c.Account)
 	body := map[string]any{"amount": 2000, "currency": "usd", "payment_method": "tok_visa",
 		"description": "Order #1", "metadata": map[string]string{"order_id": "1"}}
 	post := func(path, key string, body any) *apitest.Response {
@@ -188,6 +196,9 @@ func TestRoundTrips(t *testing.T) {
 		authorized[i] = a.ID
 	}
 	post("/v1/charges", "warm", body)
+	if r := other.Post("/v1/charges", "warm", body); r.Status != http.StatusCreated { // and its API key cached
+		t.Fatalf("replay of warm through the other server: status %d (body %s)", r.Status, r.Body)
+	}
 	post("/v1/refunds", "warm-refund", map[string]any{"charge": charge.ID, "amount": 1})
 	event(5)
 	act(authorized[0], "capture", "warm-capture")
@@ -241,10 +252,15 @@ func TestRoundTrips(t *testing.T) {
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {
-			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
+			if r := other.Post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
 			}
 		}, []string{"IdempotencyKeyGetByScopeKey"}},
+		{"replay from the replay cache", func() {
+			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
+			}
+		}, nil},
 	} {
 		got, prepares := tr.record(tc.run)
 		if !slices.Equal(got, tc.want) || prepares != 0 {

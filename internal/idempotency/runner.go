@@ -88,6 +88,13 @@ type Config struct {
 	// last commits, and reconciliation is what restores its ledger row.
 	// DefaultConfig turns it on; IDEMPOTENCY_ASYNC_CLAIM=off turns it off.
 	AsyncClaim bool
+	// ReplayCacheSize and ReplayCacheTTL bound the replay cache: the
+	// finished records this process answered or finished in the last
+	// ReplayCacheTTL, at most ReplayCacheSize of them, from which a retry is
+	// answered without a database round trip (replayCache says why that is
+	// safe, and what an entry may outlive). Zero turns it off.
+	ReplayCacheSize int
+	ReplayCacheTTL  time.Duration
 	// Now, when set, is the clock that decides lock expiry and the
 	// completer's schedule instead of the database's now(). Production
 	// leaves it nil, so one clock (the database's) decides for every server
@@ -96,7 +103,8 @@ type Config struct {
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more, and an asynchronous claim.
+// window kept for 1 h more, an asynchronous claim, and a replay cache of
+// 10,000 records for 10 s.
 func DefaultConfig() Config {
 	return Config{
 		LockTimeout:    60 * time.Second,
@@ -107,6 +115,9 @@ func DefaultConfig() Config {
 		MaxBackoff:     5 * time.Minute,
 		FinishTimeout:  10 * time.Second,
 		AsyncClaim:     true,
+		// About 1.5 KB an entry for a charge: some 15 MB at most.
+		ReplayCacheSize: 10_000,
+		ReplayCacheTTL:  10 * time.Second,
 	}
 }
 
@@ -274,13 +285,15 @@ type Runner struct {
 	cfg      Config
 	log      *slog.Logger
 	resumers map[string]func() Operation
+	cache    *replayCache
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
 }
 
 // NewRunner returns a Runner over pool.
 func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
-	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{}}
+	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{},
+		cache: newReplayCache(cfg.ReplayCacheSize, cfg.ReplayCacheTTL)}
 }
 
 // Register tells the completer how to resume records of one operation:
@@ -297,6 +310,15 @@ func (r *Runner) now() *time.Time {
 	}
 	t := r.cfg.Now()
 	return &t
+}
+
+// clock is the process's time for the replay cache's entries (Config.Now
+// when a test set it). Lock expiry never uses it: see now.
+func (r *Runner) clock() time.Time {
+	if r.cfg.Now != nil {
+		return r.cfg.Now()
+	}
+	return time.Now()
 }
 
 func (r *Runner) observe(o Outcome) {
@@ -329,6 +351,7 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 		return Response{}, err
 	}
 	resp.RecordID = rec.ID
+	r.cache.put(req.Scope, req.Key, req.Fingerprint, resp, r.clock())
 	return resp, nil
 }
 
@@ -345,6 +368,14 @@ const maxAttempts = 5
 // unique index is the atomic arbiter, and the loser reads again. A
 // resumable record is taken over at the generation the read saw.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
+	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, r.clock()); ok {
+		if !bytes.Equal(fingerprint, req.Fingerprint) {
+			r.observe(OutcomeMismatch)
+			return nil, nil, errMismatch()
+		}
+		r.observe(OutcomeReplayed)
+		return nil, &resp, nil
+	}
 	for range maxAttempts {
 		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
@@ -365,11 +396,13 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		switch judge(&row, req) {
 		case OutcomeMismatch:
 			r.observe(OutcomeMismatch)
-			return nil, nil, refuse(ErrMismatch,
-				"This key was already used with a different request. Use a new key for a new request.")
+			return nil, nil, errMismatch()
 		case OutcomeReplayed:
 			r.observe(OutcomeReplayed)
 			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
+			if err == nil {
+				r.cache.put(req.Scope, req.Key, row.RequestFingerprint, *resp, r.clock())
+			}
 			return nil, resp, err
 		case OutcomeConflict:
 			r.observe(OutcomeConflict)
@@ -391,6 +424,10 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
+}
+
+func errMismatch() error {
+	return refuse(ErrMismatch, "This key was already used with a different request. Use a new key for a new request.")
 }
 
 // begin is the claim phase of a new key: the record's INSERT and the
