@@ -114,8 +114,8 @@ func (q *Queries) ChargeBeginPending(ctx context.Context, db DBTX, arg *ChargeBe
 
 const chargeFindForEvent = `-- name: ChargeFindForEvent :one
 SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges
-WHERE stripe_payment_intent_id = $1
-   OR stripe_charge_id = $2
+WHERE id IN (SELECT charge_id FROM charge_stripe_ids
+             WHERE stripe_id IN ($1, $2))
    OR idempotency_key_id = $3
 ORDER BY stripe_payment_intent_id = $1 DESC NULLS LAST,
          stripe_charge_id = $2 DESC NULLS LAST
@@ -129,11 +129,11 @@ type ChargeFindForEventParams struct {
 }
 
 // The charge a Stripe event is about: by Stripe's PaymentIntent or charge
-// id, or by the idempotency record that idempay put in the PaymentIntent's
-// metadata (a charge whose finishing commit never happened has no Stripe id
-// yet). Events carry no account: the account comes from the row. Read
-// without a lock: the writes that follow are guarded by the version read
-// here.
+// id (charge_stripe_ids), or by the idempotency record that idempay put in
+// the PaymentIntent's metadata (a charge whose finishing commit never
+// happened has no Stripe id yet). Events carry no account: the account
+// comes from the row. Read without a lock: the writes that follow are
+// guarded by the version read here.
 func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFindForEventParams) (Charge, error) {
 	row := db.QueryRow(ctx, chargeFindForEvent, arg.StripePaymentIntentID, arg.StripeChargeID, arg.RecordID)
 	var i Charge

@@ -54,6 +54,11 @@ type Charge struct {
 	PendingAmount         *int64
 }
 
+type ChargeStripeID struct {
+	StripeID string
+	ChargeID string
+}
+
 type Dispute struct {
 	ID              string
 	AccountID       string
