@@ -12,6 +12,68 @@ ALTER TABLE charges DROP CONSTRAINT charges_pending_record_id_key;
 CREATE UNIQUE INDEX charges_pending_record_id ON charges (pending_record_id)
     WHERE pending_record_id IS NOT NULL;
 
+-- Length limits as the column's type (varchar(n)) instead of CHECK
+-- (char_length(x) <= n), on the tables a request writes. PostgreSQL reads a
+-- table's CHECK constraints from their stored text, and plans them, at every
+-- INSERT or UPDATE statement on the table (ExecRelCheck): a profile of the
+-- server under first requests put a quarter of PostgreSQL's CPU in it, for a
+-- charge's eighteen constraints and a record's eleven (BENCHMARKS.md, "Where
+-- PostgreSQL spends"). A varchar(n) limit is checked where a value is
+-- assigned, inside the statement's cached plan, and an UPDATE does not check
+-- the columns it leaves alone. The limit is the same, and so is what it
+-- defends; the error is 22001 (value too long) instead of 23514. The checks
+-- that are not lengths (states, amounts, the finished record's response)
+-- stay CHECKs.
+ALTER TABLE idempotency_keys
+    DROP CONSTRAINT idempotency_keys_id_check,
+    DROP CONSTRAINT idempotency_keys_key_check,
+    DROP CONSTRAINT idempotency_keys_last_error_check,
+    DROP CONSTRAINT idempotency_keys_request_method_check,
+    DROP CONSTRAINT idempotency_keys_request_route_check,
+    DROP CONSTRAINT idempotency_keys_scope_length,
+    ALTER COLUMN id TYPE varchar(64),
+    ALTER COLUMN key TYPE varchar(255),
+    ALTER COLUMN last_error TYPE varchar(1000),
+    ALTER COLUMN request_method TYPE varchar(16),
+    ALTER COLUMN request_route TYPE varchar(200),
+    ALTER COLUMN scope TYPE varchar(100),
+    ADD CONSTRAINT idempotency_keys_not_empty CHECK (key <> '' AND scope <> '');
+
+ALTER TABLE charges
+    DROP CONSTRAINT charges_id_check,
+    DROP CONSTRAINT charges_payment_method_check,
+    DROP CONSTRAINT charges_description_check,
+    DROP CONSTRAINT charges_stripe_charge_id_check,
+    DROP CONSTRAINT charges_failure_code_check,
+    DROP CONSTRAINT charges_failure_message_check,
+    DROP CONSTRAINT charges_stripe_payment_intent_id_check,
+    DROP CONSTRAINT charges_next_action_url_check,
+    ALTER COLUMN id TYPE varchar(64),
+    ALTER COLUMN payment_method TYPE varchar(255),
+    ALTER COLUMN description TYPE varchar(1000),
+    ALTER COLUMN stripe_charge_id TYPE varchar(255),
+    ALTER COLUMN failure_code TYPE varchar(255),
+    ALTER COLUMN failure_message TYPE varchar(1000),
+    ALTER COLUMN stripe_payment_intent_id TYPE varchar(255),
+    ALTER COLUMN next_action_url TYPE varchar(2048),
+    ADD CONSTRAINT charges_payment_method_not_empty CHECK (payment_method <> '');
+
+ALTER TABLE refunds
+    DROP CONSTRAINT refunds_id_check,
+    DROP CONSTRAINT refunds_failure_code_check,
+    DROP CONSTRAINT refunds_failure_message_check,
+    DROP CONSTRAINT refunds_stripe_refund_id_check,
+    ALTER COLUMN id TYPE varchar(64),
+    ALTER COLUMN failure_code TYPE varchar(255),
+    ALTER COLUMN failure_message TYPE varchar(1000),
+    ALTER COLUMN stripe_refund_id TYPE varchar(255);
+
+ALTER TABLE events
+    DROP CONSTRAINT events_id_check,
+    DROP CONSTRAINT events_object_id_check,
+    ALTER COLUMN id TYPE varchar(64),
+    ALTER COLUMN object_id TYPE varchar(64);
+
 -- The Stripe ids a charge is known by (its PaymentIntent, and Stripe's
 -- charge of it), in a table of their own instead of two partial indexes on
 -- charges. Setting them on the charge, which every first request's finish
@@ -27,8 +89,11 @@ CREATE UNIQUE INDEX charges_pending_record_id ON charges (pending_record_id)
 -- changed (its WHEN clause), which is once per id and charge. Stripe's
 -- events find their charge through it (ChargeFindForEvent).
 CREATE TABLE charge_stripe_ids (
-    stripe_id text PRIMARY KEY CHECK (char_length(stripe_id) <= 255),
-    charge_id text NOT NULL REFERENCES charges (id) ON DELETE CASCADE
+    stripe_id varchar(255) PRIMARY KEY,
+    -- No foreign key: the row is written by the statement that writes the
+    -- charge's id into the charge, and a foreign key's check is one more
+    -- query (and a row lock) per insert.
+    charge_id varchar(64) NOT NULL
 );
 
 INSERT INTO charge_stripe_ids (stripe_id, charge_id)

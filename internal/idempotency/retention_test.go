@@ -50,7 +50,7 @@ func TestRetention(t *testing.T) {
 	if _, err := d.Pool.Exec(ctx, `
 		WITH ik AS (
 			INSERT INTO idempotency_keys (scope, account_id, key, request_method, request_route, request_fingerprint, locked_at)
-			VALUES ($1, $1, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
+			VALUES ($1::text, $1::text, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
 		INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
 		SELECT account_id, id, 100, 'usd', 'tok_visa' FROM ik`,
 		d.AccountID, testRoute, request(d.AccountID, "x").Fingerprint); err != nil {
