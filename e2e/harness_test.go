@@ -364,6 +364,19 @@ func (s *server) kill9() {
 	requireKilled(s.t, s.opts.Name, s.waitExit(10*time.Second))
 }
 
+// sigterm sends SIGTERM, as a supervisor stopping the process does, and
+// returns at once: the test then watches how the process ends (stop, by
+// contrast, only makes sure that it does).
+func (s *server) sigterm() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		s.t.Fatalf("SIGTERM to %s: %v", s.opts.Name, err)
+	}
+}
+
 // requireKilled fails unless the process ended by SIGKILL.
 func requireKilled(t *testing.T, name string, st *os.ProcessState) {
 	t.Helper()

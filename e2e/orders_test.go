@@ -154,6 +154,85 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 	}
 }
 
+// SIGTERM to `idempay consume` while its message's charge is held at
+// Stripe: the process does not exit until the charge has finished, then
+// exits 0, and the message ends acknowledged by it, delivered once: one
+// finished record, one ledger row, one charge at Stripe, nothing left to
+// redeliver or to complete. The consumer's own test of this
+// (TestShutdownWaitsForTheChargeInFlight) cancels a context; this one goes
+// through the binary: its signal handling, NATS connection and pool.
+func TestConsumerSIGTERMDuringCharge(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	fake := newFake(t)
+	natsURL := natstest.Server(t)
+	_, js := natstest.Connect(t, natsURL)
+	acct := newAccount(t, d.Pool, "consumer sigterm")
+	// A Stripe timeout longer than the hold, so that the held charge ends
+	// in Stripe's answer and not in an unknown outcome; the ack wait (the
+	// consumer's shutdown bound) longer than that.
+	c := startServer(t, serverOpts{Name: "consumer", DBURL: d.URL, StripeURL: fake.URL(), Command: "consume",
+		NATSURL: natsURL, Stripe: 5 * time.Second, Lock: 10 * time.Second,
+		Env: []string{"ORDERS_ACK_WAIT=8s", "ORDERS_MAX_DELIVER=20"}})
+
+	gate := fake.Hold()
+	defer gate.Release()
+	const key = "order-sigterm"
+	publishOrder(t, js, orderMessage(acct.ID, key, 3300))
+	select {
+	case <-gate.Arrived():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the charge never reached Stripe")
+	}
+
+	c.sigterm()
+	select {
+	case <-c.doneChan():
+		t.Fatalf("idempay consume exited (%v) while its charge was held at Stripe", c.exitState())
+	case <-time.After(time.Second):
+	}
+	if p := recoveryPoint(t, d.Pool, acct.ID, key); p == "finished" {
+		t.Fatalf("the record is %s while its charge is held at Stripe", p)
+	}
+	gate.Release()
+	if st := c.waitExit(10 * time.Second); !st.Success() {
+		t.Fatalf("idempay consume ended with %v after SIGTERM, want exit status 0", st)
+	}
+	if n := countLog([]*server{c}, "consumer stopped"); n != 1 {
+		t.Errorf("the consumer logged %q %d times, want 1 (Run returned after the message in hand)", "consumer stopped", n)
+	}
+
+	// Acknowledged by the stopped process, once: no restart needed, nothing
+	// pending or awaiting an ack, and one delivery in all.
+	cfg := orders.DefaultConfig()
+	var ci *jetstream.ConsumerInfo
+	if err := retryJS(func(ctx context.Context) error {
+		cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
+		if err == nil {
+			ci, err = cons.Info(ctx)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ci.NumPending != 0 || ci.NumAckPending != 0 || ci.Delivered.Consumer != 1 || ci.AckFloor.Consumer != 1 {
+		t.Errorf("consumer: %d pending, %d unacknowledged, delivered %d, ack floor %d; want the one message delivered once and acknowledged",
+			ci.NumPending, ci.NumAckPending, ci.Delivered.Consumer, ci.AckFloor.Consumer)
+	}
+	checkOrders(t, d, indexFake(fake), acct.ID, []string{key})
+	var unfinished int
+	if err := d.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND recovery_point <> 'finished'`, acct.ID).Scan(&unfinished); err != nil {
+		t.Fatal(err)
+	}
+	if unfinished != 0 {
+		t.Errorf("%d unfinished idempotency records after the shutdown, want 0", unfinished)
+	}
+	if n := deadLetterCount(t, js); n != 0 {
+		t.Errorf("%d dead letters, want 0", n)
+	}
+}
+
 // runConsumers publishes 100 keys × 5 copies, shuffled, to three consumer
 // processes, kills one of them (or, with cluster, a NATS node) in the middle,
 // and checks that every key was charged exactly once and every message

@@ -113,7 +113,7 @@ func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 const ordersUsage = `usage:
-  idempay orders publish --account ACCT --amount N [--currency usd] [--payment-method tok_visa]
+  idempay orders publish --account ACCT --amount N [--currency usd] [--payment-method pm_card_visa]
                          [--order-id ID] [--idempotency-key K] [--description D] [--msg-id ID]
       publish one order.paid message (the key defaults to "order-" + the order id)
   idempay orders dlq [--limit N]

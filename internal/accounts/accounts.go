@@ -137,7 +137,7 @@ func SetModeDirect(ctx context.Context, pool *pgxpool.Pool, direct Direct, id, m
 	}
 	defer iv.close()
 	_, err = db.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		n, err := dbsqlc.New().AccountSetMode(ctx, tx, mode, id)
+		n, err := dbsqlc.New().AccountSetMode(ctx, tx, &dbsqlc.AccountSetModeParams{IdempotencyMode: mode, ID: id})
 		if err != nil {
 			return struct{}{}, fmt.Errorf("setting mode: %w", err)
 		}

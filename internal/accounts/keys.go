@@ -172,7 +172,7 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempot
 	// Know the key's hash before the revocation commits, to wait after it
 	// for every process to have forgotten the key (I11).
 	var iv *invalidation
-	if row, err := k.q.APIKeyGetByID(ctx, k.pool, accountID, id); err == nil && row.RevokedAt == nil {
+	if row, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id}); err == nil && row.RevokedAt == nil {
 		if iv, err = expectInvalidation(ctx, k.pool, k.Direct, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
 			return idempotency.Response{}, fmt.Errorf("preparing the revocation: %w", err)
 		}
@@ -208,7 +208,7 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempot
 // process to forget it. The revocation raises ErrStale when what was
 // checked no longer holds when it runs.
 func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id string) error {
-	row, err := k.q.APIKeyGetByID(ctx, k.pool, accountID, id)
+	row, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) || err == nil && row.RevokedAt != nil {
 		return apierror.New(apierror.NotFound, "No such active API key.")
 	} else if err != nil {
@@ -221,7 +221,7 @@ func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id st
 	if len(active) == 1 && active[0].ID == id {
 		return apierror.New(apierror.LastAPIKey, "This is the account's last active API key; create another before revoking it.")
 	}
-	if err := k.q.APIKeyRevoke(ctx, tx, accountID, id); err != nil {
+	if err := k.q.APIKeyRevoke(ctx, tx, &dbsqlc.APIKeyRevokeParams{AccountID: accountID, ID: id}); err != nil {
 		return fmt.Errorf("revoking API key: %w", err)
 	}
 	return notify(ctx, tx, keyRevoked+hex.EncodeToString(row.KeyHash))

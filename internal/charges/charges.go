@@ -444,7 +444,7 @@ type Dispute struct {
 // Charge is GET /v1/charges/{id}: the account's charge with its disputes.
 // Another account's charge is not found, like an unknown one (I5).
 func (s *Service) Charge(ctx context.Context, accountID, id string) (ChargeDetail, error) {
-	ch, err := s.q.ChargeGetByID(ctx, s.pool, accountID, id)
+	ch, err := s.q.ChargeGetByID(ctx, s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: accountID, ID: id})
 	if err := readErr(err, "charge"); err != nil {
 		return ChargeDetail{}, err
 	}
@@ -469,7 +469,7 @@ type ChargeList = listing.List[Charge]
 func (s *Service) Charges(ctx context.Context, accountID string, limit int, startingAfter string) (ChargeList, error) {
 	params := &dbsqlc.ChargeListParams{AccountID: accountID, MaxRows: int32(limit + 1)}
 	if startingAfter != "" {
-		cur, err := s.q.ChargeGetByID(ctx, s.pool, accountID, startingAfter)
+		cur, err := s.q.ChargeGetByID(ctx, s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: accountID, ID: startingAfter})
 		if errors.Is(db.NotFound(err), db.ErrNotFound) {
 			return ChargeList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
 		} else if err != nil {

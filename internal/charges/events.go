@@ -358,7 +358,8 @@ func refundStatus(s stripe.RefundStatus) string {
 }
 
 func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *stripe.Refund, at time.Time) (EventOutcome, error) {
-	rf, err := s.q.RefundFindForEvent(ctx, s.pool, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
+	rf, err := s.q.RefundFindForEvent(ctx, s.pool, &dbsqlc.RefundFindForEventParams{
+		StripeRefundID: nonEmpty(sr.ID), RecordID: nonEmpty(sr.Metadata[MetadataRecord])})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
@@ -381,7 +382,7 @@ func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *str
 		updated.FailureCode = cmpOr(nonEmpty(string(sr.FailureReason)), rf.FailureCode)
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all.
-		if err := s.q.ChargeReleaseRefunded(ctx, b, rf.Amount, rf.ChargeID); err != nil {
+		if err := s.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID}); err != nil {
 			return "", fmt.Errorf("releasing refund amount: %w", err)
 		}
 	}
@@ -437,7 +438,7 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 		// The charge's version moves with its new dispute, so that a refund
 		// checked before it fails its guard (refundOp.Begin); the insert's
 		// own guard orders two events that would both insert it.
-		if err := s.q.ChargeTouch(ctx, b, ch.ID, ch.Version); err != nil {
+		if err := s.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version}); err != nil {
 			return "", err
 		}
 		if err := s.q.DisputeInsert(ctx, b, &dbsqlc.DisputeInsertParams{
@@ -455,7 +456,7 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 	if !newer {
 		return EventStale, nil
 	}
-	if err := s.q.ChargeTouch(ctx, b, ch.ID, ch.Version); err != nil {
+	if err := s.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version}); err != nil {
 		return "", err
 	}
 	if err := s.q.DisputeSetStatus(ctx, b, &dbsqlc.DisputeSetStatusParams{

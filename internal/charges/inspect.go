@@ -99,7 +99,7 @@ func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (Id
 	if key == "" || len(key) > idempotency.MaxKeyLength {
 		return IdempotencyKey{}, readErr(db.ErrNotFound, "idempotency key")
 	}
-	row, err := s.q.IdempotencyKeyInspect(ctx, s.pool, accountID, key)
+	row, err := s.q.IdempotencyKeyInspect(ctx, s.pool, &dbsqlc.IdempotencyKeyInspectParams{Scope: accountID, Key: key})
 	if err := readErr(err, "idempotency key"); err != nil {
 		return IdempotencyKey{}, err
 	}

@@ -110,7 +110,7 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
 		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
 	}
-	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, op.accountID, op.chargeID)
+	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: op.accountID, ID: op.chargeID})
 	if err := readErr(err, "charge"); err != nil {
 		return err
 	}

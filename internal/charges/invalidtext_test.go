@@ -62,7 +62,7 @@ func TestInvalidText(t *testing.T) {
 	}
 }
 
-// invalidText never panics, and finds invalid text exactly when a string
+// InvalidText never panics, and finds invalid text exactly when a string
 // of the body decodes (as encoding/json decodes it) to something other
 // than what it encodes: that is, when the decoder had to replace it.
 func FuzzInvalidText(f *testing.F) {
@@ -70,7 +70,7 @@ func FuzzInvalidText(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		got := invalidText(raw) // must not panic, whatever raw is
+		got := InvalidText(raw) // must not panic, whatever raw is
 		if !json.Valid(raw) {
 			return
 		}
@@ -79,7 +79,7 @@ func FuzzInvalidText(f *testing.F) {
 			return
 		}
 		if want := hasReplacedText(raw); (len(got) > 0) != want {
-			t.Fatalf("invalidText(%q) = %v, want invalid text found: %v", raw, got, want)
+			t.Fatalf("InvalidText(%q) = %v, want invalid text found: %v", raw, got, want)
 		}
 	})
 }

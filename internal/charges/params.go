@@ -47,7 +47,7 @@ type params interface{ validate() error }
 // decodeParams decodes the JSON object raw into dst and validates it. It
 // reports every problem at once, in one 400 invalid-request whose
 // invalid_params name each field: every field given twice (repeatedNames),
-// every field whose name or text is not valid Unicode (invalidText),
+// every field whose name or text is not valid Unicode (InvalidText),
 // every unknown field (in the order of the body), every known field of the
 // wrong type, and every failed check of the known fields (dst.validate).
 // So a client that sends a typo and a bad amount learns of both. A body
@@ -55,7 +55,7 @@ type params interface{ validate() error }
 // tags as encoding/json matches them (case-insensitively).
 func decodeParams(raw []byte, dst params) error {
 	repeated := repeatedNames(raw)
-	badText := invalidText(raw)
+	badText := InvalidText(raw)
 	// The usual body is a valid one: one strict decode, and the walk field
 	// by field below only when that fails, to name every problem at once.
 	strict := json.NewDecoder(bytes.NewReader(raw))

@@ -32,7 +32,7 @@ type refundOp struct {
 // refund's ledger row. A charge that changed in between makes the runner
 // claim again, and so check again.
 func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
-	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, op.accountID, *op.params.Charge)
+	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, &dbsqlc.ChargeGetForRefundParams{AccountID: op.accountID, ID: *op.params.Charge})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return apierror.Invalid(apierror.InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
 	} else if err != nil {
@@ -82,7 +82,7 @@ func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	if err != nil {
 		return fmt.Errorf("loading refund: %w", err)
 	}
-	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, rf.AccountID, rf.ChargeID)
+	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: rf.AccountID, ID: rf.ChargeID})
 	if err != nil {
 		return fmt.Errorf("loading charge of refund %s: %w", rf.ID, err)
 	}
@@ -115,7 +115,7 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		if kind != outcomeOK {
-			if err := op.s.q.ChargeReleaseRefunded(ctx, b, rf.Amount, rf.ChargeID); err != nil {
+			if err := op.s.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID}); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}
 		}
@@ -177,7 +177,7 @@ func refundJSON(rf dbsqlc.Refund) Refund {
 // Refund is GET /v1/refunds/{id}: the account's refund. Another account's
 // refund is not found, like an unknown one (I5).
 func (s *Service) Refund(ctx context.Context, accountID, id string) (Refund, error) {
-	rf, err := s.q.RefundGetByID(ctx, s.pool, accountID, id)
+	rf, err := s.q.RefundGetByID(ctx, s.pool, &dbsqlc.RefundGetByIDParams{AccountID: accountID, ID: id})
 	if err := readErr(err, "refund"); err != nil {
 		return Refund{}, err
 	}

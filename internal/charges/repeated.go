@@ -149,7 +149,7 @@ func foldName(b []byte) string {
 	return string(out)
 }
 
-// invalidText lists the members of raw, one valid JSON value, whose name or
+// InvalidText lists the members of raw, one valid JSON value, whose name or
 // string value is not valid Unicode text: bytes that are not UTF-8, or an
 // escaped UTF-16 surrogate (\ud800) without its pair. encoding/json
 // decodes both silently as U+FFFD, so a description or a metadata value
@@ -157,8 +157,10 @@ func foldName(b []byte) string {
 // client sent; they are refused instead, each named as invalid_params
 // names fields ("description", "metadata[k]"; a bad metadata key names
 // "metadata"). Bodies without a byte above 0x7f or a surrogate escape, the
-// usual ones, are not walked.
-func invalidText(raw []byte) []apierror.InvalidParam {
+// usual ones, are not walked. It is exported for the other entry points
+// that decode JSON themselves (an order.paid message), so that their text
+// is held to the same check as an HTTP body's, not to a copy of it.
+func InvalidText(raw []byte) []apierror.InvalidParam {
 	if utf8.Valid(raw) && !bytes.Contains(raw, []byte(`\ud`)) && !bytes.Contains(raw, []byte(`\uD`)) {
 		return nil
 	}

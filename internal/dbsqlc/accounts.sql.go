@@ -45,8 +45,13 @@ const accountSetMode = `-- name: AccountSetMode :execrows
 UPDATE accounts SET idempotency_mode = $1 WHERE id = $2
 `
 
-func (q *Queries) AccountSetMode(ctx context.Context, db DBTX, idempotencyMode string, iD string) (int64, error) {
-	result, err := db.Exec(ctx, accountSetMode, idempotencyMode, iD)
+type AccountSetModeParams struct {
+	IdempotencyMode string
+	ID              string
+}
+
+func (q *Queries) AccountSetMode(ctx context.Context, db DBTX, arg *AccountSetModeParams) (int64, error) {
+	result, err := db.Exec(ctx, accountSetMode, arg.IdempotencyMode, arg.ID)
 	if err != nil {
 		return 0, err
 	}

@@ -50,8 +50,13 @@ const aPIKeyGetByID = `-- name: APIKeyGetByID :one
 SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at FROM api_keys WHERE account_id = $1 AND id = $2
 `
 
-func (q *Queries) APIKeyGetByID(ctx context.Context, db DBTX, accountID string, iD string) (ApiKey, error) {
-	row := db.QueryRow(ctx, aPIKeyGetByID, accountID, iD)
+type APIKeyGetByIDParams struct {
+	AccountID string
+	ID        string
+}
+
+func (q *Queries) APIKeyGetByID(ctx context.Context, db DBTX, arg *APIKeyGetByIDParams) (ApiKey, error) {
+	row := db.QueryRow(ctx, aPIKeyGetByID, arg.AccountID, arg.ID)
 	var i ApiKey
 	err := row.Scan(
 		&i.ID,
@@ -159,12 +164,17 @@ WITH acct AS (
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDS01', 'the API key or the account''s keys changed since they were read')
 `
 
+type APIKeyRevokeParams struct {
+	AccountID string
+	ID        string
+}
+
 // Revokes one active key of the account, unless it is the account's last
 // active key. The account row is locked first, so two revocations of an
 // account's last two keys cannot both succeed. Guarded: the caller checked
 // both conditions in a read; when they no longer hold it raises IDS01 and
 // the caller reads and checks again.
-func (q *Queries) APIKeyRevoke(ctx context.Context, db DBTX, accountID string, iD string) error {
-	_, err := db.Exec(ctx, aPIKeyRevoke, accountID, iD)
+func (q *Queries) APIKeyRevoke(ctx context.Context, db DBTX, arg *APIKeyRevokeParams) error {
+	_, err := db.Exec(ctx, aPIKeyRevoke, arg.AccountID, arg.ID)
 	return err
 }

@@ -209,8 +209,13 @@ const chargeGetByID = `-- name: ChargeGetByID :one
 SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE account_id = $1 AND id = $2
 `
 
-func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Charge, error) {
-	row := db.QueryRow(ctx, chargeGetByID, accountID, iD)
+type ChargeGetByIDParams struct {
+	AccountID string
+	ID        string
+}
+
+func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, arg *ChargeGetByIDParams) (Charge, error) {
+	row := db.QueryRow(ctx, chargeGetByID, arg.AccountID, arg.ID)
 	var i Charge
 	err := row.Scan(
 		&i.ID,
@@ -324,6 +329,11 @@ SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amoun
 FROM charges WHERE charges.account_id = $1 AND charges.id = $2
 `
 
+type ChargeGetForRefundParams struct {
+	AccountID string
+	ID        string
+}
+
 type ChargeGetForRefundRow struct {
 	Charge           Charge
 	BlockingDisputes int64
@@ -331,8 +341,8 @@ type ChargeGetForRefundRow struct {
 
 // What a refund checks, in one read before its claim: the charge, and how
 // many of its disputes forbid a refund (open, or lost).
-func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, accountID string, iD string) (ChargeGetForRefundRow, error) {
-	row := db.QueryRow(ctx, chargeGetForRefund, accountID, iD)
+func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGetForRefundParams) (ChargeGetForRefundRow, error) {
+	row := db.QueryRow(ctx, chargeGetForRefund, arg.AccountID, arg.ID)
 	var i ChargeGetForRefundRow
 	err := row.Scan(
 		&i.Charge.ID,
@@ -479,11 +489,16 @@ SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), version = versi
 WHERE id = $2
 `
 
+type ChargeReleaseRefundedParams struct {
+	Amount int64
+	ID     string
+}
+
 // Releases a refund that failed at Stripe after it was reserved (or
 // succeeded). It never goes below zero: amount_refunded may have been raised
 // to Stripe's own figure by an event (ChargeApplyEvent).
-func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, amount int64, iD string) error {
-	_, err := db.Exec(ctx, chargeReleaseRefunded, amount, iD)
+func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, arg *ChargeReleaseRefundedParams) error {
+	_, err := db.Exec(ctx, chargeReleaseRefunded, arg.Amount, arg.ID)
 	return err
 }
 
@@ -614,10 +629,15 @@ WITH c AS (
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
 `
 
+type ChargeTouchParams struct {
+	ID      string
+	Version int64
+}
+
 // Bumps the charge's version without changing it otherwise, guarded by the
 // version read: a dispute's event does, so that a refund checked against
 // the charge before the dispute fails its guard and checks again.
-func (q *Queries) ChargeTouch(ctx context.Context, db DBTX, iD string, version int64) error {
-	_, err := db.Exec(ctx, chargeTouch, iD, version)
+func (q *Queries) ChargeTouch(ctx context.Context, db DBTX, arg *ChargeTouchParams) error {
+	_, err := db.Exec(ctx, chargeTouch, arg.ID, arg.Version)
 	return err
 }

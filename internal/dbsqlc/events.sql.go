@@ -14,8 +14,13 @@ const eventGetByID = `-- name: EventGetByID :one
 SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE account_id = $1 AND id = $2
 `
 
-func (q *Queries) EventGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Event, error) {
-	row := db.QueryRow(ctx, eventGetByID, accountID, iD)
+type EventGetByIDParams struct {
+	AccountID string
+	ID        string
+}
+
+func (q *Queries) EventGetByID(ctx context.Context, db DBTX, arg *EventGetByIDParams) (Event, error) {
+	row := db.QueryRow(ctx, eventGetByID, arg.AccountID, arg.ID)
 	var i Event
 	err := row.Scan(
 		&i.ID,

@@ -98,10 +98,15 @@ WHERE id IN (
 )
 `
 
+type IdempotencyKeyDeleteFinishedBeforeParams struct {
+	CreatedBefore time.Time
+	MaxRecords    int32
+}
+
 // One bounded retention batch: finished records created before the cutoff,
 // oldest first, through the partial index on created_at.
-func (q *Queries) IdempotencyKeyDeleteFinishedBefore(ctx context.Context, db DBTX, createdBefore time.Time, maxRecords int32) (int64, error) {
-	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore, createdBefore, maxRecords)
+func (q *Queries) IdempotencyKeyDeleteFinishedBefore(ctx context.Context, db DBTX, arg *IdempotencyKeyDeleteFinishedBeforeParams) (int64, error) {
+	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore, arg.CreatedBefore, arg.MaxRecords)
 	if err != nil {
 		return 0, err
 	}
@@ -254,6 +259,11 @@ LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
 WHERE ik.scope = $1 AND ik.key = $2
 `
 
+type IdempotencyKeyInspectParams struct {
+	Scope string
+	Key   string
+}
+
 type IdempotencyKeyInspectRow struct {
 	ID             string
 	Key            string
@@ -278,8 +288,8 @@ type IdempotencyKeyInspectRow struct {
 // /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 // a refund's record, and the charge it refunds. It selects the state only:
 // never the stored response body or headers, nor the fingerprint.
-func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, scope string, key string) (IdempotencyKeyInspectRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyInspect, scope, key)
+func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *IdempotencyKeyInspectParams) (IdempotencyKeyInspectRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.Scope, arg.Key)
 	var i IdempotencyKeyInspectRow
 	err := row.Scan(
 		&i.ID,

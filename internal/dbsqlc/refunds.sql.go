@@ -56,9 +56,14 @@ ORDER BY stripe_refund_id = $1 DESC NULLS LAST
 LIMIT 1
 `
 
+type RefundFindForEventParams struct {
+	StripeRefundID *string
+	RecordID       *string
+}
+
 // The refund a Stripe event is about; see ChargeFindForEvent.
-func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, stripeRefundID *string, recordID *string) (Refund, error) {
-	row := db.QueryRow(ctx, refundFindForEvent, stripeRefundID, recordID)
+func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, arg *RefundFindForEventParams) (Refund, error) {
+	row := db.QueryRow(ctx, refundFindForEvent, arg.StripeRefundID, arg.RecordID)
 	var i Refund
 	err := row.Scan(
 		&i.ID,
@@ -108,8 +113,13 @@ const refundGetByID = `-- name: RefundGetByID :one
 SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE account_id = $1 AND id = $2
 `
 
-func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, accountID string, iD string) (Refund, error) {
-	row := db.QueryRow(ctx, refundGetByID, accountID, iD)
+type RefundGetByIDParams struct {
+	AccountID string
+	ID        string
+}
+
+func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, arg *RefundGetByIDParams) (Refund, error) {
+	row := db.QueryRow(ctx, refundGetByID, arg.AccountID, arg.ID)
 	var i Refund
 	err := row.Scan(
 		&i.ID,

@@ -100,10 +100,15 @@ WITH e AS (
 SELECT idempay_expect((SELECT count(*) FROM e), 'IDS01', 'the event was processed since it was read')
 `
 
+type StripeEventMarkProcessedParams struct {
+	Outcome *string
+	ID      string
+}
+
 // The event's once-only guard, in the batch that changes the ledger: IDS01
 // when the event was processed since it was read.
-func (q *Queries) StripeEventMarkProcessed(ctx context.Context, db DBTX, outcome *string, iD string) error {
-	_, err := db.Exec(ctx, stripeEventMarkProcessed, outcome, iD)
+func (q *Queries) StripeEventMarkProcessed(ctx context.Context, db DBTX, arg *StripeEventMarkProcessedParams) error {
+	_, err := db.Exec(ctx, stripeEventMarkProcessed, arg.Outcome, arg.ID)
 	return err
 }
 
@@ -113,7 +118,12 @@ SET attempts = attempts + 1, last_error = $1
 WHERE id = $2 AND processed_at IS NULL
 `
 
-func (q *Queries) StripeEventRecordFailure(ctx context.Context, db DBTX, lastError *string, iD string) error {
-	_, err := db.Exec(ctx, stripeEventRecordFailure, lastError, iD)
+type StripeEventRecordFailureParams struct {
+	LastError *string
+	ID        string
+}
+
+func (q *Queries) StripeEventRecordFailure(ctx context.Context, db DBTX, arg *StripeEventRecordFailureParams) error {
+	_, err := db.Exec(ctx, stripeEventRecordFailure, arg.LastError, arg.ID)
 	return err
 }

@@ -29,7 +29,7 @@ type List = listing.List[Event]
 // Event is the account's event id. Another account's event is not found,
 // like an unknown one.
 func (r *Reader) Event(ctx context.Context, accountID, id string) (Event, error) {
-	row, err := r.q.EventGetByID(ctx, r.pool, accountID, id)
+	row, err := r.q.EventGetByID(ctx, r.pool, &dbsqlc.EventGetByIDParams{AccountID: accountID, ID: id})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return Event{}, apierror.New(apierror.NotFound, "No such event.")
 	} else if err != nil {
@@ -43,7 +43,7 @@ func (r *Reader) Event(ctx context.Context, accountID, id string) (Event, error)
 func (r *Reader) Events(ctx context.Context, accountID string, limit int, startingAfter string) (List, error) {
 	params := &dbsqlc.EventListParams{AccountID: accountID, MaxRows: int32(limit + 1)}
 	if startingAfter != "" {
-		cur, err := r.q.EventGetByID(ctx, r.pool, accountID, startingAfter)
+		cur, err := r.q.EventGetByID(ctx, r.pool, &dbsqlc.EventGetByIDParams{AccountID: accountID, ID: startingAfter})
 		if errors.Is(db.NotFound(err), db.ErrNotFound) {
 			return List{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not an event of this account"})
 		} else if err != nil {

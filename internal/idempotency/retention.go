@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
 // PurgeExpired deletes finished records created more than Retention +
@@ -20,7 +22,8 @@ func (r *Runner) PurgeExpired(ctx context.Context, now time.Time) (int64, error)
 	cutoff := now.Add(-(r.cfg.Retention + r.cfg.RetentionGrace))
 	var total int64
 	for {
-		n, err := r.q.IdempotencyKeyDeleteFinishedBefore(ctx, r.pool, cutoff, r.cfg.RetentionBatch)
+		n, err := r.q.IdempotencyKeyDeleteFinishedBefore(ctx, r.pool,
+			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{CreatedBefore: cutoff, MaxRecords: r.cfg.RetentionBatch})
 		if err != nil {
 			return total, fmt.Errorf("purging idempotency records: %w", err)
 		}

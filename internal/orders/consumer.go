@@ -244,6 +244,15 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "not an order.paid message: "+err.Error())
 		return
 	}
+	// The decode above turned text that is not valid Unicode (bytes that
+	// are not UTF-8, an unpaired surrogate escape) into U+FFFD, which would
+	// reach Stripe and the ledger as text the producer never sent. POST
+	// /v1/charges refuses such a body naming the field; a message is held to
+	// the same check and dead-lettered, naming it in the detail.
+	if bad := charges.InvalidText(msg.Data()); len(bad) > 0 {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(apierror.Invalid(bad...)))
+		return
+	}
 	log = log.With("account_id", m.Account, "order_id", m.OrderID)
 	key, err := idempotency.ParseKey(m.IdempotencyKey)
 	if err != nil {

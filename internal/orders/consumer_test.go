@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -300,6 +301,61 @@ func TestDeadLetters(t *testing.T) {
 	}
 	if got := b.count(orders.OutcomeNew); got != 1 {
 		t.Errorf("after settling: %d new charges, want 1 (outcomes %v)", got, b.snapshot())
+	}
+}
+
+// A message whose text is not valid Unicode (bytes that are not UTF-8, an
+// unpaired surrogate escape) is a dead letter naming the field, as POST
+// /v1/charges refuses it with a 400 naming the field: never charged with
+// U+FFFD in place of what the producer sent. Valid non-ASCII text passes.
+func TestInvalidTextIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 2)
+	acct := b.env.NewClient(t).Account.ID
+	raw := func(key, extra string) []byte {
+		return []byte(`{"idempotency_key":"` + key + `","account":"` + acct + `","order_id":"o-` + key +
+			`","amount":1000,"currency":"usd","payment_method":"tok_visa",` + extra + `}`)
+	}
+	for _, tc := range []struct {
+		extra, field string
+	}{
+		{`"description":"caf` + "\xe9" + `"`, `"name":"description"`},
+		{`"metadata":{"sku":"\ud800"}`, `"name":"metadata[sku]"`},
+		{`"metadata":{"k` + "\xfe" + `":"v"}`, `"name":"metadata"`},
+	} {
+		b.publish(t, raw("order-"+rand.Text(), tc.extra), "")
+		waitFor(t, "the dead letter of "+tc.field, func() bool {
+			for _, dl := range b.deadLetters(t) {
+				if strings.Contains(dl.Detail, tc.field) {
+					if dl.Reason != orders.ReasonInvalid {
+						t.Errorf("dead letter naming %s: reason %q, want %q", tc.field, dl.Reason, orders.ReasonInvalid)
+					}
+					return true
+				}
+			}
+			return false
+		})
+	}
+	b.publish(t, raw("order-"+rand.Text(), `"description":"café ☕ \ud83d\ude00"`), "")
+	waitFor(t, "the valid message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+
+	if got := b.count(orders.OutcomeDeadLetter); got != 3 {
+		t.Errorf("%d dead letters, want 3 (outcomes %v)", got, b.snapshot())
+	}
+	if n := b.charges(t, acct); n != 1 {
+		t.Errorf("%d ledger rows, want 1 (the valid message's)", n)
+	}
+	if n := len(b.env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
+	}
+	var description string
+	if err := b.env.Pool.QueryRow(context.Background(),
+		`SELECT coalesce(description, '') FROM charges WHERE account_id = $1`, acct).Scan(&description); err != nil {
+		t.Fatal(err)
+	}
+	if want := "café ☕ \U0001F600"; description != want {
+		t.Errorf("the valid message's description is %q, want %q", description, want)
 	}
 }
 

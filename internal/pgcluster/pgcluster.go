@@ -226,7 +226,7 @@ func running(pid int) bool {
 func (p *process) stop(grace time.Duration) {
 	select {
 	case <-p.done:
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // the group may be gone already // orphans, if any
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // ends the leader's orphans, if any; ESRCH when there are none
 		return
 	default:
 	}

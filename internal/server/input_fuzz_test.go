@@ -27,7 +27,10 @@ import (
 // inputCase is one request of FuzzInput: arbitrary bytes in every input
 // surface. Empty header fields mean a valid value (a live API key, a fresh
 // Idempotency-Key, application/json), so that the other surfaces reach the
-// handlers behind authentication and key validation.
+// handlers behind authentication and key validation. A token is sent as
+// Idempotency-Token, the key's alias, in place of the fresh Idempotency-Key
+// (beside key when key is set too), so that the token alone can carry the
+// request to the handlers.
 type inputCase struct {
 	route    uint8  // which route (echo's routes, sorted), modulo their number
 	segment  []byte // every path parameter, percent-encoded
@@ -35,6 +38,7 @@ type inputCase struct {
 	rawQuery []byte // appended to the query string as it is
 	key      []byte // Idempotency-Key
 	key2     []byte // a second Idempotency-Key line, when not empty
+	token    []byte // Idempotency-Token, when not empty
 	auth     []byte // Authorization
 	ctype    []byte // Content-Type
 	other    []byte // X-Request-Id, Accept and Stripe-Signature
@@ -63,12 +67,20 @@ var badBodies = [][]byte{
 	bytes.Repeat([]byte("["), 100_000), bytes.Repeat([]byte(" "), 1<<20+1),
 }
 
+// guidToken is a well-formed Idempotency-Token: a lower-case GUID.
+const guidToken = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
 // seeds are the known-bad values in each surface, on every route.
 func seeds(routes int) []inputCase {
 	var out []inputCase
 	for r := range routes {
 		route := uint8(r)
-		out = append(out, inputCase{route: route})
+		out = append(out, inputCase{route: route},
+			inputCase{route: route, token: []byte(guidToken)},
+			inputCase{route: route, token: []byte(strings.ToUpper(guidToken))},
+			inputCase{route: route, key: []byte(guidToken), token: []byte(guidToken)},
+			inputCase{route: route, key: []byte("k-one"), token: []byte(guidToken)},
+		)
 		for _, b := range badBytes {
 			out = append(out,
 				inputCase{route: route, segment: b},
@@ -76,6 +88,7 @@ func seeds(routes int) []inputCase {
 				inputCase{route: route, rawQuery: b},
 				inputCase{route: route, key: b},
 				inputCase{route: route, key: []byte("k-one"), key2: b},
+				inputCase{route: route, token: b},
 				inputCase{route: route, auth: b},
 				inputCase{route: route, ctype: b},
 				inputCase{route: route, other: b},
@@ -112,9 +125,9 @@ func FuzzInput(f *testing.F) {
 	routes = slices.Compact(routes)
 
 	for _, c := range seeds(len(routes)) {
-		f.Add(c.route, c.segment, c.query, c.rawQuery, c.key, c.key2, c.auth, c.ctype, c.other, c.body)
+		f.Add(c.route, c.segment, c.query, c.rawQuery, c.key, c.key2, c.token, c.auth, c.ctype, c.other, c.body)
 	}
-	f.Fuzz(func(t *testing.T, routeIndex uint8, segment, query, rawQuery, key, key2, auth, ctype, other, body []byte) {
+	f.Fuzz(func(t *testing.T, routeIndex uint8, segment, query, rawQuery, key, key2, token, auth, ctype, other, body []byte) {
 		r := routes[int(routeIndex)%len(routes)]
 		path := pathWith(r.path, url.PathEscape(string(segment)))
 		q := url.Values{}
@@ -136,8 +149,13 @@ func FuzzInput(f *testing.F) {
 			}
 		}
 		header("Authorization", auth, []byte("Bearer "+client.Account.APIKey))
-		header("Idempotency-Key", key, []byte(apitest.NewKey()))
+		defaultKey := []byte(apitest.NewKey())
+		if len(token) > 0 {
+			defaultKey = nil // the token is the request's key, unless key names one too
+		}
+		header("Idempotency-Key", key, defaultKey)
 		header("Idempotency-Key", key2, nil)
+		header("Idempotency-Token", token, nil)
 		header("Content-Type", ctype, []byte("application/json"))
 		header("X-Request-Id", other, nil)
 		header("Accept", other, nil)

@@ -16,8 +16,9 @@ import (
 // text (PostgreSQL would refuse it: a 500 before I14), a query string that
 // does not parse, and the requests Go's HTTP server refuses by itself (a
 // header over 64 KiB, a control character in a header value, a
-// Transfer-Encoding it does not know), and two Idempotency-Key lines with
-// different keys, and a body whose text is not valid Unicode (which
+// Transfer-Encoding it does not know), two Idempotency-Key lines with
+// different keys, an Idempotency-Token that is not a lower-case GUID or
+// names another key, and a body whose text is not valid Unicode (which
 // encoding/json would have turned into U+FFFD), each over a real TCP
 // connection.
 func TestInputRefusals(t *testing.T) {
@@ -43,6 +44,8 @@ func TestInputRefusals(t *testing.T) {
 		{"NUL in a header value", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Note: a\x00b\r\n", "", 400, apierror.MalformedRequest, ""},
 		{"an unknown Transfer-Encoding", "POST /v1/charges HTTP/1.1\r\n" + auth + "Transfer-Encoding: gzip\r\n", "", 400, apierror.MalformedRequest, ""},
 		{"two different Idempotency-Keys", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: k-a\r\nIdempotency-Key: k-b\r\nContent-Type: application/json\r\n", "", 400, apierror.IdempotencyKeyInvalid, ""},
+		{"an Idempotency-Token that is not a lower-case GUID", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Token: 0F8FAD5B-D9CB-469F-A165-70867728950E\r\nContent-Type: application/json\r\n", "", 400, apierror.IdempotencyKeyInvalid, ""},
+		{"an Idempotency-Token that names another key", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: k-a\r\nIdempotency-Token: " + guidToken + "\r\nContent-Type: application/json\r\n", "", 400, apierror.IdempotencyKeyInvalid, ""},
 		{"invalid UTF-8 in a description", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
 			`{"amount":100,"currency":"usd","payment_method":"tok_visa","description":"caf` + "\xe9" + `"}`, 400, apierror.InvalidRequest, "description"},
 		{"an unpaired surrogate in a metadata value", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",

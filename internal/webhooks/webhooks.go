@@ -230,7 +230,8 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 // event got that far; it is best effort, for an operator's eyes.
 func (h *Receiver) recordFailure(ctx context.Context, eventID string, cause error) {
 	msg := pgtext.Truncate(cause.Error(), 1000)
-	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool, &msg, eventID); err != nil {
+	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool,
+		&dbsqlc.StripeEventRecordFailureParams{LastError: &msg, ID: eventID}); err != nil {
 		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
 	}
 }
@@ -300,7 +301,7 @@ func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency
 			return idempotency.Response{}, err
 		}
 		outcome := string(op.outcome)
-		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &outcome, op.ev.ID); err != nil {
+		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &dbsqlc.StripeEventMarkProcessedParams{Outcome: &outcome, ID: op.ev.ID}); err != nil {
 			return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
 		}
 	}
