@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
@@ -296,29 +297,137 @@ func TestCaptureRefusedByStripe(t *testing.T) {
 }
 
 // A charge whose authorization is not known yet (its request's Stripe call
-// had no answer) is never captured blind: the capture is refused and
-// reaches nothing.
+// had no answer) is never captured blind, nor refused: the capture resolves
+// the authorization first, by resuming the charge's own record with its own
+// downstream key (Stripe replays, or, as here after a 500 that stored
+// nothing, executes it once), then captures. A record whose owner is alive
+// is 409 with Retry-After; an authorization that resolves to a decline is
+// not capturable; a cancel resolves it the same way.
 func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
-	c := env.NewClient(t)
-	env.Stripe.FailNext(stripefake.Fail500, 1)
-	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1000, "currency": "usd",
-		"payment_method": "pm_card_visa", "capture": false})
-	wantStatus(t, resp, http.StatusServiceUnavailable)
+	// unsettled makes an authorization whose PaymentIntent create failed
+	// with a 500 (the charge stays processing, its record resumable), then
+	// lets the fake answer again. It returns the charge id and its key.
+	unsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, pm string) (string, string) {
+		t.Helper()
+		env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+		key := apitest.NewKey()
+		resp := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
+			"payment_method": pm, "capture": false})
+		wantStatus(t, resp, http.StatusServiceUnavailable)
+		env.Stripe.ClearFaults()
+		return processingCharge(t, env, c), key
+	}
+
+	t.Run("capture", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, key := unsettled(t, env, c, "pm_card_visa")
+		resp := c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{})
+		wantStatus(t, resp, http.StatusOK)
+		var got authorized
+		resp.JSON(t, &got)
+		if got.Status != "succeeded" || got.AmountCaptured != 1000 {
+			t.Fatalf("captured: status %s, amount_captured %d; want succeeded, 1000", got.Status, got.AmountCaptured)
+		}
+		downstream := idempotency.DownstreamKey(getRecord(t, env.Pool, c.Account.ID, key).ID, charges.StepCharge)
+		var creates, executed int
+		for _, r := range env.Stripe.Requests() {
+			if r.Method != http.MethodPost || r.Path != "/v1/payment_intents" {
+				continue
+			}
+			creates++
+			if r.IdempotencyKey != downstream {
+				t.Errorf("a PaymentIntent create sent downstream key %q, want the charge's %q", r.IdempotencyKey, downstream)
+			}
+			if !r.Replayed && r.Fault == "" {
+				executed++
+			}
+		}
+		if executed != 1 || creates < 2 || env.Stripe.ChargesByKey(downstream) != 1 {
+			t.Fatalf("at Stripe: %d PaymentIntent creates (%d executed), %d PaymentIntents under the key; "+
+				"want the failed one and one executed, 1 PaymentIntent", creates, executed, env.Stripe.ChargesByKey(downstream))
+		}
+		fc := fakeIntent(t, env, got)
+		if captures, _ := stripeCalls(env, fc.ID, "capture"); captures != 1 || fc.Captures != 1 || fc.AmountReceived != 1000 {
+			t.Fatalf("at Stripe: %d capture calls executed, %d captures of %d; want 1, 1 of 1000", captures, fc.Captures, fc.AmountReceived)
+		}
+		// The charge's own request finished with the authorization, and its
+		// retry replays it.
+		retry := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
+			"payment_method": "pm_card_visa", "capture": false})
+		wantStatus(t, retry, http.StatusCreated)
+		if retry.Header.Get("Idempotent-Replayed") != "true" || !strings.Contains(string(retry.Body), `"requires_capture"`) {
+			t.Fatalf("retry of the charge's request: replayed %q, body %s; want the stored authorization",
+				retry.Header.Get("Idempotent-Replayed"), retry.Body)
+		}
+	})
+
+	t.Run("owner alive", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		gate := env.Stripe.Hold()
+		defer gate.Release()
+		created := make(chan *apitest.Response, 1)
+		go func() {
+			created <- c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1000, "currency": "usd",
+				"payment_method": "pm_card_visa", "capture": false})
+		}()
+		waitArrived(t, gate.Arrived())
+		id := processingCharge(t, env, c)
+		key := apitest.NewKey()
+		resp := c.Post("/v1/charges/"+id+"/capture", key, map[string]any{})
+		wantProblem(t, resp, http.StatusConflict, "charge-not-capturable")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Error("the 409 of an authorization being settled has no Retry-After")
+		}
+		gate.Release()
+		wantStatus(t, <-created, http.StatusCreated)
+		// The refusal stored nothing: the same key now captures.
+		wantStatus(t, c.Post("/v1/charges/"+id+"/capture", key, map[string]any{}), http.StatusOK)
+	})
+
+	t.Run("declined", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, _ := unsettled(t, env, c, "pm_card_chargeDeclined")
+		p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}),
+			http.StatusConflict, "charge-not-capturable")
+		if !strings.Contains(p.Detail, "failed") {
+			t.Errorf("detail %q does not say the charge failed", p.Detail)
+		}
+		for _, r := range env.Stripe.Requests() {
+			if strings.HasSuffix(r.Path, "/capture") {
+				t.Errorf("the capture of a declined charge reached Stripe: %s", r.Path)
+			}
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, _ := unsettled(t, env, c, "pm_card_visa")
+		resp := c.Post("/v1/charges/"+id+"/cancel", apitest.NewKey(), map[string]any{})
+		wantStatus(t, resp, http.StatusOK)
+		if got := getChargeRow(t, env.Pool, id); got.Status != "canceled" {
+			t.Fatalf("ledger: %s, want canceled", got.Status)
+		}
+	})
+}
+
+// processingCharge is the id of c's one charge that is still processing.
+func processingCharge(t testing.TB, env *apitest.Env, c *apitest.Client) string {
+	t.Helper()
 	var id string
 	if err := env.Pool.QueryRow(context.Background(),
 		`SELECT id FROM charges WHERE account_id = $1 AND status = 'processing'`, c.Account.ID).Scan(&id); err != nil {
-		t.Fatal(err)
+		t.Fatalf("reading the processing charge: %v", err)
 	}
-	before := len(env.Stripe.Requests())
-	p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
-	if !strings.Contains(p.Detail, "not settled") {
-		t.Errorf("detail %q", p.Detail)
-	}
-	if after := len(env.Stripe.Requests()); after != before {
-		t.Fatalf("the refused capture sent %d requests to Stripe", after-before)
-	}
+	return id
 }
 
 // Every new input is validated with problem+json, before anything is

@@ -2,6 +2,7 @@ package charges
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -105,7 +106,9 @@ func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
 // Begin checks the charge: authorized (requires_capture; a cancel may also
 // end a charge that requires_action), nothing else pending, and for a
 // capture at most what is capturable. A charge whose authorization outcome
-// is still unknown (processing) is refused: it is never captured blind.
+// is still unknown (processing: its own request has no definite answer
+// from Stripe yet) is never captured blind: its request is resolved first
+// (resolve), and the charge read again.
 func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
 		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
@@ -113,6 +116,15 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, op.accountID, op.chargeID)
 	if err := readErr(err, "charge"); err != nil {
 		return err
+	}
+	if ch.Status == "processing" && ch.IdempotencyKeyID != nil {
+		if err := op.resolve(ctx, ch); err != nil {
+			return err
+		}
+		ch, err = op.s.q.ChargeGetByID(ctx, op.s.pool, op.accountID, op.chargeID)
+		if err := readErr(err, "charge"); err != nil {
+			return err
+		}
 	}
 	switch {
 	case ch.PendingAction != nil:
@@ -143,6 +155,34 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	ch.PendingAction, ch.PendingRecordID, ch.PendingAmount = &op.action, &rec.ID, amount
 	op.charge = ch
 	return nil
+}
+
+// resolve settles the outcome of the request that created ch, a charge
+// still processing, before a capture or cancel of it goes on: the runner
+// resumes that request's own record (idempotency.Runner.Resume), as a retry
+// of it would, so its PaymentIntent is created, or found, with the same
+// downstream key, and Stripe replays rather than authorizing again. Its
+// refusals store nothing (Begin has queued nothing yet), so a retry of
+// the capture with the same key tries again: a record whose owner is
+// alive is 409 with Retry-After, and a Stripe that still gives no
+// definite answer is 503 with Retry-After.
+func (op *pendingOp) resolve(ctx context.Context, ch dbsqlc.Charge) error {
+	err := op.s.runner.Resume(ctx, *ch.IdempotencyKeyID)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
+		pe := op.notAllowed("The authorization of charge %s is being settled by its own request right now; retry shortly.", ch.ID)
+		pe.RetryAfter = 1
+		return pe
+	case errors.Is(err, idempotency.ErrUnknownOutcome):
+		return &idempotency.Error{Kind: idempotency.ErrUnknownOutcome, Cause: err, Detail: fmt.Sprintf(
+			"Stripe has not given a definite answer to the authorization of charge %s yet. "+
+				"Retry with the same key: nothing of this %s was stored, and the retry asks Stripe again, never authorizing twice.",
+			ch.ID, op.action)}
+	default:
+		return fmt.Errorf("resolving the authorization of charge %s: %w", ch.ID, err)
+	}
 }
 
 // Load reads the charge of a capture or cancel begun elsewhere.
