@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 )
@@ -141,8 +144,9 @@ func TestAuthorizeThenCapture(t *testing.T) {
 	}
 }
 
-// Cancel releases an authorization; it can then be neither captured nor
-// canceled again, and a captured charge cannot be canceled.
+// Cancel releases an authorization, with its own record and downstream
+// key (step cancel), and emits charge.canceled; it can then be neither
+// captured nor canceled again, and a captured charge cannot be canceled.
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -158,8 +162,29 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("canceled: %s", resp.Body)
 	}
 	wantSameResponse(t, resp, c.Post("/v1/charges/"+ch.ID+"/cancel", key, map[string]any{}))
-	if fc := fakeIntent(t, env, ch); fc.Status != "canceled" {
+	fc := fakeIntent(t, env, ch)
+	if fc.Status != "canceled" {
 		t.Fatalf("at Stripe: %s, want canceled", fc.Status)
+	}
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	if rec.Route != charges.RouteCancel {
+		t.Errorf("the cancel's record has route %q, want %q", rec.Route, charges.RouteCancel)
+	}
+	downstream := idempotency.DownstreamKey(rec.ID, charges.StepCancel)
+	var cancels int
+	for _, r := range env.Stripe.Requests() {
+		if r.Path == "/v1/payment_intents/"+fc.ID+"/cancel" {
+			cancels++
+			if r.IdempotencyKey != downstream {
+				t.Errorf("cancel sent downstream key %q, want %q", r.IdempotencyKey, downstream)
+			}
+		}
+	}
+	if cancels != 1 {
+		t.Errorf("%d cancels reached Stripe, want 1 (the replay answers from the record)", cancels)
+	}
+	if got := eventTypes(t, env, ch.ID); strings.Join(got, ",") != events.ChargeRequiresCapture+","+events.ChargeCanceled {
+		t.Errorf("events of the charge: %q, want %s then %s", got, events.ChargeRequiresCapture, events.ChargeCanceled)
 	}
 	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
 	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-cancelable")
@@ -177,9 +202,11 @@ func TestCancel(t *testing.T) {
 }
 
 // Capture and cancel of one authorization, raced: 20 goroutines with one
-// key (one capture request, one call that executes at Stripe) and 20 with
-// 20 keys, half capturing, half canceling (exactly one of them wins in the
-// ledger; the others are refused before they reach Stripe).
+// key (one capture request, one call that executes at Stripe), 20 with one
+// key sent half to capture, half to cancel (one route wins; the other's
+// request is another request under that key, 422), and 20 with 20 keys,
+// half capturing, half canceling (exactly one of them wins in the ledger;
+// the others are refused before they reach Stripe).
 func TestCaptureCancelRace(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -211,6 +238,55 @@ func TestCaptureCancelRace(t *testing.T) {
 		}
 		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != "succeeded" {
 			t.Fatalf("ledger: %s, want succeeded", got.Status)
+		}
+	})
+
+	// One key sent to both routes: a capture and a cancel are different
+	// requests (their fingerprints cover the path), so whichever claims the
+	// key first runs, and the other is 422 idempotency-key-reused, or 409
+	// while the first is in flight; one call reaches Stripe.
+	t.Run("one key, capture and cancel", func(t *testing.T) {
+		t.Parallel()
+		ch := authorize(t, c, 4000)
+		key := apitest.NewKey()
+		action := func(i int) string {
+			if i%2 == 1 {
+				return "cancel"
+			}
+			return "capture"
+		}
+		statuses := race(20, func(i int) *apitest.Response {
+			return c.Post("/v1/charges/"+ch.ID+"/"+action(i), key, map[string]any{})
+		})
+		won := map[string]bool{}
+		for i, s := range statuses {
+			switch s {
+			case http.StatusOK:
+				won[action(i)] = true
+			case http.StatusUnprocessableEntity, http.StatusConflict: // idempotency-key-reused, request-in-progress
+			default:
+				t.Errorf("request %d (%s): status %d", i, action(i), s)
+			}
+		}
+		if len(won) != 1 {
+			t.Fatalf("the routes that answered 200: %v; want exactly one", won)
+		}
+		var winner string
+		for a := range won {
+			winner = a
+		}
+		loser := map[string]string{"capture": "cancel", "cancel": "capture"}[winner]
+		wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/"+loser, key, map[string]any{}),
+			http.StatusUnprocessableEntity, "idempotency-key-reused")
+		fc := fakeIntent(t, env, ch)
+		captures, _ := stripeCalls(env, fc.ID, "capture")
+		cancels, _ := stripeCalls(env, fc.ID, "cancel")
+		if captures+cancels != 1 {
+			t.Fatalf("at Stripe: %d captures and %d cancels executed, want one call in all", captures, cancels)
+		}
+		want := map[string]string{"capture": "succeeded", "cancel": "canceled"}[winner]
+		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != want {
+			t.Fatalf("ledger: %s, want %s (the %s won)", got.Status, want, winner)
 		}
 	})
 
@@ -251,6 +327,21 @@ func TestCaptureCancelRace(t *testing.T) {
 			t.Fatalf("ledger: %s, want %s (request %d won)", got.Status, want, won[0])
 		}
 	})
+}
+
+// eventTypes are the types of the events of one object, in its order.
+func eventTypes(t testing.TB, env *apitest.Env, objectID string) []string {
+	t.Helper()
+	rows, err := env.Pool.Query(context.Background(),
+		`SELECT type FROM events WHERE object_id = $1 ORDER BY object_version`, objectID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("reading the events of %s: %v", objectID, err)
+	}
+	return types
 }
 
 // race runs n requests at once and returns their statuses.
