@@ -201,7 +201,10 @@ func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // Call captures or cancels the PaymentIntent with the record's downstream
 // key. A definite refusal by Stripe (the PaymentIntent was canceled, or
 // captured, by something other than this ledger: an expiry, the dashboard)
-// is final: 409, and the charge's pending mark is cleared.
+// is final and stored: 422 payment-rejected (402 card-declined for a
+// decline; refusedResponse), the charge is settled forward from the
+// PaymentIntent in Stripe's answer, and its pending mark is cleared. (409
+// is Begin's refusal, which stores nothing.)
 func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
 	var pi *stripe.PaymentIntent
