@@ -53,7 +53,12 @@ func intentStatus(pi *stripe.PaymentIntent) string {
 }
 
 // applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
-// amounts, the customer's next step and the reason of a failure.
+// amounts, the customer's next step and the reason of a failure. The next
+// step is kept only when it is a redirect (next_action.redirect_to_url, 3-D
+// Secure's page): the one kind a customer can follow without Stripe.js. A
+// next action of another type (use_stripe_sdk ...) leaves the charge
+// requires_action with no URL, shown as next_action null, and Stripe's
+// events settle it like any other.
 func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
 	ch.Status = intentStatus(pi)
 	ch.StripePaymentIntentID = nonEmpty(pi.ID)
