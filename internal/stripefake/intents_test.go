@@ -123,7 +123,7 @@ func TestExpireRoute(t *testing.T) {
 	}
 	before := len(fake.Requests())
 	fake.FailNext(Fail500, 1)
-	expire := func(id string) (*http.Response, stripe.PaymentIntent) {
+	expire := func(id string) (int, stripe.PaymentIntent) {
 		t.Helper()
 		resp, err := http.Post(fake.URL()+"/_fake/expire/"+id, "application/x-www-form-urlencoded", nil)
 		if err != nil {
@@ -136,19 +136,19 @@ func TestExpireRoute(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return resp, got
+		return resp.StatusCode, got
 	}
-	resp, got := expire(pi.ID)
-	if resp.StatusCode != http.StatusOK || got.Status != stripe.PaymentIntentStatusCanceled ||
+	status, got := expire(pi.ID)
+	if status != http.StatusOK || got.Status != stripe.PaymentIntentStatusCanceled ||
 		got.CancellationReason != stripe.PaymentIntentCancellationReasonAutomatic || got.AmountCapturable != 0 {
 		t.Fatalf("expire: %d, status %s, cancellation_reason %s, amount_capturable %d; want 200, canceled, automatic, 0",
-			resp.StatusCode, got.Status, got.CancellationReason, got.AmountCapturable)
+			status, got.Status, got.CancellationReason, got.AmountCapturable)
 	}
-	if resp, _ := expire(pi.ID); resp.StatusCode != http.StatusConflict {
-		t.Errorf("expire of a canceled PaymentIntent: %d, want 409", resp.StatusCode)
+	if status, _ := expire(pi.ID); status != http.StatusConflict {
+		t.Errorf("expire of a canceled PaymentIntent: %d, want 409", status)
 	}
-	if resp, _ := expire("pi_nosuch"); resp.StatusCode != http.StatusConflict {
-		t.Errorf("expire of no PaymentIntent: %d, want 409", resp.StatusCode)
+	if status, _ := expire("pi_nosuch"); status != http.StatusConflict {
+		t.Errorf("expire of no PaymentIntent: %d, want 409", status)
 	}
 	if n := len(fake.Requests()); n != before {
 		t.Errorf("the control route recorded %d requests, want none", n-before)
