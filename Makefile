@@ -20,7 +20,7 @@ help: ## list the targets
 	@echo "usage: make <target>"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-up: ## start PostgreSQL, stripe-mock (STRIPE=fake: the Stripe fake, which declines tok_chargeDeclined) and the API on 127.0.0.1:8080 (Ctrl-C stops)
+up: ## start PostgreSQL, stripe-mock (STRIPE=fake: the Stripe fake, which keeps PaymentIntents and declines pm_card_chargeDeclined) and the API on 127.0.0.1:8080 (Ctrl-C stops)
 	bash scripts/up.sh
 
 test: ## vet and run all tests with -race against PostgreSQL and stripe-mock (ARGS=... for go test)

@@ -258,7 +258,11 @@ func (s *ChargesService) Create(ctx context.Context, p ChargeParams, opts ...Cal
 // exactly once per Idempotency-Key. A charge that is not requires_capture,
 // or has a capture or cancel in progress, is a final 409
 // charge-not-capturable; more than it holds, a 400
-// capture-exceeds-authorization with Extensions["amount_capturable"].
+// capture-exceeds-authorization with Extensions["amount_capturable"]. A
+// charge still processing (its own request had no answer from Stripe) is
+// settled first by the server; while its own request is running elsewhere
+// the 409 carries Retry-After, nothing is stored, and the same call may be
+// made again after it (this client does not retry it by itself).
 func (s *ChargesService) Capture(ctx context.Context, id string, p CaptureParams, opts ...CallOption) (*Charge, error) {
 	if id == "" {
 		return nil, errors.New("idempay: capture: empty charge id")

@@ -576,9 +576,10 @@ build_stripe_fake() { _idem_go_build stripefake ./cmd/stripefake; }
 # its ready line, export
 #   STRIPE_FAKE_URL  http://127.0.0.1:PORT
 #   STRIPE_FAKE_PID  its pid
-# and stop it when the calling shell exits. Unlike stripe-mock it keeps what
-# it charged, replays a repeated Idempotency-Key and declines Stripe's test
-# tokens (tok_chargeDeclined). Call it in the main shell, not in $(...).
+# and stop it when the calling shell exits. Unlike stripe-mock it keeps the
+# PaymentIntents it made, replays a repeated Idempotency-Key and declines
+# Stripe's declining test payment methods (pm_card_chargeDeclined). Call it
+# in the main shell, not in $(...).
 start_stripe_fake() {
 	local bin="$IDEMPAY_ROOT/bin/stripefake" port pid log attempt i
 	[[ -x $bin ]] || build_stripe_fake

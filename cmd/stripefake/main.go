@@ -9,7 +9,11 @@
 // pm_card_threeDSecure2Required requires_action with a test page that
 // completes or fails the authentication, and a payment method that is
 // neither pm_ nor tok_ (card_x) a 400 that idempay reports as 422
-// payment-rejected. It holds everything in memory and forgets it on exit.
+// payment-rejected. POST /_fake/expire/{payment_intent} expires an
+// authorization that was never captured, as Stripe does after some days
+// (canceled, cancellation_reason automatic): 200 with the PaymentIntent, 409
+// if it is not one that requires_capture. It holds everything in memory
+// and forgets it on exit.
 //
 //	stripefake [-addr 127.0.0.1:12112]
 //

@@ -39,6 +39,15 @@ SELECT id, request_fingerprint, recovery_point, lock_generation,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
+-- name: IdempotencyKeyGetByID :one
+-- The read before Runner.Resume: what tells a finished record, one in
+-- flight (its lock fresh, by the same clock as the claim's read) and a
+-- resumable one apart, and the route that says which operation resumes it.
+SELECT id, request_method, request_route, recovery_point, lock_generation,
+       (locked_at IS NOT NULL
+        AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh
+FROM idempotency_keys WHERE id = @id;
+
 -- name: IdempotencyKeyFinish :exec
 -- Stores the final response, first in the finishing batch. Fenced: unless
 -- the caller still holds the generation it claimed, it raises IDF01 and

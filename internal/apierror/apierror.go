@@ -180,11 +180,11 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
 		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
 	ChargeNotCapturable: {
-		"The charge cannot be captured: it is not an authorization waiting for its capture (requires_capture), another capture or cancel of it is in progress, its authorization is not settled yet, or Stripe refused (the authorization was canceled or expired). Nothing was captured.",
-		"Read the charge (GET /v1/charges/{id}): a charge that is still processing can be captured once it requires_capture; a canceled one cannot be captured at all. A new attempt needs a new Idempotency-Key."},
+		"The charge cannot be captured now: it is not an authorization waiting for its capture (requires_capture; it failed, was captured or canceled), its authorization is still pending at Stripe, another capture or cancel of it is in progress, or its authorization is being settled by its own request at this moment (then with Retry-After). Refused before anything ran: nothing was stored, and nothing reached Stripe. (Stripe's own refusal of a capture, an authorization that expired or was canceled at Stripe, is 422 payment-rejected.)",
+		"Read the charge (GET /v1/charges/{id}). With Retry-After, retry after the delay; the same Idempotency-Key is fine, since this refusal stored nothing. A charge that failed, or was captured or canceled, cannot be captured again."},
 	ChargeNotCancelable: {
-		"The charge cannot be canceled: it was captured (refund it instead), it already ended, or another capture or cancel of it is in progress. Nothing was released.",
-		"Read the charge (GET /v1/charges/{id}); to give back a captured charge, refund it (POST /v1/refunds). A new attempt needs a new Idempotency-Key."},
+		"The charge cannot be canceled now: it was captured (refund it instead), it already ended, another capture or cancel of it is in progress, or its authorization is being settled by its own request at this moment (then with Retry-After). Refused before anything ran: nothing was stored, and nothing reached Stripe.",
+		"Read the charge (GET /v1/charges/{id}); to give back a captured charge, refund it (POST /v1/refunds). With Retry-After, retry after the delay; the same Idempotency-Key is fine, since this refusal stored nothing."},
 	CaptureExceedsAuthorization: {
 		"The capture asks for more than the authorization holds; amount_capturable says how much it holds. Nothing was stored.",
 		"Lower the amount to at most amount_capturable, or leave it out to capture all of it; the same Idempotency-Key is fine."},

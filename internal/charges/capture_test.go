@@ -6,9 +6,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 )
@@ -140,8 +144,9 @@ func TestAuthorizeThenCapture(t *testing.T) {
 	}
 }
 
-// Cancel releases an authorization; it can then be neither captured nor
-// canceled again, and a captured charge cannot be canceled.
+// Cancel releases an authorization, with its own record and downstream
+// key (step cancel), and emits charge.canceled; it can then be neither
+// captured nor canceled again, and a captured charge cannot be canceled.
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -157,8 +162,29 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("canceled: %s", resp.Body)
 	}
 	wantSameResponse(t, resp, c.Post("/v1/charges/"+ch.ID+"/cancel", key, map[string]any{}))
-	if fc := fakeIntent(t, env, ch); fc.Status != "canceled" {
+	fc := fakeIntent(t, env, ch)
+	if fc.Status != "canceled" {
 		t.Fatalf("at Stripe: %s, want canceled", fc.Status)
+	}
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	if rec.Route != charges.RouteCancel {
+		t.Errorf("the cancel's record has route %q, want %q", rec.Route, charges.RouteCancel)
+	}
+	downstream := idempotency.DownstreamKey(rec.ID, charges.StepCancel)
+	var cancels int
+	for _, r := range env.Stripe.Requests() {
+		if r.Path == "/v1/payment_intents/"+fc.ID+"/cancel" {
+			cancels++
+			if r.IdempotencyKey != downstream {
+				t.Errorf("cancel sent downstream key %q, want %q", r.IdempotencyKey, downstream)
+			}
+		}
+	}
+	if cancels != 1 {
+		t.Errorf("%d cancels reached Stripe, want 1 (the replay answers from the record)", cancels)
+	}
+	if got := eventTypes(t, env, ch.ID); strings.Join(got, ",") != events.ChargeRequiresCapture+","+events.ChargeCanceled {
+		t.Errorf("events of the charge: %q, want %s then %s", got, events.ChargeRequiresCapture, events.ChargeCanceled)
 	}
 	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
 	wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-cancelable")
@@ -176,9 +202,11 @@ func TestCancel(t *testing.T) {
 }
 
 // Capture and cancel of one authorization, raced: 20 goroutines with one
-// key (one capture request, one call that executes at Stripe) and 20 with
-// 20 keys, half capturing, half canceling (exactly one of them wins in the
-// ledger; the others are refused before they reach Stripe).
+// key (one capture request, one call that executes at Stripe), 20 with one
+// key sent half to capture, half to cancel (one route wins; the other's
+// request is another request under that key, 422), and 20 with 20 keys,
+// half capturing, half canceling (exactly one of them wins in the ledger;
+// the others are refused before they reach Stripe).
 func TestCaptureCancelRace(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -210,6 +238,55 @@ func TestCaptureCancelRace(t *testing.T) {
 		}
 		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != "succeeded" {
 			t.Fatalf("ledger: %s, want succeeded", got.Status)
+		}
+	})
+
+	// One key sent to both routes: a capture and a cancel are different
+	// requests (their fingerprints cover the path), so whichever claims the
+	// key first runs, and the other is 422 idempotency-key-reused, or 409
+	// while the first is in flight; one call reaches Stripe.
+	t.Run("one key, capture and cancel", func(t *testing.T) {
+		t.Parallel()
+		ch := authorize(t, c, 4000)
+		key := apitest.NewKey()
+		action := func(i int) string {
+			if i%2 == 1 {
+				return "cancel"
+			}
+			return "capture"
+		}
+		statuses := race(20, func(i int) *apitest.Response {
+			return c.Post("/v1/charges/"+ch.ID+"/"+action(i), key, map[string]any{})
+		})
+		won := map[string]bool{}
+		for i, s := range statuses {
+			switch s {
+			case http.StatusOK:
+				won[action(i)] = true
+			case http.StatusUnprocessableEntity, http.StatusConflict: // idempotency-key-reused, request-in-progress
+			default:
+				t.Errorf("request %d (%s): status %d", i, action(i), s)
+			}
+		}
+		if len(won) != 1 {
+			t.Fatalf("the routes that answered 200: %v; want exactly one", won)
+		}
+		var winner string
+		for a := range won {
+			winner = a
+		}
+		loser := map[string]string{"capture": "cancel", "cancel": "capture"}[winner]
+		wantProblem(t, c.Post("/v1/charges/"+ch.ID+"/"+loser, key, map[string]any{}),
+			http.StatusUnprocessableEntity, "idempotency-key-reused")
+		fc := fakeIntent(t, env, ch)
+		captures, _ := stripeCalls(env, fc.ID, "capture")
+		cancels, _ := stripeCalls(env, fc.ID, "cancel")
+		if captures+cancels != 1 {
+			t.Fatalf("at Stripe: %d captures and %d cancels executed, want one call in all", captures, cancels)
+		}
+		want := map[string]string{"capture": "succeeded", "cancel": "canceled"}[winner]
+		if got := getChargeRow(t, env.Pool, ch.ID); got.Status != want {
+			t.Fatalf("ledger: %s, want %s (the %s won)", got.Status, want, winner)
 		}
 	})
 
@@ -250,6 +327,21 @@ func TestCaptureCancelRace(t *testing.T) {
 			t.Fatalf("ledger: %s, want %s (request %d won)", got.Status, want, won[0])
 		}
 	})
+}
+
+// eventTypes are the types of the events of one object, in its order.
+func eventTypes(t testing.TB, env *apitest.Env, objectID string) []string {
+	t.Helper()
+	rows, err := env.Pool.Query(context.Background(),
+		`SELECT type FROM events WHERE object_id = $1 ORDER BY object_version`, objectID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("reading the events of %s: %v", objectID, err)
+	}
+	return types
 }
 
 // race runs n requests at once and returns their statuses.
@@ -296,29 +388,137 @@ func TestCaptureRefusedByStripe(t *testing.T) {
 }
 
 // A charge whose authorization is not known yet (its request's Stripe call
-// had no answer) is never captured blind: the capture is refused and
-// reaches nothing.
+// had no answer) is never captured blind, nor refused: the capture resolves
+// the authorization first, by resuming the charge's own record with its own
+// downstream key (Stripe replays, or, as here after a 500 that stored
+// nothing, executes it once), then captures. A record whose owner is alive
+// is 409 with Retry-After; an authorization that resolves to a decline is
+// not capturable; a cancel resolves it the same way.
 func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
-	c := env.NewClient(t)
-	env.Stripe.FailNext(stripefake.Fail500, 1)
-	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1000, "currency": "usd",
-		"payment_method": "pm_card_visa", "capture": false})
-	wantStatus(t, resp, http.StatusServiceUnavailable)
+	// unsettled makes an authorization whose PaymentIntent create failed
+	// with a 500 (the charge stays processing, its record resumable), then
+	// lets the fake answer again. It returns the charge id and its key.
+	unsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, pm string) (string, string) {
+		t.Helper()
+		env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+		key := apitest.NewKey()
+		resp := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
+			"payment_method": pm, "capture": false})
+		wantStatus(t, resp, http.StatusServiceUnavailable)
+		env.Stripe.ClearFaults()
+		return processingCharge(t, env, c), key
+	}
+
+	t.Run("capture", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, key := unsettled(t, env, c, "pm_card_visa")
+		resp := c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{})
+		wantStatus(t, resp, http.StatusOK)
+		var got authorized
+		resp.JSON(t, &got)
+		if got.Status != "succeeded" || got.AmountCaptured != 1000 {
+			t.Fatalf("captured: status %s, amount_captured %d; want succeeded, 1000", got.Status, got.AmountCaptured)
+		}
+		downstream := idempotency.DownstreamKey(getRecord(t, env.Pool, c.Account.ID, key).ID, charges.StepCharge)
+		var creates, executed int
+		for _, r := range env.Stripe.Requests() {
+			if r.Method != http.MethodPost || r.Path != "/v1/payment_intents" {
+				continue
+			}
+			creates++
+			if r.IdempotencyKey != downstream {
+				t.Errorf("a PaymentIntent create sent downstream key %q, want the charge's %q", r.IdempotencyKey, downstream)
+			}
+			if !r.Replayed && r.Fault == "" {
+				executed++
+			}
+		}
+		if executed != 1 || creates < 2 || env.Stripe.ChargesByKey(downstream) != 1 {
+			t.Fatalf("at Stripe: %d PaymentIntent creates (%d executed), %d PaymentIntents under the key; "+
+				"want the failed one and one executed, 1 PaymentIntent", creates, executed, env.Stripe.ChargesByKey(downstream))
+		}
+		fc := fakeIntent(t, env, got)
+		if captures, _ := stripeCalls(env, fc.ID, "capture"); captures != 1 || fc.Captures != 1 || fc.AmountReceived != 1000 {
+			t.Fatalf("at Stripe: %d capture calls executed, %d captures of %d; want 1, 1 of 1000", captures, fc.Captures, fc.AmountReceived)
+		}
+		// The charge's own request finished with the authorization, and its
+		// retry replays it.
+		retry := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
+			"payment_method": "pm_card_visa", "capture": false})
+		wantStatus(t, retry, http.StatusCreated)
+		if retry.Header.Get("Idempotent-Replayed") != "true" || !strings.Contains(string(retry.Body), `"requires_capture"`) {
+			t.Fatalf("retry of the charge's request: replayed %q, body %s; want the stored authorization",
+				retry.Header.Get("Idempotent-Replayed"), retry.Body)
+		}
+	})
+
+	t.Run("owner alive", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		gate := env.Stripe.Hold()
+		defer gate.Release()
+		created := make(chan *apitest.Response, 1)
+		go func() {
+			created <- c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1000, "currency": "usd",
+				"payment_method": "pm_card_visa", "capture": false})
+		}()
+		waitArrived(t, gate.Arrived())
+		id := processingCharge(t, env, c)
+		key := apitest.NewKey()
+		resp := c.Post("/v1/charges/"+id+"/capture", key, map[string]any{})
+		wantProblem(t, resp, http.StatusConflict, "charge-not-capturable")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Error("the 409 of an authorization being settled has no Retry-After")
+		}
+		gate.Release()
+		wantStatus(t, <-created, http.StatusCreated)
+		// The refusal stored nothing: the same key now captures.
+		wantStatus(t, c.Post("/v1/charges/"+id+"/capture", key, map[string]any{}), http.StatusOK)
+	})
+
+	t.Run("declined", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, _ := unsettled(t, env, c, "pm_card_chargeDeclined")
+		p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}),
+			http.StatusConflict, "charge-not-capturable")
+		if !strings.Contains(p.Detail, "failed") {
+			t.Errorf("detail %q does not say the charge failed", p.Detail)
+		}
+		for _, r := range env.Stripe.Requests() {
+			if strings.HasSuffix(r.Path, "/capture") {
+				t.Errorf("the capture of a declined charge reached Stripe: %s", r.Path)
+			}
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, _ := unsettled(t, env, c, "pm_card_visa")
+		resp := c.Post("/v1/charges/"+id+"/cancel", apitest.NewKey(), map[string]any{})
+		wantStatus(t, resp, http.StatusOK)
+		if got := getChargeRow(t, env.Pool, id); got.Status != "canceled" {
+			t.Fatalf("ledger: %s, want canceled", got.Status)
+		}
+	})
+}
+
+// processingCharge is the id of c's one charge that is still processing.
+func processingCharge(t testing.TB, env *apitest.Env, c *apitest.Client) string {
+	t.Helper()
 	var id string
 	if err := env.Pool.QueryRow(context.Background(),
 		`SELECT id FROM charges WHERE account_id = $1 AND status = 'processing'`, c.Account.ID).Scan(&id); err != nil {
-		t.Fatal(err)
+		t.Fatalf("reading the processing charge: %v", err)
 	}
-	before := len(env.Stripe.Requests())
-	p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}), http.StatusConflict, "charge-not-capturable")
-	if !strings.Contains(p.Detail, "not settled") {
-		t.Errorf("detail %q", p.Detail)
-	}
-	if after := len(env.Stripe.Requests()); after != before {
-		t.Fatalf("the refused capture sent %d requests to Stripe", after-before)
-	}
+	return id
 }
 
 // Every new input is validated with problem+json, before anything is

@@ -2,6 +2,7 @@ package charges
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -52,7 +53,12 @@ func intentStatus(pi *stripe.PaymentIntent) string {
 }
 
 // applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
-// amounts, the customer's next step and the reason of a failure.
+// amounts, the customer's next step and the reason of a failure. The next
+// step is kept only when it is a redirect (next_action.redirect_to_url, 3-D
+// Secure's page): the one kind a customer can follow without Stripe.js. A
+// next action of another type (use_stripe_sdk ...) leaves the charge
+// requires_action with no URL, shown as next_action null, and Stripe's
+// events settle it like any other.
 func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
 	ch.Status = intentStatus(pi)
 	ch.StripePaymentIntentID = nonEmpty(pi.ID)
@@ -105,7 +111,9 @@ func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
 // Begin checks the charge: authorized (requires_capture; a cancel may also
 // end a charge that requires_action), nothing else pending, and for a
 // capture at most what is capturable. A charge whose authorization outcome
-// is still unknown (processing) is refused: it is never captured blind.
+// is still unknown (processing: its own request has no definite answer
+// from Stripe yet) is never captured blind: its request is resolved first
+// (resolve), and the charge read again.
 func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
 		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
@@ -113,6 +121,15 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: op.accountID, ID: op.chargeID})
 	if err := readErr(err, "charge"); err != nil {
 		return err
+	}
+	if ch.Status == "processing" && ch.IdempotencyKeyID != nil {
+		if err := op.resolve(ctx, ch); err != nil {
+			return err
+		}
+		ch, err = op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: op.accountID, ID: op.chargeID})
+		if err := readErr(err, "charge"); err != nil {
+			return err
+		}
 	}
 	switch {
 	case ch.PendingAction != nil:
@@ -145,6 +162,34 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	return nil
 }
 
+// resolve settles the outcome of the request that created ch, a charge
+// still processing, before a capture or cancel of it goes on: the runner
+// resumes that request's own record (idempotency.Runner.Resume), as a retry
+// of it would, so its PaymentIntent is created, or found, with the same
+// downstream key, and Stripe replays rather than authorizing again. Its
+// refusals store nothing (Begin has queued nothing yet), so a retry of
+// the capture with the same key tries again: a record whose owner is
+// alive is 409 with Retry-After, and a Stripe that still gives no
+// definite answer is 503 with Retry-After.
+func (op *pendingOp) resolve(ctx context.Context, ch dbsqlc.Charge) error {
+	err := op.s.runner.Resume(ctx, *ch.IdempotencyKeyID)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
+		pe := op.notAllowed("The authorization of charge %s is being settled by its own request right now; retry shortly.", ch.ID)
+		pe.RetryAfter = 1
+		return pe
+	case errors.Is(err, idempotency.ErrUnknownOutcome):
+		return &idempotency.Error{Kind: idempotency.ErrUnknownOutcome, Cause: err, Detail: fmt.Sprintf(
+			"Stripe has not given a definite answer to the authorization of charge %s yet. "+
+				"Retry with the same key: nothing of this %s was stored, and the retry asks Stripe again, never authorizing twice.",
+			ch.ID, op.action)}
+	default:
+		return fmt.Errorf("resolving the authorization of charge %s: %w", ch.ID, err)
+	}
+}
+
 // Load reads the charge of a capture or cancel begun elsewhere.
 func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	ch, err := op.s.q.ChargeGetByPendingRecord(ctx, op.s.pool, &rec.ID)
@@ -161,7 +206,10 @@ func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // Call captures or cancels the PaymentIntent with the record's downstream
 // key. A definite refusal by Stripe (the PaymentIntent was canceled, or
 // captured, by something other than this ledger: an expiry, the dashboard)
-// is final: 409, and the charge's pending mark is cleared.
+// is final and stored: 422 payment-rejected (402 card-declined for a
+// decline; refusedResponse), the charge is settled forward from the
+// PaymentIntent in Stripe's answer, and its pending mark is cleared. (409
+// is Begin's refusal, which stores nothing.)
 func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
 	var pi *stripe.PaymentIntent

@@ -154,6 +154,45 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return err
 }
 
+const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
+SELECT id, request_method, request_route, recovery_point, lock_generation,
+       (locked_at IS NOT NULL
+        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh
+FROM idempotency_keys WHERE id = $3
+`
+
+type IdempotencyKeyGetByIDParams struct {
+	Now                *time.Time
+	LockTimeoutSeconds float64
+	ID                 string
+}
+
+type IdempotencyKeyGetByIDRow struct {
+	ID             string
+	RequestMethod  string
+	RequestRoute   string
+	RecoveryPoint  string
+	LockGeneration int64
+	LockFresh      bool
+}
+
+// The read before Runner.Resume: what tells a finished record, one in
+// flight (its lock fresh, by the same clock as the claim's read) and a
+// resumable one apart, and the route that says which operation resumes it.
+func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByIDParams) (IdempotencyKeyGetByIDRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyGetByID, arg.Now, arg.LockTimeoutSeconds, arg.ID)
+	var i IdempotencyKeyGetByIDRow
+	err := row.Scan(
+		&i.ID,
+		&i.RequestMethod,
+		&i.RequestRoute,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.LockFresh,
+	)
+	return i, err
+}
+
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL

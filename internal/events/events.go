@@ -5,9 +5,10 @@
 // Stripe's events API shows its own.
 //
 // An event is a fact about one object at the moment it settled: its type
-// (charge.succeeded, charge.failed, refund.succeeded, refund.failed), the
-// object as the API showed it, and the object's version, which orders one
-// object's events (I10). Nothing orders the events of two objects: no row
+// (Types: a charge succeeded, failed, was authorized and waits for its
+// capture, or was canceled; a refund succeeded or failed), the object as
+// the API showed it, and the object's version, which orders one object's
+// events (I10). Nothing orders the events of two objects: no row
 // that all of an account's requests write sits on the settling path.
 package events
 
@@ -31,6 +32,13 @@ const (
 	RefundSucceeded       = "refund.succeeded"
 	RefundFailed          = "refund.failed"
 )
+
+// Types lists every event type idempay emits, for the documents and the
+// tests that keep them, and the schema's CHECK on events.type, in step with
+// these constants.
+func Types() []string {
+	return []string{ChargeSucceeded, ChargeFailed, ChargeRequiresCapture, ChargeCanceled, RefundSucceeded, RefundFailed}
+}
 
 // Record inserts the event of an object that settled, inside the settling
 // transaction or batch: the event commits with the ledger change, or

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -300,5 +302,28 @@ func TestRelayLockOnDirectConnection(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the relay lock outlived the relay")
 		}
+	}
+}
+
+// The schema's CHECK on events.type allows exactly the types idempay emits
+// (events.Types): a type added on one side only fails here, not in a
+// settling batch.
+func TestEventTypesMatchSchema(t *testing.T) {
+	t.Parallel()
+	var def string
+	if err := dbtest.Pool(t).QueryRow(context.Background(),
+		`SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'events'::regclass AND conname = 'events_type_check'`).
+		Scan(&def); err != nil {
+		t.Fatalf("reading events_type_check: %v", err)
+	}
+	var allowed []string
+	for _, m := range regexp.MustCompile(`'([^']+)'::text`).FindAllStringSubmatch(def, -1) {
+		allowed = append(allowed, m[1])
+	}
+	slices.Sort(allowed)
+	want := events.Types()
+	slices.Sort(want)
+	if !slices.Equal(allowed, want) {
+		t.Errorf("events_type_check allows %q, want the emitted types %q (%s)", allowed, want, def)
 	}
 }

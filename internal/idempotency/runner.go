@@ -408,18 +408,13 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			r.observe(OutcomeConflict)
 			return nil, nil, refuse(ErrInFlight, "A request with this key is still being processed. Retry after a short delay.")
 		}
-		taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
-			ID: row.ID, LockGeneration: row.LockGeneration, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-		})
-		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
-			continue // changed since the read
-		} else if err != nil {
-			return nil, nil, fmt.Errorf("taking over idempotency record: %w", err)
+		rec, err := r.takeover(ctx, row.ID, row.LockGeneration)
+		if err != nil {
+			return nil, nil, err
 		}
-		rec := recordOf(taken)
-		r.observe(OutcomeTakeover)
-		r.log.InfoContext(ctx, "took over idempotency record",
-			"idempotency_key_id", rec.ID, "recovery_point", rec.RecoveryPoint, "lock_generation", rec.LockGeneration)
+		if rec == nil {
+			continue // changed since the read
+		}
 		return rec, nil, nil
 	}
 	r.observe(OutcomeConflict)
@@ -428,6 +423,74 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 
 func errMismatch() error {
 	return refuse(ErrMismatch, "This key was already used with a different request. Use a new key for a new request.")
+}
+
+// takeover takes over the resumable record id at the generation a read saw,
+// with a new generation that fences the old owner. It returns nil, and no
+// error, when the record changed since the read (the caller reads again).
+func (r *Runner) takeover(ctx context.Context, id string, generation int64) (*Record, error) {
+	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
+		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+	})
+	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("taking over idempotency record: %w", err)
+	}
+	rec := recordOf(taken)
+	r.observe(OutcomeTakeover)
+	r.log.InfoContext(ctx, "took over idempotency record",
+		"idempotency_key_id", rec.ID, "recovery_point", rec.RecoveryPoint, "lock_generation", rec.LockGeneration)
+	return rec, nil
+}
+
+// Resume drives the record recordID to completion now, from inside another
+// request that cannot go on without its outcome (a capture of a charge
+// whose own request has no definite answer yet): what a retry of that
+// request would do, without its client. A finished record needs nothing;
+// one whose lock is fresh is in flight (ErrInFlight, nothing changed); a
+// resumable one (its lock free or expired) is taken over, which fences any
+// old owner, and driven from its recovery point by the operation
+// registered for its route, so its downstream call carries the same
+// downstream key and Stripe replays what it already did. The errors are
+// Run's: ErrUnknownOutcome when the downstream call still has no definite
+// answer, ErrFenced, the operation's or the database's.
+func (r *Runner) Resume(ctx context.Context, recordID string) error {
+	for range maxAttempts {
+		row, err := r.q.IdempotencyKeyGetByID(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByIDParams{
+			ID: recordID, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		})
+		if err != nil {
+			return fmt.Errorf("reading idempotency record %s: %w", recordID, db.NotFound(err))
+		}
+		switch {
+		case row.RecoveryPoint == PointFinished:
+			return nil
+		case row.LockFresh:
+			r.observe(OutcomeConflict)
+			return refuse(ErrInFlight, "The request this one depends on is being processed right now. Retry after a short delay.")
+		}
+		resume := r.resumers[row.RequestMethod+" "+row.RequestRoute]
+		if resume == nil {
+			return fmt.Errorf("idempotency record %s: no operation registered for %s %s", recordID, row.RequestMethod, row.RequestRoute)
+		}
+		rec, err := r.takeover(ctx, row.ID, row.LockGeneration)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			continue // changed since the read
+		}
+		// Detached, as Run's drive: once this process owns the record, a
+		// caller that hangs up must not abort it half way.
+		if _, err := r.drive(context.WithoutCancel(ctx), rec, resume()); err != nil {
+			return err
+		}
+		r.observe(OutcomeRecovered)
+		return nil
+	}
+	r.observe(OutcomeConflict)
+	return refuse(ErrInFlight, "The request this one depends on is changing hands. Retry shortly.")
 }
 
 // begin is the claim phase of a new key: the record's INSERT and the

@@ -3,7 +3,9 @@ package server_test
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/server"
 )
 
@@ -37,6 +40,10 @@ type openAPIDoc struct {
 					Status int `json:"status"`
 				} `json:"x-problem-types"`
 			} `json:"Problem"`
+			Event struct {
+				Required   []string                   `json:"required"`
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"Event"`
 		} `json:"schemas"`
 	} `json:"components"`
 }
@@ -147,6 +154,45 @@ func TestOpenAPI(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestOpenAPIEvents keeps the Event schema true: its type enum is exactly
+// the types idempay emits (events.Types), and its properties, all
+// required, are exactly the members of events.Event's JSON.
+func TestOpenAPIEvents(t *testing.T) {
+	t.Parallel()
+	var doc openAPIDoc
+	if err := json.Unmarshal(server.OpenAPI(), &doc); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	ev := doc.Components.Schemas.Event
+	var typ struct {
+		Enum []string `json:"enum"`
+	}
+	if err := json.Unmarshal(ev.Properties["type"], &typ); err != nil {
+		t.Fatalf("Event.type: %v", err)
+	}
+	want := events.Types()
+	slices.Sort(want)
+	got := slices.Clone(typ.Enum)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("Event.type enum %q, want the emitted types %q", got, want)
+	}
+
+	var members []string
+	for f := range reflect.TypeFor[events.Event]().Fields() {
+		members = append(members, strings.Split(f.Tag.Get("json"), ",")[0])
+	}
+	slices.Sort(members)
+	props := slices.Sorted(maps.Keys(ev.Properties))
+	if !slices.Equal(props, members) {
+		t.Errorf("Event properties %q, want the members of events.Event %q", props, members)
+	}
+	required := slices.Sorted(slices.Values(ev.Required))
+	if !slices.Equal(required, members) {
+		t.Errorf("Event required %q, want every member %q", required, members)
 	}
 }
 

@@ -303,6 +303,19 @@ func (s *Server) Expire(id string) ([]byte, error) {
 	return intentBody(c, s.http.URL), nil
 }
 
+// serveExpire is POST /_fake/expire/{payment_intent}: Expire over HTTP,
+// for a fake that runs as a process (make up STRIPE=fake). It answers 200
+// with the PaymentIntent, canceled, or 409 when it is not an authorization
+// (requires_capture).
+func (s *Server) serveExpire(w http.ResponseWriter, id string) {
+	body, err := s.Expire(id)
+	if err != nil {
+		s.write(w, "", false, invalidRequest(http.StatusConflict, "payment_intent_unexpected_state", "intent", err.Error()))
+		return
+	}
+	s.write(w, "", false, response{status: http.StatusOK, body: body})
+}
+
 // IntentBody is the JSON of a PaymentIntent as Stripe shows it (for an
 // event's data.object), or nil.
 func (s *Server) IntentBody(id string) []byte {

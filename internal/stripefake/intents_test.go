@@ -1,6 +1,7 @@
 package stripefake
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -108,4 +109,53 @@ func TestListPaymentIntents(t *testing.T) {
 	if n := list(time.Now().Add(time.Hour).Unix()); n != 0 {
 		t.Errorf("listed %d PaymentIntents created in the future, want 0", n)
 	}
+}
+
+// POST /_fake/expire/{payment_intent} expires an authorization over HTTP,
+// as Expire does; anything else that is not an authorization is a 409. It
+// is the fake's own route: not recorded, never faulted.
+func TestExpireRoute(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	pi, err := sc.PaymentIntents.New(intentParams("k-expire", 700, "pm_card_visa", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(fake.Requests())
+	fake.FailNext(Fail500, 1)
+	expire := func(id string) (int, stripe.PaymentIntent) {
+		t.Helper()
+		resp, err := http.Post(fake.URL()+"/_fake/expire/"+id, "application/x-www-form-urlencoded", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got stripe.PaymentIntent
+		if resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, got
+	}
+	status, got := expire(pi.ID)
+	if status != http.StatusOK || got.Status != stripe.PaymentIntentStatusCanceled ||
+		got.CancellationReason != stripe.PaymentIntentCancellationReasonAutomatic || got.AmountCapturable != 0 {
+		t.Fatalf("expire: %d, status %s, cancellation_reason %s, amount_capturable %d; want 200, canceled, automatic, 0",
+			status, got.Status, got.CancellationReason, got.AmountCapturable)
+	}
+	if status, _ := expire(pi.ID); status != http.StatusConflict {
+		t.Errorf("expire of a canceled PaymentIntent: %d, want 409", status)
+	}
+	if status, _ := expire("pi_nosuch"); status != http.StatusConflict {
+		t.Errorf("expire of no PaymentIntent: %d, want 409", status)
+	}
+	if n := len(fake.Requests()); n != before {
+		t.Errorf("the control route recorded %d requests, want none", n-before)
+	}
+	// The fault is still there for the next API request.
+	cp := &stripe.PaymentIntentCancelParams{}
+	cp.SetIdempotencyKey("k-expire-cancel")
+	_, err = sc.PaymentIntents.Cancel(pi.ID, cp)
+	_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
 }

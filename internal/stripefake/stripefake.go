@@ -377,6 +377,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		form = r.URL.Query()
 	}
+	// The fake's own control route, not Stripe's API: neither recorded
+	// nor faulted.
+	if id := idIn(r.URL.Path, "/_fake/expire/"); r.Method == http.MethodPost && id != "" {
+		s.serveExpire(w, id)
+		return
+	}
 	key := r.Header.Get("Idempotency-Key")
 
 	s.mu.Lock()

@@ -83,6 +83,14 @@ func (h *Handler) cancelCharge(c echo.Context) error {
 	})
 }
 
+// rolloutRoutes are the routes an account's idempotency mode applies to:
+// the ones that clients called without keys before idempotency came, and
+// that a rollout must keep working for them. Capture and cancel came with
+// keys: no client ever called them without one, and a capture that a
+// made-up key leaves undeduplicated, or that shadow mode runs again, is
+// the double capture the key exists to prevent; they always require one.
+var rolloutRoutes = map[string]bool{charges.RouteCharges: true, charges.RouteRefunds: true}
+
 // run is the shared shape of every POST: the front half (key, body;
 // idemhttp), the body's own validation (the service's command), the
 // account's mode, then the runner. Anything rejected before the runner
@@ -90,6 +98,9 @@ func (h *Handler) cancelCharge(c echo.Context) error {
 func (h *Handler) run(c echo.Context, route string,
 	command func(accountID string, req idempotency.Request) (*charges.Command, error)) error {
 	acct := accountshttp.FromContext(c)
+	if !rolloutRoutes[route] {
+		acct.Mode = accounts.ModeRequired
+	}
 	ctx := c.Request().Context()
 	req, keyed, err := h.read(c, acct, route)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/idempay/idempay/internal/accounts"
@@ -13,12 +14,41 @@ import (
 // postWith sends a charge with the given idempotency headers.
 func postWith(t *testing.T, c *apitest.Client, headers map[string]string) *apitest.Response {
 	t.Helper()
-	req := c.NewRequest(http.MethodPost, "/v1/charges", bytes.NewReader([]byte(`{"amount":1500,"currency":"usd","payment_method":"tok_visa"}`)))
+	return postTo(t, c, "/v1/charges", headers)
+}
+
+// postTo sends a POST to path with the given idempotency headers: a
+// charge's body to /v1/charges, {} to a capture or cancel.
+func postTo(t *testing.T, c *apitest.Client, path string, headers map[string]string) *apitest.Response {
+	t.Helper()
+	body := `{}`
+	if path == "/v1/charges" {
+		body = `{"amount":1500,"currency":"usd","payment_method":"tok_visa"}`
+	}
+	req := c.NewRequest(http.MethodPost, path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
 	return c.Do(req)
+}
+
+// authorize makes an authorization of c (a keyed "capture": false) and
+// returns its charge id.
+func authorize(t *testing.T, c *apitest.Client) string {
+	t.Helper()
+	resp := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 900, "currency": "usd",
+		"payment_method": "pm_card_visa", "capture": false})
+	wantStatus(t, resp, http.StatusCreated)
+	var ch struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	resp.JSON(t, &ch)
+	if ch.Status != "requires_capture" {
+		t.Fatalf("authorization: %s", resp.Body)
+	}
+	return ch.ID
 }
 
 // Idempotency-Token (a lower-case GUID) is an alias of Idempotency-Key.
@@ -98,6 +128,37 @@ func TestRolloutModes(t *testing.T) {
 		if !bytes.Contains([]byte(metrics), []byte(line)) {
 			t.Errorf("/metrics lacks %s", line)
 		}
+	}
+
+	// Capture and cancel require a key whatever the mode: neither a made-up
+	// key nor a shadow's second run applies to them.
+	for _, c := range []*apitest.Client{optional, shadow} {
+		ch := authorize(t, c)
+		for _, action := range []string{"capture", "cancel"} {
+			wantProblem(t, postTo(t, c, "/v1/charges/"+ch+"/"+action, nil), http.StatusBadRequest, "idempotency-key-missing")
+		}
+		first := postTo(t, c, "/v1/charges/"+ch+"/capture", map[string]string{"Idempotency-Key": "cap-1"})
+		wantStatus(t, first, http.StatusOK)
+		wantSameResponse(t, first, postTo(t, c, "/v1/charges/"+ch+"/capture", map[string]string{"Idempotency-Key": "cap-1"}))
+	}
+	metrics = string(env.NewClient(t).Get("/metrics").Body)
+	for _, line := range []string{
+		`idempay_idempotency_rollout_total{mode="optional",outcome="unkeyed"} 2`,
+		`idempay_idempotency_rollout_total{mode="shadow",outcome="would_replayed"} 1`,
+		`idempay_idempotency_rollout_total{mode="shadow",outcome="unkeyed"} 1`,
+	} {
+		if !bytes.Contains([]byte(metrics), []byte(line)) {
+			t.Errorf("after the captures, /metrics lacks %s (a capture was counted by the rollout)", line)
+		}
+	}
+	var captures int
+	for _, r := range env.Stripe.Requests() {
+		if strings.HasSuffix(r.Path, "/capture") && !r.Replayed && r.Fault == "" {
+			captures++
+		}
+	}
+	if captures != 2 {
+		t.Errorf("%d captures executed at Stripe, want 2 (one per account)", captures)
 	}
 
 	// Back to required: the account's next request is refused without a

@@ -1,0 +1,66 @@
+package charges_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idempay/idempay/internal/dbtest"
+)
+
+// The schema's CHECKs are the last line of defence of the amounts, whatever
+// the code above them does: nothing captured beyond the authorization,
+// nothing capturable beyond the charge, nothing refunded beyond what was
+// captured. Each update that crosses a limit fails with SQLSTATE 23514
+// (check_violation); the same update up to the limit passes.
+func TestAmountChecks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	acct := dbtest.NewAccount(t)
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var id string
+	if err := tx.QueryRow(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, status, capture_method, amount_captured)
+		VALUES ($1, 1000, 'usd', 'pm_card_visa', 'succeeded', 'manual', 600) RETURNING id`, acct.ID).Scan(&id); err != nil {
+		t.Fatalf("inserting a charge: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name, set string
+		violates  bool
+	}{
+		{"captured up to the amount", "amount_captured = amount", false},
+		{"captured above the amount", "amount_captured = amount + 1", true},
+		{"capturable up to the amount", "amount_capturable = amount", false},
+		{"capturable above the amount", "amount_capturable = amount + 1", true},
+		{"refunded up to the captured", "amount_refunded = amount_captured", false},
+		{"refunded above the captured", "amount_refunded = amount_captured + 1", true},
+		{"captured below the refunded", "amount_refunded = 600, amount_captured = 599", true},
+	} {
+		// Each update in a savepoint of its own, rolled back, so that every
+		// case starts from the inserted row.
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sp.Exec(ctx, `UPDATE charges SET `+tc.set+` WHERE id = $1`, id)
+		var pgErr *pgconn.PgError
+		switch {
+		case !tc.violates && err != nil:
+			t.Errorf("%s (%s): %v, want it to pass", tc.name, tc.set, err)
+		case tc.violates && (!errors.As(err, &pgErr) || pgErr.Code != "23514"):
+			t.Errorf("%s (%s): %v, want SQLSTATE 23514", tc.name, tc.set, err)
+		case tc.violates:
+			t.Logf("%s: %s (%s)", tc.name, pgErr.ConstraintName, pgErr.Code)
+		}
+		if err := sp.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			t.Fatal(err)
+		}
+	}
+}
