@@ -23,8 +23,14 @@ import (
 // restore, a failover to a standby that missed them). In that case the entry
 // answers a retry with the answer the lost record held, which is the answer
 // Stripe would replay under the same downstream key; the ledger row the
-// database lost is restored by reconciliation, or by a retry after the TTL
-// (docs/lifecycle.md, "The replay cache").
+// database lost is restored by reconciliation, or by a retry once the entry
+// is gone. So the cache also forgets everything whenever the pool has opened
+// a connection since the entries were made (the generation below, the
+// pool's count of new connections): a failover, or a database restarted
+// after a restore, is reached through new connections, and the entries made
+// before it are dropped at once. A pool that merely grows or recycles a
+// connection costs the cache its entries, nothing more (docs/lifecycle.md,
+// "The replay cache").
 //
 // Bounded by Size entries; when full, an arbitrary entry makes room (Go's map
 // iteration order), which costs nothing to keep and is as good as LRU for
@@ -35,6 +41,9 @@ type replayCache struct {
 
 	mu sync.Mutex
 	m  map[replayCacheKey]replayCacheEntry
+	// generation is the pool's count of new connections when the entries in
+	// m were made.
+	generation int64
 }
 
 type replayCacheKey struct {
@@ -59,12 +68,13 @@ func newReplayCache(size int, ttl time.Duration) *replayCache {
 
 // get returns the finished record of (scope, key) if this process holds it:
 // its fingerprint and its stored response (marked Replayed).
-func (c *replayCache) get(scope Scope, key string, now time.Time) (fingerprint []byte, resp Response, ok bool) {
+func (c *replayCache) get(scope Scope, key string, generation int64, now time.Time) (fingerprint []byte, resp Response, ok bool) {
 	if c == nil {
 		return nil, Response{}, false
 	}
 	k := replayCacheKey{scope, key}
 	c.mu.Lock()
+	c.renew(generation)
 	e, ok := c.m[k]
 	if ok && now.After(e.until) {
 		delete(c.m, k)
@@ -79,15 +89,25 @@ func (c *replayCache) get(scope Scope, key string, now time.Time) (fingerprint [
 	return e.fingerprint, resp, true
 }
 
+// renew forgets every entry if the pool has opened a connection since they
+// were made. c.mu is held.
+func (c *replayCache) renew(generation int64) {
+	if generation != c.generation {
+		clear(c.m)
+		c.generation = generation
+	}
+}
+
 // put remembers a finished record. resp's Body is kept, not copied: stored
 // responses are never modified.
-func (c *replayCache) put(scope Scope, key string, fingerprint []byte, resp Response, now time.Time) {
+func (c *replayCache) put(scope Scope, key string, fingerprint []byte, resp Response, generation int64, now time.Time) {
 	if c == nil {
 		return
 	}
 	k := replayCacheKey{scope, key}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.renew(generation)
 	if _, ok := c.m[k]; !ok && len(c.m) >= c.size {
 		for old := range c.m {
 			delete(c.m, old)

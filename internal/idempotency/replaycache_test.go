@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -116,6 +118,37 @@ func TestReplayCache(t *testing.T) {
 	}
 	if replayed > 2 {
 		t.Errorf("%d of 3 deleted keys replayed from a cache of 2 entries", replayed)
+	}
+
+	// A new connection of the pool empties the cache: a failover, or a
+	// database restarted after a restore, is reached through new
+	// connections, and the database behind them may have lost commits. On a
+	// pool of its own, whose connections are replaced under the runner.
+	own, err := pgxpool.New(ctx, d.Pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	if err := own.Ping(ctx); err != nil { // its one connection, for the sequential runs below
+		t.Fatal(err)
+	}
+	cfg.ReplayCacheSize = 10
+	reconnecting := idempotency.NewRunner(own, cfg, testLogger(t))
+	if _, err := run(reconnecting, "k7", op("first")); err != nil {
+		t.Fatal(err)
+	}
+	forget("k7")
+	if resp, err := run(reconnecting, "k7", op("x")); err != nil || !resp.Replayed {
+		t.Fatalf("k7 from the cache: %v replayed=%v, want the cached replay", err, resp.Replayed)
+	}
+	own.Reset() // every connection closed, and a new one opened, as a failover does
+	if err := own.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	anew := op("anew")
+	if resp, err := run(reconnecting, "k7", anew); err != nil || resp.Replayed || anew.calls.Load() != 1 {
+		t.Errorf("k7 after the pool reconnected: %v replayed=%v calls=%d, want a new operation from the database",
+			err, resp.Replayed, anew.calls.Load())
 	}
 
 	// An unknown outcome is not finished: nothing is cached, and the retry

@@ -321,6 +321,15 @@ func (r *Runner) clock() time.Time {
 	return time.Now()
 }
 
+// connections is how many connections the pool has opened: the replay
+// cache's entries hold only while it does not change (replayCache).
+func (r *Runner) connections() int64 {
+	if r.cache == nil {
+		return 0
+	}
+	return r.pool.Stat().NewConnsCount()
+}
+
 func (r *Runner) observe(o Outcome) {
 	if r.OnOutcome != nil {
 		r.OnOutcome(o)
@@ -336,7 +345,8 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	if err := req.fingerprinted(); err != nil {
 		return Response{}, err
 	}
-	rec, replay, err := r.claim(ctx, req, op)
+	generation := r.connections()
+	rec, replay, err := r.claim(ctx, req, op, generation)
 	if err != nil {
 		return Response{}, err
 	}
@@ -351,7 +361,7 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 		return Response{}, err
 	}
 	resp.RecordID = rec.ID
-	r.cache.put(req.Scope, req.Key, req.Fingerprint, resp, r.clock())
+	r.cache.put(req.Scope, req.Key, req.Fingerprint, resp, generation, r.clock())
 	return resp, nil
 }
 
@@ -367,8 +377,11 @@ const maxAttempts = 5
 // rows): two requests that both read "absent" race in the INSERT, whose
 // unique index is the atomic arbiter, and the loser reads again. A
 // resumable record is taken over at the generation the read saw.
-func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
-	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, r.clock()); ok {
+//
+// generation is the pool's count of new connections before the claim: a
+// replay read under it is cached under it (replayCache).
+func (r *Runner) claim(ctx context.Context, req Request, op Operation, generation int64) (*Record, *Response, error) {
+	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, generation, r.clock()); ok {
 		if !bytes.Equal(fingerprint, req.Fingerprint) {
 			r.observe(OutcomeMismatch)
 			return nil, nil, errMismatch()
@@ -401,7 +414,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			r.observe(OutcomeReplayed)
 			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
 			if err == nil {
-				r.cache.put(req.Scope, req.Key, row.RequestFingerprint, *resp, r.clock())
+				r.cache.put(req.Scope, req.Key, row.RequestFingerprint, *resp, generation, r.clock())
 			}
 			return nil, resp, err
 		case OutcomeConflict:
