@@ -245,6 +245,7 @@ func (p *chargeParams) validate() error {
 	if len(p.Metadata) > MaxMetadataKeys {
 		add("metadata", fmt.Sprintf("may have at most %d keys", MaxMetadataKeys))
 	}
+	var reserved []string
 	for k, v := range p.Metadata {
 		// Stripe refuses square brackets in metadata keys: they would
 		// break its form encoding (metadata[key]=value).
@@ -252,9 +253,20 @@ func (p *chargeParams) validate() error {
 			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters or square brackets", MaxMetadataKey))
 			break
 		}
+		if strings.HasPrefix(k, MetadataPrefix) {
+			reserved = append(reserved, k)
+		}
 		if reason := checkText(v, MaxMetadataValue); reason != "" {
 			add("metadata["+k+"]", reason)
 		}
+	}
+	// idempay's own metadata at Stripe (idempay_record and the request's
+	// identity) would overwrite the client's key of the same name, and
+	// reconciliation would drop it from a re-created charge: refused, so
+	// that what the client sent is what Stripe and the ledger hold.
+	slices.Sort(reserved)
+	for _, k := range reserved {
+		add("metadata["+k+"]", "is reserved: keys starting with "+MetadataPrefix+" are idempay's own metadata at Stripe")
 	}
 	if len(bad) > 0 {
 		return apierror.Invalid(bad...)

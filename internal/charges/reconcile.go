@@ -159,7 +159,7 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 	p.PaymentMethod = &pm
 	p.Metadata = maps.Clone(pi.Metadata)
 	for k := range p.Metadata {
-		if strings.HasPrefix(k, "idempay_") {
+		if strings.HasPrefix(k, MetadataPrefix) {
 			delete(p.Metadata, k)
 		}
 	}

@@ -19,6 +19,10 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
+// MetadataPrefix starts every metadata key idempay sets at Stripe; a
+// client's metadata may not use it (chargeParams.validate).
+const MetadataPrefix = "idempay_"
+
 // MetadataRecord is the Stripe metadata key under which every charge and
 // refund idempay creates carries its idempotency record's id: itself a pure
 // function of the request (idempotency.RecordID), like every other
