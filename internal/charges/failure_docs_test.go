@@ -380,10 +380,10 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			var doc struct{ Charge string }
 			declined.JSON(t, &doc)
 			first, again := twice(func() *apitest.Response {
-				return post(c, "/v1/refunds", key, "application/json", `{"charge":"`+doc.Charge+`"}`)
+				return post(c, "/v1/refunds", key, "application/json", `{"charge":"`+doc.Charge+`","amount":100}`)
 			})
 			ch := createCharge(t, c, 100)
-			corrected(t, post(c, "/v1/refunds", key, "application/json", `{"charge":"`+ch.ID+`"}`))
+			corrected(t, post(c, "/v1/refunds", key, "application/json", `{"charge":"`+ch.ID+`","amount":100}`))
 			return first, again
 		}},
 		{http.StatusConflict, "last-api-key", func(t *testing.T) (*apitest.Response, *apitest.Response) {

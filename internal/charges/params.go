@@ -298,7 +298,11 @@ func checkText(s string, max int) string {
 	return ""
 }
 
-// refundParams is the body of POST /v1/refunds.
+// refundParams is the body of POST /v1/refunds. Amount is required:
+// everything sent to Stripe comes from the request (I13), and a refund
+// without an amount would have Stripe decide it from what Stripe holds at
+// the time of the call, which a retry after a restore or a failover can
+// find different (docs/development.md, "Refunds name their amount").
 type refundParams struct {
 	Amount *int64  `json:"amount"`
 	Charge *string `json:"charge"`
@@ -311,6 +315,10 @@ func (p *refundParams) validate() error {
 		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
 	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
 		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+	}
+	if p.Amount == nil {
+		bad = append(bad, apierror.InvalidParam{Name: "amount",
+			Reason: "is required: the amount to refund, in the currency's minor unit (the charge's amount_captured less its amount_refunded is what is left)"})
 	}
 	bad = append(bad, validateAmount("amount", p.Amount, false)...)
 	if len(bad) > 0 {

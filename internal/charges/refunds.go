@@ -53,11 +53,8 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
 	remaining := ch.AmountCaptured - ch.AmountRefunded
-	amount := remaining
-	if op.params.Amount != nil {
-		amount = *op.params.Amount
-	}
-	if remaining == 0 || amount > remaining {
+	amount := *op.params.Amount // required (refundParams): sent to Stripe as the request gave it
+	if amount > remaining {
 		return &apierror.Error{Type: apierror.RefundExceedsCharge,
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Extensions: map[string]any{"refundable_amount": remaining}}

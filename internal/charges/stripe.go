@@ -307,8 +307,11 @@ func (s *Stripe) CancelPaymentIntent(ctx context.Context, rec *idempotency.Recor
 	return pi, nil
 }
 
-// CreateRefund refunds amount of a captured PaymentIntent, with the
+// CreateRefund refunds rf.Amount of a captured PaymentIntent, with the
 // record's downstream idempotency key and its id in the refund's metadata.
+// The amount is the request's own (refunds require it), never what is left
+// by the ledger's count, so that a retry after the database lost the
+// refund sends the same parameters (I13).
 func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, intentID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -19,11 +19,13 @@
 package stripefake
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -93,6 +95,9 @@ type Request struct {
 	IdempotencyKey string
 	// Form holds the POST body parameters (for GET, the query). Read only.
 	Form url.Values
+	// Body is a POST's body as sent (form-encoded), for byte-for-byte
+	// comparisons of two attempts.
+	Body string
 	// Replayed is true when the answer was a stored idempotent response.
 	Replayed bool
 	// Fault is the name of the injected fault, or "" if there was none.
@@ -369,6 +374,18 @@ func (s *Server) Hold() *Gate {
 
 // serveHTTP records the request, applies latency and faults, then routes it.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	var body []byte
+	if r.Method == http.MethodPost {
+		// Kept as sent, so that a test can compare two attempts byte for
+		// byte; ParseForm reads it again from the copy.
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		if err != nil {
+			s.write(w, "", false, invalidRequest(http.StatusBadRequest, "", "", "Invalid request body."))
+			return
+		}
+		body = b
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
 	if err := r.ParseForm(); err != nil {
 		s.write(w, "", false, invalidRequest(http.StatusBadRequest, "", "", "Invalid request body."))
 		return
@@ -385,7 +402,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		fault = s.takeFaultLocked()
 	}
 	idx := len(s.requests)
-	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, ContentLength: r.ContentLength, At: time.Now()}
+	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, Body: string(body),
+		ContentLength: r.ContentLength, At: time.Now()}
 	if fault != None {
 		req.Fault = fault.String()
 	}
