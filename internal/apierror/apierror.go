@@ -175,7 +175,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"Do not retry with the same key. Fix the request (for example the payment_method) and send it with a new key."},
 	RefundExceedsCharge: {
 		"The refund is larger than what is left to refund on the charge (refunds in flight included); refundable_amount says how much is left. Nothing was stored.",
-		"Lower the amount to at most refundable_amount, or leave it out to refund all that is left; the same Idempotency-Key is fine."},
+		"Lower the amount to at most refundable_amount (which is all that is left); the same Idempotency-Key is fine."},
 	ChargeNotRefundable: {
 		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
 		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
