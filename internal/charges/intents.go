@@ -161,7 +161,8 @@ func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // Call captures or cancels the PaymentIntent with the record's downstream
 // key. A definite refusal by Stripe (the PaymentIntent was canceled, or
 // captured, by something other than this ledger: an expiry, the dashboard)
-// is final: 409, and the charge's pending mark is cleared.
+// is final: 409, and the charge's pending mark is cleared; so is Stripe's
+// refusal of the key itself (keyConflict).
 func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
 	var pi *stripe.PaymentIntent
@@ -218,7 +219,12 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 				return idempotency.Response{}, err
 			}
 		}
-		if kind != outcomeOK {
+		switch kind {
+		case outcomeConflict:
+			// The pending mark is cleared, the state left: Stripe's events
+			// or reconciliation move the charge to what Stripe holds.
+			return op.s.keyConflict(ctx, rec, op.action, "charge", ch.ID, se), nil
+		case outcomeDeclined, outcomeRejected:
 			return op.refusedResponse(kind, se), nil
 		}
 		return idempotency.Response{

@@ -98,8 +98,14 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	rf := op.refund
 	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
 	kind, se := classify(err)
-	if kind == outcomeUnknown {
+	switch kind {
+	case outcomeUnknown:
 		return idempotency.Unknown(err)
+	case outcomeConflict:
+		// The reservation stays: Stripe may have refunded it under the key.
+		return idempotency.Finish(func(ctx context.Context, _ *idempotency.Batch) (idempotency.Response, error) {
+			return op.s.keyConflict(ctx, rec, StepRefund, "refund", rf.ID, se), nil
+		})
 	}
 	updated := rf
 	updated.Version++

@@ -161,6 +161,11 @@ const (
 	outcomeDeclined         // a card error: final, 402
 	outcomeRejected         // a definite validation error: final, 422
 	outcomeUnknown          // anything else: not final, retry with the same key
+	// outcomeConflict: Stripe holds this downstream key with other
+	// parameters (idempotency_error). Final, 409 downstream-key-conflict;
+	// the ledger row is left for Stripe's events and reconciliation to
+	// settle (keyConflict).
+	outcomeConflict
 )
 
 // String is the result class as labelled in metrics.
@@ -172,6 +177,8 @@ func (o outcome) String() string {
 		return "declined"
 	case outcomeRejected:
 		return "rejected"
+	case outcomeConflict:
+		return "conflict"
 	default:
 		return "unknown"
 	}
@@ -189,7 +196,9 @@ func (s *Stripe) observed(operation string, start time.Time, err error) {
 // validation error is final. Timeouts, connection errors, 5xx, 429, auth
 // errors (an operator problem, nothing was charged) and 409
 // idempotency_key_in_use (another attempt with this key is still in flight
-// at Stripe) are unknown outcomes.
+// at Stripe) are unknown outcomes. Stripe's idempotency_error (this key was
+// first used with other parameters) is final too, but of its own kind,
+// outcomeConflict: no retry under the key can ever succeed.
 func classify(err error) (outcome, *stripe.Error) {
 	if err == nil {
 		return outcomeOK, nil
@@ -202,9 +211,13 @@ func classify(err error) (outcome, *stripe.Error) {
 	case se.Type == stripe.ErrorTypeCard || se.HTTPStatusCode == http.StatusPaymentRequired:
 		return outcomeDeclined, se
 	case se.Type == stripe.ErrorTypeIdempotency:
-		// Stripe saw this downstream key with other parameters. It cannot
-		// happen when parameters come from the ledger row; never final.
-		return outcomeUnknown, se
+		// Stripe saw this downstream key with other parameters: what
+		// idempay sends for one request changed between two attempts (a
+		// defect, or a configuration such as the return URL changed in
+		// between). Every retry under the key gets the same refusal, and
+		// once Stripe forgets the key (after 24 hours) a retry would run
+		// as a second payment: so it is final, never resumable.
+		return outcomeConflict, se
 	case se.HTTPStatusCode == http.StatusBadRequest || se.HTTPStatusCode == http.StatusNotFound:
 		return outcomeRejected, se
 	default:

@@ -67,6 +67,9 @@ const (
 	ResultDeclined = "declined"
 	ResultRejected = "rejected"
 	ResultUnknown  = "unknown"
+	// ResultConflict: Stripe refused the downstream key, first used with
+	// other parameters (idempotency_error); alert on any.
+	ResultConflict = "conflict"
 )
 
 // New builds the registry. pool may be nil (no pool series).
@@ -87,12 +90,12 @@ func New(pool *pgxpool.Pool) *Metrics {
 	}, []string{"outcome"})
 	m.stripeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "stripe", Name: "request_duration_seconds",
-		Help:    "Latency of calls to the Stripe API, by operation and result class (ok, declined, rejected, unknown).",
+		Help:    "Latency of calls to the Stripe API, by operation and result class (ok, declined, rejected, unknown, conflict).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30},
 	}, []string{"operation", "result"})
 	m.stripeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "stripe", Name: "errors_total",
-		Help: "Stripe calls that did not succeed, by operation and result class: declined and rejected are final answers, unknown (timeout, 5xx, 429, connection error) leaves the record resumable.",
+		Help: "Stripe calls that did not succeed, by operation and result class: declined and rejected are final answers, unknown (timeout, 5xx, 429, connection error) leaves the record resumable, conflict (the downstream key was first used with other parameters: a broken I13, alert on any) is final and leaves the ledger row to reconciliation.",
 	}, []string{"operation", "result"})
 	m.purged = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "idempotency", Name: "records_purged_total",
@@ -147,7 +150,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 		m.outcomes.WithLabelValues(string(o))
 	}
 	for _, op := range []string{StripeCreateCharge, StripeCreateRefund} {
-		for _, r := range []string{ResultDeclined, ResultRejected, ResultUnknown} {
+		for _, r := range []string{ResultDeclined, ResultRejected, ResultUnknown, ResultConflict} {
 			m.stripeErrors.WithLabelValues(op, r)
 		}
 	}
