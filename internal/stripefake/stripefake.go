@@ -1,7 +1,8 @@
 // Package stripefake is a small, stateful imitation of the part of the Stripe
 // API that idempay uses: PaymentIntents (created and confirmed at once,
 // captured now or later, partially, canceled, authenticated by the
-// customer, expired, listed) and their refunds. The legacy Charges API
+// customer, expired, listed) and their refunds (with their metadata,
+// listed too). The legacy Charges API
 // (POST /v1/charges) is kept for its own tests.
 //
 // It exists because stripe-mock, Stripe's official mock, is stateless: it
@@ -151,6 +152,7 @@ type Refund struct {
 	Amount         int64
 	Currency       string
 	Status         string
+	Metadata       map[string]string
 	Created        time.Time
 }
 
@@ -297,6 +299,7 @@ func (s *Server) Refunds() []Refund {
 	out := make([]Refund, len(s.refunds))
 	for i, r := range s.refunds {
 		out[i] = *r
+		out[i].Metadata = maps.Clone(r.Metadata)
 	}
 	return out
 }
@@ -454,6 +457,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.servePost(w, r, idx, fault, s.createRefund)
 	case r.Method == http.MethodGet && idIn(r.URL.Path, "/v1/charges/") != "":
 		s.write(w, key, false, s.getCharge(idIn(r.URL.Path, "/v1/charges/")))
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/refunds":
+		s.write(w, key, false, s.listRefunds(form))
 	case r.Method == http.MethodGet && idIn(r.URL.Path, "/v1/refunds/") != "":
 		s.write(w, key, false, s.getRefund(idIn(r.URL.Path, "/v1/refunds/")))
 	default:
@@ -736,6 +741,7 @@ func (s *Server) createRefund(form url.Values, key string) response {
 		Amount:         amount,
 		Currency:       c.Currency,
 		Status:         "succeeded",
+		Metadata:       metadata(form),
 		Created:        time.Now(),
 	}
 	c.AmountRefunded += amount
@@ -934,7 +940,7 @@ func refundBody(r *Refund) []byte {
 		Status        string            `json:"status"`
 	}{
 		ID: r.ID, Object: "refund", Amount: r.Amount, Charge: r.Charge, Created: r.Created.Unix(),
-		Currency: r.Currency, Metadata: map[string]string{}, PaymentIntent: intent, Status: r.Status,
+		Currency: r.Currency, Metadata: r.Metadata, PaymentIntent: intent, Status: r.Status,
 	})
 }
 
