@@ -54,8 +54,9 @@ type Service struct {
 	stripe *Stripe
 	log    *slog.Logger
 	// OnReconcile, when set, counts what reconciliation did with each
-	// PaymentIntent it listed (metrics): one of the Reconcile* outcomes.
-	OnReconcile func(outcome string)
+	// object it listed (metrics): ReconcilePaymentIntent or ReconcileRefund,
+	// and one of the Reconcile* outcomes.
+	OnReconcile func(object, outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stripe/stripe-go/v76"
+
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -25,6 +27,10 @@ type refundOp struct {
 	refund    dbsqlc.Refund
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
+	// recovered, when set, is the refund that Stripe already holds for this
+	// request (reconciliation re-creating a record the database lost): Call
+	// finishes with it instead of calling Stripe.
+	recovered *stripe.Refund
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -96,7 +102,10 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		op.refund.CreatedAt = rec.CreatedAt
 	}
 	rf := op.refund
-	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
+	sr, err := op.recovered, error(nil)
+	if sr == nil {
+		sr, err = op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
+	}
 	kind, se := classify(err)
 	switch kind {
 	case outcomeUnknown:
@@ -117,7 +126,9 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-		if kind != outcomeOK {
+		// A refund Stripe refused, or one it holds as failed or canceled
+		// (a re-created one may be), refunded nothing: its reservation goes.
+		if kind != outcomeOK || updated.Status == "failed" {
 			if err := op.s.q.ChargeReleaseRefunded(ctx, b, rf.Amount, rf.ChargeID); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}

@@ -31,7 +31,7 @@ const MetadataPrefix = "idempay_"
 const MetadataRecord = "idempay_record"
 
 // MetadataKey, MetadataAccount and MetadataFingerprint carry, on a
-// PaymentIntent, what identifies its request: the client's Idempotency-Key,
+// PaymentIntent and on a refund, what identifies its request: the client's Idempotency-Key,
 // its account and the request's fingerprint (hex). With them
 // reconciliation re-creates a record that the database lost (they must
 // derive idempay_record), and a later retry of that key replays it. All
@@ -283,6 +283,24 @@ func (s *Stripe) ListPaymentIntents(ctx context.Context, since time.Time, fn fun
 	return nil
 }
 
+// ListRefunds calls fn with every refund created at or after since, newest
+// first, through stripe-go's list iterator.
+func (s *Stripe) ListRefunds(ctx context.Context, since time.Time, fn func(*stripe.Refund) error) error {
+	params := &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := s.refunds.List(params)
+	for it.Next() {
+		if err := fn(it.Refund()); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("stripe: listing refunds: %w", err)
+	}
+	return nil
+}
+
 // CapturePaymentIntent captures an authorized PaymentIntent: amount, or
 // (0) all that is capturable; Stripe releases the rest.
 func (s *Stripe) CapturePaymentIntent(ctx context.Context, rec *idempotency.Record, intentID string, amount int64) (*stripe.PaymentIntent, error) {
@@ -321,7 +339,9 @@ func (s *Stripe) CancelPaymentIntent(ctx context.Context, rec *idempotency.Recor
 }
 
 // CreateRefund refunds rf.Amount of a captured PaymentIntent, with the
-// record's downstream idempotency key and its id in the refund's metadata.
+// record's downstream idempotency key, and its id and the request's
+// identity in the refund's metadata (for reconciliation, as on a
+// PaymentIntent).
 // The amount is the request's own (refunds require it), never what is left
 // by the ledger's count, so that a retry after the database lost the
 // refund sends the same parameters (I13).
@@ -335,6 +355,9 @@ func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, inte
 	params.Context = ctx
 	params.SetIdempotencyKey(rec.DownstreamKey(StepRefund))
 	params.AddMetadata(MetadataRecord, rec.ID)
+	params.AddMetadata(MetadataKey, rec.Key)
+	params.AddMetadata(MetadataAccount, rec.AccountID)
+	params.AddMetadata(MetadataFingerprint, hex.EncodeToString(rec.Fingerprint))
 	start := time.Now()
 	r, err := s.refunds.New(params)
 	s.observed("create_refund", start, err)

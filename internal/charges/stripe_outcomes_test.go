@@ -359,8 +359,8 @@ func metricsText(t *testing.T, env *apitest.Env) string {
 // restore) is final: 409 downstream-key-conflict, stored and replayed, so
 // nothing retries under the key; the ledger row is left unsettled, not
 // failed (Stripe ran the key's first request), the refund's reservation
-// stays, and the call is counted. Reconciliation settles the row from what
-// Stripe holds under the key (TestReconcileRefunds).
+// stays, and the call is counted. Reconciliation then settles the row from
+// what Stripe holds under the key.
 func TestStripeKeyConflictIsFinal(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -438,6 +438,18 @@ func TestStripeKeyConflictIsFinal(t *testing.T) {
 			op := map[string]string{"charge": "create_charge", "refund": "create_refund"}[tc.object]
 			if m := metricsText(t, env); !strings.Contains(m, `idempay_stripe_errors_total{operation="`+op+`",result="conflict"} 1`) {
 				t.Errorf("/metrics does not count the conflict of %s", op)
+			}
+
+			// Reconciliation finds what Stripe holds under the key by its
+			// idempay_record and settles the row from it.
+			if _, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM `+tc.object+`s WHERE id = $1`, id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			if status != "succeeded" {
+				t.Errorf("after reconciliation the %s is %s, want succeeded, as Stripe holds it", tc.object, status)
 			}
 		})
 	}

@@ -45,6 +45,8 @@ type Metrics struct {
 	outboxLag      prometheus.Gauge
 	rollout        *prometheus.CounterVec
 	reconcile      *prometheus.CounterVec
+	// reconcileRefunds is reconcile's count for refunds.
+	reconcileRefunds *prometheus.CounterVec
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -138,9 +140,13 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Namespace: namespace, Subsystem: "reconcile", Name: "payment_intents_total",
 		Help: "What reconciliation did with each PaymentIntent it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
 	}, []string{"outcome"})
+	m.reconcileRefunds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "reconcile", Name: "refunds_total",
+		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
+	}, []string{"outcome"})
 
 	m.reg.MustRegister(
-		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout, m.reconcile,
+		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout, m.reconcile, m.reconcileRefunds,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
@@ -227,9 +233,14 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 	m.outboxLag.Set(lag.Seconds())
 }
 
-// ObserveReconcile counts what reconciliation did with one PaymentIntent;
-// it is the function to set as charges.Service.OnReconcile.
-func (m *Metrics) ObserveReconcile(outcome string) {
+// ObserveReconcile counts what reconciliation did with one PaymentIntent
+// or refund (object "refund"); it is the function to set as
+// charges.Service.OnReconcile.
+func (m *Metrics) ObserveReconcile(object, outcome string) {
+	if object == "refund" {
+		m.reconcileRefunds.WithLabelValues(outcome).Inc()
+		return
+	}
 	m.reconcile.WithLabelValues(outcome).Inc()
 }
 
