@@ -99,12 +99,20 @@ func (s *Service) Reconcile(ctx context.Context, since time.Time) (ReconcileRepo
 	return report, err
 }
 
-// RunReconciler runs a reconciliation pass every interval until ctx ends,
-// over a window of twice the interval and at least an hour, so that
-// consecutive passes overlap and one that failed is covered by the next.
+// FirstReconcileAfter is how soon after start RunReconciler makes its
+// first pass (or after one interval, if that is shorter).
+const FirstReconcileAfter = 5 * time.Second
+
+// RunReconciler runs a reconciliation pass shortly after it starts
+// (FirstReconcileAfter), then every interval until ctx ends, each over a
+// window of twice the interval and at least an hour, so that consecutive
+// passes overlap and one that failed is covered by the next. The first
+// pass does not wait a whole interval: a process restarted more often than
+// that (deploys, a crash loop) would never reconcile, and the process
+// started after a failover is the one that should repair what it lost.
 func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
 	window := max(2*interval, time.Hour)
-	t := time.NewTicker(interval)
+	t := time.NewTimer(min(interval, FirstReconcileAfter))
 	defer t.Stop()
 	for {
 		select {
@@ -113,11 +121,13 @@ func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		report, err := s.Reconcile(ctx, time.Now().Add(-window))
+		t.Reset(interval)
 		if err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "reconcile: pass failed", "err", err)
 			continue
 		}
-		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts)
+		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts,
+			"refunds_listed", report.RefundsListed, "refund_counts", report.RefundCounts)
 	}
 }
 

@@ -235,3 +235,30 @@ func TestReconcileRefunds(t *testing.T) {
 		t.Fatalf("the second pass over refunds: %v, want %v", report.RefundCounts, want)
 	}
 }
+
+// The periodic pass (serve's RECONCILE_INTERVAL) makes its first pass soon
+// after it starts, not a whole interval later: with an hour's interval, a
+// request the database lost is re-created within seconds.
+func TestReconcilerFirstPassIsSoon(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	wantStatus(t, c.Post("/v1/charges", key, chargeBody(900)), http.StatusCreated)
+	forget(t, env, c.Account.ID, key)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { env.Charges.RunReconciler(ctx, time.Hour); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(charges.FirstReconcileAfter + 5*time.Second)
+	for keyRowsAnywhere(t, env.Pool, key) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lost record is not back %s after the reconciler started (interval 1h)", charges.FirstReconcileAfter+5*time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" {
+		t.Errorf("the re-created record is at %s, want finished", r.RecoveryPoint)
+	}
+}
