@@ -34,8 +34,11 @@ type CaptureParams struct {
 	Amount *int64 `json:"amount,omitempty"`
 }
 
-// RefundParams is the body of POST /v1/refunds. A nil Amount refunds all
-// that is left of the charge.
+// RefundParams is the body of POST /v1/refunds. Amount is required (a nil
+// one is a 400 naming it): the server sends Stripe only what the request
+// says, so a retry after the server's database lost the refund asks Stripe
+// for the same refund. To refund all that is left, send the charge's
+// AmountCaptured less its AmountRefunded.
 type RefundParams struct {
 	Charge string `json:"charge"`
 	Amount *int64 `json:"amount,omitempty"`

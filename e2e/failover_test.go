@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -63,10 +65,14 @@ func (l *answerLog) answers() []answer {
 //     charge through each server, retried like the others, has its 201
 //     after the promotion), and inside it only 503 with Retry-After.
 //
-// Before the last pass, the test counts the charges Stripe holds that have
-// no ledger row on the new primary: those whose 201 was committed only on
-// the lost primary. Only the clients' retry of those keys (here) or
-// reconciliation (which lists Stripe's objects) restores them.
+// After the failover the test proves that the standby missed commits: some
+// charges Stripe holds have no ledger row on the new primary, and some keys
+// whose 201 a client received have no record there (the keys charged
+// between the cut and the kill committed only on the lost primary; the
+// test fails if none did). Then it runs `idempay reconcile`, which must
+// re-create exactly those, and checks, before any client retries them, that
+// every PaymentIntent idempay made has exactly one ledger row. The last pass
+// of the clients then replays them.
 func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
@@ -161,21 +167,65 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 		err := check.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`).Scan(&n)
 		return err == nil && n == 0
 	})
-	missing := 0
-	for _, fc := range fake.Charges() {
-		var n int
-		if err := check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE stripe_payment_intent_id = $1`, fc.ID).Scan(&n); err != nil {
-			t.Fatal(err)
+	ledgerRows := func() (missing int) {
+		t.Helper()
+		for _, fc := range fake.Charges() {
+			var n int
+			if err := check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE stripe_payment_intent_id = $1`, fc.ID).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case n == 0:
+				missing++
+			case n > 1:
+				t.Errorf("Stripe charge %s (record %s): %d ledger rows, want 1", fc.ID, fc.Metadata["idempay_record"], n)
+			}
 		}
-		if n == 0 {
-			missing++
+		return missing
+	}
+	missing := ledgerRows()
+	lost := 0
+	kept := records(t, check, acct.ID)
+	for k, r := range first {
+		if r.Status == http.StatusCreated && len(kept[k]) == 0 {
+			lost++
 		}
 	}
-	t.Logf("before the last pass: %d of the fake's %d charges have no ledger row on the new primary (only a retry of their key, or reconciliation, restores them)",
-		missing, len(fake.Charges()))
+	t.Logf("after the failover: %d of the fake's %d charges have no ledger row on the new primary; %d keys answered 201 have no record there",
+		missing, len(fake.Charges()), lost)
+	if missing == 0 || lost == 0 {
+		t.Fatalf("the standby missed no commit (%d charges without a ledger row, %d answered keys without a record): the test proves nothing; the cut came after %d keys, the kill after %d",
+			missing, lost, atCut, atKill)
+	}
+
+	// Reconciliation, as an operator runs it after a failover: it lists
+	// Stripe's PaymentIntents and re-creates every lost record and ledger
+	// row, finished, with no client's help.
+	cmd := exec.Command(binPath, "reconcile", "--since", "1h")
+	cmd.Env = servers[0].env()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("idempay reconcile: %v; stdout %s", err, out)
+	}
+	var report struct {
+		Listed int            `json:"listed"`
+		Counts map[string]int `json:"counts"`
+	}
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("idempay reconcile printed %s: %v", out, err)
+	}
+	if report.Listed != len(fake.Charges()) || report.Counts["recreated"] != missing ||
+		report.Counts["matched"] != report.Listed-missing {
+		t.Errorf("idempay reconcile listed %d PaymentIntents with outcomes %v; want %d listed, %d recreated, the rest matched",
+			report.Listed, report.Counts, len(fake.Charges()), missing)
+	}
+	if n := ledgerRows(); n != 0 {
+		t.Errorf("after reconciliation %d of Stripe's charges still have no ledger row", n)
+	}
 
 	// Every key once more, as a client that retries until it has seen its
-	// charge settled: a lost record is re-created and Stripe replays.
+	// charge settled: reconciliation re-created the lost records, so each
+	// is a replay.
 	cl := newAPIClient(hc, acct.APIKey, 100, nil, urls...)
 	for g := range nClients {
 		for k := range nKeys {
@@ -184,8 +234,8 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 			if err != nil {
 				t.Fatalf("last pass: %v", err)
 			}
-			if resp.Status != http.StatusCreated {
-				t.Errorf("last pass, %s: %d %s, want 201", key(g, k), resp.Status, resp.Body)
+			if resp.Status != http.StatusCreated || !resp.replayed() {
+				t.Errorf("last pass, %s: %d (replayed %t) %s, want a replayed 201", key(g, k), resp.Status, resp.replayed(), resp.Body)
 			}
 		}
 	}

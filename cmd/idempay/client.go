@@ -21,7 +21,7 @@ const clientUsage = `usage:
   idempay charges cancel ID [--idempotency-key K]
   idempay charges get ID
   idempay charges list [--limit N] [--starting-after ID]
-  idempay refunds create --charge ch_... [--amount N] [--idempotency-key K]
+  idempay refunds create --charge ch_... --amount N [--idempotency-key K]
   idempay refunds get ID
   idempay keys get KEY
   idempay api-keys create [--idempotency-key K]
@@ -184,18 +184,15 @@ func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, er
 func refundsCreate(ctx context.Context, cl *client.Client, args []string) (raw, error) {
 	fs := flag.NewFlagSet("refunds create", flag.ContinueOnError)
 	charge := fs.String("charge", "", "the charge to refund (required)")
-	amount := fs.Int64("amount", 0, "amount to refund (default: all that is left)")
+	amount := fs.Int64("amount", 0, "amount to refund, in the currency's minor unit (required)")
 	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if *charge == "" || fs.NArg() > 0 {
+	if *charge == "" || !flagSet(fs, "amount") || fs.NArg() > 0 {
 		return nil, errors.New(clientUsage)
 	}
-	p := client.RefundParams{Charge: *charge}
-	if flagSet(fs, "amount") {
-		p.Amount = amount
-	}
+	p := client.RefundParams{Charge: *charge, Amount: amount}
 	return cl.Refunds.Create(ctx, p, client.WithIdempotencyKey(*key))
 }
 

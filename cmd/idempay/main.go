@@ -51,7 +51,7 @@ commands:
   accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
   purge                      delete expired idempotency records once
   webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
-  reconcile [--since 24h]    compare the ledger with Stripe's PaymentIntents once, and repair it
+  reconcile [--since 24h]    compare the ledger with Stripe's PaymentIntents and refunds once, and repair it
 
 configuration is read from the environment; see docs/configuration.md.
 `
@@ -270,11 +270,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // reconcileCmd is `idempay reconcile [--since DURATION]`: one pass over the
-// PaymentIntents Stripe holds for the window (Service.Reconcile), whose
+// PaymentIntents and refunds Stripe holds for the window (Service.Reconcile), whose
 // report is printed as JSON; every repair is also a log line.
 func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
-	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents at Stripe")
+	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents and refunds at Stripe")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -57,8 +57,11 @@ const (
 	CaptureExceedsAuthorization Type = "capture-exceeds-authorization"
 	LastAPIKey                  Type = "last-api-key"
 	DownstreamUnavailable       Type = "downstream-unavailable"
-	ServiceUnavailable          Type = "service-unavailable"
-	Internal                    Type = "internal-error"
+	// DownstreamKeyConflict: Stripe holds the request's downstream key
+	// with other parameters (idempotency_error); final and stored.
+	DownstreamKeyConflict Type = "downstream-key-conflict"
+	ServiceUnavailable    Type = "service-unavailable"
+	Internal              Type = "internal-error"
 	// The Stripe webhook endpoint's own refusals.
 	WebhookSignatureInvalid Type = "webhook-signature-invalid"
 	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
@@ -87,6 +90,7 @@ var statusOf = map[Type]int{
 	CaptureExceedsAuthorization: http.StatusBadRequest,
 	LastAPIKey:                  http.StatusConflict,
 	DownstreamUnavailable:       http.StatusServiceUnavailable,
+	DownstreamKeyConflict:       http.StatusConflict,
 	ServiceUnavailable:          http.StatusServiceUnavailable,
 	Internal:                    http.StatusInternalServerError,
 
@@ -117,6 +121,7 @@ var titleOf = map[Type]string{
 	CaptureExceedsAuthorization: "Capture exceeds the capturable amount",
 	LastAPIKey:                  "The account's last API key cannot be revoked",
 	DownstreamUnavailable:       "Payment processor outcome unknown; retry with the same Idempotency-Key",
+	DownstreamKeyConflict:       "The payment processor holds another request under this request's key",
 	ServiceUnavailable:          "Service temporarily unavailable",
 	Internal:                    "Internal server error",
 
@@ -175,7 +180,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"Do not retry with the same key. Fix the request (for example the payment_method) and send it with a new key."},
 	RefundExceedsCharge: {
 		"The refund is larger than what is left to refund on the charge (refunds in flight included); refundable_amount says how much is left. Nothing was stored.",
-		"Lower the amount to at most refundable_amount, or leave it out to refund all that is left; the same Idempotency-Key is fine."},
+		"Lower the amount to at most refundable_amount (which is all that is left); the same Idempotency-Key is fine."},
 	ChargeNotRefundable: {
 		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
 		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
@@ -194,6 +199,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	DownstreamUnavailable: {
 		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
 		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
+	DownstreamKeyConflict: {
+		"Stripe refused this request's downstream idempotency key because the key was first used with other parameters (Stripe's idempotency_error). idempay sends every attempt of a request with the same parameters, so this means they changed between attempts (a defect, or a configuration change such as the return URL); it is logged and counted for the operator. No retry under the key can succeed, so the answer is final: stored and replayed. The charge or refund the body names is left as it was: Stripe holds the outcome of the key's first request, and Stripe's events and reconciliation settle the charge or refund from it.",
+		"Do not retry with this key, and do not send the payment again under a new key before the charge or refund named in the body has settled: read it (GET /v1/charges/{id} or /v1/refunds/{id}) until it leaves processing; it may well have succeeded."},
 	ServiceUnavailable: {
 		"The database is unreachable for the moment, or failing over (this server's connection reached a read-only standby, or a server shutting down). This answer is not stored.",
 		"Retry after Retry-After, with the same Idempotency-Key and body: that is always safe."},

@@ -96,7 +96,7 @@ func TestBadInput(t *testing.T) {
 		{"amount and Amount", charges, appJSON, goodKey, `{"amount":100,"Amount":100000,"currency":"usd","payment_method":"tok_visa"}`, 400, "invalid-request"},
 		{"amount twice, once escaped", charges, appJSON, goodKey, `{"amount":100,"\u0061mount":100000,"currency":"usd","payment_method":"tok_visa"}`, 400, "invalid-request"},
 		{"metadata key given twice", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"k":"a","k":"b"}}`, 400, "invalid-request"},
-		{"refund charge given twice", refunds, appJSON, goodKey, `{"charge":"ch_a","charge":"ch_b"}`, 400, "invalid-request"},
+		{"refund charge given twice", refunds, appJSON, goodKey, `{"charge":"ch_a","charge":"ch_b","amount":10}`, 400, "invalid-request"},
 
 		// Size and media type.
 		{"body over 1 MiB", charges, appJSON, goodKey, withDescription(strings.Repeat("a", 1<<20)), 413, "body-too-large"},
@@ -120,11 +120,12 @@ func TestBadInput(t *testing.T) {
 		{"key inner quote", charges, appJSON, `"a"` + apitest.NewKey() + `"`, valid, 400, "idempotency-key-invalid"},
 
 		// Refunds.
-		{"refund bad charge id", refunds, appJSON, goodKey, `{"charge":"xyz"}`, 400, "invalid-request"},
-		{"refund uppercase charge id", refunds, appJSON, goodKey, `{"charge":"CH_ABC"}`, 400, "invalid-request"},
-		{"refund charge id too long", refunds, appJSON, goodKey, `{"charge":"ch_` + strings.Repeat("a", 100) + `"}`, 400, "invalid-request"},
-		{"refund charge as number", refunds, appJSON, goodKey, `{"charge":12}`, 400, "invalid-request"},
+		{"refund bad charge id", refunds, appJSON, goodKey, `{"charge":"xyz","amount":10}`, 400, "invalid-request"},
+		{"refund uppercase charge id", refunds, appJSON, goodKey, `{"charge":"CH_ABC","amount":10}`, 400, "invalid-request"},
+		{"refund charge id too long", refunds, appJSON, goodKey, `{"charge":"ch_` + strings.Repeat("a", 100) + `","amount":10}`, 400, "invalid-request"},
+		{"refund charge as number", refunds, appJSON, goodKey, `{"charge":12,"amount":10}`, 400, "invalid-request"},
 		{"refund missing charge", refunds, appJSON, goodKey, `{"amount":10}`, 400, "invalid-request"},
+		{"refund missing amount", refunds, appJSON, goodKey, `{"charge":"CHARGE"}`, 400, "invalid-request"},
 		{"refund amount 0", refunds, appJSON, goodKey, `{"charge":"CHARGE","amount":0}`, 400, "invalid-request"},
 		{"refund amount negative", refunds, appJSON, goodKey, `{"charge":"CHARGE","amount":-1}`, 400, "invalid-request"},
 		{"refund amount as string", refunds, appJSON, goodKey, `{"charge":"CHARGE","amount":"10"}`, 400, "invalid-request"},
@@ -140,7 +141,7 @@ func TestBadInput(t *testing.T) {
 			if tc.path == refunds {
 				ch := createCharge(t, c, 100)
 				body = strings.ReplaceAll(body, "CHARGE", ch.ID)
-				fix = `{"charge":"` + ch.ID + `"}`
+				fix = `{"charge":"` + ch.ID + `","amount":100}`
 			}
 			key := tc.key
 			if key == goodKey {
@@ -304,6 +305,9 @@ func TestInvalidParamsListsEveryProblem(t *testing.T) {
 		{"an unknown field given twice", "/v1/charges",
 			`{"amount":100,"currency":"usd","payment_method":"tok_visa","tip":1,"tip":2}`,
 			[]param{{"tip", "more than once"}, {"tip", "not a known parameter"}}},
+		{"metadata keys that idempay's own metadata at Stripe would overwrite", "/v1/charges",
+			`{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"order":"1","idempay_record":"ik_x","idempay_key":"k"}}`,
+			[]param{{"metadata[idempay_key]", "is reserved"}, {"metadata[idempay_record]", "is reserved"}}},
 		{"a refund with an unknown field and a bad amount", "/v1/refunds",
 			`{"charge":"` + ch.ID + `","reason":"duplicate","amount":-1}`,
 			[]param{{"reason", "not a known parameter"}, {"amount", "between 1 and"}}},

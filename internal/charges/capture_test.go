@@ -97,7 +97,7 @@ func TestAuthorizeThenCapture(t *testing.T) {
 			if fc := fakeIntent(t, env, ch); fc.CaptureMethod != "manual" || fc.Status != "requires_capture" {
 				t.Fatalf("at Stripe: capture_method %s, status %s; want manual, requires_capture", fc.CaptureMethod, fc.Status)
 			}
-			refund := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID})
+			refund := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 100})
 			if p := wantProblem(t, refund, http.StatusConflict, "charge-not-refundable"); !strings.Contains(p.Detail, "/cancel") {
 				t.Errorf("refund of an authorization: detail %q does not point to cancel", p.Detail)
 			}
@@ -134,7 +134,7 @@ func TestAuthorizeThenCapture(t *testing.T) {
 
 			over := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": tc.capture + 1})
 			wantProblem(t, over, http.StatusBadRequest, "refund-exceeds-charge")
-			wantStatus(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID}), http.StatusCreated)
+			wantStatus(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": tc.capture}), http.StatusCreated)
 			if fc := fakeIntent(t, env, ch); fc.AmountRefunded != tc.capture {
 				t.Errorf("refunded at Stripe %d, want %d", fc.AmountRefunded, tc.capture)
 			}

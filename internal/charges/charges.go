@@ -54,8 +54,9 @@ type Service struct {
 	stripe *Stripe
 	log    *slog.Logger
 	// OnReconcile, when set, counts what reconciliation did with each
-	// PaymentIntent it listed (metrics): one of the Reconcile* outcomes.
-	OnReconcile func(outcome string)
+	// object it listed (metrics): ReconcilePaymentIntent or ReconcileRefund,
+	// and one of the Reconcile* outcomes.
+	OnReconcile func(object, outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so
@@ -238,8 +239,13 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		pi, err = op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
 	}
 	kind, se := classify(err)
-	if kind == outcomeUnknown {
+	switch kind {
+	case outcomeUnknown:
 		return idempotency.Unknown(err)
+	case outcomeConflict:
+		return idempotency.Finish(func(ctx context.Context, _ *idempotency.Batch) (idempotency.Response, error) {
+			return op.s.keyConflict(ctx, rec, StepCharge, "charge", ch.ID, se), nil
+		})
 	}
 	updated := ch
 	updated.Version++
@@ -337,6 +343,29 @@ func failedResponse(kind outcome, se *stripe.Error, object, id string) idempoten
 			pe.Extensions["decline_code"] = code
 		}
 	}
+	return idempotency.Response{
+		Status:  pe.Status(),
+		Headers: idempotency.Headers{ContentType: apierror.ContentType},
+		Body:    pe.Body(),
+	}
+}
+
+// keyConflict is the stored answer of a request whose downstream key Stripe
+// holds with other parameters (outcomeConflict): 409
+// downstream-key-conflict, naming the ledger row. It is final, so that
+// nothing retries under the key, least of all after Stripe forgets it and
+// would run the retry as a new payment. The ledger row is left as it was,
+// not failed: Stripe ran the key's first request, whose outcome the row
+// does not know, and Stripe's events or reconciliation (which finds the
+// object by its idempay_record) settle it forward from what Stripe holds.
+// It breaks I13 somewhere, so it is logged at error level and counted
+// (idempay_stripe_errors_total{result="conflict"}).
+func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step, object, id string, se *stripe.Error) idempotency.Response {
+	s.log.ErrorContext(ctx, "stripe: the downstream key was used with other parameters; answered 409 downstream-key-conflict, the ledger row left for Stripe's events and reconciliation",
+		"idempotency_key_id", rec.ID, "downstream_key", rec.DownstreamKey(step), object+"_id", id, "stripe_error", se.Msg)
+	pe := &apierror.Error{Type: apierror.DownstreamKeyConflict,
+		Detail:     fmt.Sprintf("Stripe holds another request under this request's key; the outcome of %s %s is what Stripe holds, and it settles from there. Read it; do not send this payment again under a new key before it has settled.", object, id),
+		Extensions: map[string]any{object: id}}
 	return idempotency.Response{
 		Status:  pe.Status(),
 		Headers: idempotency.Headers{ContentType: apierror.ContentType},

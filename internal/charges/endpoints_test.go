@@ -203,8 +203,23 @@ func TestRefundsPartialAndFull(t *testing.T) {
 	}
 	wantProblem(t, c.Get("/v1/refunds/re_doesnotexist"), http.StatusNotFound, "not-found")
 
-	// No amount: the rest of the charge.
-	resp = c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID})
+	// No amount: refused, naming it (everything sent to Stripe comes from
+	// the request, I13), and nothing is stored.
+	before := countRows(t, env.Pool, c.Account.ID)
+	noAmount := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID})
+	wantProblem(t, noAmount, http.StatusBadRequest, "invalid-request")
+	var doc struct {
+		InvalidParams []struct{ Name string } `json:"invalid_params"`
+	}
+	noAmount.JSON(t, &doc)
+	if len(doc.InvalidParams) != 1 || doc.InvalidParams[0].Name != "amount" {
+		t.Fatalf("a refund without an amount: %s, want invalid_params naming amount", noAmount.Body)
+	}
+	if now := countRows(t, env.Pool, c.Account.ID); now != before {
+		t.Fatalf("a refused refund stored rows: %s", now.diff(before))
+	}
+	// The rest of the charge, named.
+	resp = c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 700})
 	wantStatus(t, resp, http.StatusCreated)
 	var rest refund
 	resp.JSON(t, &rest)
@@ -221,8 +236,8 @@ func TestRefundsPartialAndFull(t *testing.T) {
 
 	// Nothing left: both another full and another partial refund fail, and
 	// nothing is stored for them.
-	before := countRows(t, env.Pool, c.Account.ID)
-	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID}),
+	before = countRows(t, env.Pool, c.Account.ID)
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 1000}),
 		http.StatusBadRequest, "refund-exceeds-charge")
 	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 1}),
 		http.StatusBadRequest, "refund-exceeds-charge")
@@ -374,7 +389,7 @@ func TestRefundOfDeclinedCharge(t *testing.T) {
 		Charge string `json:"charge"`
 	}
 	resp.JSON(t, &declined)
-	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": declined.Charge}),
+	wantProblem(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": declined.Charge, "amount": 100}),
 		http.StatusConflict, "charge-not-refundable")
 	if n := len(env.Stripe.Refunds()); n != 0 {
 		t.Fatalf("fake executed %d refunds", n)

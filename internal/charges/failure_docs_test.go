@@ -380,10 +380,10 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			var doc struct{ Charge string }
 			declined.JSON(t, &doc)
 			first, again := twice(func() *apitest.Response {
-				return post(c, "/v1/refunds", key, "application/json", `{"charge":"`+doc.Charge+`"}`)
+				return post(c, "/v1/refunds", key, "application/json", `{"charge":"`+doc.Charge+`","amount":100}`)
 			})
 			ch := createCharge(t, c, 100)
-			corrected(t, post(c, "/v1/refunds", key, "application/json", `{"charge":"`+ch.ID+`"}`))
+			corrected(t, post(c, "/v1/refunds", key, "application/json", `{"charge":"`+ch.ID+`","amount":100}`))
 			return first, again
 		}},
 		{http.StatusConflict, "last-api-key", func(t *testing.T) (*apitest.Response, *apitest.Response) {
@@ -427,6 +427,27 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			gate.Release()
 			wantStatus(t, <-done, http.StatusCreated)
 			return first, post(c, "/v1/charges", key, "application/json", valid)
+		}},
+		{http.StatusConflict, "downstream-key-conflict", func(t *testing.T) (*apitest.Response, *apitest.Response) {
+			env := apitest.New(t, apitest.Options{}) // the fault is for every request
+			c, key := env.NewClient(t), apitest.NewKey()
+			env.Stripe.FailNext(stripefake.Fail500, 1)
+			wantStatus(t, post(c, "/v1/charges", key, "application/json", valid), http.StatusServiceUnavailable)
+			// Stripe first sees the key with other parameters.
+			rec := getRecord(t, env.Pool, c.Account.ID, key)
+			req, err := http.NewRequest(http.MethodPost, env.Stripe.URL()+"/v1/payment_intents",
+				strings.NewReader("amount=101&currency=usd&confirm=true&payment_method=pm_card_visa"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Idempotency-Key", rec.DownstreamKey())
+			if resp, err := http.DefaultClient.Do(req); err != nil {
+				t.Fatal(err)
+			} else {
+				resp.Body.Close()
+			}
+			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", valid) })
 		}},
 		{http.StatusServiceUnavailable, "downstream-unavailable", func(t *testing.T) (*apitest.Response, *apitest.Response) {
 			env := apitest.New(t, apitest.Options{}) // the fault is for every request

@@ -90,7 +90,7 @@ func TestSameKeyDifferentRequest(t *testing.T) {
 		{"other amount", "/v1/charges", chargeBody(501)},
 		{"other currency", "/v1/charges", map[string]any{"amount": 500, "currency": "eur", "payment_method": "tok_visa"}},
 		{"extra field", "/v1/charges", map[string]any{"amount": 500, "currency": "usd", "payment_method": "tok_visa", "description": "x"}},
-		{"other route", "/v1/refunds", map[string]any{"charge": ch.ID}},
+		{"other route", "/v1/refunds", map[string]any{"charge": ch.ID, "amount": 500}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := c.Post(tc.path, key, tc.body)

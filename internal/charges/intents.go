@@ -208,8 +208,9 @@ func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // captured, by something other than this ledger: an expiry, the dashboard)
 // is final and stored: 422 payment-rejected (402 card-declined for a
 // decline; refusedResponse), the charge is settled forward from the
-// PaymentIntent in Stripe's answer, and its pending mark is cleared. (409
-// is Begin's refusal, which stores nothing.)
+// PaymentIntent in Stripe's answer, and its pending mark is cleared; Stripe's
+// refusal of the key itself is a stored 409 (keyConflict). (A 409 from Begin
+// is a refusal that stores nothing.)
 func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
 	var pi *stripe.PaymentIntent
@@ -266,7 +267,12 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 				return idempotency.Response{}, err
 			}
 		}
-		if kind != outcomeOK {
+		switch kind {
+		case outcomeConflict:
+			// The pending mark is cleared, the state left: Stripe's events
+			// or reconciliation move the charge to what Stripe holds.
+			return op.s.keyConflict(ctx, rec, op.action, "charge", ch.ID, se), nil
+		case outcomeDeclined, outcomeRejected:
 			return op.refusedResponse(kind, se), nil
 		}
 		return idempotency.Response{

@@ -34,7 +34,7 @@ func TestInvalidText(t *testing.T) {
 		{"payment_method", `{"amount":100,"currency":"usd","payment_method":"tok_` + "\xc0" + `"}`, &chargeParams{}, []string{"payment_method"}},
 		{"currency", `{"amount":100,"currency":"us` + "\x80" + `","payment_method":"tok_visa"}`, &chargeParams{}, []string{"currency"}},
 		{"two fields at once", `{` + base + `,"description":"` + "\xff" + `","metadata":{"a":"\udfff"}}`, &chargeParams{}, []string{"description", "metadata[a]"}},
-		{"refund charge", `{"charge":"ch_` + "\xff" + `"}`, &refundParams{}, []string{"charge"}},
+		{"refund charge", `{"amount":1,"charge":"ch_` + "\xff" + `"}`, &refundParams{}, []string{"charge"}},
 		{"an unknown field's name", `{` + base + `,"x` + "\xff" + `":1}`, &chargeParams{}, []string{"x\uFFFD"}},
 	} {
 		err := decodeParams([]byte(tc.body), tc.dst)

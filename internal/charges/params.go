@@ -245,6 +245,7 @@ func (p *chargeParams) validate() error {
 	if len(p.Metadata) > MaxMetadataKeys {
 		add("metadata", fmt.Sprintf("may have at most %d keys", MaxMetadataKeys))
 	}
+	var reserved []string
 	for k, v := range p.Metadata {
 		// Stripe refuses square brackets in metadata keys: they would
 		// break its form encoding (metadata[key]=value).
@@ -252,9 +253,20 @@ func (p *chargeParams) validate() error {
 			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters or square brackets", MaxMetadataKey))
 			break
 		}
+		if strings.HasPrefix(k, MetadataPrefix) {
+			reserved = append(reserved, k)
+		}
 		if reason := checkText(v, MaxMetadataValue); reason != "" {
 			add("metadata["+k+"]", reason)
 		}
+	}
+	// idempay's own metadata at Stripe (idempay_record and the request's
+	// identity) would overwrite the client's key of the same name, and
+	// reconciliation would drop it from a re-created charge: refused, so
+	// that what the client sent is what Stripe and the ledger hold.
+	slices.Sort(reserved)
+	for _, k := range reserved {
+		add("metadata["+k+"]", "is reserved: keys starting with "+MetadataPrefix+" are idempay's own metadata at Stripe")
 	}
 	if len(bad) > 0 {
 		return apierror.Invalid(bad...)
@@ -286,7 +298,11 @@ func checkText(s string, max int) string {
 	return ""
 }
 
-// refundParams is the body of POST /v1/refunds.
+// refundParams is the body of POST /v1/refunds. Amount is required:
+// everything sent to Stripe comes from the request (I13), and a refund
+// without an amount would have Stripe decide it from what Stripe holds at
+// the time of the call, which a retry after a restore or a failover can
+// find different (docs/development.md, "Refunds name their amount").
 type refundParams struct {
 	Amount *int64  `json:"amount"`
 	Charge *string `json:"charge"`
@@ -299,6 +315,10 @@ func (p *refundParams) validate() error {
 		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
 	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
 		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+	}
+	if p.Amount == nil {
+		bad = append(bad, apierror.InvalidParam{Name: "amount",
+			Reason: "is required: the amount to refund, in the currency's minor unit (the charge's amount_captured less its amount_refunded is what is left)"})
 	}
 	bad = append(bad, validateAmount("amount", p.Amount, false)...)
 	if len(bad) > 0 {

@@ -17,67 +17,102 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// What one reconciliation pass did with a PaymentIntent, as counted in
-// ReconcileReport and passed to Service.OnReconcile (metrics).
+// The objects a reconciliation pass lists at Stripe, as passed to
+// Service.OnReconcile.
+const (
+	ReconcilePaymentIntent = "payment_intent"
+	ReconcileRefund        = "refund"
+)
+
+// What one reconciliation pass did with a PaymentIntent or a refund, as
+// counted in ReconcileReport and passed to Service.OnReconcile (metrics).
 const (
 	// ReconcileMatched: the ledger holds it, in the same state or a later one.
 	ReconcileMatched = "matched"
-	// ReconcileSettled: the ledger was behind; the charge moved forward.
+	// ReconcileSettled: the ledger was behind; the charge or refund moved
+	// forward.
 	ReconcileSettled = "settled"
 	// ReconcileRecreated: the database had lost its record and ledger row
 	// (a restore, a failover to a standby that missed the last commits);
 	// both were re-created, finished, so that a retry of the key replays.
 	ReconcileRecreated = "recreated"
-	// ReconcileUnknown: a PaymentIntent that idempay never made (no
-	// idempay_record, or one its parameters do not derive), flagged only.
+	// ReconcileUnknown: an object that idempay never made (no
+	// idempay_record, or one its metadata do not derive), flagged only.
 	ReconcileUnknown = "unknown"
 	// ReconcileFailed: the repair did not commit (the row changed in
 	// between, the database failed); the next pass tries again.
 	ReconcileFailed = "failed"
 )
 
-// ReconcileReport counts what a pass did, by the outcomes above.
+// ReconcileReport counts what a pass did, by the outcomes above: with the
+// PaymentIntents it listed (Listed, Counts) and with the refunds
+// (RefundsListed, RefundCounts).
 type ReconcileReport struct {
-	Since  time.Time      `json:"since"`
-	Listed int            `json:"listed"`
-	Counts map[string]int `json:"counts"`
+	Since         time.Time      `json:"since"`
+	Listed        int            `json:"listed"`
+	Counts        map[string]int `json:"counts"`
+	RefundsListed int            `json:"refunds_listed"`
+	RefundCounts  map[string]int `json:"refund_counts"`
 }
 
 // Reconcile compares what Stripe holds with the ledger, for the
-// PaymentIntents created since since: it settles a charge whose state is
-// behind Stripe's (forward only, the way the PaymentIntent's event would
-// have), re-creates a record and ledger row that the database lost, and
-// flags what idempay never made. Each repair is one log line and one count.
-// It is safe to run at any time and from several processes: every write
-// goes through the same guarded batches as a request or an event.
+// PaymentIntents and then the refunds created since since: it settles a
+// charge or refund whose state is behind Stripe's (forward only, the way
+// its event would have), re-creates a record and ledger row that the
+// database lost, and flags what idempay never made. PaymentIntents go
+// first, so that a refund whose charge was lost too finds it re-created.
+// Each repair is one log line and one count. It is safe to run at any time
+// and from several processes: every write goes through the same guarded
+// batches as a request or an event.
 func (s *Service) Reconcile(ctx context.Context, since time.Time) (ReconcileReport, error) {
-	report := ReconcileReport{Since: since.UTC(), Counts: map[string]int{}}
-	err := s.stripe.ListPaymentIntents(ctx, since, func(pi *stripe.PaymentIntent) error {
-		report.Listed++
-		outcome, err := s.reconcileOne(ctx, pi)
+	report := ReconcileReport{Since: since.UTC(), Counts: map[string]int{}, RefundCounts: map[string]int{}}
+	// count records one object's outcome; a failed repair is logged and
+	// left to the next pass, unless the pass itself is ending.
+	count := func(object, id string, counts map[string]int, outcome string, err error) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			s.log.ErrorContext(ctx, "reconcile: repair failed; the next pass tries again",
-				"stripe_payment_intent_id", pi.ID, "err", err)
+				"object", object, "stripe_id", id, "err", err)
 			outcome = ReconcileFailed
 		}
-		report.Counts[outcome]++
+		counts[outcome]++
 		if s.OnReconcile != nil {
-			s.OnReconcile(outcome)
+			s.OnReconcile(object, outcome)
 		}
 		return nil
+	}
+	err := s.stripe.ListPaymentIntents(ctx, since, func(pi *stripe.PaymentIntent) error {
+		report.Listed++
+		outcome, err := s.reconcileOne(ctx, pi)
+		return count(ReconcilePaymentIntent, pi.ID, report.Counts, outcome, err)
+	})
+	if err != nil {
+		return report, err
+	}
+	err = s.stripe.ListRefunds(ctx, since, func(sr *stripe.Refund) error {
+		report.RefundsListed++
+		outcome, err := s.reconcileRefund(ctx, sr)
+		return count(ReconcileRefund, sr.ID, report.RefundCounts, outcome, err)
 	})
 	return report, err
 }
 
-// RunReconciler runs a reconciliation pass every interval until ctx ends,
-// over a window of twice the interval and at least an hour, so that
-// consecutive passes overlap and one that failed is covered by the next.
+// FirstReconcileAfter is how soon after start RunReconciler makes its
+// first pass (or after one interval, if that is shorter).
+const FirstReconcileAfter = 5 * time.Second
+
+// RunReconciler runs a reconciliation pass shortly after it starts
+// (FirstReconcileAfter), then every interval until ctx ends, each over a
+// window of twice the interval and at least an hour, so that consecutive
+// passes overlap and one that failed is covered by the next. The first
+// pass does not wait a whole interval: a process restarted more often than
+// that (deploys, a crash loop) would never reconcile, and the process
+// started after a failover is the one that should repair what it lost.
 func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
 	window := max(2*interval, time.Hour)
-	t := time.NewTicker(interval)
+	t := time.NewTimer(min(interval, FirstReconcileAfter))
 	defer t.Stop()
 	for {
 		select {
@@ -86,11 +121,13 @@ func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		report, err := s.Reconcile(ctx, time.Now().Add(-window))
+		t.Reset(interval)
 		if err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "reconcile: pass failed", "err", err)
 			continue
 		}
-		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts)
+		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts,
+			"refunds_listed", report.RefundsListed, "refund_counts", report.RefundCounts)
 	}
 }
 
@@ -133,16 +170,12 @@ func (s *Service) reconcileOne(ctx context.Context, pi *stripe.PaymentIntent) (s
 // its account, key and fingerprint are in the PaymentIntent's metadata and
 // must derive the very record id there, or the PaymentIntent is flagged.
 func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, recordID string) (string, error) {
-	accountID, key := pi.Metadata[MetadataAccount], pi.Metadata[MetadataKey]
-	fingerprint, err := hex.DecodeString(pi.Metadata[MetadataFingerprint])
-	scope := idempotency.AccountScope(accountID)
-	if err != nil || accountID == "" || key == "" || idempotency.RecordID(scope, key, fingerprint) != recordID {
+	req, accountID, ok := requestOf(pi.Metadata, recordID, RouteCharges)
+	if !ok {
 		s.log.WarnContext(ctx, "reconcile: a PaymentIntent whose idempay_record its metadata do not derive; not re-created",
 			"stripe_payment_intent_id", pi.ID, "idempay_record", recordID)
 		return ReconcileUnknown, nil
 	}
-	req := idempotency.Request{Scope: scope, Key: key, Method: http.MethodPost, Route: RouteCharges, Path: RouteCharges,
-		Fingerprint: fingerprint}
 	// The ledger row as the request made it, from the PaymentIntent.
 	p := chargeParams{Amount: &pi.Amount, Currency: (*string)(&pi.Currency)}
 	if pi.CaptureMethod == stripe.PaymentIntentCaptureMethodManual {
@@ -159,7 +192,7 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 	p.PaymentMethod = &pm
 	p.Metadata = maps.Clone(pi.Metadata)
 	for k := range p.Metadata {
-		if strings.HasPrefix(k, "idempay_") {
+		if strings.HasPrefix(k, MetadataPrefix) {
 			delete(p.Metadata, k)
 		}
 	}
@@ -176,5 +209,99 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 	}
 	s.log.WarnContext(ctx, "reconcile: re-created a record and ledger row the database had lost",
 		"idempotency_key_id", recordID, "account_id", accountID, "stripe_payment_intent_id", pi.ID, "status", resp.Status)
+	return ReconcileRecreated, nil
+}
+
+// requestOf is the request that made a Stripe object, from the identity
+// idempay put in its metadata (account, key, fingerprint), if those derive
+// recordID, the object's idempay_record; otherwise the object is not
+// idempay's (ok false).
+func requestOf(metadata map[string]string, recordID, route string) (req idempotency.Request, accountID string, ok bool) {
+	accountID, key := metadata[MetadataAccount], metadata[MetadataKey]
+	fingerprint, err := hex.DecodeString(metadata[MetadataFingerprint])
+	scope := idempotency.AccountScope(accountID)
+	if err != nil || accountID == "" || key == "" || idempotency.RecordID(scope, key, fingerprint) != recordID {
+		return idempotency.Request{}, "", false
+	}
+	return idempotency.Request{Scope: scope, Key: key, Method: http.MethodPost, Route: route, Path: route,
+		Fingerprint: fingerprint}, accountID, true
+}
+
+// reconcileRefund is reconcileOne for a refund: matched, settled forward
+// the way its refund.updated event would have moved it (a refund left
+// processing by a 409 downstream-key-conflict is settled here too), or
+// re-created when the database lost it.
+func (s *Service) reconcileRefund(ctx context.Context, sr *stripe.Refund) (string, error) {
+	recordID := sr.Metadata[MetadataRecord]
+	if recordID == "" {
+		s.log.WarnContext(ctx, "reconcile: a refund idempay did not make", "stripe_refund_id", sr.ID)
+		return ReconcileUnknown, nil
+	}
+	rf, err := s.q.RefundFindForEvent(ctx, s.pool, &dbsqlc.RefundFindForEventParams{StripeRefundID: nonEmpty(sr.ID), RecordID: &recordID})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return s.recreateRefund(ctx, sr, recordID)
+	} else if err != nil {
+		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+	}
+	status := refundStatus(sr.Status)
+	if refundRank[status] <= refundRank[rf.Status] {
+		return ReconcileMatched, nil
+	}
+	b := &idempotency.Batch{}
+	if _, err := s.applyRefund(ctx, b, sr, time.Now()); err != nil {
+		return "", err
+	}
+	if err := b.Send(ctx, s.pool); err != nil {
+		return "", fmt.Errorf("settling refund %s: %w", rf.ID, err)
+	}
+	logAt := s.log.InfoContext
+	if sr.Amount != rf.Amount {
+		logAt = s.log.ErrorContext // only a request that changed under its key gets here
+	}
+	logAt(ctx, "reconcile: settled a refund that was behind Stripe",
+		"refund_id", rf.ID, "stripe_refund_id", sr.ID, "from", rf.Status, "to", status,
+		"amount", rf.Amount, "stripe_amount", sr.Amount)
+	return ReconcileSettled, nil
+}
+
+// recreateRefund re-creates the record and the ledger row of a refund whose
+// record the database lost, as recreate does for a charge: through the
+// runner, its claim reserving the amount on the charge, finished with the
+// refund Stripe holds instead of a call. The charge must be in the ledger
+// (the PaymentIntents, listed first, re-create a lost one) and the
+// account's.
+func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordID string) (string, error) {
+	req, accountID, ok := requestOf(sr.Metadata, recordID, RouteRefunds)
+	if !ok || sr.PaymentIntent == nil || sr.PaymentIntent.ID == "" {
+		s.log.WarnContext(ctx, "reconcile: a refund whose idempay_record its metadata do not derive; not re-created",
+			"stripe_refund_id", sr.ID, "idempay_record", recordID)
+		return ReconcileUnknown, nil
+	}
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{StripePaymentIntentID: &sr.PaymentIntent.ID})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return "", fmt.Errorf("re-creating refund record %s: its charge (PaymentIntent %s) is not in the ledger; a pass over a window that covers the charge re-creates it first",
+			recordID, sr.PaymentIntent.ID)
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of refund %s: %w", sr.ID, err)
+	}
+	if ch.AccountID != accountID {
+		s.log.WarnContext(ctx, "reconcile: a refund whose metadata name another account than its charge's; not re-created",
+			"stripe_refund_id", sr.ID, "idempay_record", recordID, "charge_id", ch.ID)
+		return ReconcileUnknown, nil
+	}
+	p := refundParams{Charge: &ch.ID, Amount: &sr.Amount}
+	resp, err := s.runner.Run(ctx, req, &refundOp{s: s, params: &p, accountID: accountID, recovered: sr})
+	var ie *idempotency.Error
+	switch {
+	case errors.As(err, &ie):
+		return ReconcileMatched, nil // the key is back already, or in flight
+	case err != nil:
+		return "", fmt.Errorf("re-creating refund record %s: %w", recordID, err)
+	case resp.Replayed:
+		return ReconcileMatched, nil
+	}
+	s.log.WarnContext(ctx, "reconcile: re-created a refund's record and ledger row the database had lost",
+		"idempotency_key_id", recordID, "account_id", accountID, "stripe_refund_id", sr.ID, "charge_id", ch.ID,
+		"amount", sr.Amount, "status", resp.Status)
 	return ReconcileRecreated, nil
 }

@@ -33,7 +33,7 @@ func forget(t *testing.T, env *apitest.Env, accountID, key string) {
 	}
 }
 
-func reconcile(t *testing.T, env *apitest.Env, want map[string]int) {
+func reconcile(t *testing.T, env *apitest.Env, want map[string]int) charges.ReconcileReport {
 	t.Helper()
 	report, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil {
@@ -41,6 +41,35 @@ func reconcile(t *testing.T, env *apitest.Env, want map[string]int) {
 	}
 	if !maps.Equal(report.Counts, want) {
 		t.Fatalf("reconciliation of %d PaymentIntents: %v, want %v", report.Listed, report.Counts, want)
+	}
+	return report
+}
+
+// forgetRefund deletes a refund's record, its ledger row and event, and
+// its reservation on the charge, as a restore of the database from before
+// the refund would.
+func forgetRefund(t *testing.T, env *apitest.Env, accountID, key string) {
+	t.Helper()
+	ctx := context.Background()
+	rec := getRecord(t, env.Pool, accountID, key)
+	var id, chargeID string
+	var amount int64
+	if err := env.Pool.QueryRow(ctx, `SELECT id, charge_id, amount FROM refunds WHERE idempotency_key_id = $1`, rec.ID).
+		Scan(&id, &chargeID, &amount); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`UPDATE charges SET amount_refunded = amount_refunded - $2 WHERE id = $1`, []any{chargeID, amount}},
+		{`DELETE FROM events WHERE object_id = $1`, []any{id}},
+		{`DELETE FROM refunds WHERE id = $1`, []any{id}},
+		{`DELETE FROM idempotency_keys WHERE id = $1`, []any{rec.ID}},
+	} {
+		if _, err := env.Pool.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -128,4 +157,108 @@ func TestReconcile(t *testing.T) {
 	wantStatus(t, c.Post("/v1/charges/"+auth.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusOK)
 
 	reconcile(t, env, map[string]int{charges.ReconcileMatched: 6, charges.ReconcileUnknown: 1})
+}
+
+// TestReconcileRefunds is TestReconcile for refunds: the database lost a
+// refund (its record, ledger row and reservation), another one's ledger is
+// behind Stripe (pending, its refund.updated lost), and Stripe holds a
+// refund idempay never made. Reconciliation re-creates the lost refund as
+// finished (its key's retry replays it, and the charge counts it again),
+// settles the pending one forward, flags the stranger, and a second pass
+// finds nothing to do.
+func TestReconcileRefunds(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 5000)
+
+	lostBody := map[string]any{"charge": ch.ID, "amount": 1200}
+	lost := c.Post("/v1/refunds", "lost-refund", lostBody)
+	wantStatus(t, lost, http.StatusCreated)
+	forgetRefund(t, env, c.Account.ID, "lost-refund")
+	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 0 {
+		t.Fatalf("amount_refunded %d after the loss, want 0", got)
+	}
+
+	behind := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300})
+	wantStatus(t, behind, http.StatusCreated)
+	var pending refund
+	behind.JSON(t, &pending)
+	if _, err := env.Pool.Exec(context.Background(), `UPDATE refunds SET status = 'pending' WHERE id = $1`, pending.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 100}), http.StatusCreated)
+	stranger, err := http.PostForm(env.Stripe.URL()+"/v1/refunds", url.Values{"payment_intent": {*ch.StripePaymentIntentID},
+		"amount": {"50"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger.Body.Close()
+
+	report := reconcile(t, env, map[string]int{charges.ReconcileMatched: 1})
+	want := map[string]int{charges.ReconcileRecreated: 1, charges.ReconcileSettled: 1,
+		charges.ReconcileMatched: 1, charges.ReconcileUnknown: 1}
+	if report.RefundsListed != 4 || !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("reconciliation of %d refunds: %v, want 4: %v", report.RefundsListed, report.RefundCounts, want)
+	}
+
+	again := c.Post("/v1/refunds", "lost-refund", lostBody)
+	if again.Header.Get("Idempotent-Replayed") != "true" || again.Status != http.StatusCreated {
+		t.Fatalf("the lost refund's retry: %d (replayed %q) %s, want a replayed 201", again.Status,
+			again.Header.Get("Idempotent-Replayed"), again.Body)
+	}
+	var was, is refund
+	lost.JSON(t, &was)
+	again.JSON(t, &is)
+	if is.ID != was.ID || is.Amount != 1200 || is.Status != "succeeded" || *is.StripeRefundID != *was.StripeRefundID {
+		t.Errorf("re-created refund %s of %d, %s, Stripe %s; the request made %s of %d, Stripe %s",
+			is.ID, is.Amount, is.Status, ptr(is.StripeRefundID), was.ID, was.Amount, ptr(was.StripeRefundID))
+	}
+	if n := len(env.Stripe.Refunds()); n != 4 {
+		t.Errorf("Stripe holds %d refunds, want 4: nothing was refunded again", n)
+	}
+	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 1600 {
+		t.Errorf("amount_refunded %d, want 1600 (the re-created 1200, 300 and 100; not the stranger's)", got)
+	}
+	var status string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM refunds WHERE id = $1`, pending.ID).Scan(&status); err != nil || status != "succeeded" {
+		t.Errorf("the refund that was behind is %s (%v), want succeeded", status, err)
+	}
+	var events int
+	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE object_id = $1`, was.ID).Scan(&events); err != nil || events != 1 {
+		t.Errorf("the re-created refund has %d events (%v), want its refund.succeeded", events, err)
+	}
+
+	report = reconcile(t, env, map[string]int{charges.ReconcileMatched: 1})
+	want = map[string]int{charges.ReconcileMatched: 3, charges.ReconcileUnknown: 1}
+	if !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("the second pass over refunds: %v, want %v", report.RefundCounts, want)
+	}
+}
+
+// The periodic pass (serve's RECONCILE_INTERVAL) makes its first pass soon
+// after it starts, not a whole interval later: with an hour's interval, a
+// request the database lost is re-created within seconds.
+func TestReconcilerFirstPassIsSoon(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	wantStatus(t, c.Post("/v1/charges", key, chargeBody(900)), http.StatusCreated)
+	forget(t, env, c.Account.ID, key)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { env.Charges.RunReconciler(ctx, time.Hour); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(charges.FirstReconcileAfter + 5*time.Second)
+	for keyRowsAnywhere(t, env.Pool, key) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lost record is not back %s after the reconciler started (interval 1h)", charges.FirstReconcileAfter+5*time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" {
+		t.Errorf("the re-created record is at %s, want finished", r.RecoveryPoint)
+	}
 }

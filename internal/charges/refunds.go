@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stripe/stripe-go/v76"
+
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -25,6 +27,10 @@ type refundOp struct {
 	refund    dbsqlc.Refund
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
+	// recovered, when set, is the refund that Stripe already holds for this
+	// request (reconciliation re-creating a record the database lost): Call
+	// finishes with it instead of calling Stripe.
+	recovered *stripe.Refund
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -53,11 +59,8 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
 	remaining := ch.AmountCaptured - ch.AmountRefunded
-	amount := remaining
-	if op.params.Amount != nil {
-		amount = *op.params.Amount
-	}
-	if remaining == 0 || amount > remaining {
+	amount := *op.params.Amount // required (refundParams): sent to Stripe as the request gave it
+	if amount > remaining {
 		return &apierror.Error{Type: apierror.RefundExceedsCharge,
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Extensions: map[string]any{"refundable_amount": remaining}}
@@ -99,10 +102,19 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		op.refund.CreatedAt = rec.CreatedAt
 	}
 	rf := op.refund
-	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
+	sr, err := op.recovered, error(nil)
+	if sr == nil {
+		sr, err = op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
+	}
 	kind, se := classify(err)
-	if kind == outcomeUnknown {
+	switch kind {
+	case outcomeUnknown:
 		return idempotency.Unknown(err)
+	case outcomeConflict:
+		// The reservation stays: Stripe may have refunded it under the key.
+		return idempotency.Finish(func(ctx context.Context, _ *idempotency.Batch) (idempotency.Response, error) {
+			return op.s.keyConflict(ctx, rec, StepRefund, "refund", rf.ID, se), nil
+		})
 	}
 	updated := rf
 	updated.Version++
@@ -114,7 +126,9 @@ func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-		if kind != outcomeOK {
+		// A refund Stripe refused, or one it holds as failed or canceled
+		// (a re-created one may be), refunded nothing: its reservation goes.
+		if kind != outcomeOK || updated.Status == "failed" {
 			if err := op.s.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID}); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}

@@ -30,44 +30,14 @@ import (
 func TestRestoredDatabaseChargesOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL, pool := dbtest.NewDatabase(t)
-	acct, apiKey, err := accounts.Create(ctx, pool, "restore")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool.Close()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := strings.TrimPrefix(u.Path, "/")
-	backup := name + "_backup"
-	admin := *u
-	admin.Path = "/postgres"
-	exec := func(sql string) {
-		t.Helper()
-		conn, err := pgx.Connect(ctx, admin.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	exec("CREATE DATABASE " + pgx.Identifier{backup}.Sanitize() + " TEMPLATE " + pgx.Identifier{name}.Sanitize())
-	t.Cleanup(func() { exec("DROP DATABASE IF EXISTS " + pgx.Identifier{backup}.Sanitize() + " WITH (FORCE)") })
+	d := newRestorableDB(t)
+	d.snapshot()
 
 	stripe := stripefake.New()
 	t.Cleanup(stripe.Close)
 	charge := func() (*apitest.Response, *pgxpool.Pool) {
 		t.Helper()
-		p, err := pgxpool.New(ctx, dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env := apitest.New(t, apitest.Options{Pool: p, StripeURL: stripe.URL()})
-		c := env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+		c, p := d.client(stripe)
 		return c.Post("/v1/charges", "order-1042", map[string]any{"amount": 4200, "currency": "usd",
 			"payment_method": "tok_visa", "description": "Order #1042", "metadata": map[string]string{"order": "1042"}}), p
 	}
@@ -84,8 +54,7 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 	p.Close()
 
 	// The restore: the database as it was just before the charge.
-	exec("DROP DATABASE " + pgx.Identifier{name}.Sanitize() + " WITH (FORCE)")
-	exec("CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{backup}.Sanitize())
+	d.restore()
 
 	retry, p := charge()
 	defer p.Close()
@@ -116,6 +85,142 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 	}
 	if got := stripe.KeyCount(fc.IdempotencyKey); got != 2 {
 		t.Errorf("Stripe saw the downstream key %d times, want 2 (the charge and the replay)", got)
+	}
+}
+
+// restorableDB is a test database that can be copied (CREATE DATABASE …
+// TEMPLATE, a byte copy of its files) and put back to the copy, as a backup
+// and a restore would, with an account in it.
+type restorableDB struct {
+	t       *testing.T
+	url     string
+	name    string
+	admin   url.URL
+	account dbtest.Account
+}
+
+func newRestorableDB(t *testing.T) *restorableDB {
+	t.Helper()
+	dbURL, pool := dbtest.NewDatabase(t)
+	acct, apiKey, err := accounts.Create(context.Background(), pool, "restore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &restorableDB{t: t, url: dbURL, name: strings.TrimPrefix(u.Path, "/"), admin: *u,
+		account: dbtest.Account{ID: acct.ID, APIKey: apiKey}}
+	d.admin.Path = "/postgres"
+	return d
+}
+
+func (d *restorableDB) exec(sql string, args ...any) {
+	d.t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, d.admin.String())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		d.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (d *restorableDB) backup() string { return pgx.Identifier{d.name + "_backup"}.Sanitize() }
+
+// snapshot copies the database. Close the pools on it first; connections
+// that outlive their pool (an API's revocation listener, until its test
+// ends) are ended here, as a copy needs a database nobody is connected to.
+func (d *restorableDB) snapshot() {
+	d.t.Helper()
+	d.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", d.name)
+	d.exec("CREATE DATABASE " + d.backup() + " TEMPLATE " + pgx.Identifier{d.name}.Sanitize())
+	d.t.Cleanup(func() { d.exec("DROP DATABASE IF EXISTS " + d.backup() + " WITH (FORCE)") })
+}
+
+// restore puts the database back to the snapshot: every commit since is lost.
+func (d *restorableDB) restore() {
+	d.t.Helper()
+	d.exec("DROP DATABASE " + pgx.Identifier{d.name}.Sanitize() + " WITH (FORCE)")
+	d.exec("CREATE DATABASE " + pgx.Identifier{d.name}.Sanitize() + " TEMPLATE " + d.backup())
+}
+
+// client is a fresh API server on the database, and the account's client;
+// close the pool before a snapshot or a restore.
+func (d *restorableDB) client(stripe *stripefake.Server) (*apitest.Client, *pgxpool.Pool) {
+	d.t.Helper()
+	p, err := pgxpool.New(context.Background(), d.url)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	env := apitest.New(d.t, apitest.Options{Pool: p, StripeURL: stripe.URL()})
+	return env.ClientFor(d.t, d.account), p
+}
+
+// TestRestoredDatabaseRefundsOnce is TestRestoredDatabaseChargesOnce for a
+// refund: the database is copied after the charge, the refund is made, the
+// database is put back to the copy (the refund's record, ledger row and
+// reservation are lost; the charge is not), and the client retries the
+// refund's key. The retry reaches Stripe under the same downstream key with
+// a body byte for byte the first attempt's (the amount is the request's,
+// not what the ledger says is left), so Stripe replays: one refund.
+func TestRestoredDatabaseRefundsOnce(t *testing.T) {
+	t.Parallel()
+	d := newRestorableDB(t)
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+
+	c, p := d.client(stripe)
+	ch := createCharge(t, c, 5000)
+	p.Close()
+	d.snapshot()
+
+	body := map[string]any{"charge": ch.ID, "amount": 1500}
+	c, p = d.client(stripe)
+	first := c.Post("/v1/refunds", "refund-77", body)
+	wantStatus(t, first, http.StatusCreated)
+	// A second refund, with another key, in the same lost stretch: what the
+	// ledger counts as left to refund differs after the restore.
+	wantStatus(t, c.Post("/v1/refunds", "refund-78", map[string]any{"charge": ch.ID, "amount": 500}), http.StatusCreated)
+	p.Close()
+
+	d.restore()
+
+	c, p = d.client(stripe)
+	defer p.Close()
+	retry := c.Post("/v1/refunds", "refund-77", body)
+	wantStatus(t, retry, http.StatusCreated)
+	var was, is refund
+	first.JSON(t, &was)
+	retry.JSON(t, &is)
+	if is.ID != was.ID || is.Amount != was.Amount || is.StripeRefundID == nil || *is.StripeRefundID != *was.StripeRefundID {
+		t.Errorf("the re-created refund is %s of %d (Stripe %s), the lost answer named %s of %d (Stripe %s)",
+			is.ID, is.Amount, ptr(is.StripeRefundID), was.ID, was.Amount, ptr(was.StripeRefundID))
+	}
+	if n := len(stripe.Refunds()); n != 2 {
+		t.Errorf("Stripe holds %d refunds, want 2 (refund-77 once, refund-78)", n)
+	}
+	var attempts []stripefake.Request
+	for _, r := range stripe.Requests() {
+		if r.Path == "/v1/refunds" && r.IdempotencyKey == stripe.Refunds()[0].IdempotencyKey {
+			attempts = append(attempts, r)
+		}
+	}
+	if len(attempts) != 2 {
+		t.Fatalf("Stripe saw refund-77's downstream key %d times, want 2 (the refund and the retry)", len(attempts))
+	}
+	if attempts[0].Body != attempts[1].Body {
+		t.Errorf("the retry sent other parameters under the same key:\nfirst %s\nretry %s", attempts[0].Body, attempts[1].Body)
+	}
+	if !attempts[1].Replayed {
+		t.Errorf("Stripe did not replay the retry")
+	}
+	if got := getChargeRow(t, p, ch.ID).AmountRefunded; got != 1500 {
+		t.Errorf("the charge's amount_refunded after the retry is %d, want 1500 (refund-78 is lost until reconciliation)", got)
 	}
 }
 

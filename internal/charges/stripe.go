@@ -19,6 +19,10 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
+// MetadataPrefix starts every metadata key idempay sets at Stripe; a
+// client's metadata may not use it (chargeParams.validate).
+const MetadataPrefix = "idempay_"
+
 // MetadataRecord is the Stripe metadata key under which every charge and
 // refund idempay creates carries its idempotency record's id: itself a pure
 // function of the request (idempotency.RecordID), like every other
@@ -27,7 +31,7 @@ import (
 const MetadataRecord = "idempay_record"
 
 // MetadataKey, MetadataAccount and MetadataFingerprint carry, on a
-// PaymentIntent, what identifies its request: the client's Idempotency-Key,
+// PaymentIntent and on a refund, what identifies its request: the client's Idempotency-Key,
 // its account and the request's fingerprint (hex). With them
 // reconciliation re-creates a record that the database lost (they must
 // derive idempay_record), and a later retry of that key replays it. All
@@ -157,6 +161,11 @@ const (
 	outcomeDeclined         // a card error: final, 402
 	outcomeRejected         // a definite validation error: final, 422
 	outcomeUnknown          // anything else: not final, retry with the same key
+	// outcomeConflict: Stripe holds this downstream key with other
+	// parameters (idempotency_error). Final, 409 downstream-key-conflict;
+	// the ledger row is left for Stripe's events and reconciliation to
+	// settle (keyConflict).
+	outcomeConflict
 )
 
 // String is the result class as labelled in metrics.
@@ -168,6 +177,8 @@ func (o outcome) String() string {
 		return "declined"
 	case outcomeRejected:
 		return "rejected"
+	case outcomeConflict:
+		return "conflict"
 	default:
 		return "unknown"
 	}
@@ -185,7 +196,9 @@ func (s *Stripe) observed(operation string, start time.Time, err error) {
 // validation error is final. Timeouts, connection errors, 5xx, 429, auth
 // errors (an operator problem, nothing was charged) and 409
 // idempotency_key_in_use (another attempt with this key is still in flight
-// at Stripe) are unknown outcomes.
+// at Stripe) are unknown outcomes. Stripe's idempotency_error (this key was
+// first used with other parameters) is final too, but of its own kind,
+// outcomeConflict: no retry under the key can ever succeed.
 func classify(err error) (outcome, *stripe.Error) {
 	if err == nil {
 		return outcomeOK, nil
@@ -198,9 +211,13 @@ func classify(err error) (outcome, *stripe.Error) {
 	case se.Type == stripe.ErrorTypeCard || se.HTTPStatusCode == http.StatusPaymentRequired:
 		return outcomeDeclined, se
 	case se.Type == stripe.ErrorTypeIdempotency:
-		// Stripe saw this downstream key with other parameters. It cannot
-		// happen when parameters come from the ledger row; never final.
-		return outcomeUnknown, se
+		// Stripe saw this downstream key with other parameters: what
+		// idempay sends for one request changed between two attempts (a
+		// defect, or a configuration such as the return URL changed in
+		// between). Every retry under the key gets the same refusal, and
+		// once Stripe forgets the key (after 24 hours) a retry would run
+		// as a second payment: so it is final, never resumable.
+		return outcomeConflict, se
 	case se.HTTPStatusCode == http.StatusBadRequest || se.HTTPStatusCode == http.StatusNotFound:
 		return outcomeRejected, se
 	default:
@@ -266,6 +283,24 @@ func (s *Stripe) ListPaymentIntents(ctx context.Context, since time.Time, fn fun
 	return nil
 }
 
+// ListRefunds calls fn with every refund created at or after since, newest
+// first, through stripe-go's list iterator.
+func (s *Stripe) ListRefunds(ctx context.Context, since time.Time, fn func(*stripe.Refund) error) error {
+	params := &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := s.refunds.List(params)
+	for it.Next() {
+		if err := fn(it.Refund()); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("stripe: listing refunds: %w", err)
+	}
+	return nil
+}
+
 // CapturePaymentIntent captures an authorized PaymentIntent: amount, or
 // (0) all that is capturable; Stripe releases the rest.
 func (s *Stripe) CapturePaymentIntent(ctx context.Context, rec *idempotency.Record, intentID string, amount int64) (*stripe.PaymentIntent, error) {
@@ -303,8 +338,13 @@ func (s *Stripe) CancelPaymentIntent(ctx context.Context, rec *idempotency.Recor
 	return pi, nil
 }
 
-// CreateRefund refunds amount of a captured PaymentIntent, with the
-// record's downstream idempotency key and its id in the refund's metadata.
+// CreateRefund refunds rf.Amount of a captured PaymentIntent, with the
+// record's downstream idempotency key, and its id and the request's
+// identity in the refund's metadata (for reconciliation, as on a
+// PaymentIntent).
+// The amount is the request's own (refunds require it), never what is left
+// by the ledger's count, so that a retry after the database lost the
+// refund sends the same parameters (I13).
 func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, intentID string, rf dbsqlc.Refund) (*stripe.Refund, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -315,6 +355,9 @@ func (s *Stripe) CreateRefund(ctx context.Context, rec *idempotency.Record, inte
 	params.Context = ctx
 	params.SetIdempotencyKey(rec.DownstreamKey(StepRefund))
 	params.AddMetadata(MetadataRecord, rec.ID)
+	params.AddMetadata(MetadataKey, rec.Key)
+	params.AddMetadata(MetadataAccount, rec.AccountID)
+	params.AddMetadata(MetadataFingerprint, hex.EncodeToString(rec.Fingerprint))
 	start := time.Now()
 	r, err := s.refunds.New(params)
 	s.observed("create_refund", start, err)

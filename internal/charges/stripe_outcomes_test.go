@@ -1,12 +1,17 @@
 package charges_test
 
 import (
+	"context"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -331,5 +336,121 @@ func TestStripeRequestsCarryContentLength(t *testing.T) {
 		if r.Method != http.MethodPost || r.ContentLength <= 0 {
 			t.Errorf("%s %s: Content-Length %d, want the body's length", r.Method, r.Path, r.ContentLength)
 		}
+	}
+}
+
+// metricsText is what the env's /metrics shows.
+func metricsText(t *testing.T, env *apitest.Env) string {
+	t.Helper()
+	resp, err := http.Get(env.Server.URL + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Stripe's idempotency_error (the downstream key was first used with other
+// parameters, as an older version's refund without an amount did after a
+// restore) is final: 409 downstream-key-conflict, stored and replayed, so
+// nothing retries under the key; the ledger row is left unsettled, not
+// failed (Stripe ran the key's first request), the refund's reservation
+// stays, and the call is counted. Reconciliation then settles the row from
+// what Stripe holds under the key.
+func TestStripeKeyConflictIsFinal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		object, path, step string
+		stripePath         string
+		body               func(ch charge) map[string]any
+		// seed is the other request Stripe first saw under the key.
+		seed func(ch charge, recordID string) url.Values
+	}{
+		{"charge", "/v1/charges", charges.StepCharge, "/v1/payment_intents",
+			func(charge) map[string]any { return chargeBody(700) },
+			func(_ charge, recordID string) url.Values {
+				return url.Values{"amount": {"750"}, "currency": {"usd"}, "confirm": {"true"},
+					"payment_method": {"pm_card_visa"}, "metadata[idempay_record]": {recordID}}
+			}},
+		{"refund", "/v1/refunds", charges.StepRefund, "/v1/refunds",
+			func(ch charge) map[string]any { return map[string]any{"charge": ch.ID, "amount": 600} },
+			func(ch charge, recordID string) url.Values {
+				return url.Values{"payment_intent": {*ch.StripePaymentIntentID}, "metadata[idempay_record]": {recordID}}
+			}},
+	} {
+		t.Run(tc.object, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{})
+			c := env.NewClient(t)
+			ch := createCharge(t, c, 1000)
+			key, body := apitest.NewKey(), tc.body(ch)
+
+			// The first attempt reaches no Stripe, and leaves its record
+			// resumable; then Stripe sees the key with other parameters.
+			env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+			wantProblem(t, c.Post(tc.path, key, body), http.StatusServiceUnavailable, "downstream-unavailable")
+			env.Stripe.ClearFaults()
+			rec := getRecord(t, env.Pool, c.Account.ID, key)
+			req, err := http.NewRequest(http.MethodPost, env.Stripe.URL()+tc.stripePath,
+				strings.NewReader(tc.seed(ch, rec.ID).Encode()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Idempotency-Key", idempotency.DownstreamKey(rec.ID, tc.step))
+			seeded, err := http.DefaultClient.Do(req)
+			if err != nil || seeded.StatusCode != http.StatusOK {
+				t.Fatalf("seeding the key at Stripe: %v %v", err, seeded)
+			}
+			seeded.Body.Close()
+			calls := len(env.Stripe.Requests())
+
+			first := c.Post(tc.path, key, body)
+			wantProblem(t, first, http.StatusConflict, "downstream-key-conflict")
+			var doc map[string]any
+			first.JSON(t, &doc)
+			id, _ := doc[tc.object].(string)
+			if id == "" {
+				t.Fatalf("the answer names no %s: %s", tc.object, first.Body)
+			}
+			wantSameResponse(t, first, c.Post(tc.path, key, body))
+			if n := len(env.Stripe.Requests()) - calls; n != 1 {
+				t.Errorf("Stripe got %d requests after the seed, want 1 (the retry is a replay)", n)
+			}
+			if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" || r.ResponseStatus != http.StatusConflict {
+				t.Errorf("record: %s", r.diff(record{ID: rec.ID, RecoveryPoint: "finished", LockGeneration: r.LockGeneration,
+					Attempts: r.Attempts, ResponseStatus: http.StatusConflict}))
+			}
+			var status string
+			if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM `+tc.object+`s WHERE id = $1`, id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			if status != "processing" {
+				t.Errorf("the %s is %s, want processing (Stripe holds its outcome)", tc.object, status)
+			}
+			if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; tc.object == "refund" && got != 600 {
+				t.Errorf("amount_refunded %d, want the refund's reservation, 600", got)
+			}
+			op := map[string]string{"charge": "create_charge", "refund": "create_refund"}[tc.object]
+			if m := metricsText(t, env); !strings.Contains(m, `idempay_stripe_errors_total{operation="`+op+`",result="conflict"} 1`) {
+				t.Errorf("/metrics does not count the conflict of %s", op)
+			}
+
+			// Reconciliation finds what Stripe holds under the key by its
+			// idempay_record and settles the row from it.
+			if _, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM `+tc.object+`s WHERE id = $1`, id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			if status != "succeeded" {
+				t.Errorf("after reconciliation the %s is %s, want succeeded, as Stripe holds it", tc.object, status)
+			}
+		})
 	}
 }

@@ -668,7 +668,7 @@ func TestNotRefundableIsFinal(t *testing.T) {
 	_, err := a.cl.Charges.Create(t.Context(), client.ChargeParams{Amount: 900, Currency: "usd", PaymentMethod: "tok_chargeDeclined"})
 	chID, _ := asError(t, err).Extensions["charge"].(string)
 	f := newFront(t, a.env.Server.URL, nil)
-	_, err = a.client(f.URL).Refunds.Create(t.Context(), client.RefundParams{Charge: chID})
+	_, err = a.client(f.URL).Refunds.Create(t.Context(), client.RefundParams{Charge: chID, Amount: ptr[int64](900)})
 	e := asError(t, err)
 	if e.Status != http.StatusConflict {
 		t.Fatalf("refund of a declined charge: status %d, want %d", e.Status, http.StatusConflict)

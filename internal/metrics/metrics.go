@@ -45,6 +45,8 @@ type Metrics struct {
 	outboxLag      prometheus.Gauge
 	rollout        *prometheus.CounterVec
 	reconcile      *prometheus.CounterVec
+	// reconcileRefunds is reconcile's count for refunds.
+	reconcileRefunds *prometheus.CounterVec
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -67,6 +69,9 @@ const (
 	ResultDeclined = "declined"
 	ResultRejected = "rejected"
 	ResultUnknown  = "unknown"
+	// ResultConflict: Stripe refused the downstream key, first used with
+	// other parameters (idempotency_error); alert on any.
+	ResultConflict = "conflict"
 )
 
 // New builds the registry. pool may be nil (no pool series).
@@ -87,12 +92,12 @@ func New(pool *pgxpool.Pool) *Metrics {
 	}, []string{"outcome"})
 	m.stripeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "stripe", Name: "request_duration_seconds",
-		Help:    "Latency of calls to the Stripe API, by operation and result class (ok, declined, rejected, unknown).",
+		Help:    "Latency of calls to the Stripe API, by operation and result class (ok, declined, rejected, unknown, conflict).",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30},
 	}, []string{"operation", "result"})
 	m.stripeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "stripe", Name: "errors_total",
-		Help: "Stripe calls that did not succeed, by operation and result class: declined and rejected are final answers, unknown (timeout, 5xx, 429, connection error) leaves the record resumable.",
+		Help: "Stripe calls that did not succeed, by operation and result class: declined and rejected are final answers, unknown (timeout, 5xx, 429, connection error) leaves the record resumable, conflict (the downstream key was first used with other parameters: a broken I13, alert on any) is final and leaves the ledger row to reconciliation.",
 	}, []string{"operation", "result"})
 	m.purged = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "idempotency", Name: "records_purged_total",
@@ -135,9 +140,13 @@ func New(pool *pgxpool.Pool) *Metrics {
 		Namespace: namespace, Subsystem: "reconcile", Name: "payment_intents_total",
 		Help: "What reconciliation did with each PaymentIntent it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
 	}, []string{"outcome"})
+	m.reconcileRefunds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "reconcile", Name: "refunds_total",
+		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
+	}, []string{"outcome"})
 
 	m.reg.MustRegister(
-		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout, m.reconcile,
+		m.orders, m.published, m.relayErrors, m.outboxLag, m.rollout, m.reconcile, m.reconcileRefunds,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.httpRequests, m.httpDuration, m.outcomes, m.stripeDuration, m.stripeErrors, m.purged,
@@ -147,7 +156,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 		m.outcomes.WithLabelValues(string(o))
 	}
 	for _, op := range []string{StripeCreateCharge, StripeCreateRefund} {
-		for _, r := range []string{ResultDeclined, ResultRejected, ResultUnknown} {
+		for _, r := range []string{ResultDeclined, ResultRejected, ResultUnknown, ResultConflict} {
 			m.stripeErrors.WithLabelValues(op, r)
 		}
 	}
@@ -224,9 +233,14 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 	m.outboxLag.Set(lag.Seconds())
 }
 
-// ObserveReconcile counts what reconciliation did with one PaymentIntent;
-// it is the function to set as charges.Service.OnReconcile.
-func (m *Metrics) ObserveReconcile(outcome string) {
+// ObserveReconcile counts what reconciliation did with one PaymentIntent
+// or refund (object "refund"); it is the function to set as
+// charges.Service.OnReconcile.
+func (m *Metrics) ObserveReconcile(object, outcome string) {
+	if object == "refund" {
+		m.reconcileRefunds.WithLabelValues(outcome).Inc()
+		return
+	}
 	m.reconcile.WithLabelValues(outcome).Inc()
 }
 

@@ -53,12 +53,17 @@ func PgBouncerBinary() (string, error) {
 
 // StartPgBouncer starts PgBouncer on a free loopback port in front of
 // opts' server, every database passed through (the * entry), and stops it
-// in Cleanup. It skips the test when pgbouncer is not installed: `make
-// test` installs it.
+// in Cleanup. It skips the test when pgbouncer is not installed (`make
+// test` installs it when it runs as root), except in CI (CI=true), where it
+// fails: a missing install must show as a failure, not as a silent skip of
+// the tests that prove idempay works behind a pooler.
 func StartPgBouncer(t testing.TB, opts PgBouncerOptions) *PgBouncer {
 	t.Helper()
 	bin, err := PgBouncerBinary()
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
 		t.Skipf("skipped: %v", err)
 	}
 	as, err := lookupRunAs()

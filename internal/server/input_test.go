@@ -51,7 +51,7 @@ func TestInputRefusals(t *testing.T) {
 		{"an unpaired surrogate in a metadata value", "POST /v1/charges HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
 			`{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"order":"\ud800"}}`, 400, apierror.InvalidRequest, "metadata[order]"},
 		{"invalid UTF-8 in a refund's charge", "POST /v1/refunds HTTP/1.1\r\n" + auth + "Idempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n",
-			`{"charge":"ch_` + "\xff" + `"}`, 400, apierror.InvalidRequest, "charge"},
+			`{"amount":100,"charge":"ch_` + "\xff" + `"}`, 400, apierror.InvalidRequest, "charge"},
 		{"a control character in the request line", "GET /v1/charges/\x01 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, ""},
 	} {
 		logged := logs.len()

@@ -218,9 +218,35 @@ func (s *Server) getIntent(id string) response {
 	return response{status: http.StatusOK, body: intentBody(c, s.http.URL)}
 }
 
-// listIntents is GET /v1/payment_intents: newest first, with created[gte],
-// limit and starting_after, as stripe-go's list iterator pages them.
+// listIntents is GET /v1/payment_intents (listPage).
 func (s *Server) listIntents(q url.Values) response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var all []*Charge
+	for _, c := range s.charges {
+		if c.Object == "payment_intent" {
+			all = append(all, c)
+		}
+	}
+	return listPage(q, "/v1/payment_intents", all, func(c *Charge) (string, time.Time, []byte) {
+		return c.ID, c.Created, intentBody(c, s.http.URL)
+	})
+}
+
+// listRefunds is GET /v1/refunds (listPage).
+func (s *Server) listRefunds(q url.Values) response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return listPage(q, "/v1/refunds", s.refunds, func(r *Refund) (string, time.Time, []byte) {
+		return r.ID, r.Created, refundBody(r)
+	})
+}
+
+// listPage is one page of a list call, as Stripe pages one and stripe-go's
+// list iterator reads it: newest first, with created[gte], limit and
+// starting_after. each gives an object's id, creation time and JSON; s.mu
+// must be held while it runs.
+func listPage[T any](q url.Values, path string, objects []T, each func(T) (id string, created time.Time, body []byte)) response {
 	limit := 10
 	if raw := q.Get("limit"); raw != "" {
 		n, err := strconv.Atoi(raw)
@@ -237,18 +263,22 @@ func (s *Server) listIntents(q url.Values) response {
 		}
 		gte = n
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var all []*Charge
-	for _, c := range s.charges {
-		if c.Object == "payment_intent" && c.Created.Unix() >= gte {
-			all = append(all, c)
+	type item struct {
+		id      string
+		created time.Time
+		body    []byte
+	}
+	var all []item
+	for _, o := range objects {
+		id, created, body := each(o)
+		if created.Unix() >= gte {
+			all = append(all, item{id, created, body})
 		}
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Created.After(all[j].Created) })
+	sort.SliceStable(all, func(i, j int) bool { return all[i].created.After(all[j].created) })
 	if after := q.Get("starting_after"); after != "" {
-		for i, c := range all {
-			if c.ID == after {
+		for i, it := range all {
+			if it.id == after {
 				all = all[i+1:]
 				break
 			}
@@ -259,11 +289,11 @@ func (s *Server) listIntents(q url.Values) response {
 		all = all[:limit]
 	}
 	data := make([]json.RawMessage, len(all))
-	for i, c := range all {
-		data[i] = intentBody(c, s.http.URL)
+	for i, it := range all {
+		data[i] = it.body
 	}
 	return response{status: http.StatusOK, body: mustJSON(map[string]any{
-		"object": "list", "url": "/v1/payment_intents", "has_more": more, "data": data,
+		"object": "list", "url": path, "has_more": more, "data": data,
 	})}
 }
 

@@ -159,3 +159,45 @@ func TestExpireRoute(t *testing.T) {
 	_, err = sc.PaymentIntents.Cancel(pi.ID, cp)
 	_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
 }
+
+// Refunds list like PaymentIntents, and keep the metadata they were made
+// with (reconciliation reads idempay's from them).
+func TestListRefunds(t *testing.T) {
+	t.Parallel()
+	_, sc := newFake(t)
+	pi, err := sc.PaymentIntents.New(intentParams("r", 1000, "pm_card_visa", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		p := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(100)}
+		p.AddMetadata("n", string(rune('a'+i)))
+		p.SetIdempotencyKey("r" + string(rune('a'+i)))
+		if _, err := sc.Refunds.New(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := func(gte int64) map[string]bool {
+		p := &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: gte}}
+		p.Limit = stripe.Int64(2) // three pages
+		it := sc.Refunds.List(p)
+		seen := map[string]bool{}
+		for it.Next() {
+			r := it.Refund()
+			seen[r.Metadata["n"]] = true
+			if r.PaymentIntent == nil || r.PaymentIntent.ID != pi.ID || r.Amount != 100 {
+				t.Errorf("listed refund %s: PaymentIntent %v, amount %d; want %s, 100", r.ID, r.PaymentIntent, r.Amount, pi.ID)
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return seen
+	}
+	if seen := list(time.Now().Add(-time.Hour).Unix()); len(seen) != 5 || !seen["a"] || !seen["e"] {
+		t.Errorf("listed the refunds with metadata n %v, want a to e", seen)
+	}
+	if seen := list(time.Now().Add(time.Hour).Unix()); len(seen) != 0 {
+		t.Errorf("listed %d refunds created in the future, want 0", len(seen))
+	}
+}

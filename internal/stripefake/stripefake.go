@@ -1,7 +1,8 @@
 // Package stripefake is a small, stateful imitation of the part of the Stripe
 // API that idempay uses: PaymentIntents (created and confirmed at once,
 // captured now or later, partially, canceled, authenticated by the
-// customer, expired, listed) and their refunds. The legacy Charges API
+// customer, expired, listed) and their refunds (with their metadata,
+// listed too). The legacy Charges API
 // (POST /v1/charges) is kept for its own tests.
 //
 // It exists because stripe-mock, Stripe's official mock, is stateless: it
@@ -19,11 +20,13 @@
 package stripefake
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -93,6 +96,9 @@ type Request struct {
 	IdempotencyKey string
 	// Form holds the POST body parameters (for GET, the query). Read only.
 	Form url.Values
+	// Body is a POST's body as sent (form-encoded), for byte-for-byte
+	// comparisons of two attempts.
+	Body string
 	// Replayed is true when the answer was a stored idempotent response.
 	Replayed bool
 	// Fault is the name of the injected fault, or "" if there was none.
@@ -146,6 +152,7 @@ type Refund struct {
 	Amount         int64
 	Currency       string
 	Status         string
+	Metadata       map[string]string
 	Created        time.Time
 }
 
@@ -292,6 +299,7 @@ func (s *Server) Refunds() []Refund {
 	out := make([]Refund, len(s.refunds))
 	for i, r := range s.refunds {
 		out[i] = *r
+		out[i].Metadata = maps.Clone(r.Metadata)
 	}
 	return out
 }
@@ -369,6 +377,18 @@ func (s *Server) Hold() *Gate {
 
 // serveHTTP records the request, applies latency and faults, then routes it.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	var body []byte
+	if r.Method == http.MethodPost {
+		// Kept as sent, so that a test can compare two attempts byte for
+		// byte; ParseForm reads it again from the copy.
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		if err != nil {
+			s.write(w, "", false, invalidRequest(http.StatusBadRequest, "", "", "Invalid request body."))
+			return
+		}
+		body = b
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
 	if err := r.ParseForm(); err != nil {
 		s.write(w, "", false, invalidRequest(http.StatusBadRequest, "", "", "Invalid request body."))
 		return
@@ -391,7 +411,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		fault = s.takeFaultLocked()
 	}
 	idx := len(s.requests)
-	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, ContentLength: r.ContentLength, At: time.Now()}
+	req := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Form: form, Body: string(body),
+		ContentLength: r.ContentLength, At: time.Now()}
 	if fault != None {
 		req.Fault = fault.String()
 	}
@@ -442,6 +463,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.servePost(w, r, idx, fault, s.createRefund)
 	case r.Method == http.MethodGet && idIn(r.URL.Path, "/v1/charges/") != "":
 		s.write(w, key, false, s.getCharge(idIn(r.URL.Path, "/v1/charges/")))
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/refunds":
+		s.write(w, key, false, s.listRefunds(form))
 	case r.Method == http.MethodGet && idIn(r.URL.Path, "/v1/refunds/") != "":
 		s.write(w, key, false, s.getRefund(idIn(r.URL.Path, "/v1/refunds/")))
 	default:
@@ -724,6 +747,7 @@ func (s *Server) createRefund(form url.Values, key string) response {
 		Amount:         amount,
 		Currency:       c.Currency,
 		Status:         "succeeded",
+		Metadata:       metadata(form),
 		Created:        time.Now(),
 	}
 	c.AmountRefunded += amount
@@ -922,7 +946,7 @@ func refundBody(r *Refund) []byte {
 		Status        string            `json:"status"`
 	}{
 		ID: r.ID, Object: "refund", Amount: r.Amount, Charge: r.Charge, Created: r.Created.Unix(),
-		Currency: r.Currency, Metadata: map[string]string{}, PaymentIntent: intent, Status: r.Status,
+		Currency: r.Currency, Metadata: r.Metadata, PaymentIntent: intent, Status: r.Status,
 	})
 }
 

@@ -275,7 +275,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 	if len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" || got.Disputes[0].StripeDisputeID != dispute.ID {
 		t.Fatalf("charge disputes after charge.dispute.created: %s", mustJSON(got.Disputes))
 	}
-	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch2.ID}); r.Status != http.StatusConflict {
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch2.ID, "amount": 100}); r.Status != http.StatusConflict {
 		t.Errorf("refund of a disputed charge: %d %s, want 409", r.Status, r.Body)
 	}
 	dispute.Status = "won"
