@@ -168,7 +168,7 @@ func TestReconcile(t *testing.T) {
 // finds nothing to do.
 func TestReconcileRefunds(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
+	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // records are deleted to simulate their loss
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 5000)
 
