@@ -152,6 +152,10 @@ else
 	start_stripe_mock
 	STRIPE_API_URL=$STRIPE_MOCK_URL
 	stripe_name="stripe-mock"
+	# stripe-mock lists the same fixed objects whatever was made, none of
+	# them idempay's: reconciliation inside serve would only flag them.
+	# `make up STRIPE=fake` reconciles, as production does.
+	export RECONCILE_INTERVAL=${RECONCILE_INTERVAL:-0}
 fi
 # NATS JetStream for the order.paid consumer and the outbox relay: NATS_URL,
 # else the NATS on 127.0.0.1:4222, else one of our own (bin/natsdev).
