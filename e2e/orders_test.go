@@ -204,17 +204,7 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 
 	// Acknowledged by the stopped process, once: no restart needed, nothing
 	// pending or awaiting an ack, and one delivery in all.
-	cfg := orders.DefaultConfig()
-	var ci *jetstream.ConsumerInfo
-	if err := retryJS(func(ctx context.Context) error {
-		cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
-		if err == nil {
-			ci, err = cons.Info(ctx)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ci := consumerInfo(t, js)
 	if ci.NumPending != 0 || ci.NumAckPending != 0 || ci.Delivered.Consumer != 1 || ci.AckFloor.Consumer != 1 {
 		t.Errorf("consumer: %d pending, %d unacknowledged, delivered %d, ack floor %d; want the one message delivered once and acknowledged",
 			ci.NumPending, ci.NumAckPending, ci.Delivered.Consumer, ci.AckFloor.Consumer)
@@ -280,17 +270,7 @@ func runConsumers(t *testing.T, natsURL string, js jetstream.JetStream, env []st
 	}
 	// No message lost: all 500 delivered and acknowledged, the ack floor
 	// at the last one.
-	cfg := orders.DefaultConfig()
-	var ci *jetstream.ConsumerInfo
-	if err := retryJS(func(ctx context.Context) error {
-		cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
-		if err == nil {
-			ci, err = cons.Info(ctx)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ci := consumerInfo(t, js)
 	if ci.AckFloor.Consumer != ci.Delivered.Consumer || ci.NumPending != 0 || ci.NumAckPending != 0 || ci.AckFloor.Stream < 500 {
 		t.Errorf("consumer: delivered %d, ack floor %d (stream %d), %d pending, %d unacknowledged; want every message acknowledged",
 			ci.Delivered.Consumer, ci.AckFloor.Consumer, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending)
@@ -412,4 +392,22 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 			t.Errorf("account %s: %d events in the stream, want 250", a.ID, last[a.ID])
 		}
 	}
+}
+
+// consumerInfo is the order.paid consumer's state, read with retryJS's
+// patience (a cluster that has just lost a node may take a while).
+func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	cfg := orders.DefaultConfig()
+	var ci *jetstream.ConsumerInfo
+	if err := retryJS(func(ctx context.Context) error {
+		cons, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
+		if err == nil {
+			ci, err = cons.Info(ctx)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ci
 }
