@@ -74,8 +74,10 @@ func (c *replayCache) get(scope Scope, key string, generation int64, now time.Ti
 	}
 	k := replayCacheKey{scope, key}
 	c.mu.Lock()
-	c.renew(generation)
-	e, ok := c.m[k]
+	var e replayCacheEntry
+	if c.renew(generation) {
+		e, ok = c.m[k]
+	}
 	if ok && now.After(e.until) {
 		delete(c.m, k)
 		ok = false
@@ -90,12 +92,20 @@ func (c *replayCache) get(scope Scope, key string, generation int64, now time.Ti
 }
 
 // renew forgets every entry if the pool has opened a connection since they
-// were made. c.mu is held.
-func (c *replayCache) renew(generation int64) {
-	if generation != c.generation {
+// were made (generation is newer than the entries'), and tells whether a
+// caller at generation may use the cache: not when it is older than the
+// entries (its record was read, or finished, before the pool's latest
+// connection, so it must neither be stored nor answer from them). c.mu is
+// held.
+func (c *replayCache) renew(generation int64) bool {
+	switch {
+	case generation > c.generation:
 		clear(c.m)
 		c.generation = generation
+	case generation < c.generation:
+		return false
 	}
+	return true
 }
 
 // put remembers a finished record. resp's Body is kept, not copied: stored
@@ -107,7 +117,9 @@ func (c *replayCache) put(scope Scope, key string, fingerprint []byte, resp Resp
 	k := replayCacheKey{scope, key}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.renew(generation)
+	if !c.renew(generation) {
+		return
+	}
 	if _, ok := c.m[k]; !ok && len(c.m) >= c.size {
 		for old := range c.m {
 			delete(c.m, old)
