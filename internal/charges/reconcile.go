@@ -224,7 +224,7 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 		return idempotency.Request{}, "", false
 	}
 	return idempotency.Request{Scope: scope, Key: key, Method: http.MethodPost, Route: route, Path: route,
-		Fingerprint: fingerprint}, accountID, true
+		Fingerprint: fingerprint, FromDatabase: true}, accountID, true
 }
 
 // reconcileRefund is reconcileOne for a refund: matched, settled forward

@@ -82,7 +82,7 @@ func forgetRefund(t *testing.T, env *apitest.Env, accountID, key string) {
 // two forward; flags the stranger; and a second pass finds nothing to do.
 func TestReconcile(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // records are deleted to simulate their loss
+	env := apitest.New(t, apitest.Options{}) // the replay cache on: reconciliation asks the database (Request.FromDatabase)
 	c := env.NewClient(t)
 
 	lost := map[string]map[string]any{
@@ -168,7 +168,7 @@ func TestReconcile(t *testing.T) {
 // finds nothing to do.
 func TestReconcileRefunds(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // records are deleted to simulate their loss
+	env := apitest.New(t, apitest.Options{}) // the replay cache on, as TestReconcile
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 5000)
 

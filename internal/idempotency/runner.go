@@ -381,7 +381,7 @@ const maxAttempts = 5
 // generation is the pool's count of new connections before the claim: a
 // replay read under it is cached under it (replayCache).
 func (r *Runner) claim(ctx context.Context, req Request, op Operation, generation int64) (*Record, *Response, error) {
-	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, generation, r.clock()); ok {
+	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, generation, r.clock()); ok && !req.FromDatabase {
 		if !bytes.Equal(fingerprint, req.Fingerprint) {
 			r.observe(OutcomeMismatch)
 			return nil, nil, errMismatch()
