@@ -204,7 +204,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		for _, s := range scen {
 			if !peerScenario(s) {
-				return nil, fmt.Errorf("scenario %s has no counterpart in the peer (with -peer: first, first-<N>acct, replay, read, floor)", s)
+				return nil, fmt.Errorf("scenario %s has no counterpart in the peer (with -peer: first, first-<N>acct, replay, read, floor, and raw-first on idempay's side)", s)
 			}
 		}
 	}
@@ -529,12 +529,15 @@ func accountsOf(s string) (int, bool) {
 	return n, true
 }
 
-// peerScenario reports whether the peer can run s: it has charges, replays
-// and reads, and GET /healthz, but no raw loops, and its middleware makes a
-// duplicate in flight wait for the lock instead of answering 409.
+// peerScenario reports whether s may run beside the peer: the peer has
+// charges, replays and reads, and GET /healthz, but no raw loops, and its
+// middleware makes a duplicate in flight wait for the lock instead of
+// answering 409. raw-first runs on idempay's side alone: idempay's
+// first-request SQL with no server at all, set against the peer's whole
+// first request, is what bounds the first-request ratio (BENCHMARKS.md).
 func peerScenario(s string) bool {
 	_, spread := accountsOf(s)
-	return spread || slices.Contains([]string{ScenarioFirst, ScenarioReplay, ScenarioRead, ScenarioFloor}, s)
+	return spread || slices.Contains([]string{ScenarioFirst, ScenarioReplay, ScenarioRead, ScenarioFloor, ScenarioRawFirst}, s)
 }
 
 func (r *runner) pgVersion(ctx context.Context) (string, error) {
@@ -740,6 +743,9 @@ func (r *runner) ensureCharges(ctx context.Context, raw bool) error {
 
 // runScenario runs one scenario once. ran is false when it was skipped.
 func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran bool, err error) {
+	if r.peer && strings.HasPrefix(s, "raw-") {
+		return Result{}, false, nil // idempay's SQL: nothing to run on the peer's side
+	}
 	if n, ok := accountsOf(s); ok {
 		return r.firstOn(ctx, s, n, r.cfg.Duration, r.cfg.Rate), true, nil
 	}
@@ -779,7 +785,7 @@ func (r *runner) warmup(ctx context.Context, scen []string) {
 	if r.base != "" && slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) {
 		r.first(ctx, r.cfg.Warmup, 0)
 	}
-	if slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
+	if !r.peer && slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
 		r.rawFirst(ctx, r.cfg.Warmup, 0)
 	}
 	fmt.Fprintf(r.cfg.Out, "warm-up (%s): %s of each kind of first request the scenarios send, not counted\n", r.label, r.cfg.Warmup)

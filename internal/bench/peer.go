@@ -233,6 +233,15 @@ func printPeerRatios(out io.Writer, idem, peer []Result, idemRounds, peerRounds 
 		}
 		ratioLine(out, "idempay/peer "+a.Name, a, b, column(idemRounds, a.Name), column(peerRounds, a.Name), "idempay", "peer")
 	}
+	// The bound on the first-request ratio: idempay's first-request SQL
+	// alone (no HTTP, no JSON, no Stripe call) against the peer's whole
+	// request. Below 1.0x, no work on idempay's server can reach the peer.
+	raw, okRaw := find(idem, ScenarioRawFirst)
+	first, okFirst := find(peer, ScenarioFirst)
+	if okRaw && okFirst {
+		ratioLine(out, "idempay raw-first (its SQL alone)/peer first", raw, first,
+			column(idemRounds, ScenarioRawFirst), column(peerRounds, ScenarioFirst), "idempay's SQL", "peer")
+	}
 }
 
 // printAccountRatios prints first-request throughput on each first-<N>acct

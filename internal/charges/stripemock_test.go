@@ -143,7 +143,7 @@ func TestAgainstStripeMock(t *testing.T) {
 	var held charge
 	auth.JSON(t, &held)
 	if _, err := env.Pool.Exec(context.Background(), `
-		UPDATE charges SET status = CASE WHEN id = $1 THEN 'succeeded' ELSE 'requires_capture' END,
+		UPDATE charges SET status = CASE WHEN id = $1 THEN 'succeeded' ELSE 'requires_capture' END::charge_status,
 			amount_captured = CASE WHEN id = $1 THEN amount ELSE 0 END,
 			amount_capturable = CASE WHEN id = $1 THEN 0 ELSE amount END
 		WHERE id IN ($1, $2)`, ch.ID, held.ID); err != nil {

@@ -5,8 +5,274 @@
 package dbsqlc
 
 import (
+	"database/sql/driver"
+	"fmt"
 	"time"
 )
+
+type ChargeCaptureMethod string
+
+const (
+	ChargeCaptureMethodAutomatic ChargeCaptureMethod = "automatic"
+	ChargeCaptureMethodManual    ChargeCaptureMethod = "manual"
+)
+
+func (e *ChargeCaptureMethod) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChargeCaptureMethod(s)
+	case string:
+		*e = ChargeCaptureMethod(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChargeCaptureMethod: %T", src)
+	}
+	return nil
+}
+
+type NullChargeCaptureMethod struct {
+	ChargeCaptureMethod ChargeCaptureMethod
+	Valid               bool // Valid is true if ChargeCaptureMethod is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChargeCaptureMethod) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChargeCaptureMethod, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChargeCaptureMethod.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChargeCaptureMethod) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChargeCaptureMethod), nil
+}
+
+type ChargePendingAction string
+
+const (
+	ChargePendingActionCapture ChargePendingAction = "capture"
+	ChargePendingActionCancel  ChargePendingAction = "cancel"
+)
+
+func (e *ChargePendingAction) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChargePendingAction(s)
+	case string:
+		*e = ChargePendingAction(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChargePendingAction: %T", src)
+	}
+	return nil
+}
+
+type NullChargePendingAction struct {
+	ChargePendingAction ChargePendingAction
+	Valid               bool // Valid is true if ChargePendingAction is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChargePendingAction) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChargePendingAction, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChargePendingAction.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChargePendingAction) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChargePendingAction), nil
+}
+
+type ChargeStatus string
+
+const (
+	ChargeStatusProcessing      ChargeStatus = "processing"
+	ChargeStatusRequiresAction  ChargeStatus = "requires_action"
+	ChargeStatusRequiresCapture ChargeStatus = "requires_capture"
+	ChargeStatusPending         ChargeStatus = "pending"
+	ChargeStatusSucceeded       ChargeStatus = "succeeded"
+	ChargeStatusFailed          ChargeStatus = "failed"
+	ChargeStatusCanceled        ChargeStatus = "canceled"
+)
+
+func (e *ChargeStatus) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChargeStatus(s)
+	case string:
+		*e = ChargeStatus(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChargeStatus: %T", src)
+	}
+	return nil
+}
+
+type NullChargeStatus struct {
+	ChargeStatus ChargeStatus
+	Valid        bool // Valid is true if ChargeStatus is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChargeStatus) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChargeStatus, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChargeStatus.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChargeStatus) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChargeStatus), nil
+}
+
+type EventType string
+
+const (
+	EventTypeChargesucceeded       EventType = "charge.succeeded"
+	EventTypeChargefailed          EventType = "charge.failed"
+	EventTypeChargerequiresCapture EventType = "charge.requires_capture"
+	EventTypeChargecanceled        EventType = "charge.canceled"
+	EventTypeRefundsucceeded       EventType = "refund.succeeded"
+	EventTypeRefundfailed          EventType = "refund.failed"
+)
+
+func (e *EventType) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = EventType(s)
+	case string:
+		*e = EventType(s)
+	default:
+		return fmt.Errorf("unsupported scan type for EventType: %T", src)
+	}
+	return nil
+}
+
+type NullEventType struct {
+	EventType EventType
+	Valid     bool // Valid is true if EventType is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullEventType) Scan(value interface{}) error {
+	if value == nil {
+		ns.EventType, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.EventType.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullEventType) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.EventType), nil
+}
+
+type RecoveryPoint string
+
+const (
+	RecoveryPointStarted          RecoveryPoint = "started"
+	RecoveryPointDownstreamCalled RecoveryPoint = "downstream_called"
+	RecoveryPointFinished         RecoveryPoint = "finished"
+)
+
+func (e *RecoveryPoint) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = RecoveryPoint(s)
+	case string:
+		*e = RecoveryPoint(s)
+	default:
+		return fmt.Errorf("unsupported scan type for RecoveryPoint: %T", src)
+	}
+	return nil
+}
+
+type NullRecoveryPoint struct {
+	RecoveryPoint RecoveryPoint
+	Valid         bool // Valid is true if RecoveryPoint is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullRecoveryPoint) Scan(value interface{}) error {
+	if value == nil {
+		ns.RecoveryPoint, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.RecoveryPoint.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullRecoveryPoint) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.RecoveryPoint), nil
+}
+
+type RefundStatus string
+
+const (
+	RefundStatusProcessing RefundStatus = "processing"
+	RefundStatusPending    RefundStatus = "pending"
+	RefundStatusSucceeded  RefundStatus = "succeeded"
+	RefundStatusFailed     RefundStatus = "failed"
+)
+
+func (e *RefundStatus) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = RefundStatus(s)
+	case string:
+		*e = RefundStatus(s)
+	default:
+		return fmt.Errorf("unsupported scan type for RefundStatus: %T", src)
+	}
+	return nil
+}
+
+type NullRefundStatus struct {
+	RefundStatus RefundStatus
+	Valid        bool // Valid is true if RefundStatus is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullRefundStatus) Scan(value interface{}) error {
+	if value == nil {
+		ns.RefundStatus, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.RefundStatus.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullRefundStatus) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.RefundStatus), nil
+}
 
 type Account struct {
 	ID              string

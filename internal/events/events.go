@@ -34,7 +34,7 @@ const (
 )
 
 // Types lists every event type idempay emits, for the documents and the
-// tests that keep them, and the schema's CHECK on events.type, in step with
+// tests that keep them, and the schema's enum event_type, in step with
 // these constants.
 func Types() []string {
 	return []string{ChargeSucceeded, ChargeFailed, ChargeRequiresCapture, ChargeCanceled, RefundSucceeded, RefundFailed}
