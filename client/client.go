@@ -28,8 +28,11 @@
 //     server may or may not have done the work, and the same key makes
 //     finding out safe;
 //   - 409 whose problem type is /problems/request-in-progress (the first
-//     request with this key is still running), but no other 409:
-//     charge-not-refundable and last-api-key are final answers;
+//     request with this key is still running), and any other 409 that
+//     carries a Retry-After (a capture or cancel of a charge whose own
+//     request is being settled elsewhere: nothing was stored, and it ends
+//     by itself); a 409 without one is final (charge-not-refundable,
+//     last-api-key, a capture of a charge that is not capturable);
 //   - 429, and every 5xx (503 downstream-unavailable or
 //     service-unavailable, 500, 502, 504): the outcome is unknown or the
 //     server is briefly unable, and a retry with the same key never charges

@@ -165,6 +165,46 @@ func TestRetryableStatuses(t *testing.T) {
 	}
 }
 
+// A 409 with Retry-After stored nothing and ends by itself (the server's
+// capture of a charge whose own request is being settled elsewhere): the
+// client asks again with the same key and bytes. The same 409 without
+// Retry-After is final.
+func TestConflictWithRetryAfterIsRetried(t *testing.T) {
+	t.Parallel()
+	f := newFront(t, "", func(n int, w http.ResponseWriter, _ *http.Request) bool {
+		if n < 3 {
+			problem(w, http.StatusConflict, "charge-not-capturable", "1")
+			return true
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, `{"id":"ch_front","object":"charge","amount":1,"status":"succeeded"}`)
+		return true
+	})
+	ch, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Capture(t.Context(), "ch_front", client.CaptureParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.requests()
+	if ch.Attempts() != 3 || len(reqs) != 3 {
+		t.Fatalf("%d attempts (front %d), want 3", ch.Attempts(), len(reqs))
+	}
+	for _, r := range reqs[1:] {
+		if r.key == "" || r.key != reqs[0].key || !bytes.Equal(r.body, reqs[0].body) {
+			t.Errorf("attempt %q %q, want the first's key %q and bytes %q", r.key, r.body, reqs[0].key, reqs[0].body)
+		}
+	}
+
+	final := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+		problem(w, http.StatusConflict, "charge-not-capturable", "")
+		return true
+	})
+	_, err = client.New(final.URL, "k", client.WithSleep(noSleep)).Charges.Capture(t.Context(), "ch_front", client.CaptureParams{})
+	if e := asError(t, err); e.Status != http.StatusConflict || len(final.requests()) != 1 {
+		t.Errorf("status %d after %d attempts, want a final 409 after 1", e.Status, len(final.requests()))
+	}
+}
+
 func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {

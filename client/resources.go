@@ -264,8 +264,8 @@ func (s *ChargesService) Create(ctx context.Context, p ChargeParams, opts ...Cal
 // capture-exceeds-authorization with Extensions["amount_capturable"]. A
 // charge still processing (its own request had no answer from Stripe) is
 // settled first by the server; while its own request is running elsewhere
-// the 409 carries Retry-After, nothing is stored, and the same call may be
-// made again after it (this client does not retry it by itself).
+// the 409 carries Retry-After, nothing is stored, and this client makes
+// the same call again after it, like a 409 request-in-progress.
 func (s *ChargesService) Capture(ctx context.Context, id string, p CaptureParams, opts ...CallOption) (*Charge, error) {
 	if id == "" {
 		return nil, errors.New("idempay: capture: empty charge id")

@@ -220,11 +220,14 @@ func retryableTransport(err error) bool {
 }
 
 // retryableStatus says whether an error answer asks for the same request
-// again: 409 request-in-progress, 429 and every 5xx.
+// again: 409 request-in-progress, any other 409 that carries a Retry-After
+// (the server sends one only with a refusal that stored nothing and ends by
+// itself, such as a capture of a charge whose own request is still being
+// settled), 429 and every 5xx.
 func retryableStatus(e *Error) bool {
 	switch e.Status {
 	case http.StatusConflict:
-		return e.Code() == "request-in-progress"
+		return e.Code() == "request-in-progress" || e.RetryAfter > 0
 	case http.StatusTooManyRequests:
 		return true
 	default:
