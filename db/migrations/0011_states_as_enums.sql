@@ -24,6 +24,11 @@
 --
 -- Go sees the labels as strings (sqlc.yaml's overrides); pgx sends a string
 -- for a type it does not know in text form, which is what an enum reads.
+--
+-- Changing a column's type rewrites its table under an exclusive lock. A
+-- template's tables are small; on a large installed base, run this in a
+-- maintenance window, or add the enum column beside the text one, backfill
+-- it in batches and swap them.
 
 CREATE TYPE charge_status AS ENUM (
     'processing', 'requires_action', 'requires_capture', 'pending', 'succeeded', 'failed', 'canceled');

@@ -64,3 +64,42 @@ func TestAmountChecks(t *testing.T) {
 		}
 	}
 }
+
+// idempay's own states are enum types (db/migrations/0011): a label the
+// type does not have is refused when the value is read in, with SQLSTATE
+// 22P02 (invalid_text_representation), from a query parameter as from a
+// literal; every label the code writes is accepted.
+func TestStateEnums(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	for _, tc := range []struct{ typ, good string }{
+		{"charge_status", "requires_capture"},
+		{"charge_capture_method", "manual"},
+		{"charge_pending_action", "cancel"},
+		{"refund_status", "pending"},
+		{"event_type", "charge.requires_capture"},
+		{"recovery_point", "downstream_called"},
+	} {
+		var got string
+		if err := pool.QueryRow(ctx, `SELECT $1::`+tc.typ+`::text`, tc.good).Scan(&got); err != nil || got != tc.good {
+			t.Errorf("%s: %q read back as %q (%v)", tc.typ, tc.good, got, err)
+		}
+		for _, bad := range []string{"", "Succeeded", "bogus"} {
+			_, err := pool.Exec(ctx, `SELECT $1::`+tc.typ, bad)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "22P02" {
+				t.Errorf("%s: %q gave %v, want SQLSTATE 22P02", tc.typ, bad, err)
+			}
+		}
+	}
+
+	// Through a table, as a write would: an unknown charge status.
+	acct := dbtest.NewAccount(t)
+	_, err := pool.Exec(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, status)
+		VALUES ($1, 1000, 'usd', 'pm_card_visa', $2)`, acct.ID, "refunded")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22P02" {
+		t.Errorf("a charge with status %q: %v, want SQLSTATE 22P02", "refunded", err)
+	}
+}
