@@ -4,7 +4,11 @@
 // handler. The
 // binary (cmd/idempay) and the tests (internal/apitest) build it with the
 // same function, New, so the wiring is written once and what the tests run
-// is what serves (as benbjohnson/wtf's cmd Main).
+// is what serves (as benbjohnson/wtf's cmd Main). The order.paid consumer
+// (orders.New) and the outbox relay (events.NewRelay) need a NATS
+// connection, which New neither opens nor holds: the commands that open one
+// wire them (cmd/idempay/nats.go) on the App's pool, charges service and
+// metrics, and their tests on the same parts with hooks of their own.
 package app
 
 import (
