@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -201,19 +199,7 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	// Reconciliation, as an operator runs it after a failover: it lists
 	// Stripe's PaymentIntents and re-creates every lost record and ledger
 	// row, finished, with no client's help.
-	cmd := exec.Command(binPath, "reconcile", "--since", "1h")
-	cmd.Env = servers[0].env()
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("idempay reconcile: %v; stdout %s", err, out)
-	}
-	var report struct {
-		Listed int            `json:"listed"`
-		Counts map[string]int `json:"counts"`
-	}
-	if err := json.Unmarshal(out, &report); err != nil {
-		t.Fatalf("idempay reconcile printed %s: %v", out, err)
-	}
+	report := runReconcile(t, servers[0].env())
 	if report.Listed != len(fake.Charges()) || report.Counts["recreated"] != missing ||
 		report.Counts["matched"] != report.Listed-missing {
 		t.Errorf("idempay reconcile listed %d PaymentIntents with outcomes %v; want %d listed, %d recreated, the rest matched",

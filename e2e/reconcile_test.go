@@ -13,6 +13,30 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// reconcileReport is what `idempay reconcile` prints: how many of Stripe's
+// PaymentIntents it listed, and how many of each outcome.
+type reconcileReport struct {
+	Listed int            `json:"listed"`
+	Counts map[string]int `json:"counts"`
+}
+
+// runReconcile runs `idempay reconcile --since 1h` with env, as an operator
+// does, and decodes its report.
+func runReconcile(t *testing.T, env []string) reconcileReport {
+	t.Helper()
+	cmd := exec.Command(binPath, "reconcile", "--since", "1h")
+	cmd.Env = env
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("idempay reconcile: %v; stdout %s", err, out)
+	}
+	var report reconcileReport
+	if err := json.Unmarshal(out, &report); err != nil {
+		t.Fatalf("idempay reconcile printed %s: %v", out, err)
+	}
+	return report
+}
+
 // TestReconcileCommand restores the database to before a charge (its
 // record, ledger row and event deleted, as a restore would lose them),
 // runs `idempay reconcile --since 1h` against the Stripe fake's list, and
@@ -40,18 +64,8 @@ func TestReconcileCommand(t *testing.T) {
 		}
 	}
 
-	cmd := exec.Command(binPath, "reconcile", "--since", "1h")
-	cmd.Env = append(srv.env(), "PATH="+os.Getenv("PATH"))
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("idempay reconcile: %v; stdout %s", err, out)
-	}
-	var report struct {
-		Listed int            `json:"listed"`
-		Counts map[string]int `json:"counts"`
-	}
-	if err := json.Unmarshal(out, &report); err != nil || report.Listed != 1 || report.Counts["recreated"] != 1 {
-		t.Fatalf("idempay reconcile printed %s (%v), want 1 listed, 1 recreated", out, err)
+	if report := runReconcile(t, append(srv.env(), "PATH="+os.Getenv("PATH"))); report.Listed != 1 || report.Counts["recreated"] != 1 {
+		t.Fatalf("idempay reconcile: %+v, want 1 listed, 1 recreated", report)
 	}
 
 	again, err := do(ctx, c, http.MethodPost, srv.URL+"/v1/charges", acct.APIKey, "lost-key", body)
