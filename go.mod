@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.1.2
+	github.com/go-json-experiment/json v1.27.2
 	github.com/gowebpki/jcs v1.0.2
 	github.com/idempay/idempay/client v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0

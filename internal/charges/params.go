@@ -2,7 +2,6 @@ package charges
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -10,6 +9,9 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/idempay/idempay/internal/apierror"
 )
@@ -44,90 +46,70 @@ var (
 // with its own validation of their values.
 type params interface{ validate() error }
 
-// decodeParams decodes the JSON object raw into dst and validates it. It
-// reports every problem at once, in one 400 invalid-request whose
-// invalid_params name each field: every field given twice (repeatedNames),
-// every field whose name or text is not valid Unicode (InvalidText),
-// every unknown field (in the order of the body), every known field of the
-// wrong type, and every failed check of the known fields (dst.validate).
-// So a client that sends a typo and a bad amount learns of both. A body
-// that is not a JSON object is refused as such. Field names match the json
-// tags as encoding/json matches them (case-insensitively).
+// decodeParams decodes the JSON object raw into dst and validates it.
+//
+// The decoding is strict, by github.com/go-json-experiment/json (the
+// encoding/json/v2 design) with its defaults: a name given twice in one
+// object and text that is not valid Unicode (bytes that are not UTF-8, an
+// unpaired surrogate escape) are refused, where encoding/json would keep
+// the last value or decode U+FFFD, and a proxy, a log or Stripe could read
+// another request than the ledger holds. Names match the json tags exactly
+// ("Amount" is not "amount"), and an unknown name is refused: a typo must
+// not be silently ignored in a payment.
+//
+// Every refusal is a 400. A body that breaks the grammar is an
+// invalid-json; one that gives a name twice or has invalid text is refused
+// at its first such place, which invalid_params names. Otherwise every
+// problem is reported at once, in one invalid-request: every unknown field
+// and every field of the wrong type (in the order of the body), then every
+// failed check of the other fields (dst.validate), so a client that sends
+// a typo and a bad amount learns of both. A body that is not a JSON
+// object is refused as such.
 func decodeParams(raw []byte, dst params) error {
-	repeated := repeatedNames(raw)
-	badText := InvalidText(raw)
-	// The usual body is a valid one: one strict decode, and the walk field
-	// by field below only when that fails, to name every problem at once.
-	strict := json.NewDecoder(bytes.NewReader(raw))
-	strict.DisallowUnknownFields()
-	if err := strict.Decode(dst); err == nil && len(repeated) == 0 && len(badText) == 0 {
+	// The usual body is a valid one: one decode, and the walk member by
+	// member below only when that fails, to name every problem.
+	if err := json.Unmarshal(raw, dst, json.RejectUnknownMembers(true)); err == nil {
 		return dst.validate()
 	}
-	reflect.ValueOf(dst).Elem().SetZero() // what the strict decode left half done
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := dec.Token(); err != nil {
-		return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
-	} else if d, ok := tok.(json.Delim); !ok || d != '{' {
+	reflect.ValueOf(dst).Elem().SetZero() // what the failed decode left half done
+	if err := checkForm(raw); err != nil {
+		return err
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(raw))
+	if dec.PeekKind() != jsontext.KindBeginObject {
 		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
 	}
-	known := jsonFields(dst)
+	if _, err := dec.ReadToken(); err != nil {
+		return undecodable(err)
+	}
 	var bad []apierror.InvalidParam
 	failed := map[string]bool{} // fields already named, not validated again
-	for i, name := range repeated {
-		if !slices.Contains(repeated[:i], name) {
-			bad = append(bad, apierror.InvalidParam{Name: name, Reason: "is given more than once"})
-		}
-		if field, ok := knownField(known, name); ok {
-			failed[field] = true // which value counts is not for us to say
-		}
-	}
-	// Text that is not valid Unicode: encoding/json would decode it as
-	// U+FFFD, and the field's own checks would pass what was not sent.
-	for _, p := range badText {
-		if field := baseField(p.Name); !failed[field] {
-			bad = append(bad, p)
-			failed[field] = true
-		}
-	}
-	for dec.More() {
-		tok, err := dec.Token()
+	for dec.PeekKind() != jsontext.KindEndObject {
+		// Decode this member alone, so that a problem here does not hide
+		// the others: {"name":value} into dst.
+		name, err := dec.ReadValue()
 		if err != nil {
-			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+			return undecodable(err)
 		}
-		name, _ := tok.(string)
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+		member := append([]byte("{"), name...)
+		value, err := dec.ReadValue()
+		if err != nil {
+			return undecodable(err)
 		}
-		field, ok := knownField(known, name)
-		if !ok {
-			if !failed[name] {
-				bad = append(bad, apierror.InvalidParam{Name: name, Reason: "is not a known parameter"})
-				failed[name] = true
-			}
+		member = append(append(append(member, ':'), value...), '}')
+		err = json.Unmarshal(member, dst, json.RejectUnknownMembers(true))
+		var se *json.SemanticError
+		switch {
+		case err == nil:
 			continue
+		case !errors.As(err, &se):
+			return undecodable(err)
+		case errors.Is(err, json.ErrUnknownName):
+			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is not a known parameter"})
+		default:
+			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: wrongType(se)})
 		}
-		// Decode this field alone, so that a wrong type here does not hide
-		// the other fields; the error names the field (or the member of it).
-		one, err := json.Marshal(map[string]json.RawMessage{name: value})
-		if err != nil {
-			return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
-		}
-		if err := json.Unmarshal(one, dst); err != nil {
-			var typeErr *json.UnmarshalTypeError
-			if !errors.As(err, &typeErr) {
-				return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
-			}
-			param := typeErr.Field
-			if param == "" {
-				param = field
-			}
-			if !failed[field] {
-				bad = append(bad, apierror.InvalidParam{Name: param,
-					Reason: fmt.Sprintf("must be %s, not a JSON %s", expected(typeErr), typeErr.Value)})
-				failed[field] = true
-			}
-		}
+		failed[baseField(paramName(se.JSONPointer))] = true
 	}
 	if err := dst.validate(); err != nil {
 		var pe *apierror.Error
@@ -146,72 +128,97 @@ func decodeParams(raw []byte, dst params) error {
 	return nil
 }
 
-// jsonFields lists the json names of the fields of the struct dst points to.
-func jsonFields(dst any) []string {
-	t := reflect.TypeOf(dst).Elem()
-	names := make([]string, 0, t.NumField())
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if name != "" && name != "-" {
-			names = append(names, name)
-		}
+// checkForm refuses raw unless it is one JSON value in the form RFC 7493
+// (I-JSON) asks: no name twice in an object, valid Unicode text. A body
+// that is JSON but for that is an invalid-request naming the first place
+// at fault; any other is an invalid-json.
+func checkForm(raw []byte) error {
+	err := json.Unmarshal(raw, new(jsontext.Value))
+	var se *jsontext.SyntacticError
+	switch {
+	case err == nil:
+		return nil
+	case !errors.As(err, &se):
+		return undecodable(err)
+	case errors.Is(err, jsontext.ErrDuplicateName):
+		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is given more than once"})
+	case jsontext.Value(raw).IsValid(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)):
+		// JSON, but for its text: the error is about the value at the
+		// pointer, or about a name of the object there.
+		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer),
+			Reason: "must be valid UTF-8 text, and so must its keys (it has bytes that are not UTF-8, or an unpaired surrogate escape)"})
 	}
-	return names
+	return undecodable(err)
 }
 
-// knownField is the field that the body member name decodes into, as
-// encoding/json matches it: exactly, or else case-insensitively.
-func knownField(fields []string, name string) (string, bool) {
-	for _, f := range fields {
-		if f == name {
-			return f, true
+func undecodable(err error) error {
+	return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+}
+
+// paramName is the invalid_params name of the value at p: "amount",
+// "metadata[order_id]", or "body" for the whole body.
+func paramName(p jsontext.Pointer) string {
+	name, first := "body", true
+	for token := range p.Tokens() {
+		if first {
+			name, first = token, false
+		} else {
+			name += "[" + token + "]"
 		}
 	}
-	for _, f := range fields {
-		if strings.EqualFold(f, name) {
-			return f, true
-		}
-	}
-	return "", false
+	return name
 }
 
 // baseField is the top-level field an invalid_params name is about
-// ("metadata[k]" and "metadata.k" are about metadata).
+// ("metadata[k]" is about metadata).
 func baseField(name string) string {
-	if i := strings.IndexAny(name, "[."); i >= 0 {
+	if i := strings.IndexByte(name, '['); i >= 0 {
 		return name[:i]
 	}
 	return name
 }
 
-func expected(e *json.UnmarshalTypeError) string {
-	switch e.Type.Kind().String() {
-	case "int64", "int", "int32":
-		return fmt.Sprintf("an integer between 1 and %d", MaxAmount)
-	case "string":
-		return "a string"
-	case "map":
-		return "an object of string values"
-	default:
-		return "of type " + e.Type.String()
+// wrongType is the reason for a value that does not decode into its field.
+func wrongType(e *json.SemanticError) string {
+	want := "of another JSON type"
+	if e.GoType != nil {
+		switch e.GoType.Kind() {
+		case reflect.Int64:
+			want = fmt.Sprintf("an integer between 1 and %d", MaxAmount)
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		case reflect.Map:
+			want = "an object of string values"
+		}
 	}
+	switch e.JSONKind {
+	case jsontext.KindNumber: // of the wrong form or out of range
+		return "must be " + want
+	case jsontext.KindString:
+		return "must be " + want + ", not a JSON string"
+	case jsontext.KindBeginObject:
+		return "must be " + want + ", not a JSON object"
+	case jsontext.KindBeginArray:
+		return "must be " + want + ", not a JSON array"
+	case jsontext.KindTrue, jsontext.KindFalse:
+		return "must be " + want + ", not a JSON boolean"
+	}
+	return "must be " + want
 }
 
-// chargeParams is the body of POST /v1/charges. Its fields are in the
-// order of their json names, as in every params type: encoded, a
-// normalised request is then in RFC 8785 form already and its fingerprint
-// needs no canonicalisation (idempotency.Request.Normalize;
-// TestParamsInNameOrder).
+// chargeParams is the body of POST /v1/charges.
 type chargeParams struct {
-	Amount *int64 `json:"amount"`
+	Amount        *int64            `json:"amount"`
+	Currency      *string           `json:"currency"`
+	PaymentMethod *string           `json:"payment_method"`
+	Description   *string           `json:"description"`
+	Metadata      map[string]string `json:"metadata"`
 	// Capture false authorizes only: the charge waits in requires_capture
 	// for POST /v1/charges/{id}/capture. true, the default, is normalised
 	// away, so that a body with it and one without are the same request.
-	Capture       *bool             `json:"capture"`
-	Currency      *string           `json:"currency"`
-	Description   *string           `json:"description"`
-	Metadata      map[string]string `json:"metadata"`
-	PaymentMethod *string           `json:"payment_method"`
+	Capture *bool `json:"capture"`
 }
 
 func (p *chargeParams) validate() error {
@@ -304,8 +311,8 @@ func checkText(s string, max int) string {
 // the time of the call, which a retry after a restore or a failover can
 // find different (docs/development.md, "Refunds name their amount").
 type refundParams struct {
-	Amount *int64  `json:"amount"`
 	Charge *string `json:"charge"`
+	Amount *int64  `json:"amount"`
 }
 
 func (p *refundParams) validate() error {

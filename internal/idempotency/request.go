@@ -100,20 +100,17 @@ func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, l
 // normalised form of the request (for a charge: the currency in lower case,
 // absent fields absent), instead of the body as sent: two bodies that mean
 // the same request (USD and usd, a field sent as null or left out) have one
-// fingerprint. v is encoded with encoding/json and then in RFC 8785 form
-// (which that encoding usually is already: inRFC8785Form).
-// Changing what v encodes changes fingerprints, and needs a new
-// fingerprintTag.
+// fingerprint. v is encoded with encoding/json and then put in RFC 8785
+// form, whatever the order of its fields. Changing what v encodes changes
+// fingerprints, and needs a new fingerprintTag.
 func (r *Request) Normalize(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding the normalised request: %w", err)
 	}
-	canonical := b
-	if !inRFC8785Form(b) {
-		if canonical, err = jcs.Transform(b); err != nil {
-			return fmt.Errorf("canonicalising the normalised request: %w", err)
-		}
+	canonical, err := jcs.Transform(b)
+	if err != nil {
+		return fmt.Errorf("canonicalising the normalised request: %w", err)
 	}
 	r.Canonical, r.Fingerprint = canonical, Fingerprint(r.Method, r.Path, canonical)
 	return nil

@@ -304,11 +304,13 @@ func TestDeadLetters(t *testing.T) {
 	}
 }
 
-// A message whose text is not valid Unicode (bytes that are not UTF-8, an
-// unpaired surrogate escape) is a dead letter naming the field, as POST
-// /v1/charges refuses it with a 400 naming the field: never charged with
-// U+FFFD in place of what the producer sent. Valid non-ASCII text passes.
-func TestInvalidTextIsDeadLettered(t *testing.T) {
+// A message is decoded as strictly as POST /v1/charges decodes its body:
+// text that is not valid Unicode (bytes that are not UTF-8, an unpaired
+// surrogate escape), a name given twice and an unknown field each make a
+// dead letter whose detail names the place, never a charge with U+FFFD in
+// place of what the producer sent, or with one of two amounts. Valid
+// non-ASCII text passes.
+func TestMalformedMessageIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := newBench(t, 2)
 	acct := b.env.NewClient(t).Account.ID
@@ -316,15 +318,18 @@ func TestInvalidTextIsDeadLettered(t *testing.T) {
 		return []byte(`{"idempotency_key":"` + key + `","account":"` + acct + `","order_id":"o-` + key +
 			`","amount":1000,"currency":"usd","payment_method":"tok_visa",` + extra + `}`)
 	}
-	for _, tc := range []struct {
-		extra, field string
+	cases := []struct {
+		extra, field string // field: how the detail names the place
 	}{
-		{`"description":"caf` + "\xe9" + `"`, `"name":"description"`},
-		{`"metadata":{"sku":"\ud800"}`, `"name":"metadata[sku]"`},
-		{`"metadata":{"k` + "\xfe" + `":"v"}`, `"name":"metadata"`},
-	} {
+		{`"description":"caf` + "\xe9" + `"`, `"/description"`},
+		{`"metadata":{"sku":"\ud800"}`, `"/metadata/sku"`},
+		{`"metadata":{"k` + "\xfe" + `":"v"}`, `"/metadata"`},
+		{`"amount":1`, `name "amount"`},
+		{`"Currency":"eur"`, `name "Currency"`},
+	}
+	for _, tc := range cases {
 		b.publish(t, raw("order-"+rand.Text(), tc.extra), "")
-		waitFor(t, "the dead letter of "+tc.field, func() bool {
+		waitFor(t, "the dead letter naming "+tc.field, func() bool {
 			for _, dl := range b.deadLetters(t) {
 				if strings.Contains(dl.Detail, tc.field) {
 					if dl.Reason != orders.ReasonInvalid {
@@ -340,8 +345,8 @@ func TestInvalidTextIsDeadLettered(t *testing.T) {
 	waitFor(t, "the valid message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
 	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
 
-	if got := b.count(orders.OutcomeDeadLetter); got != 3 {
-		t.Errorf("%d dead letters, want 3 (outcomes %v)", got, b.snapshot())
+	if got := b.count(orders.OutcomeDeadLetter); got != len(cases) {
+		t.Errorf("%d dead letters, want %d (outcomes %v)", got, len(cases), b.snapshot())
 	}
 	if n := b.charges(t, acct); n != 1 {
 		t.Errorf("%d ledger rows, want 1 (the valid message's)", n)
