@@ -147,6 +147,39 @@ func TestFingerprint(t *testing.T) {
 	}
 }
 
+// Normalize puts the normalised request in RFC 8785 form whatever the
+// order of its fields, whatever its text: two types with the same fields
+// declared in another order give one canonical form and one fingerprint.
+func TestNormalizeIgnoresFieldOrder(t *testing.T) {
+	t.Parallel()
+	type nameOrder struct {
+		Amount   int64             `json:"amount"`
+		Metadata map[string]string `json:"metadata"`
+		Text     string            `json:"text"`
+	}
+	type otherOrder struct {
+		Text     string            `json:"text"`
+		Metadata map[string]string `json:"metadata"`
+		Amount   int64             `json:"amount"`
+	}
+	m := map[string]string{"z": "1", "a": "<&>", "\ufb33": "x", "\U0001F600": "y"}
+	// RFC 8785 writes U+2028 as it is, escapes the newline, and sorts names by
+	// UTF-16 code units (U+1F600 before U+FB33).
+	const want = `{"amount":1500,"metadata":{"a":"<&>","z":"1","😀":"y","דּ":"x"},"text":"é` + "\u2028" + `\n"}`
+	for _, v := range []any{nameOrder{1500, m, "é\u2028\n"}, otherOrder{"é\u2028\n", m, 1500}} {
+		r := idempotency.Request{Method: "POST", Path: "/p"}
+		if err := r.Normalize(v); err != nil {
+			t.Fatal(err)
+		}
+		if string(r.Canonical) != want {
+			t.Errorf("Normalize(%T): %s, want %s", v, r.Canonical, want)
+		}
+		if !bytes.Equal(r.Fingerprint, idempotency.Fingerprint("POST", "/p", []byte(want))) {
+			t.Errorf("Normalize(%T): the fingerprint is not that of the canonical form", v)
+		}
+	}
+}
+
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, `"a\\b"`, "", " ", `""`, `"`, `"abc`, "clé",
 		"a\x00b", strings.Repeat("k", 256), `"` + strings.Repeat("k", 255) + `"`, " \"x\" "} {
