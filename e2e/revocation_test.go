@@ -25,10 +25,11 @@ func call(t *testing.T, c *http.Client, method, url, apiKey, idemKey string) (in
 }
 
 // A revoked API key is refused by every server process from the moment the
-// revocation commits (I11), although each process remembers valid keys for
-// AUTH_CACHE_TTL (10 s): three servers, each with the key in its cache, and
-// the key revoked through one of them is refused by all three on the very
-// next request. Five rounds, to give a race a chance to show.
+// revocation commits (I11), with no channel between the processes: three
+// servers, each of which has just accepted the key, and the key revoked
+// through one of them is refused by all three on the very next request,
+// since each reads the key from the database on every request (I15). Five
+// rounds, to give a race a chance to show.
 func TestRevocationAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
@@ -51,7 +52,7 @@ func TestRevocationAcrossProcesses(t *testing.T) {
 		if err := json.Unmarshal(body, &k); err != nil || k.Secret == "" {
 			t.Fatalf("round %d: the new key's answer %s", round, body)
 		}
-		for _, s := range servers { // every process now has the key cached
+		for _, s := range servers { // every process has just accepted the key
 			if status, _ := call(t, c, http.MethodGet, s.URL+"/v1/charges", k.Secret, ""); status != http.StatusOK {
 				t.Fatalf("round %d: the new key on %s: %d", round, s.opts.Name, status)
 			}

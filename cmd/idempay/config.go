@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -8,20 +9,27 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idempay/idempay/internal/accounts"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/orders"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
-// direct is how the accounts package opens its LISTEN connections:
-// DATABASE_DIRECT_URL when set, else (nil) out of the pool.
-func (c Config) direct() (accounts.Direct, error) {
+// direct opens the connection that holds the relay's session lock:
+// DATABASE_DIRECT_URL when set, else (nil) the relay takes one out of the
+// pool. A multi-host URL with target_session_attrs=read-write follows the
+// primary across a failover like the pool's.
+func (c Config) direct() (func(context.Context) (*pgx.Conn, error), error) {
 	if c.DatabaseDirectURL == "" {
 		return nil, nil
 	}
-	return accounts.DialURL(c.DatabaseDirectURL)
+	pc, err := pgx.ParseConfig(c.DatabaseDirectURL)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_DIRECT_URL: %w", err)
+	}
+	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, pc) }, nil
 }
 
 // Config is read once from the environment and passed down as plain values.
@@ -29,12 +37,11 @@ func (c Config) direct() (accounts.Direct, error) {
 type Config struct {
 	DatabaseURL string
 	// DatabaseDirectURL reaches PostgreSQL past a transaction pooler, for
-	// the connections that need a session of their own (LISTEN); "" when
-	// DATABASE_URL is direct itself.
+	// what needs a session of its own (the relay's lock, the migrations');
+	// "" when DATABASE_URL is direct itself.
 	DatabaseDirectURL string
 	DBMaxConns        int32
 	ListenAddr        string
-	AuthCacheTTL      time.Duration
 	StripeSecretKey   string
 	StripeAPIURL      string
 	StripeTimeout     time.Duration
@@ -60,7 +67,6 @@ func loadConfig() (Config, error) {
 		DatabaseDirectURL: e.str("DATABASE_DIRECT_URL", ""),
 		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
 		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
-		AuthCacheTTL:      e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
 		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),

@@ -176,10 +176,6 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 	if err := cfg.requireStripe(); err != nil {
 		return nil, err
 	}
-	direct, err := cfg.direct()
-	if err != nil {
-		return nil, err
-	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -187,7 +183,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 	return app.New(pool, app.Config{
 		Idempotency: cfg.Idempotency,
 		Stripe:      charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
-		Webhooks:    cfg.Webhooks, AuthCacheTTL: cfg.AuthCacheTTL, Direct: direct,
+		Webhooks:    cfg.Webhooks,
 	}, log), nil
 }
 
@@ -202,8 +198,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	// The auth cache forgets a revoked key in every process at once (I11).
-	wg.Go(func() { a.Auth.Listen(bg, a.Pool, log) })
+	// The API keys' last use, noted off the request path.
+	wg.Go(func() { a.Auth.RunNoteUses(bg, accounts.NoteUsesInterval, log) })
 	srv := server.NewHTTPServer(cfg.ListenAddr, a.Handler())
 
 	if cfg.CompleterInterval > 0 {
@@ -362,11 +358,7 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 		if len(args) != 3 {
 			return errors.New(accountsUsage)
 		}
-		direct, err := cfg.direct()
-		if err != nil {
-			return err
-		}
-		if err := accounts.SetModeDirect(ctx, pool, direct, args[1], args[2]); err != nil {
+		if err := accounts.SetMode(ctx, pool, args[1], args[2]); err != nil {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(map[string]string{"id": args[1], "idempotency_mode": args[2]})

@@ -4,9 +4,9 @@
 // bits of entropy: there is nothing to brute-force, unlike a password.
 //
 // An account may hold several keys (rotation), and a revoked key is refused
-// by every server process from the moment its revocation commits (I11): the
-// authenticator's cache is invalidated across processes by PostgreSQL
-// LISTEN/NOTIFY, and is not used at all while its listener is down.
+// by every server process from the moment its revocation commits (I11):
+// every request reads its key and account from the database, and no
+// process keeps a copy of either (I15).
 package accounts
 
 import (
@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -115,41 +114,22 @@ func Get(ctx context.Context, dbtx dbsqlc.DBTX, id string) (Account, error) {
 	return accountOf(row), nil
 }
 
-// SetMode sets the account's idempotency mode. It returns once every
-// server process has forgotten the account's cached state (or after a
-// second), so the account's next request, wherever it goes, is under the
-// new mode.
-func SetMode(ctx context.Context, pool *pgxpool.Pool, id, mode string) error {
-	return SetModeDirect(ctx, pool, nil, id, mode)
-}
-
-// SetModeDirect is SetMode for a pool that goes through a transaction
-// pooler: direct opens the connection that awaits the acknowledgements.
-func SetModeDirect(ctx context.Context, pool *pgxpool.Pool, direct Direct, id, mode string) error {
+// SetMode sets the account's idempotency mode. The account's next request,
+// whichever process serves it, reads the new mode with its key (I15).
+func SetMode(ctx context.Context, dbtx dbsqlc.DBTX, id, mode string) error {
 	switch mode {
 	case ModeRequired, ModeOptional, ModeShadow:
 	default:
 		return fmt.Errorf("mode %q: want %s, %s or %s", mode, ModeRequired, ModeOptional, ModeShadow)
 	}
-	iv, err := expectInvalidation(ctx, pool, direct, accountChanged+id)
+	n, err := dbsqlc.New().AccountSetMode(ctx, dbtx, &dbsqlc.AccountSetModeParams{IdempotencyMode: mode, ID: id})
 	if err != nil {
-		return fmt.Errorf("preparing the mode change: %w", err)
+		return fmt.Errorf("setting mode: %w", err)
 	}
-	defer iv.close()
-	_, err = db.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		n, err := dbsqlc.New().AccountSetMode(ctx, tx, &dbsqlc.AccountSetModeParams{IdempotencyMode: mode, ID: id})
-		if err != nil {
-			return struct{}{}, fmt.Errorf("setting mode: %w", err)
-		}
-		if n == 0 {
-			return struct{}{}, fmt.Errorf("account %q: %w", id, db.ErrNotFound)
-		}
-		return struct{}{}, notify(ctx, tx, accountChanged+id)
-	})
-	if err == nil {
-		iv.wait(ctx, pool)
+	if n == 0 {
+		return fmt.Errorf("account %q: %w", id, db.ErrNotFound)
 	}
-	return err
+	return nil
 }
 
 // hashKey is what is stored and looked up instead of the key itself.

@@ -3,7 +3,6 @@ package accounts
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,11 +35,6 @@ type KeysAPI struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
 	runner *idempotency.Runner
-
-	// Direct opens the connection on which a revocation awaits the other
-	// processes' acknowledgements; nil takes it out of the pool. Set it when
-	// the pool goes through a transaction pooler.
-	Direct Direct
 }
 
 // NewKeysAPI returns the API and registers its operations with the runner,
@@ -166,47 +160,25 @@ func (op *createKeyOp) Call(_ context.Context, rec *idempotency.Record) idempote
 // idempotency core, so a retry replays the first 204 instead of answering
 // 404 (the Azure guideline); with nil, a request without a key, it is a
 // plain revocation. The account's last active key cannot be revoked (409):
-// the account would lock itself out. It returns once every process has
-// forgotten the key (I11).
+// the account would lock itself out. Every process refuses the key from the
+// moment the revocation commits, since each reads the key from the database
+// on every request (I11).
 func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempotency.Request) (idempotency.Response, error) {
-	// Know the key's hash before the revocation commits, to wait after it
-	// for every process to have forgotten the key (I11).
-	var iv *invalidation
-	if row, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id}); err == nil && row.RevokedAt == nil {
-		if iv, err = expectInvalidation(ctx, k.pool, k.Direct, keyRevoked+hex.EncodeToString(row.KeyHash)); err != nil {
-			return idempotency.Response{}, fmt.Errorf("preparing the revocation: %w", err)
-		}
+	if req != nil {
+		return k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
 	}
-	defer iv.close()
-	await := func(ctx context.Context) {
-		if iv != nil {
-			iv.wait(ctx, k.pool)
-		}
-	}
-	if req == nil {
-		if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-			return struct{}{}, k.revokeTx(ctx, tx, accountID, id)
-		}); err != nil {
-			return idempotency.Response{}, err
-		}
-		await(ctx)
-		return idempotency.Response{Status: http.StatusNoContent}, nil
-	}
-	resp, err := k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
-	if err != nil {
+	if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		return struct{}{}, k.revokeTx(ctx, tx, accountID, id)
+	}); err != nil {
 		return idempotency.Response{}, err
 	}
-	if !resp.Replayed {
-		await(ctx)
-	}
-	return resp, nil
+	return idempotency.Response{Status: http.StatusNoContent}, nil
 }
 
 // revokeTx checks that the key can be revoked (it is an active key of the
-// account, and not its last one), then queues into tx (a transaction, or a
-// phase's batch) its guarded revocation and the message that tells every
-// process to forget it. The revocation raises ErrStale when what was
-// checked no longer holds when it runs.
+// account, and not its last one), then queues its guarded revocation into
+// tx (a transaction, or a phase's batch). The revocation raises ErrStale
+// when what was checked no longer holds when it runs.
 func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id string) error {
 	row, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) || err == nil && row.RevokedAt != nil {
@@ -224,7 +196,7 @@ func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id st
 	if err := k.q.APIKeyRevoke(ctx, tx, &dbsqlc.APIKeyRevokeParams{AccountID: accountID, ID: id}); err != nil {
 		return fmt.Errorf("revoking API key: %w", err)
 	}
-	return notify(ctx, tx, keyRevoked+hex.EncodeToString(row.KeyHash))
+	return nil
 }
 
 // revokeKeyOp revokes the key in the claim transaction (the revocation

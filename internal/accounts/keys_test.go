@@ -70,6 +70,11 @@ func TestAPIKeys(t *testing.T) {
 	if resp := second.Get("/v1/api_keys"); resp.Status != http.StatusOK {
 		t.Fatalf("the new key does not authenticate: %d", resp.Status)
 	}
+	// Its use is noted off the request path, as idempay serve does once a
+	// minute.
+	if err := env.Auth.NoteUses(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	var list struct {
 		Data []apiKey `json:"data"`
 	}

@@ -71,10 +71,12 @@ type Env struct {
 	Runner   *idempotency.Runner
 	Charges  *charges.Service
 	Webhooks *webhooks.Receiver
-	Auth     *accounts.Authenticator
-	Server   *httptest.Server
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
+	// Auth is the API's authenticator; a test that reads last_used_at
+	// calls its NoteUses, which idempay serve runs once a minute.
+	Auth    *accounts.Authenticator
+	Server  *httptest.Server
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // New starts an API for t and stops it in t.Cleanup.
@@ -108,24 +110,11 @@ func New(t testing.TB, opts Options) *Env {
 		opts.StripeTimeout = 5 * time.Second
 	}
 	a := app.New(env.Pool, app.Config{
-		Idempotency:  cfg,
-		Stripe:       charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
-		Webhooks:     webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
-		AuthCacheTTL: accounts.DefaultCacheTTL,
+		Idempotency: cfg,
+		Stripe:      charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Webhooks:    webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
-	// The auth cache listens for revocations, as in idempay serve.
-	lctx, stopListen := context.WithCancel(context.Background())
-	listened := make(chan struct{})
-	go func() { env.Auth.Listen(lctx, env.Pool, env.Log); close(listened) }()
-	t.Cleanup(func() { stopListen(); <-listened })
-	// Serve only once the cache is in use, as a long-running server would:
-	// before its LISTEN, every request asks the database for its key.
-	for deadline := time.Now().Add(10 * time.Second); !env.Auth.Subscribed(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the authenticator did not subscribe to its invalidation channel in 10 s")
-		}
-	}
 	// Served as idempay serve serves: its http.Server settings, and the
 	// listener that answers net/http's own refusals as problem+json.
 	env.Server = httptest.NewUnstartedServer(nil)

@@ -14,7 +14,6 @@ package app
 import (
 	"log/slog"
 	"net/http"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -36,12 +35,6 @@ type Config struct {
 	Stripe charges.StripeConfig
 	// Webhooks configures the webhook endpoint; New sets its hooks.
 	Webhooks webhooks.Config
-	// AuthCacheTTL bounds how long the authenticator remembers a key
-	// while it does not listen for revocations.
-	AuthCacheTTL time.Duration
-	// Direct opens the sessions that must bypass a transaction pooler
-	// (LISTEN for revocations); nil takes them from the pool.
-	Direct accounts.Direct
 }
 
 // App is idempay, wired.
@@ -56,13 +49,14 @@ type App struct {
 	// its.
 	ChargesHTTP *chargeshttp.Handler
 	Keys        *accounts.KeysAPI
-	// Auth checks API keys. Its caller runs Auth.Listen (a long-running
-	// server does; a one-shot command need not).
+	// Auth checks API keys. A long-running server also runs
+	// Auth.RunNoteUses, which notes the keys' last use.
 	Auth *accounts.Authenticator
 }
 
 // New wires the application on pool. It starts nothing: the caller runs
-// what it needs (Handler, Auth.Listen, the completer, the retention job).
+// what it needs (Handler, Auth.RunNoteUses, the completer, the retention
+// job).
 func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool)}
 	a.Runner = idempotency.NewRunner(pool, cfg.Idempotency, log)
@@ -76,10 +70,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)
 	a.ChargesHTTP = chargeshttp.New(a.Charges, log)
 	a.ChargesHTTP.OnRollout = a.Metrics.ObserveRollout
-	a.Auth = accounts.NewAuthenticator(pool, cfg.AuthCacheTTL)
-	a.Auth.Direct = cfg.Direct
+	a.Auth = accounts.NewAuthenticator(pool)
 	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
-	a.Keys.Direct = cfg.Direct
 	return a
 }
 

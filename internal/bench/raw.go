@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,16 +23,27 @@ import (
 
 var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/charges/ch_0123456789abcdef0123456789abcdef"}`)
 
+// rawAuthenticate is the read of the API key and its account that every
+// request makes first (accounts.Authenticator).
+func (r *runner) rawAuthenticate(ctx context.Context, q *dbsqlc.Queries, a account) error {
+	hash := sha256.Sum256([]byte(strings.TrimPrefix(a.auth, "Bearer ")))
+	if _, err := q.APIKeyAuthenticate(ctx, r.pool, hash[:]); err != nil {
+		return fmt.Errorf("authentication: %w", err)
+	}
+	return nil
+}
+
 // rawFirstOnce is the first-request path's SQL, exactly as the runner and
-// chargeOp issue it (TestRoundTrips pins the list): the replay read (a
-// miss), the claim's batch (the record, its ledger row) and the finishing
-// batch (the record's fenced finish, the ledger's outcome, the event), each
-// batch one round trip and one commit. The API key is served from the
-// authenticator's cache, as it is for a client sending a stream of
-// requests.
+// chargeOp issue it (TestRoundTrips pins the list): the API key's read,
+// the replay read (a miss), the claim's batch (the record, its ledger row)
+// and the finishing batch (the record's fenced finish, the ledger's
+// outcome, the event), each batch one round trip and one commit.
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
+	if err := r.rawAuthenticate(ctx, q, a); err != nil {
+		return charge{}, err
+	}
 	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 		Scope: a.id, Key: key, LockTimeoutSeconds: 60,
 	}); !errors.Is(err, pgx.ErrNoRows) {
@@ -105,14 +117,17 @@ func (r *runner) seedRaw(ctx context.Context, n int) {
 	}
 }
 
-// rawReplay is the replay path's SQL: the one indexed read of the finished
-// record (the API key comes from the authenticator's cache).
+// rawReplay is the replay path's SQL: the API key's read, then the one
+// indexed read of the finished record.
 func (r *runner) rawReplay(ctx context.Context) Result {
 	q := dbsqlc.New()
 	cs := r.kept(true)
 	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
 		a := r.accounts[c.acct]
+		if err := r.rawAuthenticate(ctx, q, a); err != nil {
+			return outcome{status: "error"}
+		}
 		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: a.id, Key: c.key, LockTimeoutSeconds: 60,
 		}); err != nil {

@@ -13,7 +13,7 @@ import (
 
 // BenchmarkReplay is the server's side of one replay of a charge: the
 // request through the whole handler stack (request log, authentication
-// from the cache, the front half, the replay read on the real database,
+// read from the real database, the front half, the replay read on it,
 // the stored response written), without the network. Its allocs/op is what
 // a replay costs the collector, the usual cause of the replay tail at half
 // of peak (BENCHMARKS.md, "The replay tail"):

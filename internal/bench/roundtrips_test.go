@@ -100,9 +100,10 @@ func statementName(sql string) string {
 // request, through the real entry points on a pool of one traced
 // connection: each phase of the idempotency core is one round trip and one
 // commit (a batch), whatever the operation, and no operation has a path of
-// its own. The API key was authenticated by an earlier request, so it comes
-// from the authenticator's cache (accounts.Authenticator), as it does for a
-// client sending a stream of requests.
+// its own. Every request through the API first reads its API key and
+// account (APIKeyAuthenticate: one read, no lock, no write; nothing of it
+// is remembered between requests, I15); an order.paid message and a Stripe
+// event carry no API key.
 //
 //   - A charge (POST /v1/charges), and a message (an order.paid message is
 //     charges.Service.CreateCharge): the replay read (a miss, which is what
@@ -120,13 +121,15 @@ func statementName(sql string) string {
 //   - A capture or a cancel of an authorization: one read of the charge it
 //     checks, whose version guards the claim's batch marking the action
 //     pending; the finishing batch settles the charge and writes its event.
-//   - A replay: 1 statement, no transaction, no write: one read of the record
-//     by its unique (scope, key) index; here through a second server
+//   - A replay: 2 statements, no transaction, no write: the API key's read
+//     and one read of the record by its unique (scope, key) index; here
+//     through a second server
 //     process's worth of wiring on the same pool (another API process, or
 //     this one after its replay cache's TTL), since this one remembers the
 //     records it finished.
-//   - A replay of a record this process finished moments ago: no round trip
-//     at all, from its replay cache (idempotency.Config.ReplayCacheSize).
+//   - A replay of a record this process finished moments ago: the API key's
+//     read only; the record comes from the replay cache
+//     (idempotency.Config.ReplayCacheSize).
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -196,7 +199,7 @@ func TestRoundTrips(t *testing.T) {
 		authorized[i] = a.ID
 	}
 	post("/v1/charges", "warm", body)
-	if r := other.Post("/v1/charges", "warm", body); r.Status != http.StatusCreated { // and its API key cached
+	if r := other.Post("/v1/charges", "warm", body); r.Status != http.StatusCreated {
 		t.Fatalf("replay of warm through the other server: status %d (body %s)", r.Status, r.Body)
 	}
 	post("/v1/refunds", "warm-refund", map[string]any{"charge": charge.ID, "amount": 1})
@@ -213,6 +216,7 @@ func TestRoundTrips(t *testing.T) {
 		want []string
 	}{
 		{"charge", func() { post("/v1/charges", "first", body) }, []string{
+			"APIKeyAuthenticate",
 			"IdempotencyKeyGetByScopeKey",
 			"[select IdempotencyKeyInsert ChargeInsert select]",
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
@@ -227,6 +231,7 @@ func TestRoundTrips(t *testing.T) {
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
 		}},
 		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
+			"APIKeyAuthenticate",
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetForRefund",
 			"[select IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
@@ -240,12 +245,14 @@ func TestRoundTrips(t *testing.T) {
 			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
 		}},
 		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
+			"APIKeyAuthenticate",
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetByID",
 			"[select IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
+			"APIKeyAuthenticate",
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetByID",
 			"[select IdempotencyKeyInsert ChargeBeginPending select]",
@@ -255,12 +262,12 @@ func TestRoundTrips(t *testing.T) {
 			if r := other.Post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
 			}
-		}, []string{"IdempotencyKeyGetByScopeKey"}},
+		}, []string{"APIKeyAuthenticate", "IdempotencyKeyGetByScopeKey"}},
 		{"replay from the replay cache", func() {
 			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
 			}
-		}, nil},
+		}, []string{"APIKeyAuthenticate"}},
 	} {
 		got, prepares := tr.record(tc.run)
 		if !slices.Equal(got, tc.want) || prepares != 0 {

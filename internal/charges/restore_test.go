@@ -132,9 +132,9 @@ func (d *restorableDB) exec(sql string, args ...any) {
 
 func (d *restorableDB) backup() string { return pgx.Identifier{d.name + "_backup"}.Sanitize() }
 
-// snapshot copies the database. Close the pools on it first; connections
-// that outlive their pool (an API's revocation listener, until its test
-// ends) are ended here, as a copy needs a database nobody is connected to.
+// snapshot copies the database. Close the pools on it first; any
+// connection left is ended here, as a copy needs a database nobody is
+// connected to.
 func (d *restorableDB) snapshot() {
 	d.t.Helper()
 	d.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", d.name)

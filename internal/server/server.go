@@ -41,8 +41,7 @@ type Deps struct {
 	Webhooks *webhookshttp.Handler
 	// Keys serves /v1/api_keys.
 	Keys *accounts.KeysAPI
-	// Auth authenticates API keys (with its invalidation listener running,
-	// so that a revoked key is refused at once).
+	// Auth authenticates API keys, reading each from the database.
 	Auth *accounts.Authenticator
 }
 

@@ -23,10 +23,18 @@ const contextKey = "idempay.account"
 
 // Middleware authenticates "Authorization: Bearer <key>" with a and stores
 // the account for FromContext. A missing, unknown or revoked key is a 401
-// problem, and such a request never reaches the idempotency layer.
+// problem, and such a request never reaches the idempotency layer. So is,
+// as a 400, a request with more than one Authorization header: a proxy
+// that reads another of them than this server would disagree about the
+// account.
 func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
+			lines := c.Request().Header.Values(echo.HeaderAuthorization)
+			if len(lines) > 1 {
+				return apierror.New(apierror.MalformedRequest,
+					fmt.Sprintf("Send one Authorization header; this request has %d.", len(lines)))
+			}
 			auth := c.Request().Header.Get(echo.HeaderAuthorization)
 			scheme, key, ok := strings.Cut(auth, " ")
 			if !ok || !strings.EqualFold(scheme, "Bearer") || !strings.HasPrefix(key, accounts.KeyPrefix) || len(key) > 200 {

@@ -162,7 +162,7 @@ func TestRolloutModes(t *testing.T) {
 	}
 
 	// Back to required: the account's next request is refused without a
-	// key (the mode change reaches the auth cache at once).
+	// key (every request reads the mode with its API key).
 	if err := accounts.SetMode(ctx, env.Pool, optional.Account.ID, accounts.ModeRequired); err != nil {
 		t.Fatal(err)
 	}
