@@ -39,6 +39,9 @@ const (
 	IdempotencyKeyInvalid Type = "idempotency-key-invalid"
 	IdempotencyKeyReused  Type = "idempotency-key-reused"
 	RequestInProgress     Type = "request-in-progress"
+	// IdempotencyKeyParked: the key's record was unfinished at the retry
+	// ceiling and is parked; Stripe's events and reconciliation settle it.
+	IdempotencyKeyParked Type = "idempotency-key-parked"
 	InvalidJSON           Type = "invalid-json"
 	InvalidRequest        Type = "invalid-request"
 	MalformedRequest      Type = "malformed-request"
@@ -73,6 +76,7 @@ var statusOf = map[Type]int{
 	IdempotencyKeyInvalid:       http.StatusBadRequest,
 	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
 	RequestInProgress:           http.StatusConflict,
+	IdempotencyKeyParked:        http.StatusConflict,
 	InvalidJSON:                 http.StatusBadRequest,
 	InvalidRequest:              http.StatusBadRequest,
 	MalformedRequest:            http.StatusBadRequest,
@@ -104,6 +108,7 @@ var titleOf = map[Type]string{
 	IdempotencyKeyInvalid:       "Idempotency-Key header is malformed",
 	IdempotencyKeyReused:        "Idempotency-Key was used with a different request",
 	RequestInProgress:           "A request with this Idempotency-Key is in progress",
+	IdempotencyKeyParked:        "The request with this Idempotency-Key is parked until Stripe's events settle it",
 	InvalidJSON:                 "Request body is not valid JSON",
 	InvalidRequest:              "Request parameters are invalid",
 	MalformedRequest:            "The request is malformed",
@@ -148,6 +153,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	RequestInProgress: {
 		"Another request with this Idempotency-Key is being processed right now (a concurrent retry, or an earlier attempt whose server crashed and whose lock has not expired yet). Nothing changed.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body: the retry gets the first request's answer."},
+	IdempotencyKeyParked: {
+		"The first request with this Idempotency-Key got no definite answer from Stripe (an unknown outcome, a crash), and it was still unfinished at the retry ceiling (IDEMPOTENCY_RETRY_CEILING, 12 hours by default, from its creation). Stripe forgets a request's idempotency key after 24 hours, and a call under a forgotten key would run as a new payment, so idempay no longer calls Stripe for it: it is parked, and Stripe's events and reconciliation settle it from what Stripe holds. Nothing changed, and this answer is not stored: once the request is settled, a retry with the key gets its stored outcome.",
+		"Do not send the payment again under a new key yet: it may have succeeded. Read the key's state (GET /v1/idempotency_keys/{key}) or the charge until it is finished, then retry with the same key to get the outcome."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},

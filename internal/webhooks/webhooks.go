@@ -91,13 +91,15 @@ type Receiver struct {
 }
 
 // New returns the receiver and registers its operation with the runner, so
-// that the completer applies an event whose processing was interrupted.
+// that the completer applies an event whose processing was interrupted. The
+// operation calls no one outside (RegisterLocal): its records are retried at
+// any age, never parked.
 func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, cfg Config, log *slog.Logger) *Receiver {
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = DefaultTolerance
 	}
 	h := &Receiver{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
-	runner.Register(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
+	runner.RegisterLocal(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
 	return h
 }
 
