@@ -106,7 +106,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.webhookEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "events_total",
-		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
+		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), failed (an object that cannot be applied: recorded, acknowledged, not retried), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
 	}, []string{"type", "outcome"})
 	m.webhookLag = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "processing_lag_seconds",
