@@ -15,7 +15,7 @@
 // and each entry point maps them onto its own protocol (package idemhttp for
 // HTTP). It knows nothing about charges either: an Operation supplies the
 // ledger writes and the downstream call. The invariants cited as I1..I14
-// are listed in docs/invariants.md.
+// and I16 are listed in docs/invariants.md.
 package idempotency
 
 import (
