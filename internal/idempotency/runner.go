@@ -636,6 +636,7 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 //	                   definite answer: ledger + response, one batch -> finished
 //	                   unknown answer:  attempt recorded, lock freed -> downstream_called
 //	downstream_called  (a retry or the completer took it over) as started
+//	parked             never taken over, never driven: only Settle finishes it (ceiling.go)
 //	finished           the stored response is the answer
 func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
