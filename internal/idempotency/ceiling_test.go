@@ -50,7 +50,7 @@ func TestCompleterParksPastCeiling(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := r.Run(ctx, request(d.AccountID, "k"), op)
-	requireKind(t, err, idempotency.ErrUnknownOutcome)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	// Under the ceiling the completer retries it.
 	clock.Advance(2 * time.Second)
 	if _, err := r.CompleteDue(ctx); err != nil {
@@ -93,8 +93,8 @@ func TestCompleterParksPastCeiling(t *testing.T) {
 		t.Fatalf("CompleteDue on a parked record: %d, %v; want 0", n, err)
 	}
 	_, err = r.Run(ctx, request(d.AccountID, "k"), op)
-	requireKind(t, err, idempotency.ErrParked)
-	requireKind(t, r.Resume(ctx, rec.ID), idempotency.ErrParked)
+	_ = requireKind(t, err, idempotency.ErrParked)
+	_ = requireKind(t, r.Resume(ctx, rec.ID), idempotency.ErrParked)
 	if got, err := r.Peek(ctx, request(d.AccountID, "k")); err != nil || got != idempotency.OutcomeParked {
 		t.Errorf("Peek of a parked record: %q, %v; want %q", got, err, idempotency.OutcomeParked)
 	}
@@ -119,13 +119,13 @@ func TestRetryPastCeilingParks(t *testing.T) {
 	ctx := context.Background()
 	for _, key := range []string{"retried", "resumed"} {
 		_, err := r.Run(ctx, request(d.AccountID, key), op)
-		requireKind(t, err, idempotency.ErrUnknownOutcome)
+		_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	}
 	clock.Advance(cfg.RetryCeiling + time.Second)
 
 	_, err := r.Run(ctx, request(d.AccountID, "retried"), op)
-	requireKind(t, err, idempotency.ErrParked)
-	requireKind(t, r.Resume(ctx, readRecord(t, d.Pool, d.AccountID, "resumed").ID), idempotency.ErrParked)
+	_ = requireKind(t, err, idempotency.ErrParked)
+	_ = requireKind(t, r.Resume(ctx, readRecord(t, d.Pool, d.AccountID, "resumed").ID), idempotency.ErrParked)
 	for _, key := range []string{"retried", "resumed"} {
 		if rec := readRecord(t, d.Pool, d.AccountID, key); rec.RecoveryPoint != idempotency.PointParked {
 			t.Errorf("record %s after a retry past the ceiling: %q, want parked", key, rec.RecoveryPoint)
@@ -143,11 +143,11 @@ func TestRetryPastCeilingParks(t *testing.T) {
 	// parked once the owner let go.
 	release, result := stalledOwner(t, r, d, "in-flight")
 	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
-	requireKind(t, err, idempotency.ErrInFlight)
+	_ = requireKind(t, err, idempotency.ErrInFlight)
 	release(func(*idempotency.Record) idempotency.Step { return idempotency.Unknown(errors.New("timed out")) })
-	requireKind(t, awaitErr(t, result), idempotency.ErrUnknownOutcome)
+	_ = requireKind(t, awaitErr(t, result), idempotency.ErrUnknownOutcome)
 	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
-	requireKind(t, err, idempotency.ErrParked)
+	_ = requireKind(t, err, idempotency.ErrParked)
 }
 
 // TestParkDueIsBounded: the completer parks at most CompleterBatch records
@@ -158,7 +158,7 @@ func TestParkDueIsBounded(t *testing.T) {
 	ctx := context.Background()
 	for _, key := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"} {
 		_, err := r.Run(ctx, request(d.AccountID, key), op)
-		requireKind(t, err, idempotency.ErrUnknownOutcome)
+		_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	}
 	clock.Advance(cfg.RetryCeiling + time.Second)
 	for _, want := range []int{int(cfg.CompleterBatch), 12 - int(cfg.CompleterBatch), 0} {
@@ -187,7 +187,7 @@ func TestLocalRecordsAreNeverParked(t *testing.T) {
 	}, true)
 	ctx := context.Background()
 	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
-	requireKind(t, err, idempotency.ErrUnknownOutcome)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	clock.Advance(cfg.RetryCeiling + time.Hour)
 	if n, err := r.CompleteDue(ctx); err != nil || n != 1 {
 		t.Fatalf("CompleteDue of a local record past the ceiling: %d, %v; want 1 finished", n, err)
