@@ -151,7 +151,9 @@ type IdempotencyKey struct {
 	Key           string `json:"key"`
 	RequestMethod string `json:"request_method"`
 	RequestRoute  string `json:"request_route"`
-	// RecoveryPoint is started, downstream_called or finished.
+	// RecoveryPoint is started, downstream_called, parked (unfinished at the
+	// server's retry ceiling: settled by Stripe's events and reconciliation,
+	// never retried) or finished.
 	RecoveryPoint string `json:"recovery_point"`
 	// LockGeneration is 1 for the first owner, plus one per takeover.
 	LockGeneration int64      `json:"lock_generation"`

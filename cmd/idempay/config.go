@@ -100,6 +100,7 @@ func loadConfig() (Config, error) {
 	idem.LockTimeout = e.dur("IDEMPOTENCY_LOCK_TIMEOUT", idem.LockTimeout)
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
+	idem.RetryCeiling = e.dur("IDEMPOTENCY_RETRY_CEILING", idem.RetryCeiling)
 	idem.AsyncClaim = e.bool("IDEMPOTENCY_ASYNC_CLAIM", idem.AsyncClaim)
 	idem.ReplayCacheSize = e.int("IDEMPOTENCY_REPLAY_CACHE_SIZE", idem.ReplayCacheSize)
 	idem.ReplayCacheTTL = e.dur("IDEMPOTENCY_REPLAY_CACHE_TTL", idem.ReplayCacheTTL)
@@ -114,6 +115,13 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("STRIPE_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LOCK_TIMEOUT (%s), or healthy requests would be taken over",
 			cfg.StripeTimeout, cfg.Idempotency.LockTimeout))
 	}
+	// Stripe may remove an idempotency key once it is 24 hours old (I16);
+	// a ceiling within a lock timeout would park records that were never
+	// retried.
+	if cfg.Idempotency.RetryCeiling >= stripeKeyMemory || cfg.Idempotency.RetryCeiling <= cfg.Idempotency.LockTimeout {
+		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETRY_CEILING (%s) must be longer than IDEMPOTENCY_LOCK_TIMEOUT (%s) and shorter than %s, how long Stripe is sure to keep an idempotency key",
+			cfg.Idempotency.RetryCeiling, cfg.Idempotency.LockTimeout, stripeKeyMemory))
+	}
 	if cfg.Orders.AckWait <= cfg.StripeTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s), or a message is redelivered while its charge runs",
 			cfg.Orders.AckWait, cfg.StripeTimeout))
@@ -126,6 +134,10 @@ func loadConfig() (Config, error) {
 	}
 	return cfg, nil
 }
+
+// stripeKeyMemory is how long Stripe is sure to keep an idempotency key:
+// it documents that keys may be removed once they are at least 24 hours old.
+const stripeKeyMemory = 24 * time.Hour
 
 // requireStripe is checked only by the commands that call Stripe.
 func (c Config) requireStripe() error {

@@ -13,39 +13,43 @@ INSERT INTO idempotency_keys (
 );
 
 -- name: IdempotencyKeyTakeover :one
--- Takes over a resumable record (unfinished, its lock free or older than the
--- lock timeout) at the generation the read saw, with a new generation, so
--- that the old owner's late writes are fenced. No row: the record changed
--- since the read; the runner reads it again.
+-- Takes over a resumable record (started or downstream_called, its lock free
+-- or older than the lock timeout) at the generation the read saw, with a new
+-- generation, so that the old owner's late writes are fenced. No row: the
+-- record changed since the read; the runner reads it again.
 UPDATE idempotency_keys
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = lock_generation + 1,
     updated_at = now()
 WHERE id = @id
   AND lock_generation = @lock_generation
-  AND recovery_point <> 'finished'
+  AND recovery_point IN ('started', 'downstream_called')
   AND (locked_at IS NULL
        OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
 RETURNING *;
 
 -- name: IdempotencyKeyGetByScopeKey :one
 -- The read before a claim, and the whole of a replay: only the columns that
--- tell replay, mismatch, in flight and resumable apart, and the stored
--- response. Whether the lock is fresh is decided here, by the database's
+-- tell replay, mismatch, in flight, parked and resumable apart, and the
+-- stored response. Whether the lock is fresh, and whether the record is
+-- older than the retry ceiling (I16), is decided here, by the database's
 -- clock (or the test's, through now), the one clock of lock expiry.
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
         AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       (created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8))::boolean AS past_ceiling,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
 -- name: IdempotencyKeyGetByID :one
 -- The read before Runner.Resume: what tells a finished record, one in
--- flight (its lock fresh, by the same clock as the claim's read) and a
--- resumable one apart, and the route that says which operation resumes it.
+-- flight (its lock fresh, by the same clock as the claim's read), a parked
+-- one (or one past the retry ceiling) and a resumable one apart, and the
+-- route that says which operation resumes it.
 SELECT id, request_method, request_route, recovery_point, lock_generation,
        (locked_at IS NOT NULL
-        AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh
+        AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       (created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8))::boolean AS past_ceiling
 FROM idempotency_keys WHERE id = @id;
 
 -- name: IdempotencyKeyFinish :exec
@@ -87,27 +91,74 @@ WHERE id = @id
   AND recovery_point <> 'finished';
 
 -- name: IdempotencyKeyClaimExpired :many
--- The completer's claim: unfinished records that are due and whose lock is
+-- The completer's claim: resumable records that are due and whose lock is
 -- free or expired, taken over with a new generation. SKIP LOCKED lets several
 -- server processes run completers at once without waiting on each other.
 -- Only records of routes this process can resume are taken, so a process
--- that lacks an operation (an older version mid-deploy) never fences others.
+-- that lacks an operation (an older version mid-deploy) never fences others;
+-- and a record of a route under the retry ceiling (ceiling_routes) is not
+-- taken once it is older than the ceiling: IdempotencyKeyParkExpired parks it
+-- instead (I16).
 UPDATE idempotency_keys
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = lock_generation + 1,
     updated_at = now()
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
-    WHERE ik.recovery_point <> 'finished'
+    WHERE ik.recovery_point IN ('started', 'downstream_called')
       AND ik.next_attempt_at <= coalesce(sqlc.narg(now)::timestamptz, now())
       AND (ik.request_method || ' ' || ik.request_route) = ANY (@routes::text[])
+      AND (ik.locked_at IS NULL
+           OR ik.locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
+      AND (ik.created_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8)
+           OR NOT (ik.request_method || ' ' || ik.request_route) = ANY (@ceiling_routes::text[]))
+    ORDER BY ik.next_attempt_at
+    LIMIT @max_records
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING *;
+
+-- name: IdempotencyKeyParkExpired :many
+-- One bounded batch of the completer's parking (I16): resumable records of
+-- the routes under the ceiling that are older than the ceiling and whose lock
+-- is free or expired move to parked, with a new generation, so that an old
+-- owner that wakes up later is fenced. A parked record is never called
+-- downstream again; Stripe's events and reconciliation finish it
+-- (IdempotencyKeySettle). The scan is the completer's own index, which holds
+-- only the records it may resume: few, whatever the size of the table.
+UPDATE idempotency_keys
+SET recovery_point = 'parked',
+    locked_at = NULL,
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id IN (
+    SELECT ik.id FROM idempotency_keys ik
+    WHERE ik.recovery_point IN ('started', 'downstream_called')
+      AND ik.created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8)
+      AND (ik.request_method || ' ' || ik.request_route) = ANY (@ceiling_routes::text[])
       AND (ik.locked_at IS NULL
            OR ik.locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
     ORDER BY ik.next_attempt_at
     LIMIT @max_records
     FOR UPDATE SKIP LOCKED
 )
-RETURNING *;
+RETURNING id, request_method, request_route, attempts, created_at;
+
+-- name: IdempotencyKeyPark :execrows
+-- Parks one record past the retry ceiling that a client's retry (or
+-- Runner.Resume) found, at the generation the read saw, as
+-- IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
+-- the read (finished, parked or taken); the runner reads it again.
+UPDATE idempotency_keys
+SET recovery_point = 'parked',
+    locked_at = NULL,
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id = @id
+  AND lock_generation = @lock_generation
+  AND recovery_point IN ('started', 'downstream_called')
+  AND (locked_at IS NULL
+       OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8));
 
 -- name: IdempotencyKeyDeleteFinishedBefore :execrows
 -- One bounded retention batch: finished records created before the cutoff,
@@ -141,10 +192,11 @@ WHERE ik.scope = @scope AND ik.key = @key;
 
 -- name: IdempotencyKeySettle :exec
 -- Finishes a record from outside its own lifecycle, inside the caller's
--- batch (a webhook that learns the outcome of a charge whose finishing
--- commit never happened). It takes the record over (generation + 1), so a
--- stale owner that wakes up later is fenced, and it matches no row when the
--- record is already finished.
+-- batch (a webhook, or reconciliation, that learns the outcome of a charge
+-- whose finishing commit never happened): the one way a parked record
+-- finishes. It takes the record over (generation + 1), so a stale owner that
+-- wakes up later is fenced, and it matches no row when the record is already
+-- finished.
 UPDATE idempotency_keys
 SET recovery_point = 'finished',
     response_status = @response_status,

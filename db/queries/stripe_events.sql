@@ -14,10 +14,11 @@ SELECT * FROM stripe_events WHERE id = @id;
 
 -- name: StripeEventMarkProcessed :exec
 -- The event's once-only guard, in the batch that changes the ledger: IDS01
--- when the event was processed since it was read.
+-- when the event was processed since it was read. last_error is NULL, or for
+-- the outcome failed the reason the event could not be applied.
 WITH e AS (
     UPDATE stripe_events
-    SET processed_at = now(), outcome = @outcome, attempts = attempts + 1, last_error = NULL
+    SET processed_at = now(), outcome = @outcome, attempts = attempts + 1, last_error = sqlc.narg(last_error)
     WHERE id = @id AND processed_at IS NULL
     RETURNING 1
 )

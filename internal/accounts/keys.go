@@ -39,10 +39,11 @@ type KeysAPI struct {
 
 // NewKeysAPI returns the API and registers its operations with the runner,
 // so that the completer finishes a creation or revocation that crashed.
+// They call no one outside (RegisterLocal): their records are never parked.
 func NewKeysAPI(pool *pgxpool.Pool, runner *idempotency.Runner) *KeysAPI {
 	k := &KeysAPI{pool: pool, q: dbsqlc.New(), runner: runner}
-	runner.Register(http.MethodPost, RouteKeys, func() idempotency.Operation { return &createKeyOp{k: k} })
-	runner.Register(http.MethodDelete, RouteKey, func() idempotency.Operation { return &revokeKeyOp{k: k} })
+	runner.RegisterLocal(http.MethodPost, RouteKeys, func() idempotency.Operation { return &createKeyOp{k: k} })
+	runner.RegisterLocal(http.MethodDelete, RouteKey, func() idempotency.Operation { return &revokeKeyOp{k: k} })
 	return k
 }
 

@@ -60,8 +60,11 @@ const (
 	// DownstreamKeyConflict: Stripe holds the request's downstream key
 	// with other parameters (idempotency_error); final and stored.
 	DownstreamKeyConflict Type = "downstream-key-conflict"
-	ServiceUnavailable    Type = "service-unavailable"
-	Internal              Type = "internal-error"
+	// IdempotencyKeyParked: the key's record was unfinished at the retry
+	// ceiling and is parked; Stripe's events and reconciliation settle it.
+	IdempotencyKeyParked Type = "idempotency-key-parked"
+	ServiceUnavailable   Type = "service-unavailable"
+	Internal             Type = "internal-error"
 	// The Stripe webhook endpoint's own refusals.
 	WebhookSignatureInvalid Type = "webhook-signature-invalid"
 	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
@@ -73,6 +76,7 @@ var statusOf = map[Type]int{
 	IdempotencyKeyInvalid:       http.StatusBadRequest,
 	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
 	RequestInProgress:           http.StatusConflict,
+	IdempotencyKeyParked:        http.StatusConflict,
 	InvalidJSON:                 http.StatusBadRequest,
 	InvalidRequest:              http.StatusBadRequest,
 	MalformedRequest:            http.StatusBadRequest,
@@ -104,6 +108,7 @@ var titleOf = map[Type]string{
 	IdempotencyKeyInvalid:       "Idempotency-Key header is malformed",
 	IdempotencyKeyReused:        "Idempotency-Key was used with a different request",
 	RequestInProgress:           "A request with this Idempotency-Key is in progress",
+	IdempotencyKeyParked:        "The request with this Idempotency-Key is parked until Stripe's events settle it",
 	InvalidJSON:                 "Request body is not valid JSON",
 	InvalidRequest:              "Request parameters are invalid",
 	MalformedRequest:            "The request is malformed",
@@ -148,6 +153,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	RequestInProgress: {
 		"Another request with this Idempotency-Key is being processed right now (a concurrent retry, or an earlier attempt whose server crashed and whose lock has not expired yet). Nothing changed.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body: the retry gets the first request's answer."},
+	IdempotencyKeyParked: {
+		"The first request with this Idempotency-Key got no definite answer from Stripe (an unknown outcome, a crash), and it was still unfinished at the retry ceiling (IDEMPOTENCY_RETRY_CEILING, 12 hours by default, from its creation). Stripe may forget a request's idempotency key once it is 24 hours old, and a call under a forgotten key would run as a new payment, so idempay no longer calls Stripe for it: it is parked, and Stripe's events and reconciliation settle it from what Stripe holds. Nothing changed, and this answer is not stored: once the request is settled, a retry with the key gets its stored outcome.",
+		"Do not send the payment again under a new key yet: it may have succeeded. Read the key's state (GET /v1/idempotency_keys/{key}) or the charge until it is finished, then retry with the same key to get the outcome."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},

@@ -44,6 +44,9 @@ type Options struct {
 	// Retention, when set, replaces the published window, with no grace,
 	// for tests of the retention job.
 	Retention time.Duration
+	// Now, when set, is the runner's clock (idempotency.Config.Now): a test
+	// moves it past a lock timeout or the retry ceiling instead of sleeping.
+	Now func() time.Time
 	// StripeTimeout bounds each Stripe call (default 5 s).
 	StripeTimeout time.Duration
 	// StripeURL points at another Stripe (stripe-mock); empty starts a fake.
@@ -106,6 +109,7 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.NoReplayCache {
 		cfg.ReplayCacheSize = 0
 	}
+	cfg.Now = opts.Now
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 5 * time.Second
 	}

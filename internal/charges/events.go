@@ -32,7 +32,17 @@ const (
 	// created (or of a charge it does not know); recorded and flagged, not
 	// applied.
 	EventUnknownObject EventOutcome = "unknown_object"
+	// EventFailed: the event's object cannot be applied (ErrEventUnappliable);
+	// recorded with the reason, acknowledged, never retried.
+	EventFailed EventOutcome = "failed"
 )
+
+// ErrEventUnappliable is ApplyEvent's answer to an event whose object does
+// not decode as the object its type names (a non-integer amount, a field of
+// another type or shape). Stripe controls that input and would send the
+// same bytes again, so no retry can apply it: the caller records the event
+// as failed (EventFailed) instead of leaving it to be retried.
+var ErrEventUnappliable = errors.New("the event's object cannot be applied")
 
 // HandledEventTypes are the Stripe event types that move the ledger. Others
 // are recorded and acknowledged.
@@ -56,6 +66,8 @@ var HandledEventTypes = []string{
 // object, never added. When the event is about a charge or refund whose
 // idempotency record is unfinished (its server died after Stripe answered),
 // the record is finished too, with the response a retry would have stored.
+// An object that does not decode is ErrEventUnappliable, returned before
+// anything is queued into b.
 func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stripe.Event) (EventOutcome, error) {
 	at := time.Unix(ev.Created, 0)
 	switch ev.Type {
@@ -63,30 +75,36 @@ func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stri
 		"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing":
 		var pi stripe.PaymentIntent
 		if err := json.Unmarshal(ev.Data.Raw, &pi); err != nil {
-			return "", fmt.Errorf("decoding the payment intent of event %s: %w", ev.ID, err)
+			return "", unappliable(ev, "payment intent", err)
 		}
 		return s.applyIntentEvent(ctx, b, string(ev.Type), &pi, at)
 	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
 		var sc stripe.Charge
 		if err := json.Unmarshal(ev.Data.Raw, &sc); err != nil {
-			return "", fmt.Errorf("decoding the charge of event %s: %w", ev.ID, err)
+			return "", unappliable(ev, "charge", err)
 		}
 		return s.applyCharge(ctx, b, string(ev.Type), &sc, at)
 	case "charge.refund.updated", "refund.updated":
 		var sr stripe.Refund
 		if err := json.Unmarshal(ev.Data.Raw, &sr); err != nil {
-			return "", fmt.Errorf("decoding the refund of event %s: %w", ev.ID, err)
+			return "", unappliable(ev, "refund", err)
 		}
 		return s.applyRefund(ctx, b, &sr, at)
 	case "charge.dispute.created", "charge.dispute.closed":
 		var sd stripe.Dispute
 		if err := json.Unmarshal(ev.Data.Raw, &sd); err != nil {
-			return "", fmt.Errorf("decoding the dispute of event %s: %w", ev.ID, err)
+			return "", unappliable(ev, "dispute", err)
 		}
 		return s.applyDispute(ctx, b, &sd, at)
 	default:
 		return EventIgnored, nil
 	}
+}
+
+// unappliable is ErrEventUnappliable for ev, whose object did not decode as
+// a Stripe object (what).
+func unappliable(ev *stripe.Event, what string, err error) error {
+	return fmt.Errorf("%w: decoding the %s of event %s: %v", ErrEventUnappliable, what, ev.ID, err) //nolint:errorlint // the decoding error is the reason, not for callers to match
 }
 
 // chargeRank orders a charge's states; a state only gives way to a higher

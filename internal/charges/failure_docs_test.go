@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -447,6 +449,16 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			} else {
 				resp.Body.Close()
 			}
+			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", valid) })
+		}},
+		{http.StatusConflict, "idempotency-key-parked", func(t *testing.T) (*apitest.Response, *apitest.Response) {
+			var clock atomic.Int64 // the runner's clock, moved past the retry ceiling
+			clock.Store(time.Now().UnixNano())
+			env := apitest.New(t, apitest.Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }}) // the clock is for every request
+			c, key := env.NewClient(t), apitest.NewKey()
+			env.Stripe.FailNext(stripefake.Fail500, 1)
+			wantStatus(t, post(c, "/v1/charges", key, "application/json", valid), http.StatusServiceUnavailable)
+			clock.Add(int64(idempotency.DefaultConfig().RetryCeiling + time.Minute))
 			return twice(func() *apitest.Response { return post(c, "/v1/charges", key, "application/json", valid) })
 		}},
 		{http.StatusServiceUnavailable, "downstream-unavailable", func(t *testing.T) (*apitest.Response, *apitest.Response) {

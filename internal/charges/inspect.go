@@ -24,7 +24,9 @@ type IdempotencyKey struct {
 	Key           string `json:"key"`
 	RequestMethod string `json:"request_method"`
 	RequestRoute  string `json:"request_route"`
-	// RecoveryPoint is started, downstream_called or finished.
+	// RecoveryPoint is started, downstream_called, parked (unfinished at
+	// the retry ceiling: never called downstream again, left to Stripe's
+	// events and reconciliation) or finished.
 	RecoveryPoint string `json:"recovery_point"`
 	// LockGeneration counts the owners the record has had (1 + takeovers).
 	LockGeneration int64 `json:"lock_generation"`
@@ -34,7 +36,7 @@ type IdempotencyKey struct {
 	Attempts  int32   `json:"attempts"`
 	LastError *string `json:"last_error"`
 	// NextAttemptAt is when the completer may resume the record; null once
-	// it is finished.
+	// it is finished or parked.
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	ResponseStatus *int32     `json:"response_status"`
 	// DownstreamKey is the Idempotency-Key sent to Stripe for this record,
@@ -77,7 +79,7 @@ func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
 	if out.Charge == nil {
 		out.Charge = row.RefundChargeID
 	}
-	if row.RecoveryPoint != idempotency.PointFinished {
+	if row.RecoveryPoint != idempotency.PointFinished && row.RecoveryPoint != idempotency.PointParked {
 		out.NextAttemptAt = utc(&row.NextAttemptAt)
 	}
 	return out

@@ -169,8 +169,9 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 // downstream key, and Stripe replays rather than authorizing again. Its
 // refusals store nothing (Begin has queued nothing yet), so a retry of
 // the capture with the same key tries again: a record whose owner is
-// alive is 409 with Retry-After, and a Stripe that still gives no
-// definite answer is 503 with Retry-After.
+// alive is 409 with Retry-After, a Stripe that still gives no definite
+// answer is 503 with Retry-After, and a request parked past the retry
+// ceiling is 409 without (Stripe's events and reconciliation settle it).
 func (op *pendingOp) resolve(ctx context.Context, ch dbsqlc.Charge) error {
 	err := op.s.runner.Resume(ctx, *ch.IdempotencyKeyID)
 	switch {
@@ -180,6 +181,9 @@ func (op *pendingOp) resolve(ctx context.Context, ch dbsqlc.Charge) error {
 		pe := op.notAllowed("The authorization of charge %s is being settled by its own request right now; retry shortly.", ch.ID)
 		pe.RetryAfter = 1
 		return pe
+	case errors.Is(err, idempotency.ErrParked):
+		return op.notAllowed("The authorization of charge %s got no definite answer from Stripe before the retry ceiling, "+
+			"and its request is parked: Stripe's events and reconciliation settle it. Read the charge until it leaves processing.", ch.ID)
 	case errors.Is(err, idempotency.ErrUnknownOutcome):
 		return &idempotency.Error{Kind: idempotency.ErrUnknownOutcome, Cause: err, Detail: fmt.Sprintf(
 			"Stripe has not given a definite answer to the authorization of charge %s yet. "+

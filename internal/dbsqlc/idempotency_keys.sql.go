@@ -17,35 +17,44 @@ SET locked_at = coalesce($1::timestamptz, now()),
     updated_at = now()
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
-    WHERE ik.recovery_point <> 'finished'
+    WHERE ik.recovery_point IN ('started', 'downstream_called')
       AND ik.next_attempt_at <= coalesce($1::timestamptz, now())
       AND (ik.request_method || ' ' || ik.request_route) = ANY ($2::text[])
       AND (ik.locked_at IS NULL
            OR ik.locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))
+      AND (ik.created_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8)
+           OR NOT (ik.request_method || ' ' || ik.request_route) = ANY ($5::text[]))
     ORDER BY ik.next_attempt_at
-    LIMIT $4
+    LIMIT $6
     FOR UPDATE SKIP LOCKED
 )
 RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
-	Now                *time.Time
-	Routes             []string
-	LockTimeoutSeconds float64
-	MaxRecords         int32
+	Now                 *time.Time
+	Routes              []string
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	CeilingRoutes       []string
+	MaxRecords          int32
 }
 
-// The completer's claim: unfinished records that are due and whose lock is
+// The completer's claim: resumable records that are due and whose lock is
 // free or expired, taken over with a new generation. SKIP LOCKED lets several
 // server processes run completers at once without waiting on each other.
 // Only records of routes this process can resume are taken, so a process
-// that lacks an operation (an older version mid-deploy) never fences others.
+// that lacks an operation (an older version mid-deploy) never fences others;
+// and a record of a route under the retry ceiling (ceiling_routes) is not
+// taken once it is older than the ceiling: IdempotencyKeyParkExpired parks it
+// instead (I16).
 func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *IdempotencyKeyClaimExpiredParams) ([]IdempotencyKey, error) {
 	rows, err := db.Query(ctx, idempotencyKeyClaimExpired,
 		arg.Now,
 		arg.Routes,
 		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
+		arg.CeilingRoutes,
 		arg.MaxRecords,
 	)
 	if err != nil {
@@ -157,14 +166,16 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
 SELECT id, request_method, request_route, recovery_point, lock_generation,
        (locked_at IS NOT NULL
-        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh
-FROM idempotency_keys WHERE id = $3
+        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
+       (created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))::boolean AS past_ceiling
+FROM idempotency_keys WHERE id = $4
 `
 
 type IdempotencyKeyGetByIDParams struct {
-	Now                *time.Time
-	LockTimeoutSeconds float64
-	ID                 string
+	Now                 *time.Time
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	ID                  string
 }
 
 type IdempotencyKeyGetByIDRow struct {
@@ -174,13 +185,20 @@ type IdempotencyKeyGetByIDRow struct {
 	RecoveryPoint  string
 	LockGeneration int64
 	LockFresh      bool
+	PastCeiling    bool
 }
 
 // The read before Runner.Resume: what tells a finished record, one in
-// flight (its lock fresh, by the same clock as the claim's read) and a
-// resumable one apart, and the route that says which operation resumes it.
+// flight (its lock fresh, by the same clock as the claim's read), a parked
+// one (or one past the retry ceiling) and a resumable one apart, and the
+// route that says which operation resumes it.
 func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByIDParams) (IdempotencyKeyGetByIDRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByID, arg.Now, arg.LockTimeoutSeconds, arg.ID)
+	row := db.QueryRow(ctx, idempotencyKeyGetByID,
+		arg.Now,
+		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
+		arg.ID,
+	)
 	var i IdempotencyKeyGetByIDRow
 	err := row.Scan(
 		&i.ID,
@@ -189,6 +207,7 @@ func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, arg *Idemp
 		&i.RecoveryPoint,
 		&i.LockGeneration,
 		&i.LockFresh,
+		&i.PastCeiling,
 	)
 	return i, err
 }
@@ -197,15 +216,17 @@ const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
         AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
+       (created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))::boolean AS past_ceiling,
        response_status, response_headers, response_body
-FROM idempotency_keys WHERE scope = $3 AND key = $4
+FROM idempotency_keys WHERE scope = $4 AND key = $5
 `
 
 type IdempotencyKeyGetByScopeKeyParams struct {
-	Now                *time.Time
-	LockTimeoutSeconds float64
-	Scope              string
-	Key                string
+	Now                 *time.Time
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	Scope               string
+	Key                 string
 }
 
 type IdempotencyKeyGetByScopeKeyRow struct {
@@ -214,19 +235,22 @@ type IdempotencyKeyGetByScopeKeyRow struct {
 	RecoveryPoint      string
 	LockGeneration     int64
 	LockFresh          bool
+	PastCeiling        bool
 	ResponseStatus     *int32
 	ResponseHeaders    []byte
 	ResponseBody       []byte
 }
 
 // The read before a claim, and the whole of a replay: only the columns that
-// tell replay, mismatch, in flight and resumable apart, and the stored
-// response. Whether the lock is fresh is decided here, by the database's
+// tell replay, mismatch, in flight, parked and resumable apart, and the
+// stored response. Whether the lock is fresh, and whether the record is
+// older than the retry ceiling (I16), is decided here, by the database's
 // clock (or the test's, through now), the one clock of lock expiry.
 func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByScopeKeyParams) (IdempotencyKeyGetByScopeKeyRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyGetByScopeKey,
 		arg.Now,
 		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
 		arg.Scope,
 		arg.Key,
 	)
@@ -237,6 +261,7 @@ func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg 
 		&i.RecoveryPoint,
 		&i.LockGeneration,
 		&i.LockFresh,
+		&i.PastCeiling,
 		&i.ResponseStatus,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
@@ -352,6 +377,118 @@ func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *Idemp
 	return i, err
 }
 
+const idempotencyKeyPark = `-- name: IdempotencyKeyPark :execrows
+UPDATE idempotency_keys
+SET recovery_point = 'parked',
+    locked_at = NULL,
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id = $1
+  AND lock_generation = $2
+  AND recovery_point IN ('started', 'downstream_called')
+  AND (locked_at IS NULL
+       OR locked_at < coalesce($3::timestamptz, now()) - make_interval(secs => $4::float8))
+`
+
+type IdempotencyKeyParkParams struct {
+	ID                 string
+	LockGeneration     int64
+	Now                *time.Time
+	LockTimeoutSeconds float64
+}
+
+// Parks one record past the retry ceiling that a client's retry (or
+// Runner.Resume) found, at the generation the read saw, as
+// IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
+// the read (finished, parked or taken); the runner reads it again.
+func (q *Queries) IdempotencyKeyPark(ctx context.Context, db DBTX, arg *IdempotencyKeyParkParams) (int64, error) {
+	result, err := db.Exec(ctx, idempotencyKeyPark,
+		arg.ID,
+		arg.LockGeneration,
+		arg.Now,
+		arg.LockTimeoutSeconds,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const idempotencyKeyParkExpired = `-- name: IdempotencyKeyParkExpired :many
+UPDATE idempotency_keys
+SET recovery_point = 'parked',
+    locked_at = NULL,
+    lock_generation = lock_generation + 1,
+    updated_at = now()
+WHERE id IN (
+    SELECT ik.id FROM idempotency_keys ik
+    WHERE ik.recovery_point IN ('started', 'downstream_called')
+      AND ik.created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+      AND (ik.request_method || ' ' || ik.request_route) = ANY ($3::text[])
+      AND (ik.locked_at IS NULL
+           OR ik.locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
+    ORDER BY ik.next_attempt_at
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, request_method, request_route, attempts, created_at
+`
+
+type IdempotencyKeyParkExpiredParams struct {
+	Now                 *time.Time
+	RetryCeilingSeconds float64
+	CeilingRoutes       []string
+	LockTimeoutSeconds  float64
+	MaxRecords          int32
+}
+
+type IdempotencyKeyParkExpiredRow struct {
+	ID            string
+	RequestMethod string
+	RequestRoute  string
+	Attempts      int32
+	CreatedAt     time.Time
+}
+
+// One bounded batch of the completer's parking (I16): resumable records of
+// the routes under the ceiling that are older than the ceiling and whose lock
+// is free or expired move to parked, with a new generation, so that an old
+// owner that wakes up later is fenced. A parked record is never called
+// downstream again; Stripe's events and reconciliation finish it
+// (IdempotencyKeySettle). The scan is the completer's own index, which holds
+// only the records it may resume: few, whatever the size of the table.
+func (q *Queries) IdempotencyKeyParkExpired(ctx context.Context, db DBTX, arg *IdempotencyKeyParkExpiredParams) ([]IdempotencyKeyParkExpiredRow, error) {
+	rows, err := db.Query(ctx, idempotencyKeyParkExpired,
+		arg.Now,
+		arg.RetryCeilingSeconds,
+		arg.CeilingRoutes,
+		arg.LockTimeoutSeconds,
+		arg.MaxRecords,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []IdempotencyKeyParkExpiredRow
+	for rows.Next() {
+		var i IdempotencyKeyParkExpiredRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.RequestMethod,
+			&i.RequestRoute,
+			&i.Attempts,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 UPDATE idempotency_keys
 SET recovery_point = 'downstream_called',
@@ -415,10 +552,11 @@ type IdempotencyKeySettleParams struct {
 }
 
 // Finishes a record from outside its own lifecycle, inside the caller's
-// batch (a webhook that learns the outcome of a charge whose finishing
-// commit never happened). It takes the record over (generation + 1), so a
-// stale owner that wakes up later is fenced, and it matches no row when the
-// record is already finished.
+// batch (a webhook, or reconciliation, that learns the outcome of a charge
+// whose finishing commit never happened): the one way a parked record
+// finishes. It takes the record over (generation + 1), so a stale owner that
+// wakes up later is fenced, and it matches no row when the record is already
+// finished.
 func (q *Queries) IdempotencyKeySettle(ctx context.Context, db DBTX, arg *IdempotencyKeySettleParams) error {
 	_, err := db.Exec(ctx, idempotencyKeySettle,
 		arg.ResponseStatus,
@@ -436,7 +574,7 @@ SET locked_at = coalesce($1::timestamptz, now()),
     updated_at = now()
 WHERE id = $2
   AND lock_generation = $3
-  AND recovery_point <> 'finished'
+  AND recovery_point IN ('started', 'downstream_called')
   AND (locked_at IS NULL
        OR locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
 RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
@@ -449,10 +587,10 @@ type IdempotencyKeyTakeoverParams struct {
 	LockTimeoutSeconds float64
 }
 
-// Takes over a resumable record (unfinished, its lock free or older than the
-// lock timeout) at the generation the read saw, with a new generation, so
-// that the old owner's late writes are fenced. No row: the record changed
-// since the read; the runner reads it again.
+// Takes over a resumable record (started or downstream_called, its lock free
+// or older than the lock timeout) at the generation the read saw, with a new
+// generation, so that the old owner's late writes are fenced. No row: the
+// record changed since the read; the runner reads it again.
 func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, idempotencyKeyTakeover,
 		arg.Now,

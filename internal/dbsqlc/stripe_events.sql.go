@@ -93,22 +93,24 @@ func (q *Queries) StripeEventInsert(ctx context.Context, db DBTX, arg *StripeEve
 const stripeEventMarkProcessed = `-- name: StripeEventMarkProcessed :exec
 WITH e AS (
     UPDATE stripe_events
-    SET processed_at = now(), outcome = $1, attempts = attempts + 1, last_error = NULL
-    WHERE id = $2 AND processed_at IS NULL
+    SET processed_at = now(), outcome = $1, attempts = attempts + 1, last_error = $2
+    WHERE id = $3 AND processed_at IS NULL
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM e), 'IDS01', 'the event was processed since it was read')
 `
 
 type StripeEventMarkProcessedParams struct {
-	Outcome *string
-	ID      string
+	Outcome   *string
+	LastError *string
+	ID        string
 }
 
 // The event's once-only guard, in the batch that changes the ledger: IDS01
-// when the event was processed since it was read.
+// when the event was processed since it was read. last_error is NULL, or for
+// the outcome failed the reason the event could not be applied.
 func (q *Queries) StripeEventMarkProcessed(ctx context.Context, db DBTX, arg *StripeEventMarkProcessedParams) error {
-	_, err := db.Exec(ctx, stripeEventMarkProcessed, arg.Outcome, arg.ID)
+	_, err := db.Exec(ctx, stripeEventMarkProcessed, arg.Outcome, arg.LastError, arg.ID)
 	return err
 }
 

@@ -9,9 +9,10 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
-// CompleteDue runs one completer pass: it takes over the unfinished records
-// whose lock has expired (the owner crashed, or gave up after an unknown
-// outcome) and that are due, and drives each to completion with the same
+// CompleteDue runs one completer pass: it parks the records past the retry
+// ceiling (ParkDue), then takes over the unfinished records whose lock has
+// expired (the owner crashed, or gave up after an unknown outcome), that are
+// due and under the ceiling, and drives each to completion with the same
 // downstream key. It returns how many it finished. Several processes may run
 // it at once: the claim uses SKIP LOCKED and a new lock generation, so each
 // record has one owner.
@@ -19,15 +20,20 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 	if len(r.resumers) == 0 {
 		return 0, nil
 	}
+	if _, err := r.ParkDue(ctx); err != nil {
+		return 0, err
+	}
 	routes := make([]string, 0, len(r.resumers))
 	for route := range r.resumers {
 		routes = append(routes, route)
 	}
 	rows, err := r.q.IdempotencyKeyClaimExpired(ctx, r.pool, &dbsqlc.IdempotencyKeyClaimExpiredParams{
-		Routes:             routes,
-		LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-		MaxRecords:         r.cfg.CompleterBatch,
-		Now:                r.now(),
+		Routes:              routes,
+		LockTimeoutSeconds:  r.cfg.LockTimeout.Seconds(),
+		RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
+		CeilingRoutes:       r.ceilingRoutes(),
+		MaxRecords:          r.cfg.CompleterBatch,
+		Now:                 r.now(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claiming expired idempotency records: %w", err)
@@ -65,7 +71,8 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 
 // RunCompleter calls CompleteDue every interval until ctx is done.
 func (r *Runner) RunCompleter(ctx context.Context, interval time.Duration) {
-	r.log.InfoContext(ctx, "completer started", "interval", interval.String(), "lock_timeout", r.cfg.LockTimeout.String())
+	r.log.InfoContext(ctx, "completer started", "interval", interval.String(), "lock_timeout", r.cfg.LockTimeout.String(),
+		"retry_ceiling", r.cfg.RetryCeiling.String())
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

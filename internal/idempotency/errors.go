@@ -30,6 +30,11 @@ var (
 	// record is resumable: a retry with the same key, or the completer,
 	// calls downstream again with the same downstream key.
 	ErrUnknownOutcome = errors.New("downstream outcome unknown")
+	// ErrParked: the record was still unfinished at the retry ceiling and is
+	// parked (I16): it is never called downstream again, and Stripe's events
+	// and reconciliation settle it. Nothing changed; a retry gets the same
+	// answer until they do, and then the stored response.
+	ErrParked = errors.New("idempotency record parked past the retry ceiling")
 )
 
 // Error is one refusal or non-final outcome: Kind is one of the errors

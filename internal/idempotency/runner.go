@@ -3,7 +3,8 @@
 // a (scope, key) atomically, replays finished outcomes, refuses mismatched or
 // in-flight requests, and runs an Operation in atomic phases with recovery
 // points (started -> downstream_called -> finished), so that a retry, or the
-// background completer, resumes a request that crashed half way.
+// background completer, resumes a request that crashed half way, until the
+// retry ceiling: past it an unfinished record is parked (ceiling.go).
 //
 // Every operation takes the same path: each phase is one Batch, the core's
 // own statement (the claim, or the fenced finish) followed by the
@@ -14,7 +15,7 @@
 // and each entry point maps them onto its own protocol (package idemhttp for
 // HTTP). It knows nothing about charges either: an Operation supplies the
 // ledger writes and the downstream call. The invariants cited as I1..I14
-// are listed in docs/invariants.md.
+// and I16 are listed in docs/invariants.md.
 package idempotency
 
 import (
@@ -44,6 +45,11 @@ const (
 	// PointDownstreamCalled: a downstream call was made and its outcome is
 	// unknown; the record is unlocked and waits for a retry or the completer.
 	PointDownstreamCalled = "downstream_called"
+	// PointParked: the record was still unfinished at the retry ceiling
+	// (Config.RetryCeiling), past which Stripe may have forgotten its
+	// downstream key. It is never called downstream again; Stripe's events
+	// and reconciliation finish it (Settle). See ceiling.go.
+	PointParked = "parked"
 	// PointFinished: the ledger row is final and the response is stored.
 	PointFinished = "finished"
 )
@@ -68,6 +74,15 @@ type Config struct {
 	// MaxBackoff caps the completer's exponential backoff after unknown
 	// downstream outcomes.
 	MaxBackoff time.Duration
+	// RetryCeiling is how long after its creation an unfinished record may
+	// still be called downstream, by a retry or the completer (I16). Stripe
+	// documents that it may remove an idempotency key once the key is at
+	// least 24 hours old, and a call under a forgotten key runs as a new
+	// payment; the record's creation is no later than its first downstream
+	// call, so a ceiling well under 24 h keeps every call inside Stripe's
+	// memory. Past it the record is parked (ceiling.go). It must exceed
+	// LockTimeout and stay under 24 h.
+	RetryCeiling time.Duration
 	// FinishTimeout bounds the writes after the downstream call. They run
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
@@ -103,8 +118,16 @@ type Config struct {
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more, an asynchronous claim, and a replay cache of
-// 10,000 records for 10 s.
+// window kept for 1 h more, a 12 h retry ceiling, an asynchronous claim, and
+// a replay cache of 10,000 records for 10 s.
+//
+// The retry ceiling is half of Stripe's 24 hours. The margin covers what
+// makes a record's created_at later than its key's first use at Stripe or
+// Stripe's clock differ from the database's (a record re-created after a
+// restore, clock skew), and a call still in flight at the ceiling (at most
+// the lock timeout); and a downstream call that has had no definite answer
+// for 12 hours, tried every 5 minutes, is better settled by Stripe's events
+// and reconciliation than by a 145th attempt.
 func DefaultConfig() Config {
 	return Config{
 		LockTimeout:    60 * time.Second,
@@ -113,6 +136,7 @@ func DefaultConfig() Config {
 		RetentionBatch: 1000,
 		CompleterBatch: 10,
 		MaxBackoff:     5 * time.Minute,
+		RetryCeiling:   12 * time.Hour,
 		FinishTimeout:  10 * time.Second,
 		AsyncClaim:     true,
 		// About 1.5 KB an entry for a charge: some 15 MB at most.
@@ -276,6 +300,10 @@ const (
 	OutcomeFenced     Outcome = "fenced"
 	OutcomeRolledBack Outcome = "rejected"
 	OutcomeSettled    Outcome = "settled"
+	// OutcomeParked: a record was parked past the retry ceiling (counted
+	// once per record, by the process that parked it); from Peek, a retry
+	// would be refused as parked.
+	OutcomeParked Outcome = "parked"
 )
 
 // Runner runs operations through the idempotency lifecycle.
@@ -285,7 +313,10 @@ type Runner struct {
 	cfg      Config
 	log      *slog.Logger
 	resumers map[string]func() Operation
-	cache    *replayCache
+	// local holds the routes registered with RegisterLocal: their records
+	// are never parked.
+	local map[string]bool
+	cache *replayCache
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
 }
@@ -293,11 +324,14 @@ type Runner struct {
 // NewRunner returns a Runner over pool.
 func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{},
-		cache: newReplayCache(cfg.ReplayCacheSize, cfg.ReplayCacheTTL)}
+		local: map[string]bool{}, cache: newReplayCache(cfg.ReplayCacheSize, cfg.ReplayCacheTTL)}
 }
 
 // Register tells the completer how to resume records of one operation:
-// resume returns an Operation that Loads its state from the ledger.
+// resume returns an Operation that Loads its state from the ledger. The
+// operation calls downstream under a key the downstream forgets, so its
+// records are parked past the retry ceiling (RegisterLocal is for those
+// that call no one).
 func (r *Runner) Register(method, route string, resume func() Operation) {
 	r.resumers[method+" "+route] = resume
 }
@@ -337,8 +371,9 @@ func (r *Runner) observe(o Outcome) {
 }
 
 // Run executes op for req exactly once per (scope, key): it claims the key,
-// replays a finished response, refuses a mismatched (ErrMismatch) or
-// in-flight (ErrInFlight) request, or runs (or resumes) the operation. An
+// replays a finished response, refuses a mismatched (ErrMismatch),
+// in-flight (ErrInFlight) or parked (ErrParked) request, or runs (or
+// resumes) the operation. An
 // unknown downstream outcome is ErrUnknownOutcome; other errors are the
 // operation's own (from Begin or Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
@@ -392,6 +427,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 	for range maxAttempts {
 		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+			RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
 		})
 		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
 			rec, err := r.begin(ctx, req, op)
@@ -406,7 +442,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 		} else if err != nil {
 			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		}
-		switch judge(&row, req) {
+		switch judge(&row, req, r.bounded(req.Method, req.Route)) {
 		case OutcomeMismatch:
 			r.observe(OutcomeMismatch)
 			return nil, nil, errMismatch()
@@ -420,6 +456,14 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 		case OutcomeConflict:
 			r.observe(OutcomeConflict)
 			return nil, nil, refuse(ErrInFlight, "A request with this key is still being processed. Retry after a short delay.")
+		case OutcomeParked:
+			if parked, err := r.parkFound(ctx, row.ID, row.RecoveryPoint, row.LockGeneration); err != nil || !parked {
+				if err != nil {
+					return nil, nil, err
+				}
+				continue // changed since the read
+			}
+			return nil, nil, errParked()
 		}
 		rec, err := r.takeover(ctx, row.ID, row.LockGeneration)
 		if err != nil {
@@ -461,8 +505,8 @@ func (r *Runner) takeover(ctx context.Context, id string, generation int64) (*Re
 // request that cannot go on without its outcome (a capture of a charge
 // whose own request has no definite answer yet): what a retry of that
 // request would do, without its client. A finished record needs nothing;
-// one whose lock is fresh is in flight (ErrInFlight, nothing changed); a
-// resumable one (its lock free or expired) is taken over, which fences any
+// one whose lock is fresh is in flight (ErrInFlight, nothing changed); one
+// parked, or past the retry ceiling, is refused (ErrParked); a resumable one (its lock free or expired) is taken over, which fences any
 // old owner, and driven from its recovery point by the operation
 // registered for its route, so its downstream call carries the same
 // downstream key and Stripe replays what it already did. The errors are
@@ -472,6 +516,7 @@ func (r *Runner) Resume(ctx context.Context, recordID string) error {
 	for range maxAttempts {
 		row, err := r.q.IdempotencyKeyGetByID(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByIDParams{
 			ID: recordID, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+			RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
 		})
 		if err != nil {
 			return fmt.Errorf("reading idempotency record %s: %w", recordID, db.NotFound(err))
@@ -482,6 +527,13 @@ func (r *Runner) Resume(ctx context.Context, recordID string) error {
 		case row.LockFresh:
 			r.observe(OutcomeConflict)
 			return refuse(ErrInFlight, "The request this one depends on is being processed right now. Retry after a short delay.")
+		case row.RecoveryPoint == PointParked, row.PastCeiling && r.bounded(row.RequestMethod, row.RequestRoute):
+			if parked, err := r.parkFound(ctx, row.ID, row.RecoveryPoint, row.LockGeneration); err != nil {
+				return err
+			} else if !parked {
+				continue // changed since the read
+			}
+			return errParked()
 		}
 		resume := r.resumers[row.RequestMethod+" "+row.RequestRoute]
 		if resume == nil {
@@ -546,9 +598,10 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 // judge is what Run does with req, given the record stored under its key:
 // OutcomeMismatch (another request), OutcomeReplayed (finished),
 // OutcomeConflict (locked within LockTimeout, by the database's clock: in
-// flight) or OutcomeTakeover (unlocked or expired: resumable). Run acts on
-// it, Peek only reports it.
-func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request) Outcome {
+// flight), OutcomeParked (parked, or past the retry ceiling of a bounded
+// operation: refused, never called downstream again) or OutcomeTakeover
+// (unlocked or expired: resumable). Run acts on it, Peek only reports it.
+func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, bounded bool) Outcome {
 	switch {
 	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
 		return OutcomeMismatch
@@ -556,6 +609,8 @@ func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request) Outcome {
 		return OutcomeReplayed
 	case row.LockFresh:
 		return OutcomeConflict
+	case row.RecoveryPoint == PointParked, row.PastCeiling && bounded:
+		return OutcomeParked
 	default:
 		return OutcomeTakeover
 	}
@@ -581,6 +636,7 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 //	                   definite answer: ledger + response, one batch -> finished
 //	                   unknown answer:  attempt recorded, lock freed -> downstream_called
 //	downstream_called  (a retry or the completer took it over) as started
+//	parked             never taken over, never driven: only Settle finishes it (ceiling.go)
 //	finished           the stored response is the answer
 func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
@@ -731,9 +787,10 @@ func (r *Runner) backoff(attempts int32) time.Duration {
 // from outside the record's own lifecycle: an entry point that learns a
 // request's outcome from elsewhere (a Stripe event about a charge whose
 // finishing commit never happened) finishes the record with the response a
-// retry would have stored, in the batch that writes the ledger. It takes the
-// record over (a new lock generation), so the owner, if it is still alive,
-// is fenced; it changes nothing when the record is already finished (the
+// retry would have stored, in the batch that writes the ledger. It is also
+// the one way a parked record finishes (ceiling.go). It takes the record
+// over (a new lock generation), so the owner, if it is still alive, is
+// fenced; it changes nothing when the record is already finished (the
 // caller's guarded ledger write then fails first, since the owner's finish
 // changed the ledger row).
 func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
@@ -753,7 +810,7 @@ func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Res
 
 // Peek tells, without claiming or writing anything, what Run would do with
 // req now: OutcomeNew (no record), OutcomeReplayed, OutcomeMismatch,
-// OutcomeConflict (in flight) or OutcomeTakeover (resumable). An account in
+// OutcomeConflict (in flight), OutcomeParked or OutcomeTakeover (resumable). An account in
 // shadow mode uses it to count what enforcing idempotency would change.
 func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	if err := req.fingerprinted(); err != nil {
@@ -761,6 +818,7 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	}
 	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 		Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
 	})
 	switch err = db.NotFound(err); {
 	case errors.Is(err, db.ErrNotFound):
@@ -768,6 +826,6 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	case err != nil:
 		return "", fmt.Errorf("reading idempotency key: %w", err)
 	default:
-		return judge(&row, req), nil
+		return judge(&row, req, r.bounded(req.Method, req.Route)), nil
 	}
 }

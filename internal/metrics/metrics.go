@@ -57,7 +57,7 @@ var Outcomes = []idempotency.Outcome{
 	idempotency.OutcomeNew, idempotency.OutcomeReplayed, idempotency.OutcomeConflict,
 	idempotency.OutcomeMismatch, idempotency.OutcomeTakeover, idempotency.OutcomeRecovered,
 	idempotency.OutcomeUnknown, idempotency.OutcomeFenced, idempotency.OutcomeRolledBack,
-	idempotency.OutcomeSettled,
+	idempotency.OutcomeSettled, idempotency.OutcomeParked,
 }
 
 // Stripe operations and result classes, as labelled on the Stripe series.
@@ -88,7 +88,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 	}, []string{"method", "route", "status"})
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "idempotency", Name: "outcomes_total",
-		Help: "What the idempotency layer decided: new, replayed, conflict (409 in flight), mismatch (422), takeover (expired lock resumed), recovered (finished by the completer), unknown_downstream (503, resumable), fenced (a stale owner's write refused), rejected (rolled back before execution).",
+		Help: "What the idempotency layer decided: new, replayed, conflict (409 in flight), mismatch (422), takeover (expired lock resumed), recovered (finished by the completer), unknown_downstream (503, resumable), fenced (a stale owner's write refused), rejected (rolled back before execution), settled (finished by a Stripe event or reconciliation), parked (an unfinished record parked at the retry ceiling, once per record: never called downstream again, left to Stripe's events and reconciliation).",
 	}, []string{"outcome"})
 	m.stripeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "stripe", Name: "request_duration_seconds",
@@ -106,7 +106,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.webhookEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "events_total",
-		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
+		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), failed (an object that cannot be applied: recorded, acknowledged, not retried), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
 	}, []string{"type", "outcome"})
 	m.webhookLag = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "processing_lag_seconds",
@@ -116,7 +116,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.orders = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "orders", Name: "messages_total",
-		Help: "order.paid messages handled, by outcome (new, replayed, declined, nak, dlq) and reason (for nak: unknown_outcome, in_flight, unavailable; for dlq: key_reused, invalid, unknown_account, max_deliveries).",
+		Help: "order.paid messages handled, by outcome (new, replayed, declined, nak, dlq) and reason (for nak: unknown_outcome, in_flight, unavailable; for dlq: key_reused, invalid, unknown_account, parked, max_deliveries).",
 	}, []string{"outcome", "reason"})
 	m.published = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "outbox", Name: "published_total",

@@ -104,6 +104,10 @@ const (
 	ReasonInvalid        = "invalid"
 	ReasonUnknownAccount = "unknown_account"
 	ReasonMaxDeliveries  = "max_deliveries"
+	// ReasonParked: the key's record was unfinished at the retry ceiling
+	// and is parked (idempotency.ErrParked); Stripe's events and
+	// reconciliation settle it, and no delivery can.
+	ReasonParked = "parked"
 )
 
 // Headers of a dead letter.
@@ -289,6 +293,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		log.InfoContext(ctx, "order.paid: acknowledged", "outcome", outcome, "status", resp.Status)
 	case errors.Is(err, idempotency.ErrMismatch):
 		c.deadLetter(ctx, log, msg, meta, ReasonKeyReused, "the idempotency_key was used before with a different charge")
+	case errors.Is(err, idempotency.ErrParked):
+		c.deadLetter(ctx, log, msg, meta, ReasonParked, detailOf(err))
 	case errors.Is(err, idempotency.ErrUnknownOutcome):
 		c.retry(ctx, log, msg, meta, reasonUnknownOutcome, err)
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):

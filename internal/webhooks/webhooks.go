@@ -91,13 +91,15 @@ type Receiver struct {
 }
 
 // New returns the receiver and registers its operation with the runner, so
-// that the completer applies an event whose processing was interrupted.
+// that the completer applies an event whose processing was interrupted. The
+// operation calls no one outside (RegisterLocal): its records are retried at
+// any age, never parked.
 func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, cfg Config, log *slog.Logger) *Receiver {
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = DefaultTolerance
 	}
 	h := &Receiver{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
-	runner.Register(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
+	runner.RegisterLocal(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
 	return h
 }
 
@@ -137,9 +139,13 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 		h.observe(typ, OutcomeDuplicate)
 	case err == nil:
 		h.observe(typ, string(op.outcome))
-		if op.outcome == charges.EventUnknownObject {
+		switch op.outcome {
+		case charges.EventUnknownObject:
 			h.log.WarnContext(ctx, "stripe event about an object idempay never created: recorded, not applied",
 				"event_id", ev.ID, "event_type", typ)
+		case charges.EventFailed:
+			h.log.WarnContext(ctx, "stripe event whose object cannot be applied: recorded as failed, acknowledged, not retried",
+				"event_id", ev.ID, "event_type", typ, "reason", op.failure)
 		}
 		if h.cfg.ObserveLag != nil {
 			h.cfg.ObserveLag(time.Since(time.Unix(ev.Created, 0)))
@@ -251,6 +257,8 @@ type eventOp struct {
 	ev      *stripe.Event
 	payload []byte
 	outcome charges.EventOutcome
+	// failure is why the event could not be applied (outcome failed).
+	failure string
 }
 
 func (op *eventOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
@@ -297,11 +305,22 @@ func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency
 	if row.ProcessedAt != nil { // applied before its record was purged
 		op.outcome = charges.EventOutcome(*row.Outcome)
 	} else {
-		if op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev); err != nil {
+		op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev)
+		var lastError *string
+		switch {
+		case errors.Is(err, charges.ErrEventUnappliable):
+			// No retry can apply it: it ends failed, with its reason, and
+			// is acknowledged, so that neither Stripe nor the completer
+			// sends it again (ApplyEvent queued nothing).
+			op.outcome, op.failure = charges.EventFailed, pgtext.Truncate(err.Error(), 1000)
+			lastError = &op.failure
+		case err != nil:
 			return idempotency.Response{}, err
 		}
 		outcome := string(op.outcome)
-		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &dbsqlc.StripeEventMarkProcessedParams{Outcome: &outcome, ID: op.ev.ID}); err != nil {
+		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &dbsqlc.StripeEventMarkProcessedParams{
+			Outcome: &outcome, LastError: lastError, ID: op.ev.ID,
+		}); err != nil {
 			return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
 		}
 	}

@@ -200,6 +200,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrInFlight:       apierror.RequestInProgress,
 	idempotency.ErrFenced:         apierror.RequestInProgress,
 	idempotency.ErrUnknownOutcome: apierror.DownstreamUnavailable,
+	idempotency.ErrParked:         apierror.IdempotencyKeyParked,
 }
 
 // httpDetails say the core's refusals in HTTP's words (the core's own
@@ -209,6 +210,10 @@ var httpDetails = map[error]string{
 		"Use a new key for a new request.",
 	idempotency.ErrInFlight: "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
 	idempotency.ErrFenced:   "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome.",
+	idempotency.ErrParked: "Stripe gave no definite answer to the request with this Idempotency-Key before the key grew too old " +
+		"to be sent to Stripe again safely, so it is not retried. Stripe's events and reconciliation settle it; " +
+		"read GET /v1/idempotency_keys/{key} until it is finished, then a retry with this key gets its outcome. " +
+		"Do not send the payment again under a new key before.",
 }
 
 // Problem maps a refusal of the core onto its problem; a retryable one

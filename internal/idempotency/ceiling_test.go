@@ -1,0 +1,201 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// unknownOp is a testOp whose every downstream call has an unknown outcome.
+func unknownOp(d *testDB) *testOp {
+	return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
+		return idempotency.Unknown(errors.New("downstream timed out"))
+	}}
+}
+
+// ceilingSetup is a runner on a database of its own, with the test's clock,
+// whose completer resumes testRoute records with op, and the outcomes it
+// reports.
+func ceilingSetup(t *testing.T, op func(d *testDB) *testOp, local bool) (*testDB, *idempotency.Runner, *testOp, *outcomes, *testClock, idempotency.Config) {
+	t.Helper()
+	d := newTestDB(t)
+	clock := newTestClock()
+	cfg := idempotency.DefaultConfig()
+	cfg.Now = clock.Now
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	seen := &outcomes{}
+	r.OnOutcome = seen.observe
+	o := op(d)
+	register := r.Register
+	if local {
+		register = r.RegisterLocal
+	}
+	register(http.MethodPost, testRoute, func() idempotency.Operation { return o })
+	return d, r, o, seen, clock, cfg
+}
+
+// TestCompleterParksPastCeiling (I16): an unfinished record is retried by
+// the completer, under its downstream key, only until the retry ceiling
+// after its creation. Past it the completer parks it instead of calling
+// downstream again, counts it once, and neither the completer, nor a
+// client's retry, nor Resume calls downstream for it again: the retry and
+// Resume are refused with ErrParked.
+func TestCompleterParksPastCeiling(t *testing.T) {
+	t.Parallel()
+	d, r, op, seen, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+
+	_, err := r.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	// Under the ceiling the completer retries it.
+	clock.Advance(2 * time.Second)
+	if _, err := r.CompleteDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := op.calls.Load(); c != 2 {
+		t.Fatalf("downstream calls before the ceiling: %d, want 2 (the request's and the completer's)", c)
+	}
+
+	// A minute short of the ceiling it still does (the backoff is due).
+	clock.Advance(cfg.RetryCeiling - time.Minute)
+	if _, err := r.CompleteDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := op.calls.Load(); c != 3 {
+		t.Fatalf("downstream calls a minute before the ceiling: %d, want 3", c)
+	}
+	before := readRecord(t, d.Pool, d.AccountID, "k")
+
+	// Past it, it parks the record and calls nothing.
+	clock.Advance(2 * time.Minute)
+	if n, err := r.CompleteDue(ctx); err != nil || n != 0 {
+		t.Fatalf("CompleteDue past the ceiling: %d, %v; want 0 finished", n, err)
+	}
+	rec := readRecord(t, d.Pool, d.AccountID, "k")
+	if rec.RecoveryPoint != idempotency.PointParked || rec.LockedAt != nil {
+		t.Fatalf("record past the ceiling: recovery point %q, locked at %v; want parked, unlocked", rec.RecoveryPoint, rec.LockedAt)
+	}
+	if rec.LockGeneration != before.LockGeneration+1 {
+		t.Errorf("parked at lock generation %d, was %d: want a new one, which fences any owner",
+			rec.LockGeneration, before.LockGeneration)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 1 {
+		t.Errorf("outcome parked counted %d times, want 1", got)
+	}
+
+	// Nothing calls downstream for it again.
+	clock.Advance(time.Hour)
+	if n, err := r.CompleteDue(ctx); err != nil || n != 0 {
+		t.Fatalf("CompleteDue on a parked record: %d, %v; want 0", n, err)
+	}
+	_, err = r.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrParked)
+	_ = requireKind(t, r.Resume(ctx, rec.ID), idempotency.ErrParked)
+	if got, err := r.Peek(ctx, request(d.AccountID, "k")); err != nil || got != idempotency.OutcomeParked {
+		t.Errorf("Peek of a parked record: %q, %v; want %q", got, err, idempotency.OutcomeParked)
+	}
+	if c := op.calls.Load(); c != 3 {
+		t.Errorf("downstream calls after parking: %d, want still 3", c)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 1 {
+		t.Errorf("outcome parked counted %d times after the refusals, want 1 (once per record)", got)
+	}
+	if after := readRecord(t, d.Pool, d.AccountID, "k"); after.RecoveryPoint != idempotency.PointParked || after.LockGeneration != rec.LockGeneration {
+		t.Errorf("after the refusals: %q at generation %d, want parked at %d, unchanged", after.RecoveryPoint, after.LockGeneration, rec.LockGeneration)
+	}
+}
+
+// TestRetryPastCeilingParks: a client's retry that finds its record past
+// the ceiling parks the record itself, without the completer, and is
+// refused without a downstream call; so is Resume of another such record.
+// A record whose lock is fresh past the ceiling is in flight, not parked.
+func TestRetryPastCeilingParks(t *testing.T) {
+	t.Parallel()
+	d, r, op, seen, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+	for _, key := range []string{"retried", "resumed"} {
+		_, err := r.Run(ctx, request(d.AccountID, key), op)
+		_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	}
+	clock.Advance(cfg.RetryCeiling + time.Second)
+
+	_, err := r.Run(ctx, request(d.AccountID, "retried"), op)
+	_ = requireKind(t, err, idempotency.ErrParked)
+	_ = requireKind(t, r.Resume(ctx, readRecord(t, d.Pool, d.AccountID, "resumed").ID), idempotency.ErrParked)
+	for _, key := range []string{"retried", "resumed"} {
+		if rec := readRecord(t, d.Pool, d.AccountID, key); rec.RecoveryPoint != idempotency.PointParked {
+			t.Errorf("record %s after a retry past the ceiling: %q, want parked", key, rec.RecoveryPoint)
+		}
+	}
+	if c := op.calls.Load(); c != 2 {
+		t.Errorf("downstream calls: %d, want 2 (the first requests' only)", c)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 2 {
+		t.Errorf("outcome parked counted %d times, want 2", got)
+	}
+
+	// Past the ceiling (by the test's clock, ahead of the database's, which
+	// set created_at) but locked by an owner now: in flight, not parked;
+	// parked once the owner let go.
+	release, result := stalledOwner(t, r, d, "in-flight")
+	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
+	_ = requireKind(t, err, idempotency.ErrInFlight)
+	release(func(*idempotency.Record) idempotency.Step { return idempotency.Unknown(errors.New("timed out")) })
+	_ = requireKind(t, awaitErr(t, result), idempotency.ErrUnknownOutcome)
+	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
+	_ = requireKind(t, err, idempotency.ErrParked)
+}
+
+// TestParkDueIsBounded: the completer parks at most CompleterBatch records
+// per pass, so a backlog past the ceiling is parked in bounded batches.
+func TestParkDueIsBounded(t *testing.T) {
+	t.Parallel()
+	d, r, op, _, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+	for _, key := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"} {
+		_, err := r.Run(ctx, request(d.AccountID, key), op)
+		_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	}
+	clock.Advance(cfg.RetryCeiling + time.Second)
+	for _, want := range []int{int(cfg.CompleterBatch), 12 - int(cfg.CompleterBatch), 0} {
+		if n, err := r.ParkDue(ctx); err != nil || n != want {
+			t.Fatalf("ParkDue: %d, %v; want %d", n, err, want)
+		}
+	}
+	if c := op.calls.Load(); c != 12 {
+		t.Errorf("downstream calls: %d, want 12 (the first requests' only)", c)
+	}
+}
+
+// TestLocalRecordsAreNeverParked: an operation registered with
+// RegisterLocal calls no one outside, so the completer and a retry resume
+// its records at any age.
+func TestLocalRecordsAreNeverParked(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
+		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+			if calls++; calls == 1 {
+				return idempotency.Unknown(errors.New("the database failed"))
+			}
+			return finishFor(rec, "completer")
+		}}
+	}, true)
+	ctx := context.Background()
+	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling + time.Hour)
+	if n, err := r.CompleteDue(ctx); err != nil || n != 1 {
+		t.Fatalf("CompleteDue of a local record past the ceiling: %d, %v; want 1 finished", n, err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "local"); rec.RecoveryPoint != idempotency.PointFinished {
+		t.Errorf("local record past the ceiling: %q, want finished", rec.RecoveryPoint)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 0 {
+		t.Errorf("outcome parked counted %d times, want 0", got)
+	}
+}

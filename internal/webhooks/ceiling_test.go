@@ -1,0 +1,333 @@
+package webhooks_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/stripefake"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// clock is the runner's clock in a test (idempotency.Config.Now): the test
+// moves it past the retry ceiling instead of waiting half a day.
+type clock struct{ ns atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// ownEnv is an API on a database of its own, so that the completer, which
+// takes over every due record of its database, sees only this test's; with
+// the runner's clock clk and, when logs is set, its log lines there.
+func ownEnv(t *testing.T, clk *clock, logs *lineBuffer) (*apitest.Env, *apitest.Client) {
+	t.Helper()
+	_, pool := dbtest.NewDatabase(t)
+	acct, apiKey, err := accounts.Create(context.Background(), pool, "ceiling")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := apitest.Options{Pool: pool, Now: clk.Now}
+	if logs != nil {
+		opts.LogHandler = slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})
+	}
+	env := apitest.New(t, opts)
+	return env, env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+}
+
+// stripePosts counts the POSTs the fake Stripe received.
+func stripePosts(env *apitest.Env) int {
+	n := 0
+	for _, r := range env.Stripe.Requests() {
+		if r.Method == http.MethodPost {
+			n++
+		}
+	}
+	return n
+}
+
+// keyState is GET /v1/idempotency_keys/{key}.
+type keyState struct {
+	RecoveryPoint string     `json:"recovery_point"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	Charge        *string    `json:"charge"`
+}
+
+func inspectKey(t *testing.T, c *apitest.Client, key string) keyState {
+	t.Helper()
+	r := c.Get("/v1/idempotency_keys/" + url.PathEscape(key))
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /v1/idempotency_keys/%s: %d %s", key, r.Status, r.Body)
+	}
+	var k keyState
+	r.JSON(t, &k)
+	return k
+}
+
+// metric is the value of one series at GET /metrics (0 when absent).
+func metric(t *testing.T, env *apitest.Env, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(env.Server.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			var f float64
+			if err := json.Unmarshal([]byte(v), &f); err != nil {
+				t.Fatalf("sample %s: %v", sc.Text(), err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// TestParkedChargeSettledByEvent (I16): a charge whose Stripe answer was
+// lost (Stripe made the PaymentIntent) is parked by the completer once it
+// is past the retry ceiling, and from then on nothing calls Stripe for it:
+// not the completer, not the client's retry, which gets 409
+// idempotency-key-parked. Key inspection shows it parked, the outcome
+// metric counts it, and Stripe's event about the PaymentIntent finishes it:
+// the retry then replays the charge.
+func TestParkedChargeSettledByEvent(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	env, c := ownEnv(t, clk, nil)
+	ctx := context.Background()
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 1500, "currency": "usd", "payment_method": "tok_visa"}
+
+	// Stripe makes the PaymentIntent and the answer is lost.
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
+	}
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Fatalf("Stripe holds %d PaymentIntents, want 1", n)
+	}
+	pi := env.Stripe.Charges()[0]
+	posts := stripePosts(env)
+
+	clk.Advance(idempotency.DefaultConfig().RetryCeiling + time.Minute)
+	if n, err := env.Runner.CompleteDue(ctx); err != nil || n != 0 {
+		t.Fatalf("CompleteDue past the ceiling: %d, %v; want 0 finished", n, err)
+	}
+	k := inspectKey(t, c, key)
+	if k.RecoveryPoint != idempotency.PointParked || k.NextAttemptAt != nil || k.Charge == nil {
+		t.Fatalf("key after the completer: recovery_point %q, next_attempt_at %v, charge %v; want parked, null, the charge",
+			k.RecoveryPoint, k.NextAttemptAt, k.Charge)
+	}
+	if got := metric(t, env, `idempay_idempotency_outcomes_total{outcome="parked"}`); got != 1 {
+		t.Errorf(`idempay_idempotency_outcomes_total{outcome="parked"} = %v, want 1`, got)
+	}
+
+	r := c.Post("/v1/charges", key, body)
+	if r.Status != http.StatusConflict || r.Problem(t).Type != "/problems/idempotency-key-parked" || r.Header.Get("Retry-After") != "" {
+		t.Fatalf("retry of the parked key: %d %s (Retry-After %q); want 409 idempotency-key-parked without Retry-After",
+			r.Status, r.Body, r.Header.Get("Retry-After"))
+	}
+	clk.Advance(time.Hour)
+	if n, err := env.Runner.CompleteDue(ctx); err != nil || n != 0 {
+		t.Fatalf("CompleteDue on the parked record: %d, %v; want 0", n, err)
+	}
+	if n := stripePosts(env); n != posts {
+		t.Fatalf("Stripe got %d more POSTs after the ceiling, want none", n-posts)
+	}
+
+	// Stripe's event settles it, as it settles any unfinished charge.
+	ev := intentEvent(t, "payment_intent.succeeded", env.Stripe.IntentBody(pi.ID), time.Now())
+	wantOutcome(t, deliver(t, env, ev), "applied")
+	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointFinished {
+		t.Fatalf("key after the event: %q, want finished", k.RecoveryPoint)
+	}
+	r = c.Post("/v1/charges", key, body)
+	if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" || !bytes.Contains(r.Body, []byte(*k.Charge)) {
+		t.Fatalf("retry after the event: %d (replayed %q) %s; want the charge's 201, replayed",
+			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+	if ch := readCharge(t, c, *k.Charge); ch.Status != "succeeded" || ch.PaymentIntent == nil || *ch.PaymentIntent != pi.ID {
+		t.Errorf("charge after the event: %s, PaymentIntent %v; want succeeded, %s", ch.Status, ch.PaymentIntent, pi.ID)
+	}
+	if n := stripePosts(env); n != posts {
+		t.Errorf("Stripe got %d more POSTs after the ceiling, want none", n-posts)
+	}
+}
+
+// TestParkedChargeSettledByReconciliation: reconciliation finishes a parked
+// record the way it settles any charge behind Stripe. The record is parked
+// by the client's own retry past the ceiling (no completer).
+func TestParkedChargeSettledByReconciliation(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	env := apitest.New(t, apitest.Options{Now: clk.Now})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
+
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
+	}
+	posts := stripePosts(env)
+	clk.Advance(idempotency.DefaultConfig().RetryCeiling + time.Minute)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusConflict || r.Problem(t).Type != "/problems/idempotency-key-parked" {
+		t.Fatalf("retry past the ceiling: %d %s, want 409 idempotency-key-parked", r.Status, r.Body)
+	}
+	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointParked {
+		t.Fatalf("key after the retry: %q, want parked", k.RecoveryPoint)
+	}
+
+	report, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	if err != nil || report.Counts["settled"] != 1 {
+		t.Fatalf("reconciliation: %v, %v; want one settled", report.Counts, err)
+	}
+	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointFinished {
+		t.Fatalf("key after reconciliation: %q, want finished", k.RecoveryPoint)
+	}
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after reconciliation: %d (replayed %q) %s; want a replayed 201", r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+	if n := stripePosts(env); n != posts {
+		t.Errorf("Stripe got %d more POSTs after the ceiling, want none", n-posts)
+	}
+}
+
+// lineBuffer collects JSON log lines, safe for concurrent writers.
+type lineBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lineBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines are the log lines at or above level, decoded.
+func (b *lineBuffer) lines(t *testing.T, level slog.Level) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range bytes.Split(b.buf.Bytes(), []byte("\n")) {
+		if len(l) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(l, &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		var lv slog.Level
+		if s, _ := m["level"].(string); lv.UnmarshalText([]byte(s)) == nil && lv >= level {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestUnappliableEventEndsFailed: a signed event whose object cannot be
+// applied (it does not decode as the object its type names) is
+// acknowledged with 200, recorded as failed with its reason, its record
+// finished (a redelivery replays the receipt), counted, and logged once at
+// WARN, never at ERROR; the completer has nothing left to retry.
+func TestUnappliableEventEndsFailed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, typ string
+		object    map[string]any
+		reason    string // in last_error
+	}{
+		{"non-integer amount", "payment_intent.succeeded",
+			map[string]any{"id": "pi_badamount", "object": "payment_intent", "amount": 12.5, "currency": "usd", "status": "succeeded"}, "amount"},
+		{"metadata of another shape", "charge.succeeded",
+			map[string]any{"id": "ch_badmeta", "object": "charge", "amount": 100, "metadata": "not an object"}, "metadata"},
+		{"amount as text", "refund.updated",
+			map[string]any{"id": "re_badamount", "object": "refund", "amount": "ten", "status": "succeeded"}, "amount"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock()
+			logs := &lineBuffer{}
+			env, _ := ownEnv(t, clk, logs)
+			ev, err := webhooks.NewEvent("", tc.typ, tc.object, time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := deliver(t, env, ev)
+			wantOutcome(t, first, "failed")
+
+			var outcome, lastError *string
+			var processed bool
+			if err := env.Pool.QueryRow(context.Background(), `SELECT outcome, last_error, processed_at IS NOT NULL
+				FROM stripe_events WHERE id = $1`, ev.ID).Scan(&outcome, &lastError, &processed); err != nil {
+				t.Fatalf("reading the inbox row: %v", err)
+			}
+			if !processed || outcome == nil || *outcome != "failed" || lastError == nil || !strings.Contains(*lastError, tc.reason) {
+				t.Fatalf("inbox row: processed %v, outcome %v, last_error %v; want processed, failed, a reason naming %s",
+					processed, deref(outcome), deref(lastError), tc.reason)
+			}
+			var point string
+			if err := env.Pool.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+				string(webhooks.Scope), ev.ID).Scan(&point); err != nil || point != idempotency.PointFinished {
+				t.Fatalf("the event's record: %q, %v; want finished", point, err)
+			}
+			series := `idempay_webhook_events_total{outcome="failed",type="` + tc.typ + `"}`
+			if got := metric(t, env, series); got != 1 {
+				t.Errorf("%s = %v, want 1", series, got)
+			}
+
+			// Nothing is left to retry, and a redelivery replays the receipt.
+			clk.Advance(time.Hour)
+			if n, err := env.Runner.CompleteDue(context.Background()); err != nil || n != 0 {
+				t.Errorf("CompleteDue after the failed event: %d, %v; want 0", n, err)
+			}
+			again := deliver(t, env, ev)
+			if again.Status != http.StatusOK || !again.Replayed || !bytes.Equal(again.Body, first.Body) {
+				t.Errorf("redelivery: %d (replayed %v) %s; want the stored receipt %s", again.Status, again.Replayed, again.Body, first.Body)
+			}
+
+			if errs := logs.lines(t, slog.LevelError); len(errs) != 0 {
+				t.Errorf("ERROR lines for an event Stripe controls: %v", errs)
+			}
+			var warned int
+			for _, l := range logs.lines(t, slog.LevelWarn) {
+				if l["event_id"] == ev.ID && strings.Contains(l["msg"].(string), "cannot be applied") {
+					warned++
+				}
+			}
+			if warned != 1 {
+				t.Errorf("%d WARN lines about the failed event, want 1:\n%v", warned, logs.lines(t, slog.LevelWarn))
+			}
+		})
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
