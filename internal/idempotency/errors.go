@@ -30,6 +30,13 @@ var (
 	// record is resumable: a retry with the same key, or the completer,
 	// calls downstream again with the same downstream key.
 	ErrUnknownOutcome = errors.New("downstream outcome unknown")
+	// ErrKeyExpired: the same request (key and fingerprint) came again
+	// after retention deleted its record, and what it made still exists:
+	// the record id, and so the id of the ledger row it created, derive from
+	// the request (RecordID), and ledger rows outlive their keys. It is not
+	// run again and its answer cannot be replayed: the refusal is final and
+	// stores nothing; Detail names the object that exists (I16).
+	ErrKeyExpired = errors.New("idempotency key expired after its request ran")
 )
 
 // Error is one refusal or non-final outcome: Kind is one of the errors

@@ -272,6 +272,7 @@ const (
 	OutcomeReplayed   Outcome = "replayed"
 	OutcomeConflict   Outcome = "conflict"
 	OutcomeMismatch   Outcome = "mismatch"
+	OutcomeExpired    Outcome = "expired" // ErrKeyExpired
 	OutcomeTakeover   Outcome = "takeover"
 	OutcomeRecovered  Outcome = "recovered"
 	OutcomeUnknown    Outcome = "unknown_downstream"
@@ -536,7 +537,10 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	}
 	b.queueNow()
 	if err := send(ctx, r.pool, b); err != nil {
-		if !errors.Is(err, errTaken) && !errors.Is(err, ErrStale) {
+		switch {
+		case errors.Is(err, ErrKeyExpired):
+			r.observe(OutcomeExpired)
+		case !errors.Is(err, errTaken) && !errors.Is(err, ErrStale):
 			err = fmt.Errorf("claiming idempotency key: %w", err)
 		}
 		return nil, err
