@@ -117,8 +117,9 @@ func (h *Receiver) observe(typ, outcome string) {
 // Receive takes one delivery: its payload and its Stripe-Signature header.
 // It returns a response (2xx) only once the event is durably recorded:
 // applied now, a duplicate of one recorded before (its record kept, or
-// expired: ErrKeyExpired), or recorded and left to the completer. A delivery refused (*apierror.Error, 400) stores nothing;
-// any other error means Stripe should retry.
+// expired: ErrKeyExpired), or recorded and left to the completer. A
+// delivery refused (*apierror.Error, 400) stores nothing; any other error
+// means Stripe should retry.
 func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string) (idempotency.Response, error) {
 	ev, err := h.verify(payload, signature)
 	if err != nil {
