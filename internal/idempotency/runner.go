@@ -641,7 +641,7 @@ func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Recor
 			return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
 		}
 		if lerr := op.Load(ctx, rec); lerr != nil {
-			return Response{}, r.release(ctx, log, rec, fmt.Errorf("reloading the ledger rows of record %s after %v: %w", rec.ID, err, lerr), detailNotRecorded)
+			return Response{}, r.release(ctx, log, rec, fmt.Errorf("reloading the ledger rows of record %s after a stale finish: %w", rec.ID, lerr), detailNotRecorded)
 		}
 	}
 	return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
