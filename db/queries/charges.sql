@@ -85,13 +85,19 @@ SELECT * FROM charges WHERE id = @id;
 -- name: ChargeInsert :exec
 -- The ledger row of a new charge, in the claim's batch after the record's
 -- INSERT (version 1, processing). Its id is derived from the record's
--- (ledgerID), so it exists already only when the same key and request made
--- this charge before and its record has since expired: then the primary key
--- refuses it (23505 on charges_pkey), nothing of the claim commits, and the
--- answer is a 422 (a new charge needs a new key). A plain INSERT: the
--- unique index is the check, at no cost beyond the insert itself.
-INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
-VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method);
+-- (ledgerID), so it exists already only when this same key and request made
+-- this charge before and its record has since expired: then it raises
+-- IDE01 naming the charge, nothing of the claim commits, and the core
+-- refuses the request (idempotency.ErrKeyExpired). ON CONFLICT (id) DO
+-- NOTHING makes the primary key the check; any other violation still
+-- raises as it is.
+WITH c AS (
+    INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+    VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDE01', 'charge ' || @id::text);
 
 -- name: ChargeSetOutcome :exec
 -- The outcome of the Stripe call, in the finishing batch after the record's
@@ -126,11 +132,14 @@ WITH c AS (
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read');
 
 -- name: ChargeGetForRefund :one
--- What a refund checks, in one read before its claim: the charge, and how
--- many of its disputes forbid a refund (open, or lost).
+-- What a refund checks, in one read before its claim: the charge, how many
+-- of its disputes forbid a refund (open, or lost), and whether the refund's
+-- own ledger row exists (the same request ran before its record expired:
+-- RefundInsert refuses it, whatever the charge's state is now).
 SELECT sqlc.embed(charges),
        (SELECT count(*) FROM disputes d
-        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes
+        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
+       EXISTS (SELECT 1 FROM refunds r WHERE r.id = @refund_id) AS refund_exists
 FROM charges WHERE charges.account_id = @account_id AND charges.id = @id;
 
 -- name: ChargeBeginPending :exec

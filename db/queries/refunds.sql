@@ -1,9 +1,14 @@
 -- name: RefundInsert :exec
 -- The ledger row of a new refund, in the claim's batch (version 1); its id
--- is derived from the record's, and a second insert of it is refused by the
--- primary key, as a charge's (ChargeInsert).
-INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
-VALUES (@id, @account_id, @idempotency_key_id, @charge_id, @amount);
+-- is derived from the record's, and a second insert of it raises IDE01
+-- naming the refund, as a charge's does (ChargeInsert).
+WITH r AS (
+    INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
+    VALUES (@id, @account_id, @idempotency_key_id, @charge_id, @amount)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDE01', 'refund ' || @id::text);
 
 -- name: RefundGetByID :one
 SELECT * FROM refunds WHERE account_id = @account_id AND id = @id;

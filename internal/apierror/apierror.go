@@ -38,6 +38,9 @@ const (
 	IdempotencyKeyMissing Type = "idempotency-key-missing"
 	IdempotencyKeyInvalid Type = "idempotency-key-invalid"
 	IdempotencyKeyReused  Type = "idempotency-key-reused"
+	// IdempotencyKeyExpired: the same request again after retention
+	// deleted its record; what it made exists and it is not run again.
+	IdempotencyKeyExpired Type = "idempotency-key-expired"
 	RequestInProgress     Type = "request-in-progress"
 	InvalidJSON           Type = "invalid-json"
 	InvalidRequest        Type = "invalid-request"
@@ -75,6 +78,7 @@ var statusOf = map[Type]int{
 	IdempotencyKeyMissing:       http.StatusBadRequest,
 	IdempotencyKeyInvalid:       http.StatusBadRequest,
 	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
+	IdempotencyKeyExpired:       http.StatusUnprocessableEntity,
 	RequestInProgress:           http.StatusConflict,
 	IdempotencyKeyParked:        http.StatusConflict,
 	InvalidJSON:                 http.StatusBadRequest,
@@ -107,6 +111,7 @@ var titleOf = map[Type]string{
 	IdempotencyKeyMissing:       "Idempotency-Key header is required",
 	IdempotencyKeyInvalid:       "Idempotency-Key header is malformed",
 	IdempotencyKeyReused:        "Idempotency-Key was used with a different request",
+	IdempotencyKeyExpired:       "Idempotency-Key expired after this same request ran",
 	RequestInProgress:           "A request with this Idempotency-Key is in progress",
 	IdempotencyKeyParked:        "The request with this Idempotency-Key is parked until Stripe's events settle it",
 	InvalidJSON:                 "Request body is not valid JSON",
@@ -150,6 +155,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	IdempotencyKeyReused: {
 		"The Idempotency-Key was already used for a different request (another method, path or body). Nothing changed: the key keeps the answer to its first request.",
 		"This is a bug on the client's side: a new request needs a new key. Retrying the first request with this key gets its stored answer."},
+	IdempotencyKeyExpired: {
+		"This same request (the same Idempotency-Key, method, path and body) ran before, longer ago than the retention window (24 hours), and its record was deleted; what it made (the charge, refund or event named in detail) still exists. It is not run again, and its first answer is no longer stored. Nothing was stored.",
+		"Do not retry: every retry gets this answer. Read the object named in detail (GET /v1/charges/{id} or /v1/refunds/{id}) for the outcome; a new request needs a new key."},
 	RequestInProgress: {
 		"Another request with this Idempotency-Key is being processed right now (a concurrent retry, or an earlier attempt whose server crashed and whose lock has not expired yet). Nothing changed.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body: the retry gets the first request's answer."},
@@ -351,11 +359,6 @@ func From(err error) *Error {
 	if errors.As(err, &pe) {
 		return pe
 	}
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "23505" && ledgerPrimaryKeys[pg.ConstraintName] { // unique_violation
-		return &Error{Type: IdempotencyKeyReused, Cause: err,
-			Detail: "This Idempotency-Key was used for this same request before its record expired (the retention window), and its object exists. Use a new key for a new request."}
-	}
 	if db.FailingOver(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
@@ -366,12 +369,6 @@ func From(err error) *Error {
 	}
 	return Wrap(err)
 }
-
-// ledgerPrimaryKeys are the primary keys of the ledger rows a claim inserts
-// (ChargeInsert, RefundInsert): their ids derive from the request, so one
-// refuses an insert only when the same key and request made the row before
-// and its idempotency record has since expired.
-var ledgerPrimaryKeys = map[string]bool{"charges_pkey": true, "refunds_pkey": true}
 
 // databaseUnavailable tells a database outage (no connection, connection
 // lost, server shutting down or starting, too many connections; a failover

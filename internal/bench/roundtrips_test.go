@@ -240,7 +240,6 @@ func TestRoundTrips(t *testing.T) {
 		{"Stripe event", func() { event(10) }, []string{
 			"IdempotencyKeyGetByScopeKey",
 			"[select IdempotencyKeyInsert StripeEventInsert select]",
-			"StripeEventGet",
 			"ChargeFindForEvent",
 			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
 		}},

@@ -36,15 +36,27 @@ type refundOp struct {
 // Begin checks, on a read of the charge, that it can be refunded by this
 // much, and queues the reservation (guarded by the version read) and the
 // refund's ledger row. A charge that changed in between makes the runner
-// claim again, and so check again.
+// claim again, and so check again. A refund that exists already (the same
+// request, after its record expired) is not checked: its insert is refused.
 func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
-	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, &dbsqlc.ChargeGetForRefundParams{AccountID: op.accountID, ID: *op.params.Charge})
+	id := ledgerID("re_", rec)
+	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, &dbsqlc.ChargeGetForRefundParams{
+		AccountID: op.accountID, ID: *op.params.Charge, RefundID: id})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return apierror.Invalid(apierror.InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
 	} else if err != nil {
 		return fmt.Errorf("reading charge: %w", err)
 	}
 	ch := row.Charge
+	amount := *op.params.Amount // required (refundParams): sent to Stripe as the request gave it
+	insert := &dbsqlc.RefundInsertParams{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount}
+	if row.RefundExists {
+		// This same request made this refund before its record expired:
+		// its insert alone, which the core refuses (ErrKeyExpired), so that
+		// it means what it means for every operation, whatever the charge's
+		// state is now (fully refunded, say).
+		return op.s.q.RefundInsert(ctx, b, insert)
+	}
 	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
 		return apierror.Newf(apierror.ChargeNotRefundable,
 			"Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID)
@@ -59,7 +71,6 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
 	remaining := ch.AmountCaptured - ch.AmountRefunded
-	amount := *op.params.Amount // required (refundParams): sent to Stripe as the request gave it
 	if amount > remaining {
 		return &apierror.Error{Type: apierror.RefundExceedsCharge,
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
@@ -70,12 +81,10 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	}); err != nil {
 		return err
 	}
-	op.refund = dbsqlc.Refund{ID: ledgerID("re_", rec), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+	op.refund = dbsqlc.Refund{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
 	op.intentID = *ch.StripePaymentIntentID
-	return op.s.q.RefundInsert(ctx, b, &dbsqlc.RefundInsertParams{
-		ID: op.refund.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount,
-	})
+	return op.s.q.RefundInsert(ctx, b, insert)
 }
 
 // Load reads the ledger row of a record begun elsewhere, and its charge's

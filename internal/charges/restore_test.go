@@ -247,33 +247,92 @@ func TestRecordIDIsAPureFunction(t *testing.T) {
 	}
 }
 
+// expireRecord deletes the record of (account, key) as the retention job
+// does once its window has passed: the ledger rows stay.
+func expireRecord(t testing.TB, pool *pgxpool.Pool, accountID, key string) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, accountID, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("expiring the record of %s: %v (%d rows)", key, err, tag.RowsAffected())
+	}
+}
+
+// wantKeyExpired checks that r is the refusal of a request that ran before
+// its record expired: 422 idempotency-key-expired, whose detail names the
+// object it made.
+func wantKeyExpired(t testing.TB, r *apitest.Response, objectID string) {
+	t.Helper()
+	p := wantProblem(t, r, http.StatusUnprocessableEntity, "idempotency-key-expired")
+	if !strings.Contains(p.Detail, objectID) {
+		t.Errorf("the refusal's detail %q does not name %s", p.Detail, objectID)
+	}
+	if r.Header.Get("Retry-After") != "" {
+		t.Errorf("the refusal has Retry-After %q: it is final", r.Header.Get("Retry-After"))
+	}
+}
+
 // TestKeyReusedAfterRetention: a key used again, with the same request,
 // after its record expired (the retention job deleted it; the charge
-// stays) is a 422, not a second charge under the same ledger id (the
-// charge id is derived from the record's) and not a 5xx; Stripe is not
-// called again.
+// stays) is refused: 422 idempotency-key-expired naming the charge, not a
+// second charge and not a 5xx; nothing is stored, Stripe is not called
+// again, and every retry gets the same answer. The same key with another
+// request is another record (its id derives from the request) and runs.
 func TestKeyReusedAfterRetention(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
 	c := env.NewClient(t)
 	key := apitest.NewKey()
 	body := map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}
-	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated {
-		t.Fatalf("the charge: %d %s", r.Status, r.Body)
-	}
-	if _, err := env.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key); err != nil {
-		t.Fatal(err)
-	}
+	first := c.Post("/v1/charges", key, body)
+	wantStatus(t, first, http.StatusCreated)
+	var ch charge
+	first.JSON(t, &ch)
+	expireRecord(t, env.Pool, c.Account.ID, key)
 	calls := len(env.Stripe.Requests())
-	r := c.Post("/v1/charges", key, body)
-	if r.Status != http.StatusUnprocessableEntity || !strings.Contains(string(r.Body), "/problems/idempotency-key-reused") {
-		t.Fatalf("the same key and request after the record expired: %d %s, want 422 idempotency-key-reused", r.Status, r.Body)
+	for range 2 {
+		wantKeyExpired(t, c.Post("/v1/charges", key, body), ch.ID)
 	}
 	if n := len(env.Stripe.Requests()); n != calls {
 		t.Errorf("Stripe got %d more requests, want none", n-calls)
 	}
-	var records int
-	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key).Scan(&records); err != nil || records != 0 {
-		t.Errorf("%d records stored by the refused request (%v), want none", records, err)
+	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Charges: 1}) {
+		t.Errorf("after the refusals: %s", got.diff(rowCounts{Charges: 1}))
+	}
+	// Another request under the expired key is a request of its own.
+	other := c.Post("/v1/charges", key, map[string]any{"amount": 1600, "currency": "usd", "payment_method": "pm_card_visa"})
+	wantStatus(t, other, http.StatusCreated)
+	if got := countRows(t, env.Pool, c.Account.ID); got != (rowCounts{Keys: 1, Charges: 2}) {
+		t.Errorf("after another request under the expired key: %s", got.diff(rowCounts{Keys: 1, Charges: 2}))
+	}
+}
+
+// TestRefundKeyReusedAfterRetention: a refund sent again after its record
+// expired means what a charge does (422 idempotency-key-expired naming the
+// refund), even when the charge it refunded has nothing left to refund, a
+// state that would otherwise answer 400 refund-exceeds-charge and tell the
+// client that the same key is fine.
+func TestRefundKeyReusedAfterRetention(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 100)
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 100}
+	first := c.Post("/v1/refunds", key, body)
+	wantStatus(t, first, http.StatusCreated)
+	var rf refund
+	first.JSON(t, &rf)
+	expireRecord(t, env.Pool, c.Account.ID, key)
+	calls := len(env.Stripe.Requests())
+	wantKeyExpired(t, c.Post("/v1/refunds", key, body), rf.ID)
+	if n := len(env.Stripe.Requests()); n != calls {
+		t.Errorf("Stripe got %d more requests, want none", n-calls)
+	}
+	want := rowCounts{Keys: 1, Charges: 1, Refunds: 1} // the charge's record is still there
+	if got := countRows(t, env.Pool, c.Account.ID); got != want {
+		t.Errorf("after the refusal: %s", got.diff(want))
+	}
+	if row := getChargeRow(t, env.Pool, ch.ID); row.AmountRefunded != 100 {
+		t.Errorf("the charge's amount_refunded is %d, want 100", row.AmountRefunded)
 	}
 }

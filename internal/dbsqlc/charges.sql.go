@@ -325,11 +325,13 @@ func (q *Queries) ChargeGetByPendingRecord(ctx context.Context, db DBTX, pending
 const chargeGetForRefund = `-- name: ChargeGetForRefund :one
 SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.status, charges.amount_refunded, charges.stripe_charge_id, charges.failure_code, charges.failure_message, charges.created_at, charges.updated_at, charges.last_event_at, charges.version, charges.stripe_payment_intent_id, charges.capture_method, charges.amount_capturable, charges.amount_captured, charges.next_action_url, charges.pending_action, charges.pending_record_id, charges.pending_amount,
        (SELECT count(*) FROM disputes d
-        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes
-FROM charges WHERE charges.account_id = $1 AND charges.id = $2
+        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
+       EXISTS (SELECT 1 FROM refunds r WHERE r.id = $1) AS refund_exists
+FROM charges WHERE charges.account_id = $2 AND charges.id = $3
 `
 
 type ChargeGetForRefundParams struct {
+	RefundID  string
 	AccountID string
 	ID        string
 }
@@ -337,12 +339,15 @@ type ChargeGetForRefundParams struct {
 type ChargeGetForRefundRow struct {
 	Charge           Charge
 	BlockingDisputes int64
+	RefundExists     bool
 }
 
-// What a refund checks, in one read before its claim: the charge, and how
-// many of its disputes forbid a refund (open, or lost).
+// What a refund checks, in one read before its claim: the charge, how many
+// of its disputes forbid a refund (open, or lost), and whether the refund's
+// own ledger row exists (the same request ran before its record expired:
+// RefundInsert refuses it, whatever the charge's state is now).
 func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGetForRefundParams) (ChargeGetForRefundRow, error) {
-	row := db.QueryRow(ctx, chargeGetForRefund, arg.AccountID, arg.ID)
+	row := db.QueryRow(ctx, chargeGetForRefund, arg.RefundID, arg.AccountID, arg.ID)
 	var i ChargeGetForRefundRow
 	err := row.Scan(
 		&i.Charge.ID,
@@ -371,13 +376,19 @@ func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGe
 		&i.Charge.PendingRecordID,
 		&i.Charge.PendingAmount,
 		&i.BlockingDisputes,
+		&i.RefundExists,
 	)
 	return i, err
 }
 
 const chargeInsert = `-- name: ChargeInsert :exec
-INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+WITH c AS (
+    INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDE01', 'charge ' || $1::text)
 `
 
 type ChargeInsertParams struct {
@@ -394,11 +405,12 @@ type ChargeInsertParams struct {
 
 // The ledger row of a new charge, in the claim's batch after the record's
 // INSERT (version 1, processing). Its id is derived from the record's
-// (ledgerID), so it exists already only when the same key and request made
-// this charge before and its record has since expired: then the primary key
-// refuses it (23505 on charges_pkey), nothing of the claim commits, and the
-// answer is a 422 (a new charge needs a new key). A plain INSERT: the
-// unique index is the check, at no cost beyond the insert itself.
+// (ledgerID), so it exists already only when this same key and request made
+// this charge before and its record has since expired: then it raises
+// IDE01 naming the charge, nothing of the claim commits, and the core
+// refuses the request (idempotency.ErrKeyExpired). ON CONFLICT (id) DO
+// NOTHING makes the primary key the check; any other violation still
+// raises as it is.
 func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertParams) error {
 	_, err := db.Exec(ctx, chargeInsert,
 		arg.ID,

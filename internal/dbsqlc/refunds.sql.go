@@ -165,8 +165,13 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 }
 
 const refundInsert = `-- name: RefundInsert :exec
-INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
-VALUES ($1, $2, $3, $4, $5)
+WITH r AS (
+    INSERT INTO refunds (id, account_id, idempotency_key_id, charge_id, amount)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDE01', 'refund ' || $1::text)
 `
 
 type RefundInsertParams struct {
@@ -178,8 +183,8 @@ type RefundInsertParams struct {
 }
 
 // The ledger row of a new refund, in the claim's batch (version 1); its id
-// is derived from the record's, and a second insert of it is refused by the
-// primary key, as a charge's (ChargeInsert).
+// is derived from the record's, and a second insert of it raises IDE01
+// naming the refund, as a charge's does (ChargeInsert).
 func (q *Queries) RefundInsert(ctx context.Context, db DBTX, arg *RefundInsertParams) error {
 	_, err := db.Exec(ctx, refundInsert,
 		arg.ID,

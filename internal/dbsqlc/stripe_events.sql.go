@@ -10,30 +10,6 @@ import (
 	"time"
 )
 
-const stripeEventGet = `-- name: StripeEventGet :one
-SELECT id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error FROM stripe_events WHERE id = $1
-`
-
-func (q *Queries) StripeEventGet(ctx context.Context, db DBTX, id string) (StripeEvent, error) {
-	row := db.QueryRow(ctx, stripeEventGet, id)
-	var i StripeEvent
-	err := row.Scan(
-		&i.ID,
-		&i.Type,
-		&i.ApiVersion,
-		&i.ObjectID,
-		&i.StripeCreated,
-		&i.Payload,
-		&i.IdempotencyKeyID,
-		&i.Outcome,
-		&i.ReceivedAt,
-		&i.ProcessedAt,
-		&i.Attempts,
-		&i.LastError,
-	)
-	return i, err
-}
-
 const stripeEventGetByIdempotencyKeyID = `-- name: StripeEventGetByIdempotencyKeyID :one
 SELECT id, type, api_version, object_id, stripe_created, payload, idempotency_key_id, outcome, received_at, processed_at, attempts, last_error FROM stripe_events WHERE idempotency_key_id = $1
 `
@@ -59,9 +35,13 @@ func (q *Queries) StripeEventGetByIdempotencyKeyID(ctx context.Context, db DBTX,
 }
 
 const stripeEventInsert = `-- name: StripeEventInsert :exec
-INSERT INTO stripe_events (id, type, api_version, object_id, stripe_created, payload, idempotency_key_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (id) DO UPDATE SET idempotency_key_id = COALESCE(stripe_events.idempotency_key_id, EXCLUDED.idempotency_key_id)
+WITH e AS (
+    INSERT INTO stripe_events (id, type, api_version, object_id, stripe_created, payload, idempotency_key_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM e), 'IDE01', 'Stripe event ' || $1::text)
 `
 
 type StripeEventInsertParams struct {
@@ -74,9 +54,13 @@ type StripeEventInsertParams struct {
 	IdempotencyKeyID *string
 }
 
-// Records a verified event, in the claim's batch. A redelivery after the
-// idempotency record was purged finds the row already there and points it
-// at the new record.
+// Records a verified event, in the claim's batch. The event id is the key,
+// so the row exists already only when the event was received before and its
+// record has since expired; that record finished, and so applied the event
+// (its finish marks the row processed), since retention never deletes an
+// unfinished record. Then it raises IDE01 naming the event, nothing of the
+// claim commits, and the core refuses the delivery
+// (idempotency.ErrKeyExpired), which the endpoint acknowledges.
 func (q *Queries) StripeEventInsert(ctx context.Context, db DBTX, arg *StripeEventInsertParams) error {
 	_, err := db.Exec(ctx, stripeEventInsert,
 		arg.ID,

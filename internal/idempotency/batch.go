@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,10 +73,17 @@ type errRow struct{}
 
 func (errRow) Scan(...any) error { return errReadInBatch }
 
-// The SQLSTATEs that idempay_expect raises (db/migrations/0007_one_path.sql).
+// The SQLSTATEs that idempay_expect raises (db/migrations/0007_one_path.sql),
+// with the message "idempay: " and its third argument.
 const (
 	sqlstateFenced = "IDF01"
 	sqlstateStale  = "IDS01"
+	// sqlstateExpired is raised by an operation's guarded ledger INSERT
+	// (ChargeInsert, RefundInsert, StripeEventInsert) when the row exists:
+	// its id derives from the request, so only this same request made it,
+	// under a record that retention has since deleted. Its message names
+	// the row.
+	sqlstateExpired = "IDE01"
 )
 
 // ErrStale is a phase whose operation read a row that changed before its
@@ -87,9 +95,11 @@ var ErrStale = errors.New("a row changed since it was read")
 // loops, which measure the runner's statements without the runner.
 func (b *Batch) Send(ctx context.Context, pool *pgxpool.Pool) error { return send(ctx, pool, b) }
 
-// send runs b as one implicit transaction, and tells what PostgreSQL raised: ErrFenced for the core's
-// fence, ErrStale for an operation's guard, errTaken when the claim's INSERT
-// found the key taken, or the error as it is.
+// send runs b as one implicit transaction, and tells what PostgreSQL
+// raised: ErrFenced for the core's fence, ErrStale for an operation's
+// guard, ErrKeyExpired (an *Error) for a ledger row that the same request
+// made before its record expired, errTaken when the claim's INSERT found
+// the key taken, or the error as it is.
 func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 	err := pool.SendBatch(ctx, &b.b).Close()
 	var pe *pgconn.PgError
@@ -102,6 +112,10 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 		return ErrFenced
 	case pe.Code == sqlstateStale:
 		return fmt.Errorf("%w: %s", ErrStale, pe.Message)
+	case pe.Code == sqlstateExpired:
+		return &Error{Kind: ErrKeyExpired, Cause: err, Detail: "This key was used for this same request before its record expired " +
+			"(the retention window), and what that request made exists: " + strings.TrimPrefix(pe.Message, "idempay: ") + ". " +
+			"It is not run again, and its first answer is no longer stored. A new request needs a new key."}
 	case pe.Code == "23505" && (pe.ConstraintName == "idempotency_keys_pkey" || pe.ConstraintName == "idempotency_keys_scope_key_unique"):
 		return errTaken
 	default:

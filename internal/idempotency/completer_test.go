@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -86,8 +87,9 @@ func request(accountID, key string) idempotency.Request {
 	}
 }
 
-// testOp is an Operation whose Begin writes a real ledger row (a charge) and
-// whose Call is supplied by the test. Calls are counted.
+// testOp is an Operation whose Begin writes a real ledger row (a charge,
+// with the real operation's guarded insert and, like it, an id derived from
+// the record's) and whose Call is supplied by the test. Calls are counted.
 type testOp struct {
 	pool      *pgxpool.Pool
 	accountID string
@@ -96,10 +98,15 @@ type testOp struct {
 }
 
 func (o *testOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
-	_, err := b.Exec(ctx, `INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
-		VALUES ($1, $2, 100, 'usd', 'tok_visa')`, o.accountID, rec.ID)
-	return err
+	return dbsqlc.New().ChargeInsert(ctx, b, &dbsqlc.ChargeInsertParams{
+		ID: ledgerID(rec), AccountID: o.accountID, IdempotencyKeyID: &rec.ID, Amount: 100, Currency: "usd",
+		PaymentMethod: "tok_visa", Metadata: []byte("{}"), CaptureMethod: "automatic",
+	})
 }
+
+// ledgerID is the id of rec's charge: derived from the record's, as the
+// real operations derive theirs.
+func ledgerID(rec *idempotency.Record) string { return "ch_" + strings.TrimPrefix(rec.ID, "ik_") }
 
 // Load has nothing to read: the test's Call carries its own state.
 func (o *testOp) Load(context.Context, *idempotency.Record) error { return nil }

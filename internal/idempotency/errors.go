@@ -35,6 +35,13 @@ var (
 	// and reconciliation settle it. Nothing changed; a retry gets the same
 	// answer until they do, and then the stored response.
 	ErrParked = errors.New("idempotency record parked past the retry ceiling")
+	// ErrKeyExpired: the same request (key and fingerprint) came again
+	// after retention deleted its record, and what it made still exists:
+	// the record id, and so the id of the ledger row it created, derive from
+	// the request (RecordID), and ledger rows outlive their keys. It is not
+	// run again and its answer cannot be replayed: the refusal is final and
+	// stores nothing; Detail names the object that exists (I16).
+	ErrKeyExpired = errors.New("idempotency key expired after its request ran")
 )
 
 // Error is one refusal or non-final outcome: Kind is one of the errors

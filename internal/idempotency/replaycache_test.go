@@ -16,10 +16,9 @@ import (
 // replayed, from memory: the same stored answer, marked replayed, and a
 // different request under the key is still refused (a finished record's
 // fingerprint and answer never change). The test proves the answer comes
-// from memory by deleting the record behind the runner's back, as only the
-// retention job (a day later) or a database that lost its last commits
-// would: the cached runner still replays, an uncached one runs the key
-// anew. Entries end after the TTL, by the runner's clock; unfinished
+// from memory by deleting the record and its ledger row behind the
+// runner's back, as a database that lost its last commits would: the
+// cached runner still replays, an uncached one runs the key anew. Entries end after the TTL, by the runner's clock; unfinished
 // records are never cached; and the cache holds at most its size.
 func TestReplayCache(t *testing.T) {
 	t.Parallel()
@@ -38,9 +37,15 @@ func TestReplayCache(t *testing.T) {
 			return finishFor(rec, owner)
 		}}
 	}
+	// forget deletes the key's record and its ledger row, as a database
+	// that lost its last commits would. (Retention deletes the record
+	// alone, and the same request then finds its ledger row: ErrKeyExpired.)
 	forget := func(key string) {
 		t.Helper()
-		if _, err := d.Pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE account_id = $1 AND key = $2`, d.AccountID, key); err != nil {
+		if _, err := d.Pool.Exec(ctx, `
+			WITH ik AS (SELECT id FROM idempotency_keys WHERE account_id = $1 AND key = $2),
+			     ch AS (DELETE FROM charges WHERE idempotency_key_id IN (SELECT id FROM ik))
+			DELETE FROM idempotency_keys WHERE id IN (SELECT id FROM ik)`, d.AccountID, key); err != nil {
 			t.Fatal(err)
 		}
 	}

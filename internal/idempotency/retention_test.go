@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +17,9 @@ import (
 // finished records are kept for the published window plus the grace, then
 // deleted in bounded batches; unfinished records are never deleted, however
 // old; ledger rows outlive their records with idempotency_key_id set to
-// NULL; and once a key is purged, the same key starts a new operation.
+// NULL; and once a key is purged, the same request under it is refused as
+// expired (its ledger row, whose id derives from the request, outlived the
+// record), while another request under it runs.
 func TestRetention(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
@@ -140,12 +144,30 @@ func TestRetention(t *testing.T) {
 		t.Errorf("ledger after the purges: %d rows, %d linked, %d unlinked, want 17, 3 (the unfinished) and 7", total, linked, orphaned)
 	}
 
-	// Past the window the key is forgotten: the same key is a new operation.
+	// Past the window, the same request under the purged key is the same
+	// record id, whose ledger row outlived it: refused as expired, final,
+	// storing nothing, naming the row; the operation does not run.
 	again := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
 		return finishFor(rec, "again")
 	}}
-	resp, err := r.Run(ctx, request(d.AccountID, oldFinished[0]), again)
+	req := request(d.AccountID, oldFinished[0])
+	charge := ledgerID(&idempotency.Record{ID: idempotency.RecordID(req.Scope, req.Key, req.Fingerprint)})
+	_, err := r.Run(ctx, req, again)
+	if ie := requireKind(t, err, idempotency.ErrKeyExpired); !strings.Contains(ie.Detail, charge) {
+		t.Errorf("the refusal's detail %q does not name the charge %s", ie.Detail, charge)
+	}
+	if n := again.calls.Load(); n != 0 {
+		t.Errorf("the operation ran %d times for a request that ran before its record expired, want 0", n)
+	}
+	if _, ok := keys()[oldFinished[0]]; ok {
+		t.Errorf("the refused request stored a record")
+	}
+	// A different request under the purged key is a record of its own, and
+	// runs.
+	other := request(d.AccountID, oldFinished[0])
+	other.Fingerprint = idempotency.Fingerprint(http.MethodPost, testRoute, []byte(`{"amount":200}`))
+	resp, err := r.Run(ctx, other, again)
 	if err != nil || resp.Replayed || again.calls.Load() != 1 {
-		t.Errorf("a purged key sent again: %v replayed=%v executed %d times; want a new operation", err, resp.Replayed, again.calls.Load())
+		t.Errorf("another request under a purged key: %v replayed=%v executed %d times; want a new operation", err, resp.Replayed, again.calls.Load())
 	}
 }

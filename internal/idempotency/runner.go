@@ -246,7 +246,7 @@ type Step struct {
 // sends the record's fenced finish and those writes as one batch: they
 // commit together, or (an error from fn or from the batch) not at all. A
 // guarded write that finds its row changed (ErrStale) makes the runner call
-// the step again, from a fresh read.
+// the step again, from a fresh read: the operation's Load, then Call.
 func Finish(fn func(ctx context.Context, b *Batch) (Response, error)) Step {
 	return Step{finish: fn}
 }
@@ -275,7 +275,9 @@ type Operation interface {
 	// Load reads the operation's state from the ledger for a record that
 	// was begun elsewhere: by a process that crashed, or by an attempt that
 	// ended with an unknown outcome. The runner calls it instead of Begin
-	// when it takes a record over.
+	// when it takes a record over, and again before it calls a step whose
+	// finish found a row changed (ErrStale), so that the step reruns from a
+	// fresh read.
 	Load(ctx context.Context, rec *Record) error
 	// Call makes the downstream call with rec.DownstreamKey(step). No
 	// transaction is open while it runs. It may be called again for the
@@ -294,6 +296,7 @@ const (
 	OutcomeReplayed   Outcome = "replayed"
 	OutcomeConflict   Outcome = "conflict"
 	OutcomeMismatch   Outcome = "mismatch"
+	OutcomeExpired    Outcome = "expired" // ErrKeyExpired
 	OutcomeTakeover   Outcome = "takeover"
 	OutcomeRecovered  Outcome = "recovered"
 	OutcomeUnknown    Outcome = "unknown_downstream"
@@ -586,7 +589,10 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	}
 	b.queueNow()
 	if err := send(ctx, r.pool, b); err != nil {
-		if !errors.Is(err, errTaken) && !errors.Is(err, ErrStale) {
+		switch {
+		case errors.Is(err, ErrKeyExpired):
+			r.observe(OutcomeExpired)
+		case !errors.Is(err, errTaken) && !errors.Is(err, ErrStale):
 			err = fmt.Errorf("claiming idempotency key: %w", err)
 		}
 		return nil, err
@@ -664,9 +670,11 @@ func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response
 }
 
 // callAndFinish makes the downstream call and finishes the record with its
-// definite outcome, calling again (with the same downstream key) when the
-// finishing batch found a row it read changed. An unknown outcome, or a
-// finish that fails otherwise, releases the record with its error recorded.
+// definite outcome. When the finishing batch found a row it read changed
+// (ErrStale), the operation Loads its state afresh and is called again
+// (with the same downstream key, so Stripe replays its answer), and its
+// finish is computed from that fresh read. An unknown outcome, or a finish
+// that fails otherwise, releases the record with its error recorded.
 func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Record, op Operation) (Response, error) {
 	var err error
 	for range maxAttempts {
@@ -687,6 +695,9 @@ func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Recor
 			return Response{}, r.fenced()
 		case !errors.Is(err, ErrStale):
 			return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+		}
+		if lerr := op.Load(ctx, rec); lerr != nil {
+			return Response{}, r.release(ctx, log, rec, fmt.Errorf("reloading the ledger rows of record %s after a stale finish: %w", rec.ID, lerr), detailNotRecorded)
 		}
 	}
 	return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)

@@ -9,7 +9,8 @@
 // duplicate (a finished record) is acknowledged at once; an unknown Stripe
 // outcome or a record in flight elsewhere is redelivered later (nak with
 // backoff); and a message that can never succeed (its key used for another
-// request, invalid, an unknown account, or past its maximum deliveries) is
+// request, or for this same request longer ago than the retention window,
+// invalid, an unknown account, or past its maximum deliveries) is
 // published to the dead-letter subject with the reason in its headers and
 // then terminated: never dropped, never redelivered.
 package orders
@@ -101,6 +102,7 @@ type chargeBody struct {
 // Dead-letter reasons, in the Idempay-Dlq-Reason header.
 const (
 	ReasonKeyReused      = "key_reused"
+	ReasonKeyExpired     = "key_expired"
 	ReasonInvalid        = "invalid"
 	ReasonUnknownAccount = "unknown_account"
 	ReasonMaxDeliveries  = "max_deliveries"
@@ -295,6 +297,10 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonKeyReused, "the idempotency_key was used before with a different charge")
 	case errors.Is(err, idempotency.ErrParked):
 		c.deadLetter(ctx, log, msg, meta, ReasonParked, detailOf(err))
+	case errors.Is(err, idempotency.ErrKeyExpired):
+		// The same charge was made under this key before its record
+		// expired: final, never run again (the detail names the charge).
+		c.deadLetter(ctx, log, msg, meta, ReasonKeyExpired, detailOf(err))
 	case errors.Is(err, idempotency.ErrUnknownOutcome):
 		c.retry(ctx, log, msg, meta, reasonUnknownOutcome, err)
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):

@@ -50,10 +50,17 @@ func newBench(t *testing.T, maxDeliver int) *bench {
 // newBenchConfig is newBench with a last change to the configuration.
 func newBenchConfig(t *testing.T, maxDeliver int, configure func(*orders.Config)) *bench {
 	t.Helper()
+	return startBench(t, apitest.Options{}, maxDeliver, configure)
+}
+
+// startBench is newBenchConfig with the API environment's options.
+func startBench(t *testing.T, opts apitest.Options, maxDeliver int, configure func(*orders.Config)) *bench {
+	t.Helper()
 	// A Stripe timeout that a healthy call on a loaded machine does not
 	// reach (an unknown outcome would add a nak the tests count), and
 	// shorter than AckWait, as the server's configuration requires.
-	env := apitest.New(t, apitest.Options{StripeTimeout: 3 * time.Second})
+	opts.StripeTimeout = 3 * time.Second
+	env := apitest.New(t, opts)
 	_, js := natstest.Connect(t, natstest.Server(t))
 	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
 	b.cfg.MaxDeliver = maxDeliver
@@ -301,6 +308,44 @@ func TestDeadLetters(t *testing.T) {
 	}
 	if got := b.count(orders.OutcomeNew); got != 1 {
 		t.Errorf("after settling: %d new charges, want 1 (outcomes %v)", got, b.snapshot())
+	}
+}
+
+// A message sent again after its charge's record expired (retention
+// deleted it; the charge stays) is what the same request is over HTTP: the
+// core refuses it as expired (final, nothing stored), so it is
+// dead-lettered at once with reason key_expired, naming the charge, never
+// retried and never charged again.
+func TestKeyExpiredIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	b := startBench(t, apitest.Options{NoReplayCache: true}, 10, nil) // the record is deleted as retention would
+	acct := b.env.NewClient(t).Account.ID
+	key := "order-" + rand.Text()
+	b.publish(t, message(acct, key, 1000), "")
+	waitFor(t, "the charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	var chargeID string
+	if err := b.env.Pool.QueryRow(context.Background(), `SELECT id FROM charges WHERE account_id = $1`, acct).Scan(&chargeID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.env.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, acct, key); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, message(acct, key, 1000), "")
+	waitFor(t, "a dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) == 1 })
+	waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonKeyExpired || dl[0].Deliveries != "1" || !strings.Contains(dl[0].Detail, chargeID) {
+		t.Fatalf("dead letters: %+v; want one with reason %s after 1 delivery, naming %s (outcomes %v)",
+			dl, orders.ReasonKeyExpired, chargeID, b.snapshot())
+	}
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Errorf("the message was nak'ed %d times, want 0", n)
+	}
+	if n := b.charges(t, acct); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+	if n := len(b.env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
 	}
 }
 

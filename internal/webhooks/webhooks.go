@@ -118,9 +118,10 @@ func (h *Receiver) observe(typ, outcome string) {
 
 // Receive takes one delivery: its payload and its Stripe-Signature header.
 // It returns a response (2xx) only once the event is durably recorded:
-// applied now, a duplicate of one recorded before, or recorded and left to
-// the completer. A delivery refused (*apierror.Error, 400) stores nothing;
-// any other error means Stripe should retry.
+// applied now, a duplicate of one recorded before (its record kept, or
+// expired: ErrKeyExpired), or recorded and left to the completer. A
+// delivery refused (*apierror.Error, 400) stores nothing; any other error
+// means Stripe should retry.
 func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string) (idempotency.Response, error) {
 	ev, err := h.verify(payload, signature)
 	if err != nil {
@@ -153,6 +154,11 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
 		// Another process holds the event's record: it is recorded, and
 		// that process (or the completer) applies it.
+		h.observe(typ, OutcomeDuplicate)
+		return receiptResponse(ev.ID, OutcomeDuplicate)
+	case errors.Is(err, idempotency.ErrKeyExpired):
+		// Received and applied before its record expired: its inbox row
+		// outlives the record, and nothing is applied twice (I8).
 		h.observe(typ, OutcomeDuplicate)
 		return receiptResponse(ev.ID, OutcomeDuplicate)
 	case errors.Is(err, idempotency.ErrUnknownOutcome):
@@ -294,35 +300,29 @@ func (op *eventOp) Call(context.Context, *idempotency.Record) idempotency.Step {
 
 // apply reads what the event is about and queues the finishing batch: the
 // ledger change and the inbox row's processed_at, whose guard (processed_at
-// IS NULL) is the event's once-only mark, also beyond the idempotency
-// record's retention. An event applied before its record was purged is
-// answered with its stored outcome.
+// IS NULL) is the event's once-only mark. Beyond the record's retention the
+// inbox row itself is: a redelivery's claim finds it and is refused
+// (StripeEventInsert), so an event applied before its record was purged is
+// never applied again.
 func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-	row, err := op.h.q.StripeEventGet(ctx, op.h.pool, op.ev.ID)
-	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("reading stripe event %s: %w", op.ev.ID, err)
+	var err error
+	var lastError *string
+	op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev)
+	switch {
+	case errors.Is(err, charges.ErrEventUnappliable):
+		// No retry can apply it: it ends failed, with its reason, and is
+		// acknowledged, so that neither Stripe nor the completer sends it
+		// again (ApplyEvent queued nothing).
+		op.outcome, op.failure = charges.EventFailed, pgtext.Truncate(err.Error(), 1000)
+		lastError = &op.failure
+	case err != nil:
+		return idempotency.Response{}, err
 	}
-	if row.ProcessedAt != nil { // applied before its record was purged
-		op.outcome = charges.EventOutcome(*row.Outcome)
-	} else {
-		op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev)
-		var lastError *string
-		switch {
-		case errors.Is(err, charges.ErrEventUnappliable):
-			// No retry can apply it: it ends failed, with its reason, and
-			// is acknowledged, so that neither Stripe nor the completer
-			// sends it again (ApplyEvent queued nothing).
-			op.outcome, op.failure = charges.EventFailed, pgtext.Truncate(err.Error(), 1000)
-			lastError = &op.failure
-		case err != nil:
-			return idempotency.Response{}, err
-		}
-		outcome := string(op.outcome)
-		if err := op.h.q.StripeEventMarkProcessed(ctx, b, &dbsqlc.StripeEventMarkProcessedParams{
-			Outcome: &outcome, LastError: lastError, ID: op.ev.ID,
-		}); err != nil {
-			return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
-		}
+	outcome := string(op.outcome)
+	if err := op.h.q.StripeEventMarkProcessed(ctx, b, &dbsqlc.StripeEventMarkProcessedParams{
+		Outcome: &outcome, LastError: lastError, ID: op.ev.ID,
+	}); err != nil {
+		return idempotency.Response{}, fmt.Errorf("marking stripe event %s processed: %w", op.ev.ID, err)
 	}
 	body, err := json.Marshal(receipt{ID: op.ev.ID, Object: "webhook_receipt", Outcome: string(op.outcome)})
 	if err != nil {

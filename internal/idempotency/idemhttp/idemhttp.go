@@ -197,6 +197,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrBodyTooLarge:   apierror.BodyTooLarge,
 	idempotency.ErrInvalidJSON:    apierror.InvalidJSON,
 	idempotency.ErrMismatch:       apierror.IdempotencyKeyReused,
+	idempotency.ErrKeyExpired:     apierror.IdempotencyKeyExpired,
 	idempotency.ErrInFlight:       apierror.RequestInProgress,
 	idempotency.ErrFenced:         apierror.RequestInProgress,
 	idempotency.ErrUnknownOutcome: apierror.DownstreamUnavailable,
