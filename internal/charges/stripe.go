@@ -194,7 +194,7 @@ func (s *Stripe) observed(operation string, start time.Time, err error) {
 }
 
 // stripeAnswer is one row of stripeAnswers: an HTTP status ("402") or a
-// class of them ("4xx"), an error code ("" for any) and an error type (""
+// class of them ("5xx"), an error code ("" for any) and an error type (""
 // for any).
 type stripeAnswer struct {
 	status  string
@@ -281,7 +281,7 @@ func classify(err error) (outcome, *stripe.Error) {
 	}
 	var se *stripe.Error
 	if !errors.As(err, &se) {
-		return outcomeUnknown, nil // no answer from Stripe: a timeout, a connection error
+		return outcomeUnknown, nil // not Stripe's answer: a timeout, a connection error, a proxy's page
 	}
 	for _, a := range stripeAnswers {
 		if a.matches(se) {
