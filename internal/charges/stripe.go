@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
@@ -153,14 +154,14 @@ func (t sizedBodies) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.next.RoundTrip(sized)
 }
 
-// outcome classifies an error from a Stripe call.
+// outcome is what an answer of Stripe's means for the request (classify).
 type outcome int
 
 const (
 	outcomeOK       outcome = iota
 	outcomeDeclined         // a card error: final, 402
 	outcomeRejected         // a definite validation error: final, 422
-	outcomeUnknown          // anything else: not final, retry with the same key
+	outcomeUnknown          // no definite answer: not final, retry with the same key
 	// outcomeConflict: Stripe holds this downstream key with other
 	// parameters (idempotency_error). Final, 409 downstream-key-conflict;
 	// the ledger row is left for Stripe's events and reconciliation to
@@ -192,37 +193,102 @@ func (s *Stripe) observed(operation string, start time.Time, err error) {
 	}
 }
 
-// classify follows the contract: only a card error or a definite 4xx
-// validation error is final. Timeouts, connection errors, 5xx, 429, auth
-// errors (an operator problem, nothing was charged) and 409
-// idempotency_key_in_use (another attempt with this key is still in flight
-// at Stripe) are unknown outcomes. Stripe's idempotency_error (this key was
-// first used with other parameters) is final too, but of its own kind,
-// outcomeConflict: no retry under the key can ever succeed.
+// stripeAnswer is one row of stripeAnswers: an HTTP status ("402") or a
+// class of them ("5xx"), an error code ("" for any) and an error type (""
+// for any).
+type stripeAnswer struct {
+	status  string
+	code    stripe.ErrorCode
+	typ     stripe.ErrorType
+	outcome outcome
+}
+
+// stripeAnswers is how idempay reads an error answer from Stripe: by its
+// HTTP status first and its error code second, as Stripe documents them;
+// the error's type only refines a 4xx. The first row that matches decides.
+// Each row quotes the page of Stripe's documentation that says what the
+// answer means:
+//
+//	[errors]      https://docs.stripe.com/api/errors (the HTTP status code summary, the error types)
+//	[codes]       https://docs.stripe.com/error-codes
+//	[idempotency] https://docs.stripe.com/api/idempotent_requests
+//	[low-level]   https://docs.stripe.com/error-low-level
+//	[rate-limits] https://docs.stripe.com/rate-limits
+//
+// An answer that matches no row (a status Stripe does not document, a 409
+// with another code) is unknown, and so is every failure that is not an
+// answer of Stripe's: a timeout, a connection refused or reset, a body
+// that is not Stripe's error object (a proxy's 502 page). Unknown means
+// the request may have run at Stripe: the record stays resumable, and a
+// retry sends the same downstream key (the contract, step 8). Nothing is
+// final unless Stripe documents it so.
+var stripeAnswers = []stripeAnswer{
+	// [errors] type idempotency_error: "an Idempotency-Key is re-used on a
+	// request that does not match the first request's API endpoint and
+	// parameters"; [idempotency] "The idempotency layer compares incoming
+	// parameters to those of the original request and errors if they're
+	// not the same". Every retry under the key gets it, and once Stripe
+	// forgets the key a retry would run as a second payment: final, of its
+	// own kind (keyConflict).
+	{"400", "", stripe.ErrorTypeIdempotency, outcomeConflict},
+	// [errors] 400 "The request was unacceptable, often due to missing a
+	// required parameter."
+	{"400", "", "", outcomeRejected},
+	// [errors] 401 "No valid API key provided." Nothing ran, and nothing is
+	// kept under the key ([low-level]: like a 429, "a 401 that omitted an
+	// API key" can produce another result with the same key): an
+	// operator's problem, after whose fix the same request runs.
+	{"401", "", "", outcomeUnknown},
+	// [errors] 402 "The parameters were valid but the request failed": a
+	// card error (type card_error, with a decline_code).
+	{"402", "", "", outcomeDeclined},
+	// [errors] 403 "The API key doesn't have permissions to perform the
+	// request." As a 401.
+	{"403", "", "", outcomeUnknown},
+	// [errors] 404 "The requested resource doesn't exist."
+	{"404", "", "", outcomeRejected},
+	// [errors] 409 "The request conflicts with another request (perhaps due
+	// to using the same idempotent key)"; [codes] idempotency_key_in_use
+	// "The idempotency key provided is currently being used in another
+	// request." An earlier attempt under this downstream key is still
+	// running at Stripe and may charge: unknown, whatever the error's type
+	// (Stripe's client libraries raise it as an idempotency_error).
+	{"409", stripe.ErrorCodeIdempotencyKeyInUse, "", outcomeUnknown},
+	// [errors] 424 "The request couldn't be completed due to a failure in
+	// a dependency external to Stripe."
+	{"424", "", "", outcomeUnknown},
+	// [errors] 429 "Too many requests hit the API too quickly" ([codes]
+	// rate_limit), or [rate-limits] "HTTP status 429, code lock_timeout":
+	// another request holds the object. Both: retry with backoff.
+	{"429", "", "", outcomeUnknown},
+	// [errors] 500, 502, 503, 504: "Something went wrong on Stripe's end";
+	// [low-level] "Treat requests that return 500 errors as indeterminate."
+	{"5xx", "", "", outcomeUnknown},
+}
+
+func (a stripeAnswer) matches(se *stripe.Error) bool {
+	status := strconv.Itoa(se.HTTPStatusCode)
+	return (a.status == status || a.status == status[:1]+"xx") &&
+		(a.code == "" || a.code == se.Code) && (a.typ == "" || a.typ == se.Type)
+}
+
+// classify reads the error of a Stripe call by stripeAnswers. Only a card
+// error, a definite validation error and Stripe's refusal of a key reused
+// with other parameters are final; everything else is an unknown outcome.
 func classify(err error) (outcome, *stripe.Error) {
 	if err == nil {
 		return outcomeOK, nil
 	}
 	var se *stripe.Error
 	if !errors.As(err, &se) {
-		return outcomeUnknown, nil
+		return outcomeUnknown, nil // not Stripe's answer: a timeout, a connection error, a proxy's page
 	}
-	switch {
-	case se.Type == stripe.ErrorTypeCard || se.HTTPStatusCode == http.StatusPaymentRequired:
-		return outcomeDeclined, se
-	case se.Type == stripe.ErrorTypeIdempotency:
-		// Stripe saw this downstream key with other parameters: what
-		// idempay sends for one request changed between two attempts (a
-		// defect, or a configuration such as the return URL changed in
-		// between). Every retry under the key gets the same refusal, and
-		// once Stripe forgets the key (after 24 hours) a retry would run
-		// as a second payment: so it is final, never resumable.
-		return outcomeConflict, se
-	case se.HTTPStatusCode == http.StatusBadRequest || se.HTTPStatusCode == http.StatusNotFound:
-		return outcomeRejected, se
-	default:
-		return outcomeUnknown, se
+	for _, a := range stripeAnswers {
+		if a.matches(se) {
+			return a.outcome, se
+		}
 	}
+	return outcomeUnknown, se
 }
 
 // CreatePaymentIntent creates and confirms the Stripe PaymentIntent of a

@@ -195,10 +195,13 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 
 // Stripe's 409 idempotency_key_in_use means another attempt with the same
 // downstream key is still running there. It is an unknown outcome (503),
-// never a final answer. Here a retry takes over the record of a request
-// whose lock expired while it was stuck at Stripe; its own call meets the
-// stuck one at Stripe. The stuck owner, released, is fenced, and the next
-// retry gets Stripe's replay of the one charge.
+// never a final answer, whatever the error's type: the fake answers it as
+// Stripe does, with type idempotency_error (stripefake's claim cites
+// Stripe's documentation), the type that also marks a key reused with
+// other parameters, which is final. Here a retry takes over the record of
+// a request whose lock expired while it was stuck at Stripe; its own call
+// meets the stuck one at Stripe. The stuck owner, released, is fenced, and
+// the next retry gets Stripe's replay of the one charge.
 func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	t.Parallel()
 	// The lock must still be fresh at the second request, sent right after
@@ -225,6 +228,9 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	time.Sleep(lockTimeout + 200*time.Millisecond) // the owner's lock expires
 	second := c.Post("/v1/charges", key, chargeBody(990))
 	wantProblem(t, second, http.StatusServiceUnavailable, "downstream-unavailable")
+	if second.Header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
 	if n := env.Stripe.KeyCount(dk); n != 2 {
 		t.Fatalf("Stripe saw %d requests with the key, want 2", n)
 	}

@@ -534,11 +534,28 @@ func (s *Server) claim(idx int, key, fingerprint string) (answer response, repla
 		s.idem[key] = &idemEntry{fingerprint: fingerprint}
 		return response{}, false, true
 	case !e.done:
-		return invalidRequest(http.StatusConflict, "idempotency_key_in_use", "", fmt.Sprintf(
-			"There is currently another in-progress request using this Idempotent Key "+
+		// Stripe's answer while the key's first request still runs: 409
+		// "The request conflicts with another request (perhaps due to using
+		// the same idempotent key)" (docs.stripe.com/api/errors), code
+		// idempotency_key_in_use "The idempotency key provided is currently
+		// being used in another request" (docs.stripe.com/error-codes), type
+		// idempotency_error, as Stripe's client libraries raise it (an
+		// IdempotencyError). Nothing is stored: a retry once the first
+		// request is done gets its result.
+		return errorResponse(http.StatusConflict, apiError{
+			Type: "idempotency_error", Code: "idempotency_key_in_use",
+			Message: fmt.Sprintf("There is currently another in-progress request using this Idempotent Key "+
 				"(that probably means you submitted twice, and the other request is still "+
-				"going through): %s. Please try again later.", key)), false, false
+				"going through): %s. Please try again later.", key),
+		}), false, false
 	case e.fingerprint != fingerprint:
+		// Stripe's answer to a key reused with other parameters: 400, type
+		// idempotency_error, "an Idempotency-Key is re-used on a request
+		// that does not match the first request's API endpoint and
+		// parameters" (docs.stripe.com/api/errors;
+		// docs.stripe.com/api/idempotent_requests: "The idempotency layer
+		// compares incoming parameters to those of the original request and
+		// errors if they're not the same").
 		return errorResponse(http.StatusBadRequest, apiError{
 			Type: "idempotency_error",
 			Message: fmt.Sprintf("Keys for idempotent requests can only be used with the same "+

@@ -138,6 +138,8 @@ func TestParamsMismatch(t *testing.T) {
 	if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
 		t.Fatal(err)
 	}
+	// Stripe's answer to a key reused with other parameters (see claim):
+	// 400, type idempotency_error.
 	_, err := sc.Charges.New(chargeParams("key-1", 2000, "tok_visa"))
 	_ = stripeErr(t, err, http.StatusBadRequest, stripe.ErrorTypeIdempotency)
 	if n := len(fake.Charges()); n != 1 {
@@ -238,7 +240,9 @@ func TestConcurrentSameKey(t *testing.T) {
 	}
 
 	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
-	if se := stripeErr(t, err, http.StatusConflict, stripe.ErrorTypeInvalidRequest); se.Code != stripe.ErrorCodeIdempotencyKeyInUse {
+	// Stripe's answer to a key in flight (see claim): 409, code
+	// idempotency_key_in_use, type idempotency_error.
+	if se := stripeErr(t, err, http.StatusConflict, stripe.ErrorTypeIdempotency); se.Code != stripe.ErrorCodeIdempotencyKeyInUse {
 		t.Fatalf("code = %s, want idempotency_key_in_use", se.Code)
 	}
 
