@@ -209,7 +209,7 @@ func TestAccountsSpread(t *testing.T) {
 	for _, res := range results {
 		names = append(names, res.Name)
 		if res.Requests == 0 || res.Unexpected != 0 {
-			t.Errorf("%s: %d requests, %d unexpected %v", res.Name, res.Requests, res.Unexpected, res.Statuses)
+			t.Errorf("%s: %d requests, %d unexpected %v; why: %q", res.Name, res.Requests, res.Unexpected, res.Statuses, res.Errors)
 		}
 		if res.Usage == nil || !res.Usage.Measured {
 			t.Errorf("%s: not measured", res.Name)
