@@ -13,6 +13,9 @@ SQLC_FLAGS  := $(if $(SQLC_CONFIG),-f $(SQLC_CONFIG))
 GOLANGCI_LINT := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 # Extra arguments for go test, e.g. make test ARGS='-run TestReplay -v'
 ARGS ?=
+# make clean CLEAN_ARGS=-n (and distclean, clean-services) lists, removes nothing.
+CLEAN_ARGS ?=
+DRY_RUN := $(filter -n,$(CLEAN_ARGS))
 
 .PHONY: help up test generate verify build lint fmt-check bench clean clean-services distclean
 
@@ -53,12 +56,17 @@ bench: ## load benchmark (BENCHMARKS.md): bin/idempay-bench starts bin/idempay o
 	$(GO) build -o bin/idempay-bench ./cmd/idempay-bench
 	DATABASE_URL="$${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/idempay_bench?sslmode=disable}" bin/idempay-bench $(BENCH_ARGS)
 
-clean: clean-services ## remove bin/ and what the demo and tests left on the shared services (clean-services)
-	@if [[ -d bin ]]; then rm -rf bin && echo "removed bin/"; fi
+clean: clean-services ## remove bin/ and what the demo and tests left on the shared services (clean-services); CLEAN_ARGS=-n: only list
+	@if [[ -d bin && -n "$(DRY_RUN)" ]]; then echo "would remove bin/"; \
+	elif [[ -d bin ]]; then rm -rf bin && echo "removed bin/"; fi
 
 clean-services: ## drop the idempay and idempay_* databases (demo, bench, tests) and the demo's NATS streams ORDERS and IDEMPAY_EVENTS; prints each (CLEAN_ARGS=-n: only print)
 	$(GO) run ./scripts/cleanservices $(CLEAN_ARGS)
 
-distclean: clean ## also stop the private PostgreSQL cluster and delete .run/ (its data)
+distclean: clean ## also stop the private PostgreSQL cluster and delete .run/ (its data); CLEAN_ARGS=-n: only list
+ifeq ($(DRY_RUN),)
 	source scripts/lib.sh && stop_private_postgres
 	rm -rf .run
+else
+	@echo "would stop the private PostgreSQL cluster under .run/ and remove .run/"
+endif

@@ -98,7 +98,7 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 					if tc.wantPoint != "finished" {
 						// The completer logs after its commit: the record can be
 						// seen finished a moment before the line is written.
-						waitFor(5*time.Second, func() bool { return countLog([]*server{cs}, "completer: finished record") >= 1 })
+						waitFor(30*time.Second, func() bool { return countLog([]*server{cs}, "completer: finished record") >= 1 })
 						if n := countLog([]*server{cs}, "completer: finished record"); n != 1 {
 							t.Errorf("server C's completer logged %d finished records, want 1", n)
 						}

@@ -181,7 +181,7 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 	publishOrder(t, js, orderMessage(acct.ID, key, 3300))
 	select {
 	case <-gate.Arrived():
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the charge never reached Stripe")
 	}
 

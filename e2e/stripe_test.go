@@ -15,9 +15,9 @@ import (
 )
 
 // TestStripeOutage checks the contract's unknown-outcome path (I6 with a
-// lost Stripe response) on a real server process: while Stripe answers 500
-// for 6 s, and then answers slower than STRIPE_TIMEOUT for 6 s (it does
-// the work, the answer is lost), every charge gets 503 with Retry-After and
+// lost Stripe response) on a real server process: while Stripe answers 500,
+// and then while it answers slower than STRIPE_TIMEOUT (it does the work,
+// the answer is lost), every charge gets 503 with Retry-After and
 // no side effect visible to the client, reads keep working, and once Stripe
 // is back the completer finishes every charge with no client retry, with
 // exactly one charge each at Stripe.
@@ -41,9 +41,11 @@ func TestStripeOutage(t *testing.T) {
 
 	var keys []string
 	bodies := map[string][]byte{}
-	phase := func(name string, fault stripefake.Fault, window time.Duration) {
-		start := time.Now()
-		fake.FailFor(fault, window)
+	// Each outage lasts until the test ends it (ClearFaults), once its
+	// requests have been answered and the reads made: however slowly a
+	// loaded machine runs them, they all fall inside it.
+	phase := func(name string, fault stripefake.Fault) {
+		fake.FailFor(fault, time.Hour)
 		var wg sync.WaitGroup
 		for i := range 4 {
 			key := fmt.Sprintf("%s-%d", name, i)
@@ -78,16 +80,11 @@ func TestStripeOutage(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 		wg.Wait()
-		if time.Since(start) > window-200*time.Millisecond {
-			t.Fatalf("%s: the requests outlasted the fault window; the test proves nothing", name)
-		}
-		time.Sleep(time.Until(start.Add(window)))
+		fake.ClearFaults()
 	}
-	// Windows of 6 s: each phase's requests (at most the 2 s Stripe
-	// timeout, plus the reads) end well inside theirs on a loaded machine.
-	phase("fail500", stripefake.Fail500, 6*time.Second)
+	phase("fail500", stripefake.Fail500)
 	fake.SetFaultDelay(5 * time.Second) // far beyond STRIPE_TIMEOUT
-	phase("slow", stripefake.Delay, 6*time.Second)
+	phase("slow", stripefake.Delay)
 	recoveredAt := time.Now()
 
 	// No client retries from here on: the completer alone finishes them.

@@ -714,8 +714,8 @@ ensure_nats() {
 # PgBouncer
 
 # ensure_pgbouncer: the tests that put PgBouncer in front of PostgreSQL
-# (internal/accounts: a revocation behind a transaction pooler) start their
-# own from the pgbouncer program; export its path as PGBOUNCER_BIN. Installs
+# start their own from the pgbouncer program; export its path as
+# PGBOUNCER_BIN. Installs
 # the pgbouncer package with apt-get when missing and we are root (Debian
 # keeps the program in /usr/sbin, which a user's PATH may lack); otherwise
 # those tests skip, saying why.
@@ -724,7 +724,7 @@ ensure_pgbouncer() {
 	bin=$(command -v pgbouncer 2>/dev/null || true)
 	[[ -n $bin || ! -x /usr/sbin/pgbouncer ]] || bin=/usr/sbin/pgbouncer
 	if [[ -z $bin && $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-		idem_log "pgbouncer: not installed, installing the pgbouncer package with apt-get"
+		idem_log "pgbouncer: not installed; installing the pgbouncer package with apt-get, for the tests behind a real PgBouncer (docs/development.md)"
 		# The package lists are refreshed only when the install needs it.
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer >&2 ||
 			{ DEBIAN_FRONTEND=noninteractive apt-get update >&2 &&

@@ -9,6 +9,12 @@
 #   4. the same in client/, the Go client's own module (skipped when the
 #      arguments name packages, e.g. scripts/test.sh -run X ./internal/db/...).
 #
+# What it installs, only when missing and only as root with apt-get (each
+# announced on an [idempay] line before apt-get runs; docs/development.md,
+# "What make test installs"): postgresql when there is no server to use,
+# gcc and libc6-dev for -race, pgbouncer for the tests behind a real
+# PgBouncer (without it, and as another user, those tests skip).
+#
 # Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN, PGBOUNCER_BIN (when
 # pgbouncer is installed, or could be).
 # Extra arguments go to `go test`, e.g. scripts/test.sh -run TestReplay -v

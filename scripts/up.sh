@@ -281,14 +281,16 @@ if [[ -z $account_id ]]; then
 	account_note=${account_note:-"NEW, saved in $demo_account for the next make up"}
 fi
 
-# What `idempay webhooks trigger` and `idempay reconcile` need to reach this
-# server, its database and its Stripe, kept out of the terminal (the
-# database URL may hold a password).
+# What `idempay webhooks trigger`, `idempay reconcile` and the client
+# commands (`idempay charges ...`: the demo account's key) need to reach
+# this server, its database and its Stripe, kept out of the terminal (the
+# database URL may hold a password; mode 600, like the key's own file).
 demo_env=.run/demo.env
 (
 	umask 077
-	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\nNATS_URL=%q\nSTRIPE_API_URL=%q\nSTRIPE_SECRET_KEY=%q\n' \
-		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" "$STRIPE_API_URL" "$STRIPE_SECRET_KEY" >"$demo_env"
+	printf 'DATABASE_URL=%q\nLISTEN_ADDR=%q\nSTRIPE_WEBHOOK_SECRET=%q\nNATS_URL=%q\nSTRIPE_API_URL=%q\nSTRIPE_SECRET_KEY=%q\nIDEMPAY_API_URL=%q\nIDEMPAY_API_KEY=%q\n' \
+		"$DATABASE_URL" "$LISTEN_ADDR" "$STRIPE_WEBHOOK_SECRET" "$NATS_URL" "$STRIPE_API_URL" "$STRIPE_SECRET_KEY" "$api_url" "$api_key" >"$demo_env"
+	chmod 600 "$demo_env"
 )
 
 metrics_hint=""

@@ -3,7 +3,9 @@
 // retention job and outbox relay; `consume` runs the order.paid consumer,
 // `relay` and `completer` run theirs alone; `migrate` applies the schema,
 // `accounts create` makes an account and prints its API key once, `purge`
-// runs retention once, and `orders` and `webhooks trigger` act as a
+// runs retention once, `reconcile` compares the ledger with Stripe once,
+// `charges`, `refunds`, `keys` and `api-keys` call the API through the Go
+// client, and `orders` and `webhooks trigger` act as a
 // producer, an operator or Stripe would. The files of this package only
 // wire: configuration from the environment, slog, pgxpool, the Stripe
 // client, NATS and echo.
@@ -38,20 +40,22 @@ import (
 const usage = `usage: idempay <command>
 
 commands:
-  serve                      run the HTTP API, the completer, the retention job and (with NATS_URL) the outbox relay
-  completer                  run only the background completer
-  consume                    run the order.paid consumer (NATS_URL); run several, they share the work
-  relay                      run only the outbox relay (NATS_URL)
-  orders publish|dlq|replay  publish an order.paid message; list or replay dead letters
-  charges create|get|list    call the API with the Go client (IDEMPAY_API_URL, IDEMPAY_API_KEY)
-  refunds create|get         and keys get KEY: likewise
-  api-keys create|list|revoke  the account's API keys, likewise (revoke: in every server at once)
-  migrate                    apply database migrations
-  accounts create --name N   create an account; prints {"id","api_key"} once
-  accounts set-mode ACCT M   the account's idempotency mode: required, optional or shadow
-  purge                      delete expired idempotency records once
-  webhooks trigger TYPE --charge ch_...   sign and post a Stripe event to the running server
-  reconcile [--since 24h]    compare the ledger with Stripe's PaymentIntents and refunds once, and repair it
+  serve                                    run the HTTP API, the completer, the retention job, reconciliation and (with NATS_URL) the outbox relay
+  completer                                run only the background completer
+  consume                                  run the order.paid consumer (NATS_URL); run several, they share the work
+  relay                                    run only the outbox relay (NATS_URL)
+  migrate                                  apply database migrations
+  purge                                    delete expired idempotency records once
+  reconcile [--since 24h]                  compare the ledger with Stripe's PaymentIntents and refunds once, repair it, print a JSON report
+  accounts create --name N                 create an account; prints one JSON object, {"id","name","api_key"}: the key is shown this once
+  accounts set-mode ACCT M                 the account's idempotency mode: required, optional or shadow
+  orders publish|dlq|replay                publish an order.paid message; list or replay dead letters (NATS_URL)
+  webhooks trigger TYPE --charge ch_...    sign a Stripe event about a charge and post it to the running server
+  charges create|capture|cancel|get|list   call the API with the Go client (IDEMPAY_API_URL, IDEMPAY_API_KEY)
+  refunds create|get                       likewise
+  keys get KEY                             likewise: an idempotency record
+  api-keys create|list|revoke              likewise: the account's API keys (revoke: in every server at once)
+  help                                     this; "idempay COMMAND --help" for a command's own
 
 configuration is read from the environment; see docs/configuration.md.
 `

@@ -41,13 +41,16 @@ const WebhookSecret = "whsec_test_idempay"
 type Options struct {
 	// Idempotency timings; zero fields keep idempotency.DefaultConfig.
 	LockTimeout time.Duration
+	// Now, when set, is the runner's clock of lock expiry
+	// (idempotency.Config.Now), for tests that expire a lock by moving
+	// their clock forward rather than by sleeping past it.
+	Now func() time.Time
 	// Retention, when set, replaces the published window, with no grace,
 	// for tests of the retention job.
 	Retention time.Duration
-	// Now, when set, is the runner's clock (idempotency.Config.Now): a test
-	// moves it past a lock timeout or the retry ceiling instead of sleeping.
-	Now func() time.Time
-	// StripeTimeout bounds each Stripe call (default 5 s).
+	// StripeTimeout bounds each Stripe call (default 30 s: longer than any
+	// hold of the fake a test makes, however slowly a loaded machine runs
+	// the test meanwhile; tests of the timeout itself set a short one).
 	StripeTimeout time.Duration
 	// StripeURL points at another Stripe (stripe-mock); empty starts a fake.
 	StripeURL string
@@ -103,15 +106,15 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.LockTimeout > 0 {
 		cfg.LockTimeout = opts.LockTimeout
 	}
+	cfg.Now = opts.Now
 	if opts.Retention > 0 {
 		cfg.Retention, cfg.RetentionGrace = opts.Retention, 0
 	}
 	if opts.NoReplayCache {
 		cfg.ReplayCacheSize = 0
 	}
-	cfg.Now = opts.Now
 	if opts.StripeTimeout == 0 {
-		opts.StripeTimeout = 5 * time.Second
+		opts.StripeTimeout = 30 * time.Second
 	}
 	a := app.New(env.Pool, app.Config{
 		Idempotency: cfg,

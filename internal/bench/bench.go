@@ -130,6 +130,10 @@ type Result struct {
 	// Usage is what the scenario cost the machine (see usage.go); nil when
 	// not measured.
 	Usage *Usage
+	// Errors is why the first few unexpected answers were unexpected (the
+	// error, or the status and the start of the body), one line each,
+	// without repeats: an unexpected count with no reason explains nothing.
+	Errors []string
 
 	hist *histogram
 }
@@ -550,6 +554,18 @@ func (r *runner) pgVersion(ctx context.Context) (string, error) {
 type outcome struct {
 	status string // "201", "409", "transport_error", "201_not_replayed"...
 	ok     bool
+	why    string // when not ok: the error, or what was wrong with the answer
+}
+
+// maxErrors is how many reasons a Result keeps (Result.Errors).
+const maxErrors = 5
+
+// noteError adds why to r.Errors unless it is empty, already there, or the
+// list is full.
+func (r *Result) noteError(why string) {
+	if why != "" && len(r.Errors) < maxErrors && !slices.Contains(r.Errors, why) {
+		r.Errors = append(r.Errors, why)
+	}
 }
 
 // drive runs do on cfg.Concurrency workers for d and measures each call.
@@ -573,6 +589,7 @@ func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate f
 		t.Statuses[o.status]++
 		if !o.ok {
 			t.Unexpected++
+			t.noteError(o.why)
 		}
 	}
 
@@ -663,6 +680,9 @@ func (r *Result) add(o Result) {
 	}
 	r.Elapsed += o.Elapsed
 	r.Unexpected += o.Unexpected
+	for _, why := range o.Errors {
+		r.noteError(why)
+	}
 	for k, v := range o.Statuses {
 		r.Statuses[k] += v
 	}
@@ -808,6 +828,9 @@ func printResult(out io.Writer, r Result) {
 	fmt.Fprintf(out, "%-18s %9d in %6.1fs %9.0f /s  p50 %8s  p99 %8s  max %8s  unexpected %d  [%s]\n",
 		name, r.Requests, r.Elapsed.Seconds(), r.Throughput(), round(r.P50), round(r.P99), round(r.Max),
 		r.Unexpected, strings.Join(st, " "))
+	for _, why := range r.Errors {
+		fmt.Fprintf(out, "                    unexpected: %s\n", why)
+	}
 }
 
 func find(results []Result, name string) (Result, bool) {

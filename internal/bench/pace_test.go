@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,5 +98,27 @@ func TestTickersCountElapsedIntervals(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An unexpected answer is counted with its reason, and the report prints
+// the reason under the count: the first few distinct ones, each once.
+func TestDriveKeepsWhyAnswersWereUnexpected(t *testing.T) {
+	r := &runner{cfg: Config{Concurrency: 2}}
+	res := r.drive(context.Background(), "failing", 100*time.Millisecond, 200, func(ctx context.Context, w, i int) outcome {
+		if i%2 == 0 {
+			return outcome{status: "200", ok: true}
+		}
+		return statusOutcome(reply{status: 503, body: []byte(`{"type":"service-unavailable"}`)}, nil, 200)
+	})
+	res.summarize()
+	want := `503, want 200: {"type":"service-unavailable"}`
+	if res.Unexpected == 0 || len(res.Errors) != 1 || res.Errors[0] != want {
+		t.Fatalf("%d unexpected, reasons %q; want some, and the one reason %q", res.Unexpected, res.Errors, want)
+	}
+	var out strings.Builder
+	printResult(&out, res)
+	if !strings.Contains(out.String(), "unexpected: "+want) {
+		t.Fatalf("the report does not say why:\n%s", out.String())
 	}
 }

@@ -102,7 +102,7 @@ func (r *runner) rawFirst(ctx context.Context, d time.Duration, rate float64) Re
 	return r.drive(ctx, ScenarioRawFirst, d, rate, func(ctx context.Context, w, i int) outcome {
 		c, err := r.rawFirstOnce(ctx, w, i, fmt.Sprintf("bench-%s-raw-%d-%d-%d", r.runID, pass, w, i))
 		if err != nil {
-			return outcome{status: "error"}
+			return outcome{status: "error", why: err.Error()}
 		}
 		r.keep(c, true)
 		return outcome{status: "ok", ok: true}
@@ -131,7 +131,7 @@ func (r *runner) rawReplay(ctx context.Context) Result {
 		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: a.id, Key: c.key, LockTimeoutSeconds: 60,
 		}); err != nil {
-			return outcome{status: "error"}
+			return outcome{status: "error", why: fmt.Sprintf("replay read: %v", err)}
 		}
 		return outcome{status: "ok", ok: true}
 	})

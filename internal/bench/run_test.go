@@ -60,7 +60,7 @@ func TestRunAgainstTarget(t *testing.T) {
 		// Paced at 300/s for 2 x 400 ms: about 240 requests, fewer only if
 		// the test machine falls behind the pace.
 		if res.Requests < 50 || res.Unexpected != 0 {
-			t.Errorf("%s: %d requests, %d unexpected %v", res.Name, res.Requests, res.Unexpected, res.Statuses)
+			t.Errorf("%s: %d requests, %d unexpected %v; why: %q", res.Name, res.Requests, res.Unexpected, res.Statuses, res.Errors)
 		}
 	}
 	checkReport(t, report,
@@ -71,7 +71,7 @@ func TestRunAgainstTarget(t *testing.T) {
 		Scenarios: []string{ScenarioFirst, ScenarioRawFirst, ScenarioFloor}})
 	for _, res := range results {
 		if res.Requests == 0 || res.Unexpected != 0 {
-			t.Errorf("unpaced %s: %d requests, %d unexpected %v", res.Name, res.Requests, res.Unexpected, res.Statuses)
+			t.Errorf("unpaced %s: %d requests, %d unexpected %v; why: %q", res.Name, res.Requests, res.Unexpected, res.Statuses, res.Errors)
 		}
 	}
 	checkReport(t, report, []string{"first: server ", "% of the ceiling"}, []string{"p99 over the floor"})

@@ -29,11 +29,18 @@ func (r *runner) do(ctx context.Context, conn *httpConn, method, path string, ac
 	return conn.do(ctx, method, path, r.accounts[acct].auth, idemKey, body)
 }
 
+// statusOutcome is the outcome of an answer that should have status want;
+// an unexpected one says why, with the start of its body.
 func statusOutcome(rep reply, err error, want int) outcome {
 	if err != nil {
-		return outcome{status: "transport_error"}
+		return outcome{status: "transport_error", why: err.Error()}
 	}
-	return outcome{status: strconv.Itoa(rep.status), ok: rep.status == want}
+	o := outcome{status: strconv.Itoa(rep.status), ok: rep.status == want}
+	if !o.ok {
+		body := rep.body[:min(len(rep.body), 200)]
+		o.why = fmt.Sprintf("%d, want %d: %s", rep.status, want, bytes.TrimSpace(body))
+	}
+	return o
 }
 
 // createCharge posts a new charge for account acct and keeps it for replay
@@ -43,7 +50,7 @@ func (r *runner) createCharge(ctx context.Context, key string, w, acct int) outc
 	rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", acct, key, body)
 	o := statusOutcome(rep, err, http.StatusCreated)
 	if o.ok && rep.replayed {
-		return outcome{status: o.status + "_replayed"} // a new key must never be a replay
+		return outcome{status: o.status + "_replayed", why: "a new key's answer was a replay"} // never for a new key
 	}
 	if o.ok {
 		id := strings.TrimPrefix(rep.location, "/v1/charges/")
@@ -92,7 +99,7 @@ func (r *runner) replay(ctx context.Context) Result {
 		rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 		o := statusOutcome(rep, err, http.StatusCreated)
 		if o.ok && !r.replayed(rep, c) {
-			o = outcome{status: o.status + "_not_replayed"}
+			o = outcome{status: o.status + "_not_replayed", why: "a retried key's answer was not a replay"}
 		}
 		return o
 	})

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,12 +205,14 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 // the next retry gets Stripe's replay of the one charge.
 func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	t.Parallel()
-	// The lock must still be fresh at the second request, sent right after
-	// the first reached Stripe, on a loaded 2-core machine under -race: 2 s
-	// leaves room for that. The wait for its expiry below is a sleep, which
-	// lasts at least as long as asked, so it holds under load too.
-	const lockTimeout = 2 * time.Second
-	env := apitest.New(t, apitest.Options{LockTimeout: lockTimeout, StripeTimeout: 20 * time.Second})
+	// The lock's expiry is decided by the test's clock, which moves only
+	// when the test moves it: the lock is fresh at the second request
+	// however slowly a loaded machine sends it, and expired at the third.
+	const lockTimeout = time.Minute
+	var clock atomic.Int64
+	clock.Store(time.Now().Truncate(time.Microsecond).UnixNano()) // as PostgreSQL stores it
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	env := apitest.New(t, apitest.Options{LockTimeout: lockTimeout, Now: now, StripeTimeout: 20 * time.Second})
 	c := env.NewClient(t)
 	gate := env.Stripe.Hold()
 	defer gate.Release()
@@ -225,7 +228,7 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 		t.Fatalf("Stripe saw %d requests with the key", n)
 	}
 
-	time.Sleep(lockTimeout + 200*time.Millisecond) // the owner's lock expires
+	clock.Add(int64(lockTimeout + time.Second)) // the owner's lock expires
 	second := c.Post("/v1/charges", key, chargeBody(990))
 	wantProblem(t, second, http.StatusServiceUnavailable, "downstream-unavailable")
 	if second.Header.Get("Retry-After") == "" {

@@ -443,7 +443,7 @@ func TestCompleterConcurrentPassesNeverShareARecord(t *testing.T) {
 	d := newTestDB(t)
 	const nRecords, nCompleters = 40, 4
 	cfg := idempotency.DefaultConfig()
-	cfg.LockTimeout = 5 * time.Second // far longer than one pass: no legitimate takeover
+	cfg.LockTimeout = time.Minute // far longer than one pass, even on a loaded machine: no legitimate takeover
 	cfg.CompleterBatch = 8
 
 	unknown := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(context.Context, *idempotency.Record) idempotency.Step {
