@@ -22,6 +22,8 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
+	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
@@ -42,6 +44,8 @@ type Config struct {
 	// Direct opens the sessions that must bypass a transaction pooler
 	// (LISTEN for revocations); nil takes them from the pool.
 	Direct accounts.Direct
+	// MerchantHooks configures webhooks out; New sets its Observe hook.
+	MerchantHooks merchanthooks.Config
 }
 
 // App is idempay, wired.
@@ -59,6 +63,9 @@ type App struct {
 	// Auth checks API keys. Its caller runs Auth.Listen (a long-running
 	// server does; a one-shot command need not).
 	Auth *accounts.Authenticator
+	// MerchantHooks is webhooks out. Its caller runs its dispatcher and
+	// workers (RunDispatcher, RunWorkers), as serve does.
+	MerchantHooks *merchanthooks.Service
 }
 
 // New wires the application on pool. It starts nothing: the caller runs
@@ -80,11 +87,15 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	a.Auth.Direct = cfg.Direct
 	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
 	a.Keys.Direct = cfg.Direct
+	mc := cfg.MerchantHooks
+	mc.Observe = a.Metrics.ObserveMerchantHook
+	a.MerchantHooks = merchanthooks.New(pool, a.Runner, mc, log)
 	return a
 }
 
 // Handler is the HTTP API.
 func (a *App) Handler() http.Handler {
 	return server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
-		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth})
+		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth,
+		MerchantHooks: merchanthookshttp.New(a.MerchantHooks)})
 }
