@@ -104,10 +104,12 @@ CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 -- has been fanned out, except the seqs in webhook_dispatch_gaps. seq is
 -- taken when an event is inserted and the event becomes visible when its
 -- transaction commits, so a seq below one already read may still commit: a
--- gap. A gap is kept with the snapshot's xmax of the pass that saw it, and
+-- gap. A gap is kept with the snapshot of the pass that saw it, and
 -- resolved when its event appears, or when every transaction that was
--- running then has ended (xmin has passed that xmax: an event's transaction
--- has its id before it takes its seq, since it writes its object first).
+-- running in that snapshot has ended: the gap's transaction was one of
+-- them, since it took its seq before that snapshot and had its id before
+-- it took its seq (a settling transaction writes its object, then its
+-- event).
 CREATE TABLE webhook_dispatcher (
     id       integer PRIMARY KEY CHECK (id = 1),
     last_seq bigint NOT NULL
@@ -115,8 +117,8 @@ CREATE TABLE webhook_dispatcher (
 INSERT INTO webhook_dispatcher (id, last_seq) SELECT 1, COALESCE(max(seq), 0) FROM events;
 
 CREATE TABLE webhook_dispatch_gaps (
-    seq       bigint PRIMARY KEY,
-    seen_xmax xid8 NOT NULL
+    seq           bigint PRIMARY KEY,
+    seen_snapshot pg_snapshot NOT NULL
 );
 
 -- The dispatcher reads events by seq. A BRIN index costs an insert at the

@@ -73,21 +73,22 @@ UPDATE webhook_dispatcher SET last_seq = @last_seq WHERE id = 1;
 
 -- name: WebhookDispatcherRead :many
 -- The seqs of the committed events after the position, in order, with the
--- xmax of the snapshot that read them (one statement, one snapshot).
-SELECT seq, pg_snapshot_xmax(pg_current_snapshot())::text AS xmax
+-- snapshot that read them (one statement, one snapshot).
+SELECT seq, pg_current_snapshot()::text AS snapshot
 FROM events WHERE seq > @after_seq ORDER BY seq LIMIT @max_rows;
 
 -- name: WebhookDispatchGapsAdd :exec
-INSERT INTO webhook_dispatch_gaps (seq, seen_xmax)
-SELECT unnest(@seqs::bigint[]), CAST(sqlc.arg(xmax)::text AS xid8)
+INSERT INTO webhook_dispatch_gaps (seq, seen_snapshot)
+SELECT unnest(@seqs::bigint[]), CAST(sqlc.arg(snapshot)::text AS pg_snapshot)
 ON CONFLICT (seq) DO NOTHING;
 
 -- name: WebhookDispatchGapsResolve :many
 -- The gaps that are settled: their event committed, or every transaction
--- running when the gap was seen has ended (so it never will).
+-- running when the gap was seen has ended (so it never will). An
+-- unrelated long transaction holds back only the gaps seen beside it.
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
-   OR g.seen_xmax <= pg_snapshot_xmin(pg_current_snapshot())
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
 RETURNING g.seq;
 
 -- name: WebhookDeliveriesFanOut :execrows

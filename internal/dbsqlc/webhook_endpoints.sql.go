@@ -346,30 +346,31 @@ func (q *Queries) WebhookDeliveryListByEvent(ctx context.Context, db DBTX, arg *
 }
 
 const webhookDispatchGapsAdd = `-- name: WebhookDispatchGapsAdd :exec
-INSERT INTO webhook_dispatch_gaps (seq, seen_xmax)
-SELECT unnest($1::bigint[]), CAST($2::text AS xid8)
+INSERT INTO webhook_dispatch_gaps (seq, seen_snapshot)
+SELECT unnest($1::bigint[]), CAST($2::text AS pg_snapshot)
 ON CONFLICT (seq) DO NOTHING
 `
 
 type WebhookDispatchGapsAddParams struct {
-	Seqs []int64
-	Xmax string
+	Seqs     []int64
+	Snapshot string
 }
 
 func (q *Queries) WebhookDispatchGapsAdd(ctx context.Context, db DBTX, arg *WebhookDispatchGapsAddParams) error {
-	_, err := db.Exec(ctx, webhookDispatchGapsAdd, arg.Seqs, arg.Xmax)
+	_, err := db.Exec(ctx, webhookDispatchGapsAdd, arg.Seqs, arg.Snapshot)
 	return err
 }
 
 const webhookDispatchGapsResolve = `-- name: WebhookDispatchGapsResolve :many
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
-   OR g.seen_xmax <= pg_snapshot_xmin(pg_current_snapshot())
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
 RETURNING g.seq
 `
 
 // The gaps that are settled: their event committed, or every transaction
-// running when the gap was seen has ended (so it never will).
+// running when the gap was seen has ended (so it never will). An
+// unrelated long transaction holds back only the gaps seen beside it.
 func (q *Queries) WebhookDispatchGapsResolve(ctx context.Context, db DBTX) ([]int64, error) {
 	rows, err := db.Query(ctx, webhookDispatchGapsResolve)
 	if err != nil {
@@ -413,7 +414,7 @@ func (q *Queries) WebhookDispatcherLock(ctx context.Context, db DBTX) (int64, er
 }
 
 const webhookDispatcherRead = `-- name: WebhookDispatcherRead :many
-SELECT seq, pg_snapshot_xmax(pg_current_snapshot())::text AS xmax
+SELECT seq, pg_current_snapshot()::text AS snapshot
 FROM events WHERE seq > $1 ORDER BY seq LIMIT $2
 `
 
@@ -423,12 +424,12 @@ type WebhookDispatcherReadParams struct {
 }
 
 type WebhookDispatcherReadRow struct {
-	Seq  *int64
-	Xmax string
+	Seq      *int64
+	Snapshot string
 }
 
 // The seqs of the committed events after the position, in order, with the
-// xmax of the snapshot that read them (one statement, one snapshot).
+// snapshot that read them (one statement, one snapshot).
 func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *WebhookDispatcherReadParams) ([]WebhookDispatcherReadRow, error) {
 	rows, err := db.Query(ctx, webhookDispatcherRead, arg.AfterSeq, arg.MaxRows)
 	if err != nil {
@@ -438,7 +439,7 @@ func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *Webho
 	var items []WebhookDispatcherReadRow
 	for rows.Next() {
 		var i WebhookDispatcherReadRow
-		if err := rows.Scan(&i.Seq, &i.Xmax); err != nil {
+		if err := rows.Scan(&i.Seq, &i.Snapshot); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

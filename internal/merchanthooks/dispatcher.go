@@ -17,7 +17,7 @@ import (
 // are fanned out and forgotten; the committed events after the position are
 // read in seq order (one statement, one snapshot), fanned out, and the
 // position moves to the last of them; every seq skipped below it is kept as
-// a gap with that snapshot's xmax. The fan-out is an INSERT ... ON CONFLICT
+// a gap with that snapshot. The fan-out is an INSERT ... ON CONFLICT
 // DO NOTHING on (event, endpoint): a pass repeated after a crash creates
 // nothing twice. It runs off the request path, and reads the events table
 // only.
@@ -56,7 +56,7 @@ func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		if len(gaps) > 0 {
-			if err := s.q.WebhookDispatchGapsAdd(ctx, tx, &dbsqlc.WebhookDispatchGapsAddParams{Seqs: gaps, Xmax: rows[0].Xmax}); err != nil {
+			if err := s.q.WebhookDispatchGapsAdd(ctx, tx, &dbsqlc.WebhookDispatchGapsAddParams{Seqs: gaps, Snapshot: rows[0].Snapshot}); err != nil {
 				return 0, fmt.Errorf("keeping dispatch gaps: %w", err)
 			}
 		}
