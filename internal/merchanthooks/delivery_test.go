@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,9 +316,11 @@ func TestLeaseTakeover(t *testing.T) {
 	b := setup(t)
 	b.endpoint(t, "", "*")
 	release := make(chan struct{})
-	var first sync.Once
+	var answered atomic.Bool
 	b.recv.setAnswer(func(delivery) (int, http.Header) {
-		first.Do(func() { <-release })
+		if answered.CompareAndSwap(false, true) { // the first request hangs
+			<-release
+		}
 		return http.StatusOK, nil
 	})
 	id := b.event(t, events.ChargeSucceeded, "ch_l", 1)
