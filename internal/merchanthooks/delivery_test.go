@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
@@ -77,6 +79,18 @@ func TestEndpoints(t *testing.T) {
 	if list.Status != http.StatusOK || !strings.Contains(string(list.Body), ep.ID) || strings.Contains(string(list.Body), "whsec_") {
 		t.Fatalf("list: %d %s", list.Status, list.Body)
 	}
+	// Another account sees none of it.
+	acct, apiKey, err := accounts.Create(context.Background(), b.pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	if r := other.Get("/v1/webhook_endpoints/" + ep.ID); r.Status != http.StatusNotFound {
+		t.Fatalf("another account's GET: %d, want 404", r.Status)
+	}
+	if r := other.Get("/v1/webhook_endpoints"); strings.Contains(string(r.Body), ep.ID) {
+		t.Fatalf("another account's list shows %s", ep.ID)
+	}
 	del := b.client.Do(b.client.NewRequest(http.MethodDelete, "/v1/webhook_endpoints/"+ep.ID, nil))
 	if del.Status != http.StatusOK {
 		t.Fatalf("delete: %d %s", del.Status, del.Body)
@@ -84,9 +98,6 @@ func TestEndpoints(t *testing.T) {
 	if r := b.client.Get("/v1/webhook_endpoints/" + ep.ID); r.Status != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", r.Status)
 	}
-	// Another account sees none of it.
-	other := b.env.NewClient(t)
-	_ = other
 }
 
 // TestDeliverySigned: an event goes to each matching endpoint once, signed
@@ -220,7 +231,7 @@ func TestDisableAfter(t *testing.T) {
 func (b *bundle) assertDisabled(t *testing.T, epID, reason string) {
 	t.Helper()
 	var ep merchanthooks.Endpoint
-	b.client.Get("/v1/webhook_endpoints/" + epID).JSON(t, &ep)
+	b.client.Get("/v1/webhook_endpoints/"+epID).JSON(t, &ep)
 	if ep.Enabled || ep.DisabledReason == nil || *ep.DisabledReason != reason {
 		t.Fatalf("endpoint %+v, want disabled for %s", ep, reason)
 	}
@@ -328,7 +339,10 @@ func TestLeaseTakeover(t *testing.T) {
 	slow := make(chan error, 1)
 	longer := b.cfg
 	longer.Timeout = time.Minute
-	go func() { _, err := b.svc.Work(context.Background(), merchanthooks.NewHTTPClient(longer), 1); slow <- err }()
+	go func() {
+		_, err := b.svc.Work(context.Background(), merchanthooks.NewHTTPClient(longer), 1)
+		slow <- err
+	}()
 	for deadline := time.Now().Add(20 * time.Second); len(b.recv.deliveries()) == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first worker did not send in 20 s")
