@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/orders"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -51,9 +53,10 @@ type Config struct {
 	Orders            orders.Config
 	Relay             events.RelayConfig
 	Idempotency       idempotency.Config
-	CompleterInterval time.Duration // 0 disables the completer inside serve
-	RetentionInterval time.Duration // 0 disables retention inside serve
-	ReconcileInterval time.Duration // 0 disables reconciliation inside serve
+	MerchantHooks     merchanthooks.Config // webhooks out (WEBHOOK_*)
+	CompleterInterval time.Duration        // 0 disables the completer inside serve
+	RetentionInterval time.Duration        // 0 disables retention inside serve
+	ReconcileInterval time.Duration        // 0 disables reconciliation inside serve
 	ShutdownTimeout   time.Duration
 	LogLevel          slog.Level
 	LogFormat         string
@@ -105,6 +108,7 @@ func loadConfig() (Config, error) {
 	idem.ReplayCacheSize = e.int("IDEMPOTENCY_REPLAY_CACHE_SIZE", idem.ReplayCacheSize)
 	idem.ReplayCacheTTL = e.dur("IDEMPOTENCY_REPLAY_CACHE_TTL", idem.ReplayCacheTTL)
 	cfg.Idempotency = idem
+	cfg.MerchantHooks = loadMerchantHooks(&e)
 	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {
 		e.errs = append(e.errs, fmt.Sprintf("LOG_LEVEL: %v", err))
 	}
@@ -138,6 +142,44 @@ func loadConfig() (Config, error) {
 // stripeKeyMemory is how long Stripe is sure to keep an idempotency key:
 // it documents that keys may be removed once they are at least 24 hours old.
 const stripeKeyMemory = 24 * time.Hour
+
+// loadMerchantHooks reads the configuration of webhooks out
+// (docs/webhooks-out.md).
+func loadMerchantHooks(e *envReader) merchanthooks.Config {
+	c := merchanthooks.DefaultConfig()
+	if v := e.str("WEBHOOK_SECRETS_KEY", ""); v != "" {
+		key, err := base64.StdEncoding.DecodeString(v)
+		if err == nil {
+			err = merchanthooks.CheckSecretsKey(key)
+		}
+		if err != nil {
+			e.errs = append(e.errs, fmt.Sprintf("WEBHOOK_SECRETS_KEY: want 32 bytes in base64 (openssl rand -base64 32): %v", err))
+		}
+		c.SecretsKey = key
+	}
+	c.AllowPrivate = e.bool("WEBHOOK_ALLOW_PRIVATE", false)
+	c.AllowHTTP = e.bool("WEBHOOK_ALLOW_HTTP", false)
+	if v := e.str("WEBHOOK_SCHEDULE", ""); v != "" {
+		c.Schedule = nil
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if err != nil || d < 0 {
+				e.errs = append(e.errs, fmt.Sprintf("WEBHOOK_SCHEDULE: want durations separated by commas (5s,5m,30m), got %q", v))
+				break
+			}
+			c.Schedule = append(c.Schedule, d)
+		}
+	}
+	c.Timeout = e.dur("WEBHOOK_TIMEOUT", c.Timeout)
+	c.Lease = e.dur("WEBHOOK_LEASE", c.Lease)
+	c.DisableAfter = e.dur("WEBHOOK_DISABLE_AFTER", c.DisableAfter)
+	c.Interval = e.dur("WEBHOOK_INTERVAL", c.Interval)
+	c.Workers = e.int("WEBHOOK_WORKERS", c.Workers)
+	if c.Lease <= c.Timeout {
+		e.errs = append(e.errs, fmt.Sprintf("WEBHOOK_LEASE (%s) must be longer than WEBHOOK_TIMEOUT (%s), or a slow attempt is sent twice at once", c.Lease, c.Timeout))
+	}
+	return c
+}
 
 // requireStripe is checked only by the commands that call Stripe.
 func (c Config) requireStripe() error {

@@ -33,6 +33,7 @@ import (
 	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -185,9 +186,10 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 		return nil, err
 	}
 	return app.New(pool, app.Config{
-		Idempotency: cfg.Idempotency,
-		Stripe:      charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
-		Webhooks:    cfg.Webhooks,
+		Idempotency:   cfg.Idempotency,
+		Stripe:        charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
+		Webhooks:      cfg.Webhooks,
+		MerchantHooks: cfg.MerchantHooks,
 	}, log), nil
 }
 
@@ -214,6 +216,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if cfg.ReconcileInterval > 0 {
 		wg.Go(func() { a.Charges.RunReconciler(bg, cfg.ReconcileInterval) })
+	}
+	// Webhooks out: any number of processes run both (a row lock and SKIP
+	// LOCKED share the work).
+	if a.MerchantHooks.Enabled() {
+		wg.Go(func() { a.MerchantHooks.RunDispatcher(bg) })
+		wg.Go(func() { a.MerchantHooks.RunWorkers(bg, merchanthooks.NewHTTPClient(cfg.MerchantHooks)) })
+	} else {
+		log.Warn("WEBHOOK_SECRETS_KEY is not set: webhooks out are off (POST /v1/webhook_endpoints answers 503)")
 	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")

@@ -24,6 +24,7 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -68,6 +69,21 @@ type Options struct {
 	// database that lost its last commits) and then retry at once: the
 	// cache would answer such a retry from memory for up to its TTL.
 	NoReplayCache bool
+	// MerchantHooks configures webhooks out; nil is MerchantHooksConfig().
+	// The API serves the endpoints; the test runs the dispatcher and the
+	// workers itself (Env.MerchantHooks).
+	MerchantHooks *merchanthooks.Config
+}
+
+// SecretsKey seals the in-process API's webhook signing secrets.
+var SecretsKey = []byte("0123456789abcdef0123456789abcdef")
+
+// MerchantHooksConfig is webhooks out as the tests run them: private
+// addresses and http allowed (the receivers are httptest servers).
+func MerchantHooksConfig() merchanthooks.Config {
+	c := merchanthooks.DefaultConfig()
+	c.SecretsKey, c.AllowPrivate, c.AllowHTTP = SecretsKey, true, true
+	return c
 }
 
 // Env is one running API.
@@ -83,6 +99,9 @@ type Env struct {
 	Server  *httptest.Server
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
+	// MerchantHooks is webhooks out, whose dispatcher and workers only
+	// run when the test runs them.
+	MerchantHooks *merchanthooks.Service
 }
 
 // New starts an API for t and stops it in t.Cleanup.
@@ -116,12 +135,18 @@ func New(t testing.TB, opts Options) *Env {
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 30 * time.Second
 	}
+	hooks := MerchantHooksConfig()
+	if opts.MerchantHooks != nil {
+		hooks = *opts.MerchantHooks
+	}
 	a := app.New(env.Pool, app.Config{
-		Idempotency: cfg,
-		Stripe:      charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
-		Webhooks:    webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
+		MerchantHooks: hooks,
+		Idempotency:   cfg,
+		Stripe:        charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Webhooks:      webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
+	env.MerchantHooks = a.MerchantHooks
 	// Served as idempay serve serves: its http.Server settings, and the
 	// listener that answers net/http's own refusals as problem+json.
 	env.Server = httptest.NewUnstartedServer(nil)

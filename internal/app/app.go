@@ -21,6 +21,8 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
+	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
@@ -35,6 +37,8 @@ type Config struct {
 	Stripe charges.StripeConfig
 	// Webhooks configures the webhook endpoint; New sets its hooks.
 	Webhooks webhooks.Config
+	// MerchantHooks configures webhooks out; New sets its Observe hook.
+	MerchantHooks merchanthooks.Config
 }
 
 // App is idempay, wired.
@@ -52,6 +56,9 @@ type App struct {
 	// Auth checks API keys. A long-running server also runs
 	// Auth.RunNoteUses, which notes the keys' last use.
 	Auth *accounts.Authenticator
+	// MerchantHooks is webhooks out. Its caller runs its dispatcher and
+	// workers (RunDispatcher, RunWorkers), as serve does.
+	MerchantHooks *merchanthooks.Service
 }
 
 // New wires the application on pool. It starts nothing: the caller runs
@@ -72,11 +79,15 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	a.ChargesHTTP.OnRollout = a.Metrics.ObserveRollout
 	a.Auth = accounts.NewAuthenticator(pool)
 	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
+	mc := cfg.MerchantHooks
+	mc.Observe = a.Metrics.ObserveMerchantHook
+	a.MerchantHooks = merchanthooks.New(pool, a.Runner, mc, log)
 	return a
 }
 
 // Handler is the HTTP API.
 func (a *App) Handler() http.Handler {
 	return server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
-		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth})
+		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth,
+		MerchantHooks: merchanthookshttp.New(a.MerchantHooks)})
 }

@@ -132,3 +132,49 @@ type StripeEvent struct {
 	Attempts         int32
 	LastError        *string
 }
+
+type WebhookAttempt struct {
+	ID           int64
+	DeliveryID   string
+	ScheduledAt  time.Time
+	StartedAt    time.Time
+	DurationMs   int32
+	StatusCode   *int32
+	ResponseBody string
+	Error        *string
+}
+
+type WebhookDelivery struct {
+	ID            string
+	EventID       string
+	EndpointID    string
+	AccountID     string
+	ObjectID      string
+	ObjectVersion int64
+	State         string
+	Attempts      int32
+	NextAttemptAt time.Time
+	LeaseUntil    *time.Time
+	Claims        int64
+	LastStatus    *int32
+	LastError     *string
+	DeliveredAt   *time.Time
+	CreatedAt     time.Time
+}
+
+type WebhookEndpoint struct {
+	ID                string
+	AccountID         string
+	Url               string
+	EnabledEvents     []string
+	Enabled           bool
+	DisabledReason    *string
+	Secret            []byte
+	PreviousSecret    []byte
+	PreviousExpiresAt *time.Time
+	FailingSince      *time.Time
+	Version           int64
+	IdempotencyKeyID  *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}

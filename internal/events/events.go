@@ -31,13 +31,18 @@ const (
 	ChargeCanceled        = "charge.canceled"
 	RefundSucceeded       = "refund.succeeded"
 	RefundFailed          = "refund.failed"
+	// WebhookEndpointDisabled: idempay disabled one of the account's
+	// webhook endpoints (it answered 410, or failed for too long); the
+	// object is the endpoint (internal/merchanthooks).
+	WebhookEndpointDisabled = "webhook_endpoint.disabled"
 )
 
 // Types lists every event type idempay emits, for the documents and the
 // tests that keep them, and the schema's enum event_type, in step with
 // these constants.
 func Types() []string {
-	return []string{ChargeSucceeded, ChargeFailed, ChargeRequiresCapture, ChargeCanceled, RefundSucceeded, RefundFailed}
+	return []string{ChargeSucceeded, ChargeFailed, ChargeRequiresCapture, ChargeCanceled, RefundSucceeded, RefundFailed,
+		WebhookEndpointDisabled}
 }
 
 // Record inserts the event of an object that settled, inside the settling

@@ -47,6 +47,8 @@ type Metrics struct {
 	reconcile      *prometheus.CounterVec
 	// reconcileRefunds is reconcile's count for refunds.
 	reconcileRefunds *prometheus.CounterVec
+	// hooks are the series of webhooks out (merchanthooks.go).
+	hooks merchantHooks
 }
 
 // Outcomes lists every idempotency outcome. Their counters are created at
@@ -163,6 +165,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 	if pool != nil {
 		m.reg.MustRegister(newPoolCollector(pool))
 	}
+	m.hooks = newMerchantHooks(m.reg, pool)
 	return m
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/events/eventshttp"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
@@ -43,6 +44,9 @@ type Deps struct {
 	Keys *accounts.KeysAPI
 	// Auth authenticates API keys, reading each from the database.
 	Auth *accounts.Authenticator
+	// MerchantHooks serves /v1/webhook_endpoints and the deliveries of
+	// events (webhooks out); nil serves none.
+	MerchantHooks *merchanthookshttp.API
 }
 
 // openAPI is the API's description, served at /openapi.json. A test keeps
@@ -106,6 +110,9 @@ func New(d Deps) *echo.Echo {
 	d.Charges.Routes(v1, auth)
 	eventshttp.New(events.NewReader(d.Pool)).Routes(v1, auth)
 	accountshttp.NewKeys(d.Keys).Routes(v1, auth)
+	if d.MerchantHooks != nil {
+		d.MerchantHooks.Routes(v1, auth)
+	}
 	d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 
 	for _, r := range e.Routes() {

@@ -1,0 +1,187 @@
+-- name: WebhookEndpointInsert :exec
+-- A new endpoint, with the id and sealed secret its maker chose (it is
+-- queued in the claim's batch).
+INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, idempotency_key_id)
+VALUES (@id, @account_id, @url, @enabled_events, @secret, @idempotency_key_id);
+
+-- name: WebhookEndpointGetByID :one
+SELECT * FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
+
+-- name: WebhookEndpointGetByIdempotencyKeyID :one
+SELECT * FROM webhook_endpoints WHERE idempotency_key_id = @idempotency_key_id;
+
+-- name: WebhookEndpointList :many
+SELECT * FROM webhook_endpoints WHERE account_id = @account_id ORDER BY created_at, id;
+
+-- name: WebhookEndpointUpdate :exec
+-- The merchant's change, guarded by the version read before the phase
+-- (IDS01 when it changed: the runner reads and applies it again).
+WITH w AS (
+    UPDATE webhook_endpoints
+    SET url = @url, enabled_events = @enabled_events, enabled = @enabled,
+        disabled_reason = CASE WHEN @enabled THEN NULL ELSE disabled_reason END,
+        failing_since = CASE WHEN @enabled AND NOT enabled THEN NULL ELSE failing_since END,
+        version = version + 1, updated_at = now()
+    WHERE account_id = @account_id AND id = @id AND version = @version
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint changed since it was read');
+
+-- name: WebhookEndpointRotate :exec
+-- A new secret; the one before stays valid (signed with as well) until
+-- previous_expires_at. Guarded like WebhookEndpointUpdate.
+WITH w AS (
+    UPDATE webhook_endpoints
+    SET previous_secret = secret, previous_expires_at = @previous_expires_at, secret = @secret,
+        version = version + 1, updated_at = now()
+    WHERE account_id = @account_id AND id = @id AND version = @version
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint changed since it was read');
+
+-- name: WebhookEndpointDelete :execrows
+DELETE FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
+
+-- name: WebhookEndpointGetForDelivery :one
+SELECT * FROM webhook_endpoints WHERE id = @id;
+
+-- name: WebhookEndpointSucceeded :exec
+UPDATE webhook_endpoints SET failing_since = NULL WHERE id = @id AND failing_since IS NOT NULL;
+
+-- name: WebhookEndpointFailed :one
+-- Notes a failed attempt and returns since when the endpoint has been
+-- failing.
+UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, @now::timestamptz)
+WHERE id = @id
+RETURNING failing_since::timestamptz;
+
+-- name: WebhookEndpointDisable :one
+-- idempay disables the endpoint (reason 'gone' or 'failing'); no row when
+-- it is disabled already.
+UPDATE webhook_endpoints
+SET enabled = false, disabled_reason = @reason, version = version + 1, updated_at = now()
+WHERE id = @id AND enabled
+RETURNING *;
+
+-- name: WebhookDispatcherLock :one
+-- One dispatcher pass at a time, in any number of processes: the row lock
+-- lasts as long as the pass's transaction.
+SELECT last_seq FROM webhook_dispatcher WHERE id = 1 FOR UPDATE;
+
+-- name: WebhookDispatcherAdvance :exec
+UPDATE webhook_dispatcher SET last_seq = @last_seq WHERE id = 1;
+
+-- name: WebhookDispatcherRead :many
+-- The seqs of the committed events after the position, in order, with the
+-- snapshot that read them (one statement, one snapshot).
+SELECT seq, pg_current_snapshot()::text AS snapshot
+FROM events WHERE seq > @after_seq ORDER BY seq LIMIT @max_rows;
+
+-- name: WebhookDispatchGapsAdd :exec
+INSERT INTO webhook_dispatch_gaps (seq, seen_snapshot)
+SELECT unnest(@seqs::bigint[]), CAST(sqlc.arg(snapshot)::text AS pg_snapshot)
+ON CONFLICT (seq) DO NOTHING;
+
+-- name: WebhookDispatchGapsResolve :many
+-- The gaps that are settled: their event committed, or every transaction
+-- running when the gap was seen has ended (so it never will). An
+-- unrelated long transaction holds back only the gaps seen beside it.
+DELETE FROM webhook_dispatch_gaps g
+WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
+RETURNING g.seq;
+
+-- name: WebhookDeliveriesFanOut :execrows
+-- One delivery per event (by seq, between lo and hi) and matching enabled
+-- endpoint of its account created before it; repeated, it creates nothing.
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
+WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[])
+  AND w.enabled AND w.created_at <= e.created_at
+  AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ON CONFLICT (event_id, endpoint_id) DO NOTHING;
+
+-- name: WebhookDeliveryClaim :many
+-- Due deliveries of enabled endpoints whose object has no earlier version
+-- pending for the same endpoint (head of line per object), leased to the
+-- caller. SKIP LOCKED: two workers never claim one delivery, and neither
+-- waits for the other.
+WITH due AS (
+    SELECT d.id FROM webhook_deliveries d
+    JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
+    WHERE d.state = 'pending' AND d.next_attempt_at <= @now::timestamptz
+      AND (d.lease_until IS NULL OR d.lease_until <= @now::timestamptz)
+      AND NOT EXISTS (
+          SELECT 1 FROM webhook_deliveries p
+          WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
+            AND p.state = 'pending' AND p.object_version < d.object_version)
+    ORDER BY d.next_attempt_at
+    LIMIT @max_rows
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE webhook_deliveries d SET lease_until = @lease_until::timestamptz, claims = d.claims + 1
+FROM due WHERE d.id = due.id
+RETURNING d.*;
+
+-- name: WebhookDeliveryFinish :execrows
+-- The outcome of a claimed delivery's attempt, fenced by its claim: a
+-- worker whose lease ran out (and whose delivery another worker took)
+-- changes nothing.
+UPDATE webhook_deliveries
+SET state = @state, attempts = attempts + 1, next_attempt_at = @next_attempt_at::timestamptz,
+    lease_until = NULL, last_status = @last_status, last_error = @last_error,
+    delivered_at = CASE WHEN @state = 'delivered' THEN @now::timestamptz ELSE delivered_at END
+WHERE id = @id AND claims = @claims AND state = 'pending';
+
+-- name: WebhookAttemptInsert :exec
+INSERT INTO webhook_attempts (delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error)
+VALUES (@delivery_id, @scheduled_at, @started_at, @duration_ms, @status_code, @response_body, @error);
+
+-- name: WebhookDeliveryListByEndpoint :many
+SELECT * FROM webhook_deliveries
+WHERE account_id = @account_id AND endpoint_id = @endpoint_id
+  AND (sqlc.narg(before_id)::text IS NULL OR id < sqlc.narg(before_id)::text)
+ORDER BY id DESC LIMIT @max_rows;
+
+-- name: WebhookDeliveryListByEvent :many
+SELECT * FROM webhook_deliveries WHERE account_id = @account_id AND event_id = @event_id ORDER BY id;
+
+-- name: WebhookAttemptListByDeliveries :many
+SELECT * FROM webhook_attempts WHERE delivery_id = ANY (@delivery_ids::text[]) ORDER BY delivery_id, id;
+
+-- name: WebhookDeliveriesResend :exec
+-- Makes the event's deliveries pending again with a new schedule, and
+-- creates the missing ones for the account's enabled endpoints that want
+-- it; the same event id goes out again.
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
+WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
+  AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ON CONFLICT (event_id, endpoint_id) DO UPDATE
+SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL;
+
+-- name: WebhookDeliveriesRecover :exec
+-- Every event of the account since @since that the endpoint wants, again,
+-- each under its own id.
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
+WHERE e.account_id = @account_id AND w.id = @endpoint_id AND e.created_at >= @since::timestamptz
+  AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ON CONFLICT (event_id, endpoint_id) DO UPDATE
+SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL;
+
+-- name: WebhookEventGet :one
+-- The event a delivery sends.
+SELECT * FROM events WHERE id = @id;
+
+-- name: WebhookOldestPending :many
+-- Per enabled endpoint, the creation time of its oldest pending delivery
+-- (metrics).
+SELECT endpoint_id, min(created_at)::timestamptz AS oldest
+FROM webhook_deliveries WHERE state = 'pending' GROUP BY endpoint_id;
+
+-- name: WebhookEndpointsDisabled :one
+SELECT count(*) FROM webhook_endpoints WHERE NOT enabled;

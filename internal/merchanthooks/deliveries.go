@@ -1,0 +1,186 @@
+package merchanthooks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/listing"
+)
+
+// Delivery is the API representation of one event's delivery to one
+// endpoint, with its attempts.
+type Delivery struct {
+	ID            string `json:"id"`
+	Object        string `json:"object"`
+	Event         string `json:"event"`
+	Endpoint      string `json:"webhook_endpoint"`
+	ObjectID      string `json:"object_id"`
+	ObjectVersion int64  `json:"object_version"`
+	// Status is pending, delivered or failed (the schedule ended).
+	Status string `json:"status"`
+	// NextAttemptAt is when a pending delivery is due.
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	DeliveredAt   *time.Time `json:"delivered_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	Attempts      []Attempt  `json:"attempts"`
+}
+
+// Attempt is one POST of a delivery to its endpoint.
+type Attempt struct {
+	ScheduledAt time.Time `json:"scheduled_at"`
+	StartedAt   time.Time `json:"started_at"`
+	DurationMS  int32     `json:"duration_ms"`
+	// StatusCode is nil when there was no answer.
+	StatusCode *int32 `json:"status_code"`
+	// Response is the first 4 KB of the answer's body.
+	Response string  `json:"response"`
+	Error    *string `json:"error"`
+}
+
+// DeliveryList is one page of deliveries, newest first.
+type DeliveryList = listing.List[Delivery]
+
+func (s *Service) withAttempts(ctx context.Context, rows []dbsqlc.WebhookDelivery) ([]Delivery, error) {
+	ids := make([]string, 0, len(rows))
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	atts, err := s.q.WebhookAttemptListByDeliveries(ctx, s.pool, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading attempts: %w", err)
+	}
+	byDelivery := map[string][]Attempt{}
+	for _, a := range atts {
+		byDelivery[a.DeliveryID] = append(byDelivery[a.DeliveryID], Attempt{ScheduledAt: a.ScheduledAt.UTC(),
+			StartedAt: a.StartedAt.UTC(), DurationMS: a.DurationMs, StatusCode: a.StatusCode, Response: a.ResponseBody, Error: a.Error})
+	}
+	out := make([]Delivery, 0, len(rows))
+	for _, r := range rows {
+		d := Delivery{ID: r.ID, Object: "webhook_delivery", Event: r.EventID, Endpoint: r.EndpointID, ObjectID: r.ObjectID,
+			ObjectVersion: r.ObjectVersion, Status: r.State, DeliveredAt: r.DeliveredAt, CreatedAt: r.CreatedAt.UTC(),
+			Attempts: byDelivery[r.ID]}
+		if d.Attempts == nil {
+			d.Attempts = []Attempt{}
+		}
+		if r.State == StatePending {
+			t := r.NextAttemptAt.UTC()
+			d.NextAttemptAt = &t
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// EndpointDeliveries is one page of at most limit of the endpoint's
+// deliveries, newest first, after the delivery startingAfter when not "".
+func (s *Service) EndpointDeliveries(ctx context.Context, accountID, endpointID string, limit int, startingAfter string) (DeliveryList, error) {
+	if _, err := s.get(ctx, accountID, endpointID); err != nil {
+		return DeliveryList{}, err
+	}
+	p := &dbsqlc.WebhookDeliveryListByEndpointParams{AccountID: accountID, EndpointID: endpointID, MaxRows: int32(limit + 1)}
+	if startingAfter != "" {
+		p.BeforeID = &startingAfter
+	}
+	rows, err := s.q.WebhookDeliveryListByEndpoint(ctx, s.pool, p)
+	if err != nil {
+		return DeliveryList{}, fmt.Errorf("listing deliveries: %w", err)
+	}
+	page := listing.Page(rows, limit, func(r dbsqlc.WebhookDelivery) dbsqlc.WebhookDelivery { return r })
+	data, err := s.withAttempts(ctx, page.Data)
+	if err != nil {
+		return DeliveryList{}, err
+	}
+	return DeliveryList{Object: "list", Data: data, HasMore: page.HasMore}, nil
+}
+
+// EventDeliveries is the event's deliveries, one per endpoint.
+func (s *Service) EventDeliveries(ctx context.Context, accountID, eventID string) (DeliveryList, error) {
+	if _, err := s.events.Event(ctx, accountID, eventID); err != nil {
+		return DeliveryList{}, err
+	}
+	rows, err := s.q.WebhookDeliveryListByEvent(ctx, s.pool, &dbsqlc.WebhookDeliveryListByEventParams{AccountID: accountID, EventID: eventID})
+	if err != nil {
+		return DeliveryList{}, fmt.Errorf("listing deliveries: %w", err)
+	}
+	data, err := s.withAttempts(ctx, rows)
+	if err != nil {
+		return DeliveryList{}, err
+	}
+	return DeliveryList{Object: "list", Data: data}, nil
+}
+
+// Resend sends the account's event again to every enabled endpoint that
+// wants it, under the same webhook-id, on a new schedule. Through the
+// idempotency core: a retried resend replays its answer and sends nothing
+// more.
+func (s *Service) Resend(ctx context.Context, accountID, eventID string, req idempotency.Request) (idempotency.Response, error) {
+	var p struct{}
+	if err := decodeStrict(req.Body, &p, "POST /v1/events/{id}/resend"); err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
+		if _, err := s.events.Event(ctx, accountID, eventID); err != nil {
+			return err
+		}
+		return s.q.WebhookDeliveriesResend(ctx, b, &dbsqlc.WebhookDeliveriesResendParams{AccountID: accountID, EventID: eventID})
+	}, answer: map[string]any{"object": "event_resend", "event": eventID}})
+}
+
+// RecoverParams is the body of POST /v1/webhook_endpoints/{id}/recover.
+type RecoverParams struct {
+	// Since starts the window (RFC 3339), at most 31 days ago.
+	Since time.Time `json:"since"`
+}
+
+// maxRecoverWindow bounds a recovery's window.
+const maxRecoverWindow = 31 * 24 * time.Hour
+
+// Recover sends every event of the account created since p.Since that the
+// endpoint wants again, each under its own id, on a new schedule (what a
+// merchant does after an outage of its receiver). Idempotent like Resend.
+func (s *Service) Recover(ctx context.Context, accountID, endpointID string, req idempotency.Request) (idempotency.Response, error) {
+	var p RecoverParams
+	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}/recover"); err != nil {
+		return idempotency.Response{}, err
+	}
+	if p.Since.IsZero() || time.Since(p.Since) > maxRecoverWindow {
+		return idempotency.Response{}, apierror.Invalid(apierror.InvalidParam{Name: "since", Reason: "must be a time (RFC 3339) within the last 31 days"})
+	}
+	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
+		if _, err := s.get(ctx, accountID, endpointID); err != nil {
+			return err
+		}
+		return s.q.WebhookDeliveriesRecover(ctx, b, &dbsqlc.WebhookDeliveriesRecoverParams{AccountID: accountID, EndpointID: endpointID, Since: p.Since})
+	}, answer: map[string]any{"object": "webhook_endpoint_recovery", "webhook_endpoint": endpointID, "since": p.Since.UTC()}})
+}
+
+// queueOp queues its writes in the claim's batch and answers 202 with
+// answer; there is no downstream call (the deliveries go out later).
+type queueOp struct {
+	s      *Service
+	begin  func(ctx context.Context, b *idempotency.Batch) error
+	answer map[string]any
+}
+
+func (op *queueOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
+	return op.begin(ctx, b)
+}
+
+// Load has nothing to read: the writes committed with the record.
+func (op *queueOp) Load(context.Context, *idempotency.Record) error { return nil }
+
+func (op *queueOp) Call(context.Context, *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
+		body, err := json.Marshal(op.answer)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return idempotency.Response{Status: http.StatusAccepted, Body: body, Headers: idempotency.Headers{ContentType: "application/json"}}, nil
+	})
+}

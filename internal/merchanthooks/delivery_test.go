@@ -1,0 +1,457 @@
+package merchanthooks_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/merchanthooks"
+)
+
+// TestEndpoints: the POST is idempotent and shows the secret once; list,
+// get, update and delete; no key, a bad body, an unknown type are 400s.
+func TestEndpoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := apitest.NewKey()
+	body := map[string]any{"url": b.recv.URL + "/hooks", "enabled_events": []string{"charge.succeeded"}}
+	first := b.client.Post("/v1/webhook_endpoints", key, body)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", first.Status, first.Body)
+	}
+	var ep merchanthooks.Endpoint
+	first.JSON(t, &ep)
+	if ep.Secret == nil || !strings.HasPrefix(*ep.Secret, "whsec_") {
+		t.Fatalf("first answer: %s, want a whsec_ secret", first.Body)
+	}
+	again := b.client.Post("/v1/webhook_endpoints", key, body)
+	var replayed merchanthooks.Endpoint
+	again.JSON(t, &replayed)
+	if again.Status != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || replayed.ID != ep.ID || replayed.Secret != nil || replayed.Note == "" {
+		t.Fatalf("retry: %d %v %s, want the replay of %s without its secret", again.Status, again.Header, again.Body, ep.ID)
+	}
+	var stored []byte
+	if err := b.pool.QueryRow(context.Background(), "SELECT secret FROM webhook_endpoints WHERE id = $1", ep.ID).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(stored), strings.TrimPrefix(*ep.Secret, "whsec_")) {
+		t.Fatal("the secret is stored in clear")
+	}
+
+	for _, tc := range []struct {
+		name, key string
+		body      any
+	}{
+		{"no key", "", body},
+		{"unknown field", apitest.NewKey(), map[string]any{"url": b.recv.URL, "enabled_events": []string{"*"}, "x": 1}},
+		{"unknown type", apitest.NewKey(), map[string]any{"url": b.recv.URL, "enabled_events": []string{"charge.nope"}}},
+		{"no types", apitest.NewKey(), map[string]any{"url": b.recv.URL, "enabled_events": []string{}}},
+		{"not a url", apitest.NewKey(), map[string]any{"url": "hooks", "enabled_events": []string{"*"}}},
+	} {
+		if r := b.client.Post("/v1/webhook_endpoints", tc.key, tc.body); r.Status != http.StatusBadRequest {
+			t.Errorf("%s: %d %s, want 400", tc.name, r.Status, r.Body)
+		} else {
+			r.Problem(t)
+		}
+	}
+
+	upd := b.client.Post("/v1/webhook_endpoints/"+ep.ID, apitest.NewKey(), map[string]any{"enabled": false, "enabled_events": []string{"*"}})
+	var updated merchanthooks.Endpoint
+	upd.JSON(t, &updated)
+	if upd.Status != http.StatusOK || updated.Enabled || updated.EnabledEvents[0] != "*" {
+		t.Fatalf("update: %d %s", upd.Status, upd.Body)
+	}
+	got := b.client.Get("/v1/webhook_endpoints/" + ep.ID)
+	var read merchanthooks.Endpoint
+	got.JSON(t, &read)
+	if read.Enabled || read.Secret != nil {
+		t.Fatalf("get after update: %s", got.Body)
+	}
+	list := b.client.Get("/v1/webhook_endpoints")
+	if list.Status != http.StatusOK || !strings.Contains(string(list.Body), ep.ID) || strings.Contains(string(list.Body), "whsec_") {
+		t.Fatalf("list: %d %s", list.Status, list.Body)
+	}
+	// Another account sees none of it.
+	acct, apiKey, err := accounts.Create(context.Background(), b.pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	if r := other.Get("/v1/webhook_endpoints/" + ep.ID); r.Status != http.StatusNotFound {
+		t.Fatalf("another account's GET: %d, want 404", r.Status)
+	}
+	if r := other.Get("/v1/webhook_endpoints"); strings.Contains(string(r.Body), ep.ID) {
+		t.Fatalf("another account's list shows %s", ep.ID)
+	}
+	del := b.client.Do(b.client.NewRequest(http.MethodDelete, "/v1/webhook_endpoints/"+ep.ID, nil))
+	if del.Status != http.StatusOK {
+		t.Fatalf("delete: %d %s", del.Status, del.Body)
+	}
+	if r := b.client.Get("/v1/webhook_endpoints/" + ep.ID); r.Status != http.StatusNotFound {
+		t.Fatalf("get after delete: %d", r.Status)
+	}
+}
+
+// TestDeliverySigned: an event goes to each matching endpoint once, signed
+// so that the Standard Webhooks reference library verifies it, with the
+// event's id as webhook-id and the event as the body; an endpoint that
+// did not ask for the type gets nothing.
+func TestDeliverySigned(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, secret := b.endpoint(t, "/a", "charge.succeeded")
+	b.endpoint(t, "/b", "refund.succeeded")
+	id := b.event(t, events.ChargeSucceeded, "ch_1", 1)
+	b.dispatch(t)
+	b.dispatch(t) // a repeated pass creates nothing more
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1", n)
+	}
+	got := b.recv.deliveries()
+	if len(got) != 1 || got[0].ID != id || got[0].Event.ID != id || got[0].Event.ObjectVersion != 1 {
+		t.Fatalf("received %+v, want one delivery of %s", got, id)
+	}
+	if err := verify(t, secret, got[0]); err != nil {
+		t.Fatalf("reference library: %v", err)
+	}
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || attempts != 1 {
+		t.Fatalf("delivery %s after %d attempts, want delivered after 1", state, attempts)
+	}
+	// The history, from both sides.
+	r := b.client.Get("/v1/events/" + id + "/deliveries")
+	var page merchanthooks.DeliveryList
+	r.JSON(t, &page)
+	if len(page.Data) != 1 || len(page.Data[0].Attempts) != 1 || *page.Data[0].Attempts[0].StatusCode != 200 ||
+		page.Data[0].Attempts[0].Response != "answer "+id {
+		t.Fatalf("event deliveries: %s", r.Body)
+	}
+}
+
+// TestRetrySchedule: a failed attempt is retried on the schedule (never
+// before its time), under the same webhook-id; Retry-After on a 503 moves
+// the next attempt; the schedule's end fails the delivery.
+func TestRetrySchedule(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
+	id := b.event(t, events.ChargeSucceeded, "ch_r", 1)
+	b.dispatch(t)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("first pass claimed %d", n)
+	}
+	if n := b.work(t); n != 0 {
+		t.Fatalf("claimed %d before the retry's time", n)
+	}
+	b.clock.Advance(time.Second + 100*time.Millisecond) // Schedule[0]
+	b.recv.setAnswer(func(delivery) (int, http.Header) {
+		return http.StatusServiceUnavailable, http.Header{"Retry-After": {"120"}}
+	})
+	if n := b.work(t); n != 1 {
+		t.Fatalf("second attempt: claimed %d", n)
+	}
+	_, attempts, next := b.deliveryState(t, id)
+	if attempts != 2 || next.Before(b.clock.Now().Add(110*time.Second)) {
+		t.Fatalf("after a 503 with Retry-After: 120, %d attempts, next at %v (now %v)", attempts, next, b.clock.Now())
+	}
+	b.clock.Advance(30 * time.Second) // past Schedule[1], not past Retry-After
+	if n := b.work(t); n != 0 {
+		t.Fatalf("claimed %d before Retry-After", n)
+	}
+	b.clock.Advance(100 * time.Second)
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusBadGateway, nil })
+	b.work(t)
+	b.clock.Advance(2 * time.Minute)
+	b.work(t)
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateFailed || attempts != 4 {
+		t.Fatalf("after the schedule: %s, %d attempts; want failed after 4", state, attempts)
+	}
+	for _, d := range b.recv.deliveries() {
+		if d.ID != id {
+			t.Fatalf("an attempt carried webhook-id %s, want %s", d.ID, id)
+		}
+	}
+	var early int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_attempts WHERE started_at < scheduled_at`).Scan(&early); err != nil || early != 0 {
+		t.Fatalf("%d attempts before their time (%v)", early, err)
+	}
+	// A resend starts it again, under the same id; retried, it sends once.
+	b.recv.setAnswer(nil)
+	key := apitest.NewKey()
+	for range 2 {
+		if r := b.client.Post("/v1/events/"+id+"/resend", key, map[string]any{}); r.Status != http.StatusAccepted {
+			t.Fatalf("resend: %d %s", r.Status, r.Body)
+		}
+		b.work(t)
+	}
+	got := b.recv.deliveries()
+	if len(got) != 5 || got[4].ID != id {
+		t.Fatalf("%d requests after the resend, want 5", len(got))
+	}
+}
+
+// TestGone: a 410 disables the endpoint at once and records a
+// webhook_endpoint.disabled event.
+func TestGone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "charge.succeeded")
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusGone, nil })
+	b.event(t, events.ChargeSucceeded, "ch_g", 1)
+	b.dispatch(t)
+	b.work(t)
+	b.assertDisabled(t, epID, merchanthooks.ReasonGone)
+}
+
+// TestDisableAfter: an endpoint failing for longer than DisableAfter is
+// disabled, with its event.
+func TestDisableAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "charge.succeeded")
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
+	b.event(t, events.ChargeSucceeded, "ch_d1", 1)
+	b.dispatch(t)
+	b.work(t)
+	b.clock.Advance(time.Hour)
+	b.event(t, events.ChargeSucceeded, "ch_d2", 1)
+	b.dispatch(t)
+	b.work(t)
+	b.assertDisabled(t, epID, merchanthooks.ReasonFailing)
+}
+
+func (b *bundle) assertDisabled(t *testing.T, epID, reason string) {
+	t.Helper()
+	var ep merchanthooks.Endpoint
+	b.client.Get("/v1/webhook_endpoints/"+epID).JSON(t, &ep)
+	if ep.Enabled || ep.DisabledReason == nil || *ep.DisabledReason != reason {
+		t.Fatalf("endpoint %+v, want disabled for %s", ep, reason)
+	}
+	var n int
+	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM events WHERE type = $1 AND object_id = $2",
+		events.WebhookEndpointDisabled, epID).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d %s events of %s (%v), want 1", n, events.WebhookEndpointDisabled, epID, err)
+	}
+}
+
+// TestObjectOrder: an object's later event waits while its earlier one is
+// retried; another object's event does not wait.
+func TestObjectOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	v1 := b.event(t, events.ChargeRequiresCapture, "ch_o", 1)
+	v2 := b.event(t, events.ChargeSucceeded, "ch_o", 2)
+	other := b.event(t, events.ChargeSucceeded, "ch_other", 1)
+	b.recv.setAnswer(func(d delivery) (int, http.Header) {
+		if d.ID == v1 {
+			return http.StatusInternalServerError, nil
+		}
+		return http.StatusOK, nil
+	})
+	b.dispatch(t)
+	b.work(t)
+	var ids []string
+	for _, d := range b.recv.deliveries() {
+		ids = append(ids, d.ID)
+	}
+	if strings.Contains(strings.Join(ids, ","), v2) || !strings.Contains(strings.Join(ids, ","), other) {
+		t.Fatalf("while %s fails, received %v: want %s and not %s", v1, ids, other, v2)
+	}
+	b.recv.setAnswer(nil)
+	b.clock.Advance(2 * time.Second)
+	b.work(t)
+	var order []string
+	for _, d := range b.recv.deliveries() {
+		if d.Event.ObjectID == "ch_o" {
+			order = append(order, d.ID)
+		}
+	}
+	if strings.Join(order, ",") != strings.Join([]string{v1, v1, v2}, ",") {
+		t.Fatalf("ch_o's events arrived as %v, want %s twice then %s", order, v1, v2)
+	}
+}
+
+// TestRotation: after a rotation, deliveries carry two signatures, each
+// verified by the reference library with its secret, until the old
+// secret's overlap ends; then only the new one.
+func TestRotation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, oldSecret := b.endpoint(t, "", "*")
+	r := b.client.Post("/v1/webhook_endpoints/"+epID+"/rotate_secret", apitest.NewKey(), map[string]any{"expires_in": 3600})
+	var ep merchanthooks.Endpoint
+	r.JSON(t, &ep)
+	if r.Status != http.StatusOK || ep.Secret == nil || *ep.Secret == oldSecret || ep.PreviousSecretExpiresAt == nil {
+		t.Fatalf("rotate: %d %s", r.Status, r.Body)
+	}
+	newSecret := *ep.Secret
+	b.event(t, events.ChargeSucceeded, "ch_rot1", 1)
+	b.dispatch(t)
+	b.work(t)
+	d := b.recv.deliveries()[0]
+	if n := len(strings.Fields(d.Signature)); n != 2 {
+		t.Fatalf("signature %q: %d signatures, want 2", d.Signature, n)
+	}
+	for _, s := range []string{oldSecret, newSecret} {
+		if err := verify(t, s, d); err != nil {
+			t.Fatalf("during the overlap: %v", err)
+		}
+	}
+	b.clock.Advance(time.Hour + time.Second)
+	b.event(t, events.ChargeSucceeded, "ch_rot2", 1)
+	b.dispatch(t)
+	b.work(t)
+	d = b.recv.deliveries()[1]
+	if err := verify(t, newSecret, d); err != nil {
+		t.Fatalf("after the overlap, new secret: %v", err)
+	}
+	if err := verify(t, oldSecret, d); err == nil {
+		t.Fatal("after the overlap, the old secret still verifies")
+	}
+}
+
+// TestLeaseTakeover: a worker that outlives its lease (as one killed mid
+// delivery) leaves the delivery to another, under the same webhook-id;
+// its late outcome is fenced.
+func TestLeaseTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	release := make(chan struct{})
+	var answered atomic.Bool
+	b.recv.setAnswer(func(delivery) (int, http.Header) {
+		if answered.CompareAndSwap(false, true) { // the first request hangs
+			<-release
+		}
+		return http.StatusOK, nil
+	})
+	id := b.event(t, events.ChargeSucceeded, "ch_l", 1)
+	b.dispatch(t)
+	slow := make(chan error, 1)
+	longer := b.cfg
+	longer.Timeout = time.Minute
+	go func() {
+		_, err := b.svc.Work(context.Background(), merchanthooks.NewHTTPClient(longer), 1)
+		slow <- err
+	}()
+	for deadline := time.Now().Add(20 * time.Second); len(b.recv.deliveries()) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first worker did not send in 20 s")
+		}
+	}
+	b.clock.Advance(b.cfg.Lease + time.Second)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("the second worker claimed %d, want the expired lease's delivery", n)
+	}
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+	got := b.recv.deliveries()
+	if len(got) != 2 || got[0].ID != id || got[1].ID != id {
+		t.Fatalf("received %d requests, want 2 under %s", len(got), id)
+	}
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || attempts != 1 {
+		t.Fatalf("%s after %d attempts, want delivered once (the late one fenced)", state, attempts)
+	}
+}
+
+// TestDispatchGap: an event whose transaction commits after a later event
+// was dispatched is still fanned out; a rolled-back one leaves no gap
+// behind once its transaction has ended.
+func TestDispatchGap(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeSucceeded, "ch_late", 1, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	early := b.event(t, events.ChargeSucceeded, "ch_early", 1)
+	b.dispatch(t)
+	var gaps int
+	_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&gaps)
+	if gaps != 1 {
+		t.Fatalf("%d gaps, want the uncommitted event's", gaps)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.dispatch(t)
+	b.work(t)
+	objs := map[string]bool{}
+	for _, d := range b.recv.deliveries() {
+		objs[d.Event.ObjectID] = true
+	}
+	if !objs["ch_late"] || !objs["ch_early"] {
+		t.Fatalf("received %v, want ch_late and ch_early (%s)", objs, early)
+	}
+	// A rolled-back event: its gap goes once its transaction has ended.
+	tx, _ = b.pool.Begin(ctx)
+	_, _ = tx.Exec(ctx, "SELECT pg_current_xact_id()")
+	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeSucceeded, "ch_never", 1, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.event(t, events.ChargeSucceeded, "ch_after", 1)
+	b.dispatch(t)
+	_ = tx.Rollback(ctx)
+	// Every transaction of the cluster that ran beside it must end too
+	// (other tests' among them): poll.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b.dispatch(t)
+		_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&gaps)
+		if gaps == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d gaps 30 s after the rollback, want 0", gaps)
+		}
+	}
+}
+
+// TestSSRF: endpoint URLs that are or resolve to loopback, private,
+// link-local or metadata addresses are refused, and http without the
+// operator's leave; the client refuses such an address when it connects.
+func TestSSRF(t *testing.T) {
+	t.Parallel()
+	strict := apitest.MerchantHooksConfig()
+	strict.AllowPrivate, strict.AllowHTTP = false, false
+	env := apitest.New(t, apitest.Options{MerchantHooks: &strict})
+	c := env.NewClient(t)
+	for _, u := range []string{
+		"https://127.0.0.1/h", "https://[::1]/h", "https://10.1.2.3/h", "https://172.16.0.1/h", "https://192.168.1.1/h",
+		"https://169.254.169.254/latest/meta-data", "https://[fe80::1]/h", "https://100.64.0.1/h", "https://0.0.0.0/h",
+		"https://localhost/h", // a name that resolves to loopback
+		"http://93.184.216.34/h",
+	} {
+		r := c.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": u, "enabled_events": []string{"*"}})
+		if r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), "url") {
+			t.Errorf("%s: %d %s, want 400 naming url", u, r.Status, r.Body)
+		}
+	}
+	// At connection time (a name that resolved elsewhere at registration).
+	recv := newReceiver(t)
+	_, err := merchanthooks.NewHTTPClient(strict).Get(recv.URL)
+	if !errors.Is(err, merchanthooks.ErrPrivateAddress) {
+		t.Fatalf("connecting to %s: %v, want ErrPrivateAddress", recv.URL, err)
+	}
+	if len(recv.deliveries()) != 0 {
+		t.Fatal("the request reached the private address")
+	}
+}

@@ -1,0 +1,110 @@
+package merchanthooks
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// Dispatch runs one dispatcher pass and returns how many events it fanned
+// out (whether or not an endpoint wanted them). In one transaction, which holds the dispatcher's row lock (one
+// pass at a time, in any number of processes): the gaps that are settled
+// are fanned out and forgotten; the committed events after the position are
+// read in seq order (one statement, one snapshot), fanned out, and the
+// position moves to the last of them; every seq skipped below it is kept as
+// a gap with that snapshot. The fan-out is an INSERT ... ON CONFLICT
+// DO NOTHING on (event, endpoint): a pass repeated after a crash creates
+// nothing twice. It runs off the request path, and reads the events table
+// only.
+func (s *Service) Dispatch(ctx context.Context) (int64, error) {
+	return db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		last, err := s.q.WebhookDispatcherLock(ctx, tx)
+		if err != nil {
+			return 0, fmt.Errorf("locking the dispatcher: %w", err)
+		}
+		resolved, err := s.q.WebhookDispatchGapsResolve(ctx, tx)
+		if err != nil {
+			return 0, fmt.Errorf("resolving dispatch gaps: %w", err)
+		}
+		if err := s.fanOut(ctx, tx, resolved); err != nil {
+			return 0, err
+		}
+		rows, err := s.q.WebhookDispatcherRead(ctx, tx, &dbsqlc.WebhookDispatcherReadParams{AfterSeq: &last, MaxRows: s.cfg.Batch})
+		if err != nil {
+			return 0, fmt.Errorf("reading events: %w", err)
+		}
+		if len(rows) == 0 {
+			return int64(len(resolved)), nil
+		}
+		seqs := make([]int64, 0, len(rows))
+		var gaps []int64
+		next := last + 1
+		for _, r := range rows {
+			seq := *r.Seq
+			for ; next < seq; next++ {
+				gaps = append(gaps, next)
+			}
+			seqs = append(seqs, seq)
+			next = seq + 1
+		}
+		if err := s.fanOut(ctx, tx, seqs); err != nil {
+			return 0, err
+		}
+		if len(gaps) > 0 {
+			if err := s.q.WebhookDispatchGapsAdd(ctx, tx, &dbsqlc.WebhookDispatchGapsAddParams{Seqs: gaps, Snapshot: rows[0].Snapshot}); err != nil {
+				return 0, fmt.Errorf("keeping dispatch gaps: %w", err)
+			}
+		}
+		if err := s.q.WebhookDispatcherAdvance(ctx, tx, seqs[len(seqs)-1]); err != nil {
+			return 0, fmt.Errorf("moving the dispatcher: %w", err)
+		}
+		return int64(len(resolved) + len(seqs)), nil
+	})
+}
+
+func (s *Service) fanOut(ctx context.Context, tx pgx.Tx, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	lo, hi := seqs[0], seqs[0]
+	for _, q := range seqs {
+		lo, hi = min(lo, q), max(hi, q)
+	}
+	if _, err := s.q.WebhookDeliveriesFanOut(ctx, tx, &dbsqlc.WebhookDeliveriesFanOutParams{Lo: lo, Hi: hi, Seqs: seqs}); err != nil {
+		return fmt.Errorf("creating deliveries: %w", err)
+	}
+	return nil
+}
+
+// RunDispatcher dispatches until ctx is done, pausing Config.Interval when
+// a pass found no new event.
+func (s *Service) RunDispatcher(ctx context.Context) {
+	for ctx.Err() == nil {
+		n, err := s.Dispatch(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "webhooks out: dispatch pass failed; retrying", "err", err)
+		}
+		if n == 0 || err != nil {
+			if !sleep(ctx, s.cfg.Interval) {
+				return
+			}
+		}
+	}
+}
+
+// sleep waits d or until ctx is done; it returns false when ctx is done.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

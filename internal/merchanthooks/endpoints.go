@@ -1,0 +1,423 @@
+package merchanthooks
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// secretNote stands in the stored (replayed) answer of a creation or
+// rotation in place of the secret, which only the first answer shows.
+const secretNote = "The signing secret is shown only in the first answer to this request; " +
+	"if it was lost, rotate it (POST /v1/webhook_endpoints/{id}/rotate_secret)."
+
+// maxEnabledEvents bounds enabled_events (the schema's CHECK).
+const maxEnabledEvents = 32
+
+// Service is webhooks out: the endpoints API, the deliveries' history,
+// resend and recovery (their HTTP adapter is merchanthookshttp), and the
+// dispatcher and workers (Dispatcher, Worker).
+type Service struct {
+	pool   *pgxpool.Pool
+	q      *dbsqlc.Queries
+	runner *idempotency.Runner
+	cfg    Config
+	seal   *sealer // nil when Config.SecretsKey is not set
+	events *events.Reader
+	log    *slog.Logger
+}
+
+// New returns the service and registers the creation of an endpoint with
+// the runner, so that the completer finishes one that crashed. The other
+// POSTs are finished by the client's retry (their record names the
+// endpoint or event only in its path). Without a valid Config.SecretsKey
+// (CheckSecretsKey) webhooks out are off (Enabled).
+func New(pool *pgxpool.Pool, runner *idempotency.Runner, cfg Config, log *slog.Logger) *Service {
+	s := &Service{pool: pool, q: dbsqlc.New(), runner: runner, cfg: cfg, events: events.NewReader(pool), log: log}
+	if len(cfg.SecretsKey) > 0 {
+		var err error
+		if s.seal, err = newSealer(cfg.SecretsKey); err != nil {
+			log.Error("webhooks out are off", "err", err)
+		}
+	}
+	runner.Register(http.MethodPost, RouteEndpoints, func() idempotency.Operation { return &createOp{s: s} })
+	return s
+}
+
+// CheckSecretsKey reports whether key can seal the signing secrets (32
+// bytes), for the configuration's check.
+func CheckSecretsKey(key []byte) error {
+	if len(key) != 32 {
+		return fmt.Errorf("want 32 bytes, got %d", len(key))
+	}
+	return nil
+}
+
+// Enabled reports whether webhooks out are configured (a secrets key).
+func (s *Service) Enabled() bool { return s.seal != nil }
+
+func (s *Service) requireEnabled() error {
+	if s.seal == nil {
+		return &apierror.Error{Type: apierror.ServiceUnavailable, RetryAfter: 60,
+			Detail: "Webhooks out are not configured on this server (WEBHOOK_SECRETS_KEY).", Cause: errNoSecretsKey}
+	}
+	return nil
+}
+
+// Endpoint is the API representation of a webhook endpoint: its secret only
+// in the answer that created or rotated it.
+type Endpoint struct {
+	ID             string   `json:"id"`
+	Object         string   `json:"object"`
+	URL            string   `json:"url"`
+	EnabledEvents  []string `json:"enabled_events"`
+	Enabled        bool     `json:"enabled"`
+	DisabledReason *string  `json:"disabled_reason"`
+	Secret         *string  `json:"secret,omitempty"`
+	Note           string   `json:"note,omitempty"`
+	// PreviousSecretExpiresAt is when the secret before the last rotation
+	// stops signing; nil when none does.
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	CreatedAt               time.Time  `json:"created_at"`
+}
+
+func endpointOf(row dbsqlc.WebhookEndpoint, now time.Time) Endpoint {
+	e := Endpoint{ID: row.ID, Object: "webhook_endpoint", URL: row.Url, EnabledEvents: row.EnabledEvents,
+		Enabled: row.Enabled, DisabledReason: row.DisabledReason, CreatedAt: row.CreatedAt.UTC()}
+	if row.PreviousExpiresAt != nil && row.PreviousExpiresAt.After(now) {
+		t := row.PreviousExpiresAt.UTC()
+		e.PreviousSecretExpiresAt = &t
+	}
+	return e
+}
+
+func notFound() error { return apierror.New(apierror.NotFound, "No such webhook endpoint.") }
+
+// get reads the account's endpoint id; another account's is not found.
+func (s *Service) get(ctx context.Context, accountID, id string) (dbsqlc.WebhookEndpoint, error) {
+	row, err := s.q.WebhookEndpointGetByID(ctx, s.pool, &dbsqlc.WebhookEndpointGetByIDParams{AccountID: accountID, ID: id})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return row, notFound()
+	} else if err != nil {
+		return row, fmt.Errorf("reading webhook endpoint: %w", err)
+	}
+	return row, nil
+}
+
+// Get is the account's endpoint id.
+func (s *Service) Get(ctx context.Context, accountID, id string) (Endpoint, error) {
+	row, err := s.get(ctx, accountID, id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	return endpointOf(row, time.Now()), nil
+}
+
+// List is the account's endpoints, oldest first.
+func (s *Service) List(ctx context.Context, accountID string) ([]Endpoint, error) {
+	rows, err := s.q.WebhookEndpointList(ctx, s.pool, accountID)
+	if err != nil {
+		return nil, fmt.Errorf("listing webhook endpoints: %w", err)
+	}
+	out := make([]Endpoint, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, endpointOf(r, time.Now()))
+	}
+	return out, nil
+}
+
+// Delete removes the account's endpoint id with its deliveries.
+func (s *Service) Delete(ctx context.Context, accountID, id string) error {
+	n, err := s.q.WebhookEndpointDelete(ctx, s.pool, &dbsqlc.WebhookEndpointDeleteParams{AccountID: accountID, ID: id})
+	if err != nil {
+		return fmt.Errorf("deleting webhook endpoint: %w", err)
+	}
+	if n == 0 {
+		return notFound()
+	}
+	return nil
+}
+
+// decodeStrict decodes a JSON object body, refusing unknown fields.
+func decodeStrict(body []byte, v any, what string) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return apierror.Newf(apierror.InvalidRequest, "The body of %s is not valid: %v.", what, err)
+	}
+	return nil
+}
+
+// checkEvents validates enabled_events: known types or "*", at least one.
+func checkEvents(types []string) error {
+	if len(types) == 0 || len(types) > maxEnabledEvents {
+		return apierror.Invalid(apierror.InvalidParam{Name: "enabled_events", Reason: "must list 1 to 32 event types, or [\"*\"]"})
+	}
+	for _, t := range types {
+		if t != "*" && !slices.Contains(events.Types(), t) {
+			return apierror.Invalid(apierror.InvalidParam{Name: "enabled_events", Reason: fmt.Sprintf("%q is not an event type", t)})
+		}
+	}
+	return nil
+}
+
+func (s *Service) checkURL(ctx context.Context, u string) error {
+	if reason := checkURL(ctx, s.cfg, u); reason != "" {
+		return apierror.Invalid(apierror.InvalidParam{Name: "url", Reason: reason})
+	}
+	return nil
+}
+
+// showSecret replaces the stored answer's body with one that shows the
+// secret, when this process made it (not on a replay or a resumed record).
+func showSecret(resp idempotency.Response, row dbsqlc.WebhookEndpoint, secret string) (idempotency.Response, error) {
+	if resp.Replayed || secret == "" {
+		return resp, nil
+	}
+	shown := endpointOf(row, time.Now())
+	shown.Secret = &secret
+	body, err := json.Marshal(shown)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	resp.Body = body
+	return resp, nil
+}
+
+func storedResponse(status int, e Endpoint, note string) (idempotency.Response, error) {
+	e.Note = note
+	body, err := json.Marshal(e)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{Status: status, Body: body, Headers: idempotency.Headers{
+		ContentType: "application/json", Location: RouteEndpoints + "/" + e.ID}}, nil
+}
+
+// CreateParams is the body of POST /v1/webhook_endpoints.
+type CreateParams struct {
+	URL           string   `json:"url"`
+	EnabledEvents []string `json:"enabled_events"`
+}
+
+// Create registers an endpoint for the account; req is its POST. Like
+// every POST it is idempotent; the first answer shows the signing secret,
+// the stored one (what a retry replays) a note instead.
+func (s *Service) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
+	if err := s.requireEnabled(); err != nil {
+		return idempotency.Response{}, err
+	}
+	var p CreateParams
+	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints"); err != nil {
+		return idempotency.Response{}, err
+	}
+	if err := checkEvents(p.EnabledEvents); err != nil {
+		return idempotency.Response{}, err
+	}
+	op := &createOp{s: s, accountID: accountID, p: p}
+	resp, err := s.runner.Run(ctx, req, op)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return showSecret(resp, op.row, op.secret)
+}
+
+// createOp inserts the endpoint in the claim's batch; there is no
+// downstream call.
+type createOp struct {
+	s         *Service
+	accountID string
+	p         CreateParams
+	row       dbsqlc.WebhookEndpoint
+	secret    string // known only to the process that made it
+}
+
+func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if err := op.s.checkURL(ctx, op.p.URL); err != nil {
+		return err
+	}
+	raw := make([]byte, 16)
+	if _, err := rand.Read(raw); err != nil {
+		return fmt.Errorf("generating an endpoint id: %w", err)
+	}
+	id := "we_" + hex.EncodeToString(raw)
+	secret, err := newSecret()
+	if err != nil {
+		return err
+	}
+	sealed, err := op.s.seal.seal(id, secret)
+	if err != nil {
+		return err
+	}
+	op.row = dbsqlc.WebhookEndpoint{ID: id, AccountID: op.accountID, Url: op.p.URL, EnabledEvents: op.p.EnabledEvents,
+		Enabled: true, Version: 1, IdempotencyKeyID: &rec.ID}
+	op.secret = secret
+	if err := op.s.q.WebhookEndpointInsert(ctx, b, &dbsqlc.WebhookEndpointInsertParams{ID: id, AccountID: op.accountID,
+		Url: op.p.URL, EnabledEvents: op.p.EnabledEvents, Secret: sealed, IdempotencyKeyID: &rec.ID}); err != nil {
+		return fmt.Errorf("inserting webhook endpoint: %w", err)
+	}
+	return nil
+}
+
+func (op *createOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	var err error
+	op.row, err = op.s.q.WebhookEndpointGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
+	if err != nil {
+		return fmt.Errorf("reading the webhook endpoint of %s: %w", rec.ID, err)
+	}
+	return nil
+}
+
+func (op *createOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.row.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
+		op.row.CreatedAt = rec.CreatedAt
+	}
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
+		return storedResponse(http.StatusCreated, endpointOf(op.row, rec.CreatedAt), secretNote)
+	})
+}
+
+// UpdateParams is the body of POST /v1/webhook_endpoints/{id}: the fields
+// to change.
+type UpdateParams struct {
+	URL           *string  `json:"url"`
+	EnabledEvents []string `json:"enabled_events"`
+	Enabled       *bool    `json:"enabled"`
+}
+
+// Update changes the account's endpoint id (url, enabled_events, enabled);
+// enabling an endpoint idempay disabled clears its failure. Idempotent.
+func (s *Service) Update(ctx context.Context, accountID, id string, req idempotency.Request) (idempotency.Response, error) {
+	var p UpdateParams
+	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}"); err != nil {
+		return idempotency.Response{}, err
+	}
+	if p.URL == nil && p.EnabledEvents == nil && p.Enabled == nil {
+		return idempotency.Response{}, apierror.New(apierror.InvalidRequest, "Name at least one of url, enabled_events, enabled.")
+	}
+	if p.EnabledEvents != nil {
+		if err := checkEvents(p.EnabledEvents); err != nil {
+			return idempotency.Response{}, err
+		}
+	}
+	return s.runner.Run(ctx, req, &changeOp{s: s, accountID: accountID, id: id, change: func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error {
+		if p.URL != nil {
+			if err := s.checkURL(ctx, *p.URL); err != nil {
+				return err
+			}
+			row.Url = *p.URL
+		}
+		if p.EnabledEvents != nil {
+			row.EnabledEvents = p.EnabledEvents
+		}
+		if p.Enabled != nil {
+			if *p.Enabled {
+				row.DisabledReason = nil
+			}
+			row.Enabled = *p.Enabled
+		}
+		return s.q.WebhookEndpointUpdate(ctx, b, &dbsqlc.WebhookEndpointUpdateParams{AccountID: accountID, ID: id,
+			Url: row.Url, EnabledEvents: row.EnabledEvents, Enabled: row.Enabled, Version: row.Version})
+	}})
+}
+
+// RotateParams is the body of POST /v1/webhook_endpoints/{id}/rotate_secret.
+type RotateParams struct {
+	// ExpiresIn is how many seconds the current secret still signs
+	// (default Config.RotationOverlap; 0 ends it at once).
+	ExpiresIn *int64 `json:"expires_in"`
+}
+
+// maxOverlap bounds a rotation's overlap.
+const maxOverlap = 7 * 24 * time.Hour
+
+// Rotate gives the endpoint a new signing secret, shown once; the one
+// before keeps signing beside it for the overlap, so that the receiver can
+// move to the new one without refusing a delivery. Idempotent.
+func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempotency.Request) (idempotency.Response, error) {
+	if err := s.requireEnabled(); err != nil {
+		return idempotency.Response{}, err
+	}
+	var p RotateParams
+	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}/rotate_secret"); err != nil {
+		return idempotency.Response{}, err
+	}
+	overlap := s.cfg.RotationOverlap
+	if p.ExpiresIn != nil {
+		if *p.ExpiresIn < 0 || time.Duration(*p.ExpiresIn)*time.Second > maxOverlap {
+			return idempotency.Response{}, apierror.Invalid(apierror.InvalidParam{Name: "expires_in", Reason: "must be 0 to 604800 seconds"})
+		}
+		overlap = time.Duration(*p.ExpiresIn) * time.Second
+	}
+	var secret string
+	op := &changeOp{s: s, accountID: accountID, id: id, note: secretNote, change: func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error {
+		var err error
+		if secret, err = newSecret(); err != nil {
+			return err
+		}
+		sealed, err := s.seal.seal(id, secret)
+		if err != nil {
+			return err
+		}
+		expires := time.Now().Add(overlap)
+		row.PreviousExpiresAt = &expires
+		return s.q.WebhookEndpointRotate(ctx, b, &dbsqlc.WebhookEndpointRotateParams{AccountID: accountID, ID: id,
+			Secret: sealed, PreviousExpiresAt: &expires, Version: row.Version})
+	}}
+	resp, err := s.runner.Run(ctx, req, op)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return showSecret(resp, op.row, secret)
+}
+
+// changeOp applies change to the endpoint in the claim's batch, guarded by
+// the version it read; the answer is the endpoint after it.
+type changeOp struct {
+	s         *Service
+	accountID string
+	id        string
+	note      string
+	change    func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error
+	row       dbsqlc.WebhookEndpoint
+}
+
+func (op *changeOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
+	row, err := op.s.get(ctx, op.accountID, op.id)
+	if err != nil {
+		return err
+	}
+	if err := op.change(ctx, b, &row); err != nil {
+		return err
+	}
+	op.row = row
+	return nil
+}
+
+func (op *changeOp) Load(ctx context.Context, _ *idempotency.Record) error {
+	var err error
+	op.row, err = op.s.get(ctx, op.accountID, op.id)
+	return err
+}
+
+func (op *changeOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
+		return storedResponse(http.StatusOK, endpointOf(op.row, rec.CreatedAt), op.note)
+	})
+}

@@ -1,0 +1,128 @@
+// Package merchanthooks is idempay's webhooks out: the merchants' endpoints
+// (endpoints.go), the dispatcher that turns each committed event into one
+// delivery per matching endpoint (dispatcher.go), the workers that send
+// them, signed as Standard Webhooks, and retry them on a schedule
+// (worker.go, sign.go), the HTTP client that refuses private addresses at
+// connection time (safeclient.go), and the deliveries' history, resend and
+// recovery (deliveries.go). Its HTTP adapter is merchanthookshttp.
+//
+// The guarantees are I17's: every delivery carries its event's id as
+// webhook-id, unchanged across retries and resends; one object's events
+// reach an endpoint in object_version order (a delivery waits while an
+// earlier version of its object is pending for the same endpoint); a
+// delivery is retried until it succeeds, its endpoint is disabled, or the
+// schedule ends; and every committed event is fanned out, because the
+// dispatcher reads committed events in seq order and keeps the seqs it could
+// not see yet (webhook_dispatch_gaps) until they are settled. Nothing of it
+// runs on the request path: a settling transaction writes its event as
+// before, and nothing more.
+package merchanthooks
+
+import (
+	"time"
+
+	"github.com/idempay/idempay/internal/events"
+)
+
+// The routes, as stored on idempotency records.
+const (
+	RouteEndpoints = "/v1/webhook_endpoints"
+	RouteEndpoint  = "/v1/webhook_endpoints/:id"
+	RouteRotate    = "/v1/webhook_endpoints/:id/rotate_secret"
+	RouteRecover   = "/v1/webhook_endpoints/:id/recover"
+	RouteResend    = "/v1/events/:id/resend"
+)
+
+// EventEndpointDisabled is the type of the event recorded when idempay
+// disables an endpoint (events.WebhookEndpointDisabled).
+const EventEndpointDisabled = events.WebhookEndpointDisabled
+
+// Reasons idempay disables an endpoint for.
+const (
+	// ReasonGone: the endpoint answered 410 Gone.
+	ReasonGone = "gone"
+	// ReasonFailing: every attempt failed for longer than
+	// Config.DisableAfter.
+	ReasonFailing = "failing"
+)
+
+// Config configures webhooks out. DefaultConfig is the documented default.
+type Config struct {
+	// SecretsKey seals the endpoints' signing secrets at rest (AES-256-GCM,
+	// 32 bytes; WEBHOOK_SECRETS_KEY). Without it no endpoint can be
+	// created, and nothing is sent.
+	SecretsKey []byte
+	// AllowPrivate lets endpoints resolve to loopback, private, link-local
+	// and other non-public addresses (WEBHOOK_ALLOW_PRIVATE): for a demo and
+	// tests, never in production.
+	AllowPrivate bool
+	// AllowHTTP accepts http:// endpoint URLs (WEBHOOK_ALLOW_HTTP).
+	AllowHTTP bool
+	// Schedule is the delay before each retry: after the first failed
+	// attempt Schedule[0], after the second Schedule[1], ...; the delivery
+	// fails once it is spent.
+	Schedule []time.Duration
+	// Jitter spreads each delay by up to this fraction either way, so that
+	// the retries of an outage do not all arrive at once.
+	Jitter float64
+	// Timeout bounds one attempt, connection to last byte.
+	Timeout time.Duration
+	// Lease is how long a worker holds a claimed delivery; past it, another
+	// worker may take it (the first died). Longer than Timeout.
+	Lease time.Duration
+	// DisableAfter disables an endpoint whose attempts have all failed for
+	// this long.
+	DisableAfter time.Duration
+	// RotationOverlap is how long a rotated-out secret still signs, unless
+	// the rotation says otherwise.
+	RotationOverlap time.Duration
+	// Interval is the dispatcher's and each worker's pause when there is
+	// nothing to do.
+	Interval time.Duration
+	// Workers is the number of deliveries one process sends at once.
+	Workers int
+	// Batch bounds the events one dispatcher pass reads.
+	Batch int32
+	// Now is the workers' clock (nil: time.Now); tests move it.
+	Now func() time.Time
+	// Observe, when set, is told the outcome of each attempt (delivered,
+	// failed, retrying, gone) and its duration (metrics).
+	Observe func(outcome string, d time.Duration)
+}
+
+// DefaultSchedule is Standard Webhooks' retry schedule: after the first
+// attempt, 5 seconds, 5 minutes, 30 minutes, 2 hours, 5 hours, 10 hours
+// and 10 hours (eight attempts over about 27.5 hours).
+func DefaultSchedule() []time.Duration {
+	return []time.Duration{5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour,
+		5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+}
+
+// DefaultConfig is the documented default (docs/webhooks-out.md).
+func DefaultConfig() Config {
+	return Config{Schedule: DefaultSchedule(), Jitter: 0.1, Timeout: 15 * time.Second, Lease: 45 * time.Second,
+		DisableAfter: 5 * 24 * time.Hour, RotationOverlap: 24 * time.Hour, Interval: 500 * time.Millisecond,
+		Workers: 4, Batch: 500}
+}
+
+func (c Config) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// Attempt outcomes, as Observe is told.
+const (
+	OutcomeDelivered = "delivered"
+	OutcomeRetrying  = "retrying"
+	OutcomeFailed    = "failed"
+	OutcomeGone      = "gone"
+	// OutcomeFenced: the attempt ran, but the worker's lease had run out
+	// and another worker owns the delivery; its outcome is recorded as an
+	// attempt, and changes nothing else.
+	OutcomeFenced = "fenced"
+)
+
+// Outcomes lists them (metrics create their series up front).
+var Outcomes = []string{OutcomeDelivered, OutcomeRetrying, OutcomeFailed, OutcomeGone, OutcomeFenced}

@@ -1,0 +1,225 @@
+package merchanthooks_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/merchanthooks"
+)
+
+// clock is the workers' clock: the real time moved on by the test.
+type clock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.offset += d
+	c.mu.Unlock()
+}
+
+// delivery is what the receiver got.
+type delivery struct {
+	ID, Signature string
+	Timestamp     string
+	Body          []byte
+	Event         events.Event
+}
+
+// receiver is a merchant's endpoint: it records every request and answers
+// with answer (200 when nil).
+type receiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	got    []delivery
+	answer func(d delivery) (int, http.Header)
+}
+
+func newReceiver(t *testing.T) *receiver {
+	r := &receiver{}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var d delivery
+		d.ID, d.Signature, d.Timestamp = req.Header.Get("webhook-id"), req.Header.Get("webhook-signature"), req.Header.Get("webhook-timestamp")
+		d.Body, _ = io.ReadAll(req.Body)
+		_ = json.Unmarshal(d.Body, &d.Event)
+		r.mu.Lock()
+		r.got = append(r.got, d)
+		answer := r.answer
+		r.mu.Unlock()
+		status, h := http.StatusOK, http.Header(nil)
+		if answer != nil {
+			status, h = answer(d)
+		}
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("answer " + d.ID))
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *receiver) deliveries() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.got...)
+}
+
+func (r *receiver) setAnswer(f func(d delivery) (int, http.Header)) {
+	r.mu.Lock()
+	r.answer = f
+	r.mu.Unlock()
+}
+
+// bundle is one test's API on a database of its own (the dispatcher and
+// the workers act on every row), its account, clock and receiver.
+type bundle struct {
+	env    *apitest.Env
+	pool   *pgxpool.Pool
+	client *apitest.Client
+	clock  *clock
+	cfg    merchanthooks.Config
+	svc    *merchanthooks.Service
+	recv   *receiver
+	http   *http.Client
+}
+
+// setup starts the API with a compressed schedule (1 s, 10 s, 1 min) and
+// the test's clock.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	_, pool := dbtest.NewDatabase(t)
+	b := &bundle{pool: pool, clock: &clock{}}
+	b.cfg = apitest.MerchantHooksConfig()
+	b.cfg.Schedule = []time.Duration{time.Second, 10 * time.Second, time.Minute}
+	b.cfg.Jitter = 0
+	b.cfg.Timeout = 2 * time.Second
+	b.cfg.Lease = 30 * time.Second
+	b.cfg.DisableAfter = time.Hour
+	b.cfg.Now = b.clock.Now
+	b.env = apitest.New(t, apitest.Options{Pool: pool, MerchantHooks: &b.cfg})
+	b.svc = b.env.MerchantHooks
+	acct, key, err := accounts.Create(context.Background(), pool, "hooks "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.client = b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: key})
+	b.recv = newReceiver(t)
+	b.http = merchanthooks.NewHTTPClient(b.cfg)
+	return b
+}
+
+// endpoint registers the receiver (path appended) for types; it returns
+// the endpoint's id and secret.
+func (b *bundle) endpoint(t *testing.T, path string, types ...string) (string, string) {
+	t.Helper()
+	resp := b.client.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": b.recv.URL + path, "enabled_events": types})
+	if resp.Status != http.StatusCreated {
+		t.Fatalf("creating endpoint: %d %s", resp.Status, resp.Body)
+	}
+	var ep merchanthooks.Endpoint
+	resp.JSON(t, &ep)
+	if ep.Secret == nil {
+		t.Fatalf("the first answer shows no secret: %s", resp.Body)
+	}
+	return ep.ID, *ep.Secret
+}
+
+// event records an event of the account's object at version, committed, as
+// a settling transaction does (its object's write first).
+func (b *bundle) event(t *testing.T, typ, objectID string, version int64) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(map[string]any{"id": objectID, "version": version})
+	if err := events.Record(ctx, tx, b.client.Account.ID, typ, objectID, version, data); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	if err := tx.QueryRow(ctx, "SELECT id FROM events WHERE object_id = $1 AND object_version = $2", objectID, version).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// dispatch runs a dispatcher pass.
+func (b *bundle) dispatch(t *testing.T) {
+	t.Helper()
+	if _, err := b.svc.Dispatch(context.Background()); err != nil {
+		t.Fatalf("dispatch: %v", err)
+	}
+}
+
+// work runs worker passes until one claims nothing; it returns how many
+// deliveries were claimed.
+func (b *bundle) work(t *testing.T) int {
+	t.Helper()
+	total := 0
+	for {
+		n, err := b.svc.Work(context.Background(), b.http, 10)
+		if err != nil {
+			t.Fatalf("work: %v", err)
+		}
+		if n == 0 {
+			return total
+		}
+		total += n
+	}
+}
+
+func (b *bundle) deliveryState(t *testing.T, eventID string) (state string, attempts int, next time.Time) {
+	t.Helper()
+	if err := b.pool.QueryRow(context.Background(), "SELECT state, attempts, next_attempt_at FROM webhook_deliveries WHERE event_id = $1", eventID).
+		Scan(&state, &attempts, &next); err != nil {
+		t.Fatalf("reading the delivery of %s: %v", eventID, err)
+	}
+	return state, attempts, next
+}
+
+// verify checks d's signature with the Standard Webhooks reference library.
+func verify(t *testing.T, secret string, d delivery) error {
+	t.Helper()
+	wh, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{}
+	h.Set("webhook-id", d.ID)
+	h.Set("webhook-timestamp", d.Timestamp)
+	h.Set("webhook-signature", d.Signature)
+	return wh.VerifyIgnoringTimestamp(d.Body, h)
+}
+
+var quiet = slog.New(slog.DiscardHandler)

@@ -1,0 +1,108 @@
+package merchanthooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"syscall"
+	"time"
+)
+
+// ErrPrivateAddress is a connection refused because the endpoint's address
+// is not public (and Config.AllowPrivate is off).
+var ErrPrivateAddress = errors.New("the address is not a public one")
+
+// sharedAddressSpace is RFC 6598's carrier-grade NAT range, private in
+// practice though not in net/netip's sense.
+var sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10")
+
+// publicAddress reports whether a is an address a merchant's endpoint may
+// have: not loopback, private (RFC 1918, unique local), link-local (which
+// holds the cloud metadata address 169.254.169.254), unspecified, multicast
+// or shared.
+func publicAddress(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsValid() && !a.IsLoopback() && !a.IsPrivate() && !a.IsLinkLocalUnicast() &&
+		!a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast() && !a.IsMulticast() &&
+		!a.IsUnspecified() && !sharedAddressSpace.Contains(a)
+}
+
+// NewHTTPClient is the client deliveries are sent with: no proxy, no
+// redirect followed (a 3xx is a failed attempt), Timeout per attempt, and a
+// dialer that checks the address it is about to connect to, after DNS
+// resolution, so that a name that resolved to a public address at
+// registration and to a private one now (DNS rebinding) is refused.
+func NewHTTPClient(cfg Config) *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
+		if cfg.AllowPrivate {
+			return nil
+		}
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil || !publicAddress(ap.Addr()) {
+			return fmt.Errorf("connecting to %s: %w", address, ErrPrivateAddress)
+		}
+		return nil
+	}}
+	tr := &http.Transport{
+		Proxy: nil, DialContext: dialer.DialContext, ForceAttemptHTTP2: true,
+		TLSHandshakeTimeout: 5 * time.Second, MaxIdleConnsPerHost: 8, IdleConnTimeout: 60 * time.Second,
+	}
+	return &http.Client{Transport: tr, Timeout: cfg.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// checkURL is the registration's check of an endpoint URL: absolute, https
+// (http only with Config.AllowHTTP), no user information, and a host whose
+// every address is public (unless Config.AllowPrivate). It returns the
+// reason it refuses, "" when it accepts. The connection is checked again
+// when each delivery dials (NewHTTPClient).
+func checkURL(ctx context.Context, cfg Config, raw string) string {
+	if len(raw) > 2048 {
+		return "must be at most 2048 characters"
+	}
+	u, err := url.Parse(raw)
+	if err != nil || !u.IsAbs() || u.Host == "" || u.Opaque != "" {
+		return "must be an absolute URL such as https://example.com/webhooks"
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !cfg.AllowHTTP {
+			return "must use https"
+		}
+	default:
+		return "must use https"
+	}
+	if u.User != nil {
+		return "must not carry user information"
+	}
+	if u.Fragment != "" {
+		return "must not carry a fragment"
+	}
+	if cfg.AllowPrivate {
+		return ""
+	}
+	host := u.Hostname()
+	if a, err := netip.ParseAddr(host); err == nil {
+		if !publicAddress(a) {
+			return "must not be a loopback, private, link-local or other non-public address"
+		}
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(addrs) == 0 {
+		return "must name a host that resolves"
+	}
+	for _, a := range addrs {
+		if !publicAddress(a) {
+			return "must not resolve to a loopback, private, link-local or other non-public address"
+		}
+	}
+	return ""
+}
