@@ -75,12 +75,14 @@ SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotenc
 
 -- name: IdempotencyKeyRelease :execrows
 -- Frees the lock of a record whose phase did not finish: a downstream call
--- whose outcome is unknown, or a finishing write that failed. The record
--- moves to downstream_called, the attempt and its error are recorded, and
+-- whose outcome is unknown, a finishing write that failed, a ledger row that
+-- could not be loaded. The record moves to downstream_called when a
+-- downstream call was made (@called), and otherwise keeps its recovery point;
+-- the attempt and its error are recorded, and
 -- the completer may resume it after next_attempt_at; a client retry may
 -- resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 UPDATE idempotency_keys
-SET recovery_point = 'downstream_called',
+SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
     attempts = attempts + 1,
     last_error = @last_error,

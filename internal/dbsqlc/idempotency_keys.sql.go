@@ -491,18 +491,19 @@ func (q *Queries) IdempotencyKeyParkExpired(ctx context.Context, db DBTX, arg *I
 
 const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 UPDATE idempotency_keys
-SET recovery_point = 'downstream_called',
+SET recovery_point = CASE WHEN $1::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
     attempts = attempts + 1,
-    last_error = $1,
-    next_attempt_at = coalesce($2::timestamptz, now()) + make_interval(secs => $3::float8),
+    last_error = $2,
+    next_attempt_at = coalesce($3::timestamptz, now()) + make_interval(secs => $4::float8),
     updated_at = now()
-WHERE id = $4
-  AND lock_generation = $5
+WHERE id = $5
+  AND lock_generation = $6
   AND recovery_point <> 'finished'
 `
 
 type IdempotencyKeyReleaseParams struct {
+	Called         bool
 	LastError      *string
 	Now            *time.Time
 	RetryInSeconds float64
@@ -511,12 +512,15 @@ type IdempotencyKeyReleaseParams struct {
 }
 
 // Frees the lock of a record whose phase did not finish: a downstream call
-// whose outcome is unknown, or a finishing write that failed. The record
-// moves to downstream_called, the attempt and its error are recorded, and
+// whose outcome is unknown, a finishing write that failed, a ledger row that
+// could not be loaded. The record moves to downstream_called when a
+// downstream call was made (@called), and otherwise keeps its recovery point;
+// the attempt and its error are recorded, and
 // the completer may resume it after next_attempt_at; a client retry may
 // resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := db.Exec(ctx, idempotencyKeyRelease,
+		arg.Called,
 		arg.LastError,
 		arg.Now,
 		arg.RetryInSeconds,
