@@ -163,55 +163,6 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return err
 }
 
-const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
-SELECT id, request_method, request_route, recovery_point, lock_generation,
-       (locked_at IS NOT NULL
-        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
-       (created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))::boolean AS past_ceiling
-FROM idempotency_keys WHERE id = $4
-`
-
-type IdempotencyKeyGetByIDParams struct {
-	Now                 *time.Time
-	LockTimeoutSeconds  float64
-	RetryCeilingSeconds float64
-	ID                  string
-}
-
-type IdempotencyKeyGetByIDRow struct {
-	ID             string
-	RequestMethod  string
-	RequestRoute   string
-	RecoveryPoint  string
-	LockGeneration int64
-	LockFresh      bool
-	PastCeiling    bool
-}
-
-// The read before Runner.Resume: what tells a finished record, one in
-// flight (its lock fresh, by the same clock as the claim's read), a parked
-// one (or one past the retry ceiling) and a resumable one apart, and the
-// route that says which operation resumes it.
-func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByIDParams) (IdempotencyKeyGetByIDRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByID,
-		arg.Now,
-		arg.LockTimeoutSeconds,
-		arg.RetryCeilingSeconds,
-		arg.ID,
-	)
-	var i IdempotencyKeyGetByIDRow
-	err := row.Scan(
-		&i.ID,
-		&i.RequestMethod,
-		&i.RequestRoute,
-		&i.RecoveryPoint,
-		&i.LockGeneration,
-		&i.LockFresh,
-		&i.PastCeiling,
-	)
-	return i, err
-}
-
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
@@ -397,8 +348,8 @@ type IdempotencyKeyParkParams struct {
 	LockTimeoutSeconds float64
 }
 
-// Parks one record past the retry ceiling that a client's retry (or
-// Runner.Resume) found, at the generation the read saw, as
+// Parks one record past the retry ceiling that a client's retry found, at
+// the generation the read saw, as
 // IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
 // the read (finished, parked or taken); the runner reads it again.
 func (q *Queries) IdempotencyKeyPark(ctx context.Context, db DBTX, arg *IdempotencyKeyParkParams) (int64, error) {
