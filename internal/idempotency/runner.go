@@ -9,7 +9,10 @@
 // Every operation takes the same path: each phase is one Batch, the core's
 // own statement (the claim, or the fenced finish) followed by the
 // operation's writes, sent as one round trip that commits once. No operation
-// restates the core's SQL, and none has a path of its own.
+// restates the core's SQL, and none has a path of its own: Run is the way
+// in, and Settle, queued in a phase of another record, the one way
+// something outside a request finishes the request's record. No process
+// keeps a copy of a record (I15): every claim and replay reads the database.
 //
 // The package speaks Go, not HTTP: its refusals are the errors in errors.go,
 // and each entry point maps them onto its own protocol (package idemhttp for
@@ -132,8 +135,10 @@ type Record struct {
 	Method, Route  string
 	RecoveryPoint  string
 	LockGeneration int64
-	// Attempts counts earlier phases that did not finish (an unknown
-	// downstream outcome, a finishing write that failed).
+	// Attempts counts the times the record was released unfinished
+	// (release): an unknown downstream outcome, a finishing write that
+	// failed, ledger rows that could not be loaded. The completer's backoff
+	// grows with it.
 	Attempts int32
 	// CreatedAt is the time of the claim's transaction: also the created_at
 	// of every ledger row that Begin inserted with the record.
