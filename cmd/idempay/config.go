@@ -104,9 +104,6 @@ func loadConfig() (Config, error) {
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
 	idem.RetryCeiling = e.dur("IDEMPOTENCY_RETRY_CEILING", idem.RetryCeiling)
-	idem.AsyncClaim = e.bool("IDEMPOTENCY_ASYNC_CLAIM", idem.AsyncClaim)
-	idem.ReplayCacheSize = e.int("IDEMPOTENCY_REPLAY_CACHE_SIZE", idem.ReplayCacheSize)
-	idem.ReplayCacheTTL = e.dur("IDEMPOTENCY_REPLAY_CACHE_TTL", idem.ReplayCacheTTL)
 	cfg.Idempotency = idem
 	cfg.MerchantHooks = loadMerchantHooks(&e)
 	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {

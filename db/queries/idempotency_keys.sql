@@ -41,17 +41,6 @@ SELECT id, request_fingerprint, recovery_point, lock_generation,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
--- name: IdempotencyKeyGetByID :one
--- The read before Runner.Resume: what tells a finished record, one in
--- flight (its lock fresh, by the same clock as the claim's read), a parked
--- one (or one past the retry ceiling) and a resumable one apart, and the
--- route that says which operation resumes it.
-SELECT id, request_method, request_route, recovery_point, lock_generation,
-       (locked_at IS NOT NULL
-        AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
-       (created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8))::boolean AS past_ceiling
-FROM idempotency_keys WHERE id = @id;
-
 -- name: IdempotencyKeyFinish :exec
 -- Stores the final response, first in the finishing batch. Fenced: unless
 -- the caller still holds the generation it claimed, it raises IDF01 and
@@ -75,12 +64,14 @@ SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotenc
 
 -- name: IdempotencyKeyRelease :execrows
 -- Frees the lock of a record whose phase did not finish: a downstream call
--- whose outcome is unknown, or a finishing write that failed. The record
--- moves to downstream_called, the attempt and its error are recorded, and
+-- whose outcome is unknown, a finishing write that failed, a ledger row that
+-- could not be loaded. The record moves to downstream_called when a
+-- downstream call was made (@called), and otherwise keeps its recovery point;
+-- the attempt and its error are recorded, and
 -- the completer may resume it after next_attempt_at; a client retry may
 -- resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 UPDATE idempotency_keys
-SET recovery_point = 'downstream_called',
+SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
     attempts = attempts + 1,
     last_error = @last_error,
@@ -145,8 +136,8 @@ WHERE id IN (
 RETURNING id, request_method, request_route, attempts, created_at;
 
 -- name: IdempotencyKeyPark :execrows
--- Parks one record past the retry ceiling that a client's retry (or
--- Runner.Resume) found, at the generation the read saw, as
+-- Parks one record past the retry ceiling that a client's retry found, at
+-- the generation the read saw, as
 -- IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
 -- the read (finished, parked or taken); the runner reads it again.
 UPDATE idempotency_keys

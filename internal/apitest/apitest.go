@@ -64,11 +64,6 @@ type Options struct {
 	LogHandler slog.Handler
 	// WebhookPreviousSecret is accepted besides WebhookSecret (a rotation).
 	WebhookPreviousSecret string
-	// NoReplayCache turns the replay cache off, for tests that delete
-	// finished records behind the server's back (the retention job, a
-	// database that lost its last commits) and then retry at once: the
-	// cache would answer such a retry from memory for up to its TTL.
-	NoReplayCache bool
 	// MerchantHooks configures webhooks out; nil is MerchantHooksConfig().
 	// The API serves the endpoints; the test runs the dispatcher and the
 	// workers itself (Env.MerchantHooks).
@@ -128,9 +123,6 @@ func New(t testing.TB, opts Options) *Env {
 	cfg.Now = opts.Now
 	if opts.Retention > 0 {
 		cfg.Retention, cfg.RetentionGrace = opts.Retention, 0
-	}
-	if opts.NoReplayCache {
-		cfg.ReplayCacheSize = 0
 	}
 	if opts.StripeTimeout == 0 {
 		opts.StripeTimeout = 30 * time.Second

@@ -388,70 +388,76 @@ func TestCaptureRefusedByStripe(t *testing.T) {
 }
 
 // A charge whose authorization is not known yet (its request's Stripe call
-// had no answer) is never captured blind, nor refused: the capture resolves
-// the authorization first, by resuming the charge's own record with its own
-// downstream key (Stripe replays, or, as here after a 500 that stored
-// nothing, executes it once), then captures. A record whose owner is alive
-// is 409 with Retry-After; an authorization that resolves to a decline is
-// not capturable; a cancel resolves it the same way.
+// had no answer) is never captured or canceled blind, and never settled by
+// the capture either: the capture or cancel is refused with 409
+// charge-not-settled and Retry-After, storing nothing and calling nothing,
+// and the charge's own request is settled by its client's retry or by the
+// completer, under its own downstream key. The same capture key then runs:
+// it captures an authorization, and is refused as not capturable for a
+// decline.
 func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 	t.Parallel()
 	// unsettled makes an authorization whose PaymentIntent create failed
 	// with a 500 (the charge stays processing, its record resumable), then
-	// lets the fake answer again. It returns the charge id and its key.
-	unsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, pm string) (string, string) {
+	// lets the fake answer again. It returns the charge id and the body and
+	// key of its request.
+	unsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, pm string) (string, map[string]any, string) {
 		t.Helper()
 		env.Stripe.FailFor(stripefake.Fail500, time.Minute)
 		key := apitest.NewKey()
-		resp := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
-			"payment_method": pm, "capture": false})
-		wantStatus(t, resp, http.StatusServiceUnavailable)
+		body := map[string]any{"amount": 1000, "currency": "usd", "payment_method": pm, "capture": false}
+		wantStatus(t, c.Post("/v1/charges", key, body), http.StatusServiceUnavailable)
 		env.Stripe.ClearFaults()
-		return processingCharge(t, env, c), key
+		return processingCharge(t, env, c), body, key
+	}
+	// refusedUnsettled checks that the action of id with key was refused as
+	// not settled, stored nothing and reached no one.
+	refusedUnsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, id, action, key string) {
+		t.Helper()
+		before := len(env.Stripe.Requests())
+		resp := c.Post("/v1/charges/"+id+"/"+action, key, map[string]any{})
+		wantProblem(t, resp, http.StatusConflict, "charge-not-settled")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Errorf("the 409 of a %s of an unsettled charge has no Retry-After", action)
+		}
+		var n int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND key = $2`,
+			c.Account.ID, key).Scan(&n); err != nil || n != 0 {
+			t.Errorf("the refused %s stored %d records (%v), want none", action, n, err)
+		}
+		if after := len(env.Stripe.Requests()); after != before {
+			t.Errorf("the refused %s made %d Stripe requests, want none", action, after-before)
+		}
+		if got := getChargeRow(t, env.Pool, id); got.Status != "processing" {
+			t.Errorf("the refused %s moved the charge to %s", action, got.Status)
+		}
 	}
 
 	t.Run("capture", func(t *testing.T) {
 		t.Parallel()
 		env := apitest.New(t, apitest.Options{})
 		c := env.NewClient(t)
-		id, key := unsettled(t, env, c, "pm_card_visa")
-		resp := c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{})
+		id, body, chargeKey := unsettled(t, env, c, "pm_card_visa")
+		key := apitest.NewKey()
+		refusedUnsettled(t, env, c, id, "capture", key)
+		// The client's retry of the charge's request settles it, under its
+		// own downstream key: one PaymentIntent at Stripe.
+		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusCreated)
+		downstream := idempotency.DownstreamKey(getRecord(t, env.Pool, c.Account.ID, chargeKey).ID, charges.StepCharge)
+		if n := env.Stripe.ChargesByKey(downstream); n != 1 {
+			t.Fatalf("%d PaymentIntents under the charge's downstream key, want 1", n)
+		}
+		// The refusal stored nothing: the same capture key now captures.
+		resp := c.Post("/v1/charges/"+id+"/capture", key, map[string]any{})
 		wantStatus(t, resp, http.StatusOK)
 		var got authorized
 		resp.JSON(t, &got)
 		if got.Status != "succeeded" || got.AmountCaptured != 1000 {
 			t.Fatalf("captured: status %s, amount_captured %d; want succeeded, 1000", got.Status, got.AmountCaptured)
 		}
-		downstream := idempotency.DownstreamKey(getRecord(t, env.Pool, c.Account.ID, key).ID, charges.StepCharge)
-		var creates, executed int
-		for _, r := range env.Stripe.Requests() {
-			if r.Method != http.MethodPost || r.Path != "/v1/payment_intents" {
-				continue
-			}
-			creates++
-			if r.IdempotencyKey != downstream {
-				t.Errorf("a PaymentIntent create sent downstream key %q, want the charge's %q", r.IdempotencyKey, downstream)
-			}
-			if !r.Replayed && r.Fault == "" {
-				executed++
-			}
-		}
-		if executed != 1 || creates < 2 || env.Stripe.ChargesByKey(downstream) != 1 {
-			t.Fatalf("at Stripe: %d PaymentIntent creates (%d executed), %d PaymentIntents under the key; "+
-				"want the failed one and one executed, 1 PaymentIntent", creates, executed, env.Stripe.ChargesByKey(downstream))
-		}
 		fc := fakeIntent(t, env, got)
 		if captures, _ := stripeCalls(env, fc.ID, "capture"); captures != 1 || fc.Captures != 1 || fc.AmountReceived != 1000 {
 			t.Fatalf("at Stripe: %d capture calls executed, %d captures of %d; want 1, 1 of 1000", captures, fc.Captures, fc.AmountReceived)
-		}
-		// The charge's own request finished with the authorization, and its
-		// retry replays it.
-		retry := c.Post("/v1/charges", key, map[string]any{"amount": 1000, "currency": "usd",
-			"payment_method": "pm_card_visa", "capture": false})
-		wantStatus(t, retry, http.StatusCreated)
-		if retry.Header.Get("Idempotent-Replayed") != "true" || !strings.Contains(string(retry.Body), `"requires_capture"`) {
-			t.Fatalf("retry of the charge's request: replayed %q, body %s; want the stored authorization",
-				retry.Header.Get("Idempotent-Replayed"), retry.Body)
 		}
 	})
 
@@ -470,7 +476,7 @@ func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 		id := processingCharge(t, env, c)
 		key := apitest.NewKey()
 		resp := c.Post("/v1/charges/"+id+"/capture", key, map[string]any{})
-		wantProblem(t, resp, http.StatusConflict, "charge-not-capturable")
+		wantProblem(t, resp, http.StatusConflict, "charge-not-settled")
 		if resp.Header.Get("Retry-After") == "" {
 			t.Error("the 409 of an authorization being settled has no Retry-After")
 		}
@@ -484,8 +490,11 @@ func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 		t.Parallel()
 		env := apitest.New(t, apitest.Options{})
 		c := env.NewClient(t)
-		id, _ := unsettled(t, env, c, "pm_card_chargeDeclined")
-		p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", apitest.NewKey(), map[string]any{}),
+		id, body, chargeKey := unsettled(t, env, c, "pm_card_chargeDeclined")
+		key := apitest.NewKey()
+		refusedUnsettled(t, env, c, id, "capture", key)
+		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusPaymentRequired)
+		p := wantProblem(t, c.Post("/v1/charges/"+id+"/capture", key, map[string]any{}),
 			http.StatusConflict, "charge-not-capturable")
 		if !strings.Contains(p.Detail, "failed") {
 			t.Errorf("detail %q does not say the charge failed", p.Detail)
@@ -501,9 +510,11 @@ func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 		t.Parallel()
 		env := apitest.New(t, apitest.Options{})
 		c := env.NewClient(t)
-		id, _ := unsettled(t, env, c, "pm_card_visa")
-		resp := c.Post("/v1/charges/"+id+"/cancel", apitest.NewKey(), map[string]any{})
-		wantStatus(t, resp, http.StatusOK)
+		id, body, chargeKey := unsettled(t, env, c, "pm_card_visa")
+		key := apitest.NewKey()
+		refusedUnsettled(t, env, c, id, "cancel", key)
+		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusCreated)
+		wantStatus(t, c.Post("/v1/charges/"+id+"/cancel", key, map[string]any{}), http.StatusOK)
 		if got := getChargeRow(t, env.Pool, id); got.Status != "canceled" {
 			t.Fatalf("ledger: %s, want canceled", got.Status)
 		}

@@ -67,6 +67,7 @@ func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe *Stripe, log *sl
 	runner.Register(http.MethodPost, RouteRefunds, func() idempotency.Operation { return &refundOp{s: s} })
 	runner.Register(http.MethodPost, RouteCapture, func() idempotency.Operation { return &pendingOp{s: s, action: actionCapture} })
 	runner.Register(http.MethodPost, RouteCancel, func() idempotency.Operation { return &pendingOp{s: s, action: actionCancel} })
+	runner.RegisterLocal(http.MethodPost, RouteReconcile, func() idempotency.Operation { return &repairOp{s: s} })
 	return s
 }
 
@@ -179,10 +180,6 @@ type chargeOp struct {
 	accountID string
 	charge    dbsqlc.Charge // the row as Begin inserted it, or as Load read it
 	metadata  map[string]string
-	// recovered, when set, is the PaymentIntent that Stripe already holds
-	// for this request (reconciliation re-creating a record the database
-	// lost): Call finishes with it instead of calling Stripe.
-	recovered *stripe.PaymentIntent
 }
 
 // Begin queues the charge's ledger row.
@@ -222,22 +219,21 @@ func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 }
 
 // Call creates and confirms the Stripe PaymentIntent with the record's
-// downstream key, and returns the finishing writes: the ledger row's
-// outcome, guarded by the version it had, and the settled charge's event.
+// downstream key (answer says what it returns).
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+	ch := op.charge
+	pi, err := op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
+	return op.answer(rec, pi, err)
+}
+
+// answer is what Stripe's answer to the charge's request (pi, or err)
+// means: unknown, or the finishing writes: the ledger row's outcome,
+// guarded by the version it had, and the settled charge's event.
+func (op *chargeOp) answer(rec *idempotency.Record, pi *stripe.PaymentIntent, err error) idempotency.Step {
 	if op.charge.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.charge.CreatedAt = rec.CreatedAt
 	}
 	ch := op.charge
-	pi, err := op.recovered, error(nil)
-	if pi != nil && intentStatus(pi) == "failed" && pi.LastPaymentError != nil {
-		// Stripe answered the request with this decline (402).
-		se := *pi.LastPaymentError
-		se.HTTPStatusCode, se.PaymentIntent = http.StatusPaymentRequired, pi
-		pi, err = nil, &se
-	} else if pi == nil {
-		pi, err = op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
-	}
 	kind, se := classify(err)
 	switch kind {
 	case outcomeUnknown:

@@ -418,7 +418,7 @@ func TestFailureDocsMatchServer(t *testing.T) {
 			return first, again
 		}},
 		{http.StatusUnprocessableEntity, "idempotency-key-expired", func(t *testing.T) (*apitest.Response, *apitest.Response) {
-			env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
+			env := apitest.New(t, apitest.Options{})
 			c, key := env.NewClient(t), apitest.NewKey()
 			wantStatus(t, post(c, "/v1/charges", key, "application/json", valid), http.StatusCreated)
 			expireRecord(t, env.Pool, c.Account.ID, key)

@@ -2,7 +2,6 @@ package charges
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -112,8 +111,9 @@ func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
 // end a charge that requires_action), nothing else pending, and for a
 // capture at most what is capturable. A charge whose authorization outcome
 // is still unknown (processing: its own request has no definite answer
-// from Stripe yet) is never captured blind: its request is resolved first
-// (resolve), and the charge read again.
+// from Stripe yet) is never captured blind, and never settled from here:
+// the capture or cancel is refused with Retry-After (notSettled), and the
+// charge's own request is settled by its client's retry or the completer.
 func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
 		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
@@ -122,19 +122,12 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if err := readErr(err, "charge"); err != nil {
 		return err
 	}
-	if ch.Status == "processing" && ch.IdempotencyKeyID != nil {
-		if err := op.resolve(ctx, ch); err != nil {
-			return err
-		}
-		ch, err = op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: op.accountID, ID: op.chargeID})
-		if err := readErr(err, "charge"); err != nil {
-			return err
-		}
-	}
 	switch {
 	case ch.PendingAction != nil:
 		return op.notAllowed("Charge %s has a %s in progress.", ch.ID, *ch.PendingAction)
-	case ch.Status == "processing" || ch.Status == "pending":
+	case ch.Status == "processing":
+		return notSettled(ch.ID, op.action)
+	case ch.Status == "pending":
 		return op.notAllowed("The authorization of charge %s is not settled yet; retry once it is.", ch.ID)
 	case op.action == actionCapture && ch.Status != "requires_capture":
 		return op.notAllowed("Charge %s is %s; only a charge that requires_capture can be captured.", ch.ID, ch.Status)
@@ -162,36 +155,16 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	return nil
 }
 
-// resolve settles the outcome of the request that created ch, a charge
-// still processing, before a capture or cancel of it goes on: the runner
-// resumes that request's own record (idempotency.Runner.Resume), as a retry
-// of it would, so its PaymentIntent is created, or found, with the same
-// downstream key, and Stripe replays rather than authorizing again. Its
-// refusals store nothing (Begin has queued nothing yet), so a retry of
-// the capture with the same key tries again: a record whose owner is
-// alive is 409 with Retry-After, a Stripe that still gives no definite
-// answer is 503 with Retry-After, and a request parked past the retry
-// ceiling is 409 without (Stripe's events and reconciliation settle it).
-func (op *pendingOp) resolve(ctx context.Context, ch dbsqlc.Charge) error {
-	err := op.s.runner.Resume(ctx, *ch.IdempotencyKeyID)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
-		pe := op.notAllowed("The authorization of charge %s is being settled by its own request right now; retry shortly.", ch.ID)
-		pe.RetryAfter = 1
-		return pe
-	case errors.Is(err, idempotency.ErrParked):
-		return op.notAllowed("The authorization of charge %s got no definite answer from Stripe before the retry ceiling, "+
-			"and its request is parked: Stripe's events and reconciliation settle it. Read the charge until it leaves processing.", ch.ID)
-	case errors.Is(err, idempotency.ErrUnknownOutcome):
-		return &idempotency.Error{Kind: idempotency.ErrUnknownOutcome, Cause: err, Detail: fmt.Sprintf(
-			"Stripe has not given a definite answer to the authorization of charge %s yet. "+
-				"Retry with the same key: nothing of this %s was stored, and the retry asks Stripe again, never authorizing twice.",
-			ch.ID, op.action)}
-	default:
-		return fmt.Errorf("resolving the authorization of charge %s: %w", ch.ID, err)
-	}
+// notSettled is the refusal of a capture or cancel of a charge still
+// processing: its own request has no definite answer from Stripe yet. It
+// stores nothing (Begin has queued nothing), and its Retry-After tells the
+// client to send the same request again once that request is settled, by
+// its client's retry or the completer, under its own downstream key.
+func notSettled(chargeID, action string) *apierror.Error {
+	return &apierror.Error{Type: apierror.ChargeNotSettled, RetryAfter: 1,
+		Detail: fmt.Sprintf("The request that created charge %s has no definite answer from Stripe yet, and is being settled; "+
+			"retry this %s with the same key shortly.", chargeID, action),
+		Extensions: map[string]any{"charge": chargeID}}
 }
 
 // Load reads the charge of a capture or cancel begun elsewhere.

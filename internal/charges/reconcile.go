@@ -1,8 +1,10 @@
 package charges
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -62,8 +64,9 @@ type ReconcileReport struct {
 // database lost, and flags what idempay never made. PaymentIntents go
 // first, so that a refund whose charge was lost too finds it re-created.
 // Each repair is one log line and one count. It is safe to run at any time
-// and from several processes: every write goes through the same guarded
-// batches as a request or an event.
+// and from several processes: every write goes through the runner, in the
+// same guarded batches as a request or an event (repairOp, listedCharge,
+// listedRefund).
 func (s *Service) Reconcile(ctx context.Context, since time.Time) (ReconcileReport, error) {
 	report := ReconcileReport{Since: since.UTC(), Counts: map[string]int{}, RefundCounts: map[string]int{}}
 	// count records one object's outcome; a failed repair is logged and
@@ -149,26 +152,23 @@ func (s *Service) reconcileOne(ctx context.Context, pi *stripe.PaymentIntent) (s
 	if chargeRank[status] <= chargeRank[ch.Status] {
 		return ReconcileMatched, nil
 	}
-	updated := ch
-	applyIntent(&updated, pi)
-	b := &idempotency.Batch{}
-	if _, err := s.moveCharge(ctx, b, ch, updated, time.Now()); err != nil {
-		return "", err
-	}
-	if err := b.Send(ctx, s.pool); err != nil {
+	if applied, err := s.repair(ctx, &repairOp{s: s, pi: pi}, pi.ID, status); err != nil {
 		return "", fmt.Errorf("settling charge %s: %w", ch.ID, err)
+	} else if !applied {
+		return ReconcileMatched, nil
 	}
 	s.log.InfoContext(ctx, "reconcile: settled a charge that was behind Stripe",
-		"charge_id", ch.ID, "stripe_payment_intent_id", pi.ID, "from", ch.Status, "to", updated.Status)
+		"charge_id", ch.ID, "stripe_payment_intent_id", pi.ID, "from", ch.Status, "to", status)
 	return ReconcileSettled, nil
 }
 
 // recreate re-creates the record and the ledger row of a PaymentIntent
-// whose record the database lost, through the runner like the request
-// itself (its claim batch, its finishing batch), with Stripe's answer taken
-// from the PaymentIntent instead of a call. The record is the request's:
-// its account, key and fingerprint are in the PaymentIntent's metadata and
-// must derive the very record id there, or the PaymentIntent is flagged.
+// whose record the database lost: it runs the request again through the
+// runner (listedCharge), its claim re-creating the record and the ledger
+// row, and its finish taking Stripe's answer from the PaymentIntent, so a
+// retry of the key then replays. The record is the request's: its account,
+// key and fingerprint are in the PaymentIntent's metadata and must derive
+// the very record id there, or the PaymentIntent is flagged.
 func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, recordID string) (string, error) {
 	req, accountID, ok := requestOf(pi.Metadata, recordID, RouteCharges)
 	if !ok {
@@ -196,7 +196,7 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 			delete(p.Metadata, k)
 		}
 	}
-	resp, err := s.runner.Run(ctx, req, &chargeOp{s: s, params: &p, accountID: accountID, recovered: pi})
+	resp, err := s.runner.Run(ctx, req, &listedCharge{chargeOp: chargeOp{s: s, params: &p, accountID: accountID}, pi: pi})
 	var ie *idempotency.Error
 	switch {
 	case errors.As(err, &ie):
@@ -224,7 +224,7 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 		return idempotency.Request{}, "", false
 	}
 	return idempotency.Request{Scope: scope, Key: key, Method: http.MethodPost, Route: route, Path: route,
-		Fingerprint: fingerprint, FromDatabase: true}, accountID, true
+		Fingerprint: fingerprint}, accountID, true
 }
 
 // reconcileRefund is reconcileOne for a refund: matched, settled forward
@@ -247,12 +247,10 @@ func (s *Service) reconcileRefund(ctx context.Context, sr *stripe.Refund) (strin
 	if refundRank[status] <= refundRank[rf.Status] {
 		return ReconcileMatched, nil
 	}
-	b := &idempotency.Batch{}
-	if _, err := s.applyRefund(ctx, b, sr, time.Now()); err != nil {
-		return "", err
-	}
-	if err := b.Send(ctx, s.pool); err != nil {
+	if applied, err := s.repair(ctx, &repairOp{s: s, sr: sr}, sr.ID, status); err != nil {
 		return "", fmt.Errorf("settling refund %s: %w", rf.ID, err)
+	} else if !applied {
+		return ReconcileMatched, nil
 	}
 	logAt := s.log.InfoContext
 	if sr.Amount != rf.Amount {
@@ -265,9 +263,9 @@ func (s *Service) reconcileRefund(ctx context.Context, sr *stripe.Refund) (strin
 }
 
 // recreateRefund re-creates the record and the ledger row of a refund whose
-// record the database lost, as recreate does for a charge: through the
-// runner, its claim reserving the amount on the charge, finished with the
-// refund Stripe holds instead of a call. The charge must be in the ledger
+// record the database lost, as recreate does for a charge: the request run
+// again (listedRefund), its claim reserving the amount on the charge, its
+// finish taking Stripe's answer from the refund Stripe holds. The charge must be in the ledger
 // (the PaymentIntents, listed first, re-create a lost one) and the
 // account's.
 func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordID string) (string, error) {
@@ -290,7 +288,7 @@ func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordI
 		return ReconcileUnknown, nil
 	}
 	p := refundParams{Charge: &ch.ID, Amount: &sr.Amount}
-	resp, err := s.runner.Run(ctx, req, &refundOp{s: s, params: &p, accountID: accountID, recovered: sr})
+	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID}, sr: sr})
 	var ie *idempotency.Error
 	switch {
 	case errors.As(err, &ie):
@@ -304,4 +302,148 @@ func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordI
 		"idempotency_key_id", recordID, "account_id", accountID, "stripe_refund_id", sr.ID, "charge_id", ch.ID,
 		"amount", sr.Amount, "status", resp.Status)
 	return ReconcileRecreated, nil
+}
+
+// listedCharge is a charge request that reconciliation runs again for a
+// record the database lost (recreate). Begin and Load are the request's
+// own (chargeOp); its downstream answer is the PaymentIntent Stripe listed
+// instead of a new call: the lost request made the call, and Stripe holds
+// its outcome. A PaymentIntent that failed with a payment error is the
+// decline Stripe answered that request with (402).
+type listedCharge struct {
+	chargeOp
+	pi *stripe.PaymentIntent
+}
+
+// Call answers with the listed PaymentIntent.
+func (op *listedCharge) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if intentStatus(op.pi) == "failed" && op.pi.LastPaymentError != nil {
+		se := *op.pi.LastPaymentError
+		se.HTTPStatusCode, se.PaymentIntent = http.StatusPaymentRequired, op.pi
+		return op.answer(rec, nil, &se)
+	}
+	return op.answer(rec, op.pi, nil)
+}
+
+// listedRefund is listedCharge for a refund (recreateRefund).
+type listedRefund struct {
+	refundOp
+	sr *stripe.Refund
+}
+
+// Call answers with the listed refund.
+func (op *listedRefund) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	return op.answer(rec, op.sr, nil)
+}
+
+// ReconcileScope is the scope of reconciliation's repairs: each one that
+// moves a charge or refund forward is a request of its own, keyed by the
+// Stripe object's id and the state it moves to (repairKey), so the runner
+// applies it once, like a Stripe event, and the completer finishes one
+// whose process died.
+var ReconcileScope = idempotency.SourceScope("reconciliation")
+
+// RouteReconcile names the repairs' operation on their records.
+const RouteReconcile = "reconcile"
+
+// repair runs op, the repair that moves the Stripe object id forward to
+// status, through the runner, and tells whether it moved the ledger now. A
+// repair in flight in another process, or finished before, did not.
+func (s *Service) repair(ctx context.Context, op *repairOp, id, status string) (bool, error) {
+	body, err := json.Marshal(map[string]string{"id": id, "status": status})
+	if err != nil {
+		return false, fmt.Errorf("encoding the repair of %s: %w", id, err)
+	}
+	req, err := idempotency.Prepare(ReconcileScope, id+"@"+status, http.MethodPost, RouteReconcile, RouteReconcile,
+		bytes.NewReader(body), idempotency.MaxBodyBytes)
+	if err != nil {
+		return false, err
+	}
+	switch _, err = s.runner.Run(ctx, req, op); {
+	case errors.Is(err, idempotency.ErrInFlight):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return op.outcome == EventApplied, nil
+}
+
+// repairOp moves a charge or refund forward to what Stripe holds (a
+// PaymentIntent pi, or a refund sr), as its Stripe event would have: it has
+// no ledger rows of its own, and its finishing batch holds the ledger
+// change and, for a request of the object that never finished, that
+// request's Settle (moveCharge, applyRefund): the one way a record is
+// finished from outside its own request (idempotency.Runner.Settle).
+type repairOp struct {
+	s  *Service
+	pi *stripe.PaymentIntent
+	sr *stripe.Refund
+	// outcome is what apply did (none on a replay).
+	outcome EventOutcome
+}
+
+// Begin queues nothing: the claim is the repair's record alone.
+func (*repairOp) Begin(context.Context, *idempotency.Batch, *idempotency.Record) error { return nil }
+
+// Load reads the object from Stripe, when the repair was begun by a
+// process that died (the completer resumes it): what Stripe holds now,
+// which is the same state or a later one. A read, safe at any age.
+func (op *repairOp) Load(ctx context.Context, rec *idempotency.Record) error {
+	if op.pi != nil || op.sr != nil {
+		return nil
+	}
+	id, _, _ := strings.Cut(rec.Key, "@")
+	var err error
+	if strings.HasPrefix(id, "re_") {
+		op.sr, err = op.s.stripe.GetRefund(ctx, id)
+	} else {
+		op.pi, err = op.s.stripe.GetPaymentIntent(ctx, id)
+	}
+	return err
+}
+
+// Call calls no one: the repair's answer is the object in hand.
+func (op *repairOp) Call(context.Context, *idempotency.Record) idempotency.Step {
+	return idempotency.Finish(op.apply)
+}
+
+// apply reads the ledger row afresh and moves it forward (or, when it
+// has moved on already, leaves it: stale), as the object's event would.
+func (op *repairOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
+	var id string
+	var err error
+	if op.pi != nil {
+		id = op.pi.ID
+		op.outcome, err = op.s.settleIntent(ctx, b, op.pi)
+	} else {
+		id = op.sr.ID
+		op.outcome, err = op.s.applyRefund(ctx, b, op.sr, time.Now())
+	}
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	body, err := json.Marshal(map[string]string{"id": id, "outcome": string(op.outcome)})
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("encoding the repair of %s: %w", id, err)
+	}
+	return idempotency.Response{Status: http.StatusOK, Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: body}, nil
+}
+
+// settleIntent moves the charge of pi forward to pi's state, guarded by the
+// version read, or tells that the ledger holds it already (stale).
+func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *stripe.PaymentIntent) (EventOutcome, error) {
+	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
+		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
+	})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return EventUnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
+	}
+	if chargeRank[intentStatus(pi)] <= chargeRank[ch.Status] {
+		return EventStale, nil
+	}
+	updated := ch
+	applyIntent(&updated, pi)
+	return s.moveCharge(ctx, b, ch, updated, time.Now())
 }

@@ -82,7 +82,7 @@ func forgetRefund(t *testing.T, env *apitest.Env, accountID, key string) {
 // two forward; flags the stranger; and a second pass finds nothing to do.
 func TestReconcile(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{}) // the replay cache on: reconciliation asks the database (Request.FromDatabase)
+	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 
 	lost := map[string]map[string]any{
@@ -118,6 +118,15 @@ func TestReconcile(t *testing.T) {
 
 	reconcile(t, env, map[string]int{charges.ReconcileRecreated: 3, charges.ReconcileSettled: 2,
 		charges.ReconcileMatched: 1, charges.ReconcileUnknown: 1})
+	// Each settling repair went through the runner as a request of its
+	// own, keyed by the object and the state it moved to, and finished.
+	for _, pi := range []string{*expiring.PaymentIntent, *sca.PaymentIntent} {
+		var point string
+		if err := env.Pool.QueryRow(context.Background(), `SELECT recovery_point FROM idempotency_keys
+			WHERE scope = $1 AND key LIKE $2`, string(charges.ReconcileScope), pi+"@%").Scan(&point); err != nil || point != "finished" {
+			t.Errorf("the repair of %s: record %q (%v), want one, finished", pi, point, err)
+		}
+	}
 
 	for key, body := range lost {
 		again := c.Post("/v1/charges", key, body)
@@ -168,7 +177,7 @@ func TestReconcile(t *testing.T) {
 // finds nothing to do.
 func TestReconcileRefunds(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{}) // the replay cache on, as TestReconcile
+	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 5000)
 

@@ -27,10 +27,6 @@ type refundOp struct {
 	refund    dbsqlc.Refund
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
-	// recovered, when set, is the refund that Stripe already holds for this
-	// request (reconciliation re-creating a record the database lost): Call
-	// finishes with it instead of calling Stripe.
-	recovered *stripe.Refund
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -105,16 +101,21 @@ func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	return nil
 }
 
-// Call creates the Stripe refund with the record's downstream key.
+// Call creates the Stripe refund with the record's downstream key (answer
+// says what it returns).
 func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, op.refund)
+	return op.answer(rec, sr, err)
+}
+
+// answer is what Stripe's answer to the refund's request (sr, or err)
+// means: unknown, or the finishing writes: the ledger row's outcome, the
+// reservation released when nothing was refunded, the refund's event.
+func (op *refundOp) answer(rec *idempotency.Record, sr *stripe.Refund, err error) idempotency.Step {
 	if op.refund.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.refund.CreatedAt = rec.CreatedAt
 	}
 	rf := op.refund
-	sr, err := op.recovered, error(nil)
-	if sr == nil {
-		sr, err = op.s.stripe.CreateRefund(ctx, rec, op.intentID, rf)
-	}
 	kind, se := classify(err)
 	switch kind {
 	case outcomeUnknown:

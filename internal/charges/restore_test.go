@@ -279,7 +279,7 @@ func wantKeyExpired(t testing.TB, r *apitest.Response, objectID string) {
 // request is another record (its id derives from the request) and runs.
 func TestKeyReusedAfterRetention(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
+	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	key := apitest.NewKey()
 	body := map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}
@@ -313,7 +313,7 @@ func TestKeyReusedAfterRetention(t *testing.T) {
 // client that the same key is fine.
 func TestRefundKeyReusedAfterRetention(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
+	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 100)
 	key := apitest.NewKey()

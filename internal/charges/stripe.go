@@ -1,12 +1,10 @@
 package charges
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -93,7 +91,7 @@ type Stripe struct {
 func NewStripe(cfg StripeConfig) *Stripe {
 	httpClient := &http.Client{
 		Timeout: cfg.Timeout,
-		Transport: sizedBodies{&http.Transport{
+		Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConns:        100,
@@ -101,15 +99,19 @@ func NewStripe(cfg StripeConfig) *Stripe {
 			IdleConnTimeout:     90 * time.Second,
 			TLSHandshakeTimeout: 5 * time.Second,
 			ForceAttemptHTTP2:   true,
-		}},
+		},
 	}
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL:        stripe.String(cfg.URL),
 		HTTPClient: httpClient,
-		// No retries inside the client: see the type comment. (Go's
-		// http.Transport may still re-send a request whose reused
-		// connection dropped before any byte was written; that is harmless
-		// because it carries the same Idempotency-Key.)
+		// No retries inside the client: see the type comment. One re-send
+		// remains, by design of Go's http.Transport: a request that carries
+		// an Idempotency-Key header (and a body it can rewind) counts as
+		// replayable, so when a reused
+		// keep-alive connection turns out dead before any answer arrives,
+		// the Transport sends it once more on a new connection. That is the
+		// same request under the same downstream key, which Stripe answers
+		// once, so it is left on.
 		MaxNetworkRetries: stripe.Int64(0),
 		EnableTelemetry:   stripe.Bool(false),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
@@ -125,33 +127,6 @@ func NewStripe(cfg StripeConfig) *Stripe {
 		returnURL: returnURL,
 		observe:   cfg.Observe,
 	}
-}
-
-// sizedBodies sends every request body with its Content-Length. stripe-go
-// builds its requests with a body but no length, so net/http would probe
-// the body (a goroutine and a timer per call) and send it chunked; the form
-// body is already in memory, so reading it here costs a copy of a few
-// hundred bytes and saves both.
-type sizedBodies struct{ next http.RoundTripper }
-
-func (t sizedBodies) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Body == nil || req.Body == http.NoBody || req.ContentLength != 0 || req.GetBody == nil {
-		return t.next.RoundTrip(req)
-	}
-	body, err := req.GetBody() // a fresh reader over stripe-go's buffer
-	if err != nil {
-		return t.next.RoundTrip(req)
-	}
-	b, err := io.ReadAll(body)
-	if err != nil {
-		return t.next.RoundTrip(req)
-	}
-	req.Body.Close()
-	sized := req.Clone(req.Context()) // a RoundTripper must not change the caller's request
-	sized.ContentLength = int64(len(b))
-	sized.Body = io.NopCloser(bytes.NewReader(b))
-	sized.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	return t.next.RoundTrip(sized)
 }
 
 // outcome is what an answer of Stripe's means for the request (classify).
@@ -347,6 +322,32 @@ func (s *Stripe) ListPaymentIntents(ctx context.Context, since time.Time, fn fun
 		return fmt.Errorf("stripe: listing payment intents: %w", err)
 	}
 	return nil
+}
+
+// GetPaymentIntent reads the PaymentIntent id as Stripe holds it now.
+func (s *Stripe) GetPaymentIntent(ctx context.Context, id string) (*stripe.PaymentIntent, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.PaymentIntentParams{}
+	params.Context = ctx
+	pi, err := s.intents.Get(id, params)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: reading payment intent %s: %w", id, err)
+	}
+	return pi, nil
+}
+
+// GetRefund reads the refund id as Stripe holds it now.
+func (s *Stripe) GetRefund(ctx context.Context, id string) (*stripe.Refund, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	params := &stripe.RefundParams{}
+	params.Context = ctx
+	r, err := s.refunds.Get(id, params)
+	if err != nil {
+		return nil, fmt.Errorf("stripe: reading refund %s: %w", id, err)
+	}
+	return r, nil
 }
 
 // ListRefunds calls fn with every refund created at or after since, newest

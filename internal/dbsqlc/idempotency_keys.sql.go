@@ -163,55 +163,6 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return err
 }
 
-const idempotencyKeyGetByID = `-- name: IdempotencyKeyGetByID :one
-SELECT id, request_method, request_route, recovery_point, lock_generation,
-       (locked_at IS NOT NULL
-        AND locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
-       (created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8))::boolean AS past_ceiling
-FROM idempotency_keys WHERE id = $4
-`
-
-type IdempotencyKeyGetByIDParams struct {
-	Now                 *time.Time
-	LockTimeoutSeconds  float64
-	RetryCeilingSeconds float64
-	ID                  string
-}
-
-type IdempotencyKeyGetByIDRow struct {
-	ID             string
-	RequestMethod  string
-	RequestRoute   string
-	RecoveryPoint  string
-	LockGeneration int64
-	LockFresh      bool
-	PastCeiling    bool
-}
-
-// The read before Runner.Resume: what tells a finished record, one in
-// flight (its lock fresh, by the same clock as the claim's read), a parked
-// one (or one past the retry ceiling) and a resumable one apart, and the
-// route that says which operation resumes it.
-func (q *Queries) IdempotencyKeyGetByID(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByIDParams) (IdempotencyKeyGetByIDRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyGetByID,
-		arg.Now,
-		arg.LockTimeoutSeconds,
-		arg.RetryCeilingSeconds,
-		arg.ID,
-	)
-	var i IdempotencyKeyGetByIDRow
-	err := row.Scan(
-		&i.ID,
-		&i.RequestMethod,
-		&i.RequestRoute,
-		&i.RecoveryPoint,
-		&i.LockGeneration,
-		&i.LockFresh,
-		&i.PastCeiling,
-	)
-	return i, err
-}
-
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
@@ -397,8 +348,8 @@ type IdempotencyKeyParkParams struct {
 	LockTimeoutSeconds float64
 }
 
-// Parks one record past the retry ceiling that a client's retry (or
-// Runner.Resume) found, at the generation the read saw, as
+// Parks one record past the retry ceiling that a client's retry found, at
+// the generation the read saw, as
 // IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
 // the read (finished, parked or taken); the runner reads it again.
 func (q *Queries) IdempotencyKeyPark(ctx context.Context, db DBTX, arg *IdempotencyKeyParkParams) (int64, error) {
@@ -491,18 +442,19 @@ func (q *Queries) IdempotencyKeyParkExpired(ctx context.Context, db DBTX, arg *I
 
 const idempotencyKeyRelease = `-- name: IdempotencyKeyRelease :execrows
 UPDATE idempotency_keys
-SET recovery_point = 'downstream_called',
+SET recovery_point = CASE WHEN $1::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
     attempts = attempts + 1,
-    last_error = $1,
-    next_attempt_at = coalesce($2::timestamptz, now()) + make_interval(secs => $3::float8),
+    last_error = $2,
+    next_attempt_at = coalesce($3::timestamptz, now()) + make_interval(secs => $4::float8),
     updated_at = now()
-WHERE id = $4
-  AND lock_generation = $5
+WHERE id = $5
+  AND lock_generation = $6
   AND recovery_point <> 'finished'
 `
 
 type IdempotencyKeyReleaseParams struct {
+	Called         bool
 	LastError      *string
 	Now            *time.Time
 	RetryInSeconds float64
@@ -511,12 +463,15 @@ type IdempotencyKeyReleaseParams struct {
 }
 
 // Frees the lock of a record whose phase did not finish: a downstream call
-// whose outcome is unknown, or a finishing write that failed. The record
-// moves to downstream_called, the attempt and its error are recorded, and
+// whose outcome is unknown, a finishing write that failed, a ledger row that
+// could not be loaded. The record moves to downstream_called when a
+// downstream call was made (@called), and otherwise keeps its recovery point;
+// the attempt and its error are recorded, and
 // the completer may resume it after next_attempt_at; a client retry may
 // resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := db.Exec(ctx, idempotencyKeyRelease,
+		arg.Called,
 		arg.LastError,
 		arg.Now,
 		arg.RetryInSeconds,

@@ -41,17 +41,6 @@ func (b *Batch) queueNow() {
 	b.b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&b.now) })
 }
 
-// queueAsyncCommit queues, first in the batch, the setting that lets its
-// implicit transaction commit without waiting for its WAL flush
-// (Config.AsyncClaim). set_config(..., true) is SET LOCAL: it lasts until
-// the transaction ends, and in a pipelined batch the implicit transaction
-// lasts until the batch's Sync, so it is still in force when PostgreSQL
-// commits, the only moment it reads synchronous_commit; the connection's
-// next transaction is synchronous again.
-func (b *Batch) queueAsyncCommit() {
-	b.b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
-}
-
 // errReadInBatch is what a read inside a phase gets.
 var errReadInBatch = errors.New("idempotency: a phase's batch takes writes only; read before the phase")
 
@@ -90,10 +79,6 @@ const (
 // guarded write ran: nothing of the phase committed, and the runner runs the
 // operation's step again from a fresh read (a bounded number of times).
 var ErrStale = errors.New("a row changed since it was read")
-
-// Send runs b as one phase, as the runner does; for the benchmark's raw
-// loops, which measure the runner's statements without the runner.
-func (b *Batch) Send(ctx context.Context, pool *pgxpool.Pool) error { return send(ctx, pool, b) }
 
 // send runs b as one implicit transaction, and tells what PostgreSQL
 // raised: ErrFenced for the core's fence, ErrStale for an operation's

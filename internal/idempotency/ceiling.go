@@ -18,7 +18,7 @@ import (
 //
 //   - the completer parks such records in bounded batches (ParkDue), before
 //     each claim, and its claim never takes one;
-//   - a client's retry, or Resume, that finds one parks it and is refused
+//   - a client's retry that finds one parks it and is refused
 //     with ErrParked, as is every retry of a parked record;
 //   - parking takes the record from any owner it had (a new lock
 //     generation), like a takeover, so nothing that held it writes to it

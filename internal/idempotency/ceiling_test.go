@@ -94,7 +94,6 @@ func TestCompleterParksPastCeiling(t *testing.T) {
 	}
 	_, err = r.Run(ctx, request(d.AccountID, "k"), op)
 	_ = requireKind(t, err, idempotency.ErrParked)
-	_ = requireKind(t, r.Resume(ctx, rec.ID), idempotency.ErrParked)
 	if got, err := r.Peek(ctx, request(d.AccountID, "k")); err != nil || got != idempotency.OutcomeParked {
 		t.Errorf("Peek of a parked record: %q, %v; want %q", got, err, idempotency.OutcomeParked)
 	}
@@ -111,31 +110,26 @@ func TestCompleterParksPastCeiling(t *testing.T) {
 
 // TestRetryPastCeilingParks: a client's retry that finds its record past
 // the ceiling parks the record itself, without the completer, and is
-// refused without a downstream call; so is Resume of another such record.
+// refused without a downstream call.
 // A record whose lock is fresh past the ceiling is in flight, not parked.
 func TestRetryPastCeilingParks(t *testing.T) {
 	t.Parallel()
 	d, r, op, seen, clock, cfg := ceilingSetup(t, unknownOp, false)
 	ctx := context.Background()
-	for _, key := range []string{"retried", "resumed"} {
-		_, err := r.Run(ctx, request(d.AccountID, key), op)
-		_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	}
+	_, err := r.Run(ctx, request(d.AccountID, "retried"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
 	clock.Advance(cfg.RetryCeiling + time.Second)
 
-	_, err := r.Run(ctx, request(d.AccountID, "retried"), op)
+	_, err = r.Run(ctx, request(d.AccountID, "retried"), op)
 	_ = requireKind(t, err, idempotency.ErrParked)
-	_ = requireKind(t, r.Resume(ctx, readRecord(t, d.Pool, d.AccountID, "resumed").ID), idempotency.ErrParked)
-	for _, key := range []string{"retried", "resumed"} {
-		if rec := readRecord(t, d.Pool, d.AccountID, key); rec.RecoveryPoint != idempotency.PointParked {
-			t.Errorf("record %s after a retry past the ceiling: %q, want parked", key, rec.RecoveryPoint)
-		}
+	if rec := readRecord(t, d.Pool, d.AccountID, "retried"); rec.RecoveryPoint != idempotency.PointParked {
+		t.Errorf("record after a retry past the ceiling: %q, want parked", rec.RecoveryPoint)
 	}
-	if c := op.calls.Load(); c != 2 {
-		t.Errorf("downstream calls: %d, want 2 (the first requests' only)", c)
+	if c := op.calls.Load(); c != 1 {
+		t.Errorf("downstream calls: %d, want 1 (the first request's only)", c)
 	}
-	if got := seen.get(idempotency.OutcomeParked); got != 2 {
-		t.Errorf("outcome parked counted %d times, want 2", got)
+	if got := seen.get(idempotency.OutcomeParked); got != 1 {
+		t.Errorf("outcome parked counted %d times, want 1", got)
 	}
 
 	// Past the ceiling (by the test's clock, ahead of the database's, which

@@ -12,8 +12,8 @@ import (
 // CompleteDue runs one completer pass: it parks the records past the retry
 // ceiling (ParkDue), then takes over the unfinished records whose lock has
 // expired (the owner crashed, or gave up after an unknown outcome), that are
-// due and under the ceiling, and drives each to completion with the same
-// downstream key. It returns how many it finished. Several processes may run
+// due and under the ceiling, and completes each as Run does once it owns a
+// record (load, call, finish), with the same downstream key. It returns how many it finished. Several processes may run
 // it at once: the claim uses SKIP LOCKED and a new lock generation, so each
 // record has one owner.
 func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
@@ -50,7 +50,7 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := r.drive(context.WithoutCancel(ctx), rec, resume())
+			resp, err := r.complete(context.WithoutCancel(ctx), rec, resume())
 			if err != nil {
 				log.WarnContext(ctx, "completer: record not finished yet",
 					"attempts", rec.Attempts+1, "err", err)

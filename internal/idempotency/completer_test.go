@@ -526,56 +526,40 @@ func TestCompleterConcurrentPassesNeverShareARecord(t *testing.T) {
 	}
 }
 
-// TestResume: Resume drives a record another request depends on, as a
-// retry of it would: a record in flight (its lock fresh) is left alone
-// (ErrInFlight); a released one is taken over at once, whatever its
-// backoff, and finished by the operation registered for its route, with
-// the same downstream key as its first attempt; a finished one needs
-// nothing.
-func TestResume(t *testing.T) {
+// failingLoad is an operation whose ledger state cannot be read.
+type failingLoad struct{ *testOp }
+
+func (failingLoad) Load(context.Context, *idempotency.Record) error {
+	return errors.New("ledger row unreadable")
+}
+
+// TestFailedLoadKeepsRecoveryPoint: a retry that takes over a record and
+// cannot Load its ledger state fails before any downstream call, so the
+// record is released where it was (started, not downstream_called), with
+// the attempt and the error recorded, and nothing was called; the stalled
+// owner's late finish is fenced.
+func TestFailedLoadKeepsRecoveryPoint(t *testing.T) {
 	t.Parallel()
 	d := newTestDB(t)
 	clock := newTestClock()
-	r, resumed, _ := newCompleterRunner(t, d, time.Minute, clock)
-	var keys []string
-	resumed.execute = func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		keys = append(keys, rec.DownstreamKey("charge"))
-		return finishFor(rec, "resume")
-	}
+	r, _, cfg := newCompleterRunner(t, d, time.Minute, clock)
 
-	release, result := stalledOwner(t, r, d, "in-flight")
-	stalled := readRecord(t, d.Pool, d.AccountID, "in-flight")
-	_ = requireKind(t, r.Resume(context.Background(), stalled.ID), idempotency.ErrInFlight)
-	if after := readRecord(t, d.Pool, d.AccountID, "in-flight"); after.LockGeneration != stalled.LockGeneration {
-		t.Errorf("Resume of a record in flight took it over: generation %d -> %d", stalled.LockGeneration, after.LockGeneration)
+	release, result := stalledOwner(t, r, d, "unreadable")
+	clock.Advance(cfg.LockTimeout + time.Second)
+	op := failingLoad{&testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "retry")
+	}}}
+	_, err := r.Run(context.Background(), request(d.AccountID, "unreadable"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	rec := readRecord(t, d.Pool, d.AccountID, "unreadable")
+	if rec.RecoveryPoint != idempotency.PointStarted || rec.LockedAt != nil || rec.Attempts != 1 ||
+		rec.LastError == nil || !strings.Contains(*rec.LastError, "ledger row unreadable") {
+		t.Fatalf("record after a failed Load: %q, locked at %v, attempts %d, last error %v; want started, unlocked, 1, the Load's error",
+			rec.RecoveryPoint, rec.LockedAt, rec.Attempts, rec.LastError)
+	}
+	if c := op.calls.Load(); c != 0 {
+		t.Errorf("downstream calls after a failed Load: %d, want 0", c)
 	}
 	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "owner") })
-	if err := awaitErr(t, result); err != nil {
-		t.Fatal(err)
-	}
-
-	var first string
-	unknown := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		first = rec.DownstreamKey("charge")
-		return idempotency.Unknown(errors.New("stripe: 500"))
-	}}
-	_, err := r.Run(context.Background(), request(d.AccountID, "unknown"), unknown)
-	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	rec := readRecord(t, d.Pool, d.AccountID, "unknown")
-	if err := r.Resume(context.Background(), rec.ID); err != nil {
-		t.Fatalf("Resume of a released record: %v", err)
-	}
-	if len(keys) != 1 || keys[0] != first {
-		t.Fatalf("Resume called downstream with keys %q, want once with the first attempt's %q", keys, first)
-	}
-	if got := readRecord(t, d.Pool, d.AccountID, "unknown"); got.RecoveryPoint != idempotency.PointFinished ||
-		string(got.ResponseBody) != `{"owner":"resume"}` {
-		t.Fatalf("record after Resume: recovery point %q, body %s; want finished by resume", got.RecoveryPoint, got.ResponseBody)
-	}
-	if err := r.Resume(context.Background(), rec.ID); err != nil || len(keys) != 1 {
-		t.Fatalf("Resume of a finished record: %v, %d downstream calls in all; want nil, 1", err, len(keys))
-	}
-	if err := r.Resume(context.Background(), "ik_nosuchrecord"); err == nil {
-		t.Error("Resume of no record succeeded")
-	}
+	_ = requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
 }

@@ -52,12 +52,6 @@ type Request struct {
 	// point's normalised request (Normalize).
 	Body, Canonical []byte
 	Fingerprint     []byte
-	// FromDatabase makes the database alone say whether the key has a
-	// record, never the replay cache: reconciliation sets it, since the
-	// question it asks is whether the database still holds the record of a
-	// request that Stripe shows was made (a process may remember a record
-	// the database has lost).
-	FromDatabase bool
 }
 
 // Prepare is the front half of every entry point: given a key already

@@ -26,7 +26,6 @@ func TestRetention(t *testing.T) {
 	ctx := context.Background()
 	cfg := idempotency.DefaultConfig() // 24 h window + 1 h grace
 	cfg.RetentionBatch = 2             // several batches for 5 records
-	cfg.ReplayCacheSize = 0            // the purge below deletes records this runner just answered
 	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 
 	finish := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {

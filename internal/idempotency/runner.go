@@ -9,7 +9,10 @@
 // Every operation takes the same path: each phase is one Batch, the core's
 // own statement (the claim, or the fenced finish) followed by the
 // operation's writes, sent as one round trip that commits once. No operation
-// restates the core's SQL, and none has a path of its own.
+// restates the core's SQL, and none has a path of its own: Run is the way
+// in, and Settle, queued in a phase of another record, the one way
+// something outside a request finishes the request's record. No process
+// keeps a copy of a record (I15): every claim and replay reads the database.
 //
 // The package speaks Go, not HTTP: its refusals are the errors in errors.go,
 // and each entry point maps them onto its own protocol (package idemhttp for
@@ -36,14 +39,17 @@ import (
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
-// Recovery points, as stored in idempotency_keys.recovery_point. drive
-// switches on them.
+// Recovery points, as stored in idempotency_keys.recovery_point: how far
+// along Run a record got (Run draws them).
 const (
-	// PointStarted: the record and the ledger row exist; the downstream call
-	// may or may not have been made (a crash can hide it).
+	// PointStarted: the claim committed: the record and the ledger row
+	// exist. The downstream call may or may not have been made: a crash
+	// between the call and the finish hides it, so a record taken over at
+	// started is called again under the same downstream key.
 	PointStarted = "started"
-	// PointDownstreamCalled: a downstream call was made and its outcome is
-	// unknown; the record is unlocked and waits for a retry or the completer.
+	// PointDownstreamCalled: a downstream call was made and the record did
+	// not finish (an unknown outcome, a finishing write that failed); the
+	// record is unlocked and waits for a retry or the completer.
 	PointDownstreamCalled = "downstream_called"
 	// PointParked: the record was still unfinished at the retry ceiling
 	// (Config.RetryCeiling), past which Stripe may have forgotten its
@@ -87,29 +93,6 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
-	// AsyncClaim lets the claim's batch commit without waiting for its WAL
-	// to reach disk (synchronous_commit = off for that one transaction), so
-	// that a first request waits for one WAL flush, its finish's, instead of
-	// two. The finish stays synchronous, and its flush covers the claim's
-	// WAL too (WAL is flushed in order), so no answer a client receives
-	// rests on an unflushed commit. What a crash of PostgreSQL may lose is a
-	// claim whose finish has not committed yet, and that is harmless: the
-	// record id, and so the downstream key and every parameter sent to
-	// Stripe, derive from the request (RecordID), so the client's retry
-	// re-creates the same record and Stripe replays a call already made
-	// (I13). The cost: a client that never retries such a request is no
-	// longer covered by the completer, which cannot resume a record it
-	// cannot see; it is the case of a failover to a standby that missed the
-	// last commits, and reconciliation is what restores its ledger row.
-	// DefaultConfig turns it on; IDEMPOTENCY_ASYNC_CLAIM=off turns it off.
-	AsyncClaim bool
-	// ReplayCacheSize and ReplayCacheTTL bound the replay cache: the
-	// finished records this process answered or finished in the last
-	// ReplayCacheTTL, at most ReplayCacheSize of them, from which a retry is
-	// answered without a database round trip (replayCache says why that is
-	// safe, and what an entry may outlive). Zero turns it off.
-	ReplayCacheSize int
-	ReplayCacheTTL  time.Duration
 	// Now, when set, is the clock that decides lock expiry and the
 	// completer's schedule instead of the database's now(). Production
 	// leaves it nil, so one clock (the database's) decides for every server
@@ -118,8 +101,7 @@ type Config struct {
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more, a 12 h retry ceiling, an asynchronous claim, and
-// a replay cache of 10,000 records for 10 s.
+// window kept for 1 h more, and a 12 h retry ceiling.
 //
 // The retry ceiling is half of Stripe's 24 hours. The margin covers what
 // makes a record's created_at later than its key's first use at Stripe or
@@ -138,10 +120,6 @@ func DefaultConfig() Config {
 		MaxBackoff:     5 * time.Minute,
 		RetryCeiling:   12 * time.Hour,
 		FinishTimeout:  10 * time.Second,
-		AsyncClaim:     true,
-		// About 1.5 KB an entry for a charge: some 15 MB at most.
-		ReplayCacheSize: 10_000,
-		ReplayCacheTTL:  10 * time.Second,
 	}
 }
 
@@ -157,8 +135,10 @@ type Record struct {
 	Method, Route  string
 	RecoveryPoint  string
 	LockGeneration int64
-	// Attempts counts earlier phases that did not finish (an unknown
-	// downstream outcome, a finishing write that failed).
+	// Attempts counts the times the record was released unfinished
+	// (release): an unknown downstream outcome, a finishing write that
+	// failed, ledger rows that could not be loaded. The completer's backoff
+	// grows with it.
 	Attempts int32
 	// CreatedAt is the time of the claim's transaction: also the created_at
 	// of every ledger row that Begin inserted with the record.
@@ -319,7 +299,6 @@ type Runner struct {
 	// local holds the routes registered with RegisterLocal: their records
 	// are never parked.
 	local map[string]bool
-	cache *replayCache
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
 }
@@ -327,7 +306,7 @@ type Runner struct {
 // NewRunner returns a Runner over pool.
 func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{},
-		local: map[string]bool{}, cache: newReplayCache(cfg.ReplayCacheSize, cfg.ReplayCacheTTL)}
+		local: map[string]bool{}}
 }
 
 // Register tells the completer how to resume records of one operation:
@@ -349,42 +328,36 @@ func (r *Runner) now() *time.Time {
 	return &t
 }
 
-// clock is the process's time for the replay cache's entries (Config.Now
-// when a test set it). Lock expiry never uses it: see now.
-func (r *Runner) clock() time.Time {
-	if r.cfg.Now != nil {
-		return r.cfg.Now()
-	}
-	return time.Now()
-}
-
-// connections is how many connections the pool has opened: the replay
-// cache's entries hold only while it does not change (replayCache).
-func (r *Runner) connections() int64 {
-	if r.cache == nil {
-		return 0
-	}
-	return r.pool.Stat().NewConnsCount()
-}
-
 func (r *Runner) observe(o Outcome) {
 	if r.OnOutcome != nil {
 		r.OnOutcome(o)
 	}
 }
 
-// Run executes op for req exactly once per (scope, key): it claims the key,
-// replays a finished response, refuses a mismatched (ErrMismatch),
-// in-flight (ErrInFlight) or parked (ErrParked) request, or runs (or
-// resumes) the operation. An
-// unknown downstream outcome is ErrUnknownOutcome; other errors are the
-// operation's own (from Begin or Finish) or the database's.
+// Run executes op for req exactly once per (scope, key). The lifecycle
+// reads top to bottom, one function per step, each leaving the recovery
+// point it names:
+//
+//	claim   read the key; a new key is inserted with the operation's
+//	        ledger rows, one batch                                  -> started
+//	        finished: the stored response (a replay); another request
+//	        under the key: ErrMismatch; a fresh lock: ErrInFlight; past
+//	        the retry ceiling: ErrParked; a free or expired lock: taken
+//	        over at the point it holds (started or downstream_called)
+//	call    the downstream call, no transaction open
+//	        an unknown outcome: attempt recorded, lock freed  -> downstream_called
+//	finish  the ledger writes and the response, one fenced batch    -> finished
+//
+// A record taken over (a retry's, or the completer's) resumes at call, once
+// the operation has Loaded its state from the ledger: the downstream key is
+// the record's, so Stripe replays a call it already answered. An unknown
+// downstream outcome is ErrUnknownOutcome; other errors are the operation's
+// own (from Begin or Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
 	if err := req.fingerprinted(); err != nil {
 		return Response{}, err
 	}
-	generation := r.connections()
-	rec, replay, err := r.claim(ctx, req, op, generation)
+	rec, replay, err := r.claim(ctx, req, op)
 	if err != nil {
 		return Response{}, err
 	}
@@ -394,13 +367,7 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	// From here on the request is detached from the caller: a client that
 	// hangs up must not abort a charge half way. Each downstream call has
 	// its own timeout, and the finishing writes have FinishTimeout.
-	resp, err := r.drive(context.WithoutCancel(ctx), rec, op)
-	if err != nil {
-		return Response{}, err
-	}
-	resp.RecordID = rec.ID
-	r.cache.put(req.Scope, req.Key, req.Fingerprint, resp, generation, r.clock())
-	return resp, nil
+	return r.complete(context.WithoutCancel(ctx), rec, op)
 }
 
 // maxAttempts bounds the claim's loop (the record changed between the read
@@ -411,22 +378,11 @@ const maxAttempts = 5
 // claim takes ownership of the key, or says why not. It reads first: a
 // replay, a mismatch or an in-flight conflict is answered from one indexed
 // read, with no transaction, no row lock and no write. An absent key is
-// claimed by the claim's batch (the record's INSERT, the operation's ledger
-// rows): two requests that both read "absent" race in the INSERT, whose
-// unique index is the atomic arbiter, and the loser reads again. A
-// resumable record is taken over at the generation the read saw.
-//
-// generation is the pool's count of new connections before the claim: a
-// replay read under it is cached under it (replayCache).
-func (r *Runner) claim(ctx context.Context, req Request, op Operation, generation int64) (*Record, *Response, error) {
-	if fingerprint, resp, ok := r.cache.get(req.Scope, req.Key, generation, r.clock()); ok && !req.FromDatabase {
-		if !bytes.Equal(fingerprint, req.Fingerprint) {
-			r.observe(OutcomeMismatch)
-			return nil, nil, errMismatch()
-		}
-		r.observe(OutcomeReplayed)
-		return nil, &resp, nil
-	}
+// claimed by the claim's batch (begin: the record's INSERT, the operation's
+// ledger rows): two requests that both read "absent" race in the INSERT,
+// whose unique index is the atomic arbiter, and the loser reads again. A
+// resumable record is taken over at the lock generation the read saw.
+func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	for range maxAttempts {
 		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
@@ -452,9 +408,6 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 		case OutcomeReplayed:
 			r.observe(OutcomeReplayed)
 			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
-			if err == nil {
-				r.cache.put(req.Scope, req.Key, row.RequestFingerprint, *resp, generation, r.clock())
-			}
 			return nil, resp, err
 		case OutcomeConflict:
 			r.observe(OutcomeConflict)
@@ -504,63 +457,6 @@ func (r *Runner) takeover(ctx context.Context, id string, generation int64) (*Re
 	return rec, nil
 }
 
-// Resume drives the record recordID to completion now, from inside another
-// request that cannot go on without its outcome (a capture of a charge
-// whose own request has no definite answer yet): what a retry of that
-// request would do, without its client. A finished record needs nothing;
-// one whose lock is fresh is in flight (ErrInFlight, nothing changed); one
-// parked, or past the retry ceiling, is refused (ErrParked); a resumable one (its lock free or expired) is taken over, which fences any
-// old owner, and driven from its recovery point by the operation
-// registered for its route, so its downstream call carries the same
-// downstream key and Stripe replays what it already did. The errors are
-// Run's: ErrUnknownOutcome when the downstream call still has no definite
-// answer, ErrFenced, the operation's or the database's.
-func (r *Runner) Resume(ctx context.Context, recordID string) error {
-	for range maxAttempts {
-		row, err := r.q.IdempotencyKeyGetByID(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByIDParams{
-			ID: recordID, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-			RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
-		})
-		if err != nil {
-			return fmt.Errorf("reading idempotency record %s: %w", recordID, db.NotFound(err))
-		}
-		switch {
-		case row.RecoveryPoint == PointFinished:
-			return nil
-		case row.LockFresh:
-			r.observe(OutcomeConflict)
-			return refuse(ErrInFlight, "The request this one depends on is being processed right now. Retry after a short delay.")
-		case row.RecoveryPoint == PointParked, row.PastCeiling && r.bounded(row.RequestMethod, row.RequestRoute):
-			if parked, err := r.parkFound(ctx, row.ID, row.RecoveryPoint, row.LockGeneration); err != nil {
-				return err
-			} else if !parked {
-				continue // changed since the read
-			}
-			return errParked()
-		}
-		resume := r.resumers[row.RequestMethod+" "+row.RequestRoute]
-		if resume == nil {
-			return fmt.Errorf("idempotency record %s: no operation registered for %s %s", recordID, row.RequestMethod, row.RequestRoute)
-		}
-		rec, err := r.takeover(ctx, row.ID, row.LockGeneration)
-		if err != nil {
-			return err
-		}
-		if rec == nil {
-			continue // changed since the read
-		}
-		// Detached, as Run's drive: once this process owns the record, a
-		// caller that hangs up must not abort it half way.
-		if _, err := r.drive(context.WithoutCancel(ctx), rec, resume()); err != nil {
-			return err
-		}
-		r.observe(OutcomeRecovered)
-		return nil
-	}
-	r.observe(OutcomeConflict)
-	return refuse(ErrInFlight, "The request this one depends on is changing hands. Retry shortly.")
-}
-
 // begin is the claim phase of a new key: the record's INSERT and the
 // operation's ledger rows, one batch. Begin's own refusal stores nothing.
 func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
@@ -570,9 +466,6 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
-	if r.cfg.AsyncClaim {
-		b.queueAsyncCommit()
-	}
 	var account *string
 	if accountID != "" {
 		account = &accountID
@@ -633,78 +526,66 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 	return &Response{Status: int(*status), Headers: h, Body: body, Replayed: true, RecordID: id}, nil
 }
 
-// drive is the lifecycle of a record this process owns at
-// rec.LockGeneration, from its recovery point to the end: one case per
-// recovery point, the way a reader would draw it.
-//
-//	claim (Run)        record + ledger rows, one batch           -> started
-//	started            downstream call, no transaction open
-//	                   definite answer: ledger + response, one batch -> finished
-//	                   unknown answer:  attempt recorded, lock freed -> downstream_called
-//	downstream_called  (a retry or the completer took it over) as started
-//	parked             never taken over, never driven: only Settle finishes it (ceiling.go)
-//	finished           the stored response is the answer
-func (r *Runner) drive(ctx context.Context, rec *Record, op Operation) (Response, error) {
+// complete takes a record this process owns at rec.LockGeneration from the
+// recovery point it holds (started or downstream_called) to finished: the
+// operation's state (Begin's, or Load's for a record begun elsewhere), then
+// call and finish. A finish that found a row it read changed (ErrStale)
+// Loads afresh and calls again, with the same downstream key, so Stripe
+// replays its answer and the finish is computed from the fresh read.
+// Whatever does not finish releases the record with its error (release).
+func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
 	if !rec.begun {
 		if err := op.Load(ctx, rec); err != nil {
-			return Response{}, r.release(ctx, log, rec, fmt.Errorf("loading the ledger rows of record %s: %w", rec.ID, err), detailNotRecorded)
+			// Before any call: the record keeps the point it holds.
+			return Response{}, r.release(ctx, log, rec, false, fmt.Errorf("loading the ledger rows of record %s: %w", rec.ID, err), detailNotRecorded)
 		}
 	}
-	var resp Response
-	for {
-		switch rec.RecoveryPoint {
-		case PointStarted, PointDownstreamCalled:
-			var err error
-			if resp, err = r.callAndFinish(ctx, log, rec, op); err != nil {
-				return Response{}, err
-			}
-			faultpoint.Hit(faultpoint.AfterCommit)
-			rec.RecoveryPoint = PointFinished
-		case PointFinished:
-			return resp, nil
-		default:
-			return Response{}, fmt.Errorf("record %s has unknown recovery point %q", rec.ID, rec.RecoveryPoint)
-		}
-	}
-}
-
-// callAndFinish makes the downstream call and finishes the record with its
-// definite outcome. When the finishing batch found a row it read changed
-// (ErrStale), the operation Loads its state afresh and is called again
-// (with the same downstream key, so Stripe replays its answer), and its
-// finish is computed from that fresh read. An unknown outcome, or a finish
-// that fails otherwise, releases the record with its error recorded.
-func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Record, op Operation) (Response, error) {
+	called := r.callsDownstream(rec)
 	var err error
 	for range maxAttempts {
-		faultpoint.Hit(faultpoint.BeforeDownstream)
-		step := op.Call(ctx, rec)
-		faultpoint.Hit(faultpoint.AfterDownstream)
+		step := r.call(ctx, rec, op)
 		if step.unknown != nil {
-			return Response{}, r.release(ctx, log, rec, step.unknown, detailUnknown)
+			return Response{}, r.release(ctx, log, rec, called, step.unknown, detailUnknown)
 		}
 		var resp Response
 		resp, err = r.finish(ctx, rec, step)
 		switch {
 		case err == nil:
+			faultpoint.Hit(faultpoint.AfterCommit)
+			resp.RecordID = rec.ID
 			return resp, nil
 		case errors.Is(err, ErrFenced):
 			r.observe(OutcomeFenced)
 			log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
 			return Response{}, r.fenced()
 		case !errors.Is(err, ErrStale):
-			return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+			return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
 		}
 		if lerr := op.Load(ctx, rec); lerr != nil {
-			return Response{}, r.release(ctx, log, rec, fmt.Errorf("reloading the ledger rows of record %s after a stale finish: %w", rec.ID, lerr), detailNotRecorded)
+			return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("reloading the ledger rows of record %s after a stale finish: %w", rec.ID, lerr), detailNotRecorded)
 		}
 	}
-	return Response{}, r.release(ctx, log, rec, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+	return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
 }
 
+// call is the downstream call, made with no transaction open. It writes
+// nothing: a definite answer is recorded by finish (-> finished), an
+// unknown one by release (-> downstream_called).
+func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
+	faultpoint.Hit(faultpoint.BeforeDownstream)
+	step := op.Call(ctx, rec)
+	faultpoint.Hit(faultpoint.AfterDownstream)
+	return step
+}
+
+// callsDownstream tells whether the record's operation calls outside the
+// database: every route but those registered with RegisterLocal, whose
+// records never reach downstream_called.
+func (r *Runner) callsDownstream(rec *Record) bool { return r.bounded(rec.Method, rec.Route) }
+
 // finish is the final phase: the record's fenced finish, then the
-// operation's ledger writes, one batch.
+// operation's ledger writes, one batch (-> finished).
 func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, error) {
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
@@ -746,13 +627,15 @@ const lastErrorMax = 1000
 
 // release records a phase that did not finish (an unknown downstream
 // outcome, a finishing write that failed, a ledger row that could not be
-// loaded): the record moves to downstream_called, its attempt and error are
-// recorded (GET /v1/idempotency_keys/{key} shows them), its lock is freed,
-// and the completer resumes it after an exponential backoff. A record whose
-// finish always fails is thus visible and retried at a bounded rate,
-// instead of holding its lock for the whole lock timeout with nothing in
-// its row. It returns the error the caller gets.
-func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cause error, detail string) error {
+// loaded): its attempt and error are recorded (GET
+// /v1/idempotency_keys/{key} shows them), its lock is freed, and the
+// completer resumes it after an exponential backoff. The record moves to
+// downstream_called when called (a downstream call was made: its outcome
+// may exist at Stripe); otherwise it keeps the recovery point it holds. A
+// record whose finish always fails is thus visible and retried at a
+// bounded rate, instead of holding its lock for the whole lock timeout with
+// nothing in its row. It returns the error the caller gets.
+func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, called bool, cause error, detail string) error {
 	r.observe(OutcomeUnknown)
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
@@ -761,6 +644,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cau
 	n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
 		ID:             rec.ID,
 		LockGeneration: rec.LockGeneration,
+		Called:         called,
 		LastError:      &lastErr,
 		RetryInSeconds: retryIn.Seconds(),
 		Now:            r.now(),
@@ -794,16 +678,17 @@ func (r *Runner) backoff(attempts int32) time.Duration {
 	return min(d, r.cfg.MaxBackoff)
 }
 
-// Settle finishes the record recordID with resp inside the caller's batch,
-// from outside the record's own lifecycle: an entry point that learns a
-// request's outcome from elsewhere (a Stripe event about a charge whose
-// finishing commit never happened) finishes the record with the response a
-// retry would have stored, in the batch that writes the ledger. It is also
-// the one way a parked record finishes (ceiling.go). It takes the record
-// over (a new lock generation), so the owner, if it is still alive, is
-// fenced; it changes nothing when the record is already finished (the
-// caller's guarded ledger write then fails first, since the owner's finish
-// changed the ledger row).
+// Settle is the one way something outside a request finishes the request's
+// record: an operation that learned the request's outcome from Stripe
+// itself (a Stripe event, a reconciliation repair) queues it into its own
+// finishing batch, next to the ledger writes that outcome makes, with resp,
+// the response the request's own finish would have stored. Only the runner
+// sends a Batch, so the settle commits inside a phase of another record
+// that Run drives, together with the ledger change, or not at all. It
+// fences any owner (a new lock generation); it is the only way a parked
+// record finishes (ceiling.go); it changes nothing when the record is
+// finished already (the caller's guarded ledger write then fails first,
+// since the owner's finish changed the ledger row).
 func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
 	headers, err := encodeHeaders(resp.Headers)
 	if err != nil {

@@ -318,7 +318,7 @@ func TestDeadLetters(t *testing.T) {
 // retried and never charged again.
 func TestKeyExpiredIsDeadLetteredAtOnce(t *testing.T) {
 	t.Parallel()
-	b := startBench(t, apitest.Options{NoReplayCache: true}, 10, nil) // the record is deleted as retention would
+	b := startBench(t, apitest.Options{}, 10, nil)
 	acct := b.env.NewClient(t).Account.ID
 	key := "order-" + rand.Text()
 	b.publish(t, message(acct, key, 1000), "")

