@@ -15,17 +15,23 @@ INSERT INTO idempotency_keys (
 -- name: IdempotencyKeyTakeover :one
 -- Takes over a resumable record (started or downstream_called, its lock free
 -- or older than the lock timeout) at the generation the read saw, with a new
--- generation, so that the old owner's late writes are fenced. No row: the
--- record changed since the read; the runner reads it again.
-UPDATE idempotency_keys
+-- generation, so that the old owner's late writes are fenced. For an API
+-- request (key_hash set) the API key must still be active and the record's
+-- account its own, as in the claim's batch (APIKeyExpectActive). No row: the
+-- record changed since the read, or the key was revoked; the runner reads it
+-- again, and that read tells which.
+UPDATE idempotency_keys ik
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
-    lock_generation = lock_generation + 1,
+    lock_generation = ik.lock_generation + 1,
     updated_at = now()
-WHERE id = @id
-  AND lock_generation = @lock_generation
-  AND recovery_point IN ('started', 'downstream_called')
-  AND (locked_at IS NULL
-       OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
+WHERE ik.id = @id
+  AND ik.lock_generation = @lock_generation
+  AND ik.recovery_point IN ('started', 'downstream_called')
+  AND (ik.locked_at IS NULL
+       OR ik.locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
+  AND (sqlc.narg(key_hash)::bytea IS NULL
+       OR EXISTS (SELECT 1 FROM api_keys k
+                  WHERE k.key_hash = sqlc.narg(key_hash) AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
 RETURNING *;
 
 -- name: IdempotencyKeyGetByScopeKey :one
@@ -40,6 +46,29 @@ SELECT id, request_fingerprint, recovery_point, lock_generation,
        (created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8))::boolean AS past_ceiling,
        response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = @scope AND key = @key;
+
+-- name: IdempotencyKeyGetByCredential :one
+-- The first statement of an API request, and the whole of an API replay:
+-- the account of the active API key whose SHA-256 is key_hash, and the
+-- record stored under key in that account's scope, read together, so that
+-- authenticating costs no round trip of its own (I15). The columns of the
+-- record are IdempotencyKeyGetByScopeKey's, NULL when the key has none (the
+-- key "" never has one: keys are 1..255 characters). No row at all: the API
+-- key is unknown or revoked, and the request is refused before anything of
+-- the idempotency table is read for it (the record is joined to an active
+-- key's account only). Both lookups are unique-index scans (api_keys.key_hash,
+-- idempotency_keys (scope, key)).
+SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_created_at,
+       a.idempotency_mode, k.id AS key_id,
+       ik.id, ik.request_fingerprint, coalesce(ik.recovery_point::text, '')::text AS recovery_point, ik.lock_generation,
+       (ik.locked_at IS NOT NULL
+        AND ik.locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       coalesce(ik.created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8), false)::boolean AS past_ceiling,
+       ik.response_status, ik.response_headers, ik.response_body
+FROM api_keys k
+JOIN accounts a ON a.id = k.account_id
+LEFT JOIN idempotency_keys ik ON ik.scope = a.id AND ik.key = @key
+WHERE k.key_hash = @key_hash AND k.revoked_at IS NULL;
 
 -- name: IdempotencyKeyFinish :exec
 -- Stores the final response, first in the finishing batch. Fenced: unless

@@ -53,7 +53,7 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		t.Fatal("the raw API key is stored")
 	}
 
-	auth := accounts.NewAuthenticator(pool)
+	auth := accounts.NewAuthenticator(pool, nil)
 	got, err := auth.Authenticate(ctx, key)
 	if err != nil {
 		t.Fatalf("Authenticate: %v", err)
@@ -109,7 +109,7 @@ func TestAuthenticateRemembersNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth := accounts.NewAuthenticator(pool)
+	auth := accounts.NewAuthenticator(pool, nil)
 	if got, err := auth.Authenticate(ctx, key); err != nil || got.ID != acct.ID || got.Mode != accounts.ModeRequired {
 		t.Fatalf("Authenticate: account %q mode %q (%v), want %q mode %q", got.ID, got.Mode, err, acct.ID, accounts.ModeRequired)
 	}

@@ -52,7 +52,7 @@ func TestAuthenticateIsARead(t *testing.T) {
 	}
 
 	for i := range 3 {
-		got, err := accounts.NewAuthenticator(readOnlyTx(t, pool)).Authenticate(ctx, key)
+		got, err := accounts.NewAuthenticator(readOnlyTx(t, pool), nil).Authenticate(ctx, key)
 		if err != nil || got.ID != acct.ID {
 			t.Fatalf("authentication %d, read-only and lock-free, with the key's row locked elsewhere: account %q, err %v", i, got.ID, err)
 		}
@@ -86,7 +86,7 @@ func TestNoteUses(t *testing.T) {
 		}
 		return at
 	}
-	auth := accounts.NewAuthenticator(pool)
+	auth := accounts.NewAuthenticator(pool, nil)
 
 	// A key whose row is held elsewhere is skipped, not waited for.
 	holder, err := pool.Begin(ctx)
@@ -106,7 +106,7 @@ func TestNoteUses(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '1ms'"); err != nil {
 		t.Fatal(err)
 	}
-	noter := accounts.NewAuthenticator(tx)
+	noter := accounts.NewAuthenticator(tx, nil)
 	if _, err := noter.Authenticate(ctx, key); err != nil {
 		t.Fatal(err)
 	}

@@ -120,3 +120,77 @@ func TestAPIKeys(t *testing.T) {
 		t.Fatalf("another account's key: %d, want 404", resp.Status)
 	}
 }
+
+// I11 with the record read in the same statement as the key: a revoked
+// key's retry of a request it made is refused with 401, never answered with
+// the stored response, and changes nothing; the 401 comes before whatever
+// else is wrong with the request (no key, a malformed key, a body that is
+// not JSON). The account's other key still gets the replay.
+func TestRevokedKeyGetsNoReplay(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	var k apiKey
+	c.Post("/v1/api_keys", apitest.NewKey(), "{}").JSON(t, &k)
+	second := withKey(c, *k.Secret)
+	const body = `{"amount":1000,"currency":"usd","payment_method":"pm_card_visa"}`
+	idemKey := apitest.NewKey()
+	first := second.Post("/v1/charges", idemKey, body)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", first.Status, first.Body)
+	}
+	if resp := deleteKey(t, c, k.ID, ""); resp.Status != http.StatusNoContent {
+		t.Fatalf("revoking the second key: %d %s", resp.Status, resp.Body)
+	}
+	recordState := func() string {
+		t.Helper()
+		var s string
+		if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point || ' ' || lock_generation || ' ' || updated_at::text
+			FROM idempotency_keys WHERE account_id = $1 AND key = $2`, c.Account.ID, idemKey).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := recordState()
+
+	for name, req := range map[string]func() *http.Request{
+		"the retry": func() *http.Request {
+			r := second.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Idempotency-Key", idemKey)
+			return r
+		},
+		"no Idempotency-Key": func() *http.Request {
+			r := second.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			return r
+		},
+		"a malformed Idempotency-Key": func() *http.Request {
+			r := second.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Idempotency-Key", strings.Repeat("x", 300))
+			return r
+		},
+		"a body that is not JSON": func() *http.Request {
+			r := second.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("{"))
+			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Idempotency-Key", idemKey)
+			return r
+		},
+	} {
+		resp := second.Do(req())
+		if resp.Status != http.StatusUnauthorized || resp.Header.Get("Idempotent-Replayed") != "" ||
+			!strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+			t.Errorf("%s with the revoked key: %d (replayed %q, WWW-Authenticate %q) %s, want 401",
+				name, resp.Status, resp.Header.Get("Idempotent-Replayed"), resp.Header.Get("WWW-Authenticate"), resp.Body)
+		}
+	}
+	if got := recordState(); got != before {
+		t.Errorf("the refused retries changed the record: %s -> %s", before, got)
+	}
+	replay := c.Post("/v1/charges", idemKey, body)
+	if replay.Status != first.Status || replay.Header.Get("Idempotent-Replayed") != "true" || string(replay.Body) != string(first.Body) {
+		t.Errorf("the account's other key: %d (replayed %q) %s, want the replay of %d %s",
+			replay.Status, replay.Header.Get("Idempotent-Replayed"), replay.Body, first.Status, first.Body)
+	}
+}

@@ -27,9 +27,10 @@ import (
 // process is what one server process holds of the database: a pool
 // through PgBouncer, and nothing else (no listener, no direct connection).
 type process struct {
-	name string
-	pool *pgxpool.Pool
-	auth *accounts.Authenticator
+	name   string
+	pool   *pgxpool.Pool
+	runner *idempotency.Runner
+	auth   *accounts.Authenticator
 }
 
 // A revocation behind PgBouncer in transaction mode, among three processes
@@ -84,7 +85,8 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		return &process{name: name, pool: pool, auth: accounts.NewAuthenticator(pool)}
+		runner := idempotency.NewRunner(pool, idempotency.DefaultConfig(), log)
+		return &process{name: name, pool: pool, runner: runner, auth: accounts.NewAuthenticator(pool, runner)}
 	}
 	procs := []*process{newProcess("A", "postgres"), newProcess("B", role), newProcess("C", role)}
 
@@ -111,7 +113,7 @@ func TestRevocationThroughPgBouncer(t *testing.T) {
 
 	// The revocation goes through C, as its server would run it.
 	c := procs[2]
-	keys := accounts.NewKeysAPI(c.pool, idempotency.NewRunner(c.pool, idempotency.DefaultConfig(), log))
+	keys := accounts.NewKeysAPI(c.pool, c.runner)
 	e := echo.New()
 	e.HTTPErrorHandler = server.ErrorHandler(log)
 	accountshttp.NewKeys(keys).Routes(e.Group("/v1"), accountshttp.Middleware(c.auth))

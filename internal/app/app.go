@@ -77,7 +77,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)
 	a.ChargesHTTP = chargeshttp.New(a.Charges, log)
 	a.ChargesHTTP.OnRollout = a.Metrics.ObserveRollout
-	a.Auth = accounts.NewAuthenticator(pool)
+	a.Auth = accounts.NewAuthenticator(pool, a.Runner)
 	a.Keys = accounts.NewKeysAPI(pool, a.Runner)
 	mc := cfg.MerchantHooks
 	mc.Observe = a.Metrics.ObserveMerchantHook

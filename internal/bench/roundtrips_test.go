@@ -100,17 +100,22 @@ func statementName(sql string) string {
 // request, through the real entry points on a pool of one traced
 // connection: each phase of the idempotency core is one round trip and one
 // commit (a batch), whatever the operation, and no operation has a path of
-// its own. Every request through the API first reads its API key and
-// account (APIKeyAuthenticate: one read, no lock, no write; nothing of it
-// is remembered between requests, I15); an order.paid message and a Stripe
-// event carry no API key.
+// its own. A request through the API makes no statement to authenticate:
+// its first statement reads its API key's account and its record together
+// (IdempotencyKeyGetByCredential: one read, no lock, no write; nothing of
+// it is remembered between requests, I15), and its claim's batch checks
+// the key again (APIKeyExpectActive), so that a revocation committed in
+// between is refused (I11); an order.paid message and a Stripe event carry
+// no API key, and read the record alone (IdempotencyKeyGetByScopeKey).
 //
 //   - A charge (POST /v1/charges), and a message (an order.paid message is
-//     charges.Service.CreateCharge): the replay read (a miss, which is what
-//     lets a replay skip every write); the claim's batch (the record, the
-//     ledger row, and the transaction's time); then, with no transaction
-//     open across the Stripe call, the finishing batch (the record's fenced
-//     finish, the ledger's outcome, the settled charge's event).
+//     charges.Service.CreateCharge): the record's read, which also
+//     authenticates the API key (a miss, which is what lets a replay skip
+//     every write); the claim's batch (the API key's check, the record,
+//     the ledger row, and the transaction's time); then, with no
+//     transaction open across the Stripe call, the finishing batch (the
+//     record's fenced finish, the ledger's outcome, the settled charge's
+//     event).
 //   - A refund: the same, after one read of what it checks (the charge and
 //     its blocking disputes), whose version guards the reservation.
 //   - A Stripe event: the claim's batch records it in the inbox; the
@@ -120,10 +125,13 @@ func statementName(sql string) string {
 //   - A capture or a cancel of an authorization: one read of the charge it
 //     checks, whose version guards the claim's batch marking the action
 //     pending; the finishing batch settles the charge and writes its event.
-//   - A replay: 2 statements, no transaction, no write: the API key's read
-//     and one read of the record by its unique (scope, key) index; here
-//     through a second server process's worth of wiring on the same pool,
-//     which answers it as the first would.
+//   - A replay: 1 statement, no transaction, no write: the API key's
+//     account and the record, read together by two unique indexes; here
+//     through a second server process's worth of wiring on the same pool
+//     (another API process), which has seen none of the records finish.
+//   - A replay through the process that finished the record: the same one
+//     statement. A process that remembered the record would save nothing,
+//     since the request's authentication reads it anyway.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -210,9 +218,8 @@ func TestRoundTrips(t *testing.T) {
 		want []string
 	}{
 		{"charge", func() { post("/v1/charges", "first", body) }, []string{
-			"APIKeyAuthenticate",
-			"IdempotencyKeyGetByScopeKey",
-			"[IdempotencyKeyInsert ChargeInsert select]",
+			"IdempotencyKeyGetByCredential",
+			"[APIKeyExpectActive IdempotencyKeyInsert ChargeInsert select]",
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
 		}},
 		{"message", func() {
@@ -225,10 +232,9 @@ func TestRoundTrips(t *testing.T) {
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
 		}},
 		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
-			"APIKeyAuthenticate",
-			"IdempotencyKeyGetByScopeKey",
+			"IdempotencyKeyGetByCredential",
 			"ChargeGetForRefund",
-			"[IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
+			"[APIKeyExpectActive IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
 			"[IdempotencyKeyFinish RefundSetOutcome EventInsert]",
 		}},
 		{"Stripe event", func() { event(10) }, []string{
@@ -238,24 +244,27 @@ func TestRoundTrips(t *testing.T) {
 			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
 		}},
 		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
-			"APIKeyAuthenticate",
-			"IdempotencyKeyGetByScopeKey",
+			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[APIKeyExpectActive IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
-			"APIKeyAuthenticate",
-			"IdempotencyKeyGetByScopeKey",
+			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[APIKeyExpectActive IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {
 			if r := other.Post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
 			}
-		}, []string{"APIKeyAuthenticate", "IdempotencyKeyGetByScopeKey"}},
+		}, []string{"IdempotencyKeyGetByCredential"}},
+		{"replay through the process that finished it", func() {
+			if r := post("/v1/charges", "first", body); r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("second POST was not a replay: Idempotent-Replayed = %q, want true", r.Header.Get("Idempotent-Replayed"))
+			}
+		}, []string{"IdempotencyKeyGetByCredential"}},
 	} {
 		got, prepares := tr.record(tc.run)
 		if !slices.Equal(got, tc.want) || prepares != 0 {

@@ -42,6 +42,29 @@ func (q *Queries) APIKeyAuthenticate(ctx context.Context, db DBTX, keyHash []byt
 	return i, err
 }
 
+const aPIKeyExpectActive = `-- name: APIKeyExpectActive :exec
+SELECT idempay_expect(
+    (SELECT count(*) FROM api_keys
+     WHERE key_hash = $1 AND account_id = $2 AND revoked_at IS NULL),
+    'IDA01', 'the API key is not active')
+`
+
+type APIKeyExpectActiveParams struct {
+	KeyHash   []byte
+	AccountID string
+}
+
+// First in the claim's batch of an API request: the API key that sent it
+// is still active and belongs to the account whose scope the record is
+// claimed in. A revocation committed since the request's first statement
+// read the key raises IDA01, and nothing of the batch commits: the request
+// is refused (401) as if it had come after the revocation, which it did
+// (I11). A plain read, like APIKeyAuthenticate: it takes no lock.
+func (q *Queries) APIKeyExpectActive(ctx context.Context, db DBTX, arg *APIKeyExpectActiveParams) error {
+	_, err := db.Exec(ctx, aPIKeyExpectActive, arg.KeyHash, arg.AccountID)
+	return err
+}
+
 const aPIKeyGetByID = `-- name: APIKeyGetByID :one
 SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at FROM api_keys WHERE account_id = $1 AND id = $2
 `

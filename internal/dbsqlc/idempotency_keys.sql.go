@@ -163,6 +163,83 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 	return err
 }
 
+const idempotencyKeyGetByCredential = `-- name: IdempotencyKeyGetByCredential :one
+SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_created_at,
+       a.idempotency_mode, k.id AS key_id,
+       ik.id, ik.request_fingerprint, coalesce(ik.recovery_point::text, '')::text AS recovery_point, ik.lock_generation,
+       (ik.locked_at IS NOT NULL
+        AND ik.locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
+       coalesce(ik.created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8), false)::boolean AS past_ceiling,
+       ik.response_status, ik.response_headers, ik.response_body
+FROM api_keys k
+JOIN accounts a ON a.id = k.account_id
+LEFT JOIN idempotency_keys ik ON ik.scope = a.id AND ik.key = $4
+WHERE k.key_hash = $5 AND k.revoked_at IS NULL
+`
+
+type IdempotencyKeyGetByCredentialParams struct {
+	Now                 *time.Time
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	Key                 string
+	KeyHash             []byte
+}
+
+type IdempotencyKeyGetByCredentialRow struct {
+	AccountID          string
+	AccountName        string
+	AccountCreatedAt   time.Time
+	IdempotencyMode    string
+	KeyID              string
+	ID                 *string
+	RequestFingerprint []byte
+	RecoveryPoint      string
+	LockGeneration     *int64
+	LockFresh          bool
+	PastCeiling        bool
+	ResponseStatus     *int32
+	ResponseHeaders    []byte
+	ResponseBody       []byte
+}
+
+// The first statement of an API request, and the whole of an API replay:
+// the account of the active API key whose SHA-256 is key_hash, and the
+// record stored under key in that account's scope, read together, so that
+// authenticating costs no round trip of its own (I15). The columns of the
+// record are IdempotencyKeyGetByScopeKey's, NULL when the key has none (the
+// key "" never has one: keys are 1..255 characters). No row at all: the API
+// key is unknown or revoked, and the request is refused before anything of
+// the idempotency table is read for it (the record is joined to an active
+// key's account only). Both lookups are unique-index scans (api_keys.key_hash,
+// idempotency_keys (scope, key)).
+func (q *Queries) IdempotencyKeyGetByCredential(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByCredentialParams) (IdempotencyKeyGetByCredentialRow, error) {
+	row := db.QueryRow(ctx, idempotencyKeyGetByCredential,
+		arg.Now,
+		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
+		arg.Key,
+		arg.KeyHash,
+	)
+	var i IdempotencyKeyGetByCredentialRow
+	err := row.Scan(
+		&i.AccountID,
+		&i.AccountName,
+		&i.AccountCreatedAt,
+		&i.IdempotencyMode,
+		&i.KeyID,
+		&i.ID,
+		&i.RequestFingerprint,
+		&i.RecoveryPoint,
+		&i.LockGeneration,
+		&i.LockFresh,
+		&i.PastCeiling,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+	)
+	return i, err
+}
+
 const idempotencyKeyGetByScopeKey = `-- name: IdempotencyKeyGetByScopeKey :one
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
@@ -523,15 +600,18 @@ func (q *Queries) IdempotencyKeySettle(ctx context.Context, db DBTX, arg *Idempo
 }
 
 const idempotencyKeyTakeover = `-- name: IdempotencyKeyTakeover :one
-UPDATE idempotency_keys
+UPDATE idempotency_keys ik
 SET locked_at = coalesce($1::timestamptz, now()),
-    lock_generation = lock_generation + 1,
+    lock_generation = ik.lock_generation + 1,
     updated_at = now()
-WHERE id = $2
-  AND lock_generation = $3
-  AND recovery_point IN ('started', 'downstream_called')
-  AND (locked_at IS NULL
-       OR locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
+WHERE ik.id = $2
+  AND ik.lock_generation = $3
+  AND ik.recovery_point IN ('started', 'downstream_called')
+  AND (ik.locked_at IS NULL
+       OR ik.locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
+  AND ($5::bytea IS NULL
+       OR EXISTS (SELECT 1 FROM api_keys k
+                  WHERE k.key_hash = $5 AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
 RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
 `
 
@@ -540,18 +620,23 @@ type IdempotencyKeyTakeoverParams struct {
 	ID                 string
 	LockGeneration     int64
 	LockTimeoutSeconds float64
+	KeyHash            []byte
 }
 
 // Takes over a resumable record (started or downstream_called, its lock free
 // or older than the lock timeout) at the generation the read saw, with a new
-// generation, so that the old owner's late writes are fenced. No row: the
-// record changed since the read; the runner reads it again.
+// generation, so that the old owner's late writes are fenced. For an API
+// request (key_hash set) the API key must still be active and the record's
+// account its own, as in the claim's batch (APIKeyExpectActive). No row: the
+// record changed since the read, or the key was revoked; the runner reads it
+// again, and that read tells which.
 func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, idempotencyKeyTakeover,
 		arg.Now,
 		arg.ID,
 		arg.LockGeneration,
 		arg.LockTimeoutSeconds,
+		arg.KeyHash,
 	)
 	var i IdempotencyKey
 	err := row.Scan(

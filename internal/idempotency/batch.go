@@ -67,6 +67,10 @@ func (errRow) Scan(...any) error { return errReadInBatch }
 const (
 	sqlstateFenced = "IDF01"
 	sqlstateStale  = "IDS01"
+	// sqlstateUnauthenticated is raised by the claim's check of the API key
+	// (APIKeyExpectActive): the key was revoked since the request's first
+	// statement read it.
+	sqlstateUnauthenticated = "IDA01"
 	// sqlstateExpired is raised by an operation's guarded ledger INSERT
 	// (ChargeInsert, RefundInsert, StripeEventInsert) when the row exists:
 	// its id derives from the request, so only this same request made it,
@@ -82,7 +86,8 @@ var ErrStale = errors.New("a row changed since it was read")
 
 // send runs b as one implicit transaction, and tells what PostgreSQL
 // raised: ErrFenced for the core's fence, ErrStale for an operation's
-// guard, ErrKeyExpired (an *Error) for a ledger row that the same request
+// guard, ErrUnauthenticated (an *Error) for the claim's check of the API
+// key, ErrKeyExpired (an *Error) for a ledger row that the same request
 // made before its record expired, errTaken when the claim's INSERT found
 // the key taken, or the error as it is.
 func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
@@ -95,6 +100,8 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 		return err
 	case pe.Code == sqlstateFenced:
 		return ErrFenced
+	case pe.Code == sqlstateUnauthenticated:
+		return errUnauthenticated()
 	case pe.Code == sqlstateStale:
 		return fmt.Errorf("%w: %s", ErrStale, pe.Message)
 	case pe.Code == sqlstateExpired:

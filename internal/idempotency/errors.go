@@ -8,6 +8,10 @@ import "errors"
 // 200 or 400, a broker consumer to ack, nak or dead letter. Test with
 // errors.Is; an *Error carries the detail a client can act on.
 var (
+	// ErrUnauthenticated: the API key that sent the request is unknown, or
+	// was revoked before the request's claim committed (I11). Nothing was
+	// stored. Only a request that carries a Credential gets it.
+	ErrUnauthenticated = errors.New("API key unknown or revoked")
 	// ErrKeyMissing: the request carries no key. Nothing was stored.
 	ErrKeyMissing = errors.New("idempotency key missing")
 	// ErrKeyInvalid: the key is not 1..255 printable ASCII characters (or a

@@ -52,6 +52,14 @@ type Request struct {
 	// point's normalised request (Normalize).
 	Body, Canonical []byte
 	Fingerprint     []byte
+	// Credential is the SHA-256 of the API key that sent the request, for
+	// a request that came with one (the HTTP API's): its claim then checks
+	// in its own batch that the key is still active, and every read of its
+	// record authenticates again (credential.go). A broker message or a
+	// Stripe event carries none. Caller.Attach sets it.
+	Credential []byte
+	// found is what the request's first statement read (Caller.Attach).
+	found *found
 }
 
 // Prepare is the front half of every entry point: given a key already

@@ -384,11 +384,8 @@ const maxAttempts = 5
 // resumable record is taken over at the lock generation the read saw.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	for range maxAttempts {
-		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
-			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-			RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
-		})
-		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+		row, err := r.read(ctx, &req)
+		if errors.Is(err, db.ErrNotFound) {
 			rec, err := r.begin(ctx, req, op)
 			switch {
 			case errors.Is(err, errTaken), errors.Is(err, ErrStale):
@@ -398,6 +395,8 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			}
 			r.observe(OutcomeNew)
 			return rec, nil, nil
+		} else if errors.Is(err, ErrUnauthenticated) {
+			return nil, nil, err
 		} else if err != nil {
 			return nil, nil, fmt.Errorf("reading idempotency key: %w", err)
 		}
@@ -421,7 +420,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			}
 			return nil, nil, errParked()
 		}
-		rec, err := r.takeover(ctx, row.ID, row.LockGeneration)
+		rec, err := r.takeover(ctx, row.ID, row.LockGeneration, req.Credential)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -440,10 +439,13 @@ func errMismatch() error {
 
 // takeover takes over the resumable record id at the generation a read saw,
 // with a new generation that fences the old owner. It returns nil, and no
-// error, when the record changed since the read (the caller reads again).
-func (r *Runner) takeover(ctx context.Context, id string, generation int64) (*Record, error) {
+// error, when the record changed since the read, or when credential (an API
+// request's, nil otherwise) no longer names an active key of the record's
+// account: the caller reads again, and its read tells which.
+func (r *Runner) takeover(ctx context.Context, id string, generation int64, credential []byte) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		KeyHash: credential,
 	})
 	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
 		return nil, nil
@@ -469,6 +471,9 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	var account *string
 	if accountID != "" {
 		account = &accountID
+	}
+	if err := r.queueCredentialCheck(ctx, b, req); err != nil {
+		return nil, err
 	}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), AccountID: account, Key: req.Key, RequestMethod: req.Method,
@@ -712,13 +717,12 @@ func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	if err := req.fingerprinted(); err != nil {
 		return "", err
 	}
-	row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
-		Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-		RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
-	})
-	switch err = db.NotFound(err); {
+	row, err := r.read(ctx, &req)
+	switch {
 	case errors.Is(err, db.ErrNotFound):
 		return OutcomeNew, nil
+	case errors.Is(err, ErrUnauthenticated):
+		return "", err
 	case err != nil:
 		return "", fmt.Errorf("reading idempotency key: %w", err)
 	default:

@@ -27,6 +27,15 @@ const contextKey = "idempay.account"
 // as a 400, a request with more than one Authorization header: a proxy
 // that reads another of them than this server would disagree about the
 // account.
+//
+// A read (GET, HEAD) is authenticated by a statement of its own. A mutating
+// request is authenticated by the statement that reads the record stored
+// under its Idempotency-Key (Authenticator.AuthenticateWithRecord), kept
+// for the idempotency.Request its handler builds (idemhttp.SetCaller): a
+// replay is that one statement. A key that is missing or malformed is
+// read as none here, and refused (400) by the handler, after the API key
+// was checked: a request with neither a valid API key nor a valid
+// Idempotency-Key is a 401.
 func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -40,7 +49,7 @@ func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 			if !ok || !strings.EqualFold(scheme, "Bearer") || !strings.HasPrefix(key, accounts.KeyPrefix) || len(key) > 200 {
 				return unauthorized()
 			}
-			acct, err := a.Authenticate(c.Request().Context(), key)
+			acct, err := authenticate(c, a, key)
 			if errors.Is(err, db.ErrNotFound) {
 				return unauthorized()
 			}
@@ -52,6 +61,26 @@ func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 			return next(c)
 		}
 	}
+}
+
+// authenticate is Middleware's statement: the API key alone for a read,
+// the API key and the record of the request's Idempotency-Key for a
+// mutating request.
+func authenticate(c echo.Context, a *accounts.Authenticator, key string) (accounts.Account, error) {
+	r := c.Request()
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return a.Authenticate(r.Context(), key)
+	}
+	idemKey, _, err := idemhttp.Key(r.Header)
+	if err != nil {
+		idemKey = "" // the handler refuses it
+	}
+	acct, caller, err := a.AuthenticateWithRecord(r.Context(), key, idemKey)
+	if err != nil {
+		return accounts.Account{}, err
+	}
+	idemhttp.SetCaller(c, caller)
+	return acct, nil
 }
 
 func unauthorized() error {
@@ -116,6 +145,7 @@ func (h *Keys) revoke(c echo.Context) error {
 		if err != nil {
 			return idemhttp.Problem(err)
 		}
+		idemhttp.Attach(c, &r)
 		req = &r
 	}
 	resp, err := h.k.Revoke(c.Request().Context(), acct.ID, c.Param("id"), req)

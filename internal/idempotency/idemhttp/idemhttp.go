@@ -151,7 +151,29 @@ func read(c echo.Context, scope idempotency.Scope, route, key string,
 	if err != nil {
 		return idempotency.Request{}, Problem(err)
 	}
+	Attach(c, &req)
 	return req, nil
+}
+
+// contextKeyCaller is the echo context key of what the request's first
+// statement read (SetCaller).
+const contextKeyCaller = "idempay.caller"
+
+// SetCaller keeps what the request's authentication read
+// (idempotency.Runner.Authenticate) for the Request built from it: the
+// authentication middleware calls it.
+func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCaller, caller) }
+
+// Attach gives req what the request's authentication read, when it was
+// kept (SetCaller): the API key's credential, which the claim checks again
+// in its own batch, and the record read under the request's key, from
+// which a replay is answered with no other statement. Read, ReadBody and
+// ReadToNormalize attach it themselves; an entry point that builds its
+// Request otherwise calls it.
+func Attach(c echo.Context, req *idempotency.Request) {
+	if caller, ok := c.Get(contextKeyCaller).(idempotency.Caller); ok {
+		caller.Attach(req)
+	}
 }
 
 // ContextKeyRecordID is the echo context key under which Respond leaves the
@@ -192,21 +214,23 @@ func Write(w http.ResponseWriter, resp idempotency.Response) {
 
 // problemTypes maps each kind of refusal to its problem type.
 var problemTypes = map[error]apierror.Type{
-	idempotency.ErrKeyMissing:     apierror.IdempotencyKeyMissing,
-	idempotency.ErrKeyInvalid:     apierror.IdempotencyKeyInvalid,
-	idempotency.ErrBodyTooLarge:   apierror.BodyTooLarge,
-	idempotency.ErrInvalidJSON:    apierror.InvalidJSON,
-	idempotency.ErrMismatch:       apierror.IdempotencyKeyReused,
-	idempotency.ErrKeyExpired:     apierror.IdempotencyKeyExpired,
-	idempotency.ErrInFlight:       apierror.RequestInProgress,
-	idempotency.ErrFenced:         apierror.RequestInProgress,
-	idempotency.ErrUnknownOutcome: apierror.DownstreamUnavailable,
-	idempotency.ErrParked:         apierror.IdempotencyKeyParked,
+	idempotency.ErrUnauthenticated: apierror.Unauthorized,
+	idempotency.ErrKeyMissing:      apierror.IdempotencyKeyMissing,
+	idempotency.ErrKeyInvalid:      apierror.IdempotencyKeyInvalid,
+	idempotency.ErrBodyTooLarge:    apierror.BodyTooLarge,
+	idempotency.ErrInvalidJSON:     apierror.InvalidJSON,
+	idempotency.ErrMismatch:        apierror.IdempotencyKeyReused,
+	idempotency.ErrKeyExpired:      apierror.IdempotencyKeyExpired,
+	idempotency.ErrInFlight:        apierror.RequestInProgress,
+	idempotency.ErrFenced:          apierror.RequestInProgress,
+	idempotency.ErrUnknownOutcome:  apierror.DownstreamUnavailable,
+	idempotency.ErrParked:          apierror.IdempotencyKeyParked,
 }
 
 // httpDetails say the core's refusals in HTTP's words (the core's own
 // details name no header).
 var httpDetails = map[error]string{
+	idempotency.ErrUnauthenticated: "Send a valid API key as Authorization: Bearer <key>.",
 	idempotency.ErrMismatch: "This Idempotency-Key was already used with a different request (method, path or body). " +
 		"Use a new key for a new request.",
 	idempotency.ErrInFlight: "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
