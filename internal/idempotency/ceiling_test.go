@@ -41,9 +41,9 @@ func ceilingSetup(t *testing.T, op func(d *testDB) *testOp, local bool) (*testDB
 // TestCompleterParksPastCeiling (I16): an unfinished record is retried by
 // the completer, under its downstream key, only until the retry ceiling
 // after its creation. Past it the completer parks it instead of calling
-// downstream again, counts it once, and neither the completer, nor a
-// client's retry, nor Resume calls downstream for it again: the retry and
-// Resume are refused with ErrParked.
+// downstream again, counts it once, and neither the completer nor a
+// client's retry calls downstream for it again: the retry is refused with
+// ErrParked.
 func TestCompleterParksPastCeiling(t *testing.T) {
 	t.Parallel()
 	d, r, op, seen, clock, cfg := ceilingSetup(t, unknownOp, false)
