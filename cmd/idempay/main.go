@@ -242,6 +242,15 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	stopConsole := func(context.Context) {}
+	if cfg.ConsoleAddr != "" {
+		if stopConsole, err = startConsole(cfg, a, log); err != nil {
+			_ = srv.Close()
+			stopBG()
+			wg.Wait()
+			return err
+		}
+	}
 	if cfg.Webhooks.Secret == "" {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}
@@ -260,6 +269,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	stopConsole(sctx)
 	stopBG()
 	wg.Wait()
 	if err != nil {
