@@ -10,7 +10,8 @@
 #      arguments name packages, e.g. scripts/test.sh -run X ./internal/db/...).
 #
 # Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN, PGBOUNCER_BIN (when
-# pgbouncer is installed, or could be).
+# pgbouncer is installed, or could be). Installs Debian's chromium (as root)
+# for the console's browser tests.
 # Extra arguments go to `go test`, e.g. scripts/test.sh -run TestReplay -v
 # The exit status is go test's (or go vet's when vet fails first).
 set -euo pipefail
@@ -33,6 +34,7 @@ export STRIPE_MOCK_BIN="$IDEMPAY_ROOT/bin/stripe-mock"
 
 ensure_cgo_compiler
 ensure_pgbouncer
+ensure_chromium
 
 idem_log "TEST_DATABASE_URL=$(_idem_redact "$TEST_DATABASE_URL")"
 idem_log "STRIPE_MOCK_BIN=$STRIPE_MOCK_BIN"
