@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -54,6 +56,9 @@ type Config struct {
 	ShutdownTimeout   time.Duration
 	LogLevel          slog.Level
 	LogFormat         string
+	// tracing is the tracer provider when OTEL_EXPORTER_OTLP_ENDPOINT is
+	// set (telemetry.Setup, in run), nil otherwise.
+	tracing trace.TracerProvider
 }
 
 func loadConfig() (Config, error) {

@@ -32,6 +32,7 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -80,6 +81,14 @@ func run(args []string) error {
 	log := newLogger(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Traces, by OTLP, only when OTEL_EXPORTER_OTLP_ENDPOINT is set
+	// (docs/tracing.md); flushed when the command ends.
+	tp, stopTracing, err := telemetry.Setup(ctx, "idempay")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopTracing(context.WithoutCancel(ctx)) }()
+	cfg.tracing = tp
 
 	switch args[0] {
 	case "serve":
@@ -160,6 +169,9 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.DBMaxConns > 0 {
 		pc.MaxConns = cfg.DBMaxConns
 	}
+	if t := telemetry.PgxTracer(cfg.tracing); t != nil {
+		pc.ConnConfig.Tracer = t // a span per query and batch (DropOnFailover passes it on)
+	}
 	// A connection that reached a standby (25006) or a server going away
 	// is closed, not reused: the next one finds the primary.
 	db.DropOnFailover(pc)
@@ -188,6 +200,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 		Idempotency: cfg.Idempotency,
 		Stripe:      charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
 		Webhooks:    cfg.Webhooks, AuthCacheTTL: cfg.AuthCacheTTL, Direct: direct,
+		TracerProvider: cfg.tracing,
 	}, log), nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/app"
@@ -62,6 +63,9 @@ type Options struct {
 	// database that lost its last commits) and then retry at once: the
 	// cache would answer such a retry from memory for up to its TTL.
 	NoReplayCache bool
+	// TracerProvider, when set, traces the API as app.Config's does (the
+	// pool's batches only if Pool carries a tracer).
+	TracerProvider trace.TracerProvider
 }
 
 // Env is one running API.
@@ -111,7 +115,7 @@ func New(t testing.TB, opts Options) *Env {
 		Idempotency:  cfg,
 		Stripe:       charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
 		Webhooks:     webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
-		AuthCacheTTL: accounts.DefaultCacheTTL,
+		AuthCacheTTL: accounts.DefaultCacheTTL, TracerProvider: opts.TracerProvider,
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
 	// The auth cache listens for revocations, as in idempay serve.

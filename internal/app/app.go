@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
@@ -24,6 +25,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
@@ -42,6 +44,11 @@ type Config struct {
 	// Direct opens the sessions that must bypass a transaction pooler
 	// (LISTEN for revocations); nil takes them from the pool.
 	Direct accounts.Direct
+	// TracerProvider, when set, traces every request: the server span,
+	// the idempotency phases and the Stripe calls (internal/telemetry;
+	// the pool's batches are traced where the pool is made). nil traces
+	// nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // App is idempay, wired.
@@ -59,16 +66,22 @@ type App struct {
 	// Auth checks API keys. Its caller runs Auth.Listen (a long-running
 	// server does; a one-shot command need not).
 	Auth *accounts.Authenticator
+	// TracerProvider is Config.TracerProvider (nil: no traces).
+	TracerProvider trace.TracerProvider
 }
 
 // New wires the application on pool. It starts nothing: the caller runs
 // what it needs (Handler, Auth.Listen, the completer, the retention job).
 func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
-	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool)}
+	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool), TracerProvider: cfg.TracerProvider}
 	a.Runner = idempotency.NewRunner(pool, cfg.Idempotency, log)
 	a.Runner.OnOutcome = a.Metrics.ObserveOutcome
 	sc := cfg.Stripe
 	sc.Observe = a.Metrics.ObserveStripe
+	if tp := cfg.TracerProvider; tp != nil {
+		a.Runner.Tracer = tp.Tracer("github.com/idempay/idempay/internal/idempotency")
+		sc.TracerProvider = tp
+	}
 	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
 	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
@@ -83,8 +96,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	return a
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API (each request a server span when tracing).
 func (a *App) Handler() http.Handler {
-	return server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
-		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth})
+	return telemetry.HTTPHandler(server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
+		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth}), a.TracerProvider)
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -288,6 +289,10 @@ type Runner struct {
 	cache    *replayCache
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
+	// Tracer, when set, makes the claim, the downstream call and the
+	// finish spans of the request's trace, and sets idempay's attributes
+	// on the request's span (trace.go).
+	Tracer trace.Tracer
 }
 
 // NewRunner returns a Runner over pool.
@@ -346,17 +351,22 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 		return Response{}, err
 	}
 	generation := r.connections()
-	rec, replay, err := r.claim(ctx, req, op, generation)
+	cctx, end := r.span(ctx, "idempotency.claim")
+	rec, replay, err := r.claim(cctx, req, op, generation)
+	end(err)
 	if err != nil {
+		r.annotate(ctx, req, nil, "", err)
 		return Response{}, err
 	}
 	if replay != nil {
+		r.annotate(ctx, req, nil, replay.RecordID, nil)
 		return *replay, nil
 	}
 	// From here on the request is detached from the caller: a client that
 	// hangs up must not abort a charge half way. Each downstream call has
 	// its own timeout, and the finishing writes have FinishTimeout.
 	resp, err := r.drive(context.WithoutCancel(ctx), rec, op)
+	r.annotate(ctx, req, rec, "", err)
 	if err != nil {
 		return Response{}, err
 	}
@@ -615,13 +625,17 @@ func (r *Runner) callAndFinish(ctx context.Context, log *slog.Logger, rec *Recor
 	var err error
 	for range maxAttempts {
 		faultpoint.Hit(faultpoint.BeforeDownstream)
-		step := op.Call(ctx, rec)
+		cctx, end := r.span(ctx, "idempotency.call")
+		step := op.Call(cctx, rec)
+		end(step.unknown)
 		faultpoint.Hit(faultpoint.AfterDownstream)
 		if step.unknown != nil {
 			return Response{}, r.release(ctx, log, rec, step.unknown, detailUnknown)
 		}
 		var resp Response
-		resp, err = r.finish(ctx, rec, step)
+		fctx, end := r.span(ctx, "idempotency.finish")
+		resp, err = r.finish(fctx, rec, step)
+		end(err)
 		switch {
 		case err == nil:
 			return resp, nil
