@@ -145,8 +145,6 @@ type viewer struct {
 	AccountID, AccountName, KeyPrefix string
 }
 
-type ctxKey struct{}
-
 // signedIn runs h for a signed-in account: a session cookie with a valid
 // signature whose key is, at this very request, active and the account's.
 // Otherwise a page goes to the sign-in page, and a live refresh gets 401

@@ -97,7 +97,7 @@ func PgxTracer(tp trace.TracerProvider) pgx.QueryTracer {
 	if tp == nil {
 		return nil
 	}
-	return otelpgx.NewTracer(otelpgx.WithTracerProvider(tp), otelpgx.WithDisableAcquireTracer(), otelpgx.WithTrimSQLInSpanName())
+	return otelpgx.NewTracer(otelpgx.WithTracerProvider(tp), otelpgx.WithDisableAcquireTracer())
 }
 
 // natsHeader lets the propagator read and write a NATS message's headers.

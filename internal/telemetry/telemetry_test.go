@@ -201,7 +201,7 @@ func names(spans []tracetest.SpanStub) []string {
 func attr(s tracetest.SpanStub, key string) string {
 	for _, a := range s.Attributes {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
@@ -212,7 +212,7 @@ func attr(s tracetest.SpanStub, key string) string {
 func find(s tracetest.SpanStub, secret string) string {
 	in := func(kvs []attribute.KeyValue) string {
 		for _, a := range kvs {
-			if strings.Contains(a.Value.Emit(), secret) {
+			if strings.Contains(a.Value.String(), secret) {
 				return string(a.Key)
 			}
 		}
