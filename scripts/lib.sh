@@ -16,6 +16,7 @@
 #   start_stripe_fake          start bin/stripefake on loopback; exports STRIPE_FAKE_URL
 #   ensure_nats                find or start a NATS server with JetStream; exports NATS_URL
 #   ensure_pgbouncer           find or install pgbouncer; exports PGBOUNCER_BIN
+#   ensure_chromium            find or install Debian's chromium for the console's browser tests
 #   stop_private_postgres      stop the private cluster started by ensure_postgres
 #   idem_on_exit CMD...        run CMD when the script exits (LIFO, also on INT/TERM)
 #
@@ -740,6 +741,29 @@ ensure_pgbouncer() {
 	PGBOUNCER_BIN=$bin
 	export PGBOUNCER_BIN
 	idem_log "pgbouncer: $PGBOUNCER_BIN"
+}
+
+# ensure_chromium: the console's browser tests (e2e/console_test.go) drive
+# a headless Chromium. Installs Debian's chromium package with apt-get when
+# it is missing and we are root (as CI is); otherwise those tests skip and
+# say why.
+ensure_chromium() {
+	if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+		idem_log "chromium: $(command -v chromium || command -v chromium-browser)"
+		return 0
+	fi
+	if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		idem_log "chromium: not installed, installing Debian's chromium package with apt-get (for the console's browser tests)"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >&2 ||
+			{ DEBIAN_FRONTEND=noninteractive apt-get update >&2 &&
+				DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >&2; } ||
+			idem_log "chromium: apt-get install chromium failed; the browser tests will skip"
+	fi
+	if command -v chromium >/dev/null 2>&1; then
+		idem_log "chromium: $(command -v chromium)"
+	else
+		idem_log "chromium: not installed (apt-get install chromium); the console's browser tests will skip"
+	fi
 }
 
 # ---------------------------------------------------------------------------

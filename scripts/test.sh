@@ -16,7 +16,8 @@
 # PgBouncer (without it, and as another user, those tests skip).
 #
 # Exports to the tests: TEST_DATABASE_URL, STRIPE_MOCK_BIN, PGBOUNCER_BIN (when
-# pgbouncer is installed, or could be).
+# pgbouncer is installed, or could be). Installs Debian's chromium (as root)
+# for the console's browser tests.
 # Extra arguments go to `go test`, e.g. scripts/test.sh -run TestReplay -v
 # The exit status is go test's (or go vet's when vet fails first).
 set -euo pipefail
@@ -39,6 +40,7 @@ export STRIPE_MOCK_BIN="$IDEMPAY_ROOT/bin/stripe-mock"
 
 ensure_cgo_compiler
 ensure_pgbouncer
+ensure_chromium
 
 idem_log "TEST_DATABASE_URL=$(_idem_redact "$TEST_DATABASE_URL")"
 idem_log "STRIPE_MOCK_BIN=$STRIPE_MOCK_BIN"

@@ -17,7 +17,8 @@
 #      Stripe and a NATS of our own; the exit status is then 0 (1 if one of
 #      them had to be killed).
 #
-# Environment: LISTEN_ADDR (default 127.0.0.1:8080), STRIPE (mock, the
+# Environment: LISTEN_ADDR (default 127.0.0.1:8080), CONSOLE_ADDR (default
+# the API's host and port + 2), STRIPE (mock, the
 # default, or fake), DATABASE_URL and NATS_URL (optional),
 # IDEMPOTENCY_LOCK_TIMEOUT and IDEMPOTENCY_RETENTION (passed through).
 set -euo pipefail
@@ -172,6 +173,17 @@ export STRIPE_WEBHOOK_SECRET
 # 3. Schema
 idem_log "applying migrations"
 bin/idempay migrate
+
+# The console (docs/console.md) on the API's port + 2, unless CONSOLE_ADDR
+# says otherwise or that port is taken (then none).
+if [[ -z ${CONSOLE_ADDR:-} ]] && ! port_busy "$listen_host" "$((listen_port + 2))"; then
+	CONSOLE_ADDR="$client_host:$((listen_port + 2))"
+fi
+export CONSOLE_ADDR=${CONSOLE_ADDR:-}
+console_line="(off: CONSOLE_ADDR is not set and port $((listen_port + 2)) is taken)"
+if [[ -n $CONSOLE_ADDR ]]; then
+	console_line="http://$CONSOLE_ADDR (sign in with the API key below)"
+fi
 
 # 4. Serve. The server runs in its own session so that Ctrl-C reaches only
 # this script, which then stops it once with SIGTERM (graceful shutdown) and
@@ -351,6 +363,7 @@ cat <<EOF
  idempay is running
 
    API          $api_url
+   console      $console_line
    account      $account_id (demo, $account_note)
    API key      $key_shown
    database     $(_idem_redact "$DATABASE_URL")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -50,6 +51,10 @@ type Config struct {
 	Webhooks          webhooks.Config
 	NATSURL           string
 	MetricsAddr       string // consume and relay serve /metrics here; "" for none
+	// ConsoleAddr is where serve serves the console; "" for none.
+	ConsoleAddr string
+	// ConsoleSecret signs the console's session cookies and CSRF tokens.
+	ConsoleSecret     string
 	Orders            orders.Config
 	Relay             events.RelayConfig
 	Idempotency       idempotency.Config
@@ -60,6 +65,9 @@ type Config struct {
 	ShutdownTimeout   time.Duration
 	LogLevel          slog.Level
 	LogFormat         string
+	// tracing is the tracer provider when OTEL_EXPORTER_OTLP_ENDPOINT is
+	// set (telemetry.Setup, in run), nil otherwise.
+	tracing trace.TracerProvider
 }
 
 func loadConfig() (Config, error) {
@@ -86,6 +94,11 @@ func loadConfig() (Config, error) {
 	}
 	cfg.NATSURL = e.str("NATS_URL", "")
 	cfg.MetricsAddr = e.str("METRICS_ADDR", "")
+	cfg.ConsoleAddr = e.str("CONSOLE_ADDR", "")
+	cfg.ConsoleSecret = e.str("CONSOLE_SESSION_SECRET", "")
+	if n := len(cfg.ConsoleSecret); n > 0 && n < 32 {
+		e.errs = append(e.errs, "CONSOLE_SESSION_SECRET: want at least 32 characters")
+	}
 	replicas := e.int("NATS_REPLICAS", 1)
 	cfg.Orders = orders.DefaultConfig()
 	cfg.Orders.Stream = e.str("ORDERS_STREAM", cfg.Orders.Stream)

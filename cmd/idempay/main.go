@@ -35,6 +35,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -85,6 +86,14 @@ func run(args []string) error {
 	log := newLogger(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Traces, by OTLP, only when OTEL_EXPORTER_OTLP_ENDPOINT is set
+	// (docs/tracing.md); flushed when the command ends.
+	tp, stopTracing, err := telemetry.Setup(ctx, "idempay")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopTracing(context.WithoutCancel(ctx)) }()
+	cfg.tracing = tp
 
 	switch args[0] {
 	case "serve":
@@ -165,6 +174,9 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.DBMaxConns > 0 {
 		pc.MaxConns = cfg.DBMaxConns
 	}
+	if t := telemetry.PgxTracer(cfg.tracing); t != nil {
+		pc.ConnConfig.Tracer = t // a span per query and batch (DropOnFailover passes it on)
+	}
 	// A connection that reached a standby (25006) or a server going away
 	// is closed, not reused: the next one finds the primary.
 	db.DropOnFailover(pc)
@@ -190,6 +202,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 		Stripe:        charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
 		Webhooks:      cfg.Webhooks,
 		MerchantHooks: cfg.MerchantHooks,
+		TracerProvider: cfg.tracing,
 	}, log), nil
 }
 
@@ -252,6 +265,15 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	stopConsole := func(context.Context) {}
+	if cfg.ConsoleAddr != "" {
+		if stopConsole, err = startConsole(cfg, a, log); err != nil {
+			_ = srv.Close()
+			stopBG()
+			wg.Wait()
+			return err
+		}
+	}
 	if cfg.Webhooks.Secret == "" {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}
@@ -269,6 +291,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	stopConsole(sctx)
 	stopBG()
 	wg.Wait()
 	if err != nil {

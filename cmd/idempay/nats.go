@@ -46,6 +46,7 @@ func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) 
 	}
 	rcfg := cfg.Relay
 	rcfg.Observe = a.Metrics.ObserveRelay
+	rcfg.TracerProvider = a.TracerProvider
 	relay := events.NewRelay(a.Pool, js, rcfg, log)
 	relay.Direct = direct // its session lock needs a session of its own
 	return relay, nil
@@ -109,6 +110,7 @@ func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	ocfg := cfg.Orders
 	ocfg.Observe = a.Metrics.ObserveOrder
+	ocfg.TracerProvider = a.TracerProvider
 	return orders.New(a.Pool, js, a.Charges, ocfg, log).Run(ctx)
 }
 

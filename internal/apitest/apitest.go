@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/app"
@@ -68,6 +69,9 @@ type Options struct {
 	// The API serves the endpoints; the test runs the dispatcher and the
 	// workers itself (Env.MerchantHooks).
 	MerchantHooks *merchanthooks.Config
+	// TracerProvider, when set, traces the API as app.Config's does (the
+	// pool's batches only if Pool carries a tracer).
+	TracerProvider trace.TracerProvider
 }
 
 // SecretsKey seals the in-process API's webhook signing secrets.
@@ -136,6 +140,7 @@ func New(t testing.TB, opts Options) *Env {
 		Idempotency:   cfg,
 		Stripe:        charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
 		Webhooks:      webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
+		TracerProvider: opts.TracerProvider,
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
 	env.MerchantHooks = a.MerchantHooks

@@ -16,6 +16,7 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
@@ -25,6 +26,7 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
@@ -39,6 +41,11 @@ type Config struct {
 	Webhooks webhooks.Config
 	// MerchantHooks configures webhooks out; New sets its Observe hook.
 	MerchantHooks merchanthooks.Config
+	// TracerProvider, when set, traces every request: the server span,
+	// the idempotency phases and the Stripe calls (internal/telemetry;
+	// the pool's batches are traced where the pool is made). nil traces
+	// nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // App is idempay, wired.
@@ -59,17 +66,23 @@ type App struct {
 	// MerchantHooks is webhooks out. Its caller runs its dispatcher and
 	// workers (RunDispatcher, RunWorkers), as serve does.
 	MerchantHooks *merchanthooks.Service
+	// TracerProvider is Config.TracerProvider (nil: no traces).
+	TracerProvider trace.TracerProvider
 }
 
 // New wires the application on pool. It starts nothing: the caller runs
 // what it needs (Handler, Auth.RunNoteUses, the completer, the retention
 // job).
 func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
-	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool)}
+	a := &App{Pool: pool, Log: log, Metrics: metrics.New(pool), TracerProvider: cfg.TracerProvider}
 	a.Runner = idempotency.NewRunner(pool, cfg.Idempotency, log)
 	a.Runner.OnOutcome = a.Metrics.ObserveOutcome
 	sc := cfg.Stripe
 	sc.Observe = a.Metrics.ObserveStripe
+	if tp := cfg.TracerProvider; tp != nil {
+		a.Runner.Tracer = tp.Tracer("github.com/idempay/idempay/internal/idempotency")
+		sc.TracerProvider = tp
+	}
 	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
 	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
@@ -85,9 +98,9 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 	return a
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API (each request a server span when tracing).
 func (a *App) Handler() http.Handler {
-	return server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
+	return telemetry.HTTPHandler(server.New(server.Deps{Pool: a.Pool, Charges: a.ChargesHTTP, Log: a.Log, Metrics: a.Metrics,
 		Webhooks: webhookshttp.New(a.Webhooks), Keys: a.Keys, Auth: a.Auth,
-		MerchantHooks: merchanthookshttp.New(a.MerchantHooks)})
+		MerchantHooks: merchanthookshttp.New(a.MerchantHooks)}), a.TracerProvider)
 }

@@ -13,9 +13,11 @@ import (
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/paymentintent"
 	"github.com/stripe/stripe-go/v76/refund"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/telemetry"
 )
 
 // MetadataPrefix starts every metadata key idempay sets at Stripe; a
@@ -72,6 +74,9 @@ type StripeConfig struct {
 	// operation ("create_charge", "create_refund"), the result class ("ok",
 	// "declined", "rejected", "unknown") and the call's latency (metrics).
 	Observe func(operation, result string, d time.Duration)
+	// TracerProvider, when set, makes every Stripe call a client span of
+	// the request's trace (telemetry.HTTPTransport).
+	TracerProvider trace.TracerProvider
 }
 
 // Stripe is the port to the payment processor that this package owns. It
@@ -91,7 +96,7 @@ type Stripe struct {
 func NewStripe(cfg StripeConfig) *Stripe {
 	httpClient := &http.Client{
 		Timeout: cfg.Timeout,
-		Transport: &http.Transport{
+		Transport: telemetry.HTTPTransport(&http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConns:        100,
@@ -99,7 +104,7 @@ func NewStripe(cfg StripeConfig) *Stripe {
 			IdleConnTimeout:     90 * time.Second,
 			TLSHandshakeTimeout: 5 * time.Second,
 			ForceAttemptHTTP2:   true,
-		},
+		}, cfg.TracerProvider),
 	}
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL:        stripe.String(cfg.URL),

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/faultpoint"
@@ -39,6 +40,9 @@ type RelayConfig struct {
 	// Observe, when set, receives each pass's count of published events,
 	// its error (nil when none) and the outbox lag (metrics).
 	Observe func(published int, err error, lag time.Duration)
+	// TracerProvider, when set, makes each publication a producer span
+	// whose trace the message carries (trace.go); nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultRelayConfig is the documented default.
@@ -197,7 +201,10 @@ func (r *Relay) PublishPending(ctx context.Context) (int, error) {
 		msg := nats.NewMsg(r.cfg.SubjectPrefix + row.Type)
 		msg.Data = data
 		msg.Header.Set(jetstream.MsgIDHeader, row.ID)
-		if _, err := r.js.PublishMsg(ctx, msg); err != nil {
+		pctx, end := r.span(ctx, msg)
+		_, err = r.js.PublishMsg(pctx, msg)
+		end(err)
+		if err != nil {
 			// The ones before are published; marking them now saves
 			// the duplicate window some work.
 			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, ids))

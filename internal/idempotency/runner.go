@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -301,6 +302,10 @@ type Runner struct {
 	local map[string]bool
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
+	// Tracer, when set, makes the claim, the downstream call and the
+	// finish spans of the request's trace, and sets idempay's attributes
+	// on the request's span (trace.go).
+	Tracer trace.Tracer
 }
 
 // NewRunner returns a Runner over pool.
@@ -357,17 +362,23 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 	if err := req.fingerprinted(); err != nil {
 		return Response{}, err
 	}
-	rec, replay, err := r.claim(ctx, req, op)
+	cctx, end := r.span(ctx, "idempotency.claim")
+	rec, replay, err := r.claim(cctx, req, op)
+	end(err)
 	if err != nil {
+		r.annotate(ctx, req, nil, "", err)
 		return Response{}, err
 	}
 	if replay != nil {
+		r.annotate(ctx, req, nil, replay.RecordID, nil)
 		return *replay, nil
 	}
 	// From here on the request is detached from the caller: a client that
 	// hangs up must not abort a charge half way. Each downstream call has
 	// its own timeout, and the finishing writes have FinishTimeout.
-	return r.complete(context.WithoutCancel(ctx), rec, op)
+	resp, err := r.complete(context.WithoutCancel(ctx), rec, op)
+	r.annotate(ctx, req, rec, "", err)
+	return resp, err
 }
 
 // maxAttempts bounds the claim's loop (the record changed between the read
@@ -554,7 +565,9 @@ func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Respo
 			return Response{}, r.release(ctx, log, rec, called, step.unknown, detailUnknown)
 		}
 		var resp Response
-		resp, err = r.finish(ctx, rec, step)
+		fctx, end := r.span(ctx, "idempotency.finish")
+		resp, err = r.finish(fctx, rec, step)
+		end(err)
 		switch {
 		case err == nil:
 			faultpoint.Hit(faultpoint.AfterCommit)
@@ -579,7 +592,9 @@ func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Respo
 // unknown one by release (-> downstream_called).
 func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.BeforeDownstream)
-	step := op.Call(ctx, rec)
+	cctx, end := r.span(ctx, "idempotency.call")
+	step := op.Call(cctx, rec)
+	end(step.unknown)
 	faultpoint.Hit(faultpoint.AfterDownstream)
 	return step
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
@@ -68,6 +69,9 @@ type Config struct {
 	// Observe, when set, counts one message by outcome (new, replayed,
 	// declined, nak, dlq) and, for dlq and nak, reason (metrics).
 	Observe func(outcome, reason string)
+	// TracerProvider, when set, makes each delivery a consumer span that
+	// continues its publisher's trace (trace.go); nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig is the documented default.
@@ -234,7 +238,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // Handle processes one delivery. The charge runs detached from ctx: a
 // shutdown must not abort a charge half way.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
-	ctx = context.WithoutCancel(ctx)
+	ctx, end := c.span(context.WithoutCancel(ctx), msg)
+	defer end()
 	meta, err := msg.Metadata()
 	if err != nil {
 		c.log.ErrorContext(ctx, "message without JetStream metadata; terminated", "err", err)

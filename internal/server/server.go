@@ -25,6 +25,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
 )
 
@@ -210,6 +211,7 @@ func requestLogger(log *slog.Logger, m *metrics.Metrics, routes map[string]bool)
 			if !routes[route] {
 				route = unmatchedRoute
 			}
+			telemetry.NameRoute(req.Context(), req.Method, route)
 			m.ObserveHTTP(req.Method, route, res.Status, elapsed)
 			attrs := []any{"method", req.Method, "route", route, "status", res.Status,
 				"duration_ms", float64(elapsed.Microseconds()) / 1000,

@@ -1,0 +1,94 @@
+-- The console's reads (internal/console). Every query names the account it
+-- reads for, so an account never sees another's rows (I5). The console
+-- adds no index: an index costs every first request a write, and these
+-- reads are one person's. The records list walks the account's records
+-- through the (scope, key) index, which retention keeps to a day's worth;
+-- the refunds list reads the account's refunds.
+
+-- name: ConsoleSessionAccount :one
+-- The account a console session belongs to, read at every request from the
+-- session's key id: a revoked key ends the session at once (I11, I15).
+SELECT a.id, a.name, k.prefix
+FROM api_keys k JOIN accounts a ON a.id = k.account_id
+WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL;
+
+-- name: ConsoleRecordList :many
+-- The account's idempotency records, newest first, in one state or all
+-- (an empty state for all). in_flight: unfinished, its lock fresh (by the claim's
+-- clock: the database's, and the lock timeout); waiting: unfinished, its
+-- lock free or expired, so a retry or the completer may take it over;
+-- finished: it has its stored answer.
+-- PARKED: the state of records retried past the ceiling (I16) goes here
+-- when the schema has it.
+SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
+       ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
+       (ik.locked_at IS NOT NULL
+        AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
+       k.id AS api_key_id
+FROM idempotency_keys ik
+LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+LEFT JOIN charges p ON p.pending_record_id = ik.id
+LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
+WHERE ik.scope = @account_id
+  AND CASE @state::text
+        WHEN 'finished' THEN ik.recovery_point = 'finished'
+        WHEN 'in_flight' THEN ik.recovery_point <> 'finished' AND ik.locked_at IS NOT NULL
+             AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8)
+        WHEN 'waiting' THEN ik.recovery_point <> 'finished' AND (ik.locked_at IS NULL
+             OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+        ELSE true
+      END
+ORDER BY ik.created_at DESC, ik.id DESC
+LIMIT @max_rows;
+
+-- name: ConsoleRecordGet :one
+-- One of the account's records, with its fingerprint and stored answer.
+SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
+       ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
+       (ik.locked_at IS NOT NULL
+        AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       ik.request_fingerprint, ik.response_headers, ik.response_body,
+       c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
+       k.id AS api_key_id
+FROM idempotency_keys ik
+LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+LEFT JOIN charges p ON p.pending_record_id = ik.id
+LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
+WHERE ik.scope = @account_id AND ik.id = @id;
+
+-- name: ConsoleChargeList :many
+-- The account's charges, newest first (the API's index).
+SELECT id, amount, currency, status, amount_refunded, amount_captured, capture_method,
+       stripe_payment_intent_id, idempotency_key_id, version, created_at, updated_at
+FROM charges WHERE account_id = @account_id
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows;
+
+-- name: ConsoleChargeGet :one
+SELECT * FROM charges WHERE account_id = @account_id AND id = @id;
+
+-- name: ConsoleRefundList :many
+-- The account's refunds, newest first; an empty charge_id for all of them.
+SELECT id, charge_id, amount, status, stripe_refund_id, idempotency_key_id, version, created_at, updated_at
+FROM refunds
+WHERE account_id = @account_id AND (@charge_id::text = '' OR charge_id = @charge_id::text)
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows;
+
+-- name: ConsoleEventList :many
+-- The account's events, newest first (the API's index); an empty object_id for
+-- all of them, else one object's, whose object_version is its status
+-- history.
+SELECT id, seq, type, object_id, object_version, created_at, published_at
+FROM events
+WHERE account_id = @account_id AND (@object_id::text = '' OR object_id = @object_id::text)
+ORDER BY seq DESC
+LIMIT @max_rows;
+
+-- name: ConsoleEventGet :one
+SELECT * FROM events WHERE account_id = @account_id AND id = @id;

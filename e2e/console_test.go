@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// consoleSecret is the CONSOLE_SESSION_SECRET of the console's server.
+const consoleSecret = "e2e-console-session-secret-0123456789"
+
+// screenshotDir is where the tests write the README's screenshots when
+// IDEMPAY_WRITE_SCREENSHOTS=1 asks them to.
+const screenshotDir = "../docs/screenshots"
+
+// chrome is a headless Chromium tab, and the errors its pages wrote to the
+// console.
+type chrome struct {
+	t   *testing.T
+	ctx context.Context
+
+	mu     sync.Mutex
+	errors []string
+}
+
+// newChrome starts Debian's chromium headless in a fresh profile, with
+// everything that would reach the network turned off (this machine has
+// none), and collects every console error and uncaught exception.
+func newChrome(t *testing.T) *chrome {
+	t.Helper()
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is not installed: scripts/test.sh installs it (apt-get install chromium)")
+		}
+		t.Skip("chromium is not installed (apt-get install chromium; scripts/test.sh installs it): the browser tests skip")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.NoSandbox, // as root, in CI
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.WindowSize(1440, 900),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	c := &chrome{t: t, ctx: ctx}
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				c.mu.Lock()
+				c.errors = append(c.errors, fmt.Sprintf("%s (%s:%d)", m.Text, m.URL, m.Line+1))
+				c.mu.Unlock()
+			}
+		}
+	}()
+	return c
+}
+
+// do runs actions, each wait bounded by d.
+func (c *chrome) do(d time.Duration, what string, actions ...chromedp.Action[chromedp.Void]) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(c.ctx, d)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		html, _ := chromedp.Run(c.ctx, chromedp.OuterHTML(chromedp.CSS("main")))
+		c.t.Fatalf("%s: %v\nthe page's content:\n%s", what, err, html)
+	}
+}
+
+func (c *chrome) eval(expr string) string {
+	c.t.Helper()
+	v, err := chromedp.Run(c.ctx, chromedp.Evaluate[string](expr, chromedp.EvalAwaitPromise))
+	if err != nil {
+		c.t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// screenshot writes the page to docs/screenshots/name.png when asked to.
+func (c *chrome) screenshot(name string) {
+	c.t.Helper()
+	if os.Getenv("IDEMPAY_WRITE_SCREENSHOTS") != "1" {
+		return
+	}
+	png, err := chromedp.Run(c.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		c.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(screenshotDir, name+".png"), png, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *chrome) consoleErrors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.errors...)
+}
+
+func (c *chrome) signIn(consoleURL, apiKey string) {
+	c.t.Helper()
+	c.do(30*time.Second, "signing in",
+		chromedp.Navigate(consoleURL+"/login"),
+		chromedp.WaitVisible(chromedp.CSS("#api_key")),
+		chromedp.SendKeys(chromedp.CSS("#api_key"), apiKey),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("table#records")),
+	)
+}
+
+// TestConsoleInBrowser watches the console in a real headless Chromium
+// while the API works: a charge made through the API appears without a
+// reload and a Stripe event moves it on; a request whose Stripe call hangs
+// shows in flight, then (its server killed with SIGKILL) waiting once the
+// dead owner's lock expires, then finished by another server's completer;
+// a second account sees none of the first's records; the pages write no
+// console errors; a POST without the CSRF token is refused. With
+// IDEMPAY_WRITE_SCREENSHOTS=1 it writes the README's screenshots.
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	br := newChrome(t)
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "Acme Books")
+	other := newAccount(t, d.Pool, "another merchant")
+	// Every server shares the timings: the console tells in flight from
+	// waiting by the lock timeout, as the claim does. The Stripe timeout
+	// is long enough that the held call is still in flight when its
+	// server is killed.
+	const lock, stripeTimeout = 6 * time.Second, 5 * time.Second
+	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout,
+		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
+	consoleURL = "http://" + consoleURL
+	c := newHTTPClient()
+
+	br.signIn(consoleURL, acct.APIKey)
+
+	// 1. A charge made through the API appears without a reload, and
+	// Stripe's event moves it on. A 3-D Secure payment waits for the
+	// customer (requires_action) until the event that it succeeded.
+	br.do(30*time.Second, "opening the charges page", chromedp.Navigate(consoleURL+"/charges"),
+		chromedp.WaitVisible(chromedp.CSS("table#charges")))
+	br.eval(`String(window.idempayNoReload = "still here")`)
+	res, err := do(context.Background(), c, http.MethodPost, web.URL+"/v1/charges", acct.APIKey, "console-3ds",
+		[]byte(`{"amount":4200,"currency":"eur","payment_method":"pm_card_threeDSecure2Required","description":"order 1042"}`))
+	if err != nil || res.Status != http.StatusCreated {
+		t.Fatalf("creating the charge: %v %+v", err, res)
+	}
+	var ch struct {
+		ID            string `json:"id"`
+		PaymentIntent string `json:"stripe_payment_intent_id"`
+		NextAction    struct {
+			RedirectToURL struct {
+				URL string `json:"url"`
+			} `json:"redirect_to_url"`
+		} `json:"next_action"`
+	}
+	if err := json.Unmarshal(res.Body, &ch); err != nil {
+		t.Fatal(err)
+	}
+	row := fmt.Sprintf(`tr[data-charge=%q]`, ch.ID)
+	br.do(30*time.Second, "waiting for the new charge on the page", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="requires_action"]`)))
+	// The customer authenticates; Stripe sends payment_intent.succeeded.
+	page, err := http.Get(ch.NextAction.RedirectToURL.URL + "?result=succeed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, page.Body)
+	page.Body.Close()
+	ev, err := webhooks.NewEvent("", "payment_intent.succeeded", json.RawMessage(fake.IntentBody(ch.PaymentIntent)), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := deliver(context.Background(), c, web.URL, ev); err != nil || r.Outcome != "applied" {
+		t.Fatalf("delivering the event: %v %+v", err, r)
+	}
+	br.do(30*time.Second, "waiting for the event to move the charge on", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="succeeded"]`)))
+	if got := br.eval(`String(window.idempayNoReload)`); got != "still here" {
+		t.Fatalf("the page was reloaded (marker %q): want the content to change in place", got)
+	}
+	br.screenshot("console-charges")
+	br.do(30*time.Second, "opening the charge", chromedp.Click(chromedp.CSS(row+" a")),
+		chromedp.WaitVisible(chromedp.CSS(`#history li[data-version]`)))
+	br.screenshot("console-charge")
+
+	// 2. A request whose Stripe call hangs, on server A: in flight. A is
+	// killed; once its lock expires, the record waits; another server's
+	// completer takes it over and finishes it.
+	a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout})
+	br.do(30*time.Second, "opening the records page", chromedp.Navigate(consoleURL+"/records"),
+		chromedp.WaitVisible(chromedp.CSS("table#records")))
+	gate := fake.Hold()
+	defer gate.Release()
+	const key = "order-1043"
+	go func() {
+		once := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		_, _ = do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key,
+			[]byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"order 1043"}`))
+	}()
+	select {
+	case <-gate.Arrived():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the charge did not reach Stripe in 30 s")
+	}
+	rec := fmt.Sprintf(`tr[data-key=%q]`, key)
+	br.do(30*time.Second, "waiting for the record in flight", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="in_flight"]`)))
+	br.screenshot("console-record-in-flight")
+	a.kill9()
+	br.do(lock+30*time.Second, "waiting for the dead owner's record to wait", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="waiting"]`)))
+	br.screenshot("console-record-waiting")
+	gate.Release()
+	startServer(t, serverOpts{Name: "completer", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout,
+		Completer: 200 * time.Millisecond})
+	br.do(60*time.Second, "waiting for the completer to finish the record", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="finished"]`)))
+	br.screenshot("console-records")
+	br.do(30*time.Second, "opening the finished record", chromedp.Click(chromedp.CSS(rec+" a")),
+		chromedp.WaitVisible(chromedp.CSS(`#record[data-state="finished"]`)))
+	if text, err := chromedp.Run(br.ctx, chromedp.Text(chromedp.CSS("#record"))); err != nil || !strings.Contains(text, "2 (1 + the takeovers)") {
+		t.Errorf("the finished record's fields %q (%v): want lock generation 2, the completer's takeover", text, err)
+	}
+	br.screenshot("console-record")
+
+	// 3. Another account signs in and sees none of the first's rows.
+	br.do(30*time.Second, "signing out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#api_key")))
+	br.signIn(consoleURL, other.APIKey)
+	if n := br.eval(`String(document.querySelectorAll("tr[data-record]").length)`); n != "0" {
+		t.Errorf("the second account's records page shows %s records, want none", n)
+	}
+	br.do(30*time.Second, "opening the second account's charges", chromedp.Navigate(consoleURL+"/charges"),
+		chromedp.WaitVisible(chromedp.CSS("table#charges")))
+	if n := br.eval(`String(document.querySelectorAll("tr[data-charge]").length)`); n != "0" {
+		t.Errorf("the second account's charges page shows %s charges, want none", n)
+	}
+
+	// 4. No page wrote an error to the console.
+	if errs := br.consoleErrors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+
+	// 5. A POST without the CSRF token is refused, and signs nobody out.
+	if status := br.eval(`fetch("/logout", {method: "POST"}).then(r => String(r.status))`); status != "403" {
+		t.Errorf("POST /logout without the CSRF token: %s, want 403", status)
+	}
+	br.do(30*time.Second, "still signed in", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS("table#records")))
+}

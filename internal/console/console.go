@@ -1,0 +1,286 @@
+// Package console is the web page where an account, signed in with one of
+// its API keys, watches its idempotency records, charges, refunds and
+// events, live: a record's recovery point moving from started to finished,
+// a killed request's record waiting and then taken over, a charge going
+// from pending to succeeded when Stripe's event arrives.
+//
+// It is served by `idempay serve` on an address of its own (CONSOLE_ADDR),
+// rendered on the server from Go templates and embedded static files. It
+// reads what the API reads, scoped to the signed-in account (I5), and keeps
+// no copy of what decides an answer (I15): its session cookie is signed and
+// holds the key's id, which every request looks up, so a revoked key ends
+// the session at once. Every POST carries a CSRF token. docs/console.md
+// tells how to use it.
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// DefaultPollInterval is how often an open page asks for its content again.
+const DefaultPollInterval = time.Second
+
+// Config is the console's configuration, read once by its caller.
+type Config struct {
+	// Secret signs session cookies and CSRF tokens (CONSOLE_SESSION_SECRET).
+	// Every process serving one console address must share it; empty
+	// draws a random one, so sessions end when the process does.
+	Secret []byte
+	// LockTimeout is the idempotency runner's: a record whose lock is
+	// younger is in flight, an older one waits for a retry or the completer.
+	LockTimeout time.Duration
+	// PollInterval is how often an open page refreshes its content
+	// (DefaultPollInterval when 0).
+	PollInterval time.Duration
+	// SessionLifetime bounds a sign-in (DefaultSessionLifetime when 0).
+	SessionLifetime time.Duration
+	// Now is the clock of session ages (time.Now when nil).
+	Now func() time.Time
+}
+
+// Console serves the console's pages.
+type Console struct {
+	db    dbsqlc.DBTX
+	q     *dbsqlc.Queries
+	auth  *accounts.Authenticator
+	cfg   Config
+	log   *slog.Logger
+	pages map[string]*template.Template
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// New returns the console over pool, signing in with auth, the API's own
+// authenticator.
+func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, cfg Config, log *slog.Logger) (*Console, error) {
+	if len(cfg.Secret) == 0 {
+		cfg.Secret = []byte(rand.Text() + rand.Text())
+	}
+	if len(cfg.Secret) < 32 {
+		return nil, errors.New("console: the session secret must be at least 32 bytes")
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.SessionLifetime <= 0 {
+		cfg.SessionLifetime = DefaultSessionLifetime
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, cfg: cfg, log: log, pages: map[string]*template.Template{}}
+	for _, page := range []string{"login", "records", "record", "charges", "charge", "refunds", "events", "event", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+page+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: parsing the %s page: %w", page, err)
+		}
+		c.pages[page] = t
+	}
+	return c, nil
+}
+
+func (c *Console) now() time.Time { return c.cfg.Now() }
+
+// Handler is the console's HTTP handler.
+func (c *Console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static") // a constant directory: cannot fail
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.logout)
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/records", http.StatusSeeOther)
+	})
+	mux.Handle("GET /records", c.signedIn(c.records))
+	mux.Handle("GET /records/{id}", c.signedIn(c.record))
+	mux.Handle("GET /charges", c.signedIn(c.charges))
+	mux.Handle("GET /charges/{id}", c.signedIn(c.charge))
+	mux.Handle("GET /refunds", c.signedIn(c.refunds))
+	mux.Handle("GET /events", c.signedIn(c.events))
+	mux.Handle("GET /events/{id}", c.signedIn(c.event))
+	return secureHeaders(mux)
+}
+
+// NewServer is the console's http.Server on addr, with timeouts like the
+// API's.
+func NewServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 15 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+}
+
+// secureHeaders: no inline script or style, no framing, nothing cached.
+func secureHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "+
+			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// viewer is the signed-in account, read from the database at this request.
+type viewer struct {
+	AccountID, AccountName, KeyPrefix string
+}
+
+// signedIn runs h for a signed-in account: a session cookie with a valid
+// signature whose key is, at this very request, active and the account's.
+// Otherwise a page goes to the sign-in page, and a live refresh gets 401
+// (its script then goes there).
+func (c *Console) signedIn(h func(http.ResponseWriter, *http.Request, viewer)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v, err := c.account(r)
+		if err != nil {
+			if !errors.Is(err, errNoSession) {
+				c.fail(w, r, err)
+				return
+			}
+			c.setCookie(w, r, sessionCookie, "", -1)
+			if live(r) {
+				http.Error(w, "signed out", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/login", http.StatusSeeOther)
+			return
+		}
+		h(w, r, v)
+	})
+}
+
+// account is the session's account, if its key is still active.
+func (c *Console) account(r *http.Request) (viewer, error) {
+	s, err := c.decodeSession(r)
+	if err != nil {
+		return viewer{}, err
+	}
+	row, err := c.q.ConsoleSessionAccount(r.Context(), c.db, &dbsqlc.ConsoleSessionAccountParams{KeyID: s.KeyID, AccountID: s.AccountID})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return viewer{}, errNoSession // revoked (or never this account's)
+	} else if err != nil {
+		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
+	}
+	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix}, nil
+}
+
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, http.StatusOK, "login", viewer{}, loginView{})
+}
+
+type loginView struct{ Error string }
+
+// login signs in with an API key, checked as the API checks it. The key is
+// read from the form and forgotten: the cookie names the key's id.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if !c.checkCSRF(r) {
+		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
+		return
+	}
+	key := strings.TrimSpace(r.PostFormValue("api_key"))
+	if key == "" || len(key) > 200 {
+		c.render(w, r, http.StatusUnauthorized, "login", viewer{}, loginView{Error: "Enter one of the account's API keys."})
+		return
+	}
+	acct, err := c.auth.Authenticate(r.Context(), key)
+	if errors.Is(err, db.ErrNotFound) {
+		c.render(w, r, http.StatusUnauthorized, "login", viewer{}, loginView{Error: "That API key is unknown or revoked."})
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("authenticating: %w", err))
+		return
+	}
+	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().Unix()}),
+		int(c.cfg.SessionLifetime/time.Second))
+	c.setCookie(w, r, csrfCookie, rand.Text(), 0) // a new token once signed in
+	http.Redirect(w, r, "/records", http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if !c.checkCSRF(r) {
+		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
+		return
+	}
+	c.setCookie(w, r, sessionCookie, "", -1)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// live tells a page's own refresh (static/console.js) from a page load.
+func live(r *http.Request) bool { return r.Header.Get("X-Console-Live") == "1" }
+
+// page is what the layout renders around a page's content.
+type page struct {
+	Viewer   viewer
+	CSRF     string
+	Nav      string
+	PollMS   int64
+	Data     any
+	SignedIn bool
+}
+
+// render writes the page name; a live refresh gets its content alone.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, v viewer, data any) {
+	t := c.pages[name]
+	p := page{Viewer: v, CSRF: c.csrfToken(w, r), Nav: name, PollMS: c.cfg.PollInterval.Milliseconds(),
+		Data: data, SignedIn: v.AccountID != ""}
+	var b strings.Builder
+	tmpl := "layout.html"
+	if live(r) {
+		tmpl = "content"
+	}
+	if err := t.ExecuteTemplate(&b, tmpl, p); err != nil {
+		c.fail(w, r, fmt.Errorf("rendering %s: %w", name, err))
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// refuse answers a request the console will not serve, with a page that
+// says why.
+func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	v, _ := c.account(r)
+	c.render(w, r, status, "error", v, errorView{Status: status, Message: msg})
+}
+
+type errorView struct {
+	Status  int
+	Message string
+}
+
+// notFound is the answer for another account's object as for an unknown
+// one (I5).
+func (c *Console) notFound(w http.ResponseWriter, r *http.Request, v viewer, what string) {
+	c.render(w, r, http.StatusNotFound, "error", v, errorView{Status: http.StatusNotFound, Message: "No such " + what + " in this account."})
+}
+
+// fail logs err and answers 500 without its detail (a request cancelled
+// by its client is not an error).
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	c.log.ErrorContext(r.Context(), "console", "err", err, "path", r.URL.Path)
+	http.Error(w, "The console could not read the database; try again.", http.StatusInternalServerError)
+}

@@ -1,0 +1,409 @@
+package console_test
+
+import (
+	"encoding/base64"
+	"html"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/console"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/stripefake"
+)
+
+// The console runs beside a real API (apitest: the real runner, server and
+// Stripe client against a Stripe fake) on the real test database; each test
+// isolates itself with accounts of its own.
+
+type browser struct {
+	t    testing.TB
+	base string
+	http *http.Client
+}
+
+func newConsole(t testing.TB, env *apitest.Env) string {
+	t.Helper()
+	c, err := console.New(env.Pool, env.Auth, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func newBrowser(t testing.TB, base string) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, base: base, http: &http.Client{Jar: jar,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+type page struct {
+	Status   int
+	Location string
+	Body     string
+}
+
+func (b *browser) do(req *http.Request) page {
+	b.t.Helper()
+	res, err := b.http.Do(req)
+	if err != nil {
+		b.t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return page{Status: res.StatusCode, Location: res.Header.Get("Location"), Body: string(body)}
+}
+
+func (b *browser) get(path string, header ...string) page {
+	b.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, b.base+path, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return b.do(req)
+}
+
+func (b *browser) post(path string, form url.Values) page {
+	b.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return b.do(req)
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf_token" value="([^"]+)"`)
+
+// csrf is the token of the form on the page at path.
+func (b *browser) csrf(path string) string {
+	b.t.Helper()
+	p := b.get(path)
+	m := csrfRE.FindStringSubmatch(p.Body)
+	if m == nil {
+		b.t.Fatalf("GET %s (%d): no CSRF token in the page", path, p.Status)
+	}
+	return m[1]
+}
+
+func (b *browser) signIn(key string) page {
+	b.t.Helper()
+	return b.post("/login", url.Values{"csrf_token": {b.csrf("/login")}, "api_key": {key}})
+}
+
+func (b *browser) cookie(name string) string {
+	u, _ := url.Parse(b.base)
+	for _, c := range b.http.Jar.Cookies(u) {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	return ""
+}
+
+func TestSignIn(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	b := newBrowser(t, base)
+
+	if p := b.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("GET /records signed out: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	if p := b.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+		t.Fatalf("a live refresh signed out: %d, want 401", p.Status)
+	}
+	// A POST without the form's token, or with another's, is refused and
+	// signs nobody in.
+	if p := b.post("/login", url.Values{"api_key": {acct.APIKey}}); p.Status != http.StatusForbidden {
+		t.Fatalf("POST /login without a CSRF token: %d, want 403", p.Status)
+	}
+	other := newBrowser(t, base)
+	if p := b.post("/login", url.Values{"csrf_token": {other.csrf("/login")}, "api_key": {acct.APIKey}}); p.Status != http.StatusForbidden {
+		t.Fatalf("POST /login with another browser's CSRF token: %d, want 403", p.Status)
+	}
+	if b.cookie("idempay_console") != "" {
+		t.Fatal("a refused sign-in set a session cookie")
+	}
+	if p := b.signIn("sk_idem_" + strings.Repeat("0", 64)); p.Status != http.StatusUnauthorized || !strings.Contains(p.Body, "unknown or revoked") {
+		t.Fatalf("a wrong key: %d, want 401 with the reason", p.Status)
+	}
+
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
+		t.Fatalf("sign-in: %d to %q, want 303 to /records; body %s", p.Status, p.Location, p.Body)
+	}
+	session := b.cookie("idempay_console")
+	if session == "" || strings.Contains(session, acct.APIKey) || strings.Contains(session, strings.TrimPrefix(acct.APIKey, "sk_idem_")) {
+		t.Fatalf("session cookie %q: want one that does not hold the key", session)
+	}
+	p := b.get("/records")
+	if p.Status != http.StatusOK || !strings.Contains(p.Body, "Idempotency records") {
+		t.Fatalf("GET /records signed in: %d", p.Status)
+	}
+	// Signing out is a POST with the token too.
+	if p := b.post("/logout", url.Values{}); p.Status != http.StatusForbidden {
+		t.Fatalf("POST /logout without a CSRF token: %d, want 403", p.Status)
+	}
+	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther {
+		t.Fatalf("POST /logout: %d, want 303", p.Status)
+	}
+	if p := b.get("/records"); p.Status != http.StatusSeeOther {
+		t.Fatalf("GET /records after signing out: %d, want 303", p.Status)
+	}
+}
+
+// A session is signed: a cookie changed to name another account, or
+// signed with another secret, is no session.
+func TestForgedSession(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	a, victim := dbtest.NewAccount(t), dbtest.NewAccount(t)
+	b := newBrowser(t, base)
+	b.signIn(a.APIKey)
+	payload, sig, _ := strings.Cut(b.cookie("idempay_console"), ".")
+	raw, _ := base64URL.DecodeString(payload)
+	forged := strings.Replace(string(raw), a.ID, victim.ID, 1)
+	u, _ := url.Parse(base)
+	b.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: base64URL.EncodeToString([]byte(forged)) + "." + sig}})
+	if p := b.get("/records"); p.Status != http.StatusSeeOther {
+		t.Fatalf("a session changed to another account: %d, want 303 to /login", p.Status)
+	}
+
+	// Another console (another secret) does not accept this one's cookie.
+	b2 := newBrowser(t, base)
+	b2.signIn(a.APIKey)
+	b3 := newBrowser(t, newConsole(t, env))
+	u3, _ := url.Parse(b3.base)
+	b3.http.Jar.SetCookies(u3, []*http.Cookie{{Name: "idempay_console", Value: b2.cookie("idempay_console")}})
+	if p := b3.get("/records"); p.Status != http.StatusSeeOther {
+		t.Fatalf("a session of another secret: %d, want 303 to /login", p.Status)
+	}
+}
+
+// I11, I15: the session holds the key's id, looked up at every request, so
+// revoking the key ends the session at its next request.
+func TestRevokedKeyEndsSession(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	res := api.Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
+	var second struct {
+		ID     string `json:"id"`
+		Secret string `json:"secret"`
+	}
+	res.JSON(t, &second)
+	if res.Status != http.StatusCreated || second.Secret == "" {
+		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
+	}
+	b := newBrowser(t, base)
+	b.signIn(second.Secret)
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Fatalf("signed in with the second key: %d", p.Status)
+	}
+	req := api.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.ID, nil)
+	req.Header.Set("Idempotency-Key", apitest.NewKey())
+	if res := api.Do(req); res.Status != http.StatusNoContent {
+		t.Fatalf("revoking the key: %d %s", res.Status, res.Body)
+	}
+	if p := b.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("GET /records after the key's revocation: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	if p := b.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+		t.Fatalf("a live refresh after the key's revocation: %d, want 401", p.Status)
+	}
+}
+
+// I5: the same Idempotency-Key in two accounts is two records, and each
+// account's console shows only its own; another's record, charge or event
+// is not found, like an unknown one.
+func TestAccountsSeeOnlyTheirOwn(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	a, z := dbtest.NewAccount(t), dbtest.NewAccount(t)
+	key := apitest.NewKey()
+	var chA, chZ struct {
+		ID string `json:"id"`
+	}
+	env.ClientFor(t, a).Post("/v1/charges", key, chargeBody(1111)).JSON(t, &chA)
+	env.ClientFor(t, z).Post("/v1/charges", key, chargeBody(2222)).JSON(t, &chZ)
+
+	ba, bz := newBrowser(t, base), newBrowser(t, base)
+	ba.signIn(a.APIKey)
+	bz.signIn(z.APIKey)
+	recA, recZ := recordIDs(ba.get("/records").Body), recordIDs(bz.get("/records").Body)
+	if len(recA) != 1 || len(recZ) != 1 || recA[0] == recZ[0] {
+		t.Fatalf("records: account a sees %v, account z %v; want one each, different", recA, recZ)
+	}
+	if p := ba.get("/charges"); !strings.Contains(p.Body, chA.ID) || strings.Contains(p.Body, chZ.ID) {
+		t.Fatalf("account a's charges page: want %s and not %s", chA.ID, chZ.ID)
+	}
+	for _, path := range []string{"/records/" + recZ[0], "/charges/" + chZ.ID} {
+		if p := ba.get(path); p.Status != http.StatusNotFound {
+			t.Errorf("account a, GET %s (account z's): %d, want 404", path, p.Status)
+		}
+	}
+	if p := ba.get("/records/" + recA[0]); p.Status != http.StatusOK || !strings.Contains(p.Body, chA.ID) {
+		t.Errorf("account a, its own record: %d, want 200 naming %s", p.Status, chA.ID)
+	}
+}
+
+// The records page shows a record in flight while its Stripe call hangs,
+// waiting (with its attempt and error) after an unknown outcome, and
+// finished with its downstream key, the charge it holds and its stored
+// answer; the state filter keeps each where it belongs.
+func TestRecordStates(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+
+	// In flight: the fake holds the Stripe call.
+	gate := env.Stripe.Hold()
+	defer gate.Release()
+	held := apitest.NewKey()
+	done := make(chan *apitest.Response, 1)
+	go func() { done <- api.Post("/v1/charges", held, chargeBody(3000)) }()
+	select {
+	case <-gate.Arrived():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the charge did not reach Stripe in 30 s")
+	}
+	if got := stateOf(t, b, held); got != console.StateInFlight {
+		t.Fatalf("a record whose Stripe call hangs: state %q, want %q", got, console.StateInFlight)
+	}
+	if ids := recordKeys(b.get("/records?state=in_flight").Body); len(ids) != 1 || ids[0] != held {
+		t.Fatalf("filter in_flight: %v, want [%s]", ids, held)
+	}
+	gate.Release()
+	if res := <-done; res.Status != http.StatusCreated {
+		t.Fatalf("the held charge: %d %s", res.Status, res.Body)
+	}
+
+	// Waiting: Stripe answers 500, an unknown outcome.
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	failed := apitest.NewKey()
+	if res := api.Post("/v1/charges", failed, chargeBody(4000)); res.Status < 500 {
+		t.Fatalf("a charge whose Stripe call failed: %d, want 5xx", res.Status)
+	}
+	p := b.get("/records?state=waiting")
+	if ids := recordKeys(p.Body); len(ids) != 1 || ids[0] != failed {
+		t.Fatalf("filter waiting: %v, want [%s]", ids, failed)
+	}
+	if !strings.Contains(p.Body, "downstream_called") || !regexp.MustCompile(`<td class="num">1</td>`).MatchString(p.Body) {
+		t.Fatalf("the waiting record: want recovery point downstream_called and 1 attempt; page:\n%s", p.Body)
+	}
+
+	// Finished: the held charge, with what it holds.
+	p = b.get("/records?state=finished")
+	if ids := recordKeys(p.Body); len(ids) != 1 || ids[0] != held {
+		t.Fatalf("filter finished: %v, want [%s]", ids, held)
+	}
+	id := recordIDs(p.Body)[0]
+	if !strings.Contains(p.Body, "idempay_"+id+"_charge") {
+		t.Fatalf("the finished record's row does not show its downstream key idempay_%s_charge", id)
+	}
+	detail := b.get("/records/" + id)
+	for _, want := range []string{"finished", "Stored answer", `"status": "succeeded"`, "Request fingerprint", "charge.succeeded"} {
+		if !strings.Contains(html.UnescapeString(detail.Body), want) {
+			t.Errorf("the record's page does not show %q", want)
+		}
+	}
+	if p := b.get("/records?state=nonsense"); p.Status != http.StatusBadRequest {
+		t.Errorf("an unknown state filter: %d, want 400", p.Status)
+	}
+}
+
+// The charge page shows its status history: its events in version order.
+func TestChargeHistory(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	var ch struct {
+		ID string `json:"id"`
+	}
+	api.Post("/v1/charges", apitest.NewKey(), map[string]any{
+		"amount": 5000, "currency": "usd", "payment_method": "pm_card_visa", "capture": false}).JSON(t, &ch)
+	res := api.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{})
+	if res.Status != http.StatusOK {
+		t.Fatalf("capture: %d %s", res.Status, res.Body)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	p := b.get("/charges/" + ch.ID)
+	i, j := strings.Index(p.Body, "charge.requires_capture"), strings.Index(p.Body, "charge.succeeded")
+	if p.Status != http.StatusOK || i < 0 || j < i {
+		t.Fatalf("the charge's history: want charge.requires_capture, then charge.succeeded; page:\n%s", p.Body)
+	}
+	if !strings.Contains(p.Body, `data-status="succeeded"`) {
+		t.Fatal("the charge page does not show it succeeded")
+	}
+	// A live refresh renders the page's content alone.
+	live := b.get("/charges/"+ch.ID, "X-Console-Live", "1")
+	if live.Status != http.StatusOK || strings.Contains(live.Body, "<html") || !strings.Contains(live.Body, "Status history") {
+		t.Fatalf("a live refresh: %d, want the content without the layout", live.Status)
+	}
+	evs := b.get("/events")
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(evs.Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	if p := b.get("/events/" + evID[1]); p.Status != http.StatusOK || !strings.Contains(p.Body, ch.ID) {
+		t.Fatalf("the event's page: %d, want its data naming %s", p.Status, ch.ID)
+	}
+}
+
+func chargeBody(amount int64) map[string]any {
+	return map[string]any{"amount": amount, "currency": "usd", "payment_method": "pm_card_visa"}
+}
+
+var (
+	recordIDRE  = regexp.MustCompile(`data-record="([^"]+)"`)
+	recordKeyRE = regexp.MustCompile(`data-key="([^"]+)"`)
+	stateRE     = regexp.MustCompile(`data-key="([^"]+)" data-state="([^"]+)"`)
+)
+
+func recordIDs(body string) []string {
+	var out []string
+	for _, m := range recordIDRE.FindAllStringSubmatch(body, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func recordKeys(body string) []string {
+	var out []string
+	for _, m := range recordKeyRE.FindAllStringSubmatch(body, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func stateOf(t testing.TB, b *browser, key string) string {
+	t.Helper()
+	for _, m := range stateRE.FindAllStringSubmatch(b.get("/records").Body, -1) {
+		if m[1] == key {
+			return m[2]
+		}
+	}
+	t.Fatalf("no record of key %s on the records page", key)
+	return ""
+}
+
+var base64URL = base64.RawURLEncoding

@@ -1,0 +1,317 @@
+package console
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// pageSize is how many rows a list shows: the newest.
+const pageSize = 50
+
+// The states a record is shown in, and filtered by.
+const (
+	// StateInFlight: unfinished, its owner's lock fresh.
+	StateInFlight = "in_flight"
+	// StateWaiting: unfinished, an unknown outcome or a dead owner; a
+	// retry or the completer takes it over.
+	StateWaiting = "waiting"
+	// StateFinished: it holds its stored answer.
+	StateFinished = "finished"
+	// PARKED: StateParked ("parked", records retried past the ceiling of
+	// I16) joins these, and the filter below, when the schema has it.
+)
+
+var states = []string{StateInFlight, StateWaiting, StateFinished}
+
+// recordView is one record as the pages show it.
+type recordView struct {
+	ID, Key, Method, Route, RecoveryPoint, State string
+	Generation                                   int64
+	Attempts                                     int32
+	LastError                                    string
+	NextAttempt                                  *time.Time
+	Status                                       *int32
+	Created, Updated                             time.Time
+	Finished                                     *time.Time
+	DownstreamKey                                string
+	// Holds is the ledger row the record holds: a charge, a refund, the
+	// charge whose capture or cancel it is, or an API key.
+	Holds, HoldsLink string
+}
+
+// downstreamKey is what the record's Stripe call sends as its
+// Idempotency-Key, or "" for a route that calls no one.
+func downstreamKey(id, route string) string {
+	step := map[string]string{charges.RouteCharges: charges.StepCharge, charges.RouteRefunds: charges.StepRefund,
+		charges.RouteCapture: charges.StepCapture, charges.RouteCancel: charges.StepCancel}[route]
+	if step == "" {
+		return ""
+	}
+	return idempotency.DownstreamKey(id, step)
+}
+
+func stateOf(point string, lockFresh bool) string {
+	switch {
+	case point == idempotency.PointFinished:
+		return StateFinished
+	case lockFresh:
+		return StateInFlight
+	default:
+		return StateWaiting
+	}
+}
+
+// recordOf converts a list row (the detail's row has the same columns and
+// more) at the seam, once.
+func recordOf(r dbsqlc.ConsoleRecordListRow) recordView {
+	v := recordView{ID: r.ID, Key: r.Key, Method: r.RequestMethod, Route: r.RequestRoute,
+		RecoveryPoint: r.RecoveryPoint, State: stateOf(r.RecoveryPoint, r.LockFresh),
+		Generation: r.LockGeneration, Attempts: r.Attempts, Status: r.ResponseStatus,
+		Created: r.CreatedAt, Updated: r.UpdatedAt, Finished: r.FinishedAt,
+		DownstreamKey: downstreamKey(r.ID, r.RequestRoute)}
+	if r.LastError != nil {
+		v.LastError = *r.LastError
+	}
+	if v.State != StateFinished {
+		t := r.NextAttemptAt
+		v.NextAttempt = &t
+	}
+	switch {
+	case r.ChargeID != nil:
+		v.Holds, v.HoldsLink = *r.ChargeID, "/charges/"+*r.ChargeID
+	case r.RefundID != nil && r.RefundChargeID != nil:
+		v.Holds, v.HoldsLink = *r.RefundID, "/charges/"+*r.RefundChargeID
+	case r.PendingChargeID != nil:
+		v.Holds, v.HoldsLink = *r.PendingChargeID, "/charges/"+*r.PendingChargeID
+	case r.ApiKeyID != nil:
+		v.Holds = *r.ApiKeyID
+	}
+	return v
+}
+
+func (c *Console) lockTimeout() float64 { return c.cfg.LockTimeout.Seconds() }
+
+type recordsView struct {
+	State   string
+	States  []string
+	Records []recordView
+}
+
+func (c *Console) records(w http.ResponseWriter, r *http.Request, v viewer) {
+	state := r.URL.Query().Get("state")
+	if state != "" && !slices.Contains(states, state) {
+		c.refuse(w, r, http.StatusBadRequest, "Unknown state; use one of "+strings.Join(states, ", ")+".")
+		return
+	}
+	rows, err := c.q.ConsoleRecordList(r.Context(), c.db, &dbsqlc.ConsoleRecordListParams{
+		AccountID: v.AccountID, State: state, LockTimeoutSeconds: c.lockTimeout(), MaxRows: pageSize})
+	if err != nil {
+		c.fail(w, r, fmt.Errorf("listing records: %w", err))
+		return
+	}
+	out := recordsView{State: state, States: states, Records: make([]recordView, 0, len(rows))}
+	for _, row := range rows {
+		out.Records = append(out.Records, recordOf(row))
+	}
+	c.render(w, r, http.StatusOK, "records", v, out)
+}
+
+type recordDetail struct {
+	recordView
+	Fingerprint     string
+	ResponseHeaders string
+	ResponseBody    string
+	Charge          *dbsqlc.Charge
+	Events          []dbsqlc.ConsoleEventListRow
+}
+
+func (c *Console) record(w http.ResponseWriter, r *http.Request, v viewer) {
+	row, err := c.q.ConsoleRecordGet(r.Context(), c.db, &dbsqlc.ConsoleRecordGetParams{
+		AccountID: v.AccountID, ID: r.PathValue("id"), LockTimeoutSeconds: c.lockTimeout()})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		c.notFound(w, r, v, "idempotency record")
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("reading record: %w", err))
+		return
+	}
+	d := recordDetail{
+		recordView: recordOf(dbsqlc.ConsoleRecordListRow{ID: row.ID, Key: row.Key, RequestMethod: row.RequestMethod,
+			RequestRoute: row.RequestRoute, RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration,
+			LockedAt: row.LockedAt, Attempts: row.Attempts, NextAttemptAt: row.NextAttemptAt, LastError: row.LastError,
+			ResponseStatus: row.ResponseStatus, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, FinishedAt: row.FinishedAt,
+			LockFresh: row.LockFresh, ChargeID: row.ChargeID, RefundID: row.RefundID, RefundChargeID: row.RefundChargeID,
+			PendingChargeID: row.PendingChargeID, ApiKeyID: row.ApiKeyID}),
+		Fingerprint:     hex.EncodeToString(row.RequestFingerprint),
+		ResponseHeaders: pretty(row.ResponseHeaders),
+		ResponseBody:    pretty(row.ResponseBody),
+	}
+	chargeID := row.ChargeID
+	if chargeID == nil {
+		chargeID = row.PendingChargeID
+	}
+	if chargeID == nil {
+		chargeID = row.RefundChargeID
+	}
+	if chargeID != nil {
+		ch, err := c.q.ConsoleChargeGet(r.Context(), c.db, &dbsqlc.ConsoleChargeGetParams{AccountID: v.AccountID, ID: *chargeID})
+		if err != nil {
+			c.fail(w, r, fmt.Errorf("reading the record's charge: %w", err))
+			return
+		}
+		d.Charge = &ch
+	}
+	if d.Holds != "" && d.HoldsLink != "" {
+		if d.Events, err = c.eventsOf(r, v, d.Holds); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+	}
+	c.render(w, r, http.StatusOK, "record", v, d)
+}
+
+func (c *Console) eventsOf(r *http.Request, v viewer, objectID string) ([]dbsqlc.ConsoleEventListRow, error) {
+	evs, err := c.q.ConsoleEventList(r.Context(), c.db, &dbsqlc.ConsoleEventListParams{
+		AccountID: v.AccountID, ObjectID: objectID, MaxRows: pageSize})
+	if err != nil {
+		return nil, fmt.Errorf("listing events of %s: %w", objectID, err)
+	}
+	return evs, nil
+}
+
+func (c *Console) charges(w http.ResponseWriter, r *http.Request, v viewer) {
+	rows, err := c.q.ConsoleChargeList(r.Context(), c.db, &dbsqlc.ConsoleChargeListParams{AccountID: v.AccountID, MaxRows: pageSize})
+	if err != nil {
+		c.fail(w, r, fmt.Errorf("listing charges: %w", err))
+		return
+	}
+	c.render(w, r, http.StatusOK, "charges", v, rows)
+}
+
+type chargeDetail struct {
+	Charge  dbsqlc.Charge
+	Refunds []dbsqlc.ConsoleRefundListRow
+	// History is the charge's events in version order: its status history.
+	History []dbsqlc.ConsoleEventListRow
+}
+
+func (c *Console) charge(w http.ResponseWriter, r *http.Request, v viewer) {
+	ch, err := c.q.ConsoleChargeGet(r.Context(), c.db, &dbsqlc.ConsoleChargeGetParams{AccountID: v.AccountID, ID: r.PathValue("id")})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		c.notFound(w, r, v, "charge")
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("reading charge: %w", err))
+		return
+	}
+	d := chargeDetail{Charge: ch}
+	if d.Refunds, err = c.q.ConsoleRefundList(r.Context(), c.db, &dbsqlc.ConsoleRefundListParams{
+		AccountID: v.AccountID, ChargeID: ch.ID, MaxRows: pageSize}); err != nil {
+		c.fail(w, r, fmt.Errorf("listing the charge's refunds: %w", err))
+		return
+	}
+	if d.History, err = c.eventsOf(r, v, ch.ID); err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	for i, j := 0, len(d.History)-1; i < j; i, j = i+1, j-1 { // oldest version first
+		d.History[i], d.History[j] = d.History[j], d.History[i]
+	}
+	c.render(w, r, http.StatusOK, "charge", v, d)
+}
+
+func (c *Console) refunds(w http.ResponseWriter, r *http.Request, v viewer) {
+	rows, err := c.q.ConsoleRefundList(r.Context(), c.db, &dbsqlc.ConsoleRefundListParams{AccountID: v.AccountID, MaxRows: pageSize})
+	if err != nil {
+		c.fail(w, r, fmt.Errorf("listing refunds: %w", err))
+		return
+	}
+	c.render(w, r, http.StatusOK, "refunds", v, rows)
+}
+
+func (c *Console) events(w http.ResponseWriter, r *http.Request, v viewer) {
+	rows, err := c.eventsOf(r, v, "")
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "events", v, rows)
+}
+
+type eventDetail struct {
+	Event dbsqlc.Event
+	Data  string
+}
+
+func (c *Console) event(w http.ResponseWriter, r *http.Request, v viewer) {
+	ev, err := c.q.ConsoleEventGet(r.Context(), c.db, &dbsqlc.ConsoleEventGetParams{AccountID: v.AccountID, ID: r.PathValue("id")})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		c.notFound(w, r, v, "event")
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("reading event: %w", err))
+		return
+	}
+	// DELIVERIES: the event's webhook deliveries to the account's
+	// endpoints, every attempt, and the resend and recover buttons (POSTs
+	// with the CSRF token, through the API's own idempotent routes) are
+	// read here once webhooks out to merchants exist.
+	c.render(w, r, http.StatusOK, "event", v, eventDetail{Event: ev, Data: pretty(ev.Data)})
+}
+
+// pretty indents JSON, and shows anything else as text.
+func pretty(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	var out bytes.Buffer
+	if json.Indent(&out, b, "", "  ") == nil {
+		return out.String()
+	}
+	return string(b)
+}
+
+// funcs are the templates' helpers.
+var funcs = template.FuncMap{
+	"when": func(t any) string {
+		switch t := t.(type) {
+		case time.Time:
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		case *time.Time:
+			if t == nil {
+				return "—"
+			}
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		return ""
+	},
+	"str": func(s *string) string {
+		if s == nil {
+			return "—"
+		}
+		return *s
+	},
+	"int32": func(n *int32) string {
+		if n == nil {
+			return "—"
+		}
+		return fmt.Sprint(*n)
+	},
+	"stateLabel": func(s string) string {
+		return map[string]string{StateInFlight: "in flight", StateWaiting: "waiting for a retry",
+			StateFinished: "finished"}[s]
+	},
+}

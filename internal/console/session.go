@@ -1,0 +1,131 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The console's two cookies. Both are HttpOnly and SameSite=Strict: no
+// script reads them, and no other site's page sends them.
+const (
+	// sessionCookie holds the signed session: the API key's id and its
+	// account, never the key itself.
+	sessionCookie = "idempay_console"
+	// csrfCookie holds a random value; the token every form carries is
+	// its MAC, so a page of another origin, which can neither read the
+	// cookie nor compute the MAC, cannot forge a POST.
+	csrfCookie = "idempay_console_csrf"
+	// csrfField is the form field (or, for a script, the header
+	// X-CSRF-Token) that carries the token.
+	csrfField = "csrf_token"
+	// csrfValueLen is the length of the CSRF cookie's value: rand.Text's
+	// 128 random bits.
+	csrfValueLen = 26
+)
+
+// DefaultSessionLifetime is how long a sign-in lasts at most. The key is
+// checked again at every request, so a revocation ends a session at once;
+// the lifetime only bounds a session whose key stays valid.
+const DefaultSessionLifetime = 12 * time.Hour
+
+// session is what the signed cookie holds. It decides nothing by itself:
+// every request looks the key up (Console.account), so the cookie keeps no
+// copy of the account's authorization (I15).
+type session struct {
+	KeyID     string `json:"k"`
+	AccountID string `json:"a"`
+	// Issued is when the account signed in (Unix seconds).
+	Issued int64 `json:"t"`
+}
+
+// mac is HMAC-SHA256 under the console's secret of a purpose and a value,
+// so that a session's MAC can never stand in for a CSRF token or back.
+func (c *Console) mac(purpose, value string) []byte {
+	h := hmac.New(sha256.New, c.cfg.Secret)
+	h.Write([]byte(purpose))
+	h.Write([]byte{0})
+	h.Write([]byte(value))
+	return h.Sum(nil)
+}
+
+var b64 = base64.RawURLEncoding
+
+// encodeSession signs s: base64(JSON) "." base64(MAC).
+func (c *Console) encodeSession(s session) string {
+	payload, _ := json.Marshal(s) // a struct of strings and an int: cannot fail
+	p := b64.EncodeToString(payload)
+	return p + "." + b64.EncodeToString(c.mac("session", p))
+}
+
+var errNoSession = errors.New("no valid console session")
+
+// decodeSession checks the cookie's signature and age; the key itself is
+// checked by the caller, against the database.
+func (c *Console) decodeSession(r *http.Request) (session, error) {
+	ck, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return session{}, errNoSession
+	}
+	p, sig, ok := strings.Cut(ck.Value, ".")
+	if !ok {
+		return session{}, errNoSession
+	}
+	got, err := b64.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, c.mac("session", p)) {
+		return session{}, errNoSession
+	}
+	payload, err := b64.DecodeString(p)
+	if err != nil {
+		return session{}, errNoSession
+	}
+	var s session
+	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" {
+		return session{}, errNoSession
+	}
+	if age := c.now().Sub(time.Unix(s.Issued, 0)); age < 0 || age > c.cfg.SessionLifetime {
+		return session{}, errNoSession
+	}
+	return s, nil
+}
+
+func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name: name, Value: value, Path: "/", MaxAge: maxAge,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil, // plain HTTP on loopback by default; Secure whenever served over TLS
+	})
+}
+
+// csrfToken returns the token of the request's CSRF cookie, setting a new
+// cookie first when there is none.
+func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	value := ""
+	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) >= csrfValueLen {
+		value = ck.Value
+	} else {
+		value = rand.Text()
+		c.setCookie(w, r, csrfCookie, value, 0)
+	}
+	return b64.EncodeToString(c.mac("csrf", value))
+}
+
+// checkCSRF reports whether a POST carries the token of its CSRF cookie.
+func (c *Console) checkCSRF(r *http.Request) bool {
+	ck, err := r.Cookie(csrfCookie)
+	if err != nil || len(ck.Value) < csrfValueLen {
+		return false
+	}
+	token := r.PostFormValue(csrfField)
+	if token == "" {
+		token = r.Header.Get("X-CSRF-Token")
+	}
+	got, err := b64.DecodeString(token)
+	return err == nil && hmac.Equal(got, c.mac("csrf", ck.Value))
+}

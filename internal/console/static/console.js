@@ -1,0 +1,46 @@
+// The console's live pages: every poll interval, an open page asks the
+// server for its content again (header X-Console-Live: 1, which renders the
+// content alone) and swaps it in when it changed. No build step, no
+// library: the server renders everything. A 401 means the session ended
+// (signed out, or its API key revoked): go to the sign-in page.
+"use strict";
+(function () {
+  const main = document.getElementById("content");
+  const ms = main && Number(main.dataset.pollMs);
+  if (!ms) {
+    return;
+  }
+  let last = main.innerHTML;
+  let busy = false;
+  async function refresh() {
+    if (busy || document.hidden) {
+      return;
+    }
+    busy = true;
+    try {
+      const res = await fetch(window.location.href, {
+        headers: { "X-Console-Live": "1" },
+        credentials: "same-origin",
+        cache: "no-store",
+      });
+      if (res.status === 401) {
+        window.location.assign("/login");
+        return;
+      }
+      if (!res.ok) {
+        return; // a passing failure: the next poll tries again
+      }
+      const html = await res.text();
+      if (html !== last) {
+        main.innerHTML = html;
+        last = main.innerHTML;
+        main.dataset.refreshedAt = String(Date.now());
+      }
+    } catch (e) {
+      // the server restarting: the next poll tries again
+    } finally {
+      busy = false;
+    }
+  }
+  window.setInterval(refresh, ms);
+})();

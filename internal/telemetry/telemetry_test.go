@@ -1,0 +1,239 @@
+package telemetry_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/telemetry"
+)
+
+// tracedEnv is the API traced into an in-memory exporter, on a pool whose
+// batches are traced too.
+func tracedEnv(t *testing.T) (*apitest.Env, *tracetest.InMemoryExporter, *sdktrace.TracerProvider) {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	dbtest.Pool(t) // migrates the test database
+	pc, err := pgxpool.ParseConfig(dbtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.Tracer = telemetry.PgxTracer(tp)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return apitest.New(t, apitest.Options{Pool: pool, TracerProvider: tp}), exp, tp
+}
+
+// A request is one trace: the server span, and under it the claim, the
+// Stripe call (with Stripe's HTTP client span under it) and the finish,
+// each with its database batch. The server span carries idempay's
+// attributes; no span holds the client's key anywhere.
+func TestRequestTrace(t *testing.T) {
+	t.Parallel()
+	env, exp, _ := tracedEnv(t)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	key := "order-4711-ann@example.com-" + apitest.NewKey() // what a merchant may put in a key
+	body := map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}
+
+	first := api.Post("/v1/charges", key, body)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("first request: %d %s", first.Status, first.Body)
+	}
+	second := api.Post("/v1/charges", key, body)
+	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %d, replayed %q", second.Status, second.Header.Get("Idempotent-Replayed"))
+	}
+	spans := exp.GetSpans()
+
+	servers := byName(spans, "POST /v1/charges")
+	if len(servers) != 2 {
+		t.Fatalf("%d server spans named POST /v1/charges, want 2 (one per request); spans: %v", len(servers), names(spans))
+	}
+	srv, replay := servers[0], servers[1]
+	if srv.SpanKind != trace.SpanKindServer || srv.SpanContext.TraceID() == replay.SpanContext.TraceID() {
+		t.Fatalf("want two server spans in two traces; got kinds %v, %v and trace ids %s, %s",
+			srv.SpanKind, replay.SpanKind, srv.SpanContext.TraceID(), replay.SpanContext.TraceID())
+	}
+	if got := attr(srv, "http.route"); got != "/v1/charges" {
+		t.Errorf("http.route %q, want /v1/charges", got)
+	}
+	if got := attr(srv, "http.request.method"); got != "POST" {
+		t.Errorf("http.request.method %q, want POST (the stable HTTP conventions)", got)
+	}
+
+	// The phases, children of the server span, in its trace.
+	for _, name := range []string{"idempotency.claim", "idempotency.call", "idempotency.finish"} {
+		phase := only(t, inTrace(byName(spans, name), srv))
+		if phase.Parent.SpanID() != srv.SpanContext.SpanID() {
+			t.Errorf("%s's parent is %s, want the server span %s", name, phase.Parent.SpanID(), srv.SpanContext.SpanID())
+		}
+		if name == "idempotency.call" {
+			// Stripe's HTTP client span under the call.
+			var stripe []tracetest.SpanStub
+			for _, s := range spans {
+				if s.SpanKind == trace.SpanKindClient && s.Parent.SpanID() == phase.SpanContext.SpanID() {
+					stripe = append(stripe, s)
+				}
+			}
+			if len(stripe) != 1 || attr(stripe[0], "http.request.method") != "POST" {
+				t.Errorf("the call's client spans %v, want one POST to Stripe", names(stripe))
+			}
+		} else if !hasChildBatch(spans, phase) {
+			t.Errorf("%s has no database span under it", name)
+		}
+	}
+
+	scope := idempotency.AccountScope(acct.ID)
+	want := map[string]string{"idempay.outcome": "new", "idempay.recovery_point": "finished",
+		"idempay.key_hash": idempotency.KeyHash(scope, key)}
+	for k, v := range want {
+		if got := attr(srv, k); got != v {
+			t.Errorf("server span %s = %q, want %q", k, got, v)
+		}
+	}
+	if id := attr(srv, "idempay.record_id"); !strings.HasPrefix(id, "ik_") {
+		t.Errorf("server span idempay.record_id %q, want the record's id", id)
+	}
+	if got := attr(replay, "idempay.outcome"); got != "replayed" {
+		t.Errorf("the replay's idempay.outcome %q, want replayed", got)
+	}
+	if attr(replay, "idempay.record_id") != attr(srv, "idempay.record_id") || attr(replay, "idempay.key_hash") != want["idempay.key_hash"] {
+		t.Errorf("the replay's record id and key hash differ from the first request's")
+	}
+
+	// Neither the key nor the API key, in any span.
+	for _, s := range spans {
+		for _, secret := range []string{key, acct.APIKey} {
+			if where := find(s, secret); where != "" {
+				t.Errorf("span %q holds a secret in %s", s.Name, where)
+			}
+		}
+	}
+}
+
+// A refused request (the same key, another body) is one trace too, with
+// its outcome, and nothing past the claim.
+func TestConflictTrace(t *testing.T) {
+	t.Parallel()
+	env, exp, _ := tracedEnv(t)
+	api := env.ClientFor(t, dbtest.NewAccount(t))
+	key := apitest.NewKey()
+	api.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"})
+	if res := api.Post("/v1/charges", key, map[string]any{"amount": 1600, "currency": "usd", "payment_method": "pm_card_visa"}); res.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("the same key with another body: %d", res.Status)
+	}
+	servers := byName(exp.GetSpans(), "POST /v1/charges")
+	if len(servers) != 2 {
+		t.Fatalf("%d server spans, want 2", len(servers))
+	}
+	refused := servers[1]
+	if got := attr(refused, "idempay.outcome"); got != "conflict" {
+		t.Errorf("idempay.outcome %q, want conflict", got)
+	}
+	if calls := inTrace(byName(exp.GetSpans(), "idempotency.call"), refused); len(calls) != 0 {
+		t.Errorf("the refused request called Stripe (%d call spans)", len(calls))
+	}
+}
+
+func byName(spans tracetest.SpanStubs, name string) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range spans {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
+	return out
+}
+
+func inTrace(spans []tracetest.SpanStub, root tracetest.SpanStub) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range spans {
+		if s.SpanContext.TraceID() == root.SpanContext.TraceID() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func only(t *testing.T, spans []tracetest.SpanStub) tracetest.SpanStub {
+	t.Helper()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans %v, want 1", len(spans), names(spans))
+	}
+	return spans[0]
+}
+
+func hasChildBatch(spans tracetest.SpanStubs, parent tracetest.SpanStub) bool {
+	for _, s := range spans {
+		if s.Parent.SpanID() == parent.SpanContext.SpanID() && s.SpanKind == trace.SpanKindClient {
+			return true
+		}
+	}
+	return false
+}
+
+func names(spans []tracetest.SpanStub) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+func attr(s tracetest.SpanStub, key string) string {
+	for _, a := range s.Attributes {
+		if string(a.Key) == key {
+			return a.Value.String()
+		}
+	}
+	return ""
+}
+
+// find says where secret appears in s: its name, an attribute, an event
+// or its status.
+func find(s tracetest.SpanStub, secret string) string {
+	in := func(kvs []attribute.KeyValue) string {
+		for _, a := range kvs {
+			if strings.Contains(a.Value.String(), secret) {
+				return string(a.Key)
+			}
+		}
+		return ""
+	}
+	if strings.Contains(s.Name, secret) {
+		return "its name"
+	}
+	if k := in(s.Attributes); k != "" {
+		return "attribute " + k
+	}
+	for _, e := range s.Events {
+		if strings.Contains(e.Name, secret) {
+			return "event " + e.Name
+		}
+		if k := in(e.Attributes); k != "" {
+			return "event " + e.Name + " attribute " + k
+		}
+	}
+	if strings.Contains(s.Status.Description, secret) {
+		return "its status"
+	}
+	return ""
+}
