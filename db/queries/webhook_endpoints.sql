@@ -178,8 +178,8 @@ SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL
 SELECT * FROM events WHERE id = @id;
 
 -- name: WebhookOldestPending :many
--- Per enabled endpoint, the creation time of its oldest pending delivery
--- (metrics).
+-- Per endpoint, the creation time of its oldest pending delivery (a disabled
+-- endpoint's count: they go out when it is enabled again). For the metrics.
 SELECT endpoint_id, min(created_at)::timestamptz AS oldest
 FROM webhook_deliveries WHERE state = 'pending' GROUP BY endpoint_id;
 

@@ -793,8 +793,8 @@ type WebhookOldestPendingRow struct {
 	Oldest     time.Time
 }
 
-// Per enabled endpoint, the creation time of its oldest pending delivery
-// (metrics).
+// Per endpoint, the creation time of its oldest pending delivery (a disabled
+// endpoint's count: they go out when it is enabled again). For the metrics.
 func (q *Queries) WebhookOldestPending(ctx context.Context, db DBTX) ([]WebhookOldestPendingRow, error) {
 	rows, err := db.Query(ctx, webhookOldestPending)
 	if err != nil {
