@@ -86,9 +86,14 @@ ON CONFLICT (seq) DO NOTHING;
 -- The gaps that are settled: their event committed, or every transaction
 -- running when the gap was seen has ended (so it never will). An
 -- unrelated long transaction holds back only the gaps seen beside it.
+-- "Ended" is read from this statement's snapshot, the one its EXISTS
+-- reads the events with, not from the commit log (pg_xact_status): a
+-- transaction is committed in the log a moment before snapshots see it,
+-- and a gap forgotten in that moment would lose its event.
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
-   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
+                  WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq;
 
 -- name: WebhookDeliveriesFanOut :execrows

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
@@ -453,5 +457,99 @@ func TestSSRF(t *testing.T) {
 	}
 	if len(recv.deliveries()) != 0 {
 		t.Fatal("the request reached the private address")
+	}
+}
+
+// beforeQuery runs hook once, before the first query whose SQL contains
+// marker (a pgx tracer): it lets a test commit other transactions between
+// two statements of a dispatcher pass.
+type beforeQuery struct {
+	marker string
+	hook   func()
+	once   sync.Once
+}
+
+func (b *beforeQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, b.marker) {
+		b.once.Do(b.hook)
+	}
+	return ctx
+}
+
+func (b *beforeQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestDispatchOrderAcrossCommits (I17, order per object): an object's
+// earlier event waiting as a gap, and its later event committed while a
+// dispatcher pass runs, between its statements: the pass creates the
+// later event's delivery only with the earlier one's, so no worker finds
+// the later version alone, and the endpoint receives them in order.
+func TestDispatchOrderAcrossCommits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	ctx := context.Background()
+	// v1 takes its seq and stays uncommitted while a later event is
+	// dispatched: its seq becomes a gap.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeRequiresCapture, "ch_x", 1, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.event(t, events.ChargeSucceeded, "ch_other", 1)
+	b.dispatch(t)
+
+	// The next pass: v1 commits, then v2, at the moment the pass reads the
+	// events (its first statement after taking the dispatcher's lock).
+	var v2 string
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &beforeQuery{marker: "pg_current_snapshot()::text AS snapshot", hook: func() {
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+		}
+		v2 = b.event(t, events.ChargeSucceeded, "ch_x", 2)
+	}}
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	svc := merchanthooks.New(traced, b.env.Runner, b.cfg, quiet)
+	if _, err := svc.Dispatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v2 == "" {
+		t.Fatal("the pass never read the events: the hook did not run")
+	}
+	var versions []int64
+	rows, err := b.pool.Query(ctx, "SELECT object_version FROM webhook_deliveries WHERE object_id = 'ch_x' ORDER BY object_version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v int64
+		_ = rows.Scan(&v)
+		versions = append(versions, v)
+	}
+	if len(versions) != 2 {
+		t.Fatalf("after the pass, ch_x has deliveries for versions %v, want 1 and 2 together", versions)
+	}
+	b.work(t)
+	var order []int64
+	for _, d := range b.recv.deliveries() {
+		if d.Event.ObjectID == "ch_x" {
+			order = append(order, d.Event.ObjectVersion)
+		}
+	}
+	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
+		t.Fatalf("ch_x's versions arrived as %v, want [1 2]", order)
 	}
 }
