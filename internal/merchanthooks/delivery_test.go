@@ -553,3 +553,86 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 		t.Fatalf("ch_x's versions arrived as %v, want [1 2]", order)
 	}
 }
+
+// TestRecoverAndEndpointDeliveries: an endpoint's deliveries page newest
+// first (by id) with their attempts, and only for its account; a recovery sends
+// every event of its window again, each under its own id, once however
+// often it is retried; a window that is too old, or missing, is a 400, and
+// an unknown endpoint a 404.
+func TestRecoverAndEndpointDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	ids := []string{b.event(t, events.ChargeSucceeded, "ch_r1", 1), b.event(t, events.ChargeSucceeded, "ch_r2", 1),
+		b.event(t, events.ChargeSucceeded, "ch_r3", 1)}
+	b.dispatch(t)
+	b.work(t)
+
+	var page merchanthooks.DeliveryList
+	r := b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?limit=2")
+	r.JSON(t, &page)
+	if r.Status != http.StatusOK || len(page.Data) != 2 || !page.HasMore || page.Data[0].ID <= page.Data[1].ID {
+		t.Fatalf("first page: %d %s, want two deliveries, newest (greatest id) first, and more", r.Status, r.Body)
+	}
+	seen := map[string]bool{page.Data[0].Event: true, page.Data[1].Event: true}
+	for _, d := range page.Data {
+		if d.Status != merchanthooks.StateDelivered || len(d.Attempts) != 1 || *d.Attempts[0].StatusCode != http.StatusOK || d.NextAttemptAt != nil {
+			t.Fatalf("delivery %+v, want delivered after one 200", d)
+		}
+	}
+	r = b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?limit=2&starting_after=" + page.Data[1].ID)
+	r.JSON(t, &page)
+	if len(page.Data) != 1 || page.HasMore {
+		t.Fatalf("second page: %s, want the last delivery alone", r.Body)
+	}
+	seen[page.Data[0].Event] = true
+	for _, id := range ids {
+		if !seen[id] {
+			t.Fatalf("the two pages miss the delivery of %s", id)
+		}
+	}
+	acct, apiKey, err := accounts.Create(context.Background(), b.pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	if r := other.Get("/v1/webhook_endpoints/" + epID + "/deliveries"); r.Status != http.StatusNotFound {
+		t.Fatalf("another account's deliveries of %s: %d, want 404", epID, r.Status)
+	}
+
+	key := apitest.NewKey()
+	body := map[string]any{"since": time.Now().Add(-time.Hour).Format(time.RFC3339)}
+	for i := range 2 {
+		r := b.client.Post("/v1/webhook_endpoints/"+epID+"/recover", key, body)
+		if r.Status != http.StatusAccepted || (i == 1) != (r.Header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("recover #%d: %d %v %s, want 202 (the second replayed)", i+1, r.Status, r.Header, r.Body)
+		}
+		b.work(t)
+	}
+	got := map[string]int{}
+	for _, d := range b.recv.deliveries() {
+		got[d.ID]++
+	}
+	for _, id := range ids {
+		if got[id] != 2 {
+			t.Errorf("%s received %d times, want 2 (delivered, then recovered once)", id, got[id])
+		}
+	}
+	for name, tc := range map[string]struct {
+		path string
+		body map[string]any
+		want int
+	}{
+		"too old":          {epID, map[string]any{"since": time.Now().Add(-32 * 24 * time.Hour).Format(time.RFC3339)}, http.StatusBadRequest},
+		"no since":         {epID, map[string]any{}, http.StatusBadRequest},
+		"not a time":       {epID, map[string]any{"since": "yesterday"}, http.StatusBadRequest},
+		"unknown endpoint": {"we_nope", body, http.StatusNotFound},
+	} {
+		r := b.client.Post("/v1/webhook_endpoints/"+tc.path+"/recover", apitest.NewKey(), tc.body)
+		if r.Status != tc.want {
+			t.Errorf("%s: %d %s, want %d", name, r.Status, r.Body, tc.want)
+		} else {
+			r.Problem(t)
+		}
+	}
+}
