@@ -451,7 +451,10 @@ func TestSSRF(t *testing.T) {
 	}
 	// At connection time (a name that resolved elsewhere at registration).
 	recv := newReceiver(t)
-	_, err := merchanthooks.NewHTTPClient(strict).Get(recv.URL)
+	resp, err := merchanthooks.NewHTTPClient(strict).Get(recv.URL)
+	if err == nil {
+		resp.Body.Close()
+	}
 	if !errors.Is(err, merchanthooks.ErrPrivateAddress) {
 		t.Fatalf("connecting to %s: %v, want ErrPrivateAddress", recv.URL, err)
 	}
@@ -494,7 +497,7 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
 	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
 		t.Fatal(err)
 	}

@@ -202,7 +202,7 @@ func (s *Service) nextDelay(attempts int) (time.Duration, bool) {
 	}
 	d := s.cfg.Schedule[attempts-1]
 	if s.cfg.Jitter > 0 {
-		d += time.Duration((rand.Float64()*2 - 1) * s.cfg.Jitter * float64(d))
+		d += time.Duration((rand.Float64()*2 - 1) * s.cfg.Jitter * float64(d)) //nolint:gosec // jitter spreads retries; it needs no secrecy
 	}
 	return d, true
 }

@@ -55,7 +55,7 @@ func newHooksOut(t *testing.T) *hooksOut {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
 	if err := events.Record(ctx, tx, acct.ID, events.ChargeSucceeded, "ch_metrics", 1, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
