@@ -169,6 +169,19 @@ if [[ -z ${STRIPE_WEBHOOK_SECRET:-} ]]; then
 	STRIPE_WEBHOOK_SECRET="whsec_demo_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 fi
 export STRIPE_WEBHOOK_SECRET
+# Webhooks out (docs/webhooks-out.md): the key that seals the endpoints'
+# signing secrets, made once and kept in .run/ (mode 600) so that the
+# endpoints of an earlier run still sign; and, for the demo only, endpoints
+# on loopback over plain http (the listener below).
+mkdir -p .run
+if [[ -z ${WEBHOOK_SECRETS_KEY:-} ]]; then
+	if [[ ! -s .run/webhook-secrets-key ]]; then
+		(umask 077 && head -c 32 /dev/urandom | base64 >.run/webhook-secrets-key)
+	fi
+	WEBHOOK_SECRETS_KEY=$(cat .run/webhook-secrets-key)
+fi
+export WEBHOOK_SECRETS_KEY
+export WEBHOOK_ALLOW_PRIVATE=on WEBHOOK_ALLOW_HTTP=on
 
 # 3. Schema
 idem_log "applying migrations"
@@ -305,6 +318,25 @@ demo_env=.run/demo.env
 	chmod 600 "$demo_env"
 )
 
+# The merchant's side of webhooks out: `idempay webhooks listen` registers
+# itself as an endpoint of the demo account (replacing the one of an
+# earlier run) and prints each delivery it receives, with its verdict, to
+# .run/webhooks-listen.log.
+if [[ $client_host == *:* ]]; then
+	hooks_addr="[$client_host]:$((listen_port + 2))"
+else
+	hooks_addr="$client_host:$((listen_port + 2))"
+fi
+hooks_log=.run/webhooks-listen.log
+idem_log "starting idempay webhooks listen on $hooks_addr (deliveries in $hooks_log)"
+if [[ $- != *m* ]] && command -v setsid >/dev/null 2>&1; then
+	IDEMPAY_API_URL=$api_url IDEMPAY_API_KEY=$api_key setsid bin/idempay webhooks listen --register --addr "$hooks_addr" >"$hooks_log" &
+else
+	IDEMPAY_API_URL=$api_url IDEMPAY_API_KEY=$api_key bin/idempay webhooks listen --register --addr "$hooks_addr" >"$hooks_log" &
+fi
+listen_pid=$!
+idem_on_exit "_idem_stop_pid $listen_pid 'idempay webhooks listen' 5"
+
 metrics_hint=""
 if [[ -n $consumer_metrics ]]; then
 	metrics_hint="curl -s http://$consumer_metrics/metrics | grep ^idempay_orders"
@@ -416,6 +448,17 @@ $decline_hint
 curl -s '$api_url/v1/charges?limit=1' -H "Authorization: Bearer \$KEY"
 curl -s '$api_url/v1/events?limit=3' -H "Authorization: Bearer \$KEY"
 $metrics_hint
+
+ Webhooks out: every event above also goes, signed, to a local endpoint of
+ the demo account served by \`idempay webhooks listen\`, which prints each
+ delivery with its webhook-id and verdict. Watch it, list the deliveries,
+ send one again (the same webhook-id: a duplicate at the receiver):
+
+tail -f $hooks_log
+curl -s $api_url/v1/webhook_endpoints -H "Authorization: Bearer \$KEY"
+EVT=\$(curl -s '$api_url/v1/events?limit=1' -H "Authorization: Bearer \$KEY" | grep -o '"id":"evt_[^"]*"' | head -n 1 | cut -d '"' -f 4)
+curl -s $api_url/v1/events/\$EVT/deliveries -H "Authorization: Bearer \$KEY"
+curl -s $api_url/v1/events/\$EVT/resend -H "Authorization: Bearer \$KEY" -H 'Idempotency-Key: $idem_key-resend' -H 'Content-Type: application/json' -d '{}'
 
  Ctrl-C stops everything make up started (the server, the consumer, the
  Stripe, a NATS of its own) and exits 0; the demo account is kept for the

@@ -57,6 +57,7 @@ func run(args []string) error {
 	rounds := fs.Int("rounds", 3, "run the scenario list this many times, interleaved, and merge the results")
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured first requests (API and raw) before the rounds")
 	serverLog := fs.String("server-log-level", "warn", "LOG_LEVEL of the started server (info logs every request)")
+	endpoints := fs.Int("webhook-endpoints", 0, "register this many webhook endpoints on each account (at a sink that answers 200) and run webhooks out in the server")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -103,25 +104,26 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	_, err := bench.Run(ctx, bench.Config{
-		DatabaseURL:     dbURL,
-		Executable:      *server,
-		Target:          *target,
-		Duration:        *duration,
-		Concurrency:     *concurrency,
-		Rate:            *rate,
-		Scenarios:       strings.Split(*scenarios, ","),
-		Rounds:          *rounds,
-		Warmup:          *warmup,
-		Accounts:        *nAccounts,
-		CompareAccounts: counts,
-		Peer:            *peer,
-		PeerDatabaseURL: *peerDB,
-		RedisURL:        *redisURL,
-		TopStatements:   *top,
-		DBMaxConns:      int32(maxConns),
-		ServerLogLevel:  *serverLog,
-		Out:             os.Stdout,
-		Log:             log,
+		DatabaseURL:      dbURL,
+		Executable:       *server,
+		Target:           *target,
+		Duration:         *duration,
+		Concurrency:      *concurrency,
+		Rate:             *rate,
+		Scenarios:        strings.Split(*scenarios, ","),
+		Rounds:           *rounds,
+		Warmup:           *warmup,
+		Accounts:         *nAccounts,
+		CompareAccounts:  counts,
+		Peer:             *peer,
+		PeerDatabaseURL:  *peerDB,
+		RedisURL:         *redisURL,
+		TopStatements:    *top,
+		DBMaxConns:       int32(maxConns),
+		ServerLogLevel:   *serverLog,
+		WebhookEndpoints: *endpoints,
+		Out:              os.Stdout,
+		Log:              log,
 	})
 	return err
 }

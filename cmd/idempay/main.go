@@ -53,6 +53,7 @@ commands:
   accounts set-mode ACCT M                 the account's idempotency mode: required, optional or shadow
   orders publish|dlq|replay                publish an order.paid message; list or replay dead letters (NATS_URL)
   webhooks trigger TYPE --charge ch_...    sign a Stripe event about a charge and post it to the running server
+  webhooks listen [--register]             serve a local endpoint for idempay's webhooks out and print each delivery and its verdict
   charges create|capture|cancel|get|list   call the API with the Go client (IDEMPAY_API_URL, IDEMPAY_API_KEY)
   refunds create|get                       likewise
   keys get KEY                             likewise: an idempotency record
@@ -151,7 +152,7 @@ func helpFor(cmd string) string {
 	case "accounts":
 		return accountsUsage
 	case "webhooks":
-		return fmt.Sprintf(webhooksUsage, strings.Join(webhooks.TriggerTypes, ", "))
+		return fmt.Sprintf(webhooksUsage, strings.Join(webhooks.TriggerTypes, ", ")) + "\n\n" + listenUsage
 	}
 	return usage
 }

@@ -22,8 +22,11 @@ trigger" does against real Stripe). TYPE is one of:
   ` + "%s" + `
 --url defaults to http://LISTEN_ADDR/v1/webhooks/stripe.`
 
-// webhooksCmd is `idempay webhooks trigger`.
+// webhooksCmd is `idempay webhooks trigger` and `idempay webhooks listen`.
 func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
+	if len(args) > 0 && args[0] == "listen" {
+		return listenCmd(ctx, cfg, args[1:])
+	}
 	usage := fmt.Sprintf(webhooksUsage, strings.Join(webhooks.TriggerTypes, ", "))
 	if len(args) < 2 || args[0] != "trigger" {
 		return errors.New(usage)

@@ -86,9 +86,14 @@ ON CONFLICT (seq) DO NOTHING;
 -- The gaps that are settled: their event committed, or every transaction
 -- running when the gap was seen has ended (so it never will). An
 -- unrelated long transaction holds back only the gaps seen beside it.
+-- "Ended" is read from this statement's snapshot, the one its EXISTS
+-- reads the events with, not from the commit log (pg_xact_status): a
+-- transaction is committed in the log a moment before snapshots see it,
+-- and a gap forgotten in that moment would lose its event.
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
-   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
+                  WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq;
 
 -- name: WebhookDeliveriesFanOut :execrows
@@ -178,8 +183,8 @@ SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL
 SELECT * FROM events WHERE id = @id;
 
 -- name: WebhookOldestPending :many
--- Per enabled endpoint, the creation time of its oldest pending delivery
--- (metrics).
+-- Per endpoint, the creation time of its oldest pending delivery (a disabled
+-- endpoint's count: they go out when it is enabled again). For the metrics.
 SELECT endpoint_id, min(created_at)::timestamptz AS oldest
 FROM webhook_deliveries WHERE state = 'pending' GROUP BY endpoint_id;
 

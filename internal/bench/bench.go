@@ -107,6 +107,12 @@ type Config struct {
 	// TopStatements is how many statements pg_stat_statements' report
 	// shows per scenario (default 8).
 	TopStatements int
+	// WebhookEndpoints registers this many webhook endpoints (for every
+	// event type) on each account, at a sink in the bench that answers 200,
+	// and turns webhooks out on in the started server: the scenarios then
+	// run with the dispatcher and the workers delivering every event beside
+	// them (the first-request throughput with endpoints registered).
+	WebhookEndpoints int
 	// DBMaxConns is the pool size of the raw loops and, as DB_MAX_CONNS, of
 	// the server process (0: pgxpool's default, max(4, GOMAXPROCS)).
 	DBMaxConns int32
@@ -394,6 +400,16 @@ func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, run
 		r.base = r.srv.base
 		r.addr, _ = hostPort(r.srv.base)
 		r.meter.server = r.srv.cmd.Process.Pid
+	}
+	if cfg.WebhookEndpoints > 0 && r.base != "" {
+		url, stop, err := startSink()
+		if err != nil {
+			return nil, closeAll, err
+		}
+		closers = append(closers, stop)
+		if err := registerEndpoints(ctx, r.pool, r.base, r.accounts, cfg.WebhookEndpoints, url); err != nil {
+			return nil, closeAll, err
+		}
 	}
 	r.openConns()
 	closers = append(closers, r.closeConns)

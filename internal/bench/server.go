@@ -71,6 +71,7 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 	if cfg.DBMaxConns > 0 {
 		env = append(env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
 	}
+	env = append(env, webhooksEnv(cfg)...)
 	return startProcess(ctx, cfg.Executable, env, "/readyz")
 }
 

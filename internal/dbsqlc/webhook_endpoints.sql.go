@@ -364,13 +364,18 @@ func (q *Queries) WebhookDispatchGapsAdd(ctx context.Context, db DBTX, arg *Webh
 const webhookDispatchGapsResolve = `-- name: WebhookDispatchGapsResolve :many
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
-   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x WHERE pg_xact_status(x) = 'in progress')
+   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
+                  WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq
 `
 
 // The gaps that are settled: their event committed, or every transaction
 // running when the gap was seen has ended (so it never will). An
 // unrelated long transaction holds back only the gaps seen beside it.
+// "Ended" is read from this statement's snapshot, the one its EXISTS
+// reads the events with, not from the commit log (pg_xact_status): a
+// transaction is committed in the log a moment before snapshots see it,
+// and a gap forgotten in that moment would lose its event.
 func (q *Queries) WebhookDispatchGapsResolve(ctx context.Context, db DBTX) ([]int64, error) {
 	rows, err := db.Query(ctx, webhookDispatchGapsResolve)
 	if err != nil {
@@ -793,8 +798,8 @@ type WebhookOldestPendingRow struct {
 	Oldest     time.Time
 }
 
-// Per enabled endpoint, the creation time of its oldest pending delivery
-// (metrics).
+// Per endpoint, the creation time of its oldest pending delivery (a disabled
+// endpoint's count: they go out when it is enabled again). For the metrics.
 func (q *Queries) WebhookOldestPending(ctx context.Context, db DBTX) ([]WebhookOldestPendingRow, error) {
 	rows, err := db.Query(ctx, webhookOldestPending)
 	if err != nil {

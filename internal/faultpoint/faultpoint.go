@@ -17,4 +17,8 @@ const (
 	// AfterPublish: the outbox relay has published a batch of events to
 	// the broker and not yet marked them published.
 	AfterPublish = "after_publish"
+	// WebhookAccepted: a merchant's endpoint has accepted a delivery (2xx)
+	// and the worker has not recorded it: the merchant has the event and
+	// idempay will send it again, under the same webhook-id.
+	WebhookAccepted = "webhook_accepted"
 )

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
@@ -447,11 +451,191 @@ func TestSSRF(t *testing.T) {
 	}
 	// At connection time (a name that resolved elsewhere at registration).
 	recv := newReceiver(t)
-	_, err := merchanthooks.NewHTTPClient(strict).Get(recv.URL)
+	resp, err := merchanthooks.NewHTTPClient(strict).Get(recv.URL)
+	if err == nil {
+		resp.Body.Close()
+	}
 	if !errors.Is(err, merchanthooks.ErrPrivateAddress) {
 		t.Fatalf("connecting to %s: %v, want ErrPrivateAddress", recv.URL, err)
 	}
 	if len(recv.deliveries()) != 0 {
 		t.Fatal("the request reached the private address")
+	}
+}
+
+// beforeQuery runs hook once, before the first query whose SQL contains
+// marker (a pgx tracer): it lets a test commit other transactions between
+// two statements of a dispatcher pass.
+type beforeQuery struct {
+	marker string
+	hook   func()
+	once   sync.Once
+}
+
+func (b *beforeQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, b.marker) {
+		b.once.Do(b.hook)
+	}
+	return ctx
+}
+
+func (b *beforeQuery) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestDispatchOrderAcrossCommits (I17, order per object): an object's
+// earlier event waiting as a gap, and its later event committed while a
+// dispatcher pass runs, between its statements: the pass creates the
+// later event's delivery only with the earlier one's, so no worker finds
+// the later version alone, and the endpoint receives them in order.
+func TestDispatchOrderAcrossCommits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	ctx := context.Background()
+	// v1 takes its seq and stays uncommitted while a later event is
+	// dispatched: its seq becomes a gap.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
+	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeRequiresCapture, "ch_x", 1, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.event(t, events.ChargeSucceeded, "ch_other", 1)
+	b.dispatch(t)
+
+	// The next pass: v1 commits, then v2, at the moment the pass reads the
+	// events (its first statement after taking the dispatcher's lock).
+	var v2 string
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = &beforeQuery{marker: "pg_current_snapshot()::text AS snapshot", hook: func() {
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+		}
+		v2 = b.event(t, events.ChargeSucceeded, "ch_x", 2)
+	}}
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	svc := merchanthooks.New(traced, b.env.Runner, b.cfg, quiet)
+	if _, err := svc.Dispatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v2 == "" {
+		t.Fatal("the pass never read the events: the hook did not run")
+	}
+	var versions []int64
+	rows, err := b.pool.Query(ctx, "SELECT object_version FROM webhook_deliveries WHERE object_id = 'ch_x' ORDER BY object_version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v int64
+		_ = rows.Scan(&v)
+		versions = append(versions, v)
+	}
+	if len(versions) != 2 {
+		t.Fatalf("after the pass, ch_x has deliveries for versions %v, want 1 and 2 together", versions)
+	}
+	b.work(t)
+	var order []int64
+	for _, d := range b.recv.deliveries() {
+		if d.Event.ObjectID == "ch_x" {
+			order = append(order, d.Event.ObjectVersion)
+		}
+	}
+	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
+		t.Fatalf("ch_x's versions arrived as %v, want [1 2]", order)
+	}
+}
+
+// TestRecoverAndEndpointDeliveries: an endpoint's deliveries page newest
+// first (by id) with their attempts, and only for its account; a recovery sends
+// every event of its window again, each under its own id, once however
+// often it is retried; a window that is too old, or missing, is a 400, and
+// an unknown endpoint a 404.
+func TestRecoverAndEndpointDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	ids := []string{b.event(t, events.ChargeSucceeded, "ch_r1", 1), b.event(t, events.ChargeSucceeded, "ch_r2", 1),
+		b.event(t, events.ChargeSucceeded, "ch_r3", 1)}
+	b.dispatch(t)
+	b.work(t)
+
+	var page merchanthooks.DeliveryList
+	r := b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?limit=2")
+	r.JSON(t, &page)
+	if r.Status != http.StatusOK || len(page.Data) != 2 || !page.HasMore || page.Data[0].ID <= page.Data[1].ID {
+		t.Fatalf("first page: %d %s, want two deliveries, newest (greatest id) first, and more", r.Status, r.Body)
+	}
+	seen := map[string]bool{page.Data[0].Event: true, page.Data[1].Event: true}
+	for _, d := range page.Data {
+		if d.Status != merchanthooks.StateDelivered || len(d.Attempts) != 1 || *d.Attempts[0].StatusCode != http.StatusOK || d.NextAttemptAt != nil {
+			t.Fatalf("delivery %+v, want delivered after one 200", d)
+		}
+	}
+	r = b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?limit=2&starting_after=" + page.Data[1].ID)
+	r.JSON(t, &page)
+	if len(page.Data) != 1 || page.HasMore {
+		t.Fatalf("second page: %s, want the last delivery alone", r.Body)
+	}
+	seen[page.Data[0].Event] = true
+	for _, id := range ids {
+		if !seen[id] {
+			t.Fatalf("the two pages miss the delivery of %s", id)
+		}
+	}
+	acct, apiKey, err := accounts.Create(context.Background(), b.pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	if r := other.Get("/v1/webhook_endpoints/" + epID + "/deliveries"); r.Status != http.StatusNotFound {
+		t.Fatalf("another account's deliveries of %s: %d, want 404", epID, r.Status)
+	}
+
+	key := apitest.NewKey()
+	body := map[string]any{"since": time.Now().Add(-time.Hour).Format(time.RFC3339)}
+	for i := range 2 {
+		r := b.client.Post("/v1/webhook_endpoints/"+epID+"/recover", key, body)
+		if r.Status != http.StatusAccepted || (i == 1) != (r.Header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("recover #%d: %d %v %s, want 202 (the second replayed)", i+1, r.Status, r.Header, r.Body)
+		}
+		b.work(t)
+	}
+	got := map[string]int{}
+	for _, d := range b.recv.deliveries() {
+		got[d.ID]++
+	}
+	for _, id := range ids {
+		if got[id] != 2 {
+			t.Errorf("%s received %d times, want 2 (delivered, then recovered once)", id, got[id])
+		}
+	}
+	for name, tc := range map[string]struct {
+		path string
+		body map[string]any
+		want int
+	}{
+		"too old":          {epID, map[string]any{"since": time.Now().Add(-32 * 24 * time.Hour).Format(time.RFC3339)}, http.StatusBadRequest},
+		"no since":         {epID, map[string]any{}, http.StatusBadRequest},
+		"not a time":       {epID, map[string]any{"since": "yesterday"}, http.StatusBadRequest},
+		"unknown endpoint": {"we_nope", body, http.StatusNotFound},
+	} {
+		r := b.client.Post("/v1/webhook_endpoints/"+tc.path+"/recover", apitest.NewKey(), tc.body)
+		if r.Status != tc.want {
+			t.Errorf("%s: %d %s, want %d", name, r.Status, r.Body, tc.want)
+		} else {
+			r.Problem(t)
+		}
 	}
 }

@@ -12,34 +12,30 @@ import (
 )
 
 // Dispatch runs one dispatcher pass and returns how many events it fanned
-// out (whether or not an endpoint wanted them). In one transaction, which holds the dispatcher's row lock (one
-// pass at a time, in any number of processes): the gaps that are settled
-// are fanned out and forgotten; the committed events after the position are
-// read in seq order (one statement, one snapshot), fanned out, and the
-// position moves to the last of them; every seq skipped below it is kept as
-// a gap with that snapshot. The fan-out is an INSERT ... ON CONFLICT
-// DO NOTHING on (event, endpoint): a pass repeated after a crash creates
-// nothing twice. It runs off the request path, and reads the events table
-// only.
+// out (whether or not an endpoint wanted them). In one transaction, which
+// holds the dispatcher's row lock (one pass at a time, in any number of
+// processes): the committed events after the position are read in seq
+// order (one statement, one snapshot) and fanned out, every seq skipped
+// below the last of them is kept as a gap with that snapshot, and the
+// position moves to the last of them; then the gaps that are settled are
+// fanned out and forgotten. The gaps come second, in a later snapshot than
+// the read: an event read here was committed before the read, and so was
+// every earlier event of its object (an object's events commit one after
+// the other), which a gap's resolution therefore sees. So the deliveries
+// of one object's events are created by one pass, or in order, and a
+// worker never finds a later version without the earlier one. The fan-out
+// is an INSERT ... ON CONFLICT DO NOTHING on (event, endpoint): a pass
+// repeated after a crash creates nothing twice. It runs off the request
+// path, and reads the events table only.
 func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 	return db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 		last, err := s.q.WebhookDispatcherLock(ctx, tx)
 		if err != nil {
 			return 0, fmt.Errorf("locking the dispatcher: %w", err)
 		}
-		resolved, err := s.q.WebhookDispatchGapsResolve(ctx, tx)
-		if err != nil {
-			return 0, fmt.Errorf("resolving dispatch gaps: %w", err)
-		}
-		if err := s.fanOut(ctx, tx, resolved); err != nil {
-			return 0, err
-		}
 		rows, err := s.q.WebhookDispatcherRead(ctx, tx, &dbsqlc.WebhookDispatcherReadParams{AfterSeq: &last, MaxRows: s.cfg.Batch})
 		if err != nil {
 			return 0, fmt.Errorf("reading events: %w", err)
-		}
-		if len(rows) == 0 {
-			return int64(len(resolved)), nil
 		}
 		seqs := make([]int64, 0, len(rows))
 		var gaps []int64
@@ -60,10 +56,19 @@ func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 				return 0, fmt.Errorf("keeping dispatch gaps: %w", err)
 			}
 		}
-		if err := s.q.WebhookDispatcherAdvance(ctx, tx, seqs[len(seqs)-1]); err != nil {
-			return 0, fmt.Errorf("moving the dispatcher: %w", err)
+		if len(seqs) > 0 {
+			if err := s.q.WebhookDispatcherAdvance(ctx, tx, seqs[len(seqs)-1]); err != nil {
+				return 0, fmt.Errorf("moving the dispatcher: %w", err)
+			}
 		}
-		return int64(len(resolved) + len(seqs)), nil
+		resolved, err := s.q.WebhookDispatchGapsResolve(ctx, tx)
+		if err != nil {
+			return 0, fmt.Errorf("resolving dispatch gaps: %w", err)
+		}
+		if err := s.fanOut(ctx, tx, resolved); err != nil {
+			return 0, err
+		}
+		return int64(len(seqs) + len(resolved)), nil
 	})
 }
 

@@ -156,7 +156,7 @@ func (b *bundle) event(t *testing.T, typ, objectID string, version int64) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
 	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
 		t.Fatal(err)
 	}

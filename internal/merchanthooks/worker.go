@@ -19,6 +19,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/faultpoint"
 )
 
 // Delivery states, as stored.
@@ -163,6 +164,9 @@ func (s *Service) post(ctx context.Context, client *http.Client, url, id string,
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
 	a.status, a.answer = resp.StatusCode, validText(raw)
+	if a.status >= 200 && a.status < 300 {
+		faultpoint.Hit(faultpoint.WebhookAccepted)
+	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		a.retryIn = retryAfter(resp.Header.Get("Retry-After"), a.started)
 	}
@@ -198,7 +202,7 @@ func (s *Service) nextDelay(attempts int) (time.Duration, bool) {
 	}
 	d := s.cfg.Schedule[attempts-1]
 	if s.cfg.Jitter > 0 {
-		d += time.Duration((rand.Float64()*2 - 1) * s.cfg.Jitter * float64(d))
+		d += time.Duration((rand.Float64()*2 - 1) * s.cfg.Jitter * float64(d)) //nolint:gosec // jitter spreads retries; it needs no secrecy
 	}
 	return d, true
 }

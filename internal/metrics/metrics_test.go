@@ -16,6 +16,20 @@ import (
 // scrape returns the value of one series from /metrics (0 when absent).
 func scrape(t *testing.T, env *apitest.Env, series string) float64 {
 	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(scrapeAll(t, env))
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("%s: %v", series, err)
+	}
+	return v
+}
+
+// scrapeAll returns the text of /metrics.
+func scrapeAll(t *testing.T, env *apitest.Env) string {
+	t.Helper()
 	resp, err := http.Get(env.Server.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -25,15 +39,7 @@ func scrape(t *testing.T, env *apitest.Env, series string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(body)
-	if m == nil {
-		return 0
-	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil {
-		t.Fatalf("%s: %v", series, err)
-	}
-	return v
+	return string(body)
 }
 
 // TestCompleterAndRetentionSeries drives the two background jobs and reads
