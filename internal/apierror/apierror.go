@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // ContentType is the media type of every error body.
@@ -65,6 +66,11 @@ const (
 	// The Stripe webhook endpoint's own refusals.
 	WebhookSignatureInvalid Type = "webhook-signature-invalid"
 	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
+	// RequestTimeout: the body did not arrive within the read timeout.
+	RequestTimeout Type = "request-timeout"
+	// ResourceBusy: what the request changes kept being changed by other
+	// requests; nothing was begun.
+	ResourceBusy Type = "resource-busy"
 )
 
 var statusOf = map[Type]int{
@@ -73,9 +79,11 @@ var statusOf = map[Type]int{
 	IdempotencyKeyInvalid:       http.StatusBadRequest,
 	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
 	RequestInProgress:           http.StatusConflict,
+	ResourceBusy:                http.StatusConflict,
 	InvalidJSON:                 http.StatusBadRequest,
 	InvalidRequest:              http.StatusBadRequest,
 	MalformedRequest:            http.StatusBadRequest,
+	RequestTimeout:              http.StatusRequestTimeout,
 	HeaderTooLarge:              http.StatusRequestHeaderFieldsTooLarge,
 	UnsupportedMediaType:        http.StatusUnsupportedMediaType,
 	BodyTooLarge:                http.StatusRequestEntityTooLarge,
@@ -104,9 +112,11 @@ var titleOf = map[Type]string{
 	IdempotencyKeyInvalid:       "Idempotency-Key header is malformed",
 	IdempotencyKeyReused:        "Idempotency-Key was used with a different request",
 	RequestInProgress:           "A request with this Idempotency-Key is in progress",
+	ResourceBusy:                "What this request changes is being changed by other requests",
 	InvalidJSON:                 "Request body is not valid JSON",
 	InvalidRequest:              "Request parameters are invalid",
 	MalformedRequest:            "The request is malformed",
+	RequestTimeout:              "The request body did not arrive in time",
 	HeaderTooLarge:              "Request header is too large",
 	UnsupportedMediaType:        "Request body must be application/json",
 	BodyTooLarge:                "Request body is too large",
@@ -148,6 +158,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	RequestInProgress: {
 		"Another request with this Idempotency-Key is being processed right now (a concurrent retry, or an earlier attempt whose server crashed and whose lock has not expired yet). Nothing changed.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body: the retry gets the first request's answer."},
+	ResourceBusy: {
+		"Other requests changed what this request changes (for a refund, its charge) between this request's checks and its write, on every try, so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
+		"Wait for the Retry-After delay, then retry with the same key and the same body."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},
@@ -155,8 +168,11 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
 	MalformedRequest: {
-		"The request is malformed before its body is read: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, or a request line or header that HTTP does not allow. Nothing was stored.",
-		"Percent-encode the path and query as UTF-8, send header values without control characters, and send the request again; the same Idempotency-Key is fine."},
+		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",
+		"Percent-encode the path and query as UTF-8, send header values without control characters and the whole body as framed, and send the request again; the same Idempotency-Key is fine."},
+	RequestTimeout: {
+		"The request body stalled: it did not arrive in full within the server's read timeout (30 seconds from the start of the request). Nothing was stored.",
+		"Send the whole body at once, then send the request again; the same Idempotency-Key is fine."},
 	HeaderTooLarge: {
 		"The request line and headers together are larger than 64 KiB. Nothing was stored.",
 		"Send smaller headers (or a shorter URL); the same Idempotency-Key is fine."},
@@ -241,6 +257,17 @@ func (t Type) WhatToDo() string { return docOf[t].whatToDo }
 // URI is the problem "type" member for t.
 func (t Type) URI() string { return TypeBase + string(t) }
 
+// MaxInvalidParams bounds the invalid_params a problem body lists, and
+// maxParamText the characters of each name and reason: a body of many
+// unknown fields, or of one huge field name, must not make the answer
+// larger than the request (nor make the server hold it for a client that
+// never reads it). A list that was cut carries invalid_params_count, the
+// number of entries before the cut.
+const (
+	MaxInvalidParams = 20
+	maxParamText     = 200
+)
+
 // InvalidParam names one request field and why it was rejected.
 type InvalidParam struct {
 	Name   string `json:"name"`
@@ -296,13 +323,22 @@ func (e *Error) Body() []byte {
 	if e.Type == Internal {
 		detail = "The server failed to process the request. It has been logged."
 	}
+	params, count := e.InvalidParams, 0
+	if len(params) > MaxInvalidParams {
+		params, count = params[:MaxInvalidParams], len(params)
+	}
+	shown := make([]InvalidParam, len(params))
+	for i, p := range params {
+		shown[i] = InvalidParam{Name: pgtext.Truncate(p.Name, maxParamText), Reason: pgtext.Truncate(p.Reason, maxParamText)}
+	}
 	doc := struct {
-		Type          string         `json:"type"`
-		Title         string         `json:"title"`
-		Status        int            `json:"status"`
-		Detail        string         `json:"detail,omitempty"`
-		InvalidParams []InvalidParam `json:"invalid_params,omitempty"`
-	}{e.Type.URI(), e.Type.Title(), e.Status(), detail, e.InvalidParams}
+		Type               string         `json:"type"`
+		Title              string         `json:"title"`
+		Status             int            `json:"status"`
+		Detail             string         `json:"detail,omitempty"`
+		InvalidParams      []InvalidParam `json:"invalid_params,omitempty"`
+		InvalidParamsCount int            `json:"invalid_params_count,omitempty"`
+	}{e.Type.URI(), e.Type.Title(), e.Status(), detail, shown, count}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

@@ -229,7 +229,7 @@ func TestRoundTrips(t *testing.T) {
 		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
 			"IdempotencyKeyGetByScopeKey",
 			"ChargeGetForRefund",
-			"[select IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
+			"[select IdempotencyKeyInsert ChargeLockForRefund ChargeReserveRefund RefundInsert select]",
 			"[IdempotencyKeyFinish RefundSetOutcome EventInsert]",
 		}},
 		{"Stripe event", func() { event(10) }, []string{

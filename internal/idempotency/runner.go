@@ -389,14 +389,17 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 		r.observe(OutcomeReplayed)
 		return nil, &resp, nil
 	}
+	stale := false // the last turn's Begin found what it read changed
 	for range maxAttempts {
 		row, err := r.q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
 			Scope: string(req.Scope), Key: req.Key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
 		})
+		stale = false
 		if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
 			rec, err := r.begin(ctx, req, op)
 			switch {
 			case errors.Is(err, errTaken), errors.Is(err, ErrStale):
+				stale = errors.Is(err, ErrStale)
 				continue // claimed concurrently, or Begin's read changed: read again
 			case err != nil:
 				return nil, nil, err
@@ -429,6 +432,13 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation, generatio
 			continue // changed since the read
 		}
 		return rec, nil, nil
+	}
+	if stale {
+		// Not the key's doing: other requests changed what this one
+		// checks (each of them made progress). Say so, rather than that
+		// the key is in flight.
+		r.observe(OutcomeRolledBack)
+		return nil, nil, refuse(ErrContended, "What this request changes was changed by other requests on every try; nothing was done. Retry shortly.")
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")

@@ -198,6 +198,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrInvalidJSON:    apierror.InvalidJSON,
 	idempotency.ErrMismatch:       apierror.IdempotencyKeyReused,
 	idempotency.ErrInFlight:       apierror.RequestInProgress,
+	idempotency.ErrContended:      apierror.ResourceBusy,
 	idempotency.ErrFenced:         apierror.RequestInProgress,
 	idempotency.ErrUnknownOutcome: apierror.DownstreamUnavailable,
 }
@@ -212,7 +213,7 @@ var httpDetails = map[error]string{
 }
 
 // Problem maps a refusal of the core onto its problem; a retryable one
-// (in flight, fenced, unknown outcome) carries Retry-After. Any other error
+// (in flight, fenced, contended, unknown outcome) carries Retry-After. Any other error
 // is returned as it is.
 func Problem(err error) error {
 	var ie *idempotency.Error
@@ -228,7 +229,7 @@ func Problem(err error) error {
 		detail = d
 	}
 	pe := &apierror.Error{Type: t, Detail: detail, Cause: ie.Cause}
-	if t == apierror.RequestInProgress || t == apierror.DownstreamUnavailable {
+	if t == apierror.RequestInProgress || t == apierror.ResourceBusy || t == apierror.DownstreamUnavailable {
 		pe.RetryAfter = retryAfter
 	}
 	return pe
