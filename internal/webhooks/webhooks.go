@@ -124,6 +124,10 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 	if err != nil {
 		return idempotency.Response{}, err
 	}
+	if err := storable(payload); err != nil {
+		h.observe("", OutcomeRejectedPayload)
+		return idempotency.Response{}, err
+	}
 	req, err := request(ev)
 	if err != nil {
 		h.observe("", OutcomeRejectedPayload)
@@ -201,6 +205,44 @@ func (h *Receiver) verify(payload []byte, header string) (*stripe.Event, error) 
 	default: // the body is not JSON, or not of stripe-go's API version
 		h.observe("", OutcomeRejectedPayload)
 		return nil, apierror.Newf(apierror.WebhookPayloadInvalid, "%v", err)
+	}
+}
+
+// storable refuses a payload that PostgreSQL cannot hold as jsonb, the
+// inbox's column, nor as text, the columns its type, object id and the
+// ledger's ids come from: one with \u0000 (NUL) in any string, bytes that
+// are not UTF-8, or an unpaired surrogate escape. The signature does not
+// make such an event one idempay can record: without this check it was a
+// 500 from the database, and Stripe redelivered it for days; refused, it
+// is a 400 that names what is wrong, and nothing is stored.
+func storable(payload []byte) error {
+	if bad := charges.InvalidText(payload); len(bad) > 0 {
+		return apierror.Newf(apierror.WebhookPayloadInvalid,
+			"The event holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape) at %s.", pgtext.Truncate(bad[0].Name, 100))
+	}
+	if escapedNUL(payload) {
+		return apierror.New(apierror.WebhookPayloadInvalid, `The event holds a NUL character (\u0000), which cannot be stored.`)
+	}
+	return nil
+}
+
+// escapedNUL reports whether the JSON text b has the escape \u0000 in a
+// string: a backslash that is itself escaped (\\u0000, the six characters
+// \u0000 as text) does not count.
+func escapedNUL(b []byte) bool {
+	for i := 0; ; i++ {
+		j := bytes.Index(b[i:], []byte(`\u0000`))
+		if j < 0 {
+			return false
+		}
+		i += j
+		backslashes := 0 // the run of them that ends at i
+		for k := i; k >= 0 && b[k] == '\\'; k-- {
+			backslashes++
+		}
+		if backslashes%2 == 1 {
+			return true
+		}
 	}
 }
 
