@@ -12,6 +12,7 @@ import (
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/orders"
+	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -34,6 +35,8 @@ type Config struct {
 	DatabaseDirectURL string
 	DBMaxConns        int32
 	ListenAddr        string
+	// HTTPWriteTimeout is the API server's WriteTimeout (server.NewHTTPServer).
+	HTTPWriteTimeout  time.Duration
 	AuthCacheTTL      time.Duration
 	StripeSecretKey   string
 	StripeAPIURL      string
@@ -60,6 +63,7 @@ func loadConfig() (Config, error) {
 		DatabaseDirectURL: e.str("DATABASE_DIRECT_URL", ""),
 		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
 		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		HTTPWriteTimeout:  e.dur("HTTP_WRITE_TIMEOUT", server.DefaultWriteTimeout),
 		AuthCacheTTL:      e.dur("AUTH_CACHE_TTL", accounts.DefaultCacheTTL),
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
@@ -107,6 +111,10 @@ func loadConfig() (Config, error) {
 	if cfg.StripeTimeout >= cfg.Idempotency.LockTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("STRIPE_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LOCK_TIMEOUT (%s), or healthy requests would be taken over",
 			cfg.StripeTimeout, cfg.Idempotency.LockTimeout))
+	}
+	if cfg.HTTPWriteTimeout <= server.ReadTimeout+cfg.StripeTimeout {
+		e.errs = append(e.errs, fmt.Sprintf("HTTP_WRITE_TIMEOUT (%s) must be longer than the read timeout (%s) plus STRIPE_TIMEOUT (%s), or a request that calls Stripe loses its answer",
+			cfg.HTTPWriteTimeout, server.ReadTimeout, cfg.StripeTimeout))
 	}
 	if cfg.Orders.AckWait <= cfg.StripeTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s), or a message is redelivered while its charge runs",

@@ -205,6 +205,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The auth cache forgets a revoked key in every process at once (I11).
 	wg.Go(func() { a.Auth.Listen(bg, a.Pool, log) })
 	srv := server.NewHTTPServer(cfg.ListenAddr, a.Handler())
+	srv.WriteTimeout = cfg.HTTPWriteTimeout
 
 	if cfg.CompleterInterval > 0 {
 		wg.Go(func() { a.Runner.RunCompleter(bg, cfg.CompleterInterval) })

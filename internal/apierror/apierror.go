@@ -71,7 +71,16 @@ const (
 	// ResourceBusy: what the request changes kept being changed by other
 	// requests; nothing was begun.
 	ResourceBusy Type = "resource-busy"
+	// ClientClosedRequest: the client closed the connection before the
+	// answer (StatusClientClosedRequest).
+	ClientClosedRequest Type = "client-closed-request"
 )
+
+// StatusClientClosedRequest is the status of a request whose client closed
+// the connection before it was answered. HTTP has none, since no client
+// reads it; 499 is nginx's, which log readers and dashboards know. It is
+// not a 5xx: the server did not fail.
+const StatusClientClosedRequest = 499
 
 var statusOf = map[Type]int{
 	Unauthorized:                http.StatusUnauthorized,
@@ -84,6 +93,7 @@ var statusOf = map[Type]int{
 	InvalidRequest:              http.StatusBadRequest,
 	MalformedRequest:            http.StatusBadRequest,
 	RequestTimeout:              http.StatusRequestTimeout,
+	ClientClosedRequest:         StatusClientClosedRequest,
 	HeaderTooLarge:              http.StatusRequestHeaderFieldsTooLarge,
 	UnsupportedMediaType:        http.StatusUnsupportedMediaType,
 	BodyTooLarge:                http.StatusRequestEntityTooLarge,
@@ -117,6 +127,7 @@ var titleOf = map[Type]string{
 	InvalidRequest:              "Request parameters are invalid",
 	MalformedRequest:            "The request is malformed",
 	RequestTimeout:              "The request body did not arrive in time",
+	ClientClosedRequest:         "The client closed the connection before the answer",
 	HeaderTooLarge:              "Request header is too large",
 	UnsupportedMediaType:        "Request body must be application/json",
 	BodyTooLarge:                "Request body is too large",
@@ -170,6 +181,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	MalformedRequest: {
 		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",
 		"Percent-encode the path and query as UTF-8, send header values without control characters and the whole body as framed, and send the request again; the same Idempotency-Key is fine."},
+	ClientClosedRequest: {
+		"The client closed the connection (or its sending side) before the server answered, and the request was abandoned where it was. No client reads this answer; the server's logs and metrics count it. A request abandoned before its claim stored nothing; one whose claim had committed is finished by the completer, and a retry with the same key gets its answer.",
+		"Keep the connection open until the answer arrives. Retry with the same Idempotency-Key and body."},
 	RequestTimeout: {
 		"The request body stalled: it did not arrive in full within the server's read timeout (30 seconds from the start of the request). Nothing was stored.",
 		"Send the whole body at once, then send the request again; the same Idempotency-Key is fine."},

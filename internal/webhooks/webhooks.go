@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v76"
@@ -246,6 +247,13 @@ func escapedNUL(b []byte) bool {
 	}
 }
 
+// The lengths of an event's type and object id that the inbox holds
+// (stripe_events' CHECKs); Stripe's own are far shorter.
+const (
+	maxTypeLength     = 100
+	maxObjectIDLength = 255
+)
+
 // request is the event's claim: the event id is the key, and the
 // fingerprint covers what identifies the event (id, type, created, API
 // version and the object), not what changes from one delivery to the next
@@ -254,6 +262,10 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 	key, err := idempotency.ParseKey(ev.ID)
 	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
 		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.") //nolint:staticcheck // the text is the problem's detail, a sentence
+	}
+	objectID, _ := ev.Data.Object["id"].(string)
+	if utf8.RuneCountInString(string(ev.Type)) > maxTypeLength || utf8.RuneCountInString(objectID) > maxObjectIDLength {
+		return idempotency.Request{}, fmt.Errorf("The event's type or object id is longer than Stripe's (at most %d and %d characters).", maxTypeLength, maxObjectIDLength) //nolint:staticcheck // the problem's detail, a sentence
 	}
 	stable, err := json.Marshal(struct {
 		ID         string          `json:"id"`
