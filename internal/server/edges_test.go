@@ -242,3 +242,21 @@ func TestKeyPathIsDecodedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestClientThatLeavesIsNotAServerFailure: a client that closes its side
+// of the connection before its request is answered (here in the middle of
+// a body that a GET does not need) makes net/http cancel the request's
+// context, and the handler's database call fails with it: that is a 499
+// client-closed-request, not a 503 "the database is not reachable" or a
+// 500 logged at error level. The client can still read the answer.
+func TestClientThatLeavesIsNotAServerFailure(t *testing.T) {
+	t.Parallel()
+	_, client, addr, logs := newWireServer(t)
+	for _, path := range []string{"/readyz", "/v1/charges", "/v1/events"} {
+		logs.reset()
+		request := "GET " + path + " HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\nAuthorization: Bearer " + client.Account.APIKey +
+			"\r\nContent-Length: 10\r\n\r\nhalf"
+		status, ct, body := exchange(t, addr, http.MethodGet, []byte(request), true)
+		wantProblem(t, "GET "+path+", then the client's side closed", status, ct, body, apierror.StatusClientClosedRequest, apierror.ClientClosedRequest, logs)
+	}
+}
