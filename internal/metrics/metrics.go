@@ -79,7 +79,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "http", Name: "requests_total",
-		Help: "HTTP requests answered, by method, route pattern and status code.",
+		Help: "HTTP requests answered, by method (one of HTTP's, or other), route pattern and status code.",
 	}, []string{"method", "route", "status"})
 	m.httpDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "http", Name: "request_duration_seconds",

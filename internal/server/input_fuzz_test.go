@@ -182,6 +182,9 @@ const maxLogLine = 2 << 10
 // by byte (Go's HTTP client refuses to send most of these bytes). `go
 // test` runs the seeds and the corpus in testdata/fuzz/FuzzInput (each
 // finding at the input edges); `go test -fuzz FuzzInput` looks for more.
+// A corpus file names its route by its index in the sorted list below, so
+// a new route shifts them: each file stays a valid input, but check that
+// it still reaches the route its name says.
 func FuzzInput(f *testing.F) {
 	env, client, addr, logs := newWireServer(f)
 
