@@ -17,6 +17,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/orders"
+	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -45,12 +46,14 @@ type Config struct {
 	DatabaseDirectURL string
 	DBMaxConns        int32
 	ListenAddr        string
-	StripeSecretKey   string
-	StripeAPIURL      string
-	StripeTimeout     time.Duration
-	Webhooks          webhooks.Config
-	NATSURL           string
-	MetricsAddr       string // consume and relay serve /metrics here; "" for none
+	// HTTPWriteTimeout is the API server's WriteTimeout (server.NewHTTPServer).
+	HTTPWriteTimeout time.Duration
+	StripeSecretKey  string
+	StripeAPIURL     string
+	StripeTimeout    time.Duration
+	Webhooks         webhooks.Config
+	NATSURL          string
+	MetricsAddr      string // consume and relay serve /metrics here; "" for none
 	// ConsoleAddr is where serve serves the console; "" for none.
 	ConsoleAddr string
 	// ConsoleSecret signs the console's session cookies and CSRF tokens.
@@ -78,6 +81,7 @@ func loadConfig() (Config, error) {
 		DatabaseDirectURL: e.str("DATABASE_DIRECT_URL", ""),
 		DBMaxConns:        int32(e.int("DB_MAX_CONNS", 16)),
 		ListenAddr:        e.str("LISTEN_ADDR", "127.0.0.1:8080"),
+		HTTPWriteTimeout:  e.dur("HTTP_WRITE_TIMEOUT", server.DefaultWriteTimeout),
 		StripeSecretKey:   e.str("STRIPE_SECRET_KEY", ""),
 		StripeAPIURL:      strings.TrimRight(e.str("STRIPE_API_URL", "https://api.stripe.com"), "/"),
 		StripeTimeout:     e.dur("STRIPE_TIMEOUT", 20*time.Second),
@@ -135,6 +139,10 @@ func loadConfig() (Config, error) {
 	if cfg.Idempotency.RetryCeiling >= stripeKeyMemory || cfg.Idempotency.RetryCeiling <= cfg.Idempotency.LockTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETRY_CEILING (%s) must be longer than IDEMPOTENCY_LOCK_TIMEOUT (%s) and shorter than %s, how long Stripe is sure to keep an idempotency key",
 			cfg.Idempotency.RetryCeiling, cfg.Idempotency.LockTimeout, stripeKeyMemory))
+	}
+	if cfg.HTTPWriteTimeout <= server.ReadTimeout+cfg.StripeTimeout {
+		e.errs = append(e.errs, fmt.Sprintf("HTTP_WRITE_TIMEOUT (%s) must be longer than the read timeout (%s) plus STRIPE_TIMEOUT (%s), or a request that calls Stripe loses its answer",
+			cfg.HTTPWriteTimeout, server.ReadTimeout, cfg.StripeTimeout))
 	}
 	if cfg.Orders.AckWait <= cfg.StripeTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s), or a message is redelivered while its charge runs",

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idempay/idempay/internal/server"
 )
 
 // TestRetryCeilingSetting: IDEMPOTENCY_RETRY_CEILING is 12 h by default
@@ -25,6 +27,29 @@ func TestRetryCeilingSetting(t *testing.T) {
 			t.Errorf("IDEMPOTENCY_RETRY_CEILING=%q: %v", tc.value, err)
 		case !tc.err && cfg.Idempotency.RetryCeiling != tc.want:
 			t.Errorf("IDEMPOTENCY_RETRY_CEILING=%q: RetryCeiling %v, want %v", tc.value, cfg.Idempotency.RetryCeiling, tc.want)
+		}
+	}
+}
+
+// TestHTTPWriteTimeoutSetting: HTTP_WRITE_TIMEOUT defaults to the server's
+// own, and one that a request calling Stripe could outlast (the read
+// timeout plus STRIPE_TIMEOUT) is a configuration error naming it.
+func TestHTTPWriteTimeoutSetting(t *testing.T) {
+	for _, tc := range []struct {
+		write, stripe string
+		want          time.Duration
+		err           bool
+	}{{"", "", server.DefaultWriteTimeout, false}, {"90s", "20s", 90 * time.Second, false}, {"45s", "20s", 0, true}, {"40s", "10s", 0, true}} {
+		t.Setenv("HTTP_WRITE_TIMEOUT", tc.write)
+		t.Setenv("STRIPE_TIMEOUT", tc.stripe)
+		cfg, err := loadConfig()
+		switch {
+		case tc.err && (err == nil || !strings.Contains(err.Error(), "HTTP_WRITE_TIMEOUT")):
+			t.Errorf("HTTP_WRITE_TIMEOUT=%q STRIPE_TIMEOUT=%q: error %v, want one naming HTTP_WRITE_TIMEOUT", tc.write, tc.stripe, err)
+		case !tc.err && err != nil:
+			t.Errorf("HTTP_WRITE_TIMEOUT=%q STRIPE_TIMEOUT=%q: %v", tc.write, tc.stripe, err)
+		case !tc.err && cfg.HTTPWriteTimeout != tc.want:
+			t.Errorf("HTTP_WRITE_TIMEOUT=%q: %s, want %s", tc.write, cfg.HTTPWriteTimeout, tc.want)
 		}
 	}
 }

@@ -221,6 +221,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The API keys' last use, noted off the request path.
 	wg.Go(func() { a.Auth.RunNoteUses(bg, accounts.NoteUsesInterval, log) })
 	srv := server.NewHTTPServer(cfg.ListenAddr, a.Handler())
+	srv.WriteTimeout = cfg.HTTPWriteTimeout
 
 	if cfg.CompleterInterval > 0 {
 		wg.Go(func() { a.Runner.RunCompleter(bg, cfg.CompleterInterval) })

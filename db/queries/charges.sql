@@ -14,19 +14,34 @@ WHERE account_id = @account_id
 ORDER BY created_at DESC, id DESC
 LIMIT @max_rows;
 
+-- name: ChargeLockForRefund :exec
+-- Locks the charge row, first in a refund's claim batch, so that concurrent
+-- refunds of one charge (each with its own key) queue on the row instead of
+-- failing a version guard one after another. Once the lock is held, the
+-- next statement's snapshot sees every change committed to the charge
+-- before it (other refunds, a dispute's ChargeTouch).
+SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
+
 -- name: ChargeReserveRefund :exec
--- Reserves a refund's amount on the charge, in the refund's claim batch.
--- Guarded: the charge must still be at the version the refund's checks read
--- (status, disputes, what is left to refund), or it raises IDS01 and the
--- runner reads and checks again. The table's CHECK rejects any amount that
+-- Reserves a refund's amount on the charge, in the refund's claim batch,
+-- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
+-- charge as it is now, not on the version the refund's checks read: the
+-- charge succeeded, has no open or lost dispute, and still has the amount
+-- left to refund. When one of them no longer holds it raises IDS01, and the
+-- runner reads and checks again, which answers with what changed (for
+-- example refund-exceeds-charge). The table's CHECK rejects any amount that
 -- would exceed the charge whatever the checks said.
 WITH c AS (
     UPDATE charges
     SET amount_refunded = amount_refunded + @amount, version = version + 1, updated_at = now()
-    WHERE id = @id AND version = @version
+    WHERE charges.id = @id
+      AND charges.status = 'succeeded'
+      AND charges.amount_captured - charges.amount_refunded >= @amount
+      AND NOT EXISTS (SELECT 1 FROM disputes d
+                      WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
     RETURNING 1
 )
-SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read');
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount');
 
 -- name: ChargeFindForEvent :one
 -- The charge a Stripe event is about: by Stripe's PaymentIntent or charge
@@ -122,8 +137,9 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed sin
 
 -- name: ChargeTouch :exec
 -- Bumps the charge's version without changing it otherwise, guarded by the
--- version read: a dispute's event does, so that a refund checked against
--- the charge before the dispute fails its guard and checks again.
+-- version read: a dispute's event does, so that it holds the charge row's
+-- lock until its dispute commits, and a refund, which takes that lock
+-- first (ChargeLockForRefund), waits for the dispute and then sees it.
 WITH c AS (
     UPDATE charges SET version = version + 1, updated_at = now()
     WHERE id = @id AND version = @version

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // ContentType is the media type of every error body.
@@ -74,7 +75,21 @@ const (
 	// The Stripe webhook endpoint's own refusals.
 	WebhookSignatureInvalid Type = "webhook-signature-invalid"
 	WebhookPayloadInvalid   Type = "webhook-payload-invalid"
+	// RequestTimeout: the body did not arrive within the read timeout.
+	RequestTimeout Type = "request-timeout"
+	// ResourceBusy: what the request changes kept being changed by other
+	// requests; nothing was begun.
+	ResourceBusy Type = "resource-busy"
+	// ClientClosedRequest: the client closed the connection before the
+	// answer (StatusClientClosedRequest).
+	ClientClosedRequest Type = "client-closed-request"
 )
+
+// StatusClientClosedRequest is the status of a request whose client closed
+// the connection before it was answered. HTTP has none, since no client
+// reads it; 499 is nginx's, which log readers and dashboards know. It is
+// not a 5xx: the server did not fail.
+const StatusClientClosedRequest = 499
 
 var statusOf = map[Type]int{
 	Unauthorized:                http.StatusUnauthorized,
@@ -84,9 +99,12 @@ var statusOf = map[Type]int{
 	IdempotencyKeyExpired:       http.StatusUnprocessableEntity,
 	RequestInProgress:           http.StatusConflict,
 	IdempotencyKeyParked:        http.StatusConflict,
+	ResourceBusy:                http.StatusConflict,
 	InvalidJSON:                 http.StatusBadRequest,
 	InvalidRequest:              http.StatusBadRequest,
 	MalformedRequest:            http.StatusBadRequest,
+	RequestTimeout:              http.StatusRequestTimeout,
+	ClientClosedRequest:         StatusClientClosedRequest,
 	HeaderTooLarge:              http.StatusRequestHeaderFieldsTooLarge,
 	UnsupportedMediaType:        http.StatusUnsupportedMediaType,
 	BodyTooLarge:                http.StatusRequestEntityTooLarge,
@@ -118,9 +136,12 @@ var titleOf = map[Type]string{
 	IdempotencyKeyExpired:       "Idempotency-Key expired after this same request ran",
 	RequestInProgress:           "A request with this Idempotency-Key is in progress",
 	IdempotencyKeyParked:        "The request with this Idempotency-Key is parked until Stripe's events settle it",
+	ResourceBusy:                "What this request changes is being changed by other requests",
 	InvalidJSON:                 "Request body is not valid JSON",
 	InvalidRequest:              "Request parameters are invalid",
 	MalformedRequest:            "The request is malformed",
+	RequestTimeout:              "The request body did not arrive in time",
+	ClientClosedRequest:         "The client closed the connection before the answer",
 	HeaderTooLarge:              "Request header is too large",
 	UnsupportedMediaType:        "Request body must be application/json",
 	BodyTooLarge:                "Request body is too large",
@@ -169,6 +190,9 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 	IdempotencyKeyParked: {
 		"The first request with this Idempotency-Key got no definite answer from Stripe (an unknown outcome, a crash), and it was still unfinished at the retry ceiling (IDEMPOTENCY_RETRY_CEILING, 12 hours by default, from its creation). Stripe may forget a request's idempotency key once it is 24 hours old, and a call under a forgotten key would run as a new payment, so idempay no longer calls Stripe for it: it is parked, and Stripe's events and reconciliation settle it from what Stripe holds. Nothing changed, and this answer is not stored: once the request is settled, a retry with the key gets its stored outcome.",
 		"Do not send the payment again under a new key yet: it may have succeeded. Read the key's state (GET /v1/idempotency_keys/{key}) or the charge until it is finished, then retry with the same key to get the outcome."},
+	ResourceBusy: {
+		"Other requests changed what this request changes (for a refund, its charge) between this request's checks and its write, on every try, so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
+		"Wait for the Retry-After delay, then retry with the same key and the same body."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},
@@ -176,8 +200,14 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
 	MalformedRequest: {
-		"The request is malformed before its body is read: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, or a request line or header that HTTP does not allow. Nothing was stored.",
-		"Percent-encode the path and query as UTF-8, send header values without control characters, and send the request again; the same Idempotency-Key is fine."},
+		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",
+		"Percent-encode the path and query as UTF-8, send header values without control characters and the whole body as framed, and send the request again; the same Idempotency-Key is fine."},
+	ClientClosedRequest: {
+		"The client closed the connection (or its sending side) before the server answered, and the request was abandoned where it was. No client reads this answer; the server's logs and metrics count it. A request abandoned before its claim stored nothing; one whose claim had committed is finished by the completer, and a retry with the same key gets its answer.",
+		"Keep the connection open until the answer arrives. Retry with the same Idempotency-Key and body."},
+	RequestTimeout: {
+		"The request body stalled: it did not arrive in full within the server's read timeout (30 seconds from the start of the request). Nothing was stored.",
+		"Send the whole body at once, then send the request again; the same Idempotency-Key is fine."},
 	HeaderTooLarge: {
 		"The request line and headers together are larger than 64 KiB. Nothing was stored.",
 		"Send smaller headers (or a shorter URL); the same Idempotency-Key is fine."},
@@ -265,6 +295,17 @@ func (t Type) WhatToDo() string { return docOf[t].whatToDo }
 // URI is the problem "type" member for t.
 func (t Type) URI() string { return TypeBase + string(t) }
 
+// MaxInvalidParams bounds the invalid_params a problem body lists, and
+// maxParamText the characters of each name and reason: a body of many
+// unknown fields, or of one huge field name, must not make the answer
+// larger than the request (nor make the server hold it for a client that
+// never reads it). A list that was cut carries invalid_params_count, the
+// number of entries before the cut.
+const (
+	MaxInvalidParams = 20
+	maxParamText     = 200
+)
+
 // InvalidParam names one request field and why it was rejected.
 type InvalidParam struct {
 	Name   string `json:"name"`
@@ -320,13 +361,22 @@ func (e *Error) Body() []byte {
 	if e.Type == Internal {
 		detail = "The server failed to process the request. It has been logged."
 	}
+	params, count := e.InvalidParams, 0
+	if len(params) > MaxInvalidParams {
+		params, count = params[:MaxInvalidParams], len(params)
+	}
+	shown := make([]InvalidParam, len(params))
+	for i, p := range params {
+		shown[i] = InvalidParam{Name: pgtext.Truncate(p.Name, maxParamText), Reason: pgtext.Truncate(p.Reason, maxParamText)}
+	}
 	doc := struct {
-		Type          string         `json:"type"`
-		Title         string         `json:"title"`
-		Status        int            `json:"status"`
-		Detail        string         `json:"detail,omitempty"`
-		InvalidParams []InvalidParam `json:"invalid_params,omitempty"`
-	}{e.Type.URI(), e.Type.Title(), e.Status(), detail, e.InvalidParams}
+		Type               string         `json:"type"`
+		Title              string         `json:"title"`
+		Status             int            `json:"status"`
+		Detail             string         `json:"detail,omitempty"`
+		InvalidParams      []InvalidParam `json:"invalid_params,omitempty"`
+		InvalidParamsCount int            `json:"invalid_params_count,omitempty"`
+	}{e.Type.URI(), e.Type.Title(), e.Status(), detail, shown, count}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

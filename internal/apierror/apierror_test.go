@@ -2,6 +2,7 @@ package apierror
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -102,5 +103,46 @@ func TestEveryTypeIsDocumented(t *testing.T) {
 	}
 	if len(docOf) != len(statusOf) {
 		t.Errorf("%d types are documented, %d exist", len(docOf), len(statusOf))
+	}
+}
+
+// TestBodyBoundsInvalidParams: a problem lists at most MaxInvalidParams
+// invalid_params, each name and reason cut to a few hundred characters, and
+// says how many there were, so that a body of 900 KB of unknown fields (or
+// one field name of that size) gets an answer of a few kilobytes, not one
+// five times the request. A short list is rendered as it is, without a
+// count.
+func TestBodyBoundsInvalidParams(t *testing.T) {
+	t.Parallel()
+	var many []InvalidParam
+	for i := range 40_000 {
+		many = append(many, InvalidParam{Name: fmt.Sprintf("field_%05d_%s", i, strings.Repeat("x", 10)), Reason: "is not a known parameter"})
+	}
+	many[0].Name = strings.Repeat("\u00e9", 100_000) // one huge name, of two-byte characters
+	body := Invalid(many...).Body()
+	if len(body) > 16<<10 {
+		t.Fatalf("the problem of %d invalid params is %d bytes, want at most 16 KiB", len(many), len(body))
+	}
+	var doc struct {
+		InvalidParams []InvalidParam `json:"invalid_params"`
+		Count         int            `json:"invalid_params_count"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatalf("the problem is not JSON: %v: %.300s", err, body)
+	}
+	if len(doc.InvalidParams) != MaxInvalidParams || doc.Count != len(many) {
+		t.Fatalf("invalid_params has %d entries and invalid_params_count %d, want the first %d and %d", len(doc.InvalidParams), doc.Count, MaxInvalidParams, len(many))
+	}
+	if got := doc.InvalidParams[0].Name; got != strings.Repeat("\u00e9", maxParamText) {
+		t.Errorf("the huge name is rendered as %d bytes (%.20q...), want its first %d characters", len(got), got, maxParamText)
+	}
+	if got := doc.InvalidParams[1].Name; got != many[1].Name {
+		t.Errorf("the second name is %q, want %q (the first ones, in order)", got, many[1].Name)
+	}
+
+	few := Invalid(InvalidParam{Name: "amount", Reason: "is required"}).Body()
+	want := `{"type":"/problems/invalid-request","title":"Request parameters are invalid","status":400,"detail":"One or more parameters are invalid.","invalid_params":[{"name":"amount","reason":"is required"}]}`
+	if string(few) != want {
+		t.Errorf("a short list renders as\n%s\nwant\n%s", few, want)
 	}
 }

@@ -234,7 +234,7 @@ func TestRoundTrips(t *testing.T) {
 		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetForRefund",
-			"[APIKeyExpectActive IdempotencyKeyInsert ChargeReserveRefund RefundInsert select]",
+			"[APIKeyExpectActive IdempotencyKeyInsert ChargeLockForRefund ChargeReserveRefund RefundInsert select]",
 			"[IdempotencyKeyFinish RefundSetOutcome EventInsert]",
 		}},
 		{"Stripe event", func() { event(10) }, []string{

@@ -329,6 +329,76 @@ func TestConcurrentRefundsNeverExceedCharge(t *testing.T) {
 	}
 }
 
+// Fifty concurrent refunds of one charge, each with a fresh key: each one
+// waits its turn on the charge row and is answered with what happened to
+// it, created or refund-exceeds-charge. None is told that its key is in
+// flight (no request shares a key), and the ledger and the fake agree on
+// what was refunded. Before the refund's reservation queued on the row,
+// its claim gave up after five optimistic tries while the row kept
+// changing, and most of these were a 409 request-in-progress.
+func TestManyConcurrentRefundsQueueOnTheCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 4000)
+
+	const n, amount = 50, 100 // 40 fit
+	start := make(chan struct{})
+	statuses := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			resp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": amount})
+			if resp == nil {
+				return
+			}
+			statuses[i] = resp.Status
+			if resp.Status == http.StatusCreated {
+				return
+			}
+			var p struct {
+				apitest.Problem
+				Refundable *int64 `json:"refundable_amount"`
+			}
+			resp.JSON(t, &p)
+			if resp.Status != http.StatusBadRequest || p.Type != "/problems/refund-exceeds-charge" || p.Refundable == nil || *p.Refundable >= amount {
+				t.Errorf("refund %d: status %d, body %s; want 201, or 400 refund-exceeds-charge with a refundable_amount under %d", i, resp.Status, resp.Body, amount)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	created := 0
+	for _, s := range statuses {
+		if s == http.StatusCreated {
+			created++
+		}
+	}
+	if created != 40 {
+		t.Fatalf("%d refunds of %d on a 4000 charge were created, want 40 (statuses %v)", created, amount, statuses)
+	}
+	var sum, refunded int64
+	var rows int
+	if err := env.Pool.QueryRow(context.Background(), `
+		SELECT coalesce(sum(r.amount) FILTER (WHERE r.status <> 'failed'), 0), count(r.id), c.amount_refunded
+		FROM charges c LEFT JOIN refunds r ON r.charge_id = c.id
+		WHERE c.id = $1 GROUP BY c.amount_refunded`, ch.ID).Scan(&sum, &rows, &refunded); err != nil {
+		t.Fatal(err)
+	}
+	if sum != 4000 || refunded != 4000 || rows != 40 {
+		t.Fatalf("ledger: %d refund rows summing %d, amount_refunded %d; want 40, 4000, 4000", rows, sum, refunded)
+	}
+	var fakeSum int64
+	for _, r := range env.Stripe.Refunds() {
+		fakeSum += r.Amount
+	}
+	if fakeSum != 4000 || len(env.Stripe.Refunds()) != 40 {
+		t.Fatalf("fake refunded %d in %d refunds, want 4000 in 40", fakeSum, len(env.Stripe.Refunds()))
+	}
+}
+
 // A refund of a charge the account cannot see (unknown, or another
 // account's) is rejected before anything is stored, so the same key can then
 // be used for the corrected request.

@@ -453,9 +453,10 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 	reason := nonEmpty(pgtext.Truncate(string(sd.Reason), 100))
 	d, err := s.q.DisputeGetByStripeID(ctx, s.pool, sd.ID)
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		// The charge's version moves with its new dispute, so that a refund
-		// checked before it fails its guard (refundOp.Begin); the insert's
-		// own guard orders two events that would both insert it.
+		// The charge row is written (and locked) with its new dispute, so
+		// that a refund's reservation, which locks the row first, waits for
+		// the dispute and sees it (refundOp.Begin); the version's guard
+		// orders two events that would both insert it.
 		if err := s.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version}); err != nil {
 			return "", err
 		}

@@ -17,9 +17,10 @@ import (
 )
 
 // refundOp refunds part or all of a charge. Begin checks the charge and
-// reserves the amount on it (amount_refunded), guarded by the charge's
-// version, so concurrent refunds with different keys can never exceed the
-// charge; a definite failure releases the reservation in the final phase.
+// reserves the amount on it (amount_refunded) with the charge row locked and
+// the checks repeated in SQL, so concurrent refunds with different keys
+// queue on the row and can never exceed the charge; a definite failure
+// releases the reservation in the final phase.
 type refundOp struct {
 	s         *Service
 	params    *refundParams // nil when resumed
@@ -30,10 +31,15 @@ type refundOp struct {
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
-// much, and queues the reservation (guarded by the version read) and the
-// refund's ledger row. A charge that changed in between makes the runner
-// claim again, and so check again. A refund that exists already (the same
-// request, after its record expired) is not checked: its insert is refused.
+// much, so that a refusal says why (and how much is left), and queues the
+// reservation and the refund's ledger row. The reservation locks the charge
+// row first and checks again there what the read checked: concurrent
+// refunds of one charge wait for each other on the row, each one reserving
+// while its amount still fits, instead of failing a version guard while the
+// others commit (which gave up, after a few tries, as a key in flight). A
+// refund that no longer fits makes the runner claim again, and the read
+// then answers refund-exceeds-charge. A refund that exists already (the same request,
+// after its record expired) is not checked: its insert is refused.
 func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	id := ledgerID("re_", rec)
 	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, &dbsqlc.ChargeGetForRefundParams{
@@ -61,8 +67,9 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status)
 	}
 	// Stripe refuses to refund a disputed charge: the dispute decides. A
-	// dispute's event bumps the charge's version (applyDispute), so one
-	// that lands after this read fails the reservation's guard.
+	// dispute that lands after this read is seen by the reservation, which
+	// checks for one with the charge row locked (applyDispute writes the
+	// row with its dispute).
 	if row.BlockingDisputes > 0 {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
@@ -72,9 +79,10 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Extensions: map[string]any{"refundable_amount": remaining}}
 	}
-	if err := op.s.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{
-		ID: ch.ID, Version: ch.Version, Amount: amount,
-	}); err != nil {
+	if err := op.s.q.ChargeLockForRefund(ctx, b, ch.ID); err != nil {
+		return err
+	}
+	if err := op.s.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: ch.ID, Amount: amount}); err != nil {
 		return err
 	}
 	op.refund = dbsqlc.Refund{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,

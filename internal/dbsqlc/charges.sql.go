@@ -495,6 +495,20 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 	return items, nil
 }
 
+const chargeLockForRefund = `-- name: ChargeLockForRefund :exec
+SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE
+`
+
+// Locks the charge row, first in a refund's claim batch, so that concurrent
+// refunds of one charge (each with its own key) queue on the row instead of
+// failing a version guard one after another. Once the lock is held, the
+// next statement's snapshot sees every change committed to the charge
+// before it (other refunds, a dispute's ChargeTouch).
+func (q *Queries) ChargeLockForRefund(ctx context.Context, db DBTX, id string) error {
+	_, err := db.Exec(ctx, chargeLockForRefund, id)
+	return err
+}
+
 const chargeReleaseRefunded = `-- name: ChargeReleaseRefunded :exec
 UPDATE charges
 SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), version = version + 1, updated_at = now()
@@ -518,25 +532,31 @@ const chargeReserveRefund = `-- name: ChargeReserveRefund :exec
 WITH c AS (
     UPDATE charges
     SET amount_refunded = amount_refunded + $1, version = version + 1, updated_at = now()
-    WHERE id = $2 AND version = $3
+    WHERE charges.id = $2
+      AND charges.status = 'succeeded'
+      AND charges.amount_captured - charges.amount_refunded >= $1
+      AND NOT EXISTS (SELECT 1 FROM disputes d
+                      WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
     RETURNING 1
 )
-SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount')
 `
 
 type ChargeReserveRefundParams struct {
-	Amount  int64
-	ID      string
-	Version int64
+	Amount int64
+	ID     string
 }
 
-// Reserves a refund's amount on the charge, in the refund's claim batch.
-// Guarded: the charge must still be at the version the refund's checks read
-// (status, disputes, what is left to refund), or it raises IDS01 and the
-// runner reads and checks again. The table's CHECK rejects any amount that
+// Reserves a refund's amount on the charge, in the refund's claim batch,
+// after ChargeLockForRefund. Guarded by what a refund needs, checked on the
+// charge as it is now, not on the version the refund's checks read: the
+// charge succeeded, has no open or lost dispute, and still has the amount
+// left to refund. When one of them no longer holds it raises IDS01, and the
+// runner reads and checks again, which answers with what changed (for
+// example refund-exceeds-charge). The table's CHECK rejects any amount that
 // would exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
-	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.Version)
+	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID)
 	return err
 }
 
@@ -647,8 +667,9 @@ type ChargeTouchParams struct {
 }
 
 // Bumps the charge's version without changing it otherwise, guarded by the
-// version read: a dispute's event does, so that a refund checked against
-// the charge before the dispute fails its guard and checks again.
+// version read: a dispute's event does, so that it holds the charge row's
+// lock until its dispute commits, and a refund, which takes that lock
+// first (ChargeLockForRefund), waits for the dispute and then sees it.
 func (q *Queries) ChargeTouch(ctx context.Context, db DBTX, arg *ChargeTouchParams) error {
 	_, err := db.Exec(ctx, chargeTouch, arg.ID, arg.Version)
 	return err

@@ -27,6 +27,11 @@ var (
 	// ErrInFlight: another owner holds the key's record and its lock is
 	// fresh (I4). Nothing changed; retry after a short delay.
 	ErrInFlight = errors.New("a request with this idempotency key is in flight")
+	// ErrContended: the rows the request's operation checks before it
+	// claims (a charge, for a refund) changed between its read and its
+	// guarded write on every try, because other requests kept changing
+	// them. Nothing was stored; retry after a short delay.
+	ErrContended = errors.New("the rows this request changes kept changing")
 	// ErrFenced: this owner's record was taken over while it worked; its
 	// writes were rolled back. The new owner answers; retry to get that.
 	ErrFenced = errors.New("idempotency record was taken over by another owner")

@@ -394,12 +394,15 @@ const maxAttempts = 5
 // whose unique index is the atomic arbiter, and the loser reads again. A
 // resumable record is taken over at the lock generation the read saw.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
+	stale := false // the last turn's Begin found what it read changed
 	for range maxAttempts {
 		row, err := r.read(ctx, &req)
+		stale = false
 		if errors.Is(err, db.ErrNotFound) {
 			rec, err := r.begin(ctx, req, op)
 			switch {
 			case errors.Is(err, errTaken), errors.Is(err, ErrStale):
+				stale = errors.Is(err, ErrStale)
 				continue // claimed concurrently, or Begin's read changed: read again
 			case err != nil:
 				return nil, nil, err
@@ -439,6 +442,13 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			continue // changed since the read
 		}
 		return rec, nil, nil
+	}
+	if stale {
+		// Not the key's doing: other requests changed what this one
+		// checks (each of them made progress). Say so, rather than that
+		// the key is in flight.
+		r.observe(OutcomeRolledBack)
+		return nil, nil, refuse(ErrContended, "What this request changes was changed by other requests on every try; nothing was done. Retry shortly.")
 	}
 	r.observe(OutcomeConflict)
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")

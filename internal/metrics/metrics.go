@@ -81,7 +81,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "http", Name: "requests_total",
-		Help: "HTTP requests answered, by method, route pattern and status code.",
+		Help: "HTTP requests answered, by method (one of HTTP's, or other), route pattern and status code.",
 	}, []string{"method", "route", "status"})
 	m.httpDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "http", Name: "request_duration_seconds",
@@ -180,11 +180,34 @@ func (m *Metrics) Handler() http.Handler {
 
 // ObserveHTTP records one answered request. route must be the route
 // pattern (echo's c.Path(), such as /v1/charges/:id), never the raw path:
-// raw paths carry ids and would create one series per object.
+// raw paths carry ids and would create one series per object. The method
+// is labelled as Method names it.
 func (m *Metrics) ObserveHTTP(method, route string, status int, d time.Duration) {
-	code := strconv.Itoa(status)
+	method, code := Method(method), strconv.Itoa(status)
 	m.httpRequests.WithLabelValues(method, route, code).Inc()
 	m.httpDuration.WithLabelValues(method, route, code).Observe(d.Seconds())
+}
+
+// MethodOther labels every request method that is not one of HTTP's own.
+const MethodOther = "other"
+
+// httpMethods are the methods of RFC 9110 and PATCH (RFC 5789).
+var httpMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+	http.MethodConnect: true, http.MethodTrace: true,
+}
+
+// Method is the label of a request's method: the method itself when it is
+// one of HTTP's (GET, POST ...), else MethodOther. HTTP lets a client send
+// any token as its method, up to the header limit, and every distinct value
+// would be a new series on /metrics (and memory the server keeps) for a
+// client that needs no API key to send it.
+func Method(method string) string {
+	if httpMethods[method] {
+		return method
+	}
+	return MethodOther
 }
 
 // ObserveOutcome counts one idempotency outcome; it is the function to set

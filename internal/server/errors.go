@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,12 +15,22 @@ import (
 // ErrorHandler is echo's HTTPErrorHandler for idempay: every error becomes
 // problem+json (echo's own errors mapped here, the rest by apierror.From),
 // and internal errors are logged with their cause.
+//
+// A request whose client has gone (net/http cancels its context when the
+// connection closes, or when the client closes its sending side) fails
+// wherever it was, with a database error or a failed ping that says
+// nothing of why: it is answered 499 client-closed-request, not as the
+// server's failure (a 5xx, logged at error level) for what the client did.
 func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
 		}
 		pe := problemOf(err)
+		if pe.Status() >= 500 && errors.Is(c.Request().Context().Err(), context.Canceled) {
+			pe = &apierror.Error{Type: apierror.ClientClosedRequest, Cause: err,
+				Detail: "The client closed the connection before the answer; the request was abandoned."}
+		}
 		if pe.Status() >= 500 {
 			log.ErrorContext(c.Request().Context(), "request failed",
 				"type", string(pe.Type), "status", pe.Status(), "err", err,

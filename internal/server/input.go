@@ -20,15 +20,32 @@ import (
 // no business in a log line. A query string that net/url cannot parse is
 // refused too, since parsing it drops the malformed pairs silently and a
 // handler would then act on a request other than the one sent.
+//
+// The path parameters are decoded here, once, for every handler: echo
+// routes on the escaped path when it differs from the decoded one (a key
+// holding %2F, or a lower-case escape such as %ff), and then hands its
+// parameters over still escaped. The check is of the decoded value, the
+// one a handler uses: %ff is the byte 0xff.
 func checkInput(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		var bad []apierror.InvalidParam
+		values := c.ParamValues()
 		for i, name := range c.ParamNames() {
-			if i < len(c.ParamValues()) && !isText(c.ParamValues()[i]) {
+			if i >= len(values) {
+				break
+			}
+			ok := true
+			if c.Request().URL.RawPath != "" {
+				var err error
+				values[i], err = url.PathUnescape(values[i])
+				ok = err == nil // net/http refuses such a path before: never the case
+			}
+			if !ok || !isText(values[i]) {
 				bad = append(bad, apierror.InvalidParam{Name: name,
 					Reason: "(a path segment) must be UTF-8 text without control characters"})
 			}
 		}
+		c.SetParamValues(values...)
 		raw := c.Request().URL.RawQuery
 		query, err := url.ParseQuery(raw)
 		if err != nil {

@@ -13,7 +13,8 @@ import (
 
 // TestInputRefusals: the refusals of FuzzInput's known-bad cases say what
 // is wrong and name the part: a path segment or query value that is not
-// text (PostgreSQL would refuse it: a 500 before I14), a query string that
+// text (PostgreSQL would refuse it: a 500 before I14; a lower-case escape
+// such as %ff, which echo hands over still escaped, too), a query string that
 // does not parse, and the requests Go's HTTP server refuses by itself (a
 // header over 64 KiB, a control character in a header value, a
 // Transfer-Encoding it does not know), two Idempotency-Key lines with
@@ -36,6 +37,9 @@ func TestInputRefusals(t *testing.T) {
 		{"invalid UTF-8 in a path segment", "GET /v1/refunds/re_%FF HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
 		{"raw invalid UTF-8 in a path segment", "GET /v1/events/\xff\xfe HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
 		{"NUL in a key's path", "GET /v1/idempotency_keys/k%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "key"},
+		{"a lower-case escape of invalid UTF-8 in a key's path", "GET /v1/idempotency_keys/%ff HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "key"},
+		{"a lower-case escape of invalid UTF-8 in an id", "GET /v1/charges/ch_%ff HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
+		{"a lower-case escape of NUL beside an escaped slash", "GET /v1/idempotency_keys/a%2fb%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "key"},
 		{"invalid UTF-8 in an API key id", "DELETE /v1/api_keys/%C3 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "id"},
 		{"NUL in a cursor", "GET /v1/charges?starting_after=ch_%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "starting_after"},
 		{"invalid UTF-8 in a limit", "GET /v1/events?limit=%FF HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "limit"},

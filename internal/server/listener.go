@@ -16,18 +16,42 @@ import (
 // subtracts them so that the limit is what the documentation says.
 const MaxHeaderBytes = 64 << 10
 
+// The timeouts of the API's connections (docs/operations.md). Each bounds
+// how long one client can make the server wait for it, or hold what it
+// allocated for it: a client that sends its request slowly (ReadHeader,
+// Read), one that never reads its answer (Write), one that keeps an idle
+// connection open (Idle).
+const (
+	// ReadHeaderTimeout bounds the request line and headers.
+	ReadHeaderTimeout = 10 * time.Second
+	// ReadTimeout bounds the whole request, body included, from its first
+	// byte; a body that stalls past it is a 408 request-timeout.
+	ReadTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds a request from the end of its headers to
+	// the end of its answer: reading the body, running the handler (a
+	// Stripe call among it) and writing the answer to a client that may
+	// not read it. It must exceed ReadTimeout plus STRIPE_TIMEOUT: a
+	// request still running when it expires finishes and stores its
+	// outcome, but its answer is lost (the client's retry gets it
+	// replayed). HTTP_WRITE_TIMEOUT overrides it.
+	DefaultWriteTimeout = 2 * time.Minute
+	// IdleTimeout bounds a kept-alive connection between two requests.
+	IdleTimeout = 120 * time.Second
+)
+
 // NewHTTPServer is the http.Server that serves handler on addr: its
-// timeouts bound slow clients, and MaxHeaderBytes bounds what one request
-// may make the server hold. Serve it on a listener from Listen (or wrapped
-// by ProblemListener) so that the requests Go's server refuses itself get
-// problem+json too.
+// timeouts bound slow clients (and clients that never read), and
+// MaxHeaderBytes bounds what one request may make the server hold. Serve it
+// on a listener from Listen (or wrapped by ProblemListener) so that the
+// requests Go's server refuses itself get problem+json too.
 func NewHTTPServer(addr string, handler http.Handler) *http.Server {
 	return &http.Server{
 		Addr:              addr,
 		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      DefaultWriteTimeout,
+		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    MaxHeaderBytes - 4096,
 	}
 }
@@ -54,7 +78,10 @@ func Listen(addr string) (net.Listener, error) {
 // request is the client's mistake and I14 allows no 5xx for any bytes.
 // Responses from handlers never have that form (net/http writes their
 // headers in sorted order, Connection before Content-Type), so they pass
-// untouched.
+// untouched. net/http also answers an Expect other than 100-continue by
+// itself, with a bare 417 and no body; no handler answers 417, so that
+// status is recognised alone and answered as a 400 malformed-request, like
+// the unknown Transfer-Encoding.
 //
 // The connections must carry plain HTTP/1.x: behind TLS the wrapper would
 // see encrypted bytes (and pass them untouched).
@@ -87,6 +114,8 @@ func (c *problemConn) Write(b []byte) (int, error) {
 		pe = apierror.Newf(apierror.HeaderTooLarge, "The request line and headers exceed %d KiB.", MaxHeaderBytes>>10)
 	case http.StatusNotImplemented:
 		pe = apierror.New(apierror.MalformedRequest, "The Transfer-Encoding is not supported: send the body with Content-Length, or chunked.")
+	case http.StatusExpectationFailed:
+		pe = apierror.New(apierror.MalformedRequest, "The Expect header is not supported: send none, or 100-continue.")
 	default:
 		pe = apierror.New(apierror.MalformedRequest,
 			"The request is not well-formed HTTP (request line, header names and values without control characters, Host, Content-Length).")
@@ -103,8 +132,14 @@ func (c *problemConn) Write(b []byte) (int, error) {
 }
 
 // plainRefusal reports whether b is one of net/http's own refusals
-// ("HTTP/1.1 NNN Text" + plainErrorHeaders + text), and its status.
+// ("HTTP/1.1 NNN Text" + plainErrorHeaders + text, or a 417), and its
+// status.
 func plainRefusal(b []byte) (int, bool) {
+	for _, expectationFailed := range []string{"HTTP/1.1 417 ", "HTTP/1.0 417 "} {
+		if bytes.HasPrefix(b, []byte(expectationFailed)) {
+			return http.StatusExpectationFailed, true
+		}
+	}
 	const prefix = "HTTP/1.1 "
 	if len(b) < len(prefix)+3 || string(b[:len(prefix)]) != prefix || b[len(prefix)] != '4' && b[len(prefix)] != '5' {
 		return 0, false

@@ -7,9 +7,13 @@ package server
 import (
 	"context"
 	_ "embed"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -82,6 +86,7 @@ func New(d Deps) *echo.Echo {
 	e.Use(requestLogger(log, m, routes))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true}))
 	e.Use(checkInput) // after routing: it checks the route's path parameters
+	e.Use(clientBodyErrors)
 	e.Use(drainReads)
 
 	e.GET("/healthz", func(c echo.Context) error {
@@ -116,10 +121,65 @@ func New(d Deps) *echo.Echo {
 	}
 	d.Webhooks.Routes(e) // no API key: the Stripe-Signature is the authentication
 
+	// HEAD is GET without the body (RFC 9110 §9.3.2): every GET route
+	// answers it too, by running the GET route's handler, and net/http
+	// sends the headers and drops the body of a response to HEAD.
+	for _, r := range e.Routes() {
+		if r.Method == http.MethodGet {
+			e.HEAD(r.Path, headAsGet(e))
+		}
+	}
+
 	for _, r := range e.Routes() {
 		routes[r.Path] = true
 	}
 	return e
+}
+
+// headAsGet is the handler of a HEAD route: the handler (with its route's
+// middleware, such as authentication) that the router finds for GET on the
+// same path. The path parameters stay as checkInput left them.
+func headAsGet(e *echo.Echo) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		params := slices.Clone(c.ParamValues())
+		e.Router().Find(http.MethodGet, echo.GetPath(c.Request()), c)
+		c.SetParamValues(params...)
+		return c.Handler()(c)
+	}
+}
+
+// clientBodyErrors marks every error from reading the request's body as the
+// client's: a body that ends before its Content-Length, a malformed chunked
+// encoding, a connection reset, or a body that stalls past ReadTimeout.
+// Without the mark, the handler that read the body would pass the error on
+// as it is, and apierror.From would take it for the server's (io's
+// ErrUnexpectedEOF and a network timeout are what a lost database
+// connection gives too): a 503 or a 500, logged at error level and counted
+// as a 5xx, for bytes the client controls (I14). Reading the body is the
+// client's side of the connection, whatever went wrong with it.
+func clientBodyErrors(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if r := c.Request(); r.Body != nil && r.Body != http.NoBody {
+			r.Body = clientBody{r.Body}
+		}
+		return next(c)
+	}
+}
+
+type clientBody struct{ io.ReadCloser }
+
+func (b clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == nil || errors.Is(err, io.EOF) {
+		return n, err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return n, &apierror.Error{Type: apierror.RequestTimeout, Cause: err,
+			Detail: fmt.Sprintf("The request body did not arrive in full within %s of the start of the request.", ReadTimeout)}
+	}
+	return n, &apierror.Error{Type: apierror.MalformedRequest, Cause: err,
+		Detail: "The request body could not be read: it ended before its Content-Length, or its chunked encoding is malformed."}
 }
 
 // drainReads reads and discards the body of a GET or HEAD, up to the API's
@@ -193,7 +253,7 @@ func validRequestID(id string) bool {
 const unmatchedRoute = "unmatched"
 
 // requestLogger logs one line per request and records its metrics. The line
-// carries the request id (from the context, through LogHandler), the
+// carries the method (bounded as its metrics label), the request id (from the context, through LogHandler), the
 // idempotency record's id when one answered (idempotency_key_id), and never
 // the Authorization header or the body. The route is the pattern
 // (/v1/charges/:id), never the raw path.
@@ -213,7 +273,9 @@ func requestLogger(log *slog.Logger, m *metrics.Metrics, routes map[string]bool)
 			}
 			telemetry.NameRoute(req.Context(), req.Method, route)
 			m.ObserveHTTP(req.Method, route, res.Status, elapsed)
-			attrs := []any{"method", req.Method, "route", route, "status", res.Status,
+			// The method as its metrics label: a client may send any token,
+			// of any length, as its method.
+			attrs := []any{"method", metrics.Method(req.Method), "route", route, "status", res.Status,
 				"duration_ms", float64(elapsed.Microseconds()) / 1000,
 				"replayed", res.Header().Get("Idempotent-Replayed") == "true"}
 			// The record that answered (a new request or a replay), so that

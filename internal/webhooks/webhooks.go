@@ -19,11 +19,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"time"
+	"unicode/utf8"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/webhook"
@@ -127,6 +130,10 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 	if err != nil {
 		return idempotency.Response{}, err
 	}
+	if err := storable(payload); err != nil {
+		h.observe("", OutcomeRejectedPayload)
+		return idempotency.Response{}, err
+	}
 	req, err := request(ev)
 	if err != nil {
 		h.observe("", OutcomeRejectedPayload)
@@ -216,6 +223,58 @@ func (h *Receiver) verify(payload []byte, header string) (*stripe.Event, error) 
 	}
 }
 
+// storable refuses a payload that PostgreSQL cannot hold as jsonb, the
+// inbox's column, nor as text, the columns its type, object id and the
+// ledger's ids come from: one with \u0000 (NUL) in any string, bytes that
+// are not UTF-8, or an unpaired surrogate escape. The signature does not
+// make such an event one idempay can record: without this check it was a
+// 500 from the database, and Stripe redelivered it for days; refused, it
+// is a 400 that names what is wrong, and nothing is stored.
+func storable(payload []byte) error {
+	// The strict JSON reader refuses bytes that are not UTF-8 and unpaired
+	// surrogate escapes, naming where.
+	dec := jsontext.NewDecoder(bytes.NewReader(payload))
+	for {
+		if _, err := dec.ReadToken(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return apierror.Newf(apierror.WebhookPayloadInvalid,
+				"The event holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape): %s.", pgtext.Truncate(err.Error(), 200))
+		}
+	}
+	if escapedNUL(payload) {
+		return apierror.New(apierror.WebhookPayloadInvalid, `The event holds a NUL character (\u0000), which cannot be stored.`)
+	}
+	return nil
+}
+
+// escapedNUL reports whether the JSON text b has the escape \u0000 in a
+// string: a backslash that is itself escaped (\\u0000, the six characters
+// \u0000 as text) does not count.
+func escapedNUL(b []byte) bool {
+	for i := 0; ; i++ {
+		j := bytes.Index(b[i:], []byte(`\u0000`))
+		if j < 0 {
+			return false
+		}
+		i += j
+		backslashes := 0 // the run of them that ends at i
+		for k := i; k >= 0 && b[k] == '\\'; k-- {
+			backslashes++
+		}
+		if backslashes%2 == 1 {
+			return true
+		}
+	}
+}
+
+// The lengths of an event's type and object id that the inbox holds
+// (stripe_events' CHECKs); Stripe's own are far shorter.
+const (
+	maxTypeLength     = 100
+	maxObjectIDLength = 255
+)
+
 // request is the event's claim: the event id is the key, and the
 // fingerprint covers what identifies the event (id, type, created, API
 // version and the object), not what changes from one delivery to the next
@@ -224,6 +283,10 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 	key, err := idempotency.ParseKey(ev.ID)
 	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
 		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.") //nolint:staticcheck // the text is the problem's detail, a sentence
+	}
+	objectID, _ := ev.Data.Object["id"].(string)
+	if utf8.RuneCountInString(string(ev.Type)) > maxTypeLength || utf8.RuneCountInString(objectID) > maxObjectIDLength {
+		return idempotency.Request{}, fmt.Errorf("The event's type or object id is longer than Stripe's (at most %d and %d characters).", maxTypeLength, maxObjectIDLength) //nolint:staticcheck // the problem's detail, a sentence
 	}
 	stable, err := json.Marshal(struct {
 		ID         string          `json:"id"`

@@ -499,6 +499,20 @@ func TestBadDeliveries(t *testing.T) {
 	oldVersion := bytes.Replace(good.Payload, []byte(`"api_version":"2023-10-16"`), []byte(`"api_version":"2020-08-27"`), 1)
 	tampered := bytes.Replace(good.Payload, []byte(`"amount":1000`), []byte(`"amount":1`), 1)
 	huge := append(append([]byte(nil), good.Payload[:len(good.Payload)-1]...), []byte(`,"pad":"`+strings.Repeat("x", 1<<20)+`"}`)...)
+	// Signed events with text PostgreSQL cannot store (a 500 before, which
+	// Stripe redelivers for days): NUL in the type, in the object's id or
+	// anywhere else, bytes that are not UTF-8, an unpaired surrogate.
+	edit := func(old, new string) []byte {
+		if !bytes.Contains(good.Payload, []byte(old)) {
+			t.Fatalf("the event has no %s", old)
+		}
+		return bytes.Replace(good.Payload, []byte(old), []byte(new), 1)
+	}
+	nulType := edit(`"type":"charge.succeeded"`, `"type":"charge.succeeded\u0000"`)
+	nulObjectID := edit(`"object":{"id":"`, `"object":{"id":"\u0000`)
+	nulMetadata := edit(`"metadata":{`, `"metadata":{"note":"a\u0000b",`)
+	notUTF8 := edit(`"metadata":{`, `"metadata":{"note":"caf`+"\xe9"+`",`)
+	surrogate := edit(`"metadata":{`, `"metadata":{"note":"\ud800",`)
 
 	for _, tc := range []struct {
 		name      string
@@ -516,6 +530,11 @@ func TestBadDeliveries(t *testing.T) {
 		{"not JSON", []byte("not json"), sign([]byte("not json")), 400, "webhook-payload-invalid"},
 		{"API version not understood", oldVersion, sign(oldVersion), 400, "webhook-payload-invalid"},
 		{"oversized body", huge, sign(huge), 413, "body-too-large"},
+		{"NUL in the type", nulType, sign(nulType), 400, "webhook-payload-invalid"},
+		{"NUL in the object id", nulObjectID, sign(nulObjectID), 400, "webhook-payload-invalid"},
+		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid"},
+		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid"},
+		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := deliverRaw(t, env, tc.payload, tc.signature)
@@ -530,6 +549,18 @@ func TestBadDeliveries(t *testing.T) {
 	// The genuine delivery still goes through (stale: the charge succeeded
 	// over the API already).
 	wantOutcome(t, deliver(t, env, good), "stale")
+
+	// The six characters \u0000 as text (an escaped backslash) are no NUL.
+	text, err := webhooks.NewEvent(webhooks.NewEventID(), "charge.succeeded", map[string]any{"id": "ch_text", "object": "charge", "description": `\u0000`}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(text.Payload, []byte(`\\u0000`)) {
+		t.Fatalf("the event does not escape its backslash: %s", text.Payload)
+	}
+	if d := deliver(t, env, text); d.Status != http.StatusOK {
+		t.Fatalf("an event with the text \\u0000 answered %d %s, want 200", d.Status, d.Body)
+	}
 }
 
 // During a secret rotation, events signed with the previous secret are

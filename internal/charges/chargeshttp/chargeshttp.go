@@ -13,7 +13,6 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"net/http"
-	"net/url"
 
 	"github.com/labstack/echo/v4"
 
@@ -203,21 +202,10 @@ func (h *Handler) getRefund(c echo.Context) error {
 }
 
 // getIdempotencyKey serves GET /v1/idempotency_keys/{key}. The key is sent
-// URL-path-escaped (a key may hold '/', '?', '%' or spaces).
+// URL-path-escaped (a key may hold '/', '?', '%' or spaces); the server
+// decodes path parameters before any handler runs.
 func (h *Handler) getIdempotencyKey(c echo.Context) error {
-	key := c.Param("key")
-	// echo routes on the escaped path when it differs from the decoded one
-	// (for example when the key holds %2F), and then hands over the
-	// parameter still escaped.
-	if c.Request().URL.RawPath != "" {
-		k, err := url.PathUnescape(key)
-		if err != nil {
-			key = "" // no key a request could have sent: not found
-		} else {
-			key = k
-		}
-	}
-	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, key)
+	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("key"))
 	if err != nil {
 		return err
 	}

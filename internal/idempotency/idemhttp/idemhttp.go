@@ -225,6 +225,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrFenced:          apierror.RequestInProgress,
 	idempotency.ErrUnknownOutcome:  apierror.DownstreamUnavailable,
 	idempotency.ErrParked:          apierror.IdempotencyKeyParked,
+	idempotency.ErrContended:       apierror.ResourceBusy,
 }
 
 // httpDetails say the core's refusals in HTTP's words (the core's own
@@ -242,7 +243,7 @@ var httpDetails = map[error]string{
 }
 
 // Problem maps a refusal of the core onto its problem; a retryable one
-// (in flight, fenced, unknown outcome) carries Retry-After. Any other error
+// (in flight, fenced, contended, unknown outcome) carries Retry-After. Any other error
 // is returned as it is.
 func Problem(err error) error {
 	var ie *idempotency.Error
@@ -258,7 +259,7 @@ func Problem(err error) error {
 		detail = d
 	}
 	pe := &apierror.Error{Type: t, Detail: detail, Cause: ie.Cause}
-	if t == apierror.RequestInProgress || t == apierror.DownstreamUnavailable {
+	if t == apierror.RequestInProgress || t == apierror.ResourceBusy || t == apierror.DownstreamUnavailable {
 		pe.RetryAfter = retryAfter
 	}
 	return pe

@@ -28,6 +28,7 @@ func TestProblem(t *testing.T) {
 		{idempotency.ErrMismatch, apierror.IdempotencyKeyReused, http.StatusUnprocessableEntity, false},
 		{idempotency.ErrInFlight, apierror.RequestInProgress, http.StatusConflict, true},
 		{idempotency.ErrFenced, apierror.RequestInProgress, http.StatusConflict, true},
+		{idempotency.ErrContended, apierror.ResourceBusy, http.StatusConflict, true},
 		{idempotency.ErrUnknownOutcome, apierror.DownstreamUnavailable, http.StatusServiceUnavailable, true},
 	} {
 		cause := errors.New("underneath")

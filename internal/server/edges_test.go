@@ -1,0 +1,262 @@
+package server_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// wantProblem fails t unless the answer is a problem of the status and
+// type, and the server logged no error for it.
+func wantProblem(t *testing.T, what string, status int, ct string, body []byte, wantStatus int, typ apierror.Type, logs *syncBuffer) {
+	t.Helper()
+	var p struct {
+		Type   string `json:"type"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}
+	_ = json.Unmarshal(body, &p)
+	if status != wantStatus || ct != apierror.ContentType || p.Type != typ.URI() || p.Status != status || p.Detail == "" {
+		t.Errorf("%s: %d %q %.300s; want %d %s with a detail\nserver log:\n%s", what, status, ct, body, wantStatus, typ.URI(), logs.String())
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("%s: the server logged an error for the client's mistake:\n%s", what, logs.String())
+	}
+}
+
+// TestBodyErrorsAreTheClients: a body that does not arrive as its framing
+// says is the client's mistake, answered 400 malformed-request (or 408
+// request-timeout when it stalls), never as the server's failure. Before,
+// a malformed chunk size was a 500 internal-error and a body shorter than
+// its Content-Length a 503 "the database is unreachable", each logged at
+// error level and counted as a 5xx: reading the body fails with the same
+// errors (io.ErrUnexpectedEOF, a network timeout) as a lost database
+// connection.
+func TestBodyErrorsAreTheClients(t *testing.T) {
+	t.Parallel()
+	_, client, addr, logs := newWireServer(t)
+	post := func(path, framing string) string {
+		return "POST " + path + " HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\nAuthorization: Bearer " + client.Account.APIKey +
+			"\r\nIdempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\n" + framing + "\r\n"
+	}
+	for _, tc := range []struct {
+		name, request string
+		closeWrite    bool
+	}{
+		{"a malformed chunk size", post("/v1/charges", "Transfer-Encoding: chunked\r\n") + "zz\r\n{}\r\n0\r\n\r\n", false},
+		{"a chunked body that ends early", post("/v1/refunds", "Transfer-Encoding: chunked\r\n") + "10\r\n{\"am", true},
+		{"a body shorter than its Content-Length", post("/v1/charges", "Content-Length: 100\r\n") + `{"amount":100`, true},
+		{"a Stripe event shorter than its Content-Length", post(webhooks.Route, "Content-Length: 100\r\n") + `{"id":"evt_1"`, true},
+	} {
+		logs.reset()
+		status, ct, body := exchange(t, addr, http.MethodPost, []byte(tc.request), tc.closeWrite)
+		wantProblem(t, tc.name, status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
+	}
+
+	// A body that stalls: the server's read timeout ends it (a second here,
+	// 30 s as served), with an answer the client can still read.
+	_, client, addr, logs = newWireServerWith(t, func(s *http.Server) { s.ReadTimeout = time.Second })
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	request := "POST /v1/charges HTTP/1.1\r\nHost: idempay\r\nAuthorization: Bearer " + client.Account.APIKey +
+		"\r\nIdempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n" + `{"amount":100`
+	if _, err := conn.Write([]byte(request)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil) // and send nothing more
+	if err != nil {
+		t.Fatalf("a stalled body: no answer: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	wantProblem(t, "a stalled body", resp.StatusCode, resp.Header.Get("Content-Type"), body, http.StatusRequestTimeout, apierror.RequestTimeout, logs)
+}
+
+// TestExpectOtherThanContinue: an Expect that is not 100-continue, which
+// net/http refuses by itself with a bare 417, is a 400 malformed-request
+// problem like every other refusal; 100-continue works as ever.
+func TestExpectOtherThanContinue(t *testing.T) {
+	t.Parallel()
+	_, client, addr, logs := newWireServer(t)
+	request := func(expect string) []byte {
+		body := `{"amount":100,"currency":"usd","payment_method":"tok_visa"}`
+		return []byte("POST /v1/charges HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\nAuthorization: Bearer " + client.Account.APIKey +
+			"\r\nIdempotency-Key: " + apitest.NewKey() + "\r\nContent-Type: application/json\r\nExpect: " + expect +
+			fmt.Sprintf("\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	}
+	for _, expect := range []string{"foo", "100-continu", strings.Repeat("e", 1000)} {
+		logs.reset()
+		status, ct, body := roundTrip(t, addr, request(expect))
+		wantProblem(t, "Expect: "+expect[:min(len(expect), 20)], status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
+	}
+	if status, _, body := roundTrip(t, addr, request("100-continue")); status != http.StatusCreated {
+		t.Errorf("Expect: 100-continue: %d %s, want 201", status, body)
+	}
+}
+
+// TestHeadOnGetRoutes: every GET route answers HEAD (RFC 9110 §9.3.2) with
+// the GET's status and headers and no body, authentication included; a
+// HEAD on a POST-only route is still a 405.
+func TestHeadOnGetRoutes(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	for path, want := range map[string]int{
+		"/healthz": http.StatusOK, "/openapi.json": http.StatusOK, "/metrics": http.StatusOK,
+		"/v1/charges": http.StatusOK, "/v1/charges/ch_none": http.StatusNotFound, "/v1/events": http.StatusOK,
+		"/v1/idempotency_keys/k-none": http.StatusNotFound, "/v1/webhooks/stripe": http.StatusMethodNotAllowed,
+	} {
+		get := c.Do(c.NewRequest(http.MethodGet, path, nil))
+		head := c.Do(c.NewRequest(http.MethodHead, path, nil))
+		if get == nil || head == nil {
+			continue
+		}
+		if head.Status != want || len(head.Body) != 0 {
+			t.Errorf("HEAD %s: %d with %d bytes of body, want %d and none", path, head.Status, len(head.Body), want)
+		}
+		if want != http.StatusMethodNotAllowed && (head.Status != get.Status || head.Header.Get("Content-Type") != get.Header.Get("Content-Type")) {
+			t.Errorf("HEAD %s: %d %q, GET %d %q; want the same status and content type", path, head.Status, head.Header.Get("Content-Type"), get.Status, get.Header.Get("Content-Type"))
+		}
+	}
+	req := c.NewRequest(http.MethodHead, "/v1/charges", nil)
+	req.Header.Del("Authorization")
+	if r := c.Do(req); r == nil || r.Status != http.StatusUnauthorized || r.Header.Get("Content-Type") != apierror.ContentType {
+		t.Errorf("HEAD /v1/charges without a key: %v, want 401 problem+json", r)
+	}
+}
+
+// TestMadeUpMethodsAreBounded: a hundred requests, without an API key,
+// each with its own method of 4,000 characters, add one series to
+// /metrics (method="other") and log the method as "other": before, each
+// was a series of its own (/metrics grew from 18 KB to 6.5 MB, and the
+// heap with it) and was logged whole.
+func TestMadeUpMethodsAreBounded(t *testing.T) {
+	t.Parallel()
+	env, _, addr, logs := newWireServer(t)
+	_, text := scrape(t, env)
+	before := len(text)
+	for i := range 100 {
+		method := fmt.Sprintf("M%03d%s", i, strings.Repeat("X", 4000))
+		status, ct, _ := exchange(t, addr, method, []byte(method+" /v1/charges HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\n\r\n"), false)
+		if status != http.StatusMethodNotAllowed || ct != apierror.ContentType {
+			t.Fatalf("method %d: %d %q, want 405 problem+json", i, status, ct)
+		}
+	}
+	samples, text := scrape(t, env)
+	if grown := len(text) - before; grown > 8<<10 {
+		t.Errorf("/metrics grew by %d bytes after 100 made-up methods, want a few series at most", grown)
+	}
+	wantSample(t, samples, `idempay_http_requests_total{method="other",route="/v1/charges",status="405"}`, 100)
+	for line := range strings.Lines(logs.String()) {
+		if len(line) > 1000 || strings.Contains(line, "XXXX") {
+			t.Fatalf("a log line holds the method: %.300s", line)
+		}
+	}
+	if !strings.Contains(logs.String(), "method=other") {
+		t.Errorf("no request line logs method=other:\n%.2000s", logs.String())
+	}
+}
+
+// TestManyUnknownFieldsGetABoundedAnswer: a charge of 900 KB of unknown
+// fields is refused with a problem of a few kilobytes, the first
+// invalid_params and their count; it was 5.2 MB, held in memory for as
+// long as a client took to read it.
+func TestManyUnknownFieldsGetABoundedAnswer(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	r := c.Post("/v1/charges", apitest.NewKey(), unknownFields)
+	if r == nil {
+		t.Fatal("no answer")
+	}
+	var p struct {
+		Type          string                  `json:"type"`
+		InvalidParams []apierror.InvalidParam `json:"invalid_params"`
+		Count         int                     `json:"invalid_params_count"`
+	}
+	r.JSON(t, &p)
+	if r.Status != http.StatusBadRequest || p.Type != apierror.InvalidRequest.URI() || len(r.Body) > maxProblemBytes {
+		t.Fatalf("%d %s of %d bytes, want 400 invalid-request of at most %d bytes", r.Status, p.Type, len(r.Body), maxProblemBytes)
+	}
+	if len(p.InvalidParams) != apierror.MaxInvalidParams || p.Count != 40_000 || p.InvalidParams[0].Name != "unknown_000000" {
+		t.Fatalf("invalid_params: %d entries from %v, count %d; want the first %d and a count of 40000",
+			len(p.InvalidParams), p.InvalidParams[:min(len(p.InvalidParams), 1)], p.Count, apierror.MaxInvalidParams)
+	}
+}
+
+// TestHTTPServerTimeouts: the server idempay serve runs bounds every
+// phase of a connection, so that no client holds a connection (and what
+// the server allocated for it) for ever: one that sends slowly (read
+// header, read), one that never reads its answer (write, which covers the
+// read and a Stripe call), one that idles (idle).
+func TestHTTPServerTimeouts(t *testing.T) {
+	t.Parallel()
+	s := server.NewHTTPServer("", http.NotFoundHandler())
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= s.ReadHeaderTimeout || s.IdleTimeout <= 0 {
+		t.Errorf("read header %s, read %s, idle %s: want each set, the read longer than its header's", s.ReadHeaderTimeout, s.ReadTimeout, s.IdleTimeout)
+	}
+	if s.WriteTimeout <= s.ReadTimeout+20*time.Second { // the default STRIPE_TIMEOUT
+		t.Errorf("write timeout %s, want longer than the read timeout %s and a Stripe call", s.WriteTimeout, s.ReadTimeout)
+	}
+}
+
+// TestKeyPathIsDecodedOnce: a key that holds '/', '%' or a space is found
+// at its escaped path, whichever case the escapes are in: the server
+// decodes path parameters once, before any handler, and checks the
+// decoded value (TestInputRefusals has %ff).
+func TestKeyPathIsDecodedOnce(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := "order/1 50%"
+	if r := c.Post("/v1/charges", key, map[string]any{"amount": 100, "currency": "usd", "payment_method": "tok_visa"}); r == nil || r.Status != http.StatusCreated {
+		t.Fatalf("charge: %v", r)
+	}
+	for _, path := range []string{"order%2F1%2050%25", "order%2f1%2050%25", "order%2F1 50%25"} {
+		r := c.Get("/v1/idempotency_keys/" + path)
+		var st struct {
+			Key string `json:"key"`
+		}
+		if r != nil && r.Status == http.StatusOK {
+			r.JSON(t, &st)
+		}
+		if r == nil || r.Status != http.StatusOK || st.Key != key {
+			t.Errorf("GET /v1/idempotency_keys/%s: %v, key %q; want 200 and %q", path, r, st.Key, key)
+		}
+	}
+}
+
+// TestClientThatLeavesIsNotAServerFailure: a client that closes its side
+// of the connection before its request is answered (here in the middle of
+// a body that a GET does not need) makes net/http cancel the request's
+// context, and the handler's database call fails with it: that is a 499
+// client-closed-request, not a 503 "the database is not reachable" or a
+// 500 logged at error level. The client can still read the answer.
+func TestClientThatLeavesIsNotAServerFailure(t *testing.T) {
+	t.Parallel()
+	_, client, addr, logs := newWireServer(t)
+	for _, path := range []string{"/readyz", "/v1/charges", "/v1/events"} {
+		logs.reset()
+		request := "GET " + path + " HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\nAuthorization: Bearer " + client.Account.APIKey +
+			"\r\nContent-Length: 10\r\n\r\nhalf"
+		status, ct, body := exchange(t, addr, http.MethodGet, []byte(request), true)
+		wantProblem(t, "GET "+path+", then the client's side closed", status, ct, body, apierror.StatusClientClosedRequest, apierror.ClientClosedRequest, logs)
+	}
+}
