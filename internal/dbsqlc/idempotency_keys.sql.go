@@ -28,7 +28,7 @@ WHERE id IN (
     LIMIT $6
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
@@ -66,6 +66,7 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 		var i IdempotencyKey
 		if err := rows.Scan(
 			&i.ID,
+			&i.Scope,
 			&i.AccountID,
 			&i.Key,
 			&i.RequestMethod,
@@ -83,7 +84,6 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
-			&i.Scope,
 		); err != nil {
 			return nil, err
 		}
@@ -577,7 +577,7 @@ WHERE id = $2
   AND recovery_point IN ('started', 'downstream_called')
   AND (locked_at IS NULL
        OR locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
 type IdempotencyKeyTakeoverParams struct {
@@ -601,6 +601,7 @@ func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *Idem
 	var i IdempotencyKey
 	err := row.Scan(
 		&i.ID,
+		&i.Scope,
 		&i.AccountID,
 		&i.Key,
 		&i.RequestMethod,
@@ -618,7 +619,6 @@ func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *Idem
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
-		&i.Scope,
 	)
 	return i, err
 }
