@@ -257,8 +257,8 @@ CREATE TABLE charges (
     created_at               timestamptz NOT NULL DEFAULT now(),
     updated_at               timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT charges_payment_method_not_empty CHECK (payment_method <> ''),
-    CONSTRAINT charges_amount_capturable_check CHECK (amount_capturable >= 0 AND amount_capturable <= amount),
-    CONSTRAINT charges_amount_captured_check CHECK (amount_captured >= 0 AND amount_captured <= amount),
+    CONSTRAINT charges_capturable_check CHECK (amount_capturable >= 0 AND amount_capturable <= amount),
+    CONSTRAINT charges_captured_check CHECK (amount_captured >= 0 AND amount_captured <= amount),
     CONSTRAINT charges_amount_refunded_check CHECK (amount_refunded >= 0 AND amount_refunded <= amount_captured),
     CONSTRAINT charges_pending_amount_check CHECK (pending_amount > 0 AND pending_amount <= amount)
 ) WITH (fillfactor = 80);
