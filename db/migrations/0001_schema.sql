@@ -12,13 +12,22 @@
 --   charge, a delivery its event and endpoint. A ledger row names the
 --   idempotency record that made it ON DELETE SET NULL: retention deletes
 --   the record, the ledger row stays (the record's id is in Stripe's
---   metadata, so reconciliation can still tie the two together).
--- - A vocabulary that idempay owns (a charge's status, a record's recovery
---   point, an event's type) is an enum: an unknown label is refused when it
---   is read in (SQLSTATE 22P02) and costs nothing afterwards. A vocabulary
---   that Stripe owns (a dispute's status) is text with a CHECK: Stripe may
---   add values, and a CHECK is changed by one statement, where an enum's
---   label can never be taken back.
+--   metadata, so reconciliation can still tie the two together). What it
+--   costs: checking a foreign key locks the parent row FOR KEY SHARE until
+--   commit, so a first request locks its account's row twice (the claim's
+--   record and charge, one transaction; the finish's event), shared with
+--   the account's other requests in flight (a MultiXact); these locks never
+--   wait for one another.
+-- - A state on a table that every request writes (a record's recovery
+--   point, a charge's status, a refund's, an event's type) is an enum: an
+--   unknown label is refused when it is read in (SQLSTATE 22P02) and costs
+--   nothing afterwards, where a CHECK (x IN (...)) is parsed and planned
+--   again at every write (see the next rule). Elsewhere (an account's mode,
+--   a Stripe event's outcome, a delivery's state) a CHECK lists the values
+--   beside the column. A vocabulary that Stripe owns (a dispute's status)
+--   is text with a CHECK in any case: Stripe may add values, and a CHECK is
+--   changed by one statement, where an enum's label can never be taken
+--   back.
 -- - A length limit on a table that every request writes is the column's
 --   type, varchar(n): checked where a value is assigned, inside the
 --   statement's cached plan, and never for a column an UPDATE leaves alone.
@@ -28,8 +37,9 @@
 --   time there when these limits were CHECKs (BENCHMARKS.md, "Measured, then
 --   cut"). What relates columns or bounds a number (amounts, the finished
 --   record's response, the scope) is a CHECK: no type can say it. Tables
---   that requests rarely write keep CHECK (char_length(x) <= n), which reads
---   the same.
+--   that requests rarely write (accounts, keys, disputes, Stripe's events,
+--   webhooks) say their lengths as CHECK (char_length(x) <= n): there the
+--   cost does not matter, and the CHECK says the rule in words.
 -- - No trigger, and no copy of a value kept beside the row that owns it.
 --   Where an index makes an update cost more (see charges), the cost is
 --   chosen here and measured, not hidden in a second table.
@@ -62,12 +72,13 @@ BEGIN
 END
 $$;
 
--- Ids that grow with time, for rows the database names itself (events,
--- webhook endpoints and deliveries): an insert lands at the right edge of
--- the primary key's index instead of on a random page. The time in them is
--- only an order; nothing reads it. The ids idempay sends to Stripe, and the
--- ledger ids derived from them, are pure functions of the request instead
--- (idempotency.RecordID); the defaults below serve rows made by hand.
+-- Ids that grow with time, for rows whose id the database gives (events,
+-- webhook deliveries): an insert lands at the right edge of the primary
+-- key's index instead of on a random page. The time in them is only an
+-- order; nothing reads it. The record's id, which idempay sends to Stripe,
+-- and the ledger ids derived from it are pure functions of the request
+-- instead (idempotency.RecordID), given by the code; the id defaults of
+-- those tables serve rows made by hand (tests, an operator).
 CREATE FUNCTION idempay_ordered_id(prefix text) RETURNS text
 LANGUAGE sql VOLATILE AS $$
     SELECT prefix
@@ -115,8 +126,9 @@ CREATE TABLE accounts (
 -- is re-created with the same id, and Stripe (whose metadata carries it)
 -- replays instead of charging again.
 --
--- The UNIQUE (scope, key) constraint makes the claim atomic: INSERT ... ON
--- CONFLICT, never check-then-insert. recovery_point moves started ->
+-- The UNIQUE (scope, key) constraint makes the claim atomic: the claim
+-- inserts, and the unique index refuses a key that is taken; never
+-- check-then-insert. recovery_point moves started ->
 -- downstream_called -> finished, or to parked once a record is older than
 -- the retry ceiling (I16): never called downstream again, left to Stripe's
 -- events and reconciliation. lock_generation fences: every phase write
@@ -223,11 +235,15 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 -- Row shape: fillfactor 80 leaves room on the page for the updates that
 -- follow the insert. The finish sets the Stripe ids, which the partial
 -- indexes below hold, so it is not a HOT update: it writes an entry into
--- each of the table's indexes (measured against the alternative, a lookup
--- table kept by a trigger, in BENCHMARKS.md). Every later update (an
--- event, a capture, a refund's reservation) changes no indexed column and
--- is HOT. account_id's foreign key is checked at the insert only: an
--- update that leaves account_id alone checks nothing.
+-- each of the table's indexes. The alternative, no index on the charge
+-- and the ids copied into a table of their own by a trigger, made the
+-- finish HOT and measured the same throughput and PostgreSQL CPU
+-- (BENCHMARKS.md, "Measured, then cut"): what the HOT update saved in
+-- index work, the trigger's inserts spent. An update that changes neither
+-- a Stripe id nor pending_record_id (a refund's reservation, most Stripe
+-- events) is HOT while its page has room. The foreign keys are checked at
+-- the insert only: an update that leaves their columns alone checks
+-- nothing.
 CREATE TABLE charges (
     id                       varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('ch_'),
     account_id               text NOT NULL REFERENCES accounts (id),
