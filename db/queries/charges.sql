@@ -45,14 +45,14 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no long
 
 -- name: ChargeFindForEvent :one
 -- The charge a Stripe event is about: by Stripe's PaymentIntent or charge
--- id (charge_stripe_ids), or by the idempotency record that idempay put in
--- the PaymentIntent's metadata (a charge whose finishing commit never
--- happened has no Stripe id yet). Events carry no account: the account
--- comes from the row. Read without a lock: the writes that follow are
--- guarded by the version read here.
+-- id (each through its partial index), or by the idempotency record that
+-- idempay put in the PaymentIntent's metadata (a charge whose finishing
+-- commit never happened has no Stripe id yet). Events carry no account:
+-- the account comes from the row. Read without a lock: the writes that
+-- follow are guarded by the version read here.
 SELECT * FROM charges
-WHERE id IN (SELECT charge_id FROM charge_stripe_ids
-             WHERE stripe_id IN (sqlc.narg(stripe_payment_intent_id), sqlc.narg(stripe_charge_id)))
+WHERE stripe_payment_intent_id = sqlc.narg(stripe_payment_intent_id)
+   OR stripe_charge_id = sqlc.narg(stripe_charge_id)
    OR idempotency_key_id = sqlc.narg(record_id)
 ORDER BY stripe_payment_intent_id = sqlc.narg(stripe_payment_intent_id) DESC NULLS LAST,
          stripe_charge_id = sqlc.narg(stripe_charge_id) DESC NULLS LAST

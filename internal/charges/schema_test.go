@@ -65,7 +65,7 @@ func TestAmountChecks(t *testing.T) {
 	}
 }
 
-// idempay's own states are enum types (db/migrations/0011): a label the
+// idempay's own states are enum types (db/migrations/0001_schema.sql): a label the
 // type does not have is refused when the value is read in, with SQLSTATE
 // 22P02 (invalid_text_representation), from a query parameter as from a
 // literal; every label the code writes is accepted.

@@ -10,7 +10,7 @@ import (
 )
 
 const accountGetByID = `-- name: AccountGetByID :one
-SELECT id, name, created_at, idempotency_mode FROM accounts WHERE id = $1
+SELECT id, name, idempotency_mode, created_at FROM accounts WHERE id = $1
 `
 
 func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Account, error) {
@@ -19,14 +19,14 @@ func (q *Queries) AccountGetByID(ctx context.Context, db DBTX, id string) (Accou
 	err := row.Scan(
 		&i.ID,
 		&i.Name,
-		&i.CreatedAt,
 		&i.IdempotencyMode,
+		&i.CreatedAt,
 	)
 	return i, err
 }
 
 const accountInsert = `-- name: AccountInsert :one
-INSERT INTO accounts (name) VALUES ($1) RETURNING id, name, created_at, idempotency_mode
+INSERT INTO accounts (name) VALUES ($1) RETURNING id, name, idempotency_mode, created_at
 `
 
 func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string) (Account, error) {
@@ -35,8 +35,8 @@ func (q *Queries) AccountInsert(ctx context.Context, db DBTX, name string) (Acco
 	err := row.Scan(
 		&i.ID,
 		&i.Name,
-		&i.CreatedAt,
 		&i.IdempotencyMode,
+		&i.CreatedAt,
 	)
 	return i, err
 }

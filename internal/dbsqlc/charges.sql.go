@@ -113,9 +113,9 @@ func (q *Queries) ChargeBeginPending(ctx context.Context, db DBTX, arg *ChargeBe
 }
 
 const chargeFindForEvent = `-- name: ChargeFindForEvent :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges
-WHERE id IN (SELECT charge_id FROM charge_stripe_ids
-             WHERE stripe_id IN ($1, $2))
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
+WHERE stripe_payment_intent_id = $1
+   OR stripe_charge_id = $2
    OR idempotency_key_id = $3
 ORDER BY stripe_payment_intent_id = $1 DESC NULLS LAST,
          stripe_charge_id = $2 DESC NULLS LAST
@@ -129,11 +129,11 @@ type ChargeFindForEventParams struct {
 }
 
 // The charge a Stripe event is about: by Stripe's PaymentIntent or charge
-// id (charge_stripe_ids), or by the idempotency record that idempay put in
-// the PaymentIntent's metadata (a charge whose finishing commit never
-// happened has no Stripe id yet). Events carry no account: the account
-// comes from the row. Read without a lock: the writes that follow are
-// guarded by the version read here.
+// id (each through its partial index), or by the idempotency record that
+// idempay put in the PaymentIntent's metadata (a charge whose finishing
+// commit never happened has no Stripe id yet). Events carry no account:
+// the account comes from the row. Read without a lock: the writes that
+// follow are guarded by the version read here.
 func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFindForEventParams) (Charge, error) {
 	row := db.QueryRow(ctx, chargeFindForEvent, arg.StripePaymentIntentID, arg.StripeChargeID, arg.RecordID)
 	var i Charge
@@ -146,29 +146,29 @@ func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFi
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
 
 const chargeGet = `-- name: ChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE id = $1
 `
 
 // A charge of any account, for operator commands (idempay webhooks trigger).
@@ -184,29 +184,29 @@ func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, er
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
 
 const chargeGetByID = `-- name: ChargeGetByID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
 `
 
 type ChargeGetByIDParams struct {
@@ -226,29 +226,29 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, arg *ChargeGetByID
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
 
 const chargeGetByIdempotencyKeyID = `-- name: ChargeGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Charge, error) {
@@ -263,29 +263,29 @@ func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
 
 const chargeGetByPendingRecord = `-- name: ChargeGetByPendingRecord :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE pending_record_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE pending_record_id = $1
 `
 
 // The charge of a capture or cancel in flight, by its idempotency record.
@@ -301,29 +301,29 @@ func (q *Queries) ChargeGetByPendingRecord(ctx context.Context, db DBTX, pending
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
 
 const chargeGetForRefund = `-- name: ChargeGetForRefund :one
-SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.status, charges.amount_refunded, charges.stripe_charge_id, charges.failure_code, charges.failure_message, charges.created_at, charges.updated_at, charges.last_event_at, charges.version, charges.stripe_payment_intent_id, charges.capture_method, charges.amount_capturable, charges.amount_captured, charges.next_action_url, charges.pending_action, charges.pending_record_id, charges.pending_amount,
+SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.capture_method, charges.status, charges.amount_capturable, charges.amount_captured, charges.amount_refunded, charges.stripe_payment_intent_id, charges.stripe_charge_id, charges.next_action_url, charges.failure_code, charges.failure_message, charges.pending_action, charges.pending_record_id, charges.pending_amount, charges.version, charges.last_event_at, charges.created_at, charges.updated_at,
        (SELECT count(*) FROM disputes d
         WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
        EXISTS (SELECT 1 FROM refunds r WHERE r.id = $1) AS refund_exists
@@ -358,23 +358,23 @@ func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGe
 		&i.Charge.PaymentMethod,
 		&i.Charge.Description,
 		&i.Charge.Metadata,
-		&i.Charge.Status,
-		&i.Charge.AmountRefunded,
-		&i.Charge.StripeChargeID,
-		&i.Charge.FailureCode,
-		&i.Charge.FailureMessage,
-		&i.Charge.CreatedAt,
-		&i.Charge.UpdatedAt,
-		&i.Charge.LastEventAt,
-		&i.Charge.Version,
-		&i.Charge.StripePaymentIntentID,
 		&i.Charge.CaptureMethod,
+		&i.Charge.Status,
 		&i.Charge.AmountCapturable,
 		&i.Charge.AmountCaptured,
+		&i.Charge.AmountRefunded,
+		&i.Charge.StripePaymentIntentID,
+		&i.Charge.StripeChargeID,
 		&i.Charge.NextActionUrl,
+		&i.Charge.FailureCode,
+		&i.Charge.FailureMessage,
 		&i.Charge.PendingAction,
 		&i.Charge.PendingRecordID,
 		&i.Charge.PendingAmount,
+		&i.Charge.Version,
+		&i.Charge.LastEventAt,
+		&i.Charge.CreatedAt,
+		&i.Charge.UpdatedAt,
 		&i.BlockingDisputes,
 		&i.RefundExists,
 	)
@@ -427,7 +427,7 @@ func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertPa
 }
 
 const chargeList = `-- name: ChargeList :many
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
 WHERE account_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::text))
@@ -467,23 +467,23 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 			&i.PaymentMethod,
 			&i.Description,
 			&i.Metadata,
-			&i.Status,
-			&i.AmountRefunded,
-			&i.StripeChargeID,
-			&i.FailureCode,
-			&i.FailureMessage,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.LastEventAt,
-			&i.Version,
-			&i.StripePaymentIntentID,
 			&i.CaptureMethod,
+			&i.Status,
 			&i.AmountCapturable,
 			&i.AmountCaptured,
+			&i.AmountRefunded,
+			&i.StripePaymentIntentID,
+			&i.StripeChargeID,
 			&i.NextActionUrl,
+			&i.FailureCode,
+			&i.FailureMessage,
 			&i.PendingAction,
 			&i.PendingRecordID,
 			&i.PendingAmount,
+			&i.Version,
+			&i.LastEventAt,
+			&i.CreatedAt,
+			&i.UpdatedAt,
 		); err != nil {
 			return nil, err
 		}

@@ -11,7 +11,7 @@ import (
 )
 
 const consoleChargeGet = `-- name: ConsoleChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, status, amount_refunded, stripe_charge_id, failure_code, failure_message, created_at, updated_at, last_event_at, version, stripe_payment_intent_id, capture_method, amount_capturable, amount_captured, next_action_url, pending_action, pending_record_id, pending_amount FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
 `
 
 type ConsoleChargeGetParams struct {
@@ -31,23 +31,23 @@ func (q *Queries) ConsoleChargeGet(ctx context.Context, db DBTX, arg *ConsoleCha
 		&i.PaymentMethod,
 		&i.Description,
 		&i.Metadata,
-		&i.Status,
-		&i.AmountRefunded,
-		&i.StripeChargeID,
-		&i.FailureCode,
-		&i.FailureMessage,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
-		&i.StripePaymentIntentID,
 		&i.CaptureMethod,
+		&i.Status,
 		&i.AmountCapturable,
 		&i.AmountCaptured,
+		&i.AmountRefunded,
+		&i.StripePaymentIntentID,
+		&i.StripeChargeID,
 		&i.NextActionUrl,
+		&i.FailureCode,
+		&i.FailureMessage,
 		&i.PendingAction,
 		&i.PendingRecordID,
 		&i.PendingAmount,
+		&i.Version,
+		&i.LastEventAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
@@ -115,7 +115,7 @@ func (q *Queries) ConsoleChargeList(ctx context.Context, db DBTX, arg *ConsoleCh
 }
 
 const consoleEventGet = `-- name: ConsoleEventGet :one
-SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE account_id = $1 AND id = $2
+SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events WHERE account_id = $1 AND id = $2
 `
 
 type ConsoleEventGetParams struct {
@@ -132,10 +132,10 @@ func (q *Queries) ConsoleEventGet(ctx context.Context, db DBTX, arg *ConsoleEven
 		&i.AccountID,
 		&i.Type,
 		&i.ObjectID,
+		&i.ObjectVersion,
 		&i.Data,
 		&i.CreatedAt,
 		&i.PublishedAt,
-		&i.ObjectVersion,
 	)
 	return i, err
 }

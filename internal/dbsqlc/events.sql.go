@@ -11,7 +11,7 @@ import (
 )
 
 const eventGetByID = `-- name: EventGetByID :one
-SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE account_id = $1 AND id = $2
+SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events WHERE account_id = $1 AND id = $2
 `
 
 type EventGetByIDParams struct {
@@ -28,10 +28,10 @@ func (q *Queries) EventGetByID(ctx context.Context, db DBTX, arg *EventGetByIDPa
 		&i.AccountID,
 		&i.Type,
 		&i.ObjectID,
+		&i.ObjectVersion,
 		&i.Data,
 		&i.CreatedAt,
 		&i.PublishedAt,
-		&i.ObjectVersion,
 	)
 	return i, err
 }
@@ -64,7 +64,7 @@ func (q *Queries) EventInsert(ctx context.Context, db DBTX, arg *EventInsertPara
 }
 
 const eventList = `-- name: EventList :many
-SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events
+SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events
 WHERE account_id = $1
   AND ($2::bigint IS NULL OR seq < $2::bigint)
 ORDER BY seq DESC
@@ -94,10 +94,10 @@ func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) 
 			&i.AccountID,
 			&i.Type,
 			&i.ObjectID,
+			&i.ObjectVersion,
 			&i.Data,
 			&i.CreatedAt,
 			&i.PublishedAt,
-			&i.ObjectVersion,
 		); err != nil {
 			return nil, err
 		}
@@ -110,7 +110,7 @@ func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) 
 }
 
 const eventListUnpublished = `-- name: EventListUnpublished :many
-SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE published_at IS NULL ORDER BY seq LIMIT $1
+SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events WHERE published_at IS NULL ORDER BY seq LIMIT $1
 `
 
 func (q *Queries) EventListUnpublished(ctx context.Context, db DBTX, maxRows int32) ([]Event, error) {
@@ -128,10 +128,10 @@ func (q *Queries) EventListUnpublished(ctx context.Context, db DBTX, maxRows int
 			&i.AccountID,
 			&i.Type,
 			&i.ObjectID,
+			&i.ObjectVersion,
 			&i.Data,
 			&i.CreatedAt,
 			&i.PublishedAt,
-			&i.ObjectVersion,
 		); err != nil {
 			return nil, err
 		}

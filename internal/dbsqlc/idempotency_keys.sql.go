@@ -28,7 +28,7 @@ WHERE id IN (
     LIMIT $6
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
 type IdempotencyKeyClaimExpiredParams struct {
@@ -66,6 +66,7 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 		var i IdempotencyKey
 		if err := rows.Scan(
 			&i.ID,
+			&i.Scope,
 			&i.AccountID,
 			&i.Key,
 			&i.RequestMethod,
@@ -83,7 +84,6 @@ func (q *Queries) IdempotencyKeyClaimExpired(ctx context.Context, db DBTX, arg *
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
-			&i.Scope,
 		); err != nil {
 			return nil, err
 		}
@@ -612,7 +612,7 @@ WHERE ik.id = $2
   AND ($5::bytea IS NULL
        OR EXISTS (SELECT 1 FROM api_keys k
                   WHERE k.key_hash = $5 AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
-RETURNING id, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at, scope
+RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
 type IdempotencyKeyTakeoverParams struct {
@@ -641,6 +641,7 @@ func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *Idem
 	var i IdempotencyKey
 	err := row.Scan(
 		&i.ID,
+		&i.Scope,
 		&i.AccountID,
 		&i.Key,
 		&i.RequestMethod,
@@ -658,7 +659,6 @@ func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *Idem
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
-		&i.Scope,
 	)
 	return i, err
 }

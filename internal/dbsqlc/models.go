@@ -11,8 +11,8 @@ import (
 type Account struct {
 	ID              string
 	Name            string
-	CreatedAt       time.Time
 	IdempotencyMode string
+	CreatedAt       time.Time
 }
 
 type ApiKey struct {
@@ -35,23 +35,23 @@ type Charge struct {
 	PaymentMethod         string
 	Description           *string
 	Metadata              []byte
-	Status                string
-	AmountRefunded        int64
-	StripeChargeID        *string
-	FailureCode           *string
-	FailureMessage        *string
-	CreatedAt             time.Time
-	UpdatedAt             time.Time
-	LastEventAt           *time.Time
-	Version               int64
-	StripePaymentIntentID *string
 	CaptureMethod         string
+	Status                string
 	AmountCapturable      int64
 	AmountCaptured        int64
+	AmountRefunded        int64
+	StripePaymentIntentID *string
+	StripeChargeID        *string
 	NextActionUrl         *string
+	FailureCode           *string
+	FailureMessage        *string
 	PendingAction         *string
 	PendingRecordID       *string
 	PendingAmount         *int64
+	Version               int64
+	LastEventAt           *time.Time
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
 }
 
 type Dispute struct {
@@ -74,14 +74,15 @@ type Event struct {
 	AccountID     string
 	Type          string
 	ObjectID      string
+	ObjectVersion int64
 	Data          []byte
 	CreatedAt     time.Time
 	PublishedAt   *time.Time
-	ObjectVersion int64
 }
 
 type IdempotencyKey struct {
 	ID                 string
+	Scope              string
 	AccountID          *string
 	Key                string
 	RequestMethod      string
@@ -99,7 +100,6 @@ type IdempotencyKey struct {
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
 	FinishedAt         *time.Time
-	Scope              string
 }
 
 type Refund struct {
@@ -112,10 +112,10 @@ type Refund struct {
 	StripeRefundID   *string
 	FailureCode      *string
 	FailureMessage   *string
+	Version          int64
+	LastEventAt      *time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
-	LastEventAt      *time.Time
-	Version          int64
 }
 
 type StripeEvent struct {

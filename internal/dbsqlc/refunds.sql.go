@@ -49,7 +49,7 @@ func (q *Queries) RefundApplyEvent(ctx context.Context, db DBTX, arg *RefundAppl
 }
 
 const refundFindForEvent = `-- name: RefundFindForEvent :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, version, last_event_at, created_at, updated_at FROM refunds
 WHERE stripe_refund_id = $1
    OR idempotency_key_id = $2
 ORDER BY stripe_refund_id = $1 DESC NULLS LAST
@@ -75,16 +75,16 @@ func (q *Queries) RefundFindForEvent(ctx context.Context, db DBTX, arg *RefundFi
 		&i.StripeRefundID,
 		&i.FailureCode,
 		&i.FailureMessage,
+		&i.Version,
+		&i.LastEventAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
 	)
 	return i, err
 }
 
 const refundGet = `-- name: RefundGet :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE id = $1
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, version, last_event_at, created_at, updated_at FROM refunds WHERE id = $1
 `
 
 // A refund of any account, for operator commands (idempay webhooks trigger).
@@ -101,16 +101,16 @@ func (q *Queries) RefundGet(ctx context.Context, db DBTX, id string) (Refund, er
 		&i.StripeRefundID,
 		&i.FailureCode,
 		&i.FailureMessage,
+		&i.Version,
+		&i.LastEventAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
 	)
 	return i, err
 }
 
 const refundGetByID = `-- name: RefundGetByID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, version, last_event_at, created_at, updated_at FROM refunds WHERE account_id = $1 AND id = $2
 `
 
 type RefundGetByIDParams struct {
@@ -131,16 +131,16 @@ func (q *Queries) RefundGetByID(ctx context.Context, db DBTX, arg *RefundGetByID
 		&i.StripeRefundID,
 		&i.FailureCode,
 		&i.FailureMessage,
+		&i.Version,
+		&i.LastEventAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
 	)
 	return i, err
 }
 
 const refundGetByIdempotencyKeyID = `-- name: RefundGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, created_at, updated_at, last_event_at, version FROM refunds WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, charge_id, amount, status, stripe_refund_id, failure_code, failure_message, version, last_event_at, created_at, updated_at FROM refunds WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Refund, error) {
@@ -156,10 +156,10 @@ func (q *Queries) RefundGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.StripeRefundID,
 		&i.FailureCode,
 		&i.FailureMessage,
+		&i.Version,
+		&i.LastEventAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
-		&i.LastEventAt,
-		&i.Version,
 	)
 	return i, err
 }

@@ -767,7 +767,7 @@ func (q *Queries) WebhookEndpointsDisabled(ctx context.Context, db DBTX) (int64,
 }
 
 const webhookEventGet = `-- name: WebhookEventGet :one
-SELECT id, seq, account_id, type, object_id, data, created_at, published_at, object_version FROM events WHERE id = $1
+SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events WHERE id = $1
 `
 
 // The event a delivery sends.
@@ -780,10 +780,10 @@ func (q *Queries) WebhookEventGet(ctx context.Context, db DBTX, id string) (Even
 		&i.AccountID,
 		&i.Type,
 		&i.ObjectID,
+		&i.ObjectVersion,
 		&i.Data,
 		&i.CreatedAt,
 		&i.PublishedAt,
-		&i.ObjectVersion,
 	)
 	return i, err
 }

@@ -9,9 +9,9 @@ func TestPoolIsMigrated(t *testing.T) {
 	t.Parallel()
 	var n int
 	err := Pool(t).QueryRow(context.Background(),
-		"SELECT count(*) FROM schema_migrations WHERE version = '0001_init.sql'").Scan(&n)
+		"SELECT count(*) FROM schema_migrations WHERE version = '0001_schema.sql'").Scan(&n)
 	if err != nil || n != 1 {
-		t.Fatalf("0001_init.sql applied %d times, err %v", n, err)
+		t.Fatalf("0001_schema.sql applied %d times, err %v", n, err)
 	}
 	a, b := NewAccount(t), NewAccount(t)
 	if a.ID == b.ID {

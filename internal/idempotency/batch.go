@@ -62,7 +62,7 @@ type errRow struct{}
 
 func (errRow) Scan(...any) error { return errReadInBatch }
 
-// The SQLSTATEs that idempay_expect raises (db/migrations/0007_one_path.sql),
+// The SQLSTATEs that idempay_expect raises (db/migrations/0001_schema.sql),
 // with the message "idempay: " and its third argument.
 const (
 	sqlstateFenced = "IDF01"
