@@ -581,6 +581,7 @@ func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Respo
 		switch {
 		case err == nil:
 			faultpoint.Hit(faultpoint.AfterCommit)
+			rec.RecoveryPoint = PointFinished
 			resp.RecordID = rec.ID
 			return resp, nil
 		case errors.Is(err, ErrFenced):
