@@ -111,7 +111,9 @@ func New(d Deps) *echo.Echo {
 
 	// Authentication is per route (see chargeshttp.Handler.Routes), so that a
 	// wrong method on a /v1 route is a 405, not the group's catch-all 404.
-	auth := accountshttp.Middleware(d.Auth)
+	// The Idempotency-Token alias becomes the Idempotency-Key before it
+	// (idemhttp.Alias).
+	auth := idemhttp.Alias(accountshttp.Middleware(d.Auth))
 	v1 := e.Group("/v1")
 	d.Charges.Routes(v1, auth)
 	eventshttp.New(events.NewReader(d.Pool)).Routes(v1, auth)

@@ -2,21 +2,17 @@
 // handlers of /v1/charges, /v1/refunds and /v1/idempotency_keys. It reads a
 // request into the plain values charges.Service takes (the account, a
 // prepared idempotency.Request, a path id, a page's limit), and writes what
-// the service returns; mapping to HTTP happens only here. The front half of
-// every POST under the account's idempotency mode (a rollout: required,
-// optional, shadow) is here too, because the key is an HTTP header and
-// whether the client sent one is this adapter's to say.
+// the service returns; mapping to HTTP happens only here. Every POST takes
+// one path (post); the account's idempotency mode, a product option for the
+// charge and refund routes, wraps it in rollout.go.
 package chargeshttp
 
 import (
-	"context"
-	"crypto/rand"
 	"log/slog"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/accounts/accountshttp"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -54,54 +50,45 @@ func (h *Handler) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 	g.GET("/idempotency_keys/:key", h.getIdempotencyKey, m...)
 }
 
+// createCharge and createRefund are the routes clients called before they
+// sent keys: the account's idempotency mode applies to them (rollout.go),
+// and is post for every account that requires a key.
 func (h *Handler) createCharge(c echo.Context) error {
-	return h.run(c, charges.RouteCharges, func(acct string, req idempotency.Request) (*charges.Command, error) {
-		return h.svc.NewCharge(acct, req)
-	})
+	return h.rollout(c, charges.RouteCharges, h.svc.NewCharge)
 }
 
 func (h *Handler) createRefund(c echo.Context) error {
-	return h.run(c, charges.RouteRefunds, func(acct string, req idempotency.Request) (*charges.Command, error) {
-		return h.svc.NewRefund(acct, req)
-	})
+	return h.rollout(c, charges.RouteRefunds, h.svc.NewRefund)
 }
 
 // captureCharge and cancelCharge read the key and body before they look at
 // the path, as every POST; the service refuses a path that names no charge.
 func (h *Handler) captureCharge(c echo.Context) error {
 	id := c.Param("id")
-	return h.run(c, charges.RouteCapture, func(acct string, req idempotency.Request) (*charges.Command, error) {
+	return h.post(c, charges.RouteCapture, func(acct string, req idempotency.Request) (*charges.Command, error) {
 		return h.svc.NewCapture(acct, id, req)
 	})
 }
 
 func (h *Handler) cancelCharge(c echo.Context) error {
 	id := c.Param("id")
-	return h.run(c, charges.RouteCancel, func(acct string, req idempotency.Request) (*charges.Command, error) {
+	return h.post(c, charges.RouteCancel, func(acct string, req idempotency.Request) (*charges.Command, error) {
 		return h.svc.NewCancel(acct, id, req)
 	})
 }
 
-// rolloutRoutes are the routes an account's idempotency mode applies to:
-// the ones that clients called without keys before idempotency came, and
-// that a rollout must keep working for them. Capture and cancel came with
-// keys: no client ever called them without one, and a capture that a
-// made-up key leaves undeduplicated, or that shadow mode runs again, is
-// the double capture the key exists to prevent; they always require one.
-var rolloutRoutes = map[string]bool{charges.RouteCharges: true, charges.RouteRefunds: true}
+// A command validates a request's body into what the service runs
+// (charges.Service.NewCharge ...).
+type command func(accountID string, req idempotency.Request) (*charges.Command, error)
 
-// run is the shared shape of every POST: the front half (key, body;
-// idemhttp), the body's own validation (the service's command), the
-// account's mode, then the runner. Anything rejected before the runner
-// never touches the idempotency table.
-func (h *Handler) run(c echo.Context, route string,
-	command func(accountID string, req idempotency.Request) (*charges.Command, error)) error {
+// post is every POST, top to bottom. The authentication has run (it read
+// the record stored under the request's key in the same statement); then
+// the Idempotency-Key and the body (idemhttp), the body's validation (the
+// command), the run, and the answer. Anything refused before the run never
+// touches the idempotency table.
+func (h *Handler) post(c echo.Context, route string, command command) error {
 	acct := accountshttp.FromContext(c)
-	if !rolloutRoutes[route] {
-		acct.Mode = accounts.ModeRequired
-	}
-	ctx := c.Request().Context()
-	req, keyed, err := h.read(c, acct, route)
+	req, err := idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), route)
 	if err != nil {
 		return err
 	}
@@ -109,68 +96,12 @@ func (h *Handler) run(c echo.Context, route string,
 	if err != nil {
 		return err
 	}
-	if keyed && acct.Mode == accounts.ModeShadow {
-		if err := h.shadow(ctx, acct, &cmd.Request); err != nil {
-			return err
-		}
-	}
-	resp, err := h.svc.Run(ctx, cmd)
+	resp, err := h.svc.Run(c.Request().Context(), cmd)
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
 	idemhttp.Respond(c, resp)
 	return nil
-}
-
-// read is the front half of a POST under the account's idempotency mode
-// (a rollout, account by account): the key, then the body. required: a key
-// is needed. optional and shadow: a request without one runs unprotected
-// (under a key the server makes up, so it still has a record and a ledger
-// row), and is counted. keyed tells whether the client sent a key.
-func (h *Handler) read(c echo.Context, acct accounts.Account, route string) (req idempotency.Request, keyed bool, err error) {
-	key, keyed, err := idemhttp.Key(c.Request().Header)
-	if err != nil {
-		return idempotency.Request{}, false, err
-	}
-	if !keyed {
-		if acct.Mode == accounts.ModeRequired {
-			return idempotency.Request{}, false, idemhttp.MissingKey()
-		}
-		h.rollout(acct.Mode, "unkeyed")
-		key = serverKey("unkeyed_")
-	}
-	req, err = idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), route, key)
-	return req, keyed, err
-}
-
-// shadow is the shadow mode's part: a key is recorded the first time; a
-// request that would have been replayed, refused as a mismatch or as in
-// flight runs again as before, under a key of its own, and is counted and
-// logged as what enforcing would have changed.
-func (h *Handler) shadow(ctx context.Context, acct accounts.Account, req *idempotency.Request) error {
-	would, err := h.svc.Peek(ctx, *req)
-	if err != nil {
-		return err
-	}
-	if would != idempotency.OutcomeNew {
-		h.rollout(acct.Mode, "would_"+string(would))
-		h.log.WarnContext(ctx, "shadow mode: idempotency would have changed this request; it runs as before",
-			"account_id", acct.ID, "would", string(would))
-		req.Key = serverKey("shadow_")
-	}
-	return nil
-}
-
-func (h *Handler) rollout(mode, outcome string) {
-	if h.OnRollout != nil {
-		h.OnRollout(mode, outcome)
-	}
-}
-
-// serverKey is a key the server makes for a request that has none of its
-// own: unique, so the request is never deduplicated.
-func serverKey(prefix string) string {
-	return prefix + rand.Text()
 }
 
 func (h *Handler) getCharge(c echo.Context) error {

@@ -79,6 +79,36 @@ func TestIdempotencyTokenAlias(t *testing.T) {
 	if n := countRows(t, env.Pool, c.Account.ID); n.Charges != 1 {
 		t.Errorf("%d charges, want 1", n.Charges)
 	}
+
+	// The authentication comes first: without a valid API key, a bad
+	// token is a 401, as a bad Idempotency-Key is.
+	req := c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk_idem_"+strings.Repeat("0", 64))
+	req.Header.Set("Idempotency-Token", "order-1")
+	wantProblem(t, c.Do(req), http.StatusUnauthorized, "unauthorized")
+
+	// The alias holds on every mutating route, not only the charges'.
+	keyToken := "1f8fad5b-d9cb-469f-a165-70867728950e"
+	newKey := func() *apitest.Response {
+		req := c.NewRequest(http.MethodPost, "/v1/api_keys", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Token", keyToken)
+		return c.Do(req)
+	}
+	created := newKey()
+	wantStatus(t, created, http.StatusCreated)
+	// A key's replay withholds its secret (accounts.KeysAPI.Create), so it
+	// is the same key rather than the same bytes.
+	var made, replayed struct{ ID string }
+	created.JSON(t, &made)
+	replay := newKey()
+	wantStatus(t, replay, http.StatusCreated)
+	replay.JSON(t, &replayed)
+	if replay.Header.Get("Idempotent-Replayed") != "true" || replayed.ID != made.ID {
+		t.Errorf("POST /v1/api_keys with the same Idempotency-Token: key %s (replayed %q), want a replay of %s",
+			replayed.ID, replay.Header.Get("Idempotent-Replayed"), made.ID)
+	}
 }
 
 // The idempotency modes of a rollout: required refuses a request without a

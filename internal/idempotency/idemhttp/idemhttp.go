@@ -11,7 +11,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"regexp"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -23,19 +22,11 @@ import (
 // HeaderKey is the request header that carries the client's key.
 const HeaderKey = "Idempotency-Key"
 
-// HeaderToken is the Azure guideline's name for the same thing: a
-// lower-case canonical GUID, accepted on every mutating route as an alias
-// of Idempotency-Key.
-const HeaderToken = "Idempotency-Token"
-
-// guid is a lower-case canonical GUID, 8-4-4-4-12 hex digits.
-var guid = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
-// Key reads the request's key from Idempotency-Key or its alias
-// Idempotency-Token. present is false when neither header was sent (the
+// Key reads the request's key from Idempotency-Key (Alias has moved an
+// Idempotency-Token there). present is false when it was not sent (the
 // caller decides whether that is allowed: idempotency.ErrKeyMissing is the
-// refusal when it is not). A malformed value, both headers with different
-// keys, or two lines of one header with different keys, is a 400 problem.
+// refusal when it is not). A malformed value, or two lines of the header
+// with different keys, is a 400 problem.
 //
 // Two lines of one header are two values: a request that names two keys
 // would be deduplicated under whichever one a reader picks (net/http's Get
@@ -46,10 +37,6 @@ var guid = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 // one of its printable characters; a proxy that folds two lines into one
 // "a, b" therefore sends the key "a, b". Empty lines are ignored.
 func Key(h http.Header) (key string, present bool, err error) {
-	rawToken, err := oneValue(h, HeaderToken, func(v string) (string, error) { return v, nil })
-	if err != nil {
-		return "", true, err
-	}
 	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
 		k, err := idempotency.ParseKey(v)
 		return k, Problem(err)
@@ -57,21 +44,7 @@ func Key(h http.Header) (key string, present bool, err error) {
 	if err != nil {
 		return "", true, err
 	}
-	if key == "" && rawToken == "" {
-		return "", false, nil
-	}
-	if rawToken != "" && !guid.MatchString(rawToken) {
-		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
-			"The Idempotency-Token must be a lower-case canonical GUID (8-4-4-4-12 hex digits).")
-	}
-	if key == "" {
-		return rawToken, true, nil
-	}
-	if rawToken != "" && rawToken != key {
-		return "", true, apierror.New(apierror.IdempotencyKeyInvalid,
-			"Idempotency-Key and Idempotency-Token name different keys; send one of them.")
-	}
-	return key, true, nil
+	return key, key != "", nil
 }
 
 // oneValue is the key that every non-empty line of the header name gives
@@ -97,13 +70,6 @@ func oneValue(h http.Header, name string, parse func(string) (string, error)) (s
 	return key, nil
 }
 
-// MissingKey is the refusal of a request without a key where one is
-// required.
-func MissingKey() error {
-	_, err := idempotency.ParseKey("")
-	return Problem(err)
-}
-
 // MaxBodyBytes bounds every request body the API reads
 // (idempotency.MaxBodyBytes).
 const MaxBodyBytes = idempotency.MaxBodyBytes
@@ -117,32 +83,27 @@ const retryAfter = 1
 // type (415), the body's size (413) and JSON syntax (400). The fingerprint
 // covers the concrete path. A request refused here stores nothing.
 func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
-	key, present, err := Key(c.Request().Header)
+	return read(c, scope, route, idempotency.Prepare)
+}
+
+// ReadToNormalize is Read for an entry point that fingerprints its own
+// normalised request (idempotency.Request.Normalize): the body is checked
+// and read, and canonicalised only once, by Normalize.
+func ReadToNormalize(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
+	return read(c, scope, route, idempotency.PrepareBody)
+}
+
+func read(c echo.Context, scope idempotency.Scope, route string,
+	prepare func(idempotency.Scope, string, string, string, string, io.Reader, int64) (idempotency.Request, error)) (idempotency.Request, error) {
+	r := c.Request()
+	key, present, err := Key(r.Header)
 	if err != nil {
 		return idempotency.Request{}, err
 	}
 	if !present {
-		return idempotency.Request{}, MissingKey()
+		_, err := idempotency.ParseKey("") // the core's refusal of a request without a key
+		return idempotency.Request{}, Problem(err)
 	}
-	return ReadBody(c, scope, route, key)
-}
-
-// ReadBody is Read for a key the caller already has (from Key, or made by
-// the server for an account that does not require one).
-func ReadBody(c echo.Context, scope idempotency.Scope, route, key string) (idempotency.Request, error) {
-	return read(c, scope, route, key, idempotency.Prepare)
-}
-
-// ReadToNormalize is ReadBody for an entry point that fingerprints its own
-// normalised request (idempotency.Request.Normalize): the body is checked
-// and read, and canonicalised only once, by Normalize.
-func ReadToNormalize(c echo.Context, scope idempotency.Scope, route, key string) (idempotency.Request, error) {
-	return read(c, scope, route, key, idempotency.PrepareBody)
-}
-
-func read(c echo.Context, scope idempotency.Scope, route, key string,
-	prepare func(idempotency.Scope, string, string, string, string, io.Reader, int64) (idempotency.Request, error)) (idempotency.Request, error) {
-	r := c.Request()
 	if mt, _, perr := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); perr != nil || mt != echo.MIMEApplicationJSON {
 		return idempotency.Request{}, apierror.New(apierror.UnsupportedMediaType,
 			"Send the request body as JSON with Content-Type: application/json.")
@@ -167,7 +128,7 @@ func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCall
 // Attach gives req what the request's authentication read, when it was
 // kept (SetCaller): the API key's credential, which the claim checks again
 // in its own batch, and the record read under the request's key, from
-// which a replay is answered with no other statement. Read, ReadBody and
+// which a replay is answered with no other statement. Read and
 // ReadToNormalize attach it themselves; an entry point that builds its
 // Request otherwise calls it.
 func Attach(c echo.Context, req *idempotency.Request) {
