@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -131,6 +132,41 @@ func Pool(tb testing.TB) *pgxpool.Pool {
 func open(ctx context.Context) (*pgxpool.Pool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	p, err := openMigrated(ctx)
+	if errors.Is(err, db.ErrMigrationChanged) {
+		// A package's test database holds nothing worth keeping: one made
+		// by an older schema file is dropped and made again, where a
+		// database that serves (idempay migrate) refuses to start.
+		if err = dropDatabase(ctx, URL()); err == nil {
+			p, err = openMigrated(ctx)
+		}
+	}
+	return p, err
+}
+
+// dropDatabase drops the database of dbURL, connecting to the server's
+// maintenance database as dbURL's user.
+func dropDatabase(ctx context.Context, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return fmt.Errorf("dropping the test database %s: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("dropping the test database %s: %w", name, err)
+	}
+	return nil
+}
+
+// openMigrated creates the test database unless it exists, opens a pool on
+// it and migrates it.
+func openMigrated(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := createDatabase(ctx, URL()); err != nil {
 		return nil, err
 	}
