@@ -323,9 +323,9 @@ demo_env=.run/demo.env
 # earlier run) and prints each delivery it receives, with its verdict, to
 # .run/webhooks-listen.log.
 if [[ $client_host == *:* ]]; then
-	hooks_addr="[$client_host]:$((listen_port + 2))"
+	hooks_addr="[$client_host]:$((listen_port + 3))"
 else
-	hooks_addr="$client_host:$((listen_port + 2))"
+	hooks_addr="$client_host:$((listen_port + 3))"
 fi
 hooks_log=.run/webhooks-listen.log
 idem_log "starting idempay webhooks listen on $hooks_addr (deliveries in $hooks_log)"
