@@ -199,10 +199,10 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 		return nil, err
 	}
 	return app.New(pool, app.Config{
-		Idempotency:   cfg.Idempotency,
-		Stripe:        charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
-		Webhooks:      cfg.Webhooks,
-		MerchantHooks: cfg.MerchantHooks,
+		Idempotency:    cfg.Idempotency,
+		Stripe:         charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
+		Webhooks:       cfg.Webhooks,
+		MerchantHooks:  cfg.MerchantHooks,
 		TracerProvider: cfg.tracing,
 	}, log), nil
 }

@@ -136,10 +136,10 @@ func New(t testing.TB, opts Options) *Env {
 		hooks = *opts.MerchantHooks
 	}
 	a := app.New(env.Pool, app.Config{
-		MerchantHooks: hooks,
-		Idempotency:   cfg,
-		Stripe:        charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
-		Webhooks:      webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
+		MerchantHooks:  hooks,
+		Idempotency:    cfg,
+		Stripe:         charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Webhooks:       webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
 		TracerProvider: opts.TracerProvider,
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
