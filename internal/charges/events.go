@@ -139,13 +139,11 @@ func intentEventStatus(typ string, pi *stripe.PaymentIntent) string {
 // abandoned; an authorization that became capturable, was captured or
 // expired).
 func (s *Service) applyIntentEvent(ctx context.Context, b *idempotency.Batch, typ string, pi *stripe.PaymentIntent, at time.Time) (EventOutcome, error) {
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, found, err := s.chargeOfIntent(ctx, pi)
+	if err != nil {
+		return "", err
+	} else if !found {
 		return EventUnknownObject, nil
-	} else if err != nil {
-		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
 	}
 	status := intentEventStatus(typ, pi)
 	if chargeRank[status] <= chargeRank[ch.Status] {
@@ -485,4 +483,19 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
 	}
 	return EventApplied, nil
+}
+
+// chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by
+// the record id in its metadata (a charge whose finish never stored the
+// PaymentIntent's id); found is false when idempay has none.
+func (s *Service) chargeOfIntent(ctx context.Context, pi *stripe.PaymentIntent) (ch dbsqlc.Charge, found bool, err error) {
+	ch, err = s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
+		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
+	})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		return dbsqlc.Charge{}, false, nil
+	} else if err != nil {
+		return dbsqlc.Charge{}, false, fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
+	}
+	return ch, true, nil
 }

@@ -432,13 +432,11 @@ func (op *repairOp) apply(ctx context.Context, b *idempotency.Batch) (idempotenc
 // settleIntent moves the charge of pi forward to pi's state, guarded by the
 // version read, or tells that the ledger holds it already (stale).
 func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *stripe.PaymentIntent) (EventOutcome, error) {
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, found, err := s.chargeOfIntent(ctx, pi)
+	if err != nil {
+		return "", err
+	} else if !found {
 		return EventUnknownObject, nil
-	} else if err != nil {
-		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
 	}
 	if chargeRank[intentStatus(pi)] <= chargeRank[ch.Status] {
 		return EventStale, nil
