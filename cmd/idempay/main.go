@@ -236,7 +236,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// LOCKED share the work).
 	if a.MerchantHooks.Enabled() {
 		wg.Go(func() { a.MerchantHooks.RunDispatcher(bg) })
-		wg.Go(func() { a.MerchantHooks.RunWorkers(bg, merchanthooks.NewHTTPClient(cfg.MerchantHooks)) })
+		hooks := cfg.MerchantHooks
+		hooks.TracerProvider = cfg.tracing // each delivery attempt a span, its traceparent sent
+		wg.Go(func() { a.MerchantHooks.RunWorkers(bg, merchanthooks.NewHTTPClient(hooks)) })
 	} else {
 		log.Warn("WEBHOOK_SECRETS_KEY is not set: webhooks out are off (POST /v1/webhook_endpoints answers 503)")
 	}

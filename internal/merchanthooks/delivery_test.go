@@ -12,6 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
@@ -636,6 +639,56 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d", name, r.Status, r.Body, tc.want)
 		} else {
 			r.Problem(t)
+		}
+	}
+}
+
+// TestDeliveryTraced: with a tracer provider, each delivery attempt is a
+// client span, and the request carries its trace context (traceparent), so
+// a merchant's tracing continues idempay's; without one, nothing is sent.
+func TestDeliveryTraced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	cfg := b.cfg
+	cfg.TracerProvider = tp
+	b.http = merchanthooks.NewHTTPClient(cfg)
+	id := b.event(t, events.ChargeSucceeded, "ch_t", 1)
+	b.dispatch(t)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1", n)
+	}
+	got := b.recv.deliveries()
+	if len(got) != 1 || got[0].ID != id {
+		t.Fatalf("received %+v, want one delivery of %s", got, id)
+	}
+	var client *tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind == oteltrace.SpanKindClient {
+			client = &s
+		}
+	}
+	if client == nil {
+		t.Fatalf("no client span among %d spans", len(exp.GetSpans()))
+	}
+	want := "00-" + client.SpanContext.TraceID().String() + "-" + client.SpanContext.SpanID().String() + "-01"
+	if got[0].TraceParent != want {
+		t.Fatalf("traceparent %q, want %q (the attempt's span)", got[0].TraceParent, want)
+	}
+
+	// Without a tracer provider: no header.
+	b.http = merchanthooks.NewHTTPClient(b.cfg)
+	id2 := b.event(t, events.ChargeSucceeded, "ch_u", 1)
+	b.dispatch(t)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1", n)
+	}
+	for _, d := range b.recv.deliveries() {
+		if d.ID == id2 && d.TraceParent != "" {
+			t.Fatalf("untraced delivery sent traceparent %q", d.TraceParent)
 		}
 	}
 }

@@ -21,6 +21,8 @@ package merchanthooks
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/internal/events"
 )
 
@@ -88,6 +90,10 @@ type Config struct {
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
 	Observe func(outcome string, d time.Duration)
+	// TracerProvider, when set, traces every delivery attempt as a client
+	// span and sends its trace context in the request's traceparent header
+	// (NewHTTPClient); nil traces nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultSchedule is Standard Webhooks' retry schedule: after the first

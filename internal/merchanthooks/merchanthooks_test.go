@@ -43,6 +43,7 @@ func (c *clock) Advance(d time.Duration) {
 type delivery struct {
 	ID, Signature string
 	Timestamp     string
+	TraceParent   string
 	Body          []byte
 	Event         events.Event
 }
@@ -61,6 +62,7 @@ func newReceiver(t *testing.T) *receiver {
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		var d delivery
 		d.ID, d.Signature, d.Timestamp = req.Header.Get("webhook-id"), req.Header.Get("webhook-signature"), req.Header.Get("webhook-timestamp")
+		d.TraceParent = req.Header.Get("traceparent")
 		d.Body, _ = io.ReadAll(req.Body)
 		_ = json.Unmarshal(d.Body, &d.Event)
 		r.mu.Lock()

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"syscall"
 	"time"
+
+	"github.com/idempay/idempay/internal/telemetry"
 )
 
 // ErrPrivateAddress is a connection refused because the endpoint's address
@@ -51,7 +53,7 @@ func NewHTTPClient(cfg Config) *http.Client {
 		Proxy: nil, DialContext: dialer.DialContext, ForceAttemptHTTP2: true,
 		TLSHandshakeTimeout: 5 * time.Second, MaxIdleConnsPerHost: 8, IdleConnTimeout: 60 * time.Second,
 	}
-	return &http.Client{Transport: tr, Timeout: cfg.Timeout,
+	return &http.Client{Transport: telemetry.HTTPTransport(tr, cfg.TracerProvider), Timeout: cfg.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
