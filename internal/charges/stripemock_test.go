@@ -2,6 +2,8 @@ package charges_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -69,7 +71,29 @@ func freePort(t *testing.T) int {
 }
 
 // startStripeMock runs stripe-mock on loopback only and returns its HTTP URL.
+// Its ports were free a moment before it binds them, so another listener
+// (a test server of a parallel test) may take one first: stripe-mock then
+// exits, or the port answers as someone else. So the start is tried again
+// on new ports until the port answers as stripe-mock does: a charge list
+// (`"object": "list"`, `"url": "/v1/charges"`).
 func startStripeMock(t *testing.T) string {
+	t.Helper()
+	var tries []string
+	for range 5 {
+		url, why := tryStripeMock(t)
+		if why == "" {
+			return url
+		}
+		tries = append(tries, why)
+	}
+	t.Fatalf("stripe-mock did not start:\n%s", strings.Join(tries, "\n"))
+	return ""
+}
+
+// tryStripeMock starts stripe-mock on two free loopback ports and waits
+// until its HTTP port answers as stripe-mock. It returns the URL, or why
+// not (the process stopped again).
+func tryStripeMock(t *testing.T) (url, why string) {
 	t.Helper()
 	bin := stripeMockPath(t)
 	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -82,32 +106,47 @@ func startStripeMock(t *testing.T) string {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
+	stop := func() {
 		_ = cmd.Process.Kill()
 		<-exited
-	})
+	}
 
-	url := "http://" + httpAddr
+	url = "http://" + httpAddr
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, url+"/v1/charges", nil)
-		req.Header.Set("Authorization", "Bearer sk_test_idempay")
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			return url
+		if isStripeMock(client, url) {
+			t.Cleanup(stop)
+			return url, ""
 		}
 		select {
 		case <-exited:
-			t.Fatalf("stripe-mock exited: %s", out.String())
+			return "", fmt.Sprintf("stripe-mock on %s exited: %s", httpAddr, out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("stripe-mock did not answer on %s within 30 s: %v\n%s", url, err, out.String())
+			stop()
+			return "", fmt.Sprintf("%s did not answer as stripe-mock within 30 s:\n%s", url, out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// isStripeMock tells whether url answers GET /v1/charges as stripe-mock
+// does: 200 with a list of charges.
+func isStripeMock(client *http.Client, url string) bool {
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, url+"/v1/charges", nil)
+	req.Header.Set("Authorization", "Bearer sk_test_idempay")
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Object, URL string
+	}
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&list) == nil &&
+		list.Object == "list" && list.URL == "/v1/charges"
 }
 
 // The API against Stripe's official mock, through stripe-go: the request
