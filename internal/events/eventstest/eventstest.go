@@ -3,6 +3,7 @@
 package eventstest
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -12,8 +13,10 @@ import (
 	"github.com/idempay/idempay/internal/events"
 )
 
-// ReadAll fetches from cons until a fetch brings nothing, and returns how
-// many distinct events it read of each account, and in all. It fails t for
+// ReadAll fetches from cons until the consumer has nothing pending (by its
+// own count, asked after a fetch that brought nothing: an empty fetch alone
+// may only mean a slow server), and returns how many distinct events it
+// read of each account, and in all. It fails t for
 // a message that is not an event, an event read twice, or an object's event
 // whose version is not above the one before it. check, when not nil, sees
 // every message with its event.
@@ -22,6 +25,7 @@ func ReadAll(t testing.TB, cons jetstream.Consumer, check func(jetstream.Msg, ev
 	seen := map[string]bool{}
 	perAccount = map[string]int64{}
 	version := map[string]int64{} // each object's last version read
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
@@ -48,8 +52,20 @@ func ReadAll(t testing.TB, cons jetstream.Consumer, check func(jetstream.Msg, ev
 				check(msg, ev)
 			}
 		}
-		if n == 0 {
+		if n > 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		info, err := cons.Info(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("reading the consumer's state: %v", err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
 			return perAccount, len(seen)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d events pending after reading %d for 2 minutes", info.NumPending, len(seen))
 		}
 	}
 }
