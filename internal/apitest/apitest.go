@@ -27,6 +27,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/pgtext"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
@@ -171,9 +172,15 @@ func (e *Env) ClientFor(t testing.TB, acct dbtest.Account) *Client {
 	return &Client{t: t, env: e, Account: acct, HTTP: &http.Client{Timeout: 30 * time.Second}}
 }
 
-// NewClient creates an account and a client for it.
+// NewClient creates an account in the API's database (the shared test
+// database, or Options.Pool's) and a client for it.
 func (e *Env) NewClient(t testing.TB) *Client {
-	return &Client{t: t, env: e, Account: dbtest.NewAccount(t), HTTP: &http.Client{Timeout: 30 * time.Second}}
+	t.Helper()
+	acct, key, err := accounts.Create(context.Background(), e.Pool, pgtext.Truncate("test "+t.Name(), 200))
+	if err != nil {
+		t.Fatalf("creating account: %v", err)
+	}
+	return e.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: key})
 }
 
 // Response is a response read in full.

@@ -128,7 +128,11 @@ func TestEventsCommitWithSettlement(t *testing.T) {
 // it) is dropped by JetStream's duplicate window.
 func TestRelayPublishesOnceInOrder(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
+	// A database of its own: a relay publishes every unpublished event of
+	// its database, so another test's relay on a shared one would publish
+	// (and mark) some of this test's events into its own stream.
+	_, pool := dbtest.NewDatabase(t)
+	env := apitest.New(t, apitest.Options{Pool: pool})
 	_, js := natstest.Connect(t, natstest.Server(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/telemetry"
@@ -23,7 +24,10 @@ import (
 // continues it.
 func TestRelayCarriesTrace(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
+	// A database of its own, as TestRelayPublishesOnceInOrder's: no other
+	// test's relay publishes its event first.
+	_, pool := dbtest.NewDatabase(t)
+	env := apitest.New(t, apitest.Options{Pool: pool})
 	_, js := natstest.Connect(t, natstest.Server(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
