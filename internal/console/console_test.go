@@ -15,6 +15,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -325,6 +326,47 @@ func TestRecordStates(t *testing.T) {
 	}
 	if p := b.get("/records?state=nonsense"); p.Status != http.StatusBadRequest {
 		t.Errorf("an unknown state filter: %d, want 400", p.Status)
+	}
+}
+
+// A record past the retry ceiling, parked (I16), is shown as parked and
+// found by the parked filter alone: it is neither waiting nor in flight.
+func TestParkedRecord(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+
+	env.Stripe.FailNext(stripefake.Fail500, 1) // an unknown outcome: the record waits
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); res.Status < 500 {
+		t.Fatalf("a charge whose Stripe call failed: %d, want 5xx", res.Status)
+	}
+	var id string
+	var gen int64
+	if err := env.Pool.QueryRow(t.Context(), "SELECT id, lock_generation FROM idempotency_keys WHERE scope = $1 AND key = $2",
+		acct.ID, key).Scan(&id, &gen); err != nil {
+		t.Fatal(err)
+	}
+	// The runner's own parking of one record past the ceiling.
+	n, err := dbsqlc.New().IdempotencyKeyPark(t.Context(), env.Pool, &dbsqlc.IdempotencyKeyParkParams{
+		ID: id, LockGeneration: gen, LockTimeoutSeconds: idempotency.DefaultConfig().LockTimeout.Seconds()})
+	if err != nil || n != 1 {
+		t.Fatalf("parking the record: %d rows, %v; want 1", n, err)
+	}
+	if got := stateOf(t, b, key); got != console.StateParked {
+		t.Fatalf("a parked record: state %q, want %q", got, console.StateParked)
+	}
+	if ids := recordKeys(b.get("/records?state=parked").Body); len(ids) != 1 || ids[0] != key {
+		t.Fatalf("filter parked: %v, want [%s]", ids, key)
+	}
+	for _, s := range []string{console.StateWaiting, console.StateInFlight, console.StateFinished} {
+		if ids := recordKeys(b.get("/records?state=" + s).Body); len(ids) != 0 {
+			t.Errorf("filter %s: %v, want none (the only record is parked)", s, ids)
+		}
 	}
 }
 

@@ -30,11 +30,12 @@ const (
 	StateWaiting = "waiting"
 	// StateFinished: it holds its stored answer.
 	StateFinished = "finished"
-	// PARKED: StateParked ("parked", records retried past the ceiling of
-	// I16) joins these, and the filter below, when the schema has it.
+	// StateParked: unfinished past the retry ceiling (I16); never called
+	// downstream again, it waits for Stripe's event or reconciliation.
+	StateParked = "parked"
 )
 
-var states = []string{StateInFlight, StateWaiting, StateFinished}
+var states = []string{StateInFlight, StateWaiting, StateParked, StateFinished}
 
 // recordView is one record as the pages show it.
 type recordView struct {
@@ -67,6 +68,8 @@ func stateOf(point string, lockFresh bool) string {
 	switch {
 	case point == idempotency.PointFinished:
 		return StateFinished
+	case point == idempotency.PointParked:
+		return StateParked
 	case lockFresh:
 		return StateInFlight
 	default:
@@ -85,7 +88,7 @@ func recordOf(r dbsqlc.ConsoleRecordListRow) recordView {
 	if r.LastError != nil {
 		v.LastError = *r.LastError
 	}
-	if v.State != StateFinished {
+	if v.State != StateFinished && v.State != StateParked {
 		t := r.NextAttemptAt
 		v.NextAttempt = &t
 	}
@@ -312,6 +315,6 @@ var funcs = template.FuncMap{
 	},
 	"stateLabel": func(s string) string {
 		return map[string]string{StateInFlight: "in flight", StateWaiting: "waiting for a retry",
-			StateFinished: "finished"}[s]
+			StateParked: "parked past the retry ceiling", StateFinished: "finished"}[s]
 	},
 }
