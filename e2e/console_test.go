@@ -217,6 +217,34 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#history li[data-version]`)))
 	br.screenshot("console-charge")
 
+	// The event's Resend button, double-clicked: the form carries one
+	// Idempotency-Key, minted when the page loaded, so however many of the
+	// clicks reach the server, the event is resent once: one record of the
+	// resend route, finished.
+	br.do(30*time.Second, "opening the charge's event", chromedp.Click(chromedp.CSS(`#history li[data-version] a`)),
+		chromedp.WaitVisible(chromedp.CSS("#resend")))
+	br.do(30*time.Second, "double-clicking Resend", chromedp.DoubleClick(chromedp.CSS("#resend")),
+		chromedp.WaitVisible(chromedp.CSS("table#deliveries")))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n, finished int
+		if err := d.Pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE recovery_point = 'finished')
+			FROM idempotency_keys WHERE scope = $1 AND request_route = '/v1/events/:id/resend'`,
+			acct.ID).Scan(&n, &finished); err != nil {
+			t.Fatal(err)
+		}
+		if n > 1 {
+			t.Fatalf("a double-clicked Resend made %d resend records, want 1", n)
+		}
+		if n == 1 && finished == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a double-clicked Resend: %d resend records, %d finished after 30 s; want 1, finished", n, finished)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	// 2. A request whose Stripe call hangs, on server A: in flight. A is
 	// killed; once its lock expires, the record waits; another server's
 	// completer takes it over and finishes it.

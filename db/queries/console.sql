@@ -17,9 +17,9 @@ WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL;
 -- (an empty state for all). in_flight: unfinished, its lock fresh (by the claim's
 -- clock: the database's, and the lock timeout); waiting: unfinished, its
 -- lock free or expired, so a retry or the completer may take it over;
--- finished: it has its stored answer.
--- PARKED: the state of records retried past the ceiling (I16) goes here
--- when the schema has it.
+-- finished: it has its stored answer; parked: unfinished past the retry
+-- ceiling (I16), never called downstream again, waiting for Stripe's event
+-- or reconciliation to settle it.
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
        ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
@@ -35,9 +35,10 @@ LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
 WHERE ik.scope = @account_id
   AND CASE @state::text
         WHEN 'finished' THEN ik.recovery_point = 'finished'
-        WHEN 'in_flight' THEN ik.recovery_point <> 'finished' AND ik.locked_at IS NOT NULL
+        WHEN 'parked' THEN ik.recovery_point = 'parked'
+        WHEN 'in_flight' THEN ik.recovery_point NOT IN ('finished', 'parked') AND ik.locked_at IS NOT NULL
              AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8)
-        WHEN 'waiting' THEN ik.recovery_point <> 'finished' AND (ik.locked_at IS NULL
+        WHEN 'waiting' THEN ik.recovery_point NOT IN ('finished', 'parked') AND (ik.locked_at IS NULL
              OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
         ELSE true
       END

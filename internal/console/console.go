@@ -6,10 +6,11 @@
 //
 // It is served by `idempay serve` on an address of its own (CONSOLE_ADDR),
 // rendered on the server from Go templates and embedded static files. It
-// reads what the API reads, scoped to the signed-in account (I5), and keeps
-// no copy of what decides an answer (I15): its session cookie is signed and
-// holds the key's id, which every request looks up, so a revoked key ends
-// the session at once. Every POST carries a CSRF token. docs/console.md
+// reads what the API reads, scoped to the signed-in account (I5); its one
+// write, an event's resend, is the API's own call through the idempotency
+// core. It keeps no copy of what decides an answer (I15): its session
+// cookie is signed and holds the key's id, which every request looks up,
+// so a revoked key ends the session at once. Every POST carries a CSRF token. docs/console.md
 // tells how to use it.
 package console
 
@@ -29,6 +30,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/merchanthooks"
 )
 
 // DefaultPollInterval is how often an open page asks for its content again.
@@ -57,6 +59,7 @@ type Console struct {
 	db    dbsqlc.DBTX
 	q     *dbsqlc.Queries
 	auth  *accounts.Authenticator
+	hooks *merchanthooks.Service
 	cfg   Config
 	log   *slog.Logger
 	pages map[string]*template.Template
@@ -69,8 +72,9 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 // New returns the console over pool, signing in with auth, the API's own
-// authenticator.
-func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, cfg Config, log *slog.Logger) (*Console, error) {
+// authenticator, and showing and resending webhooks out through hooks, the
+// API's own service.
+func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Service, cfg Config, log *slog.Logger) (*Console, error) {
 	if len(cfg.Secret) == 0 {
 		cfg.Secret = []byte(rand.Text() + rand.Text())
 	}
@@ -86,7 +90,7 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, cfg Config, log *slog.L
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, cfg: cfg, log: log, pages: map[string]*template.Template{}}
+	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
 	for _, page := range []string{"login", "records", "record", "charges", "charge", "refunds", "events", "event", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+page+".html")
 		if err != nil {
@@ -117,6 +121,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /refunds", c.signedIn(c.refunds))
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
+	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
 	return secureHeaders(mux)
 }
 

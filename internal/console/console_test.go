@@ -10,13 +10,16 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -32,7 +35,7 @@ type browser struct {
 
 func newConsole(t testing.TB, env *apitest.Env) string {
 	t.Helper()
-	c, err := console.New(env.Pool, env.Auth, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,6 +331,47 @@ func TestRecordStates(t *testing.T) {
 	}
 }
 
+// A record past the retry ceiling, parked (I16), is shown as parked and
+// found by the parked filter alone: it is neither waiting nor in flight.
+func TestParkedRecord(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+
+	env.Stripe.FailNext(stripefake.Fail500, 1) // an unknown outcome: the record waits
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); res.Status < 500 {
+		t.Fatalf("a charge whose Stripe call failed: %d, want 5xx", res.Status)
+	}
+	var id string
+	var gen int64
+	if err := env.Pool.QueryRow(t.Context(), "SELECT id, lock_generation FROM idempotency_keys WHERE scope = $1 AND key = $2",
+		acct.ID, key).Scan(&id, &gen); err != nil {
+		t.Fatal(err)
+	}
+	// The runner's own parking of one record past the ceiling.
+	n, err := dbsqlc.New().IdempotencyKeyPark(t.Context(), env.Pool, &dbsqlc.IdempotencyKeyParkParams{
+		ID: id, LockGeneration: gen, LockTimeoutSeconds: idempotency.DefaultConfig().LockTimeout.Seconds()})
+	if err != nil || n != 1 {
+		t.Fatalf("parking the record: %d rows, %v; want 1", n, err)
+	}
+	if got := stateOf(t, b, key); got != console.StateParked {
+		t.Fatalf("a parked record: state %q, want %q", got, console.StateParked)
+	}
+	if ids := recordKeys(b.get("/records?state=parked").Body); len(ids) != 1 || ids[0] != key {
+		t.Fatalf("filter parked: %v, want [%s]", ids, key)
+	}
+	for _, s := range []string{console.StateWaiting, console.StateInFlight, console.StateFinished} {
+		if ids := recordKeys(b.get("/records?state=" + s).Body); len(ids) != 0 {
+			t.Errorf("filter %s: %v, want none (the only record is parked)", s, ids)
+		}
+	}
+}
+
 // The charge page shows its status history: its events in version order.
 func TestChargeHistory(t *testing.T) {
 	t.Parallel()
@@ -366,6 +410,105 @@ func TestChargeHistory(t *testing.T) {
 	}
 	if p := b.get("/events/" + evID[1]); p.Status != http.StatusOK || !strings.Contains(p.Body, ch.ID) {
 		t.Fatalf("the event's page: %d, want its data naming %s", p.Status, ch.ID)
+	}
+}
+
+// The event page shows its deliveries and every attempt, as
+// GET /v1/events/{id}/deliveries reads them, and its Resend form goes
+// through POST /v1/events/{id}/resend's idempotent service call: the same
+// form sent twice (a double click) resends once.
+func TestEventDeliveriesAndResend(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	var mu sync.Mutex
+	sent := map[string]int{} // webhook-id → requests received
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sent[r.Header.Get("webhook-id")]++
+		mu.Unlock()
+	}))
+	t.Cleanup(recv.Close)
+	if res := api.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": recv.URL, "enabled_events": []string{"*"}}); res.Status != http.StatusCreated {
+		t.Fatalf("creating the endpoint: %d %s", res.Status, res.Body)
+	}
+	if res := api.Post("/v1/charges", apitest.NewKey(), chargeBody(2500)); res.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", res.Status, res.Body)
+	}
+	hooks := env.MerchantHooks
+	deliver := func() {
+		t.Helper()
+		if _, err := hooks.Dispatch(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			n, err := hooks.Work(t.Context(), recv.Client(), 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				return
+			}
+		}
+	}
+	deliver()
+
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	id := evID[1]
+	p := b.get("/events/" + id)
+	if p.Status != http.StatusOK || strings.Count(p.Body, `data-status="delivered"`) != 1 ||
+		strings.Count(p.Body, `class="attempt"`) != 1 || !strings.Contains(p.Body, `<td class="num">200</td>`) {
+		t.Fatalf("the event's page: %d, want one delivery, delivered, with one attempt answered 200; page:\n%s", p.Status, p.Body)
+	}
+	mu.Lock()
+	before := sent[id]
+	mu.Unlock()
+	if before != 1 {
+		t.Fatalf("the event was sent %d times before the resend, want 1", before)
+	}
+
+	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
+	csrf := csrfRE.FindStringSubmatch(p.Body)
+	if key == nil || csrf == nil {
+		t.Fatal("the event's page has no Resend form with a key and a CSRF token")
+	}
+	form := url.Values{"csrf_token": {csrf[1]}, "idempotency_key": {key[1]}}
+	for i := range 2 { // a double click
+		if r := b.post("/events/"+id+"/resend", form); r.Status != http.StatusSeeOther || r.Location != "/events/"+id {
+			t.Fatalf("resend #%d: %d to %q, want 303 to the event's page; body:\n%s", i+1, r.Status, r.Location, r.Body)
+		}
+		deliver()
+	}
+	mu.Lock()
+	after := sent[id]
+	mu.Unlock()
+	if after != 2 {
+		t.Errorf("the event was sent %d times after a resend form sent twice, want 2 (once, then once again)", after)
+	}
+	var records int
+	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
+		acct.ID, merchanthooks.RouteResend).Scan(&records); err != nil || records != 1 {
+		t.Errorf("resend records: %d (%v), want 1", records, err)
+	}
+	if p := b.get("/events/" + id); strings.Count(p.Body, `class="attempt"`) != 2 {
+		t.Errorf("the event's page after the resend: %d attempts, want 2", strings.Count(p.Body, `class="attempt"`))
+	}
+	// Without the CSRF token, nothing is sent.
+	if r := b.post("/events/"+id+"/resend", url.Values{"idempotency_key": {apitest.NewKey()}}); r.Status != http.StatusForbidden {
+		t.Errorf("a resend without the CSRF token: %d, want 403", r.Status)
+	}
+	// Another account's event is not found.
+	other := newBrowser(t, base)
+	other.signIn(dbtest.NewAccount(t).APIKey)
+	if r := other.post("/events/"+id+"/resend", url.Values{"csrf_token": {other.csrf("/records")}, "idempotency_key": {apitest.NewKey()}}); r.Status != http.StatusNotFound {
+		t.Errorf("a resend of another account's event: %d, want 404", r.Status)
 	}
 }
 

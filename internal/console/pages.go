@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,9 +14,12 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/merchanthooks"
 )
 
 // pageSize is how many rows a list shows: the newest.
@@ -30,11 +34,12 @@ const (
 	StateWaiting = "waiting"
 	// StateFinished: it holds its stored answer.
 	StateFinished = "finished"
-	// PARKED: StateParked ("parked", records retried past the ceiling of
-	// I16) joins these, and the filter below, when the schema has it.
+	// StateParked: unfinished past the retry ceiling (I16); never called
+	// downstream again, it waits for Stripe's event or reconciliation.
+	StateParked = "parked"
 )
 
-var states = []string{StateInFlight, StateWaiting, StateFinished}
+var states = []string{StateInFlight, StateWaiting, StateParked, StateFinished}
 
 // recordView is one record as the pages show it.
 type recordView struct {
@@ -67,6 +72,8 @@ func stateOf(point string, lockFresh bool) string {
 	switch {
 	case point == idempotency.PointFinished:
 		return StateFinished
+	case point == idempotency.PointParked:
+		return StateParked
 	case lockFresh:
 		return StateInFlight
 	default:
@@ -85,7 +92,7 @@ func recordOf(r dbsqlc.ConsoleRecordListRow) recordView {
 	if r.LastError != nil {
 		v.LastError = *r.LastError
 	}
-	if v.State != StateFinished {
+	if v.State != StateFinished && v.State != StateParked {
 		t := r.NextAttemptAt
 		v.NextAttempt = &t
 	}
@@ -252,8 +259,14 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, v viewer) {
 }
 
 type eventDetail struct {
-	Event dbsqlc.Event
-	Data  string
+	Event      dbsqlc.Event
+	Data       string
+	Deliveries []merchanthooks.Delivery
+	// ResendKey is the Idempotency-Key of the page's Resend form, minted
+	// when the page is loaded: the same form submitted twice (a double
+	// click) resends once, and the second is a replay. The form is outside
+	// the live part of the page, so a refresh does not change it.
+	ResendKey string
 }
 
 func (c *Console) event(w http.ResponseWriter, r *http.Request, v viewer) {
@@ -265,11 +278,43 @@ func (c *Console) event(w http.ResponseWriter, r *http.Request, v viewer) {
 		c.fail(w, r, fmt.Errorf("reading event: %w", err))
 		return
 	}
-	// DELIVERIES: the event's webhook deliveries to the account's
-	// endpoints, every attempt, and the resend and recover buttons (POSTs
-	// with the CSRF token, through the API's own idempotent routes) are
-	// read here once webhooks out to merchants exist.
-	c.render(w, r, http.StatusOK, "event", v, eventDetail{Event: ev, Data: pretty(ev.Data)})
+	// The deliveries as GET /v1/events/{id}/deliveries reads them.
+	dl, err := c.hooks.EventDeliveries(r.Context(), v.AccountID, ev.ID)
+	if err != nil {
+		c.fail(w, r, fmt.Errorf("listing the event's deliveries: %w", err))
+		return
+	}
+	c.render(w, r, http.StatusOK, "event", v, eventDetail{Event: ev, Data: pretty(ev.Data), Deliveries: dl.Data,
+		ResendKey: "console_" + rand.Text()})
+}
+
+// resend is the Resend button: POST /v1/events/{id}/resend's own service
+// call through the idempotency core, under the Idempotency-Key the form
+// carries, so that a form sent twice resends once.
+func (c *Console) resend(w http.ResponseWriter, r *http.Request, v viewer) {
+	if !c.checkCSRF(r) {
+		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
+		return
+	}
+	id := r.PathValue("id")
+	key, err := idempotency.ParseKey(r.PostFormValue("idempotency_key"))
+	var req idempotency.Request
+	if err == nil {
+		req, err = idempotency.Prepare(idempotency.AccountScope(v.AccountID), key,
+			http.MethodPost, merchanthooks.RouteResend, "/v1/events/"+id+"/resend", strings.NewReader("{}"), 1024)
+	}
+	if err == nil {
+		_, err = c.hooks.Resend(r.Context(), v.AccountID, id, req)
+	}
+	var ae *apierror.Error
+	if errors.As(idemhttp.Problem(err), &ae) {
+		c.refuse(w, r, ae.Status(), "The event was not resent: "+ae.Detail)
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("resending event %s: %w", id, err))
+		return
+	}
+	http.Redirect(w, r, "/events/"+id, http.StatusSeeOther)
 }
 
 // pretty indents JSON, and shows anything else as text.
@@ -312,6 +357,6 @@ var funcs = template.FuncMap{
 	},
 	"stateLabel": func(s string) string {
 		return map[string]string{StateInFlight: "in flight", StateWaiting: "waiting for a retry",
-			StateFinished: "finished"}[s]
+			StateParked: "parked past the retry ceiling", StateFinished: "finished"}[s]
 	},
 }

@@ -292,9 +292,10 @@ LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
 WHERE ik.scope = $2
   AND CASE $3::text
         WHEN 'finished' THEN ik.recovery_point = 'finished'
-        WHEN 'in_flight' THEN ik.recovery_point <> 'finished' AND ik.locked_at IS NOT NULL
+        WHEN 'parked' THEN ik.recovery_point = 'parked'
+        WHEN 'in_flight' THEN ik.recovery_point NOT IN ('finished', 'parked') AND ik.locked_at IS NOT NULL
              AND ik.locked_at >= now() - make_interval(secs => $1::float8)
-        WHEN 'waiting' THEN ik.recovery_point <> 'finished' AND (ik.locked_at IS NULL
+        WHEN 'waiting' THEN ik.recovery_point NOT IN ('finished', 'parked') AND (ik.locked_at IS NULL
              OR ik.locked_at < now() - make_interval(secs => $1::float8))
         ELSE true
       END
@@ -336,9 +337,9 @@ type ConsoleRecordListRow struct {
 // (an empty state for all). in_flight: unfinished, its lock fresh (by the claim's
 // clock: the database's, and the lock timeout); waiting: unfinished, its
 // lock free or expired, so a retry or the completer may take it over;
-// finished: it has its stored answer.
-// PARKED: the state of records retried past the ceiling (I16) goes here
-// when the schema has it.
+// finished: it has its stored answer; parked: unfinished past the retry
+// ceiling (I16), never called downstream again, waiting for Stripe's event
+// or reconciliation to settle it.
 func (q *Queries) ConsoleRecordList(ctx context.Context, db DBTX, arg *ConsoleRecordListParams) ([]ConsoleRecordListRow, error) {
 	rows, err := db.Query(ctx, consoleRecordList,
 		arg.LockTimeoutSeconds,
