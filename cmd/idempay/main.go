@@ -31,10 +31,10 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/app"
-	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -200,7 +200,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 	}
 	return app.New(pool, app.Config{
 		Idempotency:    cfg.Idempotency,
-		Stripe:         charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
+		Stripe:         stripeapi.Config{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
 		Webhooks:       cfg.Webhooks,
 		MerchantHooks:  cfg.MerchantHooks,
 		TracerProvider: cfg.tracing,

@@ -29,6 +29,7 @@ import (
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/pgtext"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -139,7 +140,7 @@ func New(t testing.TB, opts Options) *Env {
 	a := app.New(env.Pool, app.Config{
 		MerchantHooks:  hooks,
 		Idempotency:    cfg,
-		Stripe:         charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Stripe:         stripeapi.Config{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
 		Webhooks:       webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
 		TracerProvider: opts.TracerProvider,
 	}, env.Log)

@@ -5,7 +5,7 @@
 // binary (cmd/idempay) and the tests (internal/apitest) build it with the
 // same function, New, so the wiring is written once and what the tests run
 // is what serves (as benbjohnson/wtf's cmd Main). The order.paid consumer
-// (orders.New) and the outbox relay (events.NewRelay) need a NATS
+// (orders.New) and the outbox relay (relay.New) need a NATS
 // connection, which New neither opens nor holds: the commands that open one
 // wire them (cmd/idempay/nats.go) on the App's pool, charges service and
 // metrics, and their tests on the same parts with hooks of their own.
@@ -26,6 +26,7 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
@@ -36,7 +37,7 @@ import (
 type Config struct {
 	Idempotency idempotency.Config
 	// Stripe configures the Stripe port; New sets its Observe hook.
-	Stripe charges.StripeConfig
+	Stripe stripeapi.Config
 	// Webhooks configures the webhook endpoint; New sets its hooks.
 	Webhooks webhooks.Config
 	// MerchantHooks configures webhooks out; New sets its Observe hook.
@@ -83,7 +84,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 		a.Runner.Tracer = tp.Tracer("github.com/idempay/idempay/internal/idempotency")
 		sc.TracerProvider = tp
 	}
-	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
+	a.Charges = charges.New(pool, a.Runner, stripeapi.New(sc), log)
 	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
 	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag

@@ -20,21 +20,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stripe/stripe-go/v76"
 
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/listing"
 	"github.com/idempay/idempay/internal/pgtext"
 )
+
+// methodPost is the method of every operation (net/http's, which this
+// package does not import).
+const methodPost = "POST"
 
 // Routes, as fingerprinted and stored on idempotency records.
 const (
@@ -48,10 +48,9 @@ const (
 // methods, which every entry point (chargeshttp, orders, webhooks,
 // reconciliation) calls.
 type Service struct {
-	pool   *pgxpool.Pool
-	q      *dbsqlc.Queries
+	st     store
 	runner *idempotency.Runner
-	stripe *Stripe
+	stripe Processor
 	log    *slog.Logger
 	// OnReconcile, when set, counts what reconciliation did with each
 	// object it listed (metrics): ReconcilePaymentIntent or ReconcileRefund,
@@ -61,13 +60,13 @@ type Service struct {
 
 // New returns the service and registers its operations with the runner, so
 // the completer can resume them.
-func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe *Stripe, log *slog.Logger) *Service {
-	s := &Service{pool: pool, q: dbsqlc.New(), runner: runner, stripe: stripe, log: log}
-	runner.Register(http.MethodPost, RouteCharges, func() idempotency.Operation { return &chargeOp{s: s} })
-	runner.Register(http.MethodPost, RouteRefunds, func() idempotency.Operation { return &refundOp{s: s} })
-	runner.Register(http.MethodPost, RouteCapture, func() idempotency.Operation { return &pendingOp{s: s, action: actionCapture} })
-	runner.Register(http.MethodPost, RouteCancel, func() idempotency.Operation { return &pendingOp{s: s, action: actionCancel} })
-	runner.RegisterLocal(http.MethodPost, RouteReconcile, func() idempotency.Operation { return &repairOp{s: s} })
+func New(pool *pgxpool.Pool, runner *idempotency.Runner, stripe Processor, log *slog.Logger) *Service {
+	s := &Service{st: newStore(pool), runner: runner, stripe: stripe, log: log}
+	runner.Register(methodPost, RouteCharges, func() idempotency.Operation { return &chargeOp{s: s} })
+	runner.Register(methodPost, RouteRefunds, func() idempotency.Operation { return &refundOp{s: s} })
+	runner.Register(methodPost, RouteCapture, func() idempotency.Operation { return &pendingOp{s: s, action: actionCapture} })
+	runner.Register(methodPost, RouteCancel, func() idempotency.Operation { return &pendingOp{s: s, action: actionCancel} })
+	runner.RegisterLocal(methodPost, RouteReconcile, func() idempotency.Operation { return &repairOp{s: s} })
 	return s
 }
 
@@ -159,7 +158,7 @@ func validate(req *idempotency.Request, params params) error {
 // are the core's (*idempotency.Error), a validation problem
 // (*apierror.Error), or the database's.
 func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
-	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, http.MethodPost, RouteCharges, RouteCharges,
+	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
 		bytes.NewReader(body), idempotency.MaxBodyBytes)
 	if err != nil {
 		return idempotency.Response{}, err
@@ -178,7 +177,7 @@ type chargeOp struct {
 	s         *Service
 	params    *chargeParams // nil when resumed
 	accountID string
-	charge    dbsqlc.Charge // the row as Begin inserted it, or as Load read it
+	charge    chargeRow // the row as Begin inserted it, or as Load read it
 	metadata  map[string]string
 }
 
@@ -192,22 +191,18 @@ func (op *chargeOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if op.params.Capture != nil && !*op.params.Capture {
 		captureMethod = captureManual
 	}
-	op.charge = dbsqlc.Charge{ID: ledgerID("ch_", rec), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+	op.charge = chargeRow{ID: ledgerID("ch_", rec), AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
 		Amount: *op.params.Amount, Currency: *op.params.Currency, PaymentMethod: *op.params.PaymentMethod,
 		Description: op.params.Description, Metadata: metadata, Status: "processing", Version: 1,
 		CaptureMethod: captureMethod}
 	op.metadata = op.params.Metadata
-	return op.s.q.ChargeInsert(ctx, b, &dbsqlc.ChargeInsertParams{
-		ID: op.charge.ID, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, Amount: op.charge.Amount,
-		Currency: op.charge.Currency, PaymentMethod: op.charge.PaymentMethod, Description: op.charge.Description,
-		Metadata: metadata, CaptureMethod: captureMethod,
-	})
+	return op.s.st.insertCharge(ctx, b, op.charge)
 }
 
 // Load reads the ledger row of a record begun elsewhere, or of one that an
 // earlier finish found changed.
 func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
-	ch, err := op.s.q.ChargeGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
+	ch, err := op.s.st.chargeOfRecord(ctx, rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading charge: %w", err)
 	}
@@ -219,33 +214,37 @@ func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 }
 
 // Call creates and confirms the Stripe PaymentIntent with the record's
-// downstream key (answer says what it returns).
+// downstream key, and the record's id and request in its metadata
+// (requestMetadata), so that a Stripe event about it finds the record
+// (answer says what it returns).
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
-	pi, err := op.s.stripe.CreatePaymentIntent(ctx, rec, rec.Fingerprint, ch, ch.CaptureMethod == captureAutomatic, op.metadata)
+	pi, err := op.s.stripe.CreateIntent(ctx, IntentRequest{Key: rec.DownstreamKey(StepCharge),
+		Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
+		Capture: ch.CaptureMethod == captureAutomatic, Metadata: requestMetadata(rec, op.metadata)})
 	return op.answer(rec, pi, err)
 }
 
 // answer is what Stripe's answer to the charge's request (pi, or err)
 // means: unknown, or the finishing writes: the ledger row's outcome,
 // guarded by the version it had, and the settled charge's event.
-func (op *chargeOp) answer(rec *idempotency.Record, pi *stripe.PaymentIntent, err error) idempotency.Step {
+func (op *chargeOp) answer(rec *idempotency.Record, pi *PaymentIntent, err error) idempotency.Step {
 	if op.charge.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.charge.CreatedAt = rec.CreatedAt
 	}
 	ch := op.charge
 	kind, se := classify(err)
 	switch kind {
-	case outcomeUnknown:
+	case OutcomeUnknown:
 		return idempotency.Unknown(err)
-	case outcomeConflict:
+	case OutcomeConflict:
 		return idempotency.Finish(func(ctx context.Context, _ *idempotency.Batch) (idempotency.Response, error) {
 			return op.s.keyConflict(ctx, rec, StepCharge, "charge", ch.ID, se), nil
 		})
 	}
 	updated := ch
 	updated.Version++
-	if kind == outcomeOK {
+	if kind == OutcomeOK {
 		applyIntent(&updated, pi)
 	} else {
 		updated.Status = "failed"
@@ -253,8 +252,8 @@ func (op *chargeOp) answer(rec *idempotency.Record, pi *stripe.PaymentIntent, er
 		if se.PaymentIntent != nil {
 			updated.StripePaymentIntentID = nonEmpty(se.PaymentIntent.ID)
 		}
-		updated.FailureCode = nonEmpty(failureCode(se))
-		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
+		updated.FailureCode = nonEmpty(se.failureCode())
+		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Message, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		// The charge as the API shows it, encoded once: the body of a
@@ -263,21 +262,16 @@ func (op *chargeOp) answer(rec *idempotency.Record, pi *stripe.PaymentIntent, er
 		if err != nil {
 			return idempotency.Response{}, err
 		}
-		if err := op.s.q.ChargeSetOutcome(ctx, b, &dbsqlc.ChargeSetOutcomeParams{
-			ID: updated.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-			StripePaymentIntentID: updated.StripePaymentIntentID, FailureCode: updated.FailureCode,
-			FailureMessage: updated.FailureMessage, AmountCapturable: updated.AmountCapturable,
-			AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
-		}); err != nil {
+		if err := op.s.st.setChargeOutcome(ctx, b, updated, ch.Version); err != nil {
 			return idempotency.Response{}, err
 		}
 		if err := chargeSettled(ctx, b, updated, data); err != nil {
 			return idempotency.Response{}, err
 		}
-		if kind == outcomeOK {
+		if kind == OutcomeOK {
 			return created(RouteCharges+"/"+updated.ID, data), nil
 		}
-		return failedResponse(kind, se, "charge", updated.ID), nil
+		return failedResponse(se, "charge", updated.ID), nil
 	})
 }
 
@@ -314,28 +308,21 @@ func settledEventType(status string) string {
 // moved it there (I10); a pending charge has none yet.
 // ch is the charge as the batch leaves it (its new version), data its JSON
 // (chargeJSON).
-func chargeSettled(ctx context.Context, b *idempotency.Batch, ch dbsqlc.Charge, data []byte) error {
+func chargeSettled(ctx context.Context, b *idempotency.Batch, ch chargeRow, data []byte) error {
 	if typ := settledEventType(ch.Status); typ != "" {
 		return events.Record(ctx, b, ch.AccountID, typ, ch.ID, ch.Version, data)
 	}
 	return nil
 }
 
-func failureCode(se *stripe.Error) string {
-	if se.DeclineCode != "" {
-		return string(se.DeclineCode)
-	}
-	return string(se.Code)
-}
-
 // failedResponse is the stored, replayable response of a definite failure:
 // 402 card-declined or 422 payment-rejected, naming the ledger row.
-func failedResponse(kind outcome, se *stripe.Error, object, id string) idempotency.Response {
-	pe := &apierror.Error{Type: apierror.PaymentRejected, Detail: se.Msg,
+func failedResponse(se *Refusal, object, id string) idempotency.Response {
+	pe := &apierror.Error{Type: apierror.PaymentRejected, Detail: se.Message,
 		Extensions: map[string]any{object: id}}
-	if kind == outcomeDeclined {
+	if se.Outcome == OutcomeDeclined {
 		pe.Type = apierror.CardDeclined
-		if code := failureCode(se); code != "" {
+		if code := se.failureCode(); code != "" {
 			pe.Extensions["decline_code"] = code
 		}
 	}
@@ -347,7 +334,7 @@ func failedResponse(kind outcome, se *stripe.Error, object, id string) idempoten
 }
 
 // keyConflict is the stored answer of a request whose downstream key Stripe
-// holds with other parameters (outcomeConflict): 409
+// holds with other parameters (OutcomeConflict): 409
 // downstream-key-conflict, naming the ledger row. It is final, so that
 // nothing retries under the key, least of all after Stripe forgets it and
 // would run the retry as a new payment. The ledger row is left as it was,
@@ -356,9 +343,9 @@ func failedResponse(kind outcome, se *stripe.Error, object, id string) idempoten
 // object by its idempay_record) settle it forward from what Stripe holds.
 // It breaks I13 somewhere, so it is logged at error level and counted
 // (idempay_stripe_errors_total{result="conflict"}).
-func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step, object, id string, se *stripe.Error) idempotency.Response {
+func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step, object, id string, se *Refusal) idempotency.Response {
 	s.log.ErrorContext(ctx, "stripe: the downstream key was used with other parameters; answered 409 downstream-key-conflict, the ledger row left for Stripe's events and reconciliation",
-		"idempotency_key_id", rec.ID, "downstream_key", rec.DownstreamKey(step), object+"_id", id, "stripe_error", se.Msg)
+		"idempotency_key_id", rec.ID, "downstream_key", rec.DownstreamKey(step), object+"_id", id, "stripe_error", se.Message)
 	pe := &apierror.Error{Type: apierror.DownstreamKeyConflict,
 		Detail:     fmt.Sprintf("Stripe holds another request under this request's key; the outcome of %s %s is what Stripe holds, and it settles from there. Read it; do not send this payment again under a new key before it has settled.", object, id),
 		Extensions: map[string]any{object: id}}
@@ -384,7 +371,7 @@ const contentTypeJSON = "application/json"
 // created is a 201 with body, the new object's JSON (encode).
 func created(location string, body []byte) idempotency.Response {
 	return idempotency.Response{
-		Status:  http.StatusCreated,
+		Status:  201,
 		Headers: idempotency.Headers{ContentType: contentTypeJSON, Location: location},
 		Body:    body,
 	}
@@ -428,7 +415,7 @@ type RedirectToURL struct {
 	URL string `json:"url"`
 }
 
-func chargeJSON(ch dbsqlc.Charge) Charge {
+func chargeJSON(ch chargeRow) Charge {
 	return Charge{
 		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: ch.AmountRefunded,
 		Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
@@ -439,7 +426,7 @@ func chargeJSON(ch dbsqlc.Charge) Charge {
 	}
 }
 
-func nextAction(ch dbsqlc.Charge) *NextAction {
+func nextAction(ch chargeRow) *NextAction {
 	if ch.Status != "requires_action" || ch.NextActionUrl == nil {
 		return nil
 	}
@@ -469,11 +456,11 @@ type Dispute struct {
 // Charge is GET /v1/charges/{id}: the account's charge with its disputes.
 // Another account's charge is not found, like an unknown one (I5).
 func (s *Service) Charge(ctx context.Context, accountID, id string) (ChargeDetail, error) {
-	ch, err := s.q.ChargeGetByID(ctx, s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: accountID, ID: id})
+	ch, err := s.st.charge(ctx, accountID, id)
 	if err := readErr(err, "charge"); err != nil {
 		return ChargeDetail{}, err
 	}
-	rows, err := s.q.DisputeListByCharge(ctx, s.pool, ch.ID)
+	rows, err := s.st.disputesOf(ctx, ch.ID)
 	if err != nil {
 		return ChargeDetail{}, fmt.Errorf("reading disputes: %w", err)
 	}
@@ -492,17 +479,17 @@ type ChargeList = listing.List[Charge]
 // Charges is GET /v1/charges: one page of at most limit of the account's
 // charges, newest first, after the charge startingAfter when it is not "".
 func (s *Service) Charges(ctx context.Context, accountID string, limit int, startingAfter string) (ChargeList, error) {
-	params := &dbsqlc.ChargeListParams{AccountID: accountID, MaxRows: int32(limit + 1)}
+	var cursor *chargeRow
 	if startingAfter != "" {
-		cur, err := s.q.ChargeGetByID(ctx, s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: accountID, ID: startingAfter})
-		if errors.Is(db.NotFound(err), db.ErrNotFound) {
+		cur, err := s.st.charge(ctx, accountID, startingAfter)
+		if errors.Is(err, ErrNotFound) {
 			return ChargeList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
 		} else if err != nil {
 			return ChargeList{}, fmt.Errorf("reading cursor charge: %w", err)
 		}
-		params.CursorCreatedAt, params.CursorID = &cur.CreatedAt, &cur.ID
+		cursor = &cur
 	}
-	rows, err := s.q.ChargeList(ctx, s.pool, params)
+	rows, err := s.st.charges(ctx, accountID, int32(limit+1), cursor)
 	if err != nil {
 		return ChargeList{}, fmt.Errorf("listing charges: %w", err)
 	}
@@ -512,8 +499,7 @@ func (s *Service) Charges(ctx context.Context, accountID string, limit int, star
 // readErr maps a read's error: not found (including another account's
 // object, which this account must not learn exists) is 404.
 func readErr(err error, object string) error {
-	err = db.NotFound(err)
-	if errors.Is(err, db.ErrNotFound) {
+	if errors.Is(err, ErrNotFound) {
 		return apierror.Newf(apierror.NotFound, "No such %s.", object)
 	}
 	if err != nil {

@@ -80,7 +80,8 @@ type Event struct {
 	} `json:"data"`
 }
 
-func eventOf(row dbsqlc.Event) Event {
+// Of is the event of an outbox row.
+func Of(row dbsqlc.Event) Event {
 	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, ObjectID: row.ObjectID, ObjectVersion: row.ObjectVersion,
 		Created: row.CreatedAt.UTC()}
 	ev.Data.Object = row.Data
