@@ -432,3 +432,23 @@ func (s *Service) chargeOfIntent(ctx context.Context, pi *PaymentIntent) (ch cha
 	}
 	return ch, true, nil
 }
+
+// StripeCharge is a Stripe charge (of a PaymentIntent), as its events
+// carry it.
+type StripeCharge struct {
+	ID, IntentID, Status string
+	Amount               int64
+	Captured             bool
+	AmountCaptured       int64
+	AmountRefunded       int64
+	FailureCode          string
+	FailureMessage       string
+	Metadata             map[string]string
+}
+
+// StripeDispute is a Stripe dispute, as its events carry it.
+type StripeDispute struct {
+	ID, Status, Reason string
+	ChargeID, IntentID string
+	Amount             int64
+}

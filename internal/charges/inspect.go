@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -104,4 +105,13 @@ func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (Id
 		return IdempotencyKey{}, err
 	}
 	return idempotencyKeyJSON(row), nil
+}
+
+// keyState is an idempotency record with the ledger rows it names, as
+// GET /v1/idempotency_keys/{key} shows it.
+type keyState dbsqlc.IdempotencyKeyInspectRow
+
+func (st store) keyState(ctx context.Context, accountID, key string) (keyState, error) {
+	row, err := found(st.q.IdempotencyKeyInspect(ctx, st.pool, &dbsqlc.IdempotencyKeyInspectParams{Scope: accountID, Key: key}))
+	return keyState(row), err
 }

@@ -37,14 +37,6 @@ type IntentRequest struct {
 	Metadata map[string]string
 }
 
-// RefundRequest refunds Amount of a captured PaymentIntent.
-type RefundRequest struct {
-	Key      string // the downstream idempotency key
-	IntentID string
-	Amount   int64
-	Metadata map[string]string
-}
-
 // PaymentIntent is a Stripe PaymentIntent as the ledger reads it.
 type PaymentIntent struct {
 	ID               string
@@ -63,36 +55,6 @@ type PaymentIntent struct {
 	// LastPaymentError is why its last confirmation failed, if it did.
 	LastPaymentError *Refusal
 	Metadata         map[string]string
-}
-
-// StripeRefund is a Stripe refund as the ledger reads it.
-type StripeRefund struct {
-	ID            string
-	Status        string // Stripe's: pending, requires_action, succeeded, failed, canceled
-	Amount        int64
-	IntentID      string
-	FailureReason string
-	Metadata      map[string]string
-}
-
-// StripeCharge is a Stripe charge (of a PaymentIntent), as its events
-// carry it.
-type StripeCharge struct {
-	ID, IntentID, Status string
-	Amount               int64
-	Captured             bool
-	AmountCaptured       int64
-	AmountRefunded       int64
-	FailureCode          string
-	FailureMessage       string
-	Metadata             map[string]string
-}
-
-// StripeDispute is a Stripe dispute, as its events carry it.
-type StripeDispute struct {
-	ID, Status, Reason string
-	ChargeID, IntentID string
-	Amount             int64
 }
 
 // Outcome is what an answer of the processor means for the request.

@@ -197,12 +197,59 @@ func refundJSON(rf refundRow) Refund {
 	}
 }
 
-// Refund is GET /v1/refunds/{id}: the account's refund. Another account's
-// refund is not found, like an unknown one (I5).
-func (s *Service) Refund(ctx context.Context, accountID, id string) (Refund, error) {
-	rf, err := s.st.refund(ctx, accountID, id)
-	if err := readErr(err, "refund"); err != nil {
-		return Refund{}, err
+// NewRefund validates req, a POST /v1/refunds of the account, into its
+// command.
+func (s *Service) NewRefund(accountID string, req idempotency.Request) (*Command, error) {
+	var p refundParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
-	return refundJSON(rf), nil
+	return &Command{Request: req, op: &refundOp{s: s, params: &p, accountID: accountID}}, nil
+}
+
+// refundParams is the body of POST /v1/refunds. Amount is required:
+// everything sent to Stripe comes from the request (I13), and a refund
+// without an amount would have Stripe decide it from what Stripe holds at
+// the time of the call, which a retry after a restore or a failover can
+// find different (docs/development.md, "Refunds name their amount").
+type refundParams struct {
+	Charge *string `json:"charge"`
+	Amount *int64  `json:"amount"`
+}
+
+func (p *refundParams) Validate() error {
+	var bad []apierror.InvalidParam
+	switch {
+	case p.Charge == nil || *p.Charge == "":
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
+	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+	}
+	if p.Amount == nil {
+		bad = append(bad, apierror.InvalidParam{Name: "amount",
+			Reason: "is required: the amount to refund, in the currency's minor unit (the charge's amount_captured less its amount_refunded is what is left)"})
+	}
+	bad = append(bad, validateAmount("amount", p.Amount, false)...)
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// RefundRequest refunds Amount of a captured PaymentIntent.
+type RefundRequest struct {
+	Key      string // the downstream idempotency key
+	IntentID string
+	Amount   int64
+	Metadata map[string]string
+}
+
+// StripeRefund is a Stripe refund as the ledger reads it.
+type StripeRefund struct {
+	ID            string
+	Status        string // Stripe's: pending, requires_action, succeeded, failed, canceled
+	Amount        int64
+	IntentID      string
+	FailureReason string
+	Metadata      map[string]string
 }

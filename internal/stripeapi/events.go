@@ -10,53 +10,6 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 )
 
-// Intent is pi as the payment domain reads it. The customer's next step is
-// kept only when it is a redirect (next_action.redirect_to_url, 3-D
-// Secure's page): the one kind a customer can follow without Stripe.js. A
-// next action of another type (use_stripe_sdk ...) has no URL.
-func Intent(pi *stripe.PaymentIntent) *charges.PaymentIntent {
-	out := &charges.PaymentIntent{
-		ID: pi.ID, Status: string(pi.Status), Amount: pi.Amount, Currency: string(pi.Currency),
-		CaptureManual: pi.CaptureMethod == stripe.PaymentIntentCaptureMethodManual,
-		Description:   pi.Description, AmountCapturable: pi.AmountCapturable, AmountReceived: pi.AmountReceived,
-		Metadata: pi.Metadata,
-	}
-	if pi.PaymentMethod != nil {
-		out.PaymentMethod = pi.PaymentMethod.ID
-	}
-	if pi.LatestCharge != nil {
-		out.LatestCharge = pi.LatestCharge.ID
-	}
-	if pi.NextAction != nil && pi.NextAction.RedirectToURL != nil {
-		out.NextActionURL = pi.NextAction.RedirectToURL.URL
-	}
-	if se := pi.LastPaymentError; se != nil {
-		out.LastPaymentError = &charges.Refusal{Outcome: charges.OutcomeDeclined,
-			Code: string(se.Code), DeclineCode: string(se.DeclineCode), Message: se.Msg, ChargeID: se.ChargeID}
-	}
-	return out
-}
-
-// refusal is Stripe's error answer se as the payment domain reads it; its
-// Outcome is the caller's to set (classify).
-func refusal(se *stripe.Error) *charges.Refusal {
-	r := &charges.Refusal{Code: string(se.Code), DeclineCode: string(se.DeclineCode), Message: se.Msg, ChargeID: se.ChargeID}
-	if se.PaymentIntent != nil {
-		r.PaymentIntent = Intent(se.PaymentIntent)
-	}
-	return r
-}
-
-// Refund is r as the payment domain reads it.
-func Refund(r *stripe.Refund) *charges.StripeRefund {
-	out := &charges.StripeRefund{ID: r.ID, Status: string(r.Status), Amount: r.Amount,
-		FailureReason: string(r.FailureReason), Metadata: r.Metadata}
-	if r.PaymentIntent != nil {
-		out.IntentID = r.PaymentIntent.ID
-	}
-	return out
-}
-
 // Event is a verified Stripe event as the payment domain applies it: its
 // object decoded when its type is one the ledger handles
 // (charges.HandledEventTypes), none otherwise. An object that does not

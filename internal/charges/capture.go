@@ -6,13 +6,6 @@ import (
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/pgtext"
-)
-
-// A charge's capture method, as stored in charges.capture_method.
-const (
-	captureAutomatic = "automatic"
-	captureManual    = "manual"
 )
 
 // The actions that move an authorization on, as stored in
@@ -21,54 +14,6 @@ const (
 	actionCapture = "capture"
 	actionCancel  = "cancel"
 )
-
-// intentStatus maps a PaymentIntent's status onto the ledger's. A
-// PaymentIntent that wants a payment method after its confirmation failed
-// (last_payment_error) is a failed charge; without that error, it is what
-// stripe-mock, which is stateless, answers to every request: the charge
-// stays pending until an event settles it.
-func intentStatus(pi *PaymentIntent) string {
-	switch pi.Status {
-	case "succeeded", "requires_capture", "canceled":
-		return pi.Status
-	case "requires_action", "requires_confirmation":
-		return "requires_action"
-	case "requires_payment_method":
-		if pi.LastPaymentError != nil {
-			return "failed"
-		}
-		return "pending"
-	default: // processing
-		return "pending"
-	}
-}
-
-// applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
-// amounts, the customer's next step and the reason of a failure. A next
-// action that is not a redirect (PaymentIntent.NextActionURL "") leaves the
-// charge requires_action with no URL, shown as next_action null, and
-// Stripe's events settle it like any other.
-func applyIntent(ch *chargeRow, pi *PaymentIntent) {
-	ch.Status = intentStatus(pi)
-	ch.StripePaymentIntentID = nonEmpty(pi.ID)
-	if pi.LatestCharge != "" {
-		ch.StripeChargeID = &pi.LatestCharge
-	}
-	ch.AmountCapturable = min(max(pi.AmountCapturable, 0), ch.Amount)
-	ch.AmountCaptured = min(max(pi.AmountReceived, ch.AmountCaptured, 0), ch.Amount)
-	ch.NextActionUrl = nil
-	if pi.NextActionURL != "" {
-		u := pgtext.Truncate(pi.NextActionURL, 2048)
-		ch.NextActionUrl = &u
-	}
-	if ch.Status == "failed" && pi.LastPaymentError != nil {
-		ch.FailureCode = cmpOr(nonEmpty(pi.LastPaymentError.failureCode()), ch.FailureCode)
-		ch.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(pi.LastPaymentError.Message, 1000)), ch.FailureMessage)
-	}
-	if ch.Status != "requires_capture" {
-		ch.AmountCapturable = 0
-	}
-}
 
 // pendingOp captures or cancels an authorized charge: a request of its own
 // (its record, its downstream key, step "capture" or "cancel"), whose ledger
@@ -251,3 +196,48 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 func (op *pendingOp) refusedResponse(se *Refusal) idempotency.Response {
 	return failedResponse(se, "charge", op.chargeID)
 }
+
+// NewCapture validates req, a capture of the account's charge chargeID,
+// into its command. The charge id is not looked up here: the operation's
+// Begin refuses one that names no charge, after the key and body were
+// checked, as for every POST.
+func (s *Service) NewCapture(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p captureParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
+	}
+	op := &pendingOp{s: s, action: actionCapture, accountID: accountID, chargeID: chargeID}
+	if p.Amount != nil {
+		op.amount = *p.Amount
+	}
+	return &Command{Request: req, op: op}, nil
+}
+
+// NewCancel validates req, a cancel of the account's charge chargeID, into
+// its command (see NewCapture).
+func (s *Service) NewCancel(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p cancelParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
+	}
+	return &Command{Request: req, op: &pendingOp{s: s, action: actionCancel, accountID: accountID, chargeID: chargeID}}, nil
+}
+
+// captureParams is the body of POST /v1/charges/{id}/capture.
+type captureParams struct {
+	// Amount is what to capture, at most what is capturable; nil captures
+	// all of it. The rest of the authorization is released.
+	Amount *int64 `json:"amount"`
+}
+
+func (p *captureParams) Validate() error {
+	if bad := validateAmount("amount", p.Amount, false); len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// cancelParams is the body of POST /v1/charges/{id}/cancel: nothing.
+type cancelParams struct{}
+
+func (p *cancelParams) Validate() error { return nil }
