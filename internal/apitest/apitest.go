@@ -28,6 +28,7 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/pgtext"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -89,11 +90,13 @@ func MerchantHooksConfig() merchanthooks.Config {
 
 // Env is one running API.
 type Env struct {
-	Pool     *pgxpool.Pool
-	Stripe   *stripefake.Server // nil when Options.StripeURL was set
-	Runner   *idempotency.Runner
-	Charges  *charges.Service
-	Webhooks *webhooks.Receiver
+	Pool    *pgxpool.Pool
+	Stripe  *stripefake.Server // nil when Options.StripeURL was set
+	Runner  *idempotency.Runner
+	Charges *charges.Service
+	// Reconciler is the app's reconciliation.
+	Reconciler *reconcile.Reconciler
+	Webhooks   *webhooks.Receiver
 	// Auth is the API's authenticator; a test that reads last_used_at
 	// calls its NoteUses, which idempay serve runs once a minute.
 	Auth    *accounts.Authenticator
@@ -145,6 +148,7 @@ func New(t testing.TB, opts Options) *Env {
 		TracerProvider: opts.TracerProvider,
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
+	env.Reconciler = a.Reconciler
 	env.MerchantHooks = a.MerchantHooks
 	// Served as idempay serve serves: its http.Server settings, and the
 	// listener that answers net/http's own refusals as problem+json.

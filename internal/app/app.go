@@ -25,6 +25,7 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
@@ -51,12 +52,15 @@ type Config struct {
 
 // App is idempay, wired.
 type App struct {
-	Pool     *pgxpool.Pool
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
-	Runner   *idempotency.Runner
-	Charges  *charges.Service
-	Webhooks *webhooks.Receiver
+	Pool    *pgxpool.Pool
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
+	Runner  *idempotency.Runner
+	Charges *charges.Service
+	// Reconciler compares Stripe with the ledger; serve runs it
+	// periodically (Run), `idempay reconcile` once.
+	Reconciler *reconcile.Reconciler
+	Webhooks   *webhooks.Receiver
 	// ChargesHTTP is the charges' HTTP adapter; the rollout metrics are
 	// its.
 	ChargesHTTP *chargeshttp.Handler
@@ -84,8 +88,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 		a.Runner.Tracer = tp.Tracer("github.com/idempay/idempay/internal/idempotency")
 		sc.TracerProvider = tp
 	}
-	a.Charges = charges.New(pool, a.Runner, stripeapi.New(sc), log)
-	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
+	stripe := stripeapi.New(sc)
+	a.Charges = charges.New(pool, a.Runner, stripe, log)
+	a.Reconciler = reconcile.New(a.Charges, stripe, log)
+	a.Reconciler.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
 	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)

@@ -1,12 +1,16 @@
 // Package charges is idempay's payment domain: charges and refunds, their
-// validation, their ledger rows, the Stripe port they call, Stripe's events
-// applied to them, and reconciliation. Every POST goes through
+// validation, their ledger rows (the store, store*.go), the Stripe port they
+// call (Processor, which package stripeapi implements), Stripe's events
+// applied to them (events.go) and the repairs reconciliation asks for
+// (repair.go; package reconcile runs the passes). Every POST goes through
 // idempotency.Runner, which owns the claim, replay and phase bookkeeping;
-// this package supplies the ledger writes and the Stripe call.
+// this package supplies the ledger writes and the Stripe call. One charge
+// reads top to bottom in this file, charge.go, params.go, store.go and
+// port.go.
 //
-// It knows nothing of HTTP serving: its methods take plain values (an
-// account id, a prepared idempotency.Request, a charge id) and return the
-// stored response, an API representation, or a domain error
+// It knows nothing of HTTP, nor of stripe-go: its methods take plain values
+// (an account id, a prepared idempotency.Request, a charge id) and return
+// the stored response, an API representation, or a domain error
 // (*apierror.Error, *idempotency.Error). The HTTP adapter (chargeshttp)
 // reads requests into those values and answers; other entry points (a
 // broker consumer, the webhook endpoint, reconciliation) call the same
@@ -47,10 +51,6 @@ type Service struct {
 	runner *idempotency.Runner
 	stripe Processor
 	log    *slog.Logger
-	// OnReconcile, when set, counts what reconciliation did with each
-	// object it listed (metrics): ReconcilePaymentIntent or ReconcileRefund,
-	// and one of the Reconcile* outcomes.
-	OnReconcile func(object, outcome string)
 }
 
 // New returns the service and registers its operations with the runner, so

@@ -261,7 +261,7 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 
 // ObserveReconcile counts what reconciliation did with one PaymentIntent
 // or refund (object "refund"); it is the function to set as
-// charges.Service.OnReconcile.
+// reconcile.Reconciler.OnReconcile.
 func (m *Metrics) ObserveReconcile(object, outcome string) {
 	if object == "refund" {
 		m.reconcileRefunds.WithLabelValues(outcome).Inc()

@@ -14,15 +14,8 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// The objects a reconciliation pass lists at Stripe, as passed to
-// Service.OnReconcile.
-const (
-	ReconcilePaymentIntent = "payment_intent"
-	ReconcileRefund        = "refund"
-)
-
-// What one reconciliation pass did with a PaymentIntent or a refund, as
-// counted in ReconcileReport and passed to Service.OnReconcile (metrics).
+// What reconciliation did with a PaymentIntent or a refund (RepairIntent,
+// RepairRefund), as counted in reconcile.Report and its metrics.
 const (
 	// ReconcileMatched: the ledger holds it, in the same state or a later one.
 	ReconcileMatched = "matched"
@@ -41,95 +34,14 @@ const (
 	ReconcileFailed = "failed"
 )
 
-// ReconcileReport counts what a pass did, by the outcomes above: with the
-// PaymentIntents it listed (Listed, Counts) and with the refunds
-// (RefundsListed, RefundCounts).
-type ReconcileReport struct {
-	Since         time.Time      `json:"since"`
-	Listed        int            `json:"listed"`
-	Counts        map[string]int `json:"counts"`
-	RefundsListed int            `json:"refunds_listed"`
-	RefundCounts  map[string]int `json:"refund_counts"`
-}
-
-// Reconcile compares what Stripe holds with the ledger, for the
-// PaymentIntents and then the refunds created since since: it settles a
-// charge or refund whose state is behind Stripe's (forward only, the way
-// its event would have), re-creates a record and ledger row that the
-// database lost, and flags what idempay never made. PaymentIntents go
-// first, so that a refund whose charge was lost too finds it re-created.
-// Each repair is one log line and one count. It is safe to run at any time
-// and from several processes: every write goes through the runner, in the
-// same guarded batches as a request or an event (repairOp, listedCharge,
-// listedRefund).
-func (s *Service) Reconcile(ctx context.Context, since time.Time) (ReconcileReport, error) {
-	report := ReconcileReport{Since: since.UTC(), Counts: map[string]int{}, RefundCounts: map[string]int{}}
-	// count records one object's outcome; a failed repair is logged and
-	// left to the next pass, unless the pass itself is ending.
-	count := func(object, id string, counts map[string]int, outcome string, err error) error {
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.log.ErrorContext(ctx, "reconcile: repair failed; the next pass tries again",
-				"object", object, "stripe_id", id, "err", err)
-			outcome = ReconcileFailed
-		}
-		counts[outcome]++
-		if s.OnReconcile != nil {
-			s.OnReconcile(object, outcome)
-		}
-		return nil
-	}
-	err := s.stripe.ListIntents(ctx, since, func(pi *PaymentIntent) error {
-		report.Listed++
-		outcome, err := s.reconcileOne(ctx, pi)
-		return count(ReconcilePaymentIntent, pi.ID, report.Counts, outcome, err)
-	})
-	if err != nil {
-		return report, err
-	}
-	err = s.stripe.ListRefunds(ctx, since, func(sr *StripeRefund) error {
-		report.RefundsListed++
-		outcome, err := s.reconcileRefund(ctx, sr)
-		return count(ReconcileRefund, sr.ID, report.RefundCounts, outcome, err)
-	})
-	return report, err
-}
-
-// FirstReconcileAfter is how soon after start RunReconciler makes its
-// first pass (or after one interval, if that is shorter).
-const FirstReconcileAfter = 5 * time.Second
-
-// RunReconciler runs a reconciliation pass shortly after it starts
-// (FirstReconcileAfter), then every interval until ctx ends, each over a
-// window of twice the interval and at least an hour, so that consecutive
-// passes overlap and one that failed is covered by the next. The first
-// pass does not wait a whole interval: a process restarted more often than
-// that (deploys, a crash loop) would never reconcile, and the process
-// started after a failover is the one that should repair what it lost.
-func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
-	window := max(2*interval, time.Hour)
-	t := time.NewTimer(min(interval, FirstReconcileAfter))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		report, err := s.Reconcile(ctx, time.Now().Add(-window))
-		t.Reset(interval)
-		if err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "reconcile: pass failed", "err", err)
-			continue
-		}
-		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts,
-			"refunds_listed", report.RefundsListed, "refund_counts", report.RefundCounts)
-	}
-}
-
-func (s *Service) reconcileOne(ctx context.Context, pi *PaymentIntent) (string, error) {
+// RepairIntent compares the PaymentIntent pi, as Stripe holds it, with the
+// ledger: matched, settled (the charge was behind, and moved forward the
+// way its event would have), recreated (the database lost the record and
+// the charge) or unknown (idempay never made it). Package reconcile lists
+// the PaymentIntents and calls it for each; every write goes through the
+// runner, in the same guarded batches as a request or an event (repairOp,
+// listedCharge).
+func (s *Service) RepairIntent(ctx context.Context, pi *PaymentIntent) (string, error) {
 	recordID := pi.Metadata[MetadataRecord]
 	if recordID == "" {
 		s.log.WarnContext(ctx, "reconcile: a PaymentIntent idempay did not make", "stripe_payment_intent_id", pi.ID)
@@ -220,11 +132,11 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 		Fingerprint: fingerprint}, accountID, true
 }
 
-// reconcileRefund is reconcileOne for a refund: matched, settled forward
-// the way its refund.updated event would have moved it (a refund left
+// RepairRefund is RepairIntent for a refund: matched, settled forward the
+// way its refund.updated event would have moved it (a refund left
 // processing by a 409 downstream-key-conflict is settled here too), or
 // re-created when the database lost it.
-func (s *Service) reconcileRefund(ctx context.Context, sr *StripeRefund) (string, error) {
+func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, error) {
 	recordID := sr.Metadata[MetadataRecord]
 	if recordID == "" {
 		s.log.WarnContext(ctx, "reconcile: a refund idempay did not make", "stripe_refund_id", sr.ID)
