@@ -1,6 +1,6 @@
 // Package events is idempay's events out: the outbox row written in the
 // transaction that settles a charge or refund (Record), the relay that
-// publishes those rows to NATS JetStream (relay.go), and their reader
+// publishes those rows to NATS JetStream (package relay), and their reader
 // (read.go) behind GET /v1/events (served by eventshttp), the same events as
 // Stripe's events API shows its own.
 //
