@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/events/eventstest"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/faultpoint"
 	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/orders"
@@ -377,7 +377,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 		t.Fatal("the second relay did not publish the outbox in 60 s")
 	}
 
-	cfg := events.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
 		FilterSubject: cfg.SubjectPrefix + ">", AckPolicy: jetstream.AckNonePolicy})
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/orders"
@@ -59,7 +59,7 @@ type Config struct {
 	// ConsoleSecret signs the console's session cookies and CSRF tokens.
 	ConsoleSecret     string
 	Orders            orders.Config
-	Relay             events.RelayConfig
+	Relay             relay.Config
 	Idempotency       idempotency.Config
 	MerchantHooks     merchanthooks.Config // webhooks out (WEBHOOK_*)
 	CompleterInterval time.Duration        // 0 disables the completer inside serve
@@ -112,7 +112,7 @@ func loadConfig() (Config, error) {
 	cfg.Orders.MaxDeliver = e.int("ORDERS_MAX_DELIVER", cfg.Orders.MaxDeliver)
 	cfg.Orders.AckWait = e.dur("ORDERS_ACK_WAIT", cfg.Orders.AckWait)
 	cfg.Orders.Replicas = replicas
-	cfg.Relay = events.DefaultRelayConfig()
+	cfg.Relay = relay.DefaultConfig()
 	cfg.Relay.Stream = e.str("EVENTS_STREAM", cfg.Relay.Stream)
 	cfg.Relay.Interval = e.dur("RELAY_INTERVAL", cfg.Relay.Interval)
 	cfg.Relay.Replicas = replicas

@@ -31,10 +31,10 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/app"
-	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -200,7 +200,7 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 	}
 	return app.New(pool, app.Config{
 		Idempotency:    cfg.Idempotency,
-		Stripe:         charges.StripeConfig{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
+		Stripe:         stripeapi.Config{SecretKey: cfg.StripeSecretKey, URL: cfg.StripeAPIURL, Timeout: cfg.StripeTimeout},
 		Webhooks:       cfg.Webhooks,
 		MerchantHooks:  cfg.MerchantHooks,
 		TracerProvider: cfg.tracing,
@@ -230,7 +230,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		wg.Go(func() { a.Runner.RunRetention(bg, cfg.RetentionInterval, a.Metrics.ObservePurged) })
 	}
 	if cfg.ReconcileInterval > 0 {
-		wg.Go(func() { a.Charges.RunReconciler(bg, cfg.ReconcileInterval) })
+		wg.Go(func() { a.Reconciler.Run(bg, cfg.ReconcileInterval) })
 	}
 	// Webhooks out: any number of processes run both (a row lock and SKIP
 	// LOCKED share the work).
@@ -306,7 +306,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // reconcileCmd is `idempay reconcile [--since DURATION]`: one pass over the
-// PaymentIntents and refunds Stripe holds for the window (Service.Reconcile), whose
+// PaymentIntents and refunds Stripe holds for the window (reconcile.Reconciler.Reconcile), whose
 // report is printed as JSON; every repair is also a log line.
 func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
@@ -322,7 +322,7 @@ func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []stri
 		return err
 	}
 	defer a.Pool.Close()
-	report, err := a.Charges.Reconcile(ctx, time.Now().Add(-*since))
+	report, err := a.Reconciler.Reconcile(ctx, time.Now().Add(-*since))
 	if err != nil {
 		return err
 	}

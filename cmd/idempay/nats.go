@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempay/idempay/internal/app"
-	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -39,7 +39,7 @@ func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, erro
 }
 
 // newRelay wires the outbox relay.
-func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) (*events.Relay, error) {
+func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) (*relay.Relay, error) {
 	direct, err := cfg.direct()
 	if err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) 
 	rcfg := cfg.Relay
 	rcfg.Observe = a.Metrics.ObserveRelay
 	rcfg.TracerProvider = a.TracerProvider
-	relay := events.NewRelay(a.Pool, js, rcfg, log)
+	relay := relay.New(a.Pool, js, rcfg, log)
 	relay.Direct = direct // its session lock needs a session of its own
 	return relay, nil
 }

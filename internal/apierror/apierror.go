@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -92,40 +90,40 @@ const (
 const StatusClientClosedRequest = 499
 
 var statusOf = map[Type]int{
-	Unauthorized:                http.StatusUnauthorized,
-	IdempotencyKeyMissing:       http.StatusBadRequest,
-	IdempotencyKeyInvalid:       http.StatusBadRequest,
-	IdempotencyKeyReused:        http.StatusUnprocessableEntity,
-	IdempotencyKeyExpired:       http.StatusUnprocessableEntity,
-	RequestInProgress:           http.StatusConflict,
-	IdempotencyKeyParked:        http.StatusConflict,
-	ResourceBusy:                http.StatusConflict,
-	InvalidJSON:                 http.StatusBadRequest,
-	InvalidRequest:              http.StatusBadRequest,
-	MalformedRequest:            http.StatusBadRequest,
-	RequestTimeout:              http.StatusRequestTimeout,
+	Unauthorized:                401,
+	IdempotencyKeyMissing:       400,
+	IdempotencyKeyInvalid:       400,
+	IdempotencyKeyReused:        422,
+	IdempotencyKeyExpired:       422,
+	RequestInProgress:           409,
+	IdempotencyKeyParked:        409,
+	ResourceBusy:                409,
+	InvalidJSON:                 400,
+	InvalidRequest:              400,
+	MalformedRequest:            400,
+	RequestTimeout:              408,
 	ClientClosedRequest:         StatusClientClosedRequest,
-	HeaderTooLarge:              http.StatusRequestHeaderFieldsTooLarge,
-	UnsupportedMediaType:        http.StatusUnsupportedMediaType,
-	BodyTooLarge:                http.StatusRequestEntityTooLarge,
-	NotFound:                    http.StatusNotFound,
-	MethodNotAllowed:            http.StatusMethodNotAllowed,
-	CardDeclined:                http.StatusPaymentRequired,
-	PaymentRejected:             http.StatusUnprocessableEntity,
-	RefundExceedsCharge:         http.StatusBadRequest,
-	ChargeNotRefundable:         http.StatusConflict,
-	ChargeNotCapturable:         http.StatusConflict,
-	ChargeNotCancelable:         http.StatusConflict,
-	ChargeNotSettled:            http.StatusConflict,
-	CaptureExceedsAuthorization: http.StatusBadRequest,
-	LastAPIKey:                  http.StatusConflict,
-	DownstreamUnavailable:       http.StatusServiceUnavailable,
-	DownstreamKeyConflict:       http.StatusConflict,
-	ServiceUnavailable:          http.StatusServiceUnavailable,
-	Internal:                    http.StatusInternalServerError,
+	HeaderTooLarge:              431,
+	UnsupportedMediaType:        415,
+	BodyTooLarge:                413,
+	NotFound:                    404,
+	MethodNotAllowed:            405,
+	CardDeclined:                402,
+	PaymentRejected:             422,
+	RefundExceedsCharge:         400,
+	ChargeNotRefundable:         409,
+	ChargeNotCapturable:         409,
+	ChargeNotCancelable:         409,
+	ChargeNotSettled:            409,
+	CaptureExceedsAuthorization: 400,
+	LastAPIKey:                  409,
+	DownstreamUnavailable:       503,
+	DownstreamKeyConflict:       409,
+	ServiceUnavailable:          503,
+	Internal:                    500,
 
-	WebhookSignatureInvalid: http.StatusBadRequest,
-	WebhookPayloadInvalid:   http.StatusBadRequest,
+	WebhookSignatureInvalid: 400,
+	WebhookPayloadInvalid:   400,
 }
 
 var titleOf = map[Type]string{
@@ -392,20 +390,6 @@ func (e *Error) Body() []byte {
 	}
 	out := append(b[:len(b)-1:len(b)-1], ',')
 	return append(out, ext[1:]...)
-}
-
-// Write sends e to w with its status, content type and Retry-After.
-func (e *Error) Write(w http.ResponseWriter) {
-	h := w.Header()
-	h.Set("Content-Type", ContentType)
-	if e.Type == Unauthorized {
-		h.Set("WWW-Authenticate", `Bearer realm="idempay"`)
-	}
-	if e.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
-	}
-	w.WriteHeader(e.Status())
-	_, _ = w.Write(e.Body())
 }
 
 // From turns any error into a problem: an *Error as is, a database outage

@@ -28,7 +28,9 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/metrics"
 	"github.com/idempay/idempay/internal/pgtext"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -88,11 +90,13 @@ func MerchantHooksConfig() merchanthooks.Config {
 
 // Env is one running API.
 type Env struct {
-	Pool     *pgxpool.Pool
-	Stripe   *stripefake.Server // nil when Options.StripeURL was set
-	Runner   *idempotency.Runner
-	Charges  *charges.Service
-	Webhooks *webhooks.Receiver
+	Pool    *pgxpool.Pool
+	Stripe  *stripefake.Server // nil when Options.StripeURL was set
+	Runner  *idempotency.Runner
+	Charges *charges.Service
+	// Reconciler is the app's reconciliation.
+	Reconciler *reconcile.Reconciler
+	Webhooks   *webhooks.Receiver
 	// Auth is the API's authenticator; a test that reads last_used_at
 	// calls its NoteUses, which idempay serve runs once a minute.
 	Auth    *accounts.Authenticator
@@ -139,11 +143,12 @@ func New(t testing.TB, opts Options) *Env {
 	a := app.New(env.Pool, app.Config{
 		MerchantHooks:  hooks,
 		Idempotency:    cfg,
-		Stripe:         charges.StripeConfig{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
+		Stripe:         stripeapi.Config{SecretKey: StripeSecretKey, URL: stripeURL, Timeout: opts.StripeTimeout},
 		Webhooks:       webhooks.Config{Secret: WebhookSecret, PreviousSecret: opts.WebhookPreviousSecret},
 		TracerProvider: opts.TracerProvider,
 	}, env.Log)
 	env.Metrics, env.Runner, env.Charges, env.Webhooks, env.Auth = a.Metrics, a.Runner, a.Charges, a.Webhooks, a.Auth
+	env.Reconciler = a.Reconciler
 	env.MerchantHooks = a.MerchantHooks
 	// Served as idempay serve serves: its http.Server settings, and the
 	// listener that answers net/http's own refusals as problem+json.

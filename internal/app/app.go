@@ -5,7 +5,7 @@
 // binary (cmd/idempay) and the tests (internal/apitest) build it with the
 // same function, New, so the wiring is written once and what the tests run
 // is what serves (as benbjohnson/wtf's cmd Main). The order.paid consumer
-// (orders.New) and the outbox relay (events.NewRelay) need a NATS
+// (orders.New) and the outbox relay (relay.New) need a NATS
 // connection, which New neither opens nor holds: the commands that open one
 // wire them (cmd/idempay/nats.go) on the App's pool, charges service and
 // metrics, and their tests on the same parts with hooks of their own.
@@ -25,7 +25,9 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/server"
+	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
 	"github.com/idempay/idempay/internal/webhooks"
 	"github.com/idempay/idempay/internal/webhooks/webhookshttp"
@@ -36,7 +38,7 @@ import (
 type Config struct {
 	Idempotency idempotency.Config
 	// Stripe configures the Stripe port; New sets its Observe hook.
-	Stripe charges.StripeConfig
+	Stripe stripeapi.Config
 	// Webhooks configures the webhook endpoint; New sets its hooks.
 	Webhooks webhooks.Config
 	// MerchantHooks configures webhooks out; New sets its Observe hook.
@@ -50,12 +52,15 @@ type Config struct {
 
 // App is idempay, wired.
 type App struct {
-	Pool     *pgxpool.Pool
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
-	Runner   *idempotency.Runner
-	Charges  *charges.Service
-	Webhooks *webhooks.Receiver
+	Pool    *pgxpool.Pool
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
+	Runner  *idempotency.Runner
+	Charges *charges.Service
+	// Reconciler compares Stripe with the ledger; serve runs it
+	// periodically (Run), `idempay reconcile` once.
+	Reconciler *reconcile.Reconciler
+	Webhooks   *webhooks.Receiver
 	// ChargesHTTP is the charges' HTTP adapter; the rollout metrics are
 	// its.
 	ChargesHTTP *chargeshttp.Handler
@@ -83,8 +88,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *App {
 		a.Runner.Tracer = tp.Tracer("github.com/idempay/idempay/internal/idempotency")
 		sc.TracerProvider = tp
 	}
-	a.Charges = charges.New(pool, a.Runner, charges.NewStripe(sc), log)
-	a.Charges.OnReconcile = a.Metrics.ObserveReconcile
+	stripe := stripeapi.New(sc)
+	a.Charges = charges.New(pool, a.Runner, stripe, log)
+	a.Reconciler = reconcile.New(a.Charges, stripe, log)
+	a.Reconciler.OnReconcile = a.Metrics.ObserveReconcile
 	wc := cfg.Webhooks
 	wc.Observe, wc.ObserveLag = a.Metrics.ObserveWebhook, a.Metrics.ObserveWebhookLag
 	a.Webhooks = webhooks.New(pool, a.Runner, a.Charges, wc, log)

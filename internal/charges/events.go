@@ -2,16 +2,10 @@ package charges
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
-	"github.com/stripe/stripe-go/v76"
-
-	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
 )
@@ -37,8 +31,8 @@ const (
 	EventFailed EventOutcome = "failed"
 )
 
-// ErrEventUnappliable is ApplyEvent's answer to an event whose object does
-// not decode as the object its type names (a non-integer amount, a field of
+// ErrEventUnappliable is the answer to an event whose object does not
+// decode as the object its type names (a non-integer amount, a field of
 // another type or shape). Stripe controls that input and would send the
 // same bytes again, so no retry can apply it: the caller records the event
 // as failed (EventFailed) instead of leaving it to be retried.
@@ -54,57 +48,42 @@ var HandledEventTypes = []string{
 	"charge.dispute.created", "charge.dispute.closed",
 }
 
+// Event is a verified Stripe event, its object read into this package's
+// types (package stripeapi decodes it): at most one of the objects is set,
+// none for a type the ledger does not handle.
+type Event struct {
+	ID, Type      string
+	Created       time.Time
+	PaymentIntent *PaymentIntent
+	Charge        *StripeCharge
+	Refund        *StripeRefund
+	Dispute       *StripeDispute
+}
+
 // ApplyEvent applies a verified Stripe event to the ledger: it reads the
 // object the event is about, decides, and queues its writes into b, the
 // batch that also marks the event processed (I8). Every write is guarded
 // by the version (or state) it read, so an object that changed in between
 // fails the batch with idempotency.ErrStale, and the caller applies the
-// event again from a fresh read. States only move
-// forward (processing -> pending -> succeeded or failed; a refund's and a
-// dispute's own states likewise), so an older event never overwrites a newer
-// state whatever the arrival order; amounts are taken from the event's
-// object, never added. When the event is about a charge or refund whose
-// idempotency record is unfinished (its server died after Stripe answered),
-// the record is finished too, with the response a retry would have stored.
-// An object that does not decode is ErrEventUnappliable, returned before
-// anything is queued into b.
-func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev *stripe.Event) (EventOutcome, error) {
-	at := time.Unix(ev.Created, 0)
-	switch ev.Type {
-	case "payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
-		"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing":
-		var pi stripe.PaymentIntent
-		if err := json.Unmarshal(ev.Data.Raw, &pi); err != nil {
-			return "", unappliable(ev, "payment intent", err)
-		}
-		return s.applyIntentEvent(ctx, b, string(ev.Type), &pi, at)
-	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
-		var sc stripe.Charge
-		if err := json.Unmarshal(ev.Data.Raw, &sc); err != nil {
-			return "", unappliable(ev, "charge", err)
-		}
-		return s.applyCharge(ctx, b, string(ev.Type), &sc, at)
-	case "charge.refund.updated", "refund.updated":
-		var sr stripe.Refund
-		if err := json.Unmarshal(ev.Data.Raw, &sr); err != nil {
-			return "", unappliable(ev, "refund", err)
-		}
-		return s.applyRefund(ctx, b, &sr, at)
-	case "charge.dispute.created", "charge.dispute.closed":
-		var sd stripe.Dispute
-		if err := json.Unmarshal(ev.Data.Raw, &sd); err != nil {
-			return "", unappliable(ev, "dispute", err)
-		}
-		return s.applyDispute(ctx, b, &sd, at)
-	default:
-		return EventIgnored, nil
+// event again from a fresh read. States only move forward (processing ->
+// pending -> succeeded or failed; a refund's and a dispute's own states
+// likewise), so an older event never overwrites a newer state whatever the
+// arrival order; amounts are taken from the event's object, never added.
+// When the event is about a charge or refund whose idempotency record is
+// unfinished (its server died after Stripe answered), the record is
+// finished too, with the response a retry would have stored.
+func (s *Service) ApplyEvent(ctx context.Context, b *idempotency.Batch, ev Event) (EventOutcome, error) {
+	switch {
+	case ev.PaymentIntent != nil:
+		return s.applyIntentEvent(ctx, b, ev.Type, ev.PaymentIntent, ev.Created)
+	case ev.Charge != nil:
+		return s.applyCharge(ctx, b, ev.Type, ev.Charge, ev.Created)
+	case ev.Refund != nil:
+		return s.applyRefund(ctx, b, ev.Refund, ev.Created)
+	case ev.Dispute != nil:
+		return s.applyDispute(ctx, b, ev.Dispute, ev.Created)
 	}
-}
-
-// unappliable is ErrEventUnappliable for ev, whose object did not decode as
-// a Stripe object (what).
-func unappliable(ev *stripe.Event, what string, err error) error {
-	return fmt.Errorf("%w: decoding the %s of event %s: %v", ErrEventUnappliable, what, ev.ID, err) //nolint:errorlint // the decoding error is the reason, not for callers to match
+	return EventIgnored, nil
 }
 
 // chargeRank orders a charge's states; a state only gives way to a higher
@@ -119,7 +98,7 @@ var chargeRank = map[string]int{
 // intentEventStatus is the status a payment_intent.* event moves a charge
 // to: the event's type says it, the PaymentIntent in it may already be
 // further on.
-func intentEventStatus(typ string, pi *stripe.PaymentIntent) string {
+func intentEventStatus(typ string, pi *PaymentIntent) string {
 	status := intentStatus(pi)
 	switch typ {
 	case "payment_intent.payment_failed":
@@ -138,7 +117,7 @@ func intentEventStatus(typ string, pi *stripe.PaymentIntent) string {
 // state, forward only (a 3-D Secure payment completed, failed or
 // abandoned; an authorization that became capturable, was captured or
 // expired).
-func (s *Service) applyIntentEvent(ctx context.Context, b *idempotency.Batch, typ string, pi *stripe.PaymentIntent, at time.Time) (EventOutcome, error) {
+func (s *Service) applyIntentEvent(ctx context.Context, b *idempotency.Batch, typ string, pi *PaymentIntent, at time.Time) (EventOutcome, error) {
 	ch, found, err := s.chargeOfIntent(ctx, pi)
 	if err != nil {
 		return "", err
@@ -168,7 +147,7 @@ func (s *Service) applyIntentEvent(ctx context.Context, b *idempotency.Batch, ty
 // at, guarded by ch's version; queues its event; and finishes, with what
 // their own finishes would have stored, the charge's request if it never
 // finished and a capture or cancel in flight that this state ends.
-func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, updated dbsqlc.Charge, at time.Time) (EventOutcome, error) {
+func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, updated chargeRow, at time.Time) (EventOutcome, error) {
 	updated.Version = ch.Version + 1
 	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
 		updated.LastEventAt = &at
@@ -183,15 +162,7 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 		updated.AmountCaptured = updated.Amount
 	}
 	updated.AmountRefunded = min(updated.AmountRefunded, updated.AmountCaptured)
-	if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
-		ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-		StripePaymentIntentID: updated.StripePaymentIntentID,
-		FailureCode:           updated.FailureCode, FailureMessage: updated.FailureMessage,
-		AmountRefunded: updated.AmountRefunded, AmountCapturable: updated.AmountCapturable,
-		AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
-		PendingAction: updated.PendingAction, PendingRecordID: updated.PendingRecordID,
-		PendingAmount: updated.PendingAmount, LastEventAt: updated.LastEventAt,
-	}); err != nil {
+	if err := s.st.moveCharge(ctx, b, updated, ch.Version); err != nil {
 		return "", err
 	}
 	data, err := encode(chargeJSON(updated), updated.ID)
@@ -207,8 +178,8 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 		// left as it is (Settle).
 		var resp idempotency.Response
 		if updated.Status == "failed" {
-			resp = failedResponse(outcomeDeclined, &stripe.Error{Type: stripe.ErrorTypeCard,
-				Msg: deref(updated.FailureMessage), DeclineCode: stripe.DeclineCode(deref(updated.FailureCode))}, "charge", updated.ID)
+			resp = failedResponse(&Refusal{Outcome: OutcomeDeclined,
+				Message: deref(updated.FailureMessage), DeclineCode: deref(updated.FailureCode)}, "charge", updated.ID)
 		} else {
 			resp = created(RouteCharges+"/"+updated.ID, data)
 		}
@@ -218,14 +189,14 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 	}
 	if pendingRecord != nil {
 		op := &pendingOp{action: *pendingAction, chargeID: ch.ID}
-		resp := idempotency.Response{Status: http.StatusOK,
+		resp := idempotency.Response{Status: 200,
 			Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: data}
 		if *pendingAction == actionCapture && updated.Status != "succeeded" ||
 			*pendingAction == actionCancel && updated.Status != "canceled" {
 			// What Stripe answers the action on a PaymentIntent in this
 			// state (pendingOp.refusedResponse).
-			resp = op.refusedResponse(outcomeRejected, &stripe.Error{
-				Msg: fmt.Sprintf("Charge %s is %s; it cannot be %s.", ch.ID, updated.Status, pastTense[*pendingAction])})
+			resp = op.refusedResponse(&Refusal{Outcome: OutcomeRejected,
+				Message: fmt.Sprintf("Charge %s is %s; it cannot be %s.", ch.ID, updated.Status, pastTense[*pendingAction])})
 		}
 		if err := s.runner.Settle(ctx, b, *pendingRecord, resp); err != nil {
 			return "", err
@@ -246,7 +217,7 @@ func deref(s *string) string {
 // chargeEventStatus is the status a charge.* event moves a charge to. With
 // PaymentIntents, Stripe's charge "succeeded" also when it was only
 // authorized (captured false).
-func chargeEventStatus(typ string, sc *stripe.Charge) string {
+func chargeEventStatus(typ string, sc *StripeCharge) string {
 	switch typ {
 	case "charge.succeeded":
 		if !sc.Captured {
@@ -259,25 +230,20 @@ func chargeEventStatus(typ string, sc *stripe.Charge) string {
 		return "pending"
 	}
 	switch {
-	case sc.Status == stripe.ChargeStatusSucceeded && sc.Captured:
+	case sc.Status == "succeeded" && sc.Captured:
 		return "succeeded"
-	case sc.Status == stripe.ChargeStatusSucceeded:
+	case sc.Status == "succeeded":
 		return "requires_capture"
-	case sc.Status == stripe.ChargeStatusFailed:
+	case sc.Status == "failed":
 		return "failed"
 	}
 	return "pending"
 }
 
-func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ string, sc *stripe.Charge, at time.Time) (EventOutcome, error) {
-	var intentID *string
-	if sc.PaymentIntent != nil {
-		intentID = nonEmpty(sc.PaymentIntent.ID)
-	}
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: intentID, StripeChargeID: nonEmpty(sc.ID), RecordID: nonEmpty(sc.Metadata[MetadataRecord]),
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ string, sc *StripeCharge, at time.Time) (EventOutcome, error) {
+	intentID := nonEmpty(sc.IntentID)
+	ch, err := s.st.chargeAtStripe(ctx, intentID, nonEmpty(sc.ID), nonEmpty(sc.Metadata[MetadataRecord]))
+	if errors.Is(err, ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
@@ -309,15 +275,7 @@ func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ str
 		if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
 			updated.LastEventAt = &at
 		}
-		if err := s.q.ChargeApplyEvent(ctx, b, &dbsqlc.ChargeApplyEventParams{
-			ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-			StripePaymentIntentID: updated.StripePaymentIntentID,
-			FailureCode:           updated.FailureCode, FailureMessage: updated.FailureMessage,
-			AmountRefunded: updated.AmountRefunded, AmountCapturable: updated.AmountCapturable,
-			AmountCaptured: updated.AmountCaptured, NextActionUrl: updated.NextActionUrl,
-			PendingAction: updated.PendingAction, PendingRecordID: updated.PendingRecordID,
-			PendingAmount: updated.PendingAmount, LastEventAt: updated.LastEventAt,
-		}); err != nil {
+		if err := s.st.moveCharge(ctx, b, updated, ch.Version); err != nil {
 			return "", err
 		}
 		return EventApplied, nil // the amounts only
@@ -325,7 +283,7 @@ func (s *Service) applyCharge(ctx context.Context, b *idempotency.Batch, typ str
 	updated.Status = status
 	switch status {
 	case "failed":
-		updated.FailureCode = cmpOr(nonEmpty(declineCode(sc)), ch.FailureCode)
+		updated.FailureCode = cmpOr(nonEmpty(sc.FailureCode), ch.FailureCode)
 		updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
 	case "requires_capture":
 		updated.AmountCapturable = min(ch.Amount, max(sc.Amount-sc.AmountCaptured, 0))
@@ -347,36 +305,25 @@ func cmpOr(a, b *string) *string {
 	return b
 }
 
-// declineCode is the most specific reason Stripe gives for a failed charge:
-// the outcome's reason (generic_decline, insufficient_funds ...), else the
-// failure code.
-func declineCode(sc *stripe.Charge) string {
-	if sc.Outcome != nil && sc.Outcome.Reason != "" {
-		return sc.Outcome.Reason
-	}
-	return sc.FailureCode
-}
-
 // refundRank orders a refund's states. A refund can fail after it
 // succeeded (the card was closed), so failed is last.
 var refundRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 3}
 
 // refundStatus maps a Stripe refund status onto the ledger's.
-func refundStatus(s stripe.RefundStatus) string {
+func refundStatus(s string) string {
 	switch s {
-	case stripe.RefundStatusSucceeded:
+	case "succeeded":
 		return "succeeded"
-	case stripe.RefundStatusFailed, stripe.RefundStatusCanceled:
+	case "failed", "canceled":
 		return "failed"
 	default: // pending, requires_action
 		return "pending"
 	}
 }
 
-func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *stripe.Refund, at time.Time) (EventOutcome, error) {
-	rf, err := s.q.RefundFindForEvent(ctx, s.pool, &dbsqlc.RefundFindForEventParams{
-		StripeRefundID: nonEmpty(sr.ID), RecordID: nonEmpty(sr.Metadata[MetadataRecord])})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *StripeRefund, at time.Time) (EventOutcome, error) {
+	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
+	if errors.Is(err, ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
@@ -395,17 +342,14 @@ func (s *Service) applyRefund(ctx context.Context, b *idempotency.Batch, sr *str
 		updated.LastEventAt = &at
 	}
 	if status == "failed" {
-		updated.FailureCode = cmpOr(nonEmpty(string(sr.FailureReason)), rf.FailureCode)
+		updated.FailureCode = cmpOr(nonEmpty(sr.FailureReason), rf.FailureCode)
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all.
-		if err := s.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID}); err != nil {
+		if err := s.st.releaseRefund(ctx, b, rf); err != nil {
 			return "", fmt.Errorf("releasing refund amount: %w", err)
 		}
 	}
-	if err := s.q.RefundApplyEvent(ctx, b, &dbsqlc.RefundApplyEventParams{
-		ID: rf.ID, Version: rf.Version, Status: status, StripeRefundID: updated.StripeRefundID,
-		FailureCode: updated.FailureCode, LastEventAt: updated.LastEventAt,
-	}); err != nil {
+	if err := s.st.moveRefund(ctx, b, updated, rf.Version); err != nil {
 		return "", err
 	}
 	data, err := encode(refundJSON(updated), updated.ID)
@@ -431,37 +375,29 @@ var disputeRank = map[string]int{
 	"warning_closed": 3, "won": 3, "lost": 3,
 }
 
-func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *stripe.Dispute, at time.Time) (EventOutcome, error) {
-	status := string(sd.Status)
-	if sd.Charge == nil || disputeRank[status] == 0 || sd.Amount <= 0 {
+func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *StripeDispute, at time.Time) (EventOutcome, error) {
+	status := sd.Status
+	if sd.ChargeID == "" || disputeRank[status] == 0 || sd.Amount <= 0 {
 		return EventUnknownObject, nil
 	}
-	var intentID *string
-	if sd.PaymentIntent != nil {
-		intentID = nonEmpty(sd.PaymentIntent.ID)
-	}
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: intentID, StripeChargeID: nonEmpty(sd.Charge.ID),
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, err := s.st.chargeAtStripe(ctx, nonEmpty(sd.IntentID), nonEmpty(sd.ChargeID), nil)
+	if errors.Is(err, ErrNotFound) {
 		return EventUnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
 	}
-	reason := nonEmpty(pgtext.Truncate(string(sd.Reason), 100))
-	d, err := s.q.DisputeGetByStripeID(ctx, s.pool, sd.ID)
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	reason := nonEmpty(pgtext.Truncate(sd.Reason, 100))
+	d, err := s.st.disputeAtStripe(ctx, sd.ID)
+	if errors.Is(err, ErrNotFound) {
 		// The charge row is written (and locked) with its new dispute, so
 		// that a refund's reservation, which locks the row first, waits for
 		// the dispute and sees it (refundOp.Begin); the version's guard
 		// orders two events that would both insert it.
-		if err := s.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version}); err != nil {
+		if err := s.st.touchCharge(ctx, b, ch); err != nil {
 			return "", err
 		}
-		if err := s.q.DisputeInsert(ctx, b, &dbsqlc.DisputeInsertParams{
-			AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID, Amount: sd.Amount,
-			Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at,
-		}); err != nil {
+		if err := s.st.insertDispute(ctx, b, disputeRow{AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID,
+			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at}); err != nil {
 			return "", fmt.Errorf("inserting dispute %s: %w", sd.ID, err)
 		}
 		return EventApplied, nil
@@ -473,13 +409,12 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 	if !newer {
 		return EventStale, nil
 	}
-	if err := s.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version}); err != nil {
+	if err := s.st.touchCharge(ctx, b, ch); err != nil {
 		return "", err
 	}
-	if err := s.q.DisputeSetStatus(ctx, b, &dbsqlc.DisputeSetStatusParams{
-		ID: d.ID, Status: status, Amount: sd.Amount, Reason: reason, LastEventAt: at,
-		ReadStatus: d.Status, ReadLastEventAt: d.LastEventAt,
-	}); err != nil {
+	moved := d
+	moved.Status, moved.Amount, moved.Reason, moved.LastEventAt = status, sd.Amount, reason, at
+	if err := s.st.moveDispute(ctx, b, moved, d); err != nil {
 		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
 	}
 	return EventApplied, nil
@@ -488,14 +423,32 @@ func (s *Service) applyDispute(ctx context.Context, b *idempotency.Batch, sd *st
 // chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by
 // the record id in its metadata (a charge whose finish never stored the
 // PaymentIntent's id); found is false when idempay has none.
-func (s *Service) chargeOfIntent(ctx context.Context, pi *stripe.PaymentIntent) (ch dbsqlc.Charge, found bool, err error) {
-	ch, err = s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: nonEmpty(pi.Metadata[MetadataRecord]),
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		return dbsqlc.Charge{}, false, nil
+func (s *Service) chargeOfIntent(ctx context.Context, pi *PaymentIntent) (ch chargeRow, found bool, err error) {
+	ch, err = s.st.chargeAtStripe(ctx, nonEmpty(pi.ID), nil, nonEmpty(pi.Metadata[MetadataRecord]))
+	if errors.Is(err, ErrNotFound) {
+		return chargeRow{}, false, nil
 	} else if err != nil {
-		return dbsqlc.Charge{}, false, fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
+		return chargeRow{}, false, fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
 	}
 	return ch, true, nil
+}
+
+// StripeCharge is a Stripe charge (of a PaymentIntent), as its events
+// carry it.
+type StripeCharge struct {
+	ID, IntentID, Status string
+	Amount               int64
+	Captured             bool
+	AmountCaptured       int64
+	AmountRefunded       int64
+	FailureCode          string
+	FailureMessage       string
+	Metadata             map[string]string
+}
+
+// StripeDispute is a Stripe dispute, as its events carry it.
+type StripeDispute struct {
+	ID, Status, Reason string
+	ChargeID, IntentID string
+	Amount             int64
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -66,7 +65,7 @@ func downstreamKey(recordID, route string) *string {
 	return nil
 }
 
-func idempotencyKeyJSON(row dbsqlc.IdempotencyKeyInspectRow) IdempotencyKey {
+func idempotencyKeyJSON(row keyState) IdempotencyKey {
 	out := IdempotencyKey{
 		Object: "idempotency_key", ID: row.ID, Key: row.Key,
 		RequestMethod: row.RequestMethod, RequestRoute: row.RequestRoute,
@@ -99,11 +98,20 @@ func utc(t *time.Time) *time.Time {
 // (empty or too long), without a look-up.
 func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (IdempotencyKey, error) {
 	if key == "" || len(key) > idempotency.MaxKeyLength {
-		return IdempotencyKey{}, readErr(db.ErrNotFound, "idempotency key")
+		return IdempotencyKey{}, readErr(ErrNotFound, "idempotency key")
 	}
-	row, err := s.q.IdempotencyKeyInspect(ctx, s.pool, &dbsqlc.IdempotencyKeyInspectParams{Scope: accountID, Key: key})
+	row, err := s.st.keyState(ctx, accountID, key)
 	if err := readErr(err, "idempotency key"); err != nil {
 		return IdempotencyKey{}, err
 	}
 	return idempotencyKeyJSON(row), nil
+}
+
+// keyState is an idempotency record with the ledger rows it names, as
+// GET /v1/idempotency_keys/{key} shows it.
+type keyState dbsqlc.IdempotencyKeyInspectRow
+
+func (st store) keyState(ctx context.Context, accountID, key string) (keyState, error) {
+	row, err := found(st.q.IdempotencyKeyInspect(ctx, st.pool, &dbsqlc.IdempotencyKeyInspectParams{Scope: accountID, Key: key}))
+	return keyState(row), err
 }

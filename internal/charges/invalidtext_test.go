@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // TestInvalidText: a body whose text is not valid Unicode (bytes that are
@@ -19,7 +20,7 @@ func TestInvalidText(t *testing.T) {
 	const base = `"amount":100,"currency":"usd","payment_method":"tok_visa"`
 	for _, tc := range []struct {
 		name, body string
-		dst        params
+		dst        jsonbody.Body
 		want       []string // invalid_params names; nil: accepted
 	}{
 		{"valid text", `{` + base + `,"description":"café ☕ \ud83d\ude00","metadata":{"ключ":"значение"}}`, &chargeParams{}, nil},

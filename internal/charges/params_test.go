@@ -10,6 +10,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // The fingerprints of normalised requests are pinned: records in flight
@@ -22,7 +23,7 @@ func TestNormalisedRequestFingerprints(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		path, body       string
-		dst              params
+		dst              jsonbody.Body
 		canonical, print string
 	}{
 		{"/v1/charges", `{"payment_method":"tok_visa","currency":"USD","amount":1500}`, &chargeParams{},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/reconcile"
 )
 
 // forget deletes a request's record, its charge and the charge's events, as
@@ -33,9 +34,9 @@ func forget(t *testing.T, env *apitest.Env, accountID, key string) {
 	}
 }
 
-func reconcile(t *testing.T, env *apitest.Env, want map[string]int) charges.ReconcileReport {
+func reconcilePass(t *testing.T, env *apitest.Env, want map[string]int) reconcile.Report {
 	t.Helper()
-	report, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestReconcile(t *testing.T) {
 	}
 	stranger.Body.Close()
 
-	reconcile(t, env, map[string]int{charges.ReconcileRecreated: 3, charges.ReconcileSettled: 2,
+	reconcilePass(t, env, map[string]int{charges.ReconcileRecreated: 3, charges.ReconcileSettled: 2,
 		charges.ReconcileMatched: 1, charges.ReconcileUnknown: 1})
 	// Each settling repair went through the runner as a request of its
 	// own, keyed by the object and the state it moved to, and finished.
@@ -165,7 +166,7 @@ func TestReconcile(t *testing.T) {
 	c.Post("/v1/charges", "lost-authorization", lost["lost-authorization"]).JSON(t, &auth)
 	wantStatus(t, c.Post("/v1/charges/"+auth.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusOK)
 
-	reconcile(t, env, map[string]int{charges.ReconcileMatched: 6, charges.ReconcileUnknown: 1})
+	reconcilePass(t, env, map[string]int{charges.ReconcileMatched: 6, charges.ReconcileUnknown: 1})
 }
 
 // TestReconcileRefunds is TestReconcile for refunds: the database lost a
@@ -204,7 +205,7 @@ func TestReconcileRefunds(t *testing.T) {
 	}
 	stranger.Body.Close()
 
-	report := reconcile(t, env, map[string]int{charges.ReconcileMatched: 1})
+	report := reconcilePass(t, env, map[string]int{charges.ReconcileMatched: 1})
 	want := map[string]int{charges.ReconcileRecreated: 1, charges.ReconcileSettled: 1,
 		charges.ReconcileMatched: 1, charges.ReconcileUnknown: 1}
 	if report.RefundsListed != 4 || !maps.Equal(report.RefundCounts, want) {
@@ -238,7 +239,7 @@ func TestReconcileRefunds(t *testing.T) {
 		t.Errorf("the re-created refund has %d events (%v), want its refund.succeeded", events, err)
 	}
 
-	report = reconcile(t, env, map[string]int{charges.ReconcileMatched: 1})
+	report = reconcilePass(t, env, map[string]int{charges.ReconcileMatched: 1})
 	want = map[string]int{charges.ReconcileMatched: 3, charges.ReconcileUnknown: 1}
 	if !maps.Equal(report.RefundCounts, want) {
 		t.Fatalf("the second pass over refunds: %v, want %v", report.RefundCounts, want)
@@ -250,7 +251,7 @@ func TestReconcileRefunds(t *testing.T) {
 // request the database lost is re-created well within the hour. The test
 // waits for the pass to report the PaymentIntent (OnReconcile, which is
 // called once its repair has committed), with a deadline far below the
-// interval and far above FirstReconcileAfter, so a busy machine cannot
+// interval and far above reconcile.FirstPassAfter, so a busy machine cannot
 // fail it and a reconciler that waits an interval cannot pass it.
 func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	t.Parallel()
@@ -261,12 +262,12 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	forget(t, env, c.Account.ID, key)
 
 	outcomes := make(chan string, 16)
-	count := env.Charges.OnReconcile // the metrics' counter: still called
-	env.Charges.OnReconcile = func(object, outcome string) {
+	count := env.Reconciler.OnReconcile // the metrics' counter: still called
+	env.Reconciler.OnReconcile = func(object, outcome string) {
 		if count != nil {
 			count(object, outcome)
 		}
-		if object == charges.ReconcilePaymentIntent {
+		if object == reconcile.ObjectPaymentIntent {
 			select {
 			case outcomes <- outcome:
 			default:
@@ -275,7 +276,7 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { env.Charges.RunReconciler(ctx, time.Hour); close(done) }()
+	go func() { env.Reconciler.Run(ctx, time.Hour); close(done) }()
 	defer func() { cancel(); <-done }()
 	const deadline = 2 * time.Minute
 	select {
@@ -284,7 +285,7 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 			t.Fatalf("the first pass found the lost PaymentIntent %s, want %s", outcome, charges.ReconcileRecreated)
 		}
 	case <-time.After(deadline):
-		t.Fatalf("no pass within %s of the reconciler's start (interval 1h, first pass after %s)", deadline, charges.FirstReconcileAfter)
+		t.Fatalf("no pass within %s of the reconciler's start (interval 1h, first pass after %s)", deadline, reconcile.FirstPassAfter)
 	}
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" {
 		t.Errorf("the re-created record is at %s, want finished", r.RecoveryPoint)

@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stripe/stripe-go/v76"
-
-	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
@@ -25,7 +21,7 @@ type refundOp struct {
 	s         *Service
 	params    *refundParams // nil when resumed
 	accountID string
-	refund    dbsqlc.Refund
+	refund    refundRow
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
 }
@@ -42,22 +38,21 @@ type refundOp struct {
 // after its record expired) is not checked: its insert is refused.
 func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	id := ledgerID("re_", rec)
-	row, err := op.s.q.ChargeGetForRefund(ctx, op.s.pool, &dbsqlc.ChargeGetForRefundParams{
-		AccountID: op.accountID, ID: *op.params.Charge, RefundID: id})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, blockingDisputes, refundExists, err := op.s.st.chargeForRefund(ctx, op.accountID, *op.params.Charge, id)
+	if errors.Is(err, ErrNotFound) {
 		return apierror.Invalid(apierror.InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
 	} else if err != nil {
 		return fmt.Errorf("reading charge: %w", err)
 	}
-	ch := row.Charge
 	amount := *op.params.Amount // required (refundParams): sent to Stripe as the request gave it
-	insert := &dbsqlc.RefundInsertParams{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID, ChargeID: ch.ID, Amount: amount}
-	if row.RefundExists {
+	rf := refundRow{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
+		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
+	if refundExists {
 		// This same request made this refund before its record expired:
 		// its insert alone, which the core refuses (ErrKeyExpired), so that
 		// it means what it means for every operation, whatever the charge's
 		// state is now (fully refunded, say).
-		return op.s.q.RefundInsert(ctx, b, insert)
+		return op.s.st.insertRefund(ctx, b, rf)
 	}
 	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
 		return apierror.Newf(apierror.ChargeNotRefundable,
@@ -70,7 +65,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	// dispute that lands after this read is seen by the reservation, which
 	// checks for one with the charge row locked (applyDispute writes the
 	// row with its dispute).
-	if row.BlockingDisputes > 0 {
+	if blockingDisputes > 0 {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
 	remaining := ch.AmountCaptured - ch.AmountRefunded
@@ -79,26 +74,21 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Extensions: map[string]any{"refundable_amount": remaining}}
 	}
-	if err := op.s.q.ChargeLockForRefund(ctx, b, ch.ID); err != nil {
+	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount); err != nil {
 		return err
 	}
-	if err := op.s.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: ch.ID, Amount: amount}); err != nil {
-		return err
-	}
-	op.refund = dbsqlc.Refund{ID: id, AccountID: op.accountID, IdempotencyKeyID: &rec.ID,
-		ChargeID: ch.ID, Amount: amount, Status: "processing", Version: 1}
-	op.intentID = *ch.StripePaymentIntentID
-	return op.s.q.RefundInsert(ctx, b, insert)
+	op.refund, op.intentID = rf, *ch.StripePaymentIntentID
+	return op.s.st.insertRefund(ctx, b, rf)
 }
 
 // Load reads the ledger row of a record begun elsewhere, and its charge's
 // Stripe id.
 func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
-	rf, err := op.s.q.RefundGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
+	rf, err := op.s.st.refundOfRecord(ctx, rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading refund: %w", err)
 	}
-	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: rf.AccountID, ID: rf.ChargeID})
+	ch, err := op.s.st.charge(ctx, rf.AccountID, rf.ChargeID)
 	if err != nil {
 		return fmt.Errorf("loading charge of refund %s: %w", rf.ID, err)
 	}
@@ -109,26 +99,30 @@ func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	return nil
 }
 
-// Call creates the Stripe refund with the record's downstream key (answer
-// says what it returns).
+// Call creates the Stripe refund with the record's downstream key, and the
+// record's id and request in its metadata, as on a PaymentIntent (answer
+// says what it returns). The amount is the request's own (refunds require
+// it), never what is left by the ledger's count, so that a retry after the
+// database lost the refund sends the same parameters (I13).
 func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	sr, err := op.s.stripe.CreateRefund(ctx, rec, op.intentID, op.refund)
+	sr, err := op.s.stripe.CreateRefund(ctx, RefundRequest{Key: rec.DownstreamKey(StepRefund),
+		IntentID: op.intentID, Amount: op.refund.Amount, Metadata: requestMetadata(rec, nil)})
 	return op.answer(rec, sr, err)
 }
 
 // answer is what Stripe's answer to the refund's request (sr, or err)
 // means: unknown, or the finishing writes: the ledger row's outcome, the
 // reservation released when nothing was refunded, the refund's event.
-func (op *refundOp) answer(rec *idempotency.Record, sr *stripe.Refund, err error) idempotency.Step {
+func (op *refundOp) answer(rec *idempotency.Record, sr *StripeRefund, err error) idempotency.Step {
 	if op.refund.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.refund.CreatedAt = rec.CreatedAt
 	}
 	rf := op.refund
 	kind, se := classify(err)
 	switch kind {
-	case outcomeUnknown:
+	case OutcomeUnknown:
 		return idempotency.Unknown(err)
-	case outcomeConflict:
+	case OutcomeConflict:
 		// The reservation stays: Stripe may have refunded it under the key.
 		return idempotency.Finish(func(ctx context.Context, _ *idempotency.Batch) (idempotency.Response, error) {
 			return op.s.keyConflict(ctx, rec, StepRefund, "refund", rf.ID, se), nil
@@ -136,25 +130,22 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *stripe.Refund, err error
 	}
 	updated := rf
 	updated.Version++
-	if kind == outcomeOK {
+	if kind == OutcomeOK {
 		updated.Status, updated.StripeRefundID = refundStatus(sr.Status), &sr.ID
 	} else {
 		updated.Status = "failed"
-		updated.FailureCode = nonEmpty(failureCode(se))
-		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Msg, 1000))
+		updated.FailureCode = nonEmpty(se.failureCode())
+		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Message, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 		// A refund Stripe refused, or one it holds as failed or canceled
 		// (a re-created one may be), refunded nothing: its reservation goes.
-		if kind != outcomeOK || updated.Status == "failed" {
-			if err := op.s.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID}); err != nil {
+		if kind != OutcomeOK || updated.Status == "failed" {
+			if err := op.s.st.releaseRefund(ctx, b, rf); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}
 		}
-		if err := op.s.q.RefundSetOutcome(ctx, b, &dbsqlc.RefundSetOutcomeParams{
-			ID: rf.ID, Version: rf.Version, Status: updated.Status, StripeRefundID: updated.StripeRefundID,
-			FailureCode: updated.FailureCode, FailureMessage: updated.FailureMessage,
-		}); err != nil {
+		if err := op.s.st.setRefundOutcome(ctx, b, updated, rf.Version); err != nil {
 			return idempotency.Response{}, err
 		}
 		data, err := encode(refundJSON(updated), updated.ID)
@@ -164,10 +155,10 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *stripe.Refund, err error
 		if err := refundSettled(ctx, b, updated, data); err != nil {
 			return idempotency.Response{}, err
 		}
-		if kind == outcomeOK {
+		if kind == OutcomeOK {
 			return created(RouteRefunds+"/"+updated.ID, data), nil
 		}
-		return failedResponse(kind, se, "refund", updated.ID), nil
+		return failedResponse(se, "refund", updated.ID), nil
 	})
 }
 
@@ -175,7 +166,7 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *stripe.Refund, err error
 // into the batch that moved it there (I10). A refund can fail after it
 // succeeded; each of the two is an event. rf is the refund as the batch
 // leaves it, data its JSON (refundJSON).
-func refundSettled(ctx context.Context, b *idempotency.Batch, rf dbsqlc.Refund, data []byte) error {
+func refundSettled(ctx context.Context, b *idempotency.Batch, rf refundRow, data []byte) error {
 	switch rf.Status {
 	case "succeeded":
 		return events.Record(ctx, b, rf.AccountID, events.RefundSucceeded, rf.ID, rf.Version, data)
@@ -198,7 +189,7 @@ type Refund struct {
 	CreatedAt      time.Time `json:"created_at"`
 }
 
-func refundJSON(rf dbsqlc.Refund) Refund {
+func refundJSON(rf refundRow) Refund {
 	return Refund{
 		ID: rf.ID, Object: "refund", Charge: rf.ChargeID, Amount: rf.Amount, Status: rf.Status,
 		StripeRefundID: rf.StripeRefundID, FailureCode: rf.FailureCode, FailureMessage: rf.FailureMessage,
@@ -206,12 +197,59 @@ func refundJSON(rf dbsqlc.Refund) Refund {
 	}
 }
 
-// Refund is GET /v1/refunds/{id}: the account's refund. Another account's
-// refund is not found, like an unknown one (I5).
-func (s *Service) Refund(ctx context.Context, accountID, id string) (Refund, error) {
-	rf, err := s.q.RefundGetByID(ctx, s.pool, &dbsqlc.RefundGetByIDParams{AccountID: accountID, ID: id})
-	if err := readErr(err, "refund"); err != nil {
-		return Refund{}, err
+// NewRefund validates req, a POST /v1/refunds of the account, into its
+// command.
+func (s *Service) NewRefund(accountID string, req idempotency.Request) (*Command, error) {
+	var p refundParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
 	}
-	return refundJSON(rf), nil
+	return &Command{Request: req, op: &refundOp{s: s, params: &p, accountID: accountID}}, nil
+}
+
+// refundParams is the body of POST /v1/refunds. Amount is required:
+// everything sent to Stripe comes from the request (I13), and a refund
+// without an amount would have Stripe decide it from what Stripe holds at
+// the time of the call, which a retry after a restore or a failover can
+// find different (docs/development.md, "Refunds name their amount").
+type refundParams struct {
+	Charge *string `json:"charge"`
+	Amount *int64  `json:"amount"`
+}
+
+func (p *refundParams) Validate() error {
+	var bad []apierror.InvalidParam
+	switch {
+	case p.Charge == nil || *p.Charge == "":
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
+	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
+		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+	}
+	if p.Amount == nil {
+		bad = append(bad, apierror.InvalidParam{Name: "amount",
+			Reason: "is required: the amount to refund, in the currency's minor unit (the charge's amount_captured less its amount_refunded is what is left)"})
+	}
+	bad = append(bad, validateAmount("amount", p.Amount, false)...)
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// RefundRequest refunds Amount of a captured PaymentIntent.
+type RefundRequest struct {
+	Key      string // the downstream idempotency key
+	IntentID string
+	Amount   int64
+	Metadata map[string]string
+}
+
+// StripeRefund is a Stripe refund as the ledger reads it.
+type StripeRefund struct {
+	ID            string
+	Status        string // Stripe's: pending, requires_action, succeeded, failed, canceled
+	Amount        int64
+	IntentID      string
+	FailureReason string
+	Metadata      map[string]string
 }

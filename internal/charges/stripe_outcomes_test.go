@@ -426,7 +426,7 @@ func TestStripeKeyConflictIsFinal(t *testing.T) {
 
 			// Reconciliation finds what Stripe holds under the key by its
 			// idempay_record and settles the row from it.
-			if _, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour)); err != nil {
+			if _, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour)); err != nil {
 				t.Fatal(err)
 			}
 			if err := env.Pool.QueryRow(context.Background(), `SELECT status FROM `+tc.object+`s WHERE id = $1`, id).Scan(&status); err != nil {

@@ -1,6 +1,6 @@
 // Package events is idempay's events out: the outbox row written in the
 // transaction that settles a charge or refund (Record), the relay that
-// publishes those rows to NATS JetStream (relay.go), and their reader
+// publishes those rows to NATS JetStream (package relay), and their reader
 // (read.go) behind GET /v1/events (served by eventshttp), the same events as
 // Stripe's events API shows its own.
 //
@@ -80,7 +80,8 @@ type Event struct {
 	} `json:"data"`
 }
 
-func eventOf(row dbsqlc.Event) Event {
+// Of is the event of an outbox row.
+func Of(row dbsqlc.Event) Event {
 	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, ObjectID: row.ObjectID, ObjectVersion: row.ObjectVersion,
 		Created: row.CreatedAt.UTC()}
 	ev.Data.Object = row.Data

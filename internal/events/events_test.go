@@ -24,6 +24,7 @@ import (
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/events/eventstest"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/pgcluster"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -152,11 +153,11 @@ func TestRelayPublishesOnceInOrder(t *testing.T) {
 	}
 	wg.Wait()
 
-	cfg := events.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	cfg.Stream = "EVENTS_" + rand.Text()[:8]
 	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
 	cfg.Batch = 7
-	relay := events.NewRelay(env.Pool, js, cfg, slog.New(slog.DiscardHandler))
+	relay := relay.New(env.Pool, js, cfg, slog.New(slog.DiscardHandler))
 	if err := relay.EnsureStream(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -255,11 +256,11 @@ func TestRelayLockOnDirectConnection(t *testing.T) {
 	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
 		t.Fatalf("charge: %d %s", r.Status, r.Body)
 	}
-	cfg := events.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	cfg.Stream = "EVENTS_" + rand.Text()[:8]
 	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
 	cfg.Interval = 20 * time.Millisecond
-	relay := events.NewRelay(pooled, js, cfg, slog.New(slog.DiscardHandler))
+	relay := relay.New(pooled, js, cfg, slog.New(slog.DiscardHandler))
 	var directPID atomic.Uint32
 	relay.Direct = func(ctx context.Context) (*pgx.Conn, error) {
 		conn, err := pgx.Connect(ctx, dbtest.URL())

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
-	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/telemetry"
 )
@@ -42,11 +42,11 @@ func TestRelayCarriesTrace(t *testing.T) {
 
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	cfg := events.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	cfg.Stream = "EVENTS_" + rand.Text()[:8]
 	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
 	cfg.TracerProvider = tp
-	relay := events.NewRelay(env.Pool, js, cfg, slog.New(slog.DiscardHandler))
+	relay := relay.New(env.Pool, js, cfg, slog.New(slog.DiscardHandler))
 	if err := relay.EnsureStream(ctx); err != nil {
 		t.Fatal(err)
 	}

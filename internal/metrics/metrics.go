@@ -7,7 +7,7 @@
 //
 // The package only observes. The server mounts Handler at /metrics, and
 // cmd/idempay plugs the observer methods into the hooks the other packages
-// expose (idempotency.Runner.OnOutcome, charges.StripeConfig.Observe,
+// expose (idempotency.Runner.OnOutcome, stripeapi.Config.Observe,
 // idempotency.Runner.RunRetention's onPurged).
 package metrics
 
@@ -217,7 +217,7 @@ func (m *Metrics) ObserveOutcome(o idempotency.Outcome) {
 }
 
 // ObserveStripe records one Stripe call; it is the function to set as
-// charges.StripeConfig.Observe.
+// stripeapi.Config.Observe.
 func (m *Metrics) ObserveStripe(operation, result string, d time.Duration) {
 	m.stripeDuration.WithLabelValues(operation, result).Observe(d.Seconds())
 	if result != ResultOK {
@@ -250,7 +250,7 @@ func (m *Metrics) ObserveOrder(outcome, reason string) {
 }
 
 // ObserveRelay records one relay pass; it is the function to set as
-// events.RelayConfig.Observe.
+// relay.Config.Observe.
 func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 	m.published.Add(float64(published))
 	if err != nil {
@@ -261,7 +261,7 @@ func (m *Metrics) ObserveRelay(published int, err error, lag time.Duration) {
 
 // ObserveReconcile counts what reconciliation did with one PaymentIntent
 // or refund (object "refund"); it is the function to set as
-// charges.Service.OnReconcile.
+// reconcile.Reconciler.OnReconcile.
 func (m *Metrics) ObserveReconcile(object, outcome string) {
 	if object == "refund" {
 		m.reconcileRefunds.WithLabelValues(outcome).Inc()

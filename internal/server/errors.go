@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/labstack/echo/v4"
 
@@ -36,7 +37,7 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 				"type", string(pe.Type), "status", pe.Status(), "err", err,
 				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 		}
-		pe.Write(c.Response())
+		writeProblem(c.Response(), pe)
 	}
 }
 
@@ -68,4 +69,18 @@ func problemOf(err error) *apierror.Error {
 		}
 	}
 	return apierror.From(err)
+}
+
+// writeProblem sends pe with its status, content type and Retry-After.
+func writeProblem(w http.ResponseWriter, pe *apierror.Error) {
+	h := w.Header()
+	h.Set("Content-Type", apierror.ContentType)
+	if pe.Type == apierror.Unauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="idempay"`)
+	}
+	if pe.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(pe.RetryAfter))
+	}
+	w.WriteHeader(pe.Status())
+	_, _ = w.Write(pe.Body())
 }

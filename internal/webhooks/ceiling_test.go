@@ -199,7 +199,7 @@ func TestParkedChargeSettledByReconciliation(t *testing.T) {
 		t.Fatalf("key after the retry: %q, want parked", k.RecoveryPoint)
 	}
 
-	report, err := env.Charges.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil || report.Counts["settled"] != 1 {
 		t.Fatalf("reconciliation: %v, %v; want one settled", report.Counts, err)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
+	"github.com/idempay/idempay/internal/stripeapi"
 )
 
 // Route is the endpoint, as registered and as stored on its records.
@@ -368,14 +369,16 @@ func (op *eventOp) Call(context.Context, *idempotency.Record) idempotency.Step {
 // (StripeEventInsert), so an event applied before its record was purged is
 // never applied again.
 func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-	var err error
 	var lastError *string
-	op.outcome, err = op.h.charges.ApplyEvent(ctx, b, op.ev)
+	ev, err := stripeapi.Event(op.ev)
+	if err == nil {
+		op.outcome, err = op.h.charges.ApplyEvent(ctx, b, ev)
+	}
 	switch {
 	case errors.Is(err, charges.ErrEventUnappliable):
 		// No retry can apply it: it ends failed, with its reason, and is
 		// acknowledged, so that neither Stripe nor the completer sends it
-		// again (ApplyEvent queued nothing).
+		// again (nothing was queued).
 		op.outcome, op.failure = charges.EventFailed, pgtext.Truncate(err.Error(), 1000)
 		lastError = &op.failure
 	case err != nil:

@@ -28,7 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -119,7 +119,7 @@ func cleanNATS(ctx context.Context, dryRun bool) error {
 	if err != nil {
 		return err
 	}
-	oc, ec := orders.DefaultConfig(), events.DefaultRelayConfig()
+	oc, ec := orders.DefaultConfig(), relay.DefaultConfig()
 	ours := map[string][]string{
 		oc.Stream: {oc.Subject, oc.DLQSubject},
 		ec.Stream: {ec.SubjectPrefix + ">"},

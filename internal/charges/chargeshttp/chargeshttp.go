@@ -9,7 +9,6 @@ package chargeshttp
 
 import (
 	"log/slog"
-	"net/http"
 
 	"github.com/labstack/echo/v4"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
-	"github.com/idempay/idempay/internal/listing"
 )
 
 // Handler serves the charges and refunds API over HTTP.
@@ -57,26 +55,6 @@ func (h *Handler) createCharge(c echo.Context) error {
 	return h.rollout(c, charges.RouteCharges, h.svc.NewCharge)
 }
 
-func (h *Handler) createRefund(c echo.Context) error {
-	return h.rollout(c, charges.RouteRefunds, h.svc.NewRefund)
-}
-
-// captureCharge and cancelCharge read the key and body before they look at
-// the path, as every POST; the service refuses a path that names no charge.
-func (h *Handler) captureCharge(c echo.Context) error {
-	id := c.Param("id")
-	return h.post(c, charges.RouteCapture, func(acct string, req idempotency.Request) (*charges.Command, error) {
-		return h.svc.NewCapture(acct, id, req)
-	})
-}
-
-func (h *Handler) cancelCharge(c echo.Context) error {
-	id := c.Param("id")
-	return h.post(c, charges.RouteCancel, func(acct string, req idempotency.Request) (*charges.Command, error) {
-		return h.svc.NewCancel(acct, id, req)
-	})
-}
-
 // A command validates a request's body into what the service runs
 // (charges.Service.NewCharge ...).
 type command func(accountID string, req idempotency.Request) (*charges.Command, error)
@@ -102,43 +80,4 @@ func (h *Handler) post(c echo.Context, route string, command command) error {
 	}
 	idemhttp.Respond(c, resp)
 	return nil
-}
-
-func (h *Handler) getCharge(c echo.Context) error {
-	ch, err := h.svc.Charge(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, ch)
-}
-
-func (h *Handler) listCharges(c echo.Context) error {
-	limit, err := listing.Limit(c.QueryParam("limit"))
-	if err != nil {
-		return err
-	}
-	page, err := h.svc.Charges(c.Request().Context(), accountshttp.FromContext(c).ID, limit, c.QueryParam("starting_after"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, page)
-}
-
-func (h *Handler) getRefund(c echo.Context) error {
-	rf, err := h.svc.Refund(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, rf)
-}
-
-// getIdempotencyKey serves GET /v1/idempotency_keys/{key}. The key is sent
-// URL-path-escaped (a key may hold '/', '?', '%' or spaces); the server
-// decodes path parameters before any handler runs.
-func (h *Handler) getIdempotencyKey(c echo.Context) error {
-	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("key"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, ik)
 }

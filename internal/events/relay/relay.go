@@ -1,4 +1,5 @@
-package events
+// Package relay publishes the outbox (package events) to JetStream.
+package relay
 
 import (
 	"context"
@@ -16,11 +17,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/faultpoint"
 )
 
-// RelayConfig configures the outbox relay.
-type RelayConfig struct {
+// Config configures the outbox relay.
+type Config struct {
 	// Stream is the JetStream stream the events go to (IDEMPAY_EVENTS); its
 	// subjects are SubjectPrefix + ">".
 	Stream string
@@ -45,9 +47,9 @@ type RelayConfig struct {
 	TracerProvider trace.TracerProvider
 }
 
-// DefaultRelayConfig is the documented default.
-func DefaultRelayConfig() RelayConfig {
-	return RelayConfig{Stream: "IDEMPAY_EVENTS", SubjectPrefix: "idempay.events.", Replicas: 1,
+// DefaultConfig is the documented default.
+func DefaultConfig() Config {
+	return Config{Stream: "IDEMPAY_EVENTS", SubjectPrefix: "idempay.events.", Replicas: 1,
 		Duplicates: 10 * time.Minute, Batch: 100, Interval: 500 * time.Millisecond}
 }
 
@@ -64,7 +66,7 @@ type Relay struct {
 	pool *pgxpool.Pool
 	js   jetstream.JetStream
 	q    *dbsqlc.Queries
-	cfg  RelayConfig
+	cfg  Config
 	log  *slog.Logger
 	// Direct, when set, opens the connection that holds the relay lock,
 	// past any pooler (DATABASE_DIRECT_URL). The lock is a session lock:
@@ -76,8 +78,8 @@ type Relay struct {
 	Direct func(ctx context.Context) (*pgx.Conn, error)
 }
 
-// NewRelay returns a relay.
-func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig, log *slog.Logger) *Relay {
+// New returns a relay.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logger) *Relay {
 	return &Relay{pool: pool, js: js, q: dbsqlc.New(), cfg: cfg, log: log}
 }
 
@@ -194,7 +196,7 @@ func (r *Relay) PublishPending(ctx context.Context) (int, error) {
 	}
 	ids := make([]string, 0, len(rows))
 	for _, row := range rows {
-		data, err := json.Marshal(eventOf(row))
+		data, err := json.Marshal(events.Of(row))
 		if err != nil {
 			return 0, err
 		}

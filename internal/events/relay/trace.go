@@ -1,4 +1,4 @@
-package events
+package relay
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func (r *Relay) span(ctx context.Context, msg *nats.Msg) (context.Context, func(
 	if tp == nil {
 		return ctx, func(error) {}
 	}
-	ctx, s := tp.Tracer("github.com/idempay/idempay/internal/events").Start(ctx, "send "+msg.Subject,
+	ctx, s := tp.Tracer("github.com/idempay/idempay/internal/events/relay").Start(ctx, "send "+msg.Subject,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingOperationTypeSend,
 			semconv.MessagingDestinationName(msg.Subject), semconv.MessagingMessageID(msg.Header.Get("Nats-Msg-Id"))))

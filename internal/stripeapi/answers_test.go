@@ -1,4 +1,4 @@
-package charges
+package stripeapi
 
 import (
 	"context"
@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idempay/idempay/internal/dbsqlc"
-	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/charges"
 )
 
 // stripeBody answers with status and body as Stripe does: JSON, with a
@@ -51,7 +50,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
 		// expected (stripe-go returns another error).
 		status  int
 		handler http.HandlerFunc
-		want    outcome
+		want    charges.Outcome
 	}{
 		{"402 card_declined", 402, stripeBody(402, `{
   "error": {
@@ -70,7 +69,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_xY7mQ2bC9dK4pL?t=1718000000",
     "type": "card_error"
   }
-}`), outcomeDeclined},
+}`), charges.OutcomeDeclined},
 		{"402 insufficient_funds", 402, stripeBody(402, `{
   "error": {
     "charge": "ch_3PaQrT2eZvKYlo2C1pV7nQ0e",
@@ -81,7 +80,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Lm3nB8vC1xZ5qW?t=1718000060",
     "type": "card_error"
   }
-}`), outcomeDeclined},
+}`), charges.OutcomeDeclined},
 		{"400 parameter_missing", 400, stripeBody(400, `{
   "error": {
     "code": "parameter_missing",
@@ -91,7 +90,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Qp9sD2fG6hJ1kL?t=1718000120",
     "type": "invalid_request_error"
   }
-}`), outcomeRejected},
+}`), charges.OutcomeRejected},
 		{"400 resource_missing payment method", 400, stripeBody(400, `{
   "error": {
     "code": "resource_missing",
@@ -101,7 +100,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Zx8cV4bN7mA2sD?t=1718000180",
     "type": "invalid_request_error"
   }
-}`), outcomeRejected},
+}`), charges.OutcomeRejected},
 		{"400 payment_intent_unexpected_state", 400, stripeBody(400, `{
   "error": {
     "code": "payment_intent_unexpected_state",
@@ -110,7 +109,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Wq1eR5tY8uI3oP?t=1718000240",
     "type": "invalid_request_error"
   }
-}`), outcomeRejected},
+}`), charges.OutcomeRejected},
 		{"404 resource_missing", 404, stripeBody(404, `{
   "error": {
     "code": "resource_missing",
@@ -120,7 +119,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_As6dF9gH2jK5lZ?t=1718000300",
     "type": "invalid_request_error"
   }
-}`), outcomeRejected},
+}`), charges.OutcomeRejected},
 		// The downstream key reused with other parameters.
 		{"400 idempotency_error", 400, stripeBody(400, `{
   "error": {
@@ -128,7 +127,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Ty4uI7oP0aS3dF?t=1718000360",
     "type": "idempotency_error"
   }
-}`), outcomeConflict},
+}`), charges.OutcomeConflict},
 		// The downstream key in flight at Stripe: unknown whatever its type.
 		{"409 idempotency_key_in_use, idempotency_error", 409, stripeBody(409, `{
   "error": {
@@ -138,7 +137,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Gh2jK5lZ8xC1vB?t=1718000420",
     "type": "idempotency_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"409 idempotency_key_in_use, invalid_request_error", 409, stripeBody(409, `{
   "error": {
     "code": "idempotency_key_in_use",
@@ -147,7 +146,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Nm4bV7cX0zL3kJ?t=1718000480",
     "type": "invalid_request_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"429 rate_limit", 429, stripeBody(429, `{
   "error": {
     "code": "rate_limit",
@@ -156,7 +155,7 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Pl9oK6iJ3uH0yG?t=1718000540",
     "type": "invalid_request_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"429 lock_timeout", 429, stripeBody(429, `{
   "error": {
     "code": "lock_timeout",
@@ -165,51 +164,51 @@ func TestClassifyStripeAnswers(t *testing.T) {
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Fd5sA2qW9eR6tY?t=1718000600",
     "type": "invalid_request_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"401 invalid API key", 401, stripeBody(401, `{
   "error": {
     "message": "Invalid API Key provided: sk_test_********************1234",
     "type": "invalid_request_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"403 restricted key", 403, stripeBody(403, `{
   "error": {
     "message": "The provided key 'rk_test_********************abcd' does not have the required permissions for this endpoint on account 'acct_1PaQqg2eZvKYlo2C'. Having the 'rak_payment_intent_write' permission would allow this request to continue.",
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Jk8lZ1xC4vB7nM?t=1718000660",
     "type": "invalid_request_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"424 external dependency failed", 424, stripeBody(424, `{
   "error": {
     "message": "The request couldn't be completed due to a failure in a dependency external to Stripe.",
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Vb3nM6qW9eR2tY?t=1718000720",
     "type": "api_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"500 api_error", 500, stripeBody(500, `{
   "error": {
     "message": "An unknown error occurred",
     "request_log_url": "https://dashboard.stripe.com/test/logs/req_Cx1vB4nM7qW0eR?t=1718000780",
     "type": "api_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"503 api_error", 503, stripeBody(503, `{
   "error": {
     "message": "Stripe is temporarily unavailable. Please try again later.",
     "type": "api_error"
   }
-}`), outcomeUnknown},
+}`), charges.OutcomeUnknown},
 		{"502 from a proxy, not Stripe's JSON", 0, func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			w.Header().Set("Content-Type", "text/html")
 			w.WriteHeader(http.StatusBadGateway)
 			_, _ = io.WriteString(w, "<html><head><title>502 Bad Gateway</title></head><body>502 Bad Gateway</body></html>")
-		}, outcomeUnknown},
+		}, charges.OutcomeUnknown},
 		{"timeout", 0, func(w http.ResponseWriter, r *http.Request) {
 			// The body read, the server notices the client hang up.
 			_, _ = io.Copy(io.Discard, r.Body)
 			<-r.Context().Done() // no answer until the client gives up
-		}, outcomeUnknown},
+		}, charges.OutcomeUnknown},
 		{"connection reset", 0, func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			conn, _, err := http.NewResponseController(w).Hijack()
@@ -221,8 +220,8 @@ func TestClassifyStripeAnswers(t *testing.T) {
 				panic(err)
 			}
 			conn.Close()
-		}, outcomeUnknown},
-		{"connection refused", 0, nil, outcomeUnknown},
+		}, charges.OutcomeUnknown},
+		{"connection refused", 0, nil, charges.OutcomeUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -234,17 +233,21 @@ func TestClassifyStripeAnswers(t *testing.T) {
 			} else {
 				t.Cleanup(srv.Close)
 			}
-			s := NewStripe(StripeConfig{SecretKey: "sk_test_answers", URL: srv.URL, Timeout: 500 * time.Millisecond})
-			rec := &idempotency.Record{ID: "ik_answers", AccountID: "acct_answers", Key: "answers"}
-			ch := dbsqlc.Charge{ID: "ch_answers", Amount: 1000, Currency: "usd", PaymentMethod: "pm_card_visa"}
-
-			_, err := s.CreatePaymentIntent(context.Background(), rec, []byte{1}, ch, true, nil)
+			s := New(Config{SecretKey: "sk_test_answers", URL: srv.URL, Timeout: 500 * time.Millisecond})
+			_, err := s.CreateIntent(context.Background(), charges.IntentRequest{Key: "idempay_ik_answers_charge",
+				Amount: 1000, Currency: "usd", PaymentMethod: "pm_card_visa", Capture: true})
 			if err == nil {
 				t.Fatal("the call succeeded")
 			}
 			got, se := classify(err)
 			if got != tc.want {
 				t.Errorf("classified %s, want %s: %v", got, tc.want, err)
+			}
+			// What the domain reads: a *charges.Refusal for a final answer,
+			// with the same outcome; any other error is unknown.
+			var r *charges.Refusal
+			if errors.As(err, &r) != (tc.want != charges.OutcomeUnknown) || r != nil && r.Outcome != tc.want {
+				t.Errorf("the domain reads %#v, want outcome %s", r, tc.want)
 			}
 			switch {
 			case tc.status != 0 && (se == nil || se.HTTPStatusCode != tc.status):

@@ -8,26 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"strings"
 	"time"
 
-	"github.com/stripe/stripe-go/v76"
-
-	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// The objects a reconciliation pass lists at Stripe, as passed to
-// Service.OnReconcile.
-const (
-	ReconcilePaymentIntent = "payment_intent"
-	ReconcileRefund        = "refund"
-)
-
-// What one reconciliation pass did with a PaymentIntent or a refund, as
-// counted in ReconcileReport and passed to Service.OnReconcile (metrics).
+// What reconciliation did with a PaymentIntent or a refund (RepairIntent,
+// RepairRefund), as counted in reconcile.Report and its metrics.
 const (
 	// ReconcileMatched: the ledger holds it, in the same state or a later one.
 	ReconcileMatched = "matched"
@@ -46,104 +34,21 @@ const (
 	ReconcileFailed = "failed"
 )
 
-// ReconcileReport counts what a pass did, by the outcomes above: with the
-// PaymentIntents it listed (Listed, Counts) and with the refunds
-// (RefundsListed, RefundCounts).
-type ReconcileReport struct {
-	Since         time.Time      `json:"since"`
-	Listed        int            `json:"listed"`
-	Counts        map[string]int `json:"counts"`
-	RefundsListed int            `json:"refunds_listed"`
-	RefundCounts  map[string]int `json:"refund_counts"`
-}
-
-// Reconcile compares what Stripe holds with the ledger, for the
-// PaymentIntents and then the refunds created since since: it settles a
-// charge or refund whose state is behind Stripe's (forward only, the way
-// its event would have), re-creates a record and ledger row that the
-// database lost, and flags what idempay never made. PaymentIntents go
-// first, so that a refund whose charge was lost too finds it re-created.
-// Each repair is one log line and one count. It is safe to run at any time
-// and from several processes: every write goes through the runner, in the
-// same guarded batches as a request or an event (repairOp, listedCharge,
-// listedRefund).
-func (s *Service) Reconcile(ctx context.Context, since time.Time) (ReconcileReport, error) {
-	report := ReconcileReport{Since: since.UTC(), Counts: map[string]int{}, RefundCounts: map[string]int{}}
-	// count records one object's outcome; a failed repair is logged and
-	// left to the next pass, unless the pass itself is ending.
-	count := func(object, id string, counts map[string]int, outcome string, err error) error {
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.log.ErrorContext(ctx, "reconcile: repair failed; the next pass tries again",
-				"object", object, "stripe_id", id, "err", err)
-			outcome = ReconcileFailed
-		}
-		counts[outcome]++
-		if s.OnReconcile != nil {
-			s.OnReconcile(object, outcome)
-		}
-		return nil
-	}
-	err := s.stripe.ListPaymentIntents(ctx, since, func(pi *stripe.PaymentIntent) error {
-		report.Listed++
-		outcome, err := s.reconcileOne(ctx, pi)
-		return count(ReconcilePaymentIntent, pi.ID, report.Counts, outcome, err)
-	})
-	if err != nil {
-		return report, err
-	}
-	err = s.stripe.ListRefunds(ctx, since, func(sr *stripe.Refund) error {
-		report.RefundsListed++
-		outcome, err := s.reconcileRefund(ctx, sr)
-		return count(ReconcileRefund, sr.ID, report.RefundCounts, outcome, err)
-	})
-	return report, err
-}
-
-// FirstReconcileAfter is how soon after start RunReconciler makes its
-// first pass (or after one interval, if that is shorter).
-const FirstReconcileAfter = 5 * time.Second
-
-// RunReconciler runs a reconciliation pass shortly after it starts
-// (FirstReconcileAfter), then every interval until ctx ends, each over a
-// window of twice the interval and at least an hour, so that consecutive
-// passes overlap and one that failed is covered by the next. The first
-// pass does not wait a whole interval: a process restarted more often than
-// that (deploys, a crash loop) would never reconcile, and the process
-// started after a failover is the one that should repair what it lost.
-func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) {
-	window := max(2*interval, time.Hour)
-	t := time.NewTimer(min(interval, FirstReconcileAfter))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		report, err := s.Reconcile(ctx, time.Now().Add(-window))
-		t.Reset(interval)
-		if err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "reconcile: pass failed", "err", err)
-			continue
-		}
-		s.log.DebugContext(ctx, "reconcile: pass done", "listed", report.Listed, "counts", report.Counts,
-			"refunds_listed", report.RefundsListed, "refund_counts", report.RefundCounts)
-	}
-}
-
-func (s *Service) reconcileOne(ctx context.Context, pi *stripe.PaymentIntent) (string, error) {
+// RepairIntent compares the PaymentIntent pi, as Stripe holds it, with the
+// ledger: matched, settled (the charge was behind, and moved forward the
+// way its event would have), recreated (the database lost the record and
+// the charge) or unknown (idempay never made it). Package reconcile lists
+// the PaymentIntents and calls it for each; every write goes through the
+// runner, in the same guarded batches as a request or an event (repairOp,
+// listedCharge).
+func (s *Service) RepairIntent(ctx context.Context, pi *PaymentIntent) (string, error) {
 	recordID := pi.Metadata[MetadataRecord]
 	if recordID == "" {
 		s.log.WarnContext(ctx, "reconcile: a PaymentIntent idempay did not make", "stripe_payment_intent_id", pi.ID)
 		return ReconcileUnknown, nil
 	}
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{
-		StripePaymentIntentID: nonEmpty(pi.ID), RecordID: &recordID,
-	})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, err := s.st.chargeAtStripe(ctx, nonEmpty(pi.ID), nil, &recordID)
+	if errors.Is(err, ErrNotFound) {
 		return s.recreate(ctx, pi, recordID)
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
@@ -169,7 +74,7 @@ func (s *Service) reconcileOne(ctx context.Context, pi *stripe.PaymentIntent) (s
 // retry of the key then replays. The record is the request's: its account,
 // key and fingerprint are in the PaymentIntent's metadata and must derive
 // the very record id there, or the PaymentIntent is flagged.
-func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, recordID string) (string, error) {
+func (s *Service) recreate(ctx context.Context, pi *PaymentIntent, recordID string) (string, error) {
 	req, accountID, ok := requestOf(pi.Metadata, recordID, RouteCharges)
 	if !ok {
 		s.log.WarnContext(ctx, "reconcile: a PaymentIntent whose idempay_record its metadata do not derive; not re-created",
@@ -177,8 +82,8 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 		return ReconcileUnknown, nil
 	}
 	// The ledger row as the request made it, from the PaymentIntent.
-	p := chargeParams{Amount: &pi.Amount, Currency: (*string)(&pi.Currency)}
-	if pi.CaptureMethod == stripe.PaymentIntentCaptureMethodManual {
+	p := chargeParams{Amount: &pi.Amount, Currency: &pi.Currency}
+	if pi.CaptureManual {
 		no := false
 		p.Capture = &no
 	}
@@ -186,8 +91,8 @@ func (s *Service) recreate(ctx context.Context, pi *stripe.PaymentIntent, record
 		p.Description = &pi.Description
 	}
 	pm := "unknown"
-	if pi.PaymentMethod != nil && pi.PaymentMethod.ID != "" {
-		pm = pi.PaymentMethod.ID
+	if pi.PaymentMethod != "" {
+		pm = pi.PaymentMethod
 	}
 	p.PaymentMethod = &pm
 	p.Metadata = maps.Clone(pi.Metadata)
@@ -223,22 +128,22 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 	if err != nil || accountID == "" || key == "" || idempotency.RecordID(scope, key, fingerprint) != recordID {
 		return idempotency.Request{}, "", false
 	}
-	return idempotency.Request{Scope: scope, Key: key, Method: http.MethodPost, Route: route, Path: route,
+	return idempotency.Request{Scope: scope, Key: key, Method: methodPost, Route: route, Path: route,
 		Fingerprint: fingerprint}, accountID, true
 }
 
-// reconcileRefund is reconcileOne for a refund: matched, settled forward
-// the way its refund.updated event would have moved it (a refund left
+// RepairRefund is RepairIntent for a refund: matched, settled forward the
+// way its refund.updated event would have moved it (a refund left
 // processing by a 409 downstream-key-conflict is settled here too), or
 // re-created when the database lost it.
-func (s *Service) reconcileRefund(ctx context.Context, sr *stripe.Refund) (string, error) {
+func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, error) {
 	recordID := sr.Metadata[MetadataRecord]
 	if recordID == "" {
 		s.log.WarnContext(ctx, "reconcile: a refund idempay did not make", "stripe_refund_id", sr.ID)
 		return ReconcileUnknown, nil
 	}
-	rf, err := s.q.RefundFindForEvent(ctx, s.pool, &dbsqlc.RefundFindForEventParams{StripeRefundID: nonEmpty(sr.ID), RecordID: &recordID})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), &recordID)
+	if errors.Is(err, ErrNotFound) {
 		return s.recreateRefund(ctx, sr, recordID)
 	} else if err != nil {
 		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
@@ -268,17 +173,17 @@ func (s *Service) reconcileRefund(ctx context.Context, sr *stripe.Refund) (strin
 // finish taking Stripe's answer from the refund Stripe holds. The charge must be in the ledger
 // (the PaymentIntents, listed first, re-create a lost one) and the
 // account's.
-func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordID string) (string, error) {
+func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID string) (string, error) {
 	req, accountID, ok := requestOf(sr.Metadata, recordID, RouteRefunds)
-	if !ok || sr.PaymentIntent == nil || sr.PaymentIntent.ID == "" {
+	if !ok || sr.IntentID == "" {
 		s.log.WarnContext(ctx, "reconcile: a refund whose idempay_record its metadata do not derive; not re-created",
 			"stripe_refund_id", sr.ID, "idempay_record", recordID)
 		return ReconcileUnknown, nil
 	}
-	ch, err := s.q.ChargeFindForEvent(ctx, s.pool, &dbsqlc.ChargeFindForEventParams{StripePaymentIntentID: &sr.PaymentIntent.ID})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) {
+	ch, err := s.st.chargeAtStripe(ctx, &sr.IntentID, nil, nil)
+	if errors.Is(err, ErrNotFound) {
 		return "", fmt.Errorf("re-creating refund record %s: its charge (PaymentIntent %s) is not in the ledger; a pass over a window that covers the charge re-creates it first",
-			recordID, sr.PaymentIntent.ID)
+			recordID, sr.IntentID)
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of refund %s: %w", sr.ID, err)
 	}
@@ -312,14 +217,14 @@ func (s *Service) recreateRefund(ctx context.Context, sr *stripe.Refund, recordI
 // decline Stripe answered that request with (402).
 type listedCharge struct {
 	chargeOp
-	pi *stripe.PaymentIntent
+	pi *PaymentIntent
 }
 
 // Call answers with the listed PaymentIntent.
 func (op *listedCharge) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
 	if intentStatus(op.pi) == "failed" && op.pi.LastPaymentError != nil {
 		se := *op.pi.LastPaymentError
-		se.HTTPStatusCode, se.PaymentIntent = http.StatusPaymentRequired, op.pi
+		se.Outcome, se.PaymentIntent = OutcomeDeclined, op.pi
 		return op.answer(rec, nil, &se)
 	}
 	return op.answer(rec, op.pi, nil)
@@ -328,7 +233,7 @@ func (op *listedCharge) Call(_ context.Context, rec *idempotency.Record) idempot
 // listedRefund is listedCharge for a refund (recreateRefund).
 type listedRefund struct {
 	refundOp
-	sr *stripe.Refund
+	sr *StripeRefund
 }
 
 // Call answers with the listed refund.
@@ -354,7 +259,7 @@ func (s *Service) repair(ctx context.Context, op *repairOp, id, status string) (
 	if err != nil {
 		return false, fmt.Errorf("encoding the repair of %s: %w", id, err)
 	}
-	req, err := idempotency.Prepare(ReconcileScope, id+"@"+status, http.MethodPost, RouteReconcile, RouteReconcile,
+	req, err := idempotency.Prepare(ReconcileScope, id+"@"+status, methodPost, RouteReconcile, RouteReconcile,
 		bytes.NewReader(body), idempotency.MaxBodyBytes)
 	if err != nil {
 		return false, err
@@ -376,8 +281,8 @@ func (s *Service) repair(ctx context.Context, op *repairOp, id, status string) (
 // finished from outside its own request (idempotency.Runner.Settle).
 type repairOp struct {
 	s  *Service
-	pi *stripe.PaymentIntent
-	sr *stripe.Refund
+	pi *PaymentIntent
+	sr *StripeRefund
 	// outcome is what apply did (none on a replay).
 	outcome EventOutcome
 }
@@ -397,7 +302,7 @@ func (op *repairOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	if strings.HasPrefix(id, "re_") {
 		op.sr, err = op.s.stripe.GetRefund(ctx, id)
 	} else {
-		op.pi, err = op.s.stripe.GetPaymentIntent(ctx, id)
+		op.pi, err = op.s.stripe.GetIntent(ctx, id)
 	}
 	return err
 }
@@ -426,12 +331,12 @@ func (op *repairOp) apply(ctx context.Context, b *idempotency.Batch) (idempotenc
 	if err != nil {
 		return idempotency.Response{}, fmt.Errorf("encoding the repair of %s: %w", id, err)
 	}
-	return idempotency.Response{Status: http.StatusOK, Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: body}, nil
+	return idempotency.Response{Status: 200, Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: body}, nil
 }
 
 // settleIntent moves the charge of pi forward to pi's state, guarded by the
 // version read, or tells that the ledger holds it already (stale).
-func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *stripe.PaymentIntent) (EventOutcome, error) {
+func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *PaymentIntent) (EventOutcome, error) {
 	ch, found, err := s.chargeOfIntent(ctx, pi)
 	if err != nil {
 		return "", err

@@ -3,20 +3,9 @@ package charges
 import (
 	"context"
 	"fmt"
-	"net/http"
-
-	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/internal/apierror"
-	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/pgtext"
-)
-
-// A charge's capture method, as stored in charges.capture_method.
-const (
-	captureAutomatic = "automatic"
-	captureManual    = "manual"
 )
 
 // The actions that move an authorization on, as stored in
@@ -25,60 +14,6 @@ const (
 	actionCapture = "capture"
 	actionCancel  = "cancel"
 )
-
-// intentStatus maps a PaymentIntent's status onto the ledger's. A
-// PaymentIntent that wants a payment method after its confirmation failed
-// (last_payment_error) is a failed charge; without that error, it is what
-// stripe-mock, which is stateless, answers to every request: the charge
-// stays pending until an event settles it.
-func intentStatus(pi *stripe.PaymentIntent) string {
-	switch pi.Status {
-	case stripe.PaymentIntentStatusSucceeded:
-		return "succeeded"
-	case stripe.PaymentIntentStatusRequiresCapture:
-		return "requires_capture"
-	case stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
-		return "requires_action"
-	case stripe.PaymentIntentStatusCanceled:
-		return "canceled"
-	case stripe.PaymentIntentStatusRequiresPaymentMethod:
-		if pi.LastPaymentError != nil {
-			return "failed"
-		}
-		return "pending"
-	default: // processing
-		return "pending"
-	}
-}
-
-// applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
-// amounts, the customer's next step and the reason of a failure. The next
-// step is kept only when it is a redirect (next_action.redirect_to_url, 3-D
-// Secure's page): the one kind a customer can follow without Stripe.js. A
-// next action of another type (use_stripe_sdk ...) leaves the charge
-// requires_action with no URL, shown as next_action null, and Stripe's
-// events settle it like any other.
-func applyIntent(ch *dbsqlc.Charge, pi *stripe.PaymentIntent) {
-	ch.Status = intentStatus(pi)
-	ch.StripePaymentIntentID = nonEmpty(pi.ID)
-	if pi.LatestCharge != nil && pi.LatestCharge.ID != "" {
-		ch.StripeChargeID = &pi.LatestCharge.ID
-	}
-	ch.AmountCapturable = min(max(pi.AmountCapturable, 0), ch.Amount)
-	ch.AmountCaptured = min(max(pi.AmountReceived, ch.AmountCaptured, 0), ch.Amount)
-	ch.NextActionUrl = nil
-	if pi.NextAction != nil && pi.NextAction.RedirectToURL != nil && pi.NextAction.RedirectToURL.URL != "" {
-		u := pgtext.Truncate(pi.NextAction.RedirectToURL.URL, 2048)
-		ch.NextActionUrl = &u
-	}
-	if ch.Status == "failed" && pi.LastPaymentError != nil {
-		ch.FailureCode = cmpOr(nonEmpty(failureCode(pi.LastPaymentError)), ch.FailureCode)
-		ch.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(pi.LastPaymentError.Msg, 1000)), ch.FailureMessage)
-	}
-	if ch.Status != "requires_capture" {
-		ch.AmountCapturable = 0
-	}
-}
 
 // pendingOp captures or cancels an authorized charge: a request of its own
 // (its record, its downstream key, step "capture" or "cancel"), whose ledger
@@ -94,7 +29,7 @@ type pendingOp struct {
 	chargeID  string
 	// amount is the capture's amount; 0 captures all that is capturable.
 	amount int64
-	charge dbsqlc.Charge
+	charge chargeRow
 }
 
 // notAllowed is the refusal of an action on a charge in the wrong state.
@@ -118,7 +53,7 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
 		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
 	}
-	ch, err := op.s.q.ChargeGetByID(ctx, op.s.pool, &dbsqlc.ChargeGetByIDParams{AccountID: op.accountID, ID: op.chargeID})
+	ch, err := op.s.st.charge(ctx, op.accountID, op.chargeID)
 	if err := readErr(err, "charge"); err != nil {
 		return err
 	}
@@ -144,15 +79,11 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if op.amount > 0 {
 		amount = &op.amount
 	}
-	if err := op.s.q.ChargeBeginPending(ctx, b, &dbsqlc.ChargeBeginPendingParams{
-		ID: ch.ID, Version: ch.Version, PendingAction: &op.action, PendingRecordID: &rec.ID, PendingAmount: amount,
-	}); err != nil {
-		return err
-	}
+	read := ch.Version
 	ch.Version++
 	ch.PendingAction, ch.PendingRecordID, ch.PendingAmount = &op.action, &rec.ID, amount
 	op.charge = ch
-	return nil
+	return op.s.st.beginPending(ctx, b, ch, read)
 }
 
 // notSettled is the refusal of a capture or cancel of a charge still
@@ -169,7 +100,7 @@ func notSettled(chargeID, action string) *apierror.Error {
 
 // Load reads the charge of a capture or cancel begun elsewhere.
 func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
-	ch, err := op.s.q.ChargeGetByPendingRecord(ctx, op.s.pool, &rec.ID)
+	ch, err := op.s.st.chargeOfPending(ctx, rec.ID)
 	if err != nil {
 		return fmt.Errorf("loading the charge of %s %s: %w", op.action, rec.ID, err)
 	}
@@ -190,15 +121,15 @@ func (op *pendingOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // is a refusal that stores nothing.)
 func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
-	var pi *stripe.PaymentIntent
+	var pi *PaymentIntent
 	var err error
 	if op.action == actionCapture {
-		pi, err = op.s.stripe.CapturePaymentIntent(ctx, rec, *ch.StripePaymentIntentID, op.amount)
+		pi, err = op.s.stripe.CaptureIntent(ctx, rec.DownstreamKey(StepCapture), *ch.StripePaymentIntentID, op.amount)
 	} else {
-		pi, err = op.s.stripe.CancelPaymentIntent(ctx, rec, *ch.StripePaymentIntentID)
+		pi, err = op.s.stripe.CancelIntent(ctx, rec.DownstreamKey(StepCancel), *ch.StripePaymentIntentID)
 	}
 	kind, se := classify(err)
-	if kind == outcomeUnknown {
+	if kind == OutcomeUnknown {
 		return idempotency.Unknown(err)
 	}
 	updated := ch
@@ -206,13 +137,13 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 	updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
 	// Stripe's answer, or its refusal, carries the PaymentIntent as it is:
 	// settle forward from it, never backward.
-	if kind != outcomeOK && se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
+	if kind != OutcomeOK && se.PaymentIntent != nil && se.PaymentIntent.ID == *ch.StripePaymentIntentID {
 		pi = se.PaymentIntent
 	}
 	switch {
 	case pi != nil && chargeRank[intentStatus(pi)] > chargeRank[ch.Status]:
 		applyIntent(&updated, pi)
-	case kind == outcomeOK:
+	case kind == OutcomeOK:
 		// A 200 to a capture is a capture, to a cancel a cancel, whatever
 		// the object says (stripe-mock answers every call with one fixed
 		// PaymentIntent that has not moved).
@@ -228,10 +159,7 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 		}
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-		if err := op.s.q.ChargeSettlePending(ctx, b, &dbsqlc.ChargeSettlePendingParams{
-			ID: ch.ID, Version: ch.Version, Status: updated.Status, StripeChargeID: updated.StripeChargeID,
-			AmountCapturable: updated.AmountCapturable, AmountCaptured: updated.AmountCaptured,
-		}); err != nil {
+		if err := op.s.st.settlePending(ctx, b, updated, ch.Version); err != nil {
 			return idempotency.Response{}, err
 		}
 		updated.NextActionUrl = nil
@@ -245,15 +173,15 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 			}
 		}
 		switch kind {
-		case outcomeConflict:
+		case OutcomeConflict:
 			// The pending mark is cleared, the state left: Stripe's events
 			// or reconciliation move the charge to what Stripe holds.
 			return op.s.keyConflict(ctx, rec, op.action, "charge", ch.ID, se), nil
-		case outcomeDeclined, outcomeRejected:
-			return op.refusedResponse(kind, se), nil
+		case OutcomeDeclined, OutcomeRejected:
+			return op.refusedResponse(se), nil
 		}
 		return idempotency.Response{
-			Status:  http.StatusOK,
+			Status:  200,
 			Headers: idempotency.Headers{ContentType: contentTypeJSON},
 			Body:    data,
 		}, nil
@@ -265,6 +193,51 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 // PaymentIntent was captured, canceled or expired outside this ledger) 422
 // payment-rejected with Stripe's reason, as for a charge. Both are final and
 // replayed; the charge itself was settled forward from Stripe's answer.
-func (op *pendingOp) refusedResponse(kind outcome, se *stripe.Error) idempotency.Response {
-	return failedResponse(kind, se, "charge", op.chargeID)
+func (op *pendingOp) refusedResponse(se *Refusal) idempotency.Response {
+	return failedResponse(se, "charge", op.chargeID)
 }
+
+// NewCapture validates req, a capture of the account's charge chargeID,
+// into its command. The charge id is not looked up here: the operation's
+// Begin refuses one that names no charge, after the key and body were
+// checked, as for every POST.
+func (s *Service) NewCapture(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p captureParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
+	}
+	op := &pendingOp{s: s, action: actionCapture, accountID: accountID, chargeID: chargeID}
+	if p.Amount != nil {
+		op.amount = *p.Amount
+	}
+	return &Command{Request: req, op: op}, nil
+}
+
+// NewCancel validates req, a cancel of the account's charge chargeID, into
+// its command (see NewCapture).
+func (s *Service) NewCancel(accountID, chargeID string, req idempotency.Request) (*Command, error) {
+	var p cancelParams
+	if err := validate(&req, &p); err != nil {
+		return nil, err
+	}
+	return &Command{Request: req, op: &pendingOp{s: s, action: actionCancel, accountID: accountID, chargeID: chargeID}}, nil
+}
+
+// captureParams is the body of POST /v1/charges/{id}/capture.
+type captureParams struct {
+	// Amount is what to capture, at most what is capturable; nil captures
+	// all of it. The rest of the authorization is released.
+	Amount *int64 `json:"amount"`
+}
+
+func (p *captureParams) Validate() error {
+	if bad := validateAmount("amount", p.Amount, false); len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// cancelParams is the body of POST /v1/charges/{id}/cancel: nothing.
+type cancelParams struct{}
+
+func (p *cancelParams) Validate() error { return nil }

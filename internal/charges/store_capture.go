@@ -1,0 +1,33 @@
+package charges
+
+import (
+	"context"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// chargeOfPending is the charge whose capture or cancel is the record
+// recordID.
+func (st store) chargeOfPending(ctx context.Context, recordID string) (chargeRow, error) {
+	ch, err := found(st.q.ChargeGetByPendingRecord(ctx, st.pool, &recordID))
+	return chargeRow(ch), err
+}
+
+// beginPending marks ch's capture or cancel (its pending fields) in
+// flight, guarded by the version ch was read at.
+func (st store) beginPending(ctx context.Context, b *idempotency.Batch, ch chargeRow, readVersion int64) error {
+	return st.q.ChargeBeginPending(ctx, b, &dbsqlc.ChargeBeginPendingParams{
+		ID: ch.ID, Version: readVersion, PendingAction: ch.PendingAction, PendingRecordID: ch.PendingRecordID,
+		PendingAmount: ch.PendingAmount,
+	})
+}
+
+// settlePending writes the outcome of a capture or cancel and clears its
+// mark, guarded by the version the charge was read at.
+func (st store) settlePending(ctx context.Context, b *idempotency.Batch, ch chargeRow, readVersion int64) error {
+	return st.q.ChargeSettlePending(ctx, b, &dbsqlc.ChargeSettlePendingParams{
+		ID: ch.ID, Version: readVersion, Status: ch.Status, StripeChargeID: ch.StripeChargeID,
+		AmountCapturable: ch.AmountCapturable, AmountCaptured: ch.AmountCaptured,
+	})
+}

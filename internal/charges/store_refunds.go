@@ -1,0 +1,52 @@
+package charges
+
+import (
+	"context"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// chargeForRefund is the account's charge id as a refund refundID of it
+// checks it: with the count of its open or lost disputes, and whether the
+// refund exists already.
+func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID string) (ch chargeRow, blockingDisputes int64, refundExists bool, err error) {
+	row, err := found(st.q.ChargeGetForRefund(ctx, st.pool, &dbsqlc.ChargeGetForRefundParams{AccountID: accountID, ID: id, RefundID: refundID}))
+	return chargeRow(row.Charge), row.BlockingDisputes, row.RefundExists, err
+}
+
+// reserveRefund locks the charge row, then reserves amount of it for a
+// refund (amount_refunded), checking again there what the refund's read
+// checked.
+func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
+	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
+		return err
+	}
+	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount})
+}
+
+// releaseRefund gives back the reservation of a refund that refunded
+// nothing.
+func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow) error {
+	return st.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID})
+}
+
+// refundOfRecord is the refund that the record recordID created.
+func (st store) refundOfRecord(ctx context.Context, recordID string) (refundRow, error) {
+	rf, err := found(st.q.RefundGetByIdempotencyKeyID(ctx, st.pool, &recordID))
+	return refundRow(rf), err
+}
+
+func (st store) insertRefund(ctx context.Context, b *idempotency.Batch, rf refundRow) error {
+	return st.q.RefundInsert(ctx, b, &dbsqlc.RefundInsertParams{ID: rf.ID, AccountID: rf.AccountID,
+		IdempotencyKeyID: rf.IdempotencyKeyID, ChargeID: rf.ChargeID, Amount: rf.Amount})
+}
+
+// setRefundOutcome writes the outcome of the refund's own request, guarded
+// by the version it was read at.
+func (st store) setRefundOutcome(ctx context.Context, b *idempotency.Batch, rf refundRow, readVersion int64) error {
+	return st.q.RefundSetOutcome(ctx, b, &dbsqlc.RefundSetOutcomeParams{
+		ID: rf.ID, Version: readVersion, Status: rf.Status, StripeRefundID: rf.StripeRefundID,
+		FailureCode: rf.FailureCode, FailureMessage: rf.FailureMessage,
+	})
+}

@@ -1,0 +1,183 @@
+// Package jsonbody decodes a request's JSON body strictly into a struct
+// and names every problem of it at once, as an RFC 9457 invalid-request.
+package jsonbody
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idempay/idempay/internal/apierror"
+)
+
+// Body is a request body type: a struct whose json tags name its fields,
+// with its own validation of their values.
+type Body interface{ Validate() error }
+
+// Decode decodes the JSON object raw into dst and validates it. integer
+// describes what its integer fields take ("an integer between 1 and 10"),
+// for the reason of a value that is not one.
+//
+// The decoding is strict, by github.com/go-json-experiment/json (the
+// encoding/json/v2 design) with its defaults: a name given twice in one
+// object and text that is not valid Unicode (bytes that are not UTF-8, an
+// unpaired surrogate escape) are refused, where encoding/json would keep
+// the last value or decode U+FFFD, and a proxy, a log or Stripe could read
+// another request than the ledger holds. Names match the json tags exactly
+// ("Amount" is not "amount"), and an unknown name is refused: a typo must
+// not be silently ignored in a payment.
+//
+// Every refusal is a 400. A body that breaks the grammar is an
+// invalid-json; one that gives a name twice or has invalid text is refused
+// at its first such place, which invalid_params names. Otherwise every
+// problem is reported at once, in one invalid-request: every unknown field
+// and every field of the wrong type (in the order of the body), then every
+// failed check of the other fields (dst.Validate), so a client that sends
+// a typo and a bad amount learns of both. A body that is not a JSON
+// object is refused as such.
+func Decode(raw []byte, dst Body, integer string) error {
+	// The usual body is a valid one: one decode, and the walk member by
+	// member below only when that fails, to name every problem.
+	if err := json.Unmarshal(raw, dst, json.RejectUnknownMembers(true)); err == nil {
+		return dst.Validate()
+	}
+	reflect.ValueOf(dst).Elem().SetZero() // what the failed decode left half done
+	if err := checkForm(raw); err != nil {
+		return err
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(raw))
+	if dec.PeekKind() != jsontext.KindBeginObject {
+		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
+	}
+	if _, err := dec.ReadToken(); err != nil {
+		return undecodable(err)
+	}
+	var bad []apierror.InvalidParam
+	failed := map[string]bool{} // fields already named, not validated again
+	for dec.PeekKind() != jsontext.KindEndObject {
+		// Decode this member alone, so that a problem here does not hide
+		// the others: {"name":value} into dst.
+		name, err := dec.ReadValue()
+		if err != nil {
+			return undecodable(err)
+		}
+		member := append([]byte("{"), name...)
+		value, err := dec.ReadValue()
+		if err != nil {
+			return undecodable(err)
+		}
+		member = append(append(append(member, ':'), value...), '}')
+		err = json.Unmarshal(member, dst, json.RejectUnknownMembers(true))
+		var se *json.SemanticError
+		switch {
+		case err == nil:
+			continue
+		case !errors.As(err, &se):
+			return undecodable(err)
+		case errors.Is(err, json.ErrUnknownName):
+			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is not a known parameter"})
+		default:
+			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: wrongType(se, integer)})
+		}
+		failed[baseField(paramName(se.JSONPointer))] = true
+	}
+	if err := dst.Validate(); err != nil {
+		var pe *apierror.Error
+		if !errors.As(err, &pe) || pe.Type != apierror.InvalidRequest {
+			return err
+		}
+		for _, p := range pe.InvalidParams {
+			if !failed[baseField(p.Name)] { // already named for its type
+				bad = append(bad, p)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return apierror.Invalid(bad...)
+	}
+	return nil
+}
+
+// checkForm refuses raw unless it is one JSON value in the form RFC 7493
+// (I-JSON) asks: no name twice in an object, valid Unicode text. A body
+// that is JSON but for that is an invalid-request naming the first place
+// at fault; any other is an invalid-json.
+func checkForm(raw []byte) error {
+	err := json.Unmarshal(raw, new(jsontext.Value))
+	var se *jsontext.SyntacticError
+	switch {
+	case err == nil:
+		return nil
+	case !errors.As(err, &se):
+		return undecodable(err)
+	case errors.Is(err, jsontext.ErrDuplicateName):
+		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is given more than once"})
+	case jsontext.Value(raw).IsValid(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)):
+		// JSON, but for its text: the error is about the value at the
+		// pointer, or about a name of the object there.
+		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer),
+			Reason: "must be valid UTF-8 text, and so must its keys (it has bytes that are not UTF-8, or an unpaired surrogate escape)"})
+	}
+	return undecodable(err)
+}
+
+func undecodable(err error) error {
+	return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+}
+
+// paramName is the invalid_params name of the value at p: "amount",
+// "metadata[order_id]", or "body" for the whole body.
+func paramName(p jsontext.Pointer) string {
+	name, first := "body", true
+	for token := range p.Tokens() {
+		if first {
+			name, first = token, false
+		} else {
+			name += "[" + token + "]"
+		}
+	}
+	return name
+}
+
+// baseField is the top-level field an invalid_params name is about
+// ("metadata[k]" is about metadata).
+func baseField(name string) string {
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// wrongType is the reason for a value that does not decode into its field.
+func wrongType(e *json.SemanticError, integer string) string {
+	want := "of another JSON type"
+	if e.GoType != nil {
+		switch e.GoType.Kind() {
+		case reflect.Int64:
+			want = integer
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		case reflect.Map:
+			want = "an object of string values"
+		}
+	}
+	switch e.JSONKind {
+	case jsontext.KindNumber: // of the wrong form or out of range
+		return "must be " + want
+	case jsontext.KindString:
+		return "must be " + want + ", not a JSON string"
+	case jsontext.KindBeginObject:
+		return "must be " + want + ", not a JSON object"
+	case jsontext.KindBeginArray:
+		return "must be " + want + ", not a JSON array"
+	case jsontext.KindTrue, jsontext.KindFalse:
+		return "must be " + want + ", not a JSON boolean"
+	}
+	return "must be " + want
+}

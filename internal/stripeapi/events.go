@@ -1,0 +1,87 @@
+package stripeapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+
+	"github.com/idempay/idempay/internal/charges"
+)
+
+// Event is a verified Stripe event as the payment domain applies it: its
+// object decoded when its type is one the ledger handles
+// (charges.HandledEventTypes), none otherwise. An object that does not
+// decode (a non-integer amount, a field of another type or shape) is
+// charges.ErrEventUnappliable: Stripe would send the same bytes again, so
+// no retry can apply it.
+func Event(ev *stripe.Event) (charges.Event, error) {
+	out := charges.Event{ID: ev.ID, Type: string(ev.Type), Created: time.Unix(ev.Created, 0)}
+	var err error
+	switch ev.Type {
+	case "payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
+		"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing":
+		var pi stripe.PaymentIntent
+		if err = json.Unmarshal(ev.Data.Raw, &pi); err == nil {
+			out.PaymentIntent = Intent(&pi)
+		}
+		err = unappliable(ev, "payment intent", err)
+	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
+		var sc stripe.Charge
+		if err = json.Unmarshal(ev.Data.Raw, &sc); err == nil {
+			out.Charge = charge(&sc)
+		}
+		err = unappliable(ev, "charge", err)
+	case "charge.refund.updated", "refund.updated":
+		var sr stripe.Refund
+		if err = json.Unmarshal(ev.Data.Raw, &sr); err == nil {
+			out.Refund = Refund(&sr)
+		}
+		err = unappliable(ev, "refund", err)
+	case "charge.dispute.created", "charge.dispute.closed":
+		var sd stripe.Dispute
+		if err = json.Unmarshal(ev.Data.Raw, &sd); err == nil {
+			out.Dispute = dispute(&sd)
+		}
+		err = unappliable(ev, "dispute", err)
+	}
+	return out, err
+}
+
+// unappliable is charges.ErrEventUnappliable for ev, whose object did not
+// decode as a Stripe object (what); nil when err is.
+func unappliable(ev *stripe.Event, what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: decoding the %s of event %s: %v", charges.ErrEventUnappliable, what, ev.ID, err) //nolint:errorlint // the decoding error is the reason, not for callers to match
+}
+
+// charge is Stripe's charge sc as the payment domain reads it. Its
+// failure code is the most specific reason Stripe gives: the outcome's
+// reason (generic_decline, insufficient_funds ...), else the failure code.
+func charge(sc *stripe.Charge) *charges.StripeCharge {
+	out := &charges.StripeCharge{ID: sc.ID, Status: string(sc.Status), Amount: sc.Amount, Captured: sc.Captured,
+		AmountCaptured: sc.AmountCaptured, AmountRefunded: sc.AmountRefunded,
+		FailureCode: sc.FailureCode, FailureMessage: sc.FailureMessage, Metadata: sc.Metadata}
+	if sc.Outcome != nil && sc.Outcome.Reason != "" {
+		out.FailureCode = sc.Outcome.Reason
+	}
+	if sc.PaymentIntent != nil {
+		out.IntentID = sc.PaymentIntent.ID
+	}
+	return out
+}
+
+// dispute is Stripe's dispute sd as the payment domain reads it.
+func dispute(sd *stripe.Dispute) *charges.StripeDispute {
+	out := &charges.StripeDispute{ID: sd.ID, Status: string(sd.Status), Amount: sd.Amount, Reason: string(sd.Reason)}
+	if sd.Charge != nil {
+		out.ChargeID = sd.Charge.ID
+	}
+	if sd.PaymentIntent != nil {
+		out.IntentID = sd.PaymentIntent.ID
+	}
+	return out
+}

@@ -1,0 +1,190 @@
+// Package stripeapi is the payment port (charges.Processor) over the real
+// Stripe API, or anything that imitates it over HTTP, through stripe-go:
+// the client's configuration, the calls, the reading of Stripe's answers
+// (stripeAnswers) and of its objects and events into the payment domain's
+// types. The domain itself imports neither stripe-go nor net/http.
+package stripeapi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/paymentintent"
+	"github.com/stripe/stripe-go/v76/refund"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/telemetry"
+)
+
+// DefaultReturnURL is where Stripe sends a customer back after 3-D Secure
+// when Config.ReturnURL is empty. It is part of every PaymentIntent's
+// parameters, so it must not change between attempts of one request.
+const DefaultReturnURL = "https://example.com/idempay/return"
+
+// Config configures the client.
+type Config struct {
+	SecretKey string
+	// URL is the base URL of the Stripe API (https://api.stripe.com, or
+	// stripe-mock, or a test fake).
+	URL string
+	// Timeout bounds every Stripe call. Keep it well under the idempotency
+	// lock timeout.
+	Timeout time.Duration
+	// ReturnURL is the return_url of every PaymentIntent (the page Stripe
+	// sends a customer to after authenticating); DefaultReturnURL if empty.
+	ReturnURL string
+	// Observe, when set, is called after every Stripe call with the
+	// operation ("create_charge", "create_refund"), the result class ("ok",
+	// "declined", "rejected", "unknown") and the call's latency (metrics).
+	Observe func(operation, result string, d time.Duration)
+	// TracerProvider, when set, makes every Stripe call a client span of
+	// the request's trace (telemetry.HTTPTransport).
+	TracerProvider trace.TracerProvider
+}
+
+// Client is the payment port over Stripe, with stripe-go's retries
+// switched off on purpose: an unknown outcome goes back to the idempotency
+// layer, which retries on its own schedule with the same downstream key.
+type Client struct {
+	intents   *paymentintent.Client
+	refunds   *refund.Client
+	timeout   time.Duration
+	returnURL string
+	observe   func(operation, result string, d time.Duration)
+}
+
+var _ charges.Processor = (*Client)(nil)
+
+// New builds the client.
+func New(cfg Config) *Client {
+	httpClient := &http.Client{
+		Timeout: cfg.Timeout,
+		Transport: telemetry.HTTPTransport(&http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        100,
+			MaxIdleConnsPerHost: 100,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: 5 * time.Second,
+			ForceAttemptHTTP2:   true,
+		}, cfg.TracerProvider),
+	}
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:        stripe.String(cfg.URL),
+		HTTPClient: httpClient,
+		// No retries inside the client: see the type comment. One re-send
+		// remains, by design of Go's http.Transport: a request that carries
+		// an Idempotency-Key header (and a body it can rewind) counts as
+		// replayable, so when a reused keep-alive connection turns out dead
+		// before any answer arrives, the Transport sends it once more on a
+		// new connection. That is the same request under the same
+		// downstream key, which Stripe answers once, so it is left on.
+		MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry:   stripe.Bool(false),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	returnURL := cfg.ReturnURL
+	if returnURL == "" {
+		returnURL = DefaultReturnURL
+	}
+	return &Client{
+		intents:   &paymentintent.Client{B: backend, Key: cfg.SecretKey},
+		refunds:   &refund.Client{B: backend, Key: cfg.SecretKey},
+		timeout:   cfg.Timeout,
+		returnURL: returnURL,
+		observe:   cfg.Observe,
+	}
+}
+
+// CreateIntent creates and confirms a PaymentIntent under the request's
+// downstream key. Every parameter comes from the request: manual capture
+// when the client authorizes only, and the payment method as the client
+// named it (a PaymentMethod, pm_...).
+func (c *Client) CreateIntent(ctx context.Context, req charges.IntentRequest) (*charges.PaymentIntent, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	params := &stripe.PaymentIntentParams{
+		Amount:             stripe.Int64(req.Amount),
+		Currency:           stripe.String(req.Currency),
+		Confirm:            stripe.Bool(true),
+		PaymentMethodTypes: []*string{stripe.String("card")},
+		ReturnURL:          stripe.String(c.returnURL),
+		Description:        req.Description,
+		PaymentMethod:      stripe.String(req.PaymentMethod),
+	}
+	if !req.Capture {
+		params.CaptureMethod = stripe.String(string(stripe.PaymentIntentCaptureMethodManual))
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey(req.Key)
+	for k, v := range req.Metadata {
+		params.AddMetadata(k, v)
+	}
+	start := time.Now()
+	pi, err := c.intents.New(params)
+	if err := c.observed("create_charge", start, err, "creating payment intent"); err != nil {
+		return nil, err
+	}
+	return Intent(pi), nil
+}
+
+// observed reports one call to the Observe hook, if any, and reads its
+// error: nil, a *charges.Refusal for a definite answer (stripeAnswers), or
+// for an unknown outcome the error as stripe-go gave it.
+func (c *Client) observed(operation string, start time.Time, err error, doing string) error {
+	kind, se := classify(err)
+	if c.observe != nil {
+		c.observe(operation, kind.String(), time.Since(start))
+	}
+	switch {
+	case err == nil:
+		return nil
+	case kind == charges.OutcomeUnknown:
+		return fmt.Errorf("stripe: %s: %w", doing, err)
+	}
+	r := refusal(se)
+	r.Outcome, r.Err = kind, fmt.Errorf("stripe: %s: %w", doing, err)
+	return r
+}
+
+// Intent is pi as the payment domain reads it. The customer's next step is
+// kept only when it is a redirect (next_action.redirect_to_url, 3-D
+// Secure's page): the one kind a customer can follow without Stripe.js. A
+// next action of another type (use_stripe_sdk ...) has no URL.
+func Intent(pi *stripe.PaymentIntent) *charges.PaymentIntent {
+	out := &charges.PaymentIntent{
+		ID: pi.ID, Status: string(pi.Status), Amount: pi.Amount, Currency: string(pi.Currency),
+		CaptureManual: pi.CaptureMethod == stripe.PaymentIntentCaptureMethodManual,
+		Description:   pi.Description, AmountCapturable: pi.AmountCapturable, AmountReceived: pi.AmountReceived,
+		Metadata: pi.Metadata,
+	}
+	if pi.PaymentMethod != nil {
+		out.PaymentMethod = pi.PaymentMethod.ID
+	}
+	if pi.LatestCharge != nil {
+		out.LatestCharge = pi.LatestCharge.ID
+	}
+	if pi.NextAction != nil && pi.NextAction.RedirectToURL != nil {
+		out.NextActionURL = pi.NextAction.RedirectToURL.URL
+	}
+	if se := pi.LastPaymentError; se != nil {
+		out.LastPaymentError = &charges.Refusal{Outcome: charges.OutcomeDeclined,
+			Code: string(se.Code), DeclineCode: string(se.DeclineCode), Message: se.Msg, ChargeID: se.ChargeID}
+	}
+	return out
+}
+
+// refusal is Stripe's error answer se as the payment domain reads it; its
+// Outcome is the caller's to set (classify).
+func refusal(se *stripe.Error) *charges.Refusal {
+	r := &charges.Refusal{Code: string(se.Code), DeclineCode: string(se.DeclineCode), Message: se.Msg, ChargeID: se.ChargeID}
+	if se.PaymentIntent != nil {
+		r.PaymentIntent = Intent(se.PaymentIntent)
+	}
+	return r
+}
