@@ -92,10 +92,27 @@ func (r *runner) replayed(rep reply, c charge) bool {
 	return rep.replayed
 }
 
+// replay retries finished keys at random over the run's charges, most of
+// them made seconds before.
 func (r *runner) replay(ctx context.Context) Result {
 	cs := r.kept(false)
-	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
-		c := cs[(w*7919+i*31)%len(cs)]
+	return r.replayKeys(ctx, ScenarioReplay, func(w, i int) charge { return cs[(w*7919+i*31)%len(cs)] })
+}
+
+// retry retries the keys that follow their request: each worker sends the
+// retry of one of the newest charges, again and again, as a client does
+// whose answer was lost, so the record it reads was just written.
+func (r *runner) retry(ctx context.Context) Result {
+	cs := r.kept(false)
+	cs = cs[max(0, len(cs)-r.cfg.Concurrency):]
+	return r.replayKeys(ctx, ScenarioRetry, func(w, _ int) charge { return cs[w%len(cs)] })
+}
+
+// replayKeys posts again, with the same body, the charge pick names; the
+// answer must be the stored one.
+func (r *runner) replayKeys(ctx context.Context, name string, pick func(w, i int) charge) Result {
+	return r.drive(ctx, name, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
+		c := pick(w, i)
 		rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 		o := statusOutcome(rep, err, http.StatusCreated)
 		if o.ok && !r.replayed(rep, c) {
