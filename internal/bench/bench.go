@@ -32,7 +32,7 @@ import (
 const (
 	ScenarioFirst     = "first"      // POST /v1/charges with a new key each time
 	ScenarioReplay    = "replay"     // POST again with a key that finished, at random
-	ScenarioRetry     = "retry"      // POST again with one of the newest keys: the retry that follows its request
+	ScenarioRetry     = "retry"      // POST again with the newest keys, in order: the retry that follows its request
 	ScenarioConflict  = "conflict"   // POST with a key whose first request is held at Stripe: 409
 	ScenarioRead      = "read"       // GET /v1/charges/{id}
 	ScenarioRawFirst  = "raw-first"  // the first-request SQL, straight from a Go loop
@@ -51,6 +51,7 @@ const (
 	conflictRound        = 10 * time.Second // a held key is rotated well before the Stripe timeout
 	conflictHeldKeys     = 4
 	seedCharges          = 2000
+	retryKeys            = 4096 // the newest charges the retry scenario retries
 )
 
 // Config is one bench run.
