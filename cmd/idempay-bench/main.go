@@ -43,7 +43,7 @@ func run(args []string) error {
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs in each round")
 	concurrency := fs.Int("concurrency", 32, "concurrent workers (HTTP requests or raw database loops in flight)")
 	scenarios := fs.String("scenarios", strings.Join(bench.AllScenarios, ","),
-		"comma-separated: first, first-<N>acct (first requests over N accounts), replay, conflict, read, raw-first, raw-replay (raw = both), floor (GET /healthz), all; with -peer the default is first,replay")
+		"comma-separated: first, first-<N>acct (first requests over N accounts), replay (keys at random), retry (the newest keys: retries that follow their request), conflict, read, raw-first, raw-replay (raw = both), floor (GET /healthz), all; with -peer the default is first,replay")
 	rate := fs.Float64("rate", 0, "pace to this many requests/s in total (open loop; 0 = as fast as possible)")
 	target := fs.String("target", "", "base URL of an already running API on the same database (default: start one)")
 	server := fs.String("idempay", "", "the idempay binary to start as `serve` (default: idempay beside this binary)")

@@ -46,6 +46,11 @@
 --   that requests rarely write (accounts, keys, disputes, Stripe's events,
 --   webhooks) say their lengths as CHECK (char_length(x) <= n): there the
 --   cost does not matter, and the CHECK says the rule in words.
+-- - A JSON document that the database stores and hands back but never looks
+--   into (a record's stored headers, a charge's metadata, an event's data)
+--   is json, kept as the server wrote it: jsonb would parse and rebuild it
+--   at every write and print it again at every read, work nothing here
+--   uses. A replay returns its stored headers as they were written.
 -- - No trigger, and no copy of a value kept beside the row that owns it.
 --   Where an index makes an update cost more (see charges), the cost is
 --   chosen here and measured, not hidden in a second table.
@@ -163,7 +168,7 @@ CREATE TABLE idempotency_keys (
     next_attempt_at     timestamptz NOT NULL DEFAULT now(),
     last_error          varchar(1000),
     response_status     integer CHECK (response_status BETWEEN 100 AND 599),
-    response_headers    jsonb,
+    response_headers    json,
     response_body       bytea,
     created_at          timestamptz NOT NULL DEFAULT now(),
     updated_at          timestamptz NOT NULL DEFAULT now(),
@@ -258,7 +263,7 @@ CREATE TABLE charges (
     currency                 text NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
     payment_method           varchar(255) NOT NULL,
     description              varchar(1000),
-    metadata                 jsonb NOT NULL DEFAULT '{}',
+    metadata                 json NOT NULL DEFAULT '{}',
     capture_method           charge_capture_method NOT NULL DEFAULT 'automatic',
     status                   charge_status NOT NULL DEFAULT 'processing',
     amount_capturable        bigint NOT NULL DEFAULT 0,
@@ -413,7 +418,7 @@ CREATE TABLE events (
     object_id      varchar(64) NOT NULL,
     object_version bigint NOT NULL CHECK (object_version > 0),
     -- The object as the API showed it when the event happened.
-    data           jsonb NOT NULL,
+    data           json NOT NULL,
     created_at     timestamptz NOT NULL DEFAULT now(),
     published_at   timestamptz
 );

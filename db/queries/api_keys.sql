@@ -8,8 +8,9 @@ VALUES (@id, @account_id, @key_hash, @prefix, @idempotency_key_id);
 -- request reads, once, from the database. A plain read: it takes no lock,
 -- waits on none and writes nothing, so the requests of one key never queue
 -- behind each other, and a revocation holds from the moment it commits, in
--- every process (I11, I15).
-SELECT k.id AS key_id, a.id, a.name, a.created_at, a.idempotency_mode
+-- every process (I11, I15). Of the account it reads what a request uses:
+-- its id, and its idempotency mode for the rollout adapter.
+SELECT k.id AS key_id, k.account_id, a.idempotency_mode
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.key_hash = @key_hash AND k.revoked_at IS NULL;
 

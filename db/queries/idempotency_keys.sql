@@ -56,10 +56,11 @@ FROM idempotency_keys WHERE scope = @scope AND key = @key;
 -- key "" never has one: keys are 1..255 characters). No row at all: the API
 -- key is unknown or revoked, and the request is refused before anything of
 -- the idempotency table is read for it (the record is joined to an active
--- key's account only). Both lookups are unique-index scans (api_keys.key_hash,
--- idempotency_keys (scope, key)).
-SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_created_at,
-       a.idempotency_mode, k.id AS key_id,
+-- key's account only). Of the account it reads the idempotency mode only,
+-- which the rollout adapter needs on every POST; the scope is the key's
+-- account_id. All three lookups are unique-index scans (api_keys.key_hash,
+-- accounts.id, idempotency_keys (scope, key)).
+SELECT k.account_id, a.idempotency_mode, k.id AS key_id,
        ik.id, ik.request_fingerprint, coalesce(ik.recovery_point::text, '')::text AS recovery_point, ik.lock_generation,
        (ik.locked_at IS NOT NULL
         AND ik.locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
@@ -67,7 +68,7 @@ SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_creat
        ik.response_status, ik.response_headers, ik.response_body
 FROM api_keys k
 JOIN accounts a ON a.id = k.account_id
-LEFT JOIN idempotency_keys ik ON ik.scope = a.id AND ik.key = @key
+LEFT JOIN idempotency_keys ik ON ik.scope = k.account_id AND ik.key = @key
 WHERE k.key_hash = @key_hash AND k.revoked_at IS NULL;
 
 -- name: IdempotencyKeyFinish :exec

@@ -46,7 +46,10 @@ const (
 // Account is the authenticated caller, as handlers see it: never with a
 // key's hash.
 type Account struct {
-	ID        string
+	ID string
+	// Name and CreatedAt are set where an account is created or read whole
+	// (Create, Get); an authenticated request's Account (Authenticator)
+	// holds its ID, Mode and KeyID only, what a request uses.
 	Name      string
 	CreatedAt time.Time
 	// Mode is the account's idempotency mode.

@@ -53,8 +53,8 @@ func NewAuthenticator(db dbsqlc.DBTX, runner *idempotency.Runner) *Authenticator
 	return &Authenticator{db: db, runner: runner, used: map[string]struct{}{}}
 }
 
-// Authenticate returns the account that owns key (with the key's id), or
-// db.ErrNotFound for an unknown or revoked key.
+// Authenticate returns the account that owns key (its id and mode, with the
+// key's id), or db.ErrNotFound for an unknown or revoked key.
 func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, error) {
 	hash := hashKey(key)
 	row, err := dbsqlc.New().APIKeyAuthenticate(ctx, a.db, hash[:])
@@ -62,7 +62,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, 
 		return Account{}, db.NotFound(err)
 	}
 	a.noteUse(row.KeyID)
-	return Account{ID: row.ID, Name: row.Name, CreatedAt: row.CreatedAt, Mode: row.IdempotencyMode, KeyID: row.KeyID}, nil
+	return Account{ID: row.AccountID, Mode: row.IdempotencyMode, KeyID: row.KeyID}, nil
 }
 
 // AuthenticateWithRecord is Authenticate for a mutating request that sent
@@ -82,7 +82,7 @@ func (a *Authenticator) AuthenticateWithRecord(ctx context.Context, key, idempot
 		return Account{}, idempotency.Caller{}, err
 	}
 	a.noteUse(c.KeyID)
-	return Account{ID: c.AccountID, Name: c.AccountName, CreatedAt: c.AccountCreatedAt, Mode: c.Mode, KeyID: c.KeyID}, c, nil
+	return Account{ID: c.AccountID, Mode: c.Mode, KeyID: c.KeyID}, c, nil
 }
 
 // noteUse adds a key's id to those NoteUses writes next.

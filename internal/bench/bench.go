@@ -31,7 +31,8 @@ import (
 // Scenario names, in the order they run.
 const (
 	ScenarioFirst     = "first"      // POST /v1/charges with a new key each time
-	ScenarioReplay    = "replay"     // POST again with a key that finished
+	ScenarioReplay    = "replay"     // POST again with a key that finished, at random
+	ScenarioRetry     = "retry"      // POST again with the newest keys, in order: the retry that follows its request
 	ScenarioConflict  = "conflict"   // POST with a key whose first request is held at Stripe: 409
 	ScenarioRead      = "read"       // GET /v1/charges/{id}
 	ScenarioRawFirst  = "raw-first"  // the first-request SQL, straight from a Go loop
@@ -41,7 +42,7 @@ const (
 
 // AllScenarios is the default -scenarios list. "raw" in a list means both
 // raw scenarios.
-var AllScenarios = []string{ScenarioFirst, ScenarioReplay, ScenarioConflict, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay, ScenarioFloor}
+var AllScenarios = []string{ScenarioFirst, ScenarioReplay, ScenarioRetry, ScenarioConflict, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay, ScenarioFloor}
 
 // Limits that bound every loop in count as well as in time.
 const (
@@ -50,6 +51,7 @@ const (
 	conflictRound        = 10 * time.Second // a held key is rotated well before the Stripe timeout
 	conflictHeldKeys     = 4
 	seedCharges          = 2000
+	retryKeys            = 4096 // the newest charges the retry scenario retries
 )
 
 // Config is one bench run.
@@ -214,7 +216,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		for _, s := range scen {
 			if !peerScenario(s) {
-				return nil, fmt.Errorf("scenario %s has no counterpart in the peer (with -peer: first, first-<N>acct, replay, read, floor, and raw-first on idempay's side)", s)
+				return nil, fmt.Errorf("scenario %s has no counterpart in the peer (with -peer: first, first-<N>acct, replay, retry, read, floor, and raw-first on idempay's side)", s)
 			}
 		}
 	}
@@ -433,7 +435,7 @@ func (r *runner) closeConns() {
 // reading, so that it is not counted.
 func (r *runner) measured(ctx context.Context, s string) (Result, bool, error) {
 	switch s {
-	case ScenarioReplay, ScenarioRead:
+	case ScenarioReplay, ScenarioRetry, ScenarioRead:
 		if err := r.ensureCharges(ctx, false); err != nil {
 			return Result{}, false, err
 		}
@@ -557,7 +559,7 @@ func accountsOf(s string) (int, bool) {
 // first request, is what bounds the first-request ratio (BENCHMARKS.md).
 func peerScenario(s string) bool {
 	_, spread := accountsOf(s)
-	return spread || slices.Contains([]string{ScenarioFirst, ScenarioReplay, ScenarioRead, ScenarioFloor, ScenarioRawFirst}, s)
+	return spread || slices.Contains([]string{ScenarioFirst, ScenarioReplay, ScenarioRetry, ScenarioRead, ScenarioFloor, ScenarioRawFirst}, s)
 }
 
 func (r *runner) pgVersion(ctx context.Context) (string, error) {
@@ -792,6 +794,10 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 		if err = r.ensureCharges(ctx, false); err == nil {
 			res = r.replay(ctx)
 		}
+	case ScenarioRetry:
+		if err = r.ensureCharges(ctx, false); err == nil {
+			res = r.retry(ctx)
+		}
 	case ScenarioConflict:
 		if r.stripe == nil {
 			fmt.Fprintln(r.cfg.Out, "conflict: skipped (needs the bench's own Stripe stand-in; drop -target)")
@@ -898,7 +904,7 @@ func printFloor(out io.Writer, results []Result, rate float64) {
 		return
 	}
 	var parts []string
-	for _, name := range []string{ScenarioFirst, ScenarioReplay, ScenarioConflict, ScenarioRead} {
+	for _, name := range []string{ScenarioFirst, ScenarioReplay, ScenarioRetry, ScenarioConflict, ScenarioRead} {
 		if res, ok := find(results, name); ok && res.Requests > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s (+%s)", name, round(res.P99), round(max(res.P99-f.P99, 0))))
 		}

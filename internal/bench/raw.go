@@ -25,31 +25,34 @@ import (
 
 var rawHeaders = []byte(`{"Content-Type":"application/json","Location":"/v1/charges/ch_0123456789abcdef0123456789abcdef"}`)
 
-// rawAuthenticate is the read of the API key and its account that every
-// request makes first (accounts.Authenticator).
-func (r *runner) rawAuthenticate(ctx context.Context, q *dbsqlc.Queries, a account) error {
+// rawRead is a request's first statement (idempotency.Runner.Authenticate):
+// the API key, its account and the record stored under key, read together.
+func (r *runner) rawRead(ctx context.Context, q *dbsqlc.Queries, a account, key string) (*dbsqlc.IdempotencyKeyGetByCredentialRow, error) {
 	hash := sha256.Sum256([]byte(strings.TrimPrefix(a.auth, "Bearer ")))
-	if _, err := q.APIKeyAuthenticate(ctx, r.pool, hash[:]); err != nil {
-		return fmt.Errorf("authentication: %w", err)
+	row, err := q.IdempotencyKeyGetByCredential(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByCredentialParams{
+		KeyHash: hash[:], Key: key, LockTimeoutSeconds: 60, RetryCeilingSeconds: 86400,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("authentication: %w", err)
 	}
-	return nil
+	return &row, nil
 }
 
 // rawFirstOnce is the first-request path's SQL, exactly as the runner and
-// chargeOp issue it (TestRoundTrips pins the list): the API key's read,
-// the replay read (a miss), the claim's batch (the record, its ledger row)
-// and the finishing batch (the record's fenced finish, the ledger's
-// outcome, the event), each batch one round trip and one commit.
+// chargeOp issue it (TestRoundTrips pins the API's list): the first
+// statement (the API key and a miss for the record), the claim's batch (the
+// key still active, the record, its ledger row) and the finishing batch
+// (the record's fenced finish, the ledger's outcome, the event), each batch
+// one round trip and one commit.
 func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge, error) {
 	q := dbsqlc.New()
 	a := r.accounts[w%len(r.accounts)]
-	if err := r.rawAuthenticate(ctx, q, a); err != nil {
+	read, err := r.rawRead(ctx, q, a, key)
+	if err != nil {
 		return charge{}, err
 	}
-	if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
-		Scope: a.id, Key: key, LockTimeoutSeconds: 60,
-	}); !errors.Is(err, pgx.ErrNoRows) {
-		return charge{}, fmt.Errorf("replay read: want a miss, got %w", err)
+	if read.ID != nil {
+		return charge{}, fmt.Errorf("replay read: want a miss, got record %s", *read.ID)
 	}
 	body := chargeBody(i)
 	fp := sha256.Sum256(body)
@@ -57,6 +60,8 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	recordID := idempotency.RecordID(idempotency.AccountScope(a.id), key, fp[:])
 	chargeID := "ch_" + recordID[3:]
 	claim := &rawBatch{}
+	hash := sha256.Sum256([]byte(strings.TrimPrefix(a.auth, "Bearer ")))
+	_ = q.APIKeyExpectActive(ctx, claim, &dbsqlc.APIKeyExpectActiveParams{KeyHash: hash[:], AccountID: a.id})
 	_ = q.IdempotencyKeyInsert(ctx, claim, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: recordID, Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
 		RequestFingerprint: fp[:],
@@ -140,21 +145,19 @@ func (r *runner) seedRaw(ctx context.Context, n int) {
 	}
 }
 
-// rawReplay is the replay path's SQL: the API key's read, then the one
-// indexed read of the finished record.
+// rawReplay is the replay path's SQL: its one statement, which reads the
+// API key, its account and the finished record together.
 func (r *runner) rawReplay(ctx context.Context) Result {
 	q := dbsqlc.New()
 	cs := r.kept(true)
 	return r.drive(ctx, ScenarioRawReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
 		c := cs[(w*7919+i*31)%len(cs)]
-		a := r.accounts[c.acct]
-		if err := r.rawAuthenticate(ctx, q, a); err != nil {
-			return outcome{status: "error"}
+		row, err := r.rawRead(ctx, q, r.accounts[c.acct], c.key)
+		if err != nil {
+			return outcome{status: "error", why: err.Error()}
 		}
-		if _, err := q.IdempotencyKeyGetByScopeKey(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByScopeKeyParams{
-			Scope: a.id, Key: c.key, LockTimeoutSeconds: 60,
-		}); err != nil {
-			return outcome{status: "error", why: fmt.Sprintf("replay read: %v", err)}
+		if row.ID == nil {
+			return outcome{status: "error", why: "replay read: no record for " + c.key}
 		}
 		return outcome{status: "ok", ok: true}
 	})

@@ -49,7 +49,7 @@ func checkReport(t *testing.T, report string, want, unwanted []string) {
 func TestRunAgainstTarget(t *testing.T) {
 	env := apitest.New(t, apitest.Options{})
 	results, report := runBench(t, Config{Target: env.Server.URL, Duration: 400 * time.Millisecond, Rate: 300, Rounds: 2})
-	want := []string{ScenarioFirst, ScenarioReplay, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay, ScenarioFloor}
+	want := []string{ScenarioFirst, ScenarioReplay, ScenarioRetry, ScenarioRead, ScenarioRawFirst, ScenarioRawReplay, ScenarioFloor}
 	if len(results) != len(want) {
 		t.Fatalf("got %d results, want %v (conflict is skipped with a target)", len(results), want)
 	}

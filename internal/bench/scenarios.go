@@ -92,10 +92,30 @@ func (r *runner) replayed(rep reply, c charge) bool {
 	return rep.replayed
 }
 
+// replay retries finished keys at random over the run's charges, most of
+// them made seconds before.
 func (r *runner) replay(ctx context.Context) Result {
 	cs := r.kept(false)
-	return r.drive(ctx, ScenarioReplay, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
-		c := cs[(w*7919+i*31)%len(cs)]
+	return r.replayKeys(ctx, ScenarioReplay, func(w, i int) charge { return cs[(w*7919+i*31)%len(cs)] })
+}
+
+// retry retries the keys that follow their request: the newest
+// retryKeys charges, in the order they were made, each worker taking the
+// next, so each key is retried about once a pass, seconds after it was
+// made. (Every worker on one key would measure 32 clients on one record's
+// page, which no retry does.)
+func (r *runner) retry(ctx context.Context) Result {
+	cs := r.kept(false)
+	cs = cs[max(0, len(cs)-retryKeys):]
+	conc := r.cfg.Concurrency
+	return r.replayKeys(ctx, ScenarioRetry, func(w, i int) charge { return cs[(i*conc+w)%len(cs)] })
+}
+
+// replayKeys posts again, with the same body, the charge pick names; the
+// answer must be the stored one.
+func (r *runner) replayKeys(ctx context.Context, name string, pick func(w, i int) charge) Result {
+	return r.drive(ctx, name, r.cfg.Duration, r.cfg.Rate, func(ctx context.Context, w, i int) outcome {
+		c := pick(w, i)
 		rep, err := r.do(ctx, r.conns[w], http.MethodPost, "/v1/charges", c.acct, c.key, c.body)
 		o := statusOutcome(rep, err, http.StatusCreated)
 		if o.ok && !r.replayed(rep, c) {

@@ -164,8 +164,7 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 }
 
 const idempotencyKeyGetByCredential = `-- name: IdempotencyKeyGetByCredential :one
-SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_created_at,
-       a.idempotency_mode, k.id AS key_id,
+SELECT k.account_id, a.idempotency_mode, k.id AS key_id,
        ik.id, ik.request_fingerprint, coalesce(ik.recovery_point::text, '')::text AS recovery_point, ik.lock_generation,
        (ik.locked_at IS NOT NULL
         AND ik.locked_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8))::boolean AS lock_fresh,
@@ -173,7 +172,7 @@ SELECT a.id AS account_id, a.name AS account_name, a.created_at AS account_creat
        ik.response_status, ik.response_headers, ik.response_body
 FROM api_keys k
 JOIN accounts a ON a.id = k.account_id
-LEFT JOIN idempotency_keys ik ON ik.scope = a.id AND ik.key = $4
+LEFT JOIN idempotency_keys ik ON ik.scope = k.account_id AND ik.key = $4
 WHERE k.key_hash = $5 AND k.revoked_at IS NULL
 `
 
@@ -187,8 +186,6 @@ type IdempotencyKeyGetByCredentialParams struct {
 
 type IdempotencyKeyGetByCredentialRow struct {
 	AccountID          string
-	AccountName        string
-	AccountCreatedAt   time.Time
 	IdempotencyMode    string
 	KeyID              string
 	ID                 *string
@@ -210,8 +207,10 @@ type IdempotencyKeyGetByCredentialRow struct {
 // key "" never has one: keys are 1..255 characters). No row at all: the API
 // key is unknown or revoked, and the request is refused before anything of
 // the idempotency table is read for it (the record is joined to an active
-// key's account only). Both lookups are unique-index scans (api_keys.key_hash,
-// idempotency_keys (scope, key)).
+// key's account only). Of the account it reads the idempotency mode only,
+// which the rollout adapter needs on every POST; the scope is the key's
+// account_id. All three lookups are unique-index scans (api_keys.key_hash,
+// accounts.id, idempotency_keys (scope, key)).
 func (q *Queries) IdempotencyKeyGetByCredential(ctx context.Context, db DBTX, arg *IdempotencyKeyGetByCredentialParams) (IdempotencyKeyGetByCredentialRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyGetByCredential,
 		arg.Now,
@@ -223,8 +222,6 @@ func (q *Queries) IdempotencyKeyGetByCredential(ctx context.Context, db DBTX, ar
 	var i IdempotencyKeyGetByCredentialRow
 	err := row.Scan(
 		&i.AccountID,
-		&i.AccountName,
-		&i.AccountCreatedAt,
 		&i.IdempotencyMode,
 		&i.KeyID,
 		&i.ID,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -31,13 +30,12 @@ import (
 
 // Caller is what the first statement of an API request read
 // (Runner.Authenticate): the account its API key names, and the record
-// stored under the request's key in that account's scope, if any. The
-// account's columns besides its id are read here so that the request needs
-// no other statement; they are the accounts package's to interpret.
+// stored under the request's key in that account's scope, if any. Of the
+// account it holds what a request uses: its id, and its idempotency mode,
+// the accounts package's to interpret (read here so that the request needs
+// no other statement).
 type Caller struct {
-	AccountID        string
-	AccountName      string
-	AccountCreatedAt time.Time
+	AccountID string
 	// Mode is the account's idempotency mode (accounts.ModeRequired ...).
 	Mode string
 	// KeyID is the id of the API key that authenticated the request.
@@ -79,8 +77,7 @@ func (r *Runner) Authenticate(ctx context.Context, credential []byte, key string
 		}
 	}
 	return Caller{
-		AccountID: row.AccountID, AccountName: row.AccountName, AccountCreatedAt: row.AccountCreatedAt,
-		Mode: row.IdempotencyMode, KeyID: row.KeyID, credential: credential, found: f,
+		AccountID: row.AccountID, Mode: row.IdempotencyMode, KeyID: row.KeyID, credential: credential, found: f,
 	}, nil
 }
 

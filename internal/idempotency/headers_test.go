@@ -2,8 +2,9 @@ package idempotency
 
 import "testing"
 
-// The stored form of the replayed headers (what PostgreSQL returns for the
-// jsonb that encodeHeaders wrote) decodes to the allow-listed headers only.
+// The stored form of the replayed headers (what encodeHeaders wrote, or the
+// same object spaced and reordered) decodes to the allow-listed headers
+// only.
 func TestDecodeHeadersStoredForm(t *testing.T) {
 	in := Headers{ContentType: "application/json", Location: "/v1/charges/ch_1"}
 	stored, err := encodeHeaders(in)

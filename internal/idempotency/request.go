@@ -1,13 +1,14 @@
 package idempotency
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 
-	"github.com/gowebpki/jcs"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Scope is the namespace of a key: every record is unique per (scope, key).
@@ -71,7 +72,7 @@ func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit
 	if err != nil {
 		return Request{}, err
 	}
-	canonical, err := jcs.Transform(raw)
+	canonical, err := canonicalize(raw)
 	if err != nil {
 		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
 	}
@@ -92,7 +93,7 @@ func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, l
 		return Request{}, err
 	}
 	if !json.Valid(raw) {
-		_, err := jcs.Transform(raw) // for the reason
+		_, err := canonicalize(raw) // for the reason
 		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
 	}
 	return Request{Scope: scope, Key: key, Method: method, Route: route, Path: path, Body: raw}, nil
@@ -110,12 +111,24 @@ func (r *Request) Normalize(v any) error {
 	if err != nil {
 		return fmt.Errorf("encoding the normalised request: %w", err)
 	}
-	canonical, err := jcs.Transform(b)
+	canonical, err := canonicalize(b)
 	if err != nil {
 		return fmt.Errorf("canonicalising the normalised request: %w", err)
 	}
 	r.Canonical, r.Fingerprint = canonical, Fingerprint(r.Method, r.Path, canonical)
 	return nil
+}
+
+// canonicalize returns the RFC 8785 (JCS) form of the JSON value b, in a
+// new slice: names sorted, numbers and strings in their one canonical
+// spelling, no whitespace. A value that is not one JSON text, repeats a
+// name or holds invalid UTF-8 is an error (jsontext's defaults).
+func canonicalize(b []byte) ([]byte, error) {
+	v := jsontext.Value(bytes.Clone(b))
+	if err := v.Canonicalize(); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // fingerprinted refuses a request that has no fingerprint: one read by
