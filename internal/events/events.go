@@ -80,7 +80,9 @@ type Event struct {
 	} `json:"data"`
 }
 
-func eventOf(row dbsqlc.Event) Event {
+// FromRow is the event as the API, the outbox relay and webhooks out show
+// it, from its stored row.
+func FromRow(row dbsqlc.Event) Event {
 	ev := Event{ID: row.ID, Object: "event", Type: row.Type, Account: row.AccountID, ObjectID: row.ObjectID, ObjectVersion: row.ObjectVersion,
 		Created: row.CreatedAt.UTC()}
 	ev.Data.Object = row.Data

@@ -35,7 +35,7 @@ func (r *Reader) Event(ctx context.Context, accountID, id string) (Event, error)
 	} else if err != nil {
 		return Event{}, fmt.Errorf("reading event: %w", err)
 	}
-	return eventOf(row), nil
+	return FromRow(row), nil
 }
 
 // Events is one page of at most limit of the account's events, newest
@@ -55,5 +55,5 @@ func (r *Reader) Events(ctx context.Context, accountID string, limit int, starti
 	if err != nil {
 		return List{}, fmt.Errorf("listing events: %w", err)
 	}
-	return listing.Page(rows, limit, eventOf), nil
+	return listing.Page(rows, limit, FromRow), nil
 }

@@ -194,7 +194,7 @@ func (r *Relay) PublishPending(ctx context.Context) (int, error) {
 	}
 	ids := make([]string, 0, len(rows))
 	for _, row := range rows {
-		data, err := json.Marshal(eventOf(row))
+		data, err := json.Marshal(FromRow(row))
 		if err != nil {
 			return 0, err
 		}
