@@ -87,9 +87,12 @@ ON CONFLICT (seq) DO NOTHING;
 -- "Ended" is read from this statement's snapshot, the one its EXISTS
 -- reads the events with, not from the commit log (pg_xact_status): a
 -- transaction is committed in the log a moment before snapshots see it,
--- and a gap forgotten in that moment would lose its event.
+-- and a gap forgotten in that moment would lose its event. The events
+-- are looked up from the lowest gap on (events has no B-tree on seq): a
+-- few recent pages, where an unbounded lookup read the whole table, or
+-- its index, once per pass.
 DELETE FROM webhook_dispatch_gaps g
-WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
+WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq AND e.seq >= (SELECT min(seq) FROM webhook_dispatch_gaps))
    OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
                   WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq;
@@ -106,23 +109,34 @@ WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[]
 ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 
 -- name: WebhookDeliveryClaim :many
--- Up to @max_rows due deliveries of enabled endpoints whose object has no
--- earlier version pending for the same endpoint (head of line per object),
--- leased to the caller, each with what its attempt needs: the event it
--- sends, and its endpoint's URL, secrets and failure clock. One statement
--- for a whole batch. SKIP LOCKED: two workers never claim one delivery,
--- and neither waits for the other. A batch never holds two versions of
--- one object for one endpoint: the later one waits while the earlier is
--- pending.
+-- Up to @max_rows due deliveries of enabled endpoints, each the lowest
+-- version of its object pending for its endpoint (head of line per
+-- object), oldest first, leased to the caller, each with what its attempt
+-- needs: the event it sends, and its endpoint's URL, secrets and failure
+-- clock. One statement for a whole batch. SKIP LOCKED: two workers never
+-- claim one delivery, and neither waits for the other. A batch never
+-- holds two versions of one object for one endpoint: the later one waits
+-- while the earlier is pending.
+--
+-- The plan must not depend on statistics, which a queue table outruns
+-- (taken while nothing was pending, they call every partial index empty,
+-- and a join was then planned as a scan of the whole backlog for each
+-- delivery read). So: webhook_deliveries_due is read in order until the
+-- batch is full; the head-of-line check is a subquery run once per
+-- delivery read, with that delivery's endpoint and object as its keys,
+-- which names pending as webhook_deliveries_object's predicate does
+-- (neither delivered nor failed) so that only that index can answer it,
+-- in one probe, lowest version first.
 WITH due AS (
     SELECT d.id FROM webhook_deliveries d
     JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
     WHERE d.state = 'pending' AND d.next_attempt_at <= @now::timestamptz
       AND (d.lease_until IS NULL OR d.lease_until <= @now::timestamptz)
-      AND NOT EXISTS (
-          SELECT 1 FROM webhook_deliveries p
+      AND d.object_version = (
+          SELECT p.object_version FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
-            AND p.state = 'pending' AND p.object_version < d.object_version)
+            AND p.state <> 'delivered' AND p.state <> 'failed'
+          ORDER BY p.object_version LIMIT 1)
     ORDER BY d.next_attempt_at
     LIMIT @max_rows
     FOR UPDATE OF d SKIP LOCKED

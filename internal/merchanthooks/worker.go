@@ -84,10 +84,18 @@ func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, er
 	if len(claimed) == 0 {
 		return 0, nil
 	}
+	// One body per event, whatever the number of its endpoints.
+	bodies := map[string][]byte{}
+	for _, d := range claimed {
+		if _, ok := bodies[d.EventID]; !ok {
+			bodies[d.EventID], _ = json.Marshal(events.FromRow(dbsqlc.Event{ID: d.EventID, AccountID: d.AccountID, Type: d.Type,
+				ObjectID: d.ObjectID, ObjectVersion: d.ObjectVersion, Data: d.Data, CreatedAt: d.EventCreatedAt}))
+		}
+	}
 	atts := make([]attempt, len(claimed))
 	var wg sync.WaitGroup
 	for i, d := range claimed {
-		wg.Go(func() { atts[i] = s.send(ctx, client, d) })
+		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID]) })
 	}
 	wg.Wait()
 	if err := s.finish(ctx, claimed, atts); err != nil {
@@ -108,23 +116,20 @@ type attempt struct {
 	retryIn  time.Duration // the answer's Retry-After, 0 when none
 }
 
-// send makes one claimed delivery's attempt. An endpoint secret that does
+// send makes one claimed delivery's attempt with its event's body. An endpoint secret that does
 // not open (WEBHOOK_SECRETS_KEY changed under it) is a failed attempt like
 // any other, recorded with its error: the delivery follows the schedule
 // and the endpoint its failure clock, instead of being claimed again and
 // again.
-func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow) attempt {
-	ev := events.FromRow(dbsqlc.Event{ID: d.EventID, AccountID: d.AccountID, Type: d.Type, ObjectID: d.ObjectID,
-		ObjectVersion: d.ObjectVersion, Data: d.Data, CreatedAt: d.EventCreatedAt})
-	body, err := json.Marshal(ev)
-	if err != nil {
-		return attempt{started: s.cfg.now(), err: "encoding the event: " + err.Error()}
+func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte) attempt {
+	if body == nil { // the stored event's data is not JSON
+		return attempt{started: s.cfg.now(), err: "encoding the event failed"}
 	}
 	secrets, err := s.secrets(d.EndpointID, d.Secret, d.PreviousSecret, d.PreviousExpiresAt, s.cfg.now())
 	if err != nil {
 		return attempt{started: s.cfg.now(), err: "opening the endpoint's signing secret: " + err.Error()}
 	}
-	return s.post(ctx, client, d.Url, ev.ID, body, secrets)
+	return s.post(ctx, client, d.Url, d.EventID, body, secrets)
 }
 
 // secrets are the endpoint's signing secrets: the current one, and the
