@@ -487,9 +487,10 @@ CREATE INDEX webhook_endpoints_account ON webhook_endpoints (account_id, created
 -- them from the event row in the same statement, events and accounts are
 -- never deleted, and a check per row would lock each event row (a WAL
 -- record per event). fillfactor 70 leaves room on the page for the claim's
--- update, which changes no indexed column and so stays on its page with no
--- new index entry (a HOT update); the outcome changes state, which the
--- partial indexes name, and is a new version with its index entries.
+-- update, which changes no indexed column and so can stay on its page with
+-- no new index entry (a HOT update) when the page has room; the outcome
+-- changes state, which the partial indexes name, and is a new version with
+-- its index entries.
 CREATE TABLE webhook_deliveries (
     id              text PRIMARY KEY DEFAULT idempay_ordered_id('whd_'),
     event_id        text NOT NULL,  -- no foreign key: see above
