@@ -323,6 +323,9 @@ func runMerchantHooks(ctx context.Context, cfg Config, a *app.App) {
 // (which then run with WEBHOOK_WORKERS=0). WEBHOOK_WORKERS=0 here means
 // the default, 4 loops.
 func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.MerchantHooks.Workers <= 0 {
+		cfg.MerchantHooks.Workers = merchanthooks.DefaultConfig().Workers
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -330,9 +333,6 @@ func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer a.Pool.Close()
 	if !a.MerchantHooks.Enabled() {
 		return errors.New("deliver: WEBHOOK_SECRETS_KEY is not set, so there is nothing to send")
-	}
-	if cfg.MerchantHooks.Workers <= 0 {
-		cfg.MerchantHooks.Workers = merchanthooks.DefaultConfig().Workers
 	}
 	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	log.Info("delivering webhooks out", "workers", cfg.MerchantHooks.Workers, "worker_batch", cfg.MerchantHooks.WorkerBatch)

@@ -116,11 +116,11 @@ type attempt struct {
 	retryIn  time.Duration // the answer's Retry-After, 0 when none
 }
 
-// send makes one claimed delivery's attempt with its event's body. An endpoint secret that does
-// not open (WEBHOOK_SECRETS_KEY changed under it) is a failed attempt like
-// any other, recorded with its error: the delivery follows the schedule
-// and the endpoint its failure clock, instead of being claimed again and
-// again.
+// send makes one claimed delivery's attempt with its event's body. An
+// endpoint secret that does not open (WEBHOOK_SECRETS_KEY changed under it)
+// is a failed attempt like any other, recorded with its error: the
+// delivery follows the schedule and the endpoint its failure clock,
+// instead of being claimed again and again.
 func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte) attempt {
 	if body == nil { // the stored event's data is not JSON
 		return attempt{started: s.cfg.now(), err: "encoding the event failed"}
