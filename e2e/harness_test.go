@@ -155,9 +155,9 @@ type serverOpts struct {
 	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default 2s)
 	Stripe     time.Duration // STRIPE_TIMEOUT (default 1s)
 	Addr       string        // LISTEN_ADDR; "" picks a free port
-	// Command is the subcommand: "serve" (the default), "consume" or
-	// "relay". Only serve answers HTTP; the others are ready when they log
-	// their start.
+	// Command is the subcommand: "serve" (the default), "consume",
+	// "relay" or "deliver". Only serve answers HTTP; the others are ready
+	// when they log their start.
 	Command string
 	NATSURL string   // NATS_URL; "" for none
 	Env     []string // more VAR=value
@@ -269,6 +269,8 @@ func (s *server) start() {
 		s.waitLog("consuming", 15*time.Second)
 	case "relay":
 		s.waitLog("relay started", 15*time.Second)
+	case "deliver":
+		s.waitLog("delivering webhooks out", 15*time.Second)
 	default:
 		s.waitReady(15 * time.Second)
 	}

@@ -132,8 +132,9 @@ func (r *outReceiver) snapshot() ([]outReceipt, map[string]int) {
 	return append([]outReceipt(nil), r.receipts...), applied
 }
 
-// TestWebhooksOutAcrossProcesses (I17): three server processes send the
-// events of 500 charges (100 of them authorized, then captured: two events
+// TestWebhooksOutAcrossProcesses (I17): three processes send the events
+// (two servers, and idempay deliver beside a third server that runs no
+// workers) of 500 charges (100 of them authorized, then captured: two events
 // of one object) to one endpoint, while the endpoint answers 500 for a
 // while, then times out, then works; one of the processes is killed with
 // SIGKILL at the moment the endpoint has accepted a delivery that the
@@ -145,7 +146,7 @@ func (r *outReceiver) snapshot() ([]outReceipt, map[string]int) {
 func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	const charges, authorizeFirst = 500, 100
-	const workers = 4 // per process
+	const workers, batch = 4, 2 // per process: loops, and deliveries each loop sends at once
 	ctx := context.Background()
 	d := newDB(t)
 	fake := newFake(t)
@@ -160,9 +161,15 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	}
 	env := []string{"WEBHOOK_SECRETS_KEY=" + base64.StdEncoding.EncodeToString(secretsKey),
 		"WEBHOOK_ALLOW_PRIVATE=on", "WEBHOOK_ALLOW_HTTP=on", "WEBHOOK_SCHEDULE=" + strings.Join(sched, ","),
-		"WEBHOOK_TIMEOUT=2s", "WEBHOOK_LEASE=6s", "WEBHOOK_INTERVAL=50ms", fmt.Sprintf("WEBHOOK_WORKERS=%d", workers)}
+		"WEBHOOK_TIMEOUT=2s", "WEBHOOK_LEASE=6s", "WEBHOOK_INTERVAL=50ms", fmt.Sprintf("WEBHOOK_WORKERS=%d", workers),
+		fmt.Sprintf("WEBHOOK_WORKER_BATCH=%d", batch)}
 	s1 := startServer(t, serverOpts{Name: "s1", DBURL: d.URL, StripeURL: fake.URL(), Env: env})
-	s2 := startServer(t, serverOpts{Name: "s2", DBURL: d.URL, StripeURL: fake.URL(), Env: env})
+	// s2 serves the API only; webhooks out run in d1, a process of their
+	// own (idempay deliver).
+	s2 := startServer(t, serverOpts{Name: "s2", DBURL: d.URL, StripeURL: fake.URL(), Env: append(env, "WEBHOOK_WORKERS=0")})
+	d1Metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startServer(t, serverOpts{Name: "d1", DBURL: d.URL, StripeURL: fake.URL(), Command: "deliver",
+		Env: append(env, "METRICS_ADDR="+d1Metrics)})
 	s3 := startServer(t, serverOpts{Name: "s3", DBURL: d.URL, StripeURL: fake.URL(), Env: env, FaultPoint: faultpoint.WebhookAccepted})
 	servers := []*server{s1, s2, s3}
 
@@ -318,8 +325,8 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 
 	// The attempts as recorded: none before its scheduled time, and each
 	// answered one recorded once, less those whose answer s3 still held
-	// when it died (at most one per worker of it but the one that hit the
-	// fault point).
+	// when it died (at most one per delivery it had in flight, workers x
+	// batch, but the one that hit the fault point).
 	var early, recorded500, noAnswer int
 	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE started_at < scheduled_at),
 		count(*) FILTER (WHERE status_code = 500), count(*) FILTER (WHERE status_code IS NULL) FROM webhook_attempts`).
@@ -329,14 +336,43 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	if early != 0 {
 		t.Errorf("%d attempts started before their scheduled time", early)
 	}
-	if recorded500 > failRequests || recorded500 < failRequests-(workers-1) {
+	if recorded500 > failRequests || recorded500 < failRequests-(workers*batch-1) {
 		t.Errorf("%d attempts recorded with a 500, the endpoint gave %d", recorded500, failRequests)
 	}
-	if noAnswer < hangRequests-(workers-1) {
+	if noAnswer < hangRequests-(workers*batch-1) {
 		t.Errorf("%d attempts recorded without an answer, the endpoint left %d hanging", noAnswer, hangRequests)
 	}
+	// The deliver process sent deliveries; s2, with no workers, none.
+	if n := attemptsCounted(t, "http://"+d1Metrics+"/metrics"); n == 0 {
+		t.Errorf("idempay deliver (d1) counted no attempt")
+	}
+	if n := attemptsCounted(t, s2.URL+"/metrics"); n != 0 {
+		t.Errorf("s2, with WEBHOOK_WORKERS=0, counted %v attempts", n)
+	}
 	t.Logf("%d events delivered by %d processes: %d requests (%d answered 500, %d left hanging, %d duplicates)",
-		events, len(servers), len(receipts), fails, hangs, duplicates)
+		events, len(servers)+1, len(receipts), fails, hangs, duplicates)
+}
+
+// attemptsCounted is the sum of idempay_webhooks_out_attempts_total over
+// its outcomes, as the process serving url shows it.
+func attemptsCounted(t *testing.T, url string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("reading %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "idempay_webhooks_out_attempts_total{"); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest[strings.Index(rest, "}")+1:], &v); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // objectHistory shows one object's events, deliveries and attempts, for a

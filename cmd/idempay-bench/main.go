@@ -57,7 +57,7 @@ func run(args []string) error {
 	rounds := fs.Int("rounds", 3, "run the scenario list this many times, interleaved, and merge the results")
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured first requests (API and raw) before the rounds")
 	serverLog := fs.String("server-log-level", "warn", "LOG_LEVEL of the started server (info logs every request)")
-	endpoints := fs.Int("webhook-endpoints", 0, "register this many webhook endpoints on each account (at a sink that answers 200) and run webhooks out in the server")
+	endpoints := fs.Int("webhook-endpoints", 0, "run webhooks out in the server and add first-<N>hooks: first requests on accounts with N webhook endpoints each (at a sink that answers 200), interleaved with first on accounts with none; every delivery is waited for after each")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -193,6 +193,10 @@ func loadMerchantHooks(e *envReader) merchanthooks.Config {
 	c.DisableAfter = e.dur("WEBHOOK_DISABLE_AFTER", c.DisableAfter)
 	c.Interval = e.dur("WEBHOOK_INTERVAL", c.Interval)
 	c.Workers = e.int("WEBHOOK_WORKERS", c.Workers)
+	c.WorkerBatch = e.int("WEBHOOK_WORKER_BATCH", c.WorkerBatch)
+	if c.Workers < 0 || c.WorkerBatch < 1 || c.WorkerBatch > 1000 {
+		e.errs = append(e.errs, fmt.Sprintf("WEBHOOK_WORKERS (%d) must be 0 or more, WEBHOOK_WORKER_BATCH (%d) between 1 and 1000", c.Workers, c.WorkerBatch))
+	}
 	if c.Lease <= c.Timeout {
 		e.errs = append(e.errs, fmt.Sprintf("WEBHOOK_LEASE (%s) must be longer than WEBHOOK_TIMEOUT (%s), or a slow attempt is sent twice at once", c.Lease, c.Timeout))
 	}

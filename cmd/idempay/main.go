@@ -46,6 +46,7 @@ commands:
   completer                                run only the background completer
   consume                                  run the order.paid consumer (NATS_URL); run several, they share the work
   relay                                    run only the outbox relay (NATS_URL)
+  deliver                                  run only webhooks out: the dispatcher and the delivery workers (WEBHOOK_SECRETS_KEY); run several, they share the work
   migrate                                  apply database migrations
   purge                                    delete expired idempotency records once
   reconcile [--since 24h]                  compare the ledger with Stripe's PaymentIntents and refunds once, repair it, print a JSON report
@@ -105,6 +106,8 @@ func run(args []string) error {
 		return consumeCmd(ctx, cfg, log)
 	case "relay":
 		return relayCmd(ctx, cfg, log)
+	case "deliver":
+		return deliverCmd(ctx, cfg, log)
 	case "orders":
 		return ordersCmd(ctx, cfg, args[1:])
 	case "charges", "refunds", "keys", "api-keys":
@@ -233,14 +236,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		wg.Go(func() { a.Reconciler.Run(bg, cfg.ReconcileInterval) })
 	}
 	// Webhooks out: any number of processes run both (a row lock and SKIP
-	// LOCKED share the work).
-	if a.MerchantHooks.Enabled() {
-		wg.Go(func() { a.MerchantHooks.RunDispatcher(bg) })
-		hooks := cfg.MerchantHooks
-		hooks.TracerProvider = cfg.tracing // each delivery attempt a span, its traceparent sent
-		wg.Go(func() { a.MerchantHooks.RunWorkers(bg, merchanthooks.NewHTTPClient(hooks)) })
-	} else {
+	// LOCKED share the work); WEBHOOK_WORKERS=0 leaves them to `idempay
+	// deliver` processes.
+	switch {
+	case !a.MerchantHooks.Enabled():
 		log.Warn("WEBHOOK_SECRETS_KEY is not set: webhooks out are off (POST /v1/webhook_endpoints answers 503)")
+	case cfg.MerchantHooks.Workers > 0:
+		wg.Go(func() { runMerchantHooks(bg, cfg, a) })
 	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")
@@ -302,6 +304,39 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// runMerchantHooks runs webhooks out until ctx is done: the dispatcher and
+// the delivery workers.
+func runMerchantHooks(ctx context.Context, cfg Config, a *app.App) {
+	hooks := cfg.MerchantHooks
+	hooks.TracerProvider = cfg.tracing // each delivery attempt a span, its traceparent sent
+	var wg sync.WaitGroup
+	wg.Go(func() { a.MerchantHooks.RunDispatcher(ctx) })
+	wg.Go(func() { a.MerchantHooks.RunWorkers(ctx, merchanthooks.NewHTTPClient(hooks)) })
+	wg.Wait()
+}
+
+// deliverCmd is `idempay deliver`: webhooks out alone, in a process of its
+// own, so that sending deliveries takes no CPU from the API's processes
+// (which then run with WEBHOOK_WORKERS=0). WEBHOOK_WORKERS=0 here means
+// the default, 4 loops.
+func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.MerchantHooks.Workers <= 0 {
+		cfg.MerchantHooks.Workers = merchanthooks.DefaultConfig().Workers
+	}
+	a, err := newApp(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.Pool.Close()
+	if !a.MerchantHooks.Enabled() {
+		return errors.New("deliver: WEBHOOK_SECRETS_KEY is not set, so there is nothing to send")
+	}
+	serveMetrics(ctx, cfg.MetricsAddr, a, log)
+	log.Info("delivering webhooks out", "workers", cfg.MerchantHooks.Workers, "worker_batch", cfg.MerchantHooks.WorkerBatch)
+	runMerchantHooks(ctx, cfg, a)
 	return nil
 }
 

@@ -485,15 +485,26 @@ CREATE INDEX webhook_endpoints_account ON webhook_endpoints (account_id, created
 -- (delivered) or the schedule ends (failed); a resend makes it pending
 -- again, under the same event id. Deleting an endpoint deletes its
 -- deliveries and their attempts.
+--
+-- What a delivery costs is what it writes: the fan-out's insert, the
+-- worker's claim (lease_until, claims) and its outcome, and an attempt
+-- row. event_id and account_id have no foreign key: the fan-out copies
+-- them from the event row in the same statement, events and accounts are
+-- never deleted, and a check per row would lock each event row (a WAL
+-- record per event). fillfactor 70 leaves room on the page for the claim's
+-- update, which changes no indexed column and so can stay on its page with
+-- no new index entry (a HOT update) when the page has room; the outcome
+-- changes state, which the partial indexes name, and is a new version with
+-- its index entries.
 CREATE TABLE webhook_deliveries (
     id              text PRIMARY KEY DEFAULT idempay_ordered_id('whd_'),
-    event_id        text NOT NULL REFERENCES events (id),
+    event_id        text NOT NULL,  -- no foreign key: see above
     endpoint_id     text NOT NULL REFERENCES webhook_endpoints (id) ON DELETE CASCADE,
     -- The event's account, object and version, read with the event by the
     -- fan-out: the deliveries API lists by account, and a delivery waits
     -- while an earlier version of its object is pending for the same
     -- endpoint.
-    account_id      text NOT NULL REFERENCES accounts (id),
+    account_id      text NOT NULL,  -- no foreign key: see above
     object_id       text NOT NULL,
     object_version  bigint NOT NULL,
     state           text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed')),
@@ -510,13 +521,18 @@ CREATE TABLE webhook_deliveries (
     delivered_at    timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT webhook_deliveries_event_endpoint UNIQUE (event_id, endpoint_id)
-);
+) WITH (fillfactor = 70);
 
 -- The workers' scan: pending deliveries by due time.
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
--- Head of line per object: is an earlier version pending for this endpoint?
+-- Head of line per object: the lowest version pending for this endpoint.
+-- Its predicate says "pending" as "neither delivered nor failed", and the
+-- claim's check says it the same way, so that this index is the only one
+-- that can answer the check (the planner cannot prove the due index's
+-- "state = 'pending'" from it), whatever the statistics say
+-- (WebhookDeliveryClaim).
 CREATE INDEX webhook_deliveries_object ON webhook_deliveries (endpoint_id, object_id, object_version)
-    WHERE state = 'pending';
+    WHERE state <> 'delivered' AND state <> 'failed';
 -- GET /v1/webhook_endpoints/{id}/deliveries, newest first.
 CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, id DESC);
 

@@ -42,18 +42,16 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint c
 -- name: WebhookEndpointDelete :execrows
 DELETE FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
--- name: WebhookEndpointGetForDelivery :one
-SELECT * FROM webhook_endpoints WHERE id = @id;
+-- name: WebhookEndpointsSucceeded :exec
+-- The endpoints an attempt of a batch reached: no longer failing.
+UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) AND failing_since IS NOT NULL;
 
--- name: WebhookEndpointSucceeded :exec
-UPDATE webhook_endpoints SET failing_since = NULL WHERE id = @id AND failing_since IS NOT NULL;
-
--- name: WebhookEndpointFailed :one
--- Notes a failed attempt and returns since when the endpoint has been
--- failing.
+-- name: WebhookEndpointsFailed :many
+-- The endpoints every attempt of a batch failed at: failing since now
+-- unless they were already; returns since when each has been failing.
 UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, @now::timestamptz)
-WHERE id = @id
-RETURNING failing_since::timestamptz;
+WHERE id = ANY (@ids::text[])
+RETURNING id, failing_since::timestamptz;
 
 -- name: WebhookEndpointDisable :one
 -- idempay disables the endpoint (reason 'gone' or 'failing'); no row when
@@ -89,9 +87,12 @@ ON CONFLICT (seq) DO NOTHING;
 -- "Ended" is read from this statement's snapshot, the one its EXISTS
 -- reads the events with, not from the commit log (pg_xact_status): a
 -- transaction is committed in the log a moment before snapshots see it,
--- and a gap forgotten in that moment would lose its event.
+-- and a gap forgotten in that moment would lose its event. The events
+-- are looked up from the lowest gap on (events has no B-tree on seq): a
+-- few recent pages, where an unbounded lookup read the whole table, or
+-- its index, once per pass.
 DELETE FROM webhook_dispatch_gaps g
-WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
+WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq AND e.seq >= (SELECT min(seq) FROM webhook_dispatch_gaps))
    OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
                   WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq;
@@ -108,40 +109,69 @@ WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[]
 ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 
 -- name: WebhookDeliveryClaim :many
--- Due deliveries of enabled endpoints whose object has no earlier version
--- pending for the same endpoint (head of line per object), leased to the
--- caller. SKIP LOCKED: two workers never claim one delivery, and neither
--- waits for the other.
+-- Up to @max_rows due deliveries of enabled endpoints, each the lowest
+-- version of its object pending for its endpoint (head of line per
+-- object), oldest first, leased to the caller, each with what its attempt
+-- needs: the event it sends, and its endpoint's URL, secrets and failure
+-- clock. One statement for a whole batch. SKIP LOCKED: two workers never
+-- claim one delivery, and neither waits for the other. A batch never
+-- holds two versions of one object for one endpoint: the later one waits
+-- while the earlier is pending.
+--
+-- The plan must not depend on statistics, which a queue table outruns
+-- (taken while nothing was pending, they call every partial index empty,
+-- and a join was then planned as a scan of the whole backlog for each
+-- delivery read). So: webhook_deliveries_due is read in order until the
+-- batch is full; the head-of-line check is a subquery run once per
+-- delivery read, with that delivery's endpoint and object as its keys,
+-- which names pending as webhook_deliveries_object's predicate does
+-- (neither delivered nor failed) so that only that index can answer it,
+-- in one probe, lowest version first.
 WITH due AS (
     SELECT d.id FROM webhook_deliveries d
     JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
     WHERE d.state = 'pending' AND d.next_attempt_at <= @now::timestamptz
       AND (d.lease_until IS NULL OR d.lease_until <= @now::timestamptz)
-      AND NOT EXISTS (
-          SELECT 1 FROM webhook_deliveries p
+      AND d.object_version = (
+          SELECT p.object_version FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
-            AND p.state = 'pending' AND p.object_version < d.object_version)
+            AND p.state <> 'delivered' AND p.state <> 'failed'
+          ORDER BY p.object_version LIMIT 1)
     ORDER BY d.next_attempt_at
     LIMIT @max_rows
     FOR UPDATE OF d SKIP LOCKED
 )
 UPDATE webhook_deliveries d SET lease_until = @lease_until::timestamptz, claims = d.claims + 1
-FROM due WHERE d.id = due.id
-RETURNING d.*;
+FROM due, events e, webhook_endpoints w
+WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
+RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
+    e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
+    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since;
 
--- name: WebhookDeliveryFinish :execrows
--- The outcome of a claimed delivery's attempt, fenced by its claim: a
--- worker whose lease ran out (and whose delivery another worker took)
--- changes nothing.
-UPDATE webhook_deliveries
-SET state = @state, attempts = attempts + 1, next_attempt_at = @next_attempt_at::timestamptz,
-    lease_until = NULL, last_status = @last_status, last_error = @last_error,
-    delivered_at = CASE WHEN @state = 'delivered' THEN @now::timestamptz ELSE delivered_at END
-WHERE id = @id AND claims = @claims AND state = 'pending';
+-- name: WebhookDeliveriesFinish :many
+-- The outcomes of a batch's attempts (status 0: no answer; an empty error:
+-- none), each fenced by its claim: a worker whose lease ran out, and whose
+-- delivery another worker took, changes nothing. The ids it returns are
+-- the outcomes that counted.
+UPDATE webhook_deliveries d
+SET state = u.state, attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+    last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
+    delivered_at = CASE WHEN u.state = 'delivered' THEN @now::timestamptz ELSE d.delivered_at END
+FROM (SELECT unnest(@ids::text[]) AS id, unnest(@claims::bigint[]) AS claims, unnest(@states::text[]) AS state,
+             unnest(@next_attempt_ats::timestamptz[]) AS next_attempt_at, unnest(@statuses::int[]) AS status,
+             unnest(@errors::text[]) AS error) u
+WHERE d.id = u.id AND d.claims = u.claims AND d.state = 'pending'
+RETURNING d.id;
 
--- name: WebhookAttemptInsert :exec
+-- name: WebhookAttemptsInsert :exec
+-- A batch's attempts, every one of them, fenced or not (status 0: no
+-- answer; an empty error: none).
 INSERT INTO webhook_attempts (delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error)
-VALUES (@delivery_id, @scheduled_at, @started_at, @duration_ms, @status_code, @response_body, @error);
+SELECT u.delivery_id, u.scheduled_at, u.started_at, u.duration_ms, NULLIF(u.status, 0), u.response_body, NULLIF(u.error, '')
+FROM (SELECT unnest(@delivery_ids::text[]) AS delivery_id, unnest(@scheduled_ats::timestamptz[]) AS scheduled_at,
+             unnest(@started_ats::timestamptz[]) AS started_at, unnest(@durations_ms::int[]) AS duration_ms,
+             unnest(@statuses::int[]) AS status, unnest(@response_bodies::text[]) AS response_body,
+             unnest(@errors::text[]) AS error) u;
 
 -- name: WebhookDeliveryListByEndpoint :many
 SELECT * FROM webhook_deliveries
@@ -158,14 +188,15 @@ SELECT * FROM webhook_attempts WHERE delivery_id = ANY (@delivery_ids::text[]) O
 -- name: WebhookDeliveriesResend :exec
 -- Makes the event's deliveries pending again with a new schedule, and
 -- creates the missing ones for the account's enabled endpoints that want
--- it; the same event id goes out again.
+-- it; the same event id goes out again. A worker's lease is kept: a
+-- delivery being sent is not sent twice at once.
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL;
+SET state = 'pending', attempts = 0, next_attempt_at = now();
 
 -- name: WebhookDeliveriesRecover :exec
 -- Every event of the account since @since that the endpoint wants, again,
@@ -176,7 +207,7 @@ FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND w.id = @endpoint_id AND e.created_at >= @since::timestamptz
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL;
+SET state = 'pending', attempts = 0, next_attempt_at = now();
 
 -- name: WebhookEventGet :one
 -- The event a delivery sends.

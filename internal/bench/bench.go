@@ -109,11 +109,13 @@ type Config struct {
 	// TopStatements is how many statements pg_stat_statements' report
 	// shows per scenario (default 8).
 	TopStatements int
-	// WebhookEndpoints registers this many webhook endpoints (for every
-	// event type) on each account, at a sink in the bench that answers 200,
-	// and turns webhooks out on in the started server: the scenarios then
-	// run with the dispatcher and the workers delivering every event beside
-	// them (the first-request throughput with endpoints registered).
+	// WebhookEndpoints turns webhooks out on in the started server and
+	// adds the scenario first-<N>hooks: first requests on accounts of their
+	// own (as many as Accounts) with this many endpoints each, for every
+	// event type, at a sink in the bench that answers 200; `first` runs on
+	// accounts with none, in the same server, interleaved. After each
+	// first-request scenario the bench waits until every delivery is sent
+	// (see drainWebhooks).
 	WebhookEndpoints int
 	// DBMaxConns is the pool size of the raw loops and, as DB_MAX_CONNS, of
 	// the server process (0: pgxpool's default, max(4, GOMAXPROCS)).
@@ -138,6 +140,9 @@ type Result struct {
 	// Usage is what the scenario cost the machine (see usage.go); nil when
 	// not measured.
 	Usage *Usage
+	// Webhooks is what webhooks out did for a first-request scenario when
+	// Config.WebhookEndpoints is set; nil otherwise.
+	Webhooks *WebhookStat
 	// Errors is why the first few unexpected answers were unexpected (the
 	// error, or the status and the start of the body), one line each,
 	// without repeats: an unexpected count with no reason explains nothing.
@@ -181,6 +186,9 @@ type runner struct {
 	conns    []*httpConn // one per worker
 	accounts []account
 	runID    string
+	hooked   int // with Config.WebhookEndpoints, the first of first-<N>hooks' accounts
+
+	sinkConns atomic.Int64 // connections the webhook sink accepted
 
 	passes       atomic.Int64  // numbers each run of a first-request loop, for fresh keys
 	rawStripeSeq atomic.Uint64 // Stripe charge ids for the raw loop
@@ -210,6 +218,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.WebhookEndpoints > 0 {
+		i := slices.Index(scen, ScenarioFirst)
+		if i < 0 || cfg.Peer != "" || cfg.Target != "" {
+			return nil, errors.New("-webhook-endpoints compares first-<N>hooks with first: it needs the first scenario, and a server it starts itself (no -peer, no -target)")
+		}
+		scen = slices.Insert(scen, i+1, hooksScenario(cfg.WebhookEndpoints))
+	}
 	if cfg.Peer != "" {
 		if cfg.Target != "" {
 			return nil, errors.New("-peer starts both servers itself: drop -target")
@@ -228,6 +243,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	runID := fmt.Sprintf("%x", time.Now().UnixNano())
 
+	if cfg.WebhookEndpoints > 0 {
+		nAccounts += cfg.Accounts // first-<N>hooks' own, after the others
+	}
 	r, closeIdempay, err := newIdempayRunner(ctx, cfg, scen, nAccounts, runID)
 	defer closeIdempay()
 	if err != nil {
@@ -299,6 +317,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 				results[i] = append(results[i], res)
 				printResult(cfg.Out, res)
 				printUsage(cfg.Out, res.Usage, res.Requests)
+				printWebhooks(cfg.Out, res)
 			}
 		}
 		for i := range sides {
@@ -315,6 +334,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			for _, res := range merges[i] {
 				printResult(cfg.Out, res)
 				printUsage(cfg.Out, res.Usage, res.Requests)
+				printWebhooks(cfg.Out, res)
 			}
 		}
 	}
@@ -324,6 +344,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for i, sd := range sides {
 		printAccountRatios(cfg.Out, sd.label, merges[i], perRound[i], cfg.Rate)
 	}
+	printHooksRatios(cfg.Out, cfg.WebhookEndpoints, merges[0], perRound[0], cfg.Rate)
 	if len(sides) > 1 {
 		printPeerRatios(cfg.Out, merges[0], merges[1], perRound[0], perRound[1], cfg.Rate)
 	}
@@ -381,6 +402,11 @@ func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, run
 		r.accounts = append(r.accounts, account{id: a.ID, auth: "Bearer " + key})
 	}
 	r.meter = newMeter(ctx, r.pool)
+	if cfg.WebhookEndpoints > 0 {
+		if err := deleteEndpoints(ctx, r.pool); err != nil {
+			return nil, closeAll, err
+		}
+	}
 
 	needHTTP := slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) || cfg.Peer != ""
 	if cfg.Target != "" {
@@ -404,12 +430,13 @@ func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, run
 		r.meter.server = r.srv.cmd.Process.Pid
 	}
 	if cfg.WebhookEndpoints > 0 && r.base != "" {
-		url, stop, err := startSink()
+		url, stop, err := startSink(&r.sinkConns)
 		if err != nil {
 			return nil, closeAll, err
 		}
 		closers = append(closers, stop)
-		if err := registerEndpoints(ctx, r.pool, r.base, r.accounts, cfg.WebhookEndpoints, url); err != nil {
+		r.hooked = len(r.accounts) - cfg.Accounts
+		if err := registerEndpoints(ctx, r.base, r.accounts[r.hooked:], cfg.WebhookEndpoints, url); err != nil {
 			return nil, closeAll, err
 		}
 	}
@@ -445,9 +472,19 @@ func (r *runner) measured(ctx context.Context, s string) (Result, bool, error) {
 		}
 	}
 	before := r.meter.start(ctx)
+	start, conns0 := time.Now(), r.sinkConns.Load()
 	res, ran, err := r.runScenario(ctx, s)
 	if err != nil || !ran {
 		return res, ran, err
+	}
+	if r.cfg.WebhookEndpoints > 0 && !r.peer && (s == ScenarioFirst || s == hooksScenario(r.cfg.WebhookEndpoints)) {
+		want := 0
+		if s != ScenarioFirst {
+			want = r.cfg.WebhookEndpoints * res.Statuses["201"]
+		}
+		if res.Webhooks, err = r.drainWebhooks(ctx, start, start.Add(res.Elapsed), want, conns0); err != nil {
+			return res, true, err
+		}
 	}
 	res.Side, res.Usage = r.label, r.meter.stop(ctx, before)
 	return res, true, nil
@@ -698,6 +735,12 @@ func (r *Result) add(o Result) {
 	}
 	r.Elapsed += o.Elapsed
 	r.Unexpected += o.Unexpected
+	if o.Webhooks != nil {
+		if r.Webhooks == nil {
+			r.Webhooks = &WebhookStat{}
+		}
+		r.Webhooks.add(o.Webhooks)
+	}
 	for _, why := range o.Errors {
 		r.noteError(why)
 	}
@@ -785,7 +828,10 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 		return Result{}, false, nil // idempay's SQL: nothing to run on the peer's side
 	}
 	if n, ok := accountsOf(s); ok {
-		return r.firstOn(ctx, s, n, r.cfg.Duration, r.cfg.Rate), true, nil
+		return r.firstOn(ctx, s, 0, n, r.cfg.Duration, r.cfg.Rate), true, nil
+	}
+	if r.cfg.WebhookEndpoints > 0 && s == hooksScenario(r.cfg.WebhookEndpoints) {
+		return r.firstOn(ctx, s, r.hooked, r.cfg.Accounts, r.cfg.Duration, r.cfg.Rate), true, nil
 	}
 	switch s {
 	case ScenarioFirst:
@@ -826,6 +872,9 @@ func (r *runner) runScenario(ctx context.Context, s string) (res Result, ran boo
 func (r *runner) warmup(ctx context.Context, scen []string) {
 	if r.base != "" && slices.ContainsFunc(scen, func(s string) bool { return !strings.HasPrefix(s, "raw-") }) {
 		r.first(ctx, r.cfg.Warmup, 0)
+	}
+	if r.cfg.WebhookEndpoints > 0 && !r.peer {
+		r.warmupWebhooks(ctx)
 	}
 	if !r.peer && slices.ContainsFunc(scen, func(s string) bool { return strings.HasPrefix(s, "raw-") }) {
 		r.rawFirst(ctx, r.cfg.Warmup, 0)

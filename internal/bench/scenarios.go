@@ -68,17 +68,18 @@ func (r *runner) createCharge(ctx context.Context, key string, w, acct int) outc
 }
 
 func (r *runner) first(ctx context.Context, d time.Duration, rate float64) Result {
-	return r.firstOn(ctx, ScenarioFirst, r.cfg.Accounts, d, rate)
+	return r.firstOn(ctx, ScenarioFirst, 0, r.cfg.Accounts, d, rate)
 }
 
-// firstOn sends first requests spread over the first n accounts: worker w's
-// i-th request goes to account (w+i) mod n, so each worker takes them in
-// turn and, at any moment, the workers are on different accounts.
-func (r *runner) firstOn(ctx context.Context, name string, n int, d time.Duration, rate float64) Result {
-	n = max(1, min(n, len(r.accounts)))
+// firstOn sends first requests spread over n accounts from the from-th:
+// worker w's i-th request goes to account from + (w+i) mod n, so each
+// worker takes them in turn and, at any moment, the workers are on
+// different accounts.
+func (r *runner) firstOn(ctx context.Context, name string, from, n int, d time.Duration, rate float64) Result {
+	n = max(1, min(n, len(r.accounts)-from))
 	pass := r.passes.Add(1) // keys stay new across rounds
 	return r.drive(ctx, name, d, rate, func(ctx context.Context, w, i int) outcome {
-		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d-%d", r.runID, pass, w, i), w, (w+i)%n)
+		return r.createCharge(ctx, fmt.Sprintf("bench-%s-first-%d-%d-%d", r.runID, pass, w, i), w, from+(w+i)%n)
 	})
 }
 

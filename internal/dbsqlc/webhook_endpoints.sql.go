@@ -10,34 +10,6 @@ import (
 	"time"
 )
 
-const webhookAttemptInsert = `-- name: WebhookAttemptInsert :exec
-INSERT INTO webhook_attempts (delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-`
-
-type WebhookAttemptInsertParams struct {
-	DeliveryID   string
-	ScheduledAt  time.Time
-	StartedAt    time.Time
-	DurationMs   int32
-	StatusCode   *int32
-	ResponseBody string
-	Error        *string
-}
-
-func (q *Queries) WebhookAttemptInsert(ctx context.Context, db DBTX, arg *WebhookAttemptInsertParams) error {
-	_, err := db.Exec(ctx, webhookAttemptInsert,
-		arg.DeliveryID,
-		arg.ScheduledAt,
-		arg.StartedAt,
-		arg.DurationMs,
-		arg.StatusCode,
-		arg.ResponseBody,
-		arg.Error,
-	)
-	return err
-}
-
 const webhookAttemptListByDeliveries = `-- name: WebhookAttemptListByDeliveries :many
 SELECT id, delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error FROM webhook_attempts WHERE delivery_id = ANY ($1::text[]) ORDER BY delivery_id, id
 `
@@ -71,6 +43,40 @@ func (q *Queries) WebhookAttemptListByDeliveries(ctx context.Context, db DBTX, d
 	return items, nil
 }
 
+const webhookAttemptsInsert = `-- name: WebhookAttemptsInsert :exec
+INSERT INTO webhook_attempts (delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error)
+SELECT u.delivery_id, u.scheduled_at, u.started_at, u.duration_ms, NULLIF(u.status, 0), u.response_body, NULLIF(u.error, '')
+FROM (SELECT unnest($1::text[]) AS delivery_id, unnest($2::timestamptz[]) AS scheduled_at,
+             unnest($3::timestamptz[]) AS started_at, unnest($4::int[]) AS duration_ms,
+             unnest($5::int[]) AS status, unnest($6::text[]) AS response_body,
+             unnest($7::text[]) AS error) u
+`
+
+type WebhookAttemptsInsertParams struct {
+	DeliveryIds    []string
+	ScheduledAts   []time.Time
+	StartedAts     []time.Time
+	DurationsMs    []int32
+	Statuses       []int32
+	ResponseBodies []string
+	Errors         []string
+}
+
+// A batch's attempts, every one of them, fenced or not (status 0: no
+// answer; an empty error: none).
+func (q *Queries) WebhookAttemptsInsert(ctx context.Context, db DBTX, arg *WebhookAttemptsInsertParams) error {
+	_, err := db.Exec(ctx, webhookAttemptsInsert,
+		arg.DeliveryIds,
+		arg.ScheduledAts,
+		arg.StartedAts,
+		arg.DurationsMs,
+		arg.Statuses,
+		arg.ResponseBodies,
+		arg.Errors,
+	)
+	return err
+}
+
 const webhookDeliveriesFanOut = `-- name: WebhookDeliveriesFanOut :execrows
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
@@ -97,6 +103,60 @@ func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *Web
 	return result.RowsAffected(), nil
 }
 
+const webhookDeliveriesFinish = `-- name: WebhookDeliveriesFinish :many
+UPDATE webhook_deliveries d
+SET state = u.state, attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+    last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
+    delivered_at = CASE WHEN u.state = 'delivered' THEN $1::timestamptz ELSE d.delivered_at END
+FROM (SELECT unnest($2::text[]) AS id, unnest($3::bigint[]) AS claims, unnest($4::text[]) AS state,
+             unnest($5::timestamptz[]) AS next_attempt_at, unnest($6::int[]) AS status,
+             unnest($7::text[]) AS error) u
+WHERE d.id = u.id AND d.claims = u.claims AND d.state = 'pending'
+RETURNING d.id
+`
+
+type WebhookDeliveriesFinishParams struct {
+	Now            time.Time
+	Ids            []string
+	Claims         []int64
+	States         []string
+	NextAttemptAts []time.Time
+	Statuses       []int32
+	Errors         []string
+}
+
+// The outcomes of a batch's attempts (status 0: no answer; an empty error:
+// none), each fenced by its claim: a worker whose lease ran out, and whose
+// delivery another worker took, changes nothing. The ids it returns are
+// the outcomes that counted.
+func (q *Queries) WebhookDeliveriesFinish(ctx context.Context, db DBTX, arg *WebhookDeliveriesFinishParams) ([]string, error) {
+	rows, err := db.Query(ctx, webhookDeliveriesFinish,
+		arg.Now,
+		arg.Ids,
+		arg.Claims,
+		arg.States,
+		arg.NextAttemptAts,
+		arg.Statuses,
+		arg.Errors,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const webhookDeliveriesRecover = `-- name: WebhookDeliveriesRecover :exec
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
@@ -104,7 +164,7 @@ FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = $1 AND w.id = $2 AND e.created_at >= $3::timestamptz
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL
+SET state = 'pending', attempts = 0, next_attempt_at = now()
 `
 
 type WebhookDeliveriesRecoverParams struct {
@@ -127,7 +187,7 @@ FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = $1 AND e.id = $2 AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), lease_until = NULL
+SET state = 'pending', attempts = 0, next_attempt_at = now()
 `
 
 type WebhookDeliveriesResendParams struct {
@@ -137,7 +197,8 @@ type WebhookDeliveriesResendParams struct {
 
 // Makes the event's deliveries pending again with a new schedule, and
 // creates the missing ones for the account's enabled endpoints that want
-// it; the same event id goes out again.
+// it; the same event id goes out again. A worker's lease is kept: a
+// delivery being sent is not sent twice at once.
 func (q *Queries) WebhookDeliveriesResend(ctx context.Context, db DBTX, arg *WebhookDeliveriesResendParams) error {
 	_, err := db.Exec(ctx, webhookDeliveriesResend, arg.AccountID, arg.EventID)
 	return err
@@ -149,17 +210,21 @@ WITH due AS (
     JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
     WHERE d.state = 'pending' AND d.next_attempt_at <= $2::timestamptz
       AND (d.lease_until IS NULL OR d.lease_until <= $2::timestamptz)
-      AND NOT EXISTS (
-          SELECT 1 FROM webhook_deliveries p
+      AND d.object_version = (
+          SELECT p.object_version FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
-            AND p.state = 'pending' AND p.object_version < d.object_version)
+            AND p.state <> 'delivered' AND p.state <> 'failed'
+          ORDER BY p.object_version LIMIT 1)
     ORDER BY d.next_attempt_at
     LIMIT $3
     FOR UPDATE OF d SKIP LOCKED
 )
 UPDATE webhook_deliveries d SET lease_until = $1::timestamptz, claims = d.claims + 1
-FROM due WHERE d.id = due.id
-RETURNING d.id, d.event_id, d.endpoint_id, d.account_id, d.object_id, d.object_version, d.state, d.attempts, d.next_attempt_at, d.lease_until, d.claims, d.last_status, d.last_error, d.delivered_at, d.created_at
+FROM due, events e, webhook_endpoints w
+WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
+RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
+    e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
+    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since
 `
 
 type WebhookDeliveryClaimParams struct {
@@ -168,35 +233,71 @@ type WebhookDeliveryClaimParams struct {
 	MaxRows    int32
 }
 
-// Due deliveries of enabled endpoints whose object has no earlier version
-// pending for the same endpoint (head of line per object), leased to the
-// caller. SKIP LOCKED: two workers never claim one delivery, and neither
-// waits for the other.
-func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *WebhookDeliveryClaimParams) ([]WebhookDelivery, error) {
+type WebhookDeliveryClaimRow struct {
+	ID                string
+	EndpointID        string
+	NextAttemptAt     time.Time
+	Attempts          int32
+	Claims            int64
+	EventID           string
+	AccountID         string
+	Type              string
+	ObjectID          string
+	ObjectVersion     int64
+	Data              []byte
+	EventCreatedAt    time.Time
+	Url               string
+	Secret            []byte
+	PreviousSecret    []byte
+	PreviousExpiresAt *time.Time
+	FailingSince      *time.Time
+}
+
+// Up to @max_rows due deliveries of enabled endpoints, each the lowest
+// version of its object pending for its endpoint (head of line per
+// object), oldest first, leased to the caller, each with what its attempt
+// needs: the event it sends, and its endpoint's URL, secrets and failure
+// clock. One statement for a whole batch. SKIP LOCKED: two workers never
+// claim one delivery, and neither waits for the other. A batch never
+// holds two versions of one object for one endpoint: the later one waits
+// while the earlier is pending.
+//
+// The plan must not depend on statistics, which a queue table outruns
+// (taken while nothing was pending, they call every partial index empty,
+// and a join was then planned as a scan of the whole backlog for each
+// delivery read). So: webhook_deliveries_due is read in order until the
+// batch is full; the head-of-line check is a subquery run once per
+// delivery read, with that delivery's endpoint and object as its keys,
+// which names pending as webhook_deliveries_object's predicate does
+// (neither delivered nor failed) so that only that index can answer it,
+// in one probe, lowest version first.
+func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *WebhookDeliveryClaimParams) ([]WebhookDeliveryClaimRow, error) {
 	rows, err := db.Query(ctx, webhookDeliveryClaim, arg.LeaseUntil, arg.Now, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []WebhookDelivery
+	var items []WebhookDeliveryClaimRow
 	for rows.Next() {
-		var i WebhookDelivery
+		var i WebhookDeliveryClaimRow
 		if err := rows.Scan(
 			&i.ID,
-			&i.EventID,
 			&i.EndpointID,
+			&i.NextAttemptAt,
+			&i.Attempts,
+			&i.Claims,
+			&i.EventID,
 			&i.AccountID,
+			&i.Type,
 			&i.ObjectID,
 			&i.ObjectVersion,
-			&i.State,
-			&i.Attempts,
-			&i.NextAttemptAt,
-			&i.LeaseUntil,
-			&i.Claims,
-			&i.LastStatus,
-			&i.LastError,
-			&i.DeliveredAt,
-			&i.CreatedAt,
+			&i.Data,
+			&i.EventCreatedAt,
+			&i.Url,
+			&i.Secret,
+			&i.PreviousSecret,
+			&i.PreviousExpiresAt,
+			&i.FailingSince,
 		); err != nil {
 			return nil, err
 		}
@@ -206,43 +307,6 @@ func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *Webhoo
 		return nil, err
 	}
 	return items, nil
-}
-
-const webhookDeliveryFinish = `-- name: WebhookDeliveryFinish :execrows
-UPDATE webhook_deliveries
-SET state = $1, attempts = attempts + 1, next_attempt_at = $2::timestamptz,
-    lease_until = NULL, last_status = $3, last_error = $4,
-    delivered_at = CASE WHEN $1 = 'delivered' THEN $5::timestamptz ELSE delivered_at END
-WHERE id = $6 AND claims = $7 AND state = 'pending'
-`
-
-type WebhookDeliveryFinishParams struct {
-	State         string
-	NextAttemptAt time.Time
-	LastStatus    *int32
-	LastError     *string
-	Now           time.Time
-	ID            string
-	Claims        int64
-}
-
-// The outcome of a claimed delivery's attempt, fenced by its claim: a
-// worker whose lease ran out (and whose delivery another worker took)
-// changes nothing.
-func (q *Queries) WebhookDeliveryFinish(ctx context.Context, db DBTX, arg *WebhookDeliveryFinishParams) (int64, error) {
-	result, err := db.Exec(ctx, webhookDeliveryFinish,
-		arg.State,
-		arg.NextAttemptAt,
-		arg.LastStatus,
-		arg.LastError,
-		arg.Now,
-		arg.ID,
-		arg.Claims,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const webhookDeliveryListByEndpoint = `-- name: WebhookDeliveryListByEndpoint :many
@@ -363,7 +427,7 @@ func (q *Queries) WebhookDispatchGapsAdd(ctx context.Context, db DBTX, arg *Webh
 
 const webhookDispatchGapsResolve = `-- name: WebhookDispatchGapsResolve :many
 DELETE FROM webhook_dispatch_gaps g
-WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq)
+WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq AND e.seq >= (SELECT min(seq) FROM webhook_dispatch_gaps))
    OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
                   WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
 RETURNING g.seq
@@ -375,7 +439,10 @@ RETURNING g.seq
 // "Ended" is read from this statement's snapshot, the one its EXISTS
 // reads the events with, not from the commit log (pg_xact_status): a
 // transaction is committed in the log a moment before snapshots see it,
-// and a gap forgotten in that moment would lose its event.
+// and a gap forgotten in that moment would lose its event. The events
+// are looked up from the lowest gap on (events has no B-tree on seq): a
+// few recent pages, where an unbounded lookup read the whole table, or
+// its index, once per pass.
 func (q *Queries) WebhookDispatchGapsResolve(ctx context.Context, db DBTX) ([]int64, error) {
 	rows, err := db.Query(ctx, webhookDispatchGapsResolve)
 	if err != nil {
@@ -508,26 +575,6 @@ func (q *Queries) WebhookEndpointDisable(ctx context.Context, db DBTX, arg *Webh
 	return i, err
 }
 
-const webhookEndpointFailed = `-- name: WebhookEndpointFailed :one
-UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, $1::timestamptz)
-WHERE id = $2
-RETURNING failing_since::timestamptz
-`
-
-type WebhookEndpointFailedParams struct {
-	Now time.Time
-	ID  string
-}
-
-// Notes a failed attempt and returns since when the endpoint has been
-// failing.
-func (q *Queries) WebhookEndpointFailed(ctx context.Context, db DBTX, arg *WebhookEndpointFailedParams) (time.Time, error) {
-	row := db.QueryRow(ctx, webhookEndpointFailed, arg.Now, arg.ID)
-	var failing_since time.Time
-	err := row.Scan(&failing_since)
-	return failing_since, err
-}
-
 const webhookEndpointGetByID = `-- name: WebhookEndpointGetByID :one
 SELECT id, account_id, url, enabled_events, enabled, disabled_reason, secret, previous_secret, previous_expires_at, failing_since, version, idempotency_key_id, created_at, updated_at FROM webhook_endpoints WHERE account_id = $1 AND id = $2
 `
@@ -565,32 +612,6 @@ SELECT id, account_id, url, enabled_events, enabled, disabled_reason, secret, pr
 
 func (q *Queries) WebhookEndpointGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (WebhookEndpoint, error) {
 	row := db.QueryRow(ctx, webhookEndpointGetByIdempotencyKeyID, idempotencyKeyID)
-	var i WebhookEndpoint
-	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.Url,
-		&i.EnabledEvents,
-		&i.Enabled,
-		&i.DisabledReason,
-		&i.Secret,
-		&i.PreviousSecret,
-		&i.PreviousExpiresAt,
-		&i.FailingSince,
-		&i.Version,
-		&i.IdempotencyKeyID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
-}
-
-const webhookEndpointGetForDelivery = `-- name: WebhookEndpointGetForDelivery :one
-SELECT id, account_id, url, enabled_events, enabled, disabled_reason, secret, previous_secret, previous_expires_at, failing_since, version, idempotency_key_id, created_at, updated_at FROM webhook_endpoints WHERE id = $1
-`
-
-func (q *Queries) WebhookEndpointGetForDelivery(ctx context.Context, db DBTX, id string) (WebhookEndpoint, error) {
-	row := db.QueryRow(ctx, webhookEndpointGetForDelivery, id)
 	var i WebhookEndpoint
 	err := row.Scan(
 		&i.ID,
@@ -710,15 +731,6 @@ func (q *Queries) WebhookEndpointRotate(ctx context.Context, db DBTX, arg *Webho
 	return err
 }
 
-const webhookEndpointSucceeded = `-- name: WebhookEndpointSucceeded :exec
-UPDATE webhook_endpoints SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL
-`
-
-func (q *Queries) WebhookEndpointSucceeded(ctx context.Context, db DBTX, id string) error {
-	_, err := db.Exec(ctx, webhookEndpointSucceeded, id)
-	return err
-}
-
 const webhookEndpointUpdate = `-- name: WebhookEndpointUpdate :exec
 WITH w AS (
     UPDATE webhook_endpoints
@@ -764,6 +776,54 @@ func (q *Queries) WebhookEndpointsDisabled(ctx context.Context, db DBTX) (int64,
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const webhookEndpointsFailed = `-- name: WebhookEndpointsFailed :many
+UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, $1::timestamptz)
+WHERE id = ANY ($2::text[])
+RETURNING id, failing_since::timestamptz
+`
+
+type WebhookEndpointsFailedParams struct {
+	Now time.Time
+	Ids []string
+}
+
+type WebhookEndpointsFailedRow struct {
+	ID           string
+	FailingSince time.Time
+}
+
+// The endpoints every attempt of a batch failed at: failing since now
+// unless they were already; returns since when each has been failing.
+func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *WebhookEndpointsFailedParams) ([]WebhookEndpointsFailedRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointsFailed, arg.Now, arg.Ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WebhookEndpointsFailedRow
+	for rows.Next() {
+		var i WebhookEndpointsFailedRow
+		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec
+UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY ($1::text[]) AND failing_since IS NOT NULL
+`
+
+// The endpoints an attempt of a batch reached: no longer failing.
+func (q *Queries) WebhookEndpointsSucceeded(ctx context.Context, db DBTX, ids []string) error {
+	_, err := db.Exec(ctx, webhookEndpointsSucceeded, ids)
+	return err
 }
 
 const webhookEventGet = `-- name: WebhookEventGet :one

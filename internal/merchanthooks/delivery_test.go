@@ -3,6 +3,7 @@ package merchanthooks_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -355,6 +356,14 @@ func TestLeaseTakeover(t *testing.T) {
 			t.Fatal("the first worker did not send in 20 s")
 		}
 	}
+	// A resend meanwhile keeps the lease: the delivery is not sent twice
+	// at once.
+	if r := b.client.Post("/v1/events/"+id+"/resend", apitest.NewKey(), map[string]any{}); r.Status != http.StatusAccepted {
+		t.Fatalf("resend: %d %s", r.Status, r.Body)
+	}
+	if n := b.work(t); n != 0 {
+		t.Fatalf("a worker claimed %d while the first one's lease holds", n)
+	}
 	b.clock.Advance(b.cfg.Lease + time.Second)
 	if n := b.work(t); n != 1 {
 		t.Fatalf("the second worker claimed %d, want the expired lease's delivery", n)
@@ -369,6 +378,102 @@ func TestLeaseTakeover(t *testing.T) {
 	}
 	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || attempts != 1 {
 		t.Fatalf("%s after %d attempts, want delivered once (the late one fenced)", state, attempts)
+	}
+	// Both attempts are recorded, the late one too.
+	var rows int
+	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1 AND a.status_code = 200", id).Scan(&rows); err != nil || rows != 2 {
+		t.Fatalf("%d attempts recorded (%v), want 2", rows, err)
+	}
+}
+
+// TestSecretUnreadable: a delivery whose endpoint secret does not open
+// (sealed under another WEBHOOK_SECRETS_KEY) is a failed attempt, recorded
+// with its error, retried on the schedule and counted against the
+// endpoint, which is disabled after DisableAfter: nothing is sent, and
+// nothing is claimed again before its time.
+func TestSecretUnreadable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, "UPDATE webhook_endpoints SET secret = '\\x00112233445566778899aabbccddeeff00112233445566778899' WHERE id = $1", epID); err != nil {
+		t.Fatal(err)
+	}
+	id := b.event(t, events.ChargeSucceeded, "ch_s", 1)
+	b.dispatch(t)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d, want 1 (and not again before the retry's time)", n)
+	}
+	state, attempts, next := b.deliveryState(t, id)
+	if state != merchanthooks.StatePending || attempts != 1 || !next.After(b.clock.Now()) {
+		t.Fatalf("after the first attempt: %s, %d attempts, next at %v; want pending, 1, later", state, attempts, next)
+	}
+	var status *int32
+	var errText *string
+	if err := b.pool.QueryRow(ctx, "SELECT a.status_code, a.error FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1", id).
+		Scan(&status, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if status != nil || errText == nil || !strings.Contains(*errText, "signing secret") {
+		t.Fatalf("attempt: status %v, error %v; want no status and the secret's error", status, errText)
+	}
+	for _, step := range []time.Duration{time.Second, 10 * time.Second, time.Minute} {
+		b.clock.Advance(step + 100*time.Millisecond)
+		if n := b.work(t); n != 1 {
+			t.Fatalf("after %s: claimed %d, want the retry", step, n)
+		}
+	}
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateFailed || attempts != 4 {
+		t.Fatalf("after the schedule: %s, %d attempts; want failed after 4", state, attempts)
+	}
+	if got := b.recv.deliveries(); len(got) != 0 {
+		t.Fatalf("the receiver got %d requests, want none", len(got))
+	}
+	b.clock.Advance(time.Hour)
+	b.event(t, events.ChargeSucceeded, "ch_s2", 1)
+	b.dispatch(t)
+	b.work(t)
+	b.assertDisabled(t, epID, merchanthooks.ReasonFailing)
+}
+
+// TestWorkBatch: one worker pass claims a batch of due deliveries in one
+// statement, sends them concurrently and records them together; a batch
+// never holds two versions of one object for one endpoint.
+func TestWorkBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	b.endpoint(t, "/second", "*")
+	var want []string
+	for i := range 20 {
+		want = append(want, b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_b%d", i), 1))
+	}
+	v1 := b.event(t, events.ChargeRequiresCapture, "ch_bv", 1)
+	v2 := b.event(t, events.ChargeSucceeded, "ch_bv", 2)
+	b.dispatch(t)
+	n, err := b.svc.Work(context.Background(), b.http, 100)
+	if err != nil || n != 42 {
+		t.Fatalf("one pass claimed %d (%v), want 42: 21 events to 2 endpoints, %s waiting behind %s", n, err, v2, v1)
+	}
+	got := map[string]int{}
+	for _, d := range b.recv.deliveries() {
+		got[d.ID]++
+	}
+	for _, id := range append(want, v1) {
+		if got[id] != 2 {
+			t.Fatalf("%s received %d times, want once per endpoint", id, got[id])
+		}
+	}
+	if got[v2] != 0 {
+		t.Fatalf("%s was sent in the batch of %s", v2, v1)
+	}
+	var delivered, attempts int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE state = 'delivered'), (SELECT count(*) FROM webhook_attempts)
+		FROM webhook_deliveries`).Scan(&delivered, &attempts); err != nil || delivered != 42 || attempts != 42 {
+		t.Fatalf("%d delivered, %d attempts recorded (%v); want 42 and 42", delivered, attempts, err)
+	}
+	if n := b.work(t); n != 2 {
+		t.Fatalf("the next pass claimed %d, want %s's two", n, v2)
 	}
 }
 

@@ -86,15 +86,16 @@ func (s *Service) fanOut(ctx context.Context, tx pgx.Tx, seqs []int64) error {
 	return nil
 }
 
-// RunDispatcher dispatches until ctx is done, pausing Config.Interval when
-// a pass found no new event.
+// RunDispatcher dispatches until ctx is done, pausing Config.Interval
+// after a pass that was not a full batch (it caught up): at a steady load,
+// one pass every Interval fans out every event committed meanwhile.
 func (s *Service) RunDispatcher(ctx context.Context) {
 	for ctx.Err() == nil {
 		n, err := s.Dispatch(ctx)
 		if err != nil && ctx.Err() == nil {
 			s.log.WarnContext(ctx, "webhooks out: dispatch pass failed; retrying", "err", err)
 		}
-		if n == 0 || err != nil {
+		if n < int64(s.cfg.Batch) || err != nil {
 			if !sleep(ctx, s.cfg.Interval) {
 				return
 			}

@@ -78,12 +78,19 @@ type Config struct {
 	// RotationOverlap is how long a rotated-out secret still signs, unless
 	// the rotation says otherwise.
 	RotationOverlap time.Duration
-	// Interval is the dispatcher's and each worker's pause when there is
-	// nothing to do.
+	// Interval is the dispatcher's and each worker loop's pause once it has
+	// caught up (its last pass was not a full batch): at a steady load, a
+	// pass every Interval carries every event or delivery that came due
+	// meanwhile, in a few statements.
 	Interval time.Duration
-	// Workers is the number of deliveries one process sends at once.
+	// Workers is the number of worker loops one process runs.
 	Workers int
-	// Batch bounds the events one dispatcher pass reads.
+	// WorkerBatch is how many due deliveries a worker loop claims at once
+	// (one statement), sends concurrently, and records together (one
+	// transaction): one process sends up to Workers x WorkerBatch at once.
+	WorkerBatch int
+	// Batch bounds the events one dispatcher pass reads. A pass that read
+	// fewer has caught up: the dispatcher pauses Interval before the next.
 	Batch int32
 	// Now is the workers' clock (nil: time.Now); tests move it.
 	Now func() time.Time
@@ -108,7 +115,7 @@ func DefaultSchedule() []time.Duration {
 func DefaultConfig() Config {
 	return Config{Schedule: DefaultSchedule(), Jitter: 0.1, Timeout: 15 * time.Second, Lease: 45 * time.Second,
 		DisableAfter: 5 * 24 * time.Hour, RotationOverlap: 24 * time.Hour, Interval: 500 * time.Millisecond,
-		Workers: 4, Batch: 500}
+		Workers: 4, WorkerBatch: 32, Batch: 500}
 }
 
 func (c Config) now() time.Time {

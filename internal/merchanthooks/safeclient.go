@@ -49,9 +49,15 @@ func NewHTTPClient(cfg Config) *http.Client {
 		}
 		return nil
 	}}
+	// Connections are kept alive and reused, as many per host as one
+	// process sends to at once (Workers x WorkerBatch, when every
+	// delivery of the batches goes to one host): an endpoint answering a
+	// steady stream of deliveries is not dialled again for each. A reused
+	// connection goes to the address that was checked when it was dialled.
+	idle := max(8, cfg.Workers*cfg.WorkerBatch)
 	tr := &http.Transport{
 		Proxy: nil, DialContext: dialer.DialContext, ForceAttemptHTTP2: true,
-		TLSHandshakeTimeout: 5 * time.Second, MaxIdleConnsPerHost: 8, IdleConnTimeout: 60 * time.Second,
+		TLSHandshakeTimeout: 5 * time.Second, MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: 60 * time.Second,
 	}
 	return &http.Client{Transport: telemetry.HTTPTransport(tr, cfg.TracerProvider), Timeout: cfg.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

@@ -9,8 +9,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -36,37 +38,42 @@ const maxAnswerBytes = 4096
 const maxRetryAfter = 24 * time.Hour
 
 // RunWorkers sends deliveries until ctx is done: Config.Workers loops, each
-// claiming one due delivery at a time (SKIP LOCKED, with a lease), sending
-// it and recording the attempt.
+// claiming up to Config.WorkerBatch due deliveries at a time (Work). A
+// loop whose claim came back short of a full batch has caught up and
+// pauses Config.Interval; a full one goes again at once.
 func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 	if s.seal == nil {
 		s.log.WarnContext(ctx, "webhooks out: "+errNoSecretsKey.Error()+"; no delivery is sent")
 		return
 	}
-	done := make(chan struct{})
+	batch := max(1, s.cfg.WorkerBatch)
+	var wg sync.WaitGroup
 	for range max(1, s.cfg.Workers) {
-		go func() {
-			defer func() { done <- struct{}{} }()
+		wg.Go(func() {
 			for ctx.Err() == nil {
-				n, err := s.Work(ctx, client, 1)
+				n, err := s.Work(ctx, client, batch)
 				if err != nil && ctx.Err() == nil {
 					s.log.WarnContext(ctx, "webhooks out: worker pass failed; retrying", "err", err)
 				}
-				if n == 0 && !sleep(ctx, s.cfg.Interval) {
+				if n < batch && !sleep(ctx, s.cfg.Interval) {
 					return
 				}
 			}
-		}()
+		})
 	}
-	for range max(1, s.cfg.Workers) {
-		<-done
-	}
+	wg.Wait()
 }
 
-// Work claims up to n due deliveries and sends them one after the other;
-// it returns how many it claimed. A delivery is due when its time has come,
-// its endpoint is enabled, no other worker's lease holds it, and no earlier
-// version of its object is pending for the same endpoint.
+// Work is one worker pass; it returns how many deliveries it claimed. One
+// statement claims up to n due deliveries, with their events and their
+// endpoints' URLs and secrets, and leases them; they are sent at once,
+// each on its own (no transaction is open meanwhile); then one
+// transaction records every attempt and its outcome. A delivery is due
+// when its time has come, its endpoint is enabled, no other worker's
+// lease holds it, and no earlier version of its object is pending for the
+// same endpoint. Every attempt ends within Config.Timeout, which is
+// shorter than the lease, so the batch is recorded while its leases hold
+// unless the process stalls; if it does, the outcomes are fenced (finish).
 func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, error) {
 	now := s.cfg.now()
 	claimed, err := s.q.WebhookDeliveryClaim(ctx, s.pool, &dbsqlc.WebhookDeliveryClaimParams{
@@ -74,12 +81,27 @@ func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, er
 	if err != nil {
 		return 0, fmt.Errorf("claiming deliveries: %w", err)
 	}
+	if len(claimed) == 0 {
+		return 0, nil
+	}
+	// One body per event, whatever the number of its endpoints.
+	bodies := map[string][]byte{}
 	for _, d := range claimed {
-		if err := s.deliver(ctx, client, d); err != nil {
-			// Not recorded: the lease runs out and another attempt
-			// follows, under the same webhook-id.
-			s.log.WarnContext(ctx, "webhooks out: delivery not recorded", "delivery", d.ID, "event", d.EventID, "err", err)
+		if _, ok := bodies[d.EventID]; !ok {
+			bodies[d.EventID], _ = json.Marshal(events.Of(dbsqlc.Event{ID: d.EventID, AccountID: d.AccountID, Type: d.Type,
+				ObjectID: d.ObjectID, ObjectVersion: d.ObjectVersion, Data: d.Data, CreatedAt: d.EventCreatedAt}))
 		}
+	}
+	atts := make([]attempt, len(claimed))
+	var wg sync.WaitGroup
+	for i, d := range claimed {
+		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID]) })
+	}
+	wg.Wait()
+	if err := s.finish(ctx, claimed, atts); err != nil {
+		// Not recorded: the leases run out and the deliveries go again,
+		// under the same webhook-ids.
+		return len(claimed), fmt.Errorf("recording %d attempts: %w", len(claimed), err)
 	}
 	return len(claimed), nil
 }
@@ -94,38 +116,32 @@ type attempt struct {
 	retryIn  time.Duration // the answer's Retry-After, 0 when none
 }
 
-// deliver sends one claimed delivery and records its attempt and outcome.
-func (s *Service) deliver(ctx context.Context, client *http.Client, d dbsqlc.WebhookDelivery) error {
-	ep, err := s.q.WebhookEndpointGetForDelivery(ctx, s.pool, d.EndpointID)
-	if err != nil {
-		return fmt.Errorf("reading endpoint %s: %w", d.EndpointID, err)
+// send makes one claimed delivery's attempt with its event's body. An
+// endpoint secret that does not open (WEBHOOK_SECRETS_KEY changed under it)
+// is a failed attempt like any other, recorded with its error: the
+// delivery follows the schedule and the endpoint its failure clock,
+// instead of being claimed again and again.
+func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte) attempt {
+	if body == nil { // the stored event's data is not JSON
+		return attempt{started: s.cfg.now(), err: "encoding the event failed"}
 	}
-	ev, err := s.events.Event(ctx, d.AccountID, d.EventID)
+	secrets, err := s.secrets(d.EndpointID, d.Secret, d.PreviousSecret, d.PreviousExpiresAt, s.cfg.now())
 	if err != nil {
-		return fmt.Errorf("reading event %s: %w", d.EventID, err)
+		return attempt{started: s.cfg.now(), err: "opening the endpoint's signing secret: " + err.Error()}
 	}
-	body, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	secrets, err := s.secrets(ep, s.cfg.now())
-	if err != nil {
-		return err
-	}
-	a := s.post(ctx, client, ep.Url, ev.ID, body, secrets)
-	return s.finish(ctx, d, ep, a)
+	return s.post(ctx, client, d.Url, d.EventID, body, secrets)
 }
 
 // secrets are the endpoint's signing secrets: the current one, and the
 // previous one while its rotation's overlap lasts.
-func (s *Service) secrets(ep dbsqlc.WebhookEndpoint, now time.Time) ([]string, error) {
-	cur, err := s.seal.open(ep.ID, ep.Secret)
+func (s *Service) secrets(endpointID string, secret, previous []byte, previousExpires *time.Time, now time.Time) ([]string, error) {
+	cur, err := s.seal.open(endpointID, secret)
 	if err != nil {
 		return nil, err
 	}
 	out := []string{cur}
-	if ep.PreviousSecret != nil && ep.PreviousExpiresAt != nil && ep.PreviousExpiresAt.After(now) {
-		prev, err := s.seal.open(ep.ID, ep.PreviousSecret)
+	if previous != nil && previousExpires != nil && previousExpires.After(now) {
+		prev, err := s.seal.open(endpointID, previous)
 		if err != nil {
 			return nil, err
 		}
@@ -207,73 +223,135 @@ func (s *Service) nextDelay(attempts int) (time.Duration, bool) {
 	return d, true
 }
 
-// finish records the attempt and its outcome in one transaction: the
-// delivery (fenced by its claim), the endpoint's failure clock, and, when
-// the endpoint is disabled, its event.
-func (s *Service) finish(ctx context.Context, d dbsqlc.WebhookDelivery, ep dbsqlc.WebhookEndpoint, a attempt) error {
-	ctx = context.WithoutCancel(ctx) // the attempt happened: record it
-	outcome, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (string, error) {
-		var status *int32
-		if a.status != 0 {
-			st := int32(a.status)
-			status = &st
-		}
-		var errText *string
-		if a.err != "" {
-			e := truncate(a.err, 1000)
-			errText = &e
-		}
-		if err := s.q.WebhookAttemptInsert(ctx, tx, &dbsqlc.WebhookAttemptInsertParams{DeliveryID: d.ID,
-			ScheduledAt: d.NextAttemptAt, StartedAt: a.started, DurationMs: int32(a.duration.Milliseconds()),
-			StatusCode: status, ResponseBody: truncate(a.answer, maxAnswerBytes), Error: errText}); err != nil {
-			return "", fmt.Errorf("recording attempt: %w", err)
-		}
-		now := s.cfg.now()
-		p := &dbsqlc.WebhookDeliveryFinishParams{ID: d.ID, Claims: d.Claims, Now: now, LastStatus: status, LastError: errText,
-			State: StatePending, NextAttemptAt: now}
-		outcome := OutcomeRetrying
-		switch {
-		case a.status >= 200 && a.status < 300:
-			p.State, outcome = StateDelivered, OutcomeDelivered
-		case a.status == http.StatusGone:
-			// Pending still: it goes out if the merchant enables the
-			// endpoint again.
-			outcome = OutcomeGone
-		default:
-			delay, ok := s.nextDelay(int(d.Attempts) + 1)
-			if !ok {
-				p.State, outcome = StateFailed, OutcomeFailed
-			}
-			p.NextAttemptAt = now.Add(max(delay, a.retryIn))
-		}
-		n, err := s.q.WebhookDeliveryFinish(ctx, tx, p)
+// outcome is what attempt a of delivery d makes of it: its state, when it
+// is due next, and the outcome Observe is told.
+func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.Time) (state string, next time.Time, outcome string) {
+	switch {
+	case a.status >= 200 && a.status < 300:
+		return StateDelivered, now, OutcomeDelivered
+	case a.status == http.StatusGone:
+		// Pending still: it goes out if the merchant enables the endpoint
+		// again.
+		return StatePending, now, OutcomeGone
+	}
+	delay, ok := s.nextDelay(int(d.Attempts) + 1)
+	if !ok {
+		return StateFailed, now, OutcomeFailed
+	}
+	return StatePending, now.Add(max(delay, a.retryIn)), OutcomeRetrying
+}
+
+// finish records a batch's attempts and their outcomes in one
+// transaction: every attempt; each delivery's outcome, fenced by its claim
+// (a worker whose lease ran out, and whose delivery another worker took,
+// changes nothing but its attempt's row); the endpoints' failure clocks;
+// and the endpoints to disable, with their events.
+func (s *Service) finish(ctx context.Context, claimed []dbsqlc.WebhookDeliveryClaimRow, atts []attempt) error {
+	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
+	now := s.cfg.now()
+	ins := &dbsqlc.WebhookAttemptsInsertParams{}
+	fin := &dbsqlc.WebhookDeliveriesFinishParams{Now: now}
+	outcomes := make([]string, len(claimed))
+	for i, d := range claimed {
+		a := atts[i]
+		errText := truncate(a.err, 1000)
+		ins.DeliveryIds = append(ins.DeliveryIds, d.ID)
+		ins.ScheduledAts = append(ins.ScheduledAts, d.NextAttemptAt)
+		ins.StartedAts = append(ins.StartedAts, a.started)
+		ins.DurationsMs = append(ins.DurationsMs, int32(a.duration.Milliseconds()))
+		ins.Statuses = append(ins.Statuses, int32(a.status))
+		ins.ResponseBodies = append(ins.ResponseBodies, truncate(a.answer, maxAnswerBytes))
+		ins.Errors = append(ins.Errors, errText)
+		state, next, outcome := s.outcome(d, a, now)
+		fin.Ids = append(fin.Ids, d.ID)
+		fin.Claims = append(fin.Claims, d.Claims)
+		fin.States = append(fin.States, state)
+		fin.NextAttemptAts = append(fin.NextAttemptAts, next)
+		fin.Statuses = append(fin.Statuses, int32(a.status))
+		fin.Errors = append(fin.Errors, errText)
+		outcomes[i] = outcome
+	}
+	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		counted, err := s.q.WebhookDeliveriesFinish(ctx, tx, fin)
 		if err != nil {
-			return "", fmt.Errorf("finishing delivery: %w", err)
+			return struct{}{}, fmt.Errorf("finishing deliveries: %w", err)
 		}
-		if n == 0 {
-			return OutcomeFenced, nil
+		if err := s.q.WebhookAttemptsInsert(ctx, tx, ins); err != nil {
+			return struct{}{}, fmt.Errorf("recording attempts: %w", err)
 		}
-		switch outcome {
-		case OutcomeDelivered:
-			err = s.q.WebhookEndpointSucceeded(ctx, tx, ep.ID)
-		case OutcomeGone:
-			err = s.disable(ctx, tx, ep.ID, ReasonGone)
-		default:
-			var since time.Time
-			if since, err = s.q.WebhookEndpointFailed(ctx, tx, &dbsqlc.WebhookEndpointFailedParams{ID: ep.ID, Now: now}); err == nil &&
-				now.Sub(since) >= s.cfg.DisableAfter {
-				err = s.disable(ctx, tx, ep.ID, ReasonFailing)
-			}
-		}
-		return outcome, err
+		return struct{}{}, s.endpointsAfter(ctx, tx, claimed, outcomes, counted, now)
 	})
 	if err != nil {
 		return err
 	}
 	if s.cfg.Observe != nil {
-		s.cfg.Observe(outcome, a.duration)
+		for i, o := range outcomes {
+			s.cfg.Observe(o, atts[i].duration)
+		}
 	}
 	return nil
+}
+
+// endpointsAfter applies a batch's counted outcomes to their endpoints, in
+// tx: an endpoint that accepted an attempt is no longer failing; one that
+// failed every attempt it had is failing since now, unless it already
+// was, and disabled once that is longer than Config.DisableAfter; one that
+// answered 410 is disabled. outcomes[i] becomes OutcomeFenced for each
+// delivery whose outcome did not count.
+func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
+	var reached, failing, gone []string
+	for i, d := range claimed {
+		if !slices.Contains(counted, d.ID) {
+			outcomes[i] = OutcomeFenced
+			continue
+		}
+		switch outcomes[i] {
+		case OutcomeDelivered:
+			reached = appendOnce(reached, d.EndpointID)
+		case OutcomeGone:
+			gone = appendOnce(gone, d.EndpointID)
+		default:
+			failing = appendOnce(failing, d.EndpointID)
+		}
+	}
+	failing = slices.DeleteFunc(failing, func(id string) bool { return slices.Contains(reached, id) })
+	// An endpoint that was not failing when claimed needs no write.
+	wasFailing := slices.DeleteFunc(slices.Clone(reached), func(id string) bool {
+		return !slices.ContainsFunc(claimed, func(d dbsqlc.WebhookDeliveryClaimRow) bool {
+			return d.EndpointID == id && d.FailingSince != nil
+		})
+	})
+	if len(wasFailing) > 0 {
+		if err := s.q.WebhookEndpointsSucceeded(ctx, tx, wasFailing); err != nil {
+			return fmt.Errorf("noting endpoints reached: %w", err)
+		}
+	}
+	if len(failing) > 0 {
+		rows, err := s.q.WebhookEndpointsFailed(ctx, tx, &dbsqlc.WebhookEndpointsFailedParams{Ids: failing, Now: now})
+		if err != nil {
+			return fmt.Errorf("noting endpoints failing: %w", err)
+		}
+		for _, r := range rows {
+			if now.Sub(r.FailingSince) >= s.cfg.DisableAfter {
+				if err := s.disable(ctx, tx, r.ID, ReasonFailing); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, id := range gone {
+		if err := s.disable(ctx, tx, id, ReasonGone); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func appendOnce(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
 }
 
 // disable disables the endpoint and records its webhook_endpoint.disabled
