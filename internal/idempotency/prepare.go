@@ -6,10 +6,10 @@ import (
 )
 
 // Prepare is the front half of an entry point whose fingerprint covers the
-// body as sent (a Stripe event, an API key, a webhook endpoint): given a key already
-// checked by ParseKey, it reads the body (at most limit bytes), puts it in
-// canonical form and fingerprints the request. Its errors are *Error of
-// kind ErrBodyTooLarge, ErrInvalidJSON, or a read error as is.
+// body as sent (a Stripe event, an API key, a webhook endpoint): given a
+// key already checked by ParseKey, it reads the body (at most limit bytes),
+// puts it in canonical form and fingerprints the request. Its errors are
+// *Error of kind ErrBodyTooLarge, ErrInvalidJSON, or a read error as is.
 func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit int64) (Request, error) {
 	raw, err := ReadBody(body, limit)
 	if err != nil {
