@@ -15,12 +15,9 @@ import (
 // nothing of it is remembered: so a revocation holds on every process from
 // the moment it commits, behind any pooler, with no channel between
 // processes (I11, I15), and the requests of one key never wait for each
-// other. A read (GET) makes that statement on its own (Authenticate,
-// APIKeyAuthenticate) before its query. A mutating request makes no
-// statement of its own for it: its first statement, the idempotency core's
-// read of its record, authenticates it too (AuthenticateWithRecord), and
-// its claim checks the key again in its own batch, so that a revocation
-// committed in between is refused there (idempotency/credential.go).
+// other. A read (GET) makes that statement on its own (Authenticate); a
+// mutating request's first statement, the core's read of its record, is
+// that statement too (AuthenticateWithRecord; idempotency/credential.go).
 //
 // What it does keep is the ids of the keys it authenticated since the last
 // NoteUses, which writes their last_used_at off the request path
