@@ -2,8 +2,9 @@
 -- functions the queries call, idempay's own vocabularies as enum types, then
 -- each table with what it holds, why each index exists and what keeps its
 -- writes cheap. sqlc reads this file as the schema; the queries are in
--- db/queries, by table, with the path of a request's own queries in the
--- table's first file (idempotency_keys.sql, charges.sql, api_keys.sql).
+-- db/queries: a request's own in the file named for the table
+-- (idempotency_keys.sql, charges.sql), the rest beside it, named for what
+-- runs them (idempotency_keys_completer.sql, charges_refunds.sql ...).
 --
 -- Rules the schema keeps:
 --
