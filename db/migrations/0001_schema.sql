@@ -1,68 +1,57 @@
--- idempay's schema, in one file, to be read top to bottom.
---
--- How it is organised: the two functions the queries call, idempay's own
--- vocabularies as enum types, then each table with what it holds, why each
--- index exists and what keeps its writes cheap. The queries that use them
--- are in db/queries (one file per table); sqlc reads this file as the schema.
+-- idempay's schema, in one file, to be read top to bottom: the two
+-- functions the queries call, idempay's own vocabularies as enum types, then
+-- each table with what it holds, why each index exists and what keeps its
+-- writes cheap. sqlc reads this file as the schema; the queries are in
+-- db/queries: a request's own in the file named for the table
+-- (idempotency_keys.sql, charges.sql), the rest beside it, named for what
+-- runs them (idempotency_keys_completer.sql, charges_refunds.sql ...).
 --
 -- Rules the schema keeps:
 --
--- - Foreign keys wherever one row names another that must exist, except
---   to accounts from the tables that every request writes. A refund or
---   dispute names its charge, a delivery its event and endpoint, a key and
---   a webhook endpoint their account. A ledger row names the idempotency
---   record that made it ON DELETE SET NULL: retention deletes the record,
---   the ledger row stays (the record's id is in Stripe's metadata, so
---   reconciliation can still tie the two together). The records, charges,
---   refunds and events have no foreign key to accounts, on purpose:
---   checking one locks the parent row FOR KEY SHARE until commit, so every
---   request of an account would lock that account's one row, twice, shared
---   with all of the account's requests in flight (each overlap a MultiXact
---   written into the row's header). That is one row that all of an
---   account's requests write, on the settling path, which the design
---   forbids. The account id these rows carry comes from the statement that
---   authenticated the request (an active key's account, read in the same
---   round trip), and accounts are never deleted, so there is nothing for
---   the foreign key to catch.
+-- - Foreign keys wherever one row names another that must exist (a refund
+--   or dispute its charge, a delivery its endpoint, a key or an endpoint
+--   its account), except to accounts from the tables that every request
+--   writes: the records, charges, refunds and events. Checking one locks
+--   the parent row FOR KEY SHARE until commit, so every request of an
+--   account would lock that account's one row, twice, shared with all its
+--   requests in flight (a MultiXact written into the row's header each
+--   time): one row that all of an account's requests write, which the
+--   design forbids. Their account id comes from the statement that
+--   authenticated the request, and accounts are never deleted, so there is
+--   nothing for the foreign key to catch. A ledger row names the record
+--   that made it ON DELETE SET NULL: retention deletes the record, the row
+--   stays (the record's id is in Stripe's metadata for reconciliation).
 -- - A state on a table that every request writes (a record's recovery
---   point, a charge's status, a refund's, an event's type) is an enum: an
---   unknown label is refused when it is read in (SQLSTATE 22P02) and costs
---   nothing afterwards, where a CHECK (x IN (...)) is parsed and planned
---   again at every write (see the next rule). Elsewhere (an account's mode,
---   a Stripe event's outcome, a delivery's state) a CHECK lists the values
---   beside the column. A vocabulary that Stripe owns (a dispute's status)
---   is text with a CHECK in any case: Stripe may add values, and a CHECK is
---   changed by one statement, where an enum's label can never be taken
---   back.
+--   point, a charge's or refund's status, an event's type) is an enum: an
+--   unknown label is refused when it is read in (22P02) and costs nothing
+--   afterwards, where a CHECK (x IN (...)) is planned again at every write
+--   (next rule). Elsewhere a CHECK lists the values beside the column; a
+--   vocabulary Stripe owns (a dispute's status) is always text with a
+--   CHECK, since Stripe may add values and an enum label is never removed.
 -- - A length limit on a table that every request writes is the column's
---   type, varchar(n): checked where a value is assigned, inside the
---   statement's cached plan, and never for a column an UPDATE leaves alone.
---   PostgreSQL instead reads back and plans every CHECK constraint of a
---   table at every INSERT and UPDATE (ExecRelCheck), whichever columns it
---   sets; a CPU profile under first requests put a quarter of PostgreSQL's
---   time there when these limits were CHECKs (BENCHMARKS.md, "Measured, then
---   cut"). What relates columns or bounds a number (amounts, the finished
---   record's response, the scope) is a CHECK: no type can say it. Tables
---   that requests rarely write (accounts, keys, disputes, Stripe's events,
---   webhooks) say their lengths as CHECK (char_length(x) <= n): there the
---   cost does not matter, and the CHECK says the rule in words.
--- - A JSON document that the database stores and hands back but never looks
---   into (a record's stored headers, a charge's metadata, an event's data)
---   is json, kept as the server wrote it: jsonb would parse and rebuild it
---   at every write and print it again at every read, work nothing here
---   uses. A replay returns its stored headers as they were written.
+--   type, varchar(n): checked where a value is assigned, inside the cached
+--   plan, and never for a column an UPDATE leaves alone. PostgreSQL reads
+--   back and plans every CHECK of a table at every INSERT and UPDATE
+--   (ExecRelCheck), whichever columns it sets: a quarter of PostgreSQL's
+--   CPU under first requests when these limits were CHECKs (BENCHMARKS.md,
+--   "Measured, then cut"). A CHECK says what relates columns or bounds a
+--   number, which no type can; tables that requests rarely write say their
+--   lengths as CHECK (char_length(x) <= n), in words.
+-- - A JSON document that the database stores and never looks into (a
+--   record's stored headers, a charge's metadata, an event's data) is json,
+--   kept as written: jsonb would parse and rebuild it at every write and
+--   print it again at every read.
 -- - No trigger, and no copy of a value kept beside the row that owns it.
 --   Where an index makes an update cost more (see charges), the cost is
 --   chosen here and measured, not hidden in a second table.
 --
--- Changing the schema. idempay has no installed base yet, so its history
--- was folded into this one file. From the first database that must be kept,
--- every change is a new numbered file beside this one (0002_what.sql, ...),
--- never an edit of an applied file: the migrator (db/migrate.go) records
--- each file's SHA-256 and refuses to start when an applied file changed. A
--- new enum label is ALTER TYPE ... ADD VALUE in a file of its own; a new
--- index on a large table belongs in an operational step (CREATE INDEX
--- CONCURRENTLY cannot run in a migration's transaction).
+-- Changing the schema: history was folded into this one file while idempay
+-- has no installed base. From the first database that must be kept, every
+-- change is a new numbered file (0002_what.sql, ...), never an edit of an
+-- applied one: the migrator (db/migrate.go) records each file's SHA-256
+-- and refuses to start when one changed. A new enum label is ALTER TYPE
+-- ... ADD VALUE in a file of its own; an index on a large table is an
+-- operational step (CREATE INDEX CONCURRENTLY runs in no transaction).
 
 -- Every phase of a request is one pipelined batch that PostgreSQL runs as
 -- one implicit transaction: the core's own statement first, then the
@@ -130,29 +119,27 @@ CREATE TABLE accounts (
 
 -- The idempotency record: one per (scope, Idempotency-Key). The scope is an
 -- account (scope = account_id) or a named source such as Stripe's webhook
--- endpoint (scope = 'source:stripe-webhooks', account_id NULL), whose keys
--- are Stripe's event ids; every entry point shares this one core. The id
--- is a pure function of the scope, the key and the request's fingerprint
--- (idempotency.RecordID), so a record lost with the database's last commits
--- is re-created with the same id, and Stripe (whose metadata carries it)
--- replays instead of charging again.
+-- endpoint (scope = 'source:stripe-webhooks', account_id NULL, the keys
+-- Stripe's event ids). The id is a pure function of the scope, the key and
+-- the request's fingerprint (idempotency.RecordID), so a record lost with
+-- the database's last commits is re-created with the same id, and Stripe
+-- (whose metadata carries it) replays instead of charging again.
 --
--- The UNIQUE (scope, key) constraint makes the claim atomic: the claim
--- inserts, and the unique index refuses a key that is taken; never
--- check-then-insert. recovery_point moves started ->
--- downstream_called -> finished, or to parked once a record is older than
--- the retry ceiling (I16): never called downstream again, left to Stripe's
--- events and reconciliation. lock_generation fences: every phase write
--- names the generation it holds, and a takeover (generation + 1) makes a
--- late write from the old owner fail (IDF01). attempts, next_attempt_at and
--- last_error pace the background completer after unknown outcomes.
+-- UNIQUE (scope, key) makes the claim atomic: the claim inserts and the
+-- unique index refuses a taken key; never check-then-insert.
+-- recovery_point moves started -> downstream_called -> finished, or to
+-- parked past the retry ceiling (I16: never called downstream again, left
+-- to Stripe's events and reconciliation). lock_generation fences: every
+-- phase write names the generation it holds, and a takeover (generation +
+-- 1) makes a late write of the old owner fail (IDF01). attempts,
+-- next_attempt_at and last_error pace the completer after unknown outcomes.
 --
--- Row shape: every record is inserted by its claim and updated by its
--- finish, which stores the response. fillfactor 80 leaves room on each page
--- for that update, so the new version of the row stays on its page. It is
--- not a HOT update (no index entry skipped): the finish changes
--- recovery_point, which the two partial indexes' predicates name; that is
--- what lets the completer and retention read only what they want.
+-- Row shape: a record is inserted by its claim and updated once by its
+-- finish, which stores the response. fillfactor 80 leaves room on the page
+-- for that update, so the new version stays on its page. It is not a HOT
+-- update: the finish changes recovery_point, which the two partial indexes'
+-- predicates name; that is what lets the completer and retention read only
+-- what they want.
 CREATE TABLE idempotency_keys (
     id                  varchar(64) PRIMARY KEY DEFAULT 'ik_' || replace(gen_random_uuid()::text, '-', ''),
     scope               varchar(100) NOT NULL,
@@ -219,42 +206,36 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 -- written in the same batch as its idempotency record at every phase, and
 -- outlives the record (retention sets idempotency_key_id to NULL). Its id
 -- is derived from the record's (charges.ledgerID), a pure function of the
--- request like the record's.
---
--- stripe_payment_intent_id is the PaymentIntent the charge is;
--- stripe_charge_id is Stripe's charge of it (the PaymentIntent's latest
--- charge), which Stripe's charge and dispute events name. Both are set by
--- the finish, once Stripe answered.
+-- request like the record's. stripe_payment_intent_id is the PaymentIntent;
+-- stripe_charge_id is its latest charge, which Stripe's charge and dispute
+-- events name. The finish sets both, once Stripe answered.
 --
 -- capture_method manual: the request only authorized ("capture": false); a
--- capture request takes the money later. amount_capturable is what the
+-- capture takes the money later. amount_capturable is what the
 -- authorization still holds, amount_captured what was taken of it,
 -- amount_refunded what refunds took back, counting refunds in flight. The
 -- CHECKs make over-capturing and over-refunding impossible whatever the
 -- code above them does. A capture or cancel in flight is pending_action,
--- with its idempotency record and, for a capture, the amount asked for
--- (NULL: all that is capturable); it is set in the capture's or cancel's
--- claim, guarded by version, so of a capture and a cancel racing exactly
--- one begins.
+-- with its record and, for a capture, the amount asked for (NULL: all that
+-- is capturable), set in its claim, guarded by version, so of a capture
+-- and a cancel racing exactly one begins.
 --
--- version increases with every change of the row. A write that follows a
--- read names the version read (IDS01 when it moved); an event records the
--- version of its object, so one object's events are ordered by it.
--- last_event_at is the Stripe event last applied, so that an older event
--- never overwrites a newer state (I8).
+-- version increases with every change of the row: a write that follows a
+-- read names the version read (IDS01 when it moved), and an event records
+-- its object's version, which orders one object's events. last_event_at is
+-- the Stripe event last applied, so an older event never overwrites a
+-- newer state (I8).
 --
 -- Row shape: fillfactor 80 leaves room on the page for the updates that
 -- follow the insert. The finish sets the Stripe ids, which the partial
 -- indexes below hold, so it is not a HOT update: it writes an entry into
--- each of the table's indexes. The alternative, no index on the charge
--- and the ids copied into a table of their own by a trigger, made the
--- finish HOT and measured the same throughput and PostgreSQL CPU
--- (BENCHMARKS.md, "Measured, then cut"): what the HOT update saved in
--- index work, the trigger's inserts spent. An update that changes neither
--- a Stripe id nor pending_record_id (a refund's reservation, most Stripe
--- events) is HOT while its page has room. The foreign keys are checked at
--- the insert only: an update that leaves their columns alone checks
--- nothing.
+-- each index. Copying the ids into a table of their own by a trigger made
+-- the finish HOT and measured the same throughput and PostgreSQL CPU
+-- (BENCHMARKS.md, "Measured, then cut"): the trigger's inserts spent what
+-- the HOT update saved. An update that changes neither a Stripe id nor
+-- pending_record_id (a refund's reservation, most Stripe events) is HOT
+-- while its page has room. The foreign keys are checked at the insert
+-- only: an update that leaves their columns alone checks nothing.
 CREATE TABLE charges (
     id                       varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('ch_'),
     account_id               text NOT NULL,  -- no foreign key: see the rules above
@@ -392,24 +373,22 @@ CREATE TABLE stripe_events (
 -- Events received and not yet processed, oldest first.
 CREATE INDEX stripe_events_unprocessed ON stripe_events (received_at) WHERE processed_at IS NULL;
 
--- Events out: what idempay settled, for other services. A row is inserted
--- in the batch that settles a charge or refund, whichever entry point
--- finished it: no event without its commit, no commit without its event
--- (I10). The relay publishes rows with published_at IS NULL to NATS
--- JetStream in seq order, with Nats-Msg-Id = id, then sets published_at; a
--- publish repeated after a crash is dropped by JetStream's duplicate
--- window. The same rows serve GET /v1/events and the webhooks to merchants.
+-- Events out: what idempay settled, for other services (docs/events.md). A
+-- row is inserted in the batch that settles a charge or refund, whichever
+-- entry point finished it: no event without its commit, no commit without
+-- its event (I10). The relay publishes rows with published_at IS NULL to
+-- NATS JetStream in seq order (Nats-Msg-Id = id); they also serve GET
+-- /v1/events and the webhooks to merchants.
 --
 -- object_version is the version of the charge or refund that the settling
 -- batch's guarded update wrote: that row's lock lets one batch at a time
 -- write a version, so a consumer may rely on the order of one object's
 -- events by it. No unique index repeats that guarantee (one more index
--- entry per event); tests check every object's order. seq is an identity:
--- unique by construction, with no unique index either. object_id names a
--- charge or a refund, so it has no foreign key.
---
--- No row that all of an account's events write: the order is per object,
--- not per account, so one merchant's charges settle concurrently.
+-- entry per event); tests check every object's order. seq is an identity,
+-- unique by construction with no index either. object_id names a charge
+-- or a refund, so it has no foreign key. No row that all of an account's
+-- events write: the order is per object, so a merchant's charges settle
+-- concurrently.
 CREATE TABLE events (
     id             varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('evt_'),
     seq            bigint GENERATED ALWAYS AS IDENTITY,
@@ -479,23 +458,18 @@ CREATE TABLE webhook_endpoints (
 -- An account's endpoints, for its listing and for the dispatcher's fan-out.
 CREATE INDEX webhook_endpoints_account ON webhook_endpoints (account_id, created_at);
 
--- One delivery per (event, endpoint): the dispatcher's fan-out is an
--- INSERT ... ON CONFLICT DO NOTHING, so a pass repeated after a crash
--- creates nothing twice. A delivery is pending until an attempt succeeds
--- (delivered) or the schedule ends (failed); a resend makes it pending
--- again, under the same event id. Deleting an endpoint deletes its
--- deliveries and their attempts.
+-- One delivery per (event, endpoint): the fan-out is an INSERT ... ON
+-- CONFLICT DO NOTHING, so a pass repeated after a crash creates nothing
+-- twice. A delivery is pending until an attempt succeeds (delivered) or
+-- the schedule ends (failed); a resend makes it pending again. Deleting an
+-- endpoint deletes its deliveries and their attempts.
 --
 -- What a delivery costs is what it writes: the fan-out's insert, the
--- worker's claim (lease_until, claims) and its outcome, and an attempt
--- row. event_id and account_id have no foreign key: the fan-out copies
--- them from the event row in the same statement, events and accounts are
--- never deleted, and a check per row would lock each event row (a WAL
--- record per event). fillfactor 70 leaves room on the page for the claim's
--- update, which changes no indexed column and so can stay on its page with
--- no new index entry (a HOT update) when the page has room; the outcome
--- changes state, which the partial indexes name, and is a new version with
--- its index entries.
+-- worker's claim (lease_until, claims), its outcome and an attempt row.
+-- event_id and account_id have no foreign key: the fan-out copies them
+-- from the event row, neither is ever deleted, and a check per row would
+-- lock each event row. fillfactor 70 leaves room for the claim's update,
+-- which changes no indexed column and so is HOT when the page has room.
 CREATE TABLE webhook_deliveries (
     id              text PRIMARY KEY DEFAULT idempay_ordered_id('whd_'),
     event_id        text NOT NULL,  -- no foreign key: see above
@@ -556,15 +530,12 @@ CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
 -- The dispatcher's position in the events: every event with seq <= last_seq
 -- has been fanned out, except the seqs in webhook_dispatch_gaps. One row.
---
--- seq is taken when an event is inserted and the event becomes visible when
--- its transaction commits, so a seq below one already read may still
--- commit: a gap. A gap is kept with the snapshot of the pass that saw it,
--- and resolved when its event appears, or when every transaction that was
--- running in that snapshot has ended: the gap's transaction was one of
--- them, since it took its seq before that snapshot and had its id before
--- it took its seq (a settling transaction writes its object, then its
--- event).
+-- A seq is taken at insert and becomes visible at commit, so a lower seq
+-- may commit after a higher one was read: a gap, kept with the snapshot of
+-- the pass that saw it and resolved when its event appears or every
+-- transaction running in that snapshot has ended: the gap's was one of
+-- them, since it had its id before it took its seq (a settling
+-- transaction writes its object, then its event). docs/webhooks-out.md.
 CREATE TABLE webhook_dispatcher (
     id       integer PRIMARY KEY CHECK (id = 1),
     last_seq bigint NOT NULL

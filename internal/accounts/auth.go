@@ -3,41 +3,25 @@ package accounts
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
-	"maps"
-	"slices"
 	"sync"
-	"time"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
-// NoteUsesInterval is how often a server process notes the last use of the
-// keys it authenticated (RunNoteUses): last_used_at is at most this late.
-const NoteUsesInterval = time.Minute
-
-// maxNotedKeys bounds the key ids a process collects between two notes;
-// a key seen once the set is full is noted the next time it is used.
-const maxNotedKeys = 10_000
-
 // Authenticator checks API keys. Every request's key is read from the
 // database, in a statement that takes no lock and writes nothing, and
 // nothing of it is remembered: so a revocation holds on every process from
 // the moment it commits, behind any pooler, with no channel between
 // processes (I11, I15), and the requests of one key never wait for each
-// other. A read (GET) makes that statement on its own (Authenticate,
-// APIKeyAuthenticate) before its query. A mutating request makes no
-// statement of its own for it: its first statement, the idempotency core's
-// read of its record, authenticates it too (AuthenticateWithRecord), and
-// its claim checks the key again in its own batch, so that a revocation
-// committed in between is refused there (idempotency/credential.go).
+// other. A read (GET) makes that statement on its own (Authenticate); a
+// mutating request's first statement, the core's read of its record, is
+// that statement too (AuthenticateWithRecord; idempotency/credential.go).
 //
 // What it does keep is the ids of the keys it authenticated since the last
-// NoteUses, which writes their last_used_at off the request path. No
-// answer depends on that set.
+// NoteUses, which writes their last_used_at off the request path
+// (lastuse.go). No answer depends on that set.
 type Authenticator struct {
 	db     dbsqlc.DBTX
 	runner *idempotency.Runner
@@ -83,55 +67,4 @@ func (a *Authenticator) AuthenticateWithRecord(ctx context.Context, key, idempot
 	}
 	a.noteUse(c.KeyID)
 	return Account{ID: c.AccountID, Mode: c.Mode, KeyID: c.KeyID}, c, nil
-}
-
-// noteUse adds a key's id to those NoteUses writes next.
-func (a *Authenticator) noteUse(keyID string) {
-	a.mu.Lock()
-	if len(a.used) < maxNotedKeys {
-		a.used[keyID] = struct{}{}
-	}
-	a.mu.Unlock()
-}
-
-// NoteUses writes the last use of the keys authenticated since its previous
-// call, in one statement that waits on no lock (APIKeyNoteUse). The use is
-// a hint for the account's key listing, not a record: the ids are
-// forgotten whether or not the write succeeds, and a key used again is
-// noted again.
-func (a *Authenticator) NoteUses(ctx context.Context) error {
-	a.mu.Lock()
-	ids := slices.Collect(maps.Keys(a.used))
-	clear(a.used)
-	a.mu.Unlock()
-	if len(ids) == 0 {
-		return nil
-	}
-	if err := dbsqlc.New().APIKeyNoteUse(ctx, a.db, ids); err != nil {
-		return fmt.Errorf("noting the use of %d API keys: %w", len(ids), err)
-	}
-	return nil
-}
-
-// RunNoteUses calls NoteUses every interval until ctx is done, and once
-// more then (bounded by a few seconds), so a server that stops notes what
-// it saw last.
-func (a *Authenticator) RunNoteUses(ctx context.Context, interval time.Duration, log *slog.Logger) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := a.NoteUses(fctx); err != nil {
-				log.WarnContext(fctx, "API keys: noting their last use", "err", err)
-			}
-			return
-		case <-t.C:
-			if err := a.NoteUses(ctx); err != nil {
-				log.WarnContext(ctx, "API keys: noting their last use", "err", err)
-			}
-		}
-	}
 }

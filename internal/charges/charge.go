@@ -1,7 +1,6 @@
 package charges
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,26 +19,6 @@ func (s *Service) NewCharge(accountID string, req idempotency.Request) (*Command
 		return nil, err
 	}
 	return &Command{Request: req, op: &chargeOp{s: s, params: &p, accountID: accountID}}, nil
-}
-
-// CreateCharge is POST /v1/charges for an entry point that has the body as
-// bytes (a broker message): the same front half, validation, record, ledger
-// row and downstream key, so a charge made by message and one made over
-// HTTP with the same account, key and body are the same charge (I9), and
-// the second replays. body is the JSON of the HTTP request's body. Errors
-// are the core's (*idempotency.Error), a validation problem
-// (*apierror.Error), or the database's.
-func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
-	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
-		bytes.NewReader(body), idempotency.MaxBodyBytes)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	cmd, err := s.NewCharge(accountID, req)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	return s.Run(ctx, cmd)
 }
 
 // chargeOp creates one charge: its ledger row in the claim's batch, then

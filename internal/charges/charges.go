@@ -83,13 +83,6 @@ func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, 
 	return s.runner.Run(ctx, cmd.Request, cmd.op)
 }
 
-// Peek tells, without claiming or writing anything, what Run would do with
-// req (idempotency.Runner.Peek): for a rollout's shadow mode, which counts
-// what enforcing would change.
-func (s *Service) Peek(ctx context.Context, req idempotency.Request) (idempotency.Outcome, error) {
-	return s.runner.Peek(ctx, req)
-}
-
 // validate decodes and validates the body into params (a refusal stores
 // nothing), and makes the fingerprint cover the normalised request.
 func validate(req *idempotency.Request, params jsonbody.Body) error {

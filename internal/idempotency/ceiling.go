@@ -16,43 +16,23 @@ import (
 // only until Config.RetryCeiling after its creation (no later than its first
 // downstream call); past it the record is parked:
 //
-//   - the completer parks such records in bounded batches (ParkDue), before
-//     each claim, and its claim never takes one;
-//   - a client's retry that finds one parks it and is refused
-//     with ErrParked, as is every retry of a parked record;
+//   - the completer parks such records in bounded batches (ParkDue, in
+//     completer.go) before each claim, and its claim never takes one;
+//   - a client's retry that finds one parks it and is refused with
+//     ErrParked, as is every retry of a parked record (parkFound);
 //   - parking takes the record from any owner it had (a new lock
 //     generation), like a takeover, so nothing that held it writes to it
 //     again;
-//   - only Settle finishes a parked record: Stripe's events and
+//   - only Settle (settle.go) finishes a parked record: Stripe's events and
 //     reconciliation, which learn the outcome from Stripe itself, not by
 //     calling it again under the old key.
 //
 // Operations that call no one outside (RegisterLocal) are retried at any
 // age: their retry repeats nothing.
 
-// RegisterLocal is Register for an operation that calls no one outside the
-// database (a Stripe event applied to the ledger, an API key created): a
-// retry of it is safe at any age, so its records are never parked.
-func (r *Runner) RegisterLocal(method, route string, resume func() Operation) {
-	r.Register(method, route, resume)
-	r.local[method+" "+route] = true
-}
-
 // bounded tells whether records of the route are under the retry ceiling:
 // every route but those registered with RegisterLocal.
 func (r *Runner) bounded(method, route string) bool { return !r.local[method+" "+route] }
-
-// ceilingRoutes are the registered routes whose records are parked past the
-// ceiling, as the completer's queries name them.
-func (r *Runner) ceilingRoutes() []string {
-	routes := make([]string, 0, len(r.resumers))
-	for route := range r.resumers {
-		if !r.local[route] {
-			routes = append(routes, route)
-		}
-	}
-	return routes
-}
 
 func errParked() error {
 	return refuse(ErrParked, "The payment processor gave no definite answer to this request before its key grew too old "+
@@ -80,29 +60,4 @@ func (r *Runner) parkFound(ctx context.Context, id, point string, generation int
 	r.log.WarnContext(ctx, "parked an unfinished record past the retry ceiling; Stripe's events and reconciliation settle it",
 		"idempotency_key_id", id, "retry_ceiling", r.cfg.RetryCeiling.String())
 	return true, nil
-}
-
-// ParkDue parks up to CompleterBatch unfinished records of the routes under
-// the ceiling that are older than Config.RetryCeiling and whose lock is free
-// or expired, and returns how many it parked. CompleteDue calls it first;
-// several processes may run it at once (SKIP LOCKED).
-func (r *Runner) ParkDue(ctx context.Context) (int, error) {
-	routes := r.ceilingRoutes()
-	if len(routes) == 0 {
-		return 0, nil
-	}
-	rows, err := r.q.IdempotencyKeyParkExpired(ctx, r.pool, &dbsqlc.IdempotencyKeyParkExpiredParams{
-		Now: r.now(), RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(), CeilingRoutes: routes,
-		LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), MaxRecords: r.cfg.CompleterBatch,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("parking idempotency records past the retry ceiling: %w", err)
-	}
-	for _, row := range rows {
-		r.observe(OutcomeParked)
-		r.log.WarnContext(ctx, "completer: parked an unfinished record past the retry ceiling; Stripe's events and reconciliation settle it",
-			"idempotency_key_id", row.ID, "route", row.RequestMethod+" "+row.RequestRoute,
-			"attempts", row.Attempts, "created_at", row.CreatedAt, "retry_ceiling", r.cfg.RetryCeiling.String())
-	}
-	return len(rows), nil
 }

@@ -36,7 +36,9 @@ func (s Scope) AccountID() string {
 }
 
 // Request identifies one claim: in which scope, under which key, and what
-// was asked. Build it with Prepare, which every entry point calls.
+// was asked. Every entry point builds it with Prepare (prepare.go) or, when
+// it fingerprints its own normalised request (a charge), PrepareBody and
+// Normalize.
 type Request struct {
 	Scope Scope
 	Key   string
@@ -61,25 +63,6 @@ type Request struct {
 	Credential []byte
 	// found is what the request's first statement read (Caller.Attach).
 	found *found
-}
-
-// Prepare is the front half of every entry point: given a key already
-// checked by ParseKey, it reads the body (at most limit bytes), puts it in
-// canonical form and fingerprints the request. Its errors are *Error of
-// kind ErrBodyTooLarge, ErrInvalidJSON, or a read error as is.
-func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit int64) (Request, error) {
-	raw, err := ReadBody(body, limit)
-	if err != nil {
-		return Request{}, err
-	}
-	canonical, err := canonicalize(raw)
-	if err != nil {
-		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
-	}
-	return Request{
-		Scope: scope, Key: key, Method: method, Route: route, Path: path,
-		Body: raw, Canonical: canonical, Fingerprint: Fingerprint(method, path, canonical),
-	}, nil
 }
 
 // PrepareBody is Prepare for an entry point that fingerprints its own

@@ -10,8 +10,8 @@
 // own statement (the claim, or the fenced finish) followed by the
 // operation's writes, sent as one round trip that commits once. No operation
 // restates the core's SQL, and none has a path of its own: Run is the way
-// in, and Settle, queued in a phase of another record, the one way
-// something outside a request finishes the request's record. No process
+// in, and Settle (settle.go), queued in a phase of another record, the one
+// way something outside a request finishes the request's record. No process
 // keeps a copy of a record (I15): every claim and replay reads the database.
 //
 // The package speaks Go, not HTTP: its refusals are the errors in errors.go,
@@ -19,6 +19,10 @@
 // HTTP). It knows nothing about charges either: an Operation supplies the
 // ledger writes and the downstream call. The invariants cited as I1..I14
 // and I16 are listed in docs/invariants.md.
+//
+// This file is the lifecycle one request takes; what else runs records has
+// files of its own: the timings (config.go), the completer (completer.go),
+// retention (retention.go), Settle (settle.go) and Peek (peek.go).
 package idempotency
 
 import (
@@ -60,69 +64,6 @@ const (
 	// PointFinished: the ledger row is final and the response is stored.
 	PointFinished = "finished"
 )
-
-// Config holds the idempotency timings. The zero value is not useful; use
-// DefaultConfig and override.
-type Config struct {
-	// LockTimeout is how long an owner may hold a record before the next
-	// retry or the completer may take it over. It must exceed the downstream
-	// call timeout, or a slow but healthy owner is taken over (safely, but
-	// wastefully).
-	LockTimeout time.Duration
-	// Retention is the published window during which a key is deduplicated.
-	Retention time.Duration
-	// RetentionGrace is how much longer than Retention records are kept, so
-	// that a retry at the boundary of the window is still deduplicated.
-	RetentionGrace time.Duration
-	// RetentionBatch bounds one DELETE of the retention job.
-	RetentionBatch int32
-	// CompleterBatch is how many records one completer pass claims.
-	CompleterBatch int32
-	// MaxBackoff caps the completer's exponential backoff after unknown
-	// downstream outcomes.
-	MaxBackoff time.Duration
-	// RetryCeiling is how long after its creation an unfinished record may
-	// still be called downstream, by a retry or the completer (I16). Stripe
-	// documents that it may remove an idempotency key once the key is at
-	// least 24 hours old, and a call under a forgotten key runs as a new
-	// payment; the record's creation is no later than its first downstream
-	// call, so a ceiling well under 24 h keeps every call inside Stripe's
-	// memory. Past it the record is parked (ceiling.go). It must exceed
-	// LockTimeout and stay under 24 h.
-	RetryCeiling time.Duration
-	// FinishTimeout bounds the writes after the downstream call. They run
-	// detached from the caller's context: once Stripe has answered, the
-	// answer is recorded even if the client has gone.
-	FinishTimeout time.Duration
-	// Now, when set, is the clock that decides lock expiry and the
-	// completer's schedule instead of the database's now(). Production
-	// leaves it nil, so one clock (the database's) decides for every server
-	// process; tests move it forward instead of sleeping.
-	Now func() time.Time
-}
-
-// DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more, and a 12 h retry ceiling.
-//
-// The retry ceiling is half of Stripe's 24 hours. The margin covers what
-// makes a record's created_at later than its key's first use at Stripe or
-// Stripe's clock differ from the database's (a record re-created after a
-// restore, clock skew), and a call still in flight at the ceiling (at most
-// the lock timeout); and a downstream call that has had no definite answer
-// for 12 hours, tried every 5 minutes, is better settled by Stripe's events
-// and reconciliation than by a 145th attempt.
-func DefaultConfig() Config {
-	return Config{
-		LockTimeout:    60 * time.Second,
-		Retention:      24 * time.Hour,
-		RetentionGrace: time.Hour,
-		RetentionBatch: 1000,
-		CompleterBatch: 10,
-		MaxBackoff:     5 * time.Minute,
-		RetryCeiling:   12 * time.Hour,
-		FinishTimeout:  10 * time.Second,
-	}
-}
 
 // Record is a claimed idempotency record, held at LockGeneration. It is the
 // core's own type: the generated row stays in this package.
@@ -292,10 +233,11 @@ const (
 
 // Runner runs operations through the idempotency lifecycle.
 type Runner struct {
-	pool     *pgxpool.Pool
-	q        *dbsqlc.Queries
-	cfg      Config
-	log      *slog.Logger
+	pool *pgxpool.Pool
+	q    *dbsqlc.Queries
+	cfg  Config // config.go
+	log  *slog.Logger
+	// resumers are the completer's operations by route (Register).
 	resumers map[string]func() Operation
 	// local holds the routes registered with RegisterLocal: their records
 	// are never parked.
@@ -312,15 +254,6 @@ type Runner struct {
 func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 	return &Runner{pool: pool, q: dbsqlc.New(), cfg: cfg, log: log, resumers: map[string]func() Operation{},
 		local: map[string]bool{}}
-}
-
-// Register tells the completer how to resume records of one operation:
-// resume returns an Operation that Loads its state from the ledger. The
-// operation calls downstream under a key the downstream forgets, so its
-// records are parked past the retry ceiling (RegisterLocal is for those
-// that call no one).
-func (r *Runner) Register(method, route string, resume func() Operation) {
-	r.resumers[method+" "+route] = resume
 }
 
 // now is the clock of lock expiry passed to the queries: nil, the
@@ -707,51 +640,4 @@ func (r *Runner) fenced() error {
 func (r *Runner) backoff(attempts int32) time.Duration {
 	d := time.Second << min(attempts, 20)
 	return min(d, r.cfg.MaxBackoff)
-}
-
-// Settle is the one way something outside a request finishes the request's
-// record: an operation that learned the request's outcome from Stripe
-// itself (a Stripe event, a reconciliation repair) queues it into its own
-// finishing batch, next to the ledger writes that outcome makes, with resp,
-// the response the request's own finish would have stored. Only the runner
-// sends a Batch, so the settle commits inside a phase of another record
-// that Run drives, together with the ledger change, or not at all. It
-// fences any owner (a new lock generation); it is the only way a parked
-// record finishes (ceiling.go); it changes nothing when the record is
-// finished already (the caller's guarded ledger write then fails first,
-// since the owner's finish changed the ledger row).
-func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
-	headers, err := encodeHeaders(resp.Headers)
-	if err != nil {
-		return err
-	}
-	status := int32(resp.Status)
-	if err := r.q.IdempotencyKeySettle(ctx, b, &dbsqlc.IdempotencyKeySettleParams{
-		ID: recordID, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
-	}); err != nil {
-		return fmt.Errorf("settling idempotency record %s: %w", recordID, err)
-	}
-	r.observe(OutcomeSettled)
-	return nil
-}
-
-// Peek tells, without claiming or writing anything, what Run would do with
-// req now: OutcomeNew (no record), OutcomeReplayed, OutcomeMismatch,
-// OutcomeConflict (in flight), OutcomeParked or OutcomeTakeover (resumable). An account in
-// shadow mode uses it to count what enforcing idempotency would change.
-func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
-	if err := req.fingerprinted(); err != nil {
-		return "", err
-	}
-	row, err := r.read(ctx, &req)
-	switch {
-	case errors.Is(err, db.ErrNotFound):
-		return OutcomeNew, nil
-	case errors.Is(err, ErrUnauthenticated):
-		return "", err
-	case err != nil:
-		return "", fmt.Errorf("reading idempotency key: %w", err)
-	default:
-		return judge(&row, req, r.bounded(req.Method, req.Route)), nil
-	}
 }

@@ -1,105 +1,39 @@
 // Package stripeapi is the payment port (charges.Processor) over the real
 // Stripe API, or anything that imitates it over HTTP, through stripe-go:
-// the client's configuration, the calls, the reading of Stripe's answers
-// (stripeAnswers) and of its objects and events into the payment domain's
-// types. The domain itself imports neither stripe-go nor net/http.
+// the client's configuration (client.go), the calls, the reading of
+// Stripe's answers (stripeAnswers) and of its objects and events into the
+// payment domain's types. The domain imports neither stripe-go nor
+// net/http.
 package stripeapi
 
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/paymentintent"
 	"github.com/stripe/stripe-go/v76/refund"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/charges"
-	"github.com/idempay/idempay/internal/telemetry"
 )
-
-// DefaultReturnURL is where Stripe sends a customer back after 3-D Secure
-// when Config.ReturnURL is empty. It is part of every PaymentIntent's
-// parameters, so it must not change between attempts of one request.
-const DefaultReturnURL = "https://example.com/idempay/return"
-
-// Config configures the client.
-type Config struct {
-	SecretKey string
-	// URL is the base URL of the Stripe API (https://api.stripe.com, or
-	// stripe-mock, or a test fake).
-	URL string
-	// Timeout bounds every Stripe call. Keep it well under the idempotency
-	// lock timeout.
-	Timeout time.Duration
-	// ReturnURL is the return_url of every PaymentIntent (the page Stripe
-	// sends a customer to after authenticating); DefaultReturnURL if empty.
-	ReturnURL string
-	// Observe, when set, is called after every Stripe call with the
-	// operation ("create_charge", "create_refund"), the result class ("ok",
-	// "declined", "rejected", "unknown") and the call's latency (metrics).
-	Observe func(operation, result string, d time.Duration)
-	// TracerProvider, when set, makes every Stripe call a client span of
-	// the request's trace (telemetry.HTTPTransport).
-	TracerProvider trace.TracerProvider
-}
 
 // Client is the payment port over Stripe, with stripe-go's retries
 // switched off on purpose: an unknown outcome goes back to the idempotency
 // layer, which retries on its own schedule with the same downstream key.
+// New (client.go) builds it from a Config; the one re-send it leaves on,
+// Go's Transport's, is the same request under the same key.
 type Client struct {
-	intents   *paymentintent.Client
-	refunds   *refund.Client
-	timeout   time.Duration
+	intents *paymentintent.Client
+	refunds *refund.Client
+	timeout time.Duration // every call's bound, well under the lock timeout
+	// returnURL is the return_url of every PaymentIntent: one of its
+	// parameters, the same for every attempt of a request.
 	returnURL string
-	observe   func(operation, result string, d time.Duration)
+	observe   func(operation, result string, d time.Duration) // metrics
 }
 
 var _ charges.Processor = (*Client)(nil)
-
-// New builds the client.
-func New(cfg Config) *Client {
-	httpClient := &http.Client{
-		Timeout: cfg.Timeout,
-		Transport: telemetry.HTTPTransport(&http.Transport{
-			Proxy:               http.ProxyFromEnvironment,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        100,
-			MaxIdleConnsPerHost: 100,
-			IdleConnTimeout:     90 * time.Second,
-			TLSHandshakeTimeout: 5 * time.Second,
-			ForceAttemptHTTP2:   true,
-		}, cfg.TracerProvider),
-	}
-	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
-		URL:        stripe.String(cfg.URL),
-		HTTPClient: httpClient,
-		// No retries inside the client: see the type comment. One re-send
-		// remains, by design of Go's http.Transport: a request that carries
-		// an Idempotency-Key header (and a body it can rewind) counts as
-		// replayable, so when a reused keep-alive connection turns out dead
-		// before any answer arrives, the Transport sends it once more on a
-		// new connection. That is the same request under the same
-		// downstream key, which Stripe answers once, so it is left on.
-		MaxNetworkRetries: stripe.Int64(0),
-		EnableTelemetry:   stripe.Bool(false),
-		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
-	})
-	returnURL := cfg.ReturnURL
-	if returnURL == "" {
-		returnURL = DefaultReturnURL
-	}
-	return &Client{
-		intents:   &paymentintent.Client{B: backend, Key: cfg.SecretKey},
-		refunds:   &refund.Client{B: backend, Key: cfg.SecretKey},
-		timeout:   cfg.Timeout,
-		returnURL: returnURL,
-		observe:   cfg.Observe,
-	}
-}
 
 // CreateIntent creates and confirms a PaymentIntent under the request's
 // downstream key. Every parameter comes from the request: manual capture

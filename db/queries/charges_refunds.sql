@@ -1,0 +1,47 @@
+-- name: ChargeLockForRefund :exec
+-- Locks the charge row, first in a refund's claim batch, so that concurrent
+-- refunds of one charge (each with its own key) queue on the row instead of
+-- failing a version guard one after another. Once the lock is held, the
+-- next statement's snapshot sees every change committed to the charge
+-- before it (other refunds, a dispute's ChargeTouch).
+SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
+
+-- name: ChargeReserveRefund :exec
+-- Reserves a refund's amount on the charge, in the refund's claim batch,
+-- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
+-- charge as it is now, not on the version the refund's checks read: the
+-- charge succeeded, has no open or lost dispute, and still has the amount
+-- left to refund. When one of them no longer holds it raises IDS01, and the
+-- runner reads and checks again, which answers with what changed (for
+-- example refund-exceeds-charge). The table's CHECK rejects any amount that
+-- would exceed the charge whatever the checks said.
+WITH c AS (
+    UPDATE charges
+    SET amount_refunded = amount_refunded + @amount, version = version + 1, updated_at = now()
+    WHERE charges.id = @id
+      AND charges.status = 'succeeded'
+      AND charges.amount_captured - charges.amount_refunded >= @amount
+      AND NOT EXISTS (SELECT 1 FROM disputes d
+                      WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount');
+
+-- name: ChargeReleaseRefunded :exec
+-- Releases a refund that failed at Stripe after it was reserved (or
+-- succeeded). It never goes below zero: amount_refunded may have been raised
+-- to Stripe's own figure by an event (ChargeApplyEvent).
+UPDATE charges
+SET amount_refunded = GREATEST(0, amount_refunded - @amount::bigint), version = version + 1, updated_at = now()
+WHERE id = @id;
+
+-- name: ChargeGetForRefund :one
+-- What a refund checks, in one read before its claim: the charge, how many
+-- of its disputes forbid a refund (open, or lost), and whether the refund's
+-- own ledger row exists (the same request ran before its record expired:
+-- RefundInsert refuses it, whatever the charge's state is now).
+SELECT sqlc.embed(charges),
+       (SELECT count(*) FROM disputes d
+        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
+       EXISTS (SELECT 1 FROM refunds r WHERE r.id = @refund_id) AS refund_exists
+FROM charges WHERE charges.account_id = @account_id AND charges.id = @id;

@@ -1,0 +1,16 @@
+-- name: IdempotencyKeyInspect :one
+-- One account's record with the id of the ledger row it created, for GET
+-- /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
+-- a refund's record, and the charge it refunds. It selects the state only:
+-- never the stored response body or headers, nor the fingerprint.
+SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
+       ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
+       ik.finished_at,
+       c.id AS charge_id,
+       r.id AS refund_id,
+       r.charge_id AS refund_charge_id
+FROM idempotency_keys ik
+LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+WHERE ik.scope = @scope AND ik.key = @key;

@@ -1,0 +1,38 @@
+package charges
+
+import (
+	"bytes"
+	"context"
+
+	"github.com/idempay/idempay/internal/idempotency"
+)
+
+// The service's entry points besides the HTTP API's own (chargeshttp): a
+// charge sent as a broker message, and the rollout's shadow mode.
+
+// CreateCharge is POST /v1/charges for an entry point that has the body as
+// bytes (a broker message): the same front half, validation, record, ledger
+// row and downstream key, so a charge made by message and one made over
+// HTTP with the same account, key and body are the same charge (I9), and
+// the second replays. body is the JSON of the HTTP request's body. Errors
+// are the core's (*idempotency.Error), a validation problem
+// (*apierror.Error), or the database's.
+func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
+	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
+		bytes.NewReader(body), idempotency.MaxBodyBytes)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	cmd, err := s.NewCharge(accountID, req)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.Run(ctx, cmd)
+}
+
+// Peek tells, without claiming or writing anything, what Run would do with
+// req (idempotency.Runner.Peek): for a rollout's shadow mode, which counts
+// what enforcing would change.
+func (s *Service) Peek(ctx context.Context, req idempotency.Request) (idempotency.Outcome, error) {
+	return s.runner.Peek(ctx, req)
+}

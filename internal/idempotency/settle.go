@@ -1,0 +1,34 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
+)
+
+// Settle is the one way something outside a request finishes the request's
+// record: an operation that learned the request's outcome from Stripe
+// itself (a Stripe event, a reconciliation repair) queues it into its own
+// finishing batch, next to the ledger writes that outcome makes, with resp,
+// the response the request's own finish would have stored. Only the runner
+// sends a Batch, so the settle commits inside a phase of another record
+// that Run drives, together with the ledger change, or not at all. It
+// fences any owner (a new lock generation); it is the only way a parked
+// record finishes (ceiling.go); it changes nothing when the record is
+// finished already (the caller's guarded ledger write then fails first,
+// since the owner's finish changed the ledger row).
+func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
+	headers, err := encodeHeaders(resp.Headers)
+	if err != nil {
+		return err
+	}
+	status := int32(resp.Status)
+	if err := r.q.IdempotencyKeySettle(ctx, b, &dbsqlc.IdempotencyKeySettleParams{
+		ID: recordID, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
+	}); err != nil {
+		return fmt.Errorf("settling idempotency record %s: %w", recordID, err)
+	}
+	r.observe(OutcomeSettled)
+	return nil
+}
