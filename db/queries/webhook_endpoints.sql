@@ -42,6 +42,14 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint c
 -- name: WebhookEndpointDelete :execrows
 DELETE FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
+-- name: WebhookEndpointsLock :exec
+-- A batch's endpoints, locked first in its recording transaction, in id
+-- order: every transaction that writes an endpoint and its deliveries
+-- (recording a batch, disabling or enabling an endpoint, the fan-out, a
+-- resend, a recovery) takes the endpoint's row before the deliveries'
+-- rows, so that none waits for another in a cycle.
+SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
+
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) AND failing_since IS NOT NULL;
@@ -129,12 +137,15 @@ RETURNING g.seq;
 -- is either seen disabled (the lock waits, and the row is read again), or
 -- disabled after this commits, and its pause then finds these deliveries
 -- (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
+-- Locked in id order (the lock is taken above the sort), as a batch's
+-- recording locks them (WebhookEndpointsLock).
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 
@@ -230,6 +241,7 @@ SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
 SET state = 'pending', attempts = 0, next_attempt_at = now();

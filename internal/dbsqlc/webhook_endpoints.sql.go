@@ -84,6 +84,7 @@ FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.seq BETWEEN $1::bigint AND $2::bigint AND e.seq = ANY ($3::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO NOTHING
 `
@@ -100,6 +101,8 @@ type WebhookDeliveriesFanOutParams struct {
 // is either seen disabled (the lock waits, and the row is read again), or
 // disabled after this commits, and its pause then finds these deliveries
 // (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
+// Locked in id order (the lock is taken above the sort), as a batch's
+// recording locks them (WebhookEndpointsLock).
 func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *WebhookDeliveriesFanOutParams) (int64, error) {
 	result, err := db.Exec(ctx, webhookDeliveriesFanOut, arg.Lo, arg.Hi, arg.Seqs)
 	if err != nil {
@@ -231,6 +234,7 @@ SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = $1 AND e.id = $2 AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
 SET state = 'pending', attempts = 0, next_attempt_at = now()
@@ -875,6 +879,20 @@ func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *Webh
 		return nil, err
 	}
 	return items, nil
+}
+
+const webhookEndpointsLock = `-- name: WebhookEndpointsLock :exec
+SELECT id FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
+`
+
+// A batch's endpoints, locked first in its recording transaction, in id
+// order: every transaction that writes an endpoint and its deliveries
+// (recording a batch, disabling or enabling an endpoint, the fan-out, a
+// resend, a recovery) takes the endpoint's row before the deliveries'
+// rows, so that none waits for another in a cycle.
+func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) error {
+	_, err := db.Exec(ctx, webhookEndpointsLock, ids)
+	return err
 }
 
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec

@@ -968,3 +968,55 @@ func TestDeliveryTraced(t *testing.T) {
 		}
 	}
 }
+
+// TestToggleWhileWorking: a merchant disabling and enabling an endpoint
+// again and again while workers record batches of its deliveries: no
+// transaction waits for another in a cycle (a deadlock fails a worker
+// pass or the merchant's request), and once it stays enabled every
+// delivery is delivered.
+func TestToggleWhileWorking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	b.recv.setAnswer(func(delivery) (int, http.Header) {
+		time.Sleep(2 * time.Millisecond)
+		return http.StatusOK, nil
+	})
+	ids := make([]string, 100)
+	for i := range ids {
+		ids[i] = b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_t%d", i), 1)
+	}
+	b.dispatch(t)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 3 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if _, err := b.svc.Work(ctx, b.http, 5); err != nil && ctx.Err() == nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for i := range 20 {
+		r := b.client.Post("/v1/webhook_endpoints/"+epID, apitest.NewKey(), map[string]any{"enabled": i%2 == 1})
+		if r.Status != http.StatusOK {
+			errs <- fmt.Errorf("toggle %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	stop()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	b.work(t)
+	st := b.states(t, epID)
+	for _, id := range ids {
+		if st[id] != merchanthooks.StateDelivered {
+			t.Fatalf("%s is %s once the endpoint stayed enabled, want delivered", id, st[id])
+		}
+	}
+}

@@ -265,7 +265,9 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 }
 
 // finish records a batch's attempts and their outcomes in one
-// transaction: every attempt; each delivery's outcome, fenced by its claim
+// transaction, which locks the batch's endpoints first (a merchant
+// disabling one meanwhile pauses its deliveries, in the same order):
+// every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
 // changes nothing but its attempt's row); the endpoints' failure clocks;
 // and the endpoints to disable, with their events.
@@ -308,7 +310,15 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 		fin.Errors = append(fin.Errors, errText)
 		outcomes[i] = outcome
 	}
+	var endpoints []string
+	for _, d := range batch {
+		endpoints = appendOnce(endpoints, d.EndpointID)
+	}
 	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		// The endpoints first, then the deliveries (WebhookEndpointsLock).
+		if err := s.q.WebhookEndpointsLock(ctx, tx, endpoints); err != nil {
+			return struct{}{}, fmt.Errorf("locking the batch's endpoints: %w", err)
+		}
 		if len(back.Ids) > 0 {
 			if err := s.q.WebhookDeliveriesGiveBack(ctx, tx, back); err != nil {
 				return struct{}{}, fmt.Errorf("giving deliveries back: %w", err)
