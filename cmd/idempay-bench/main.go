@@ -58,6 +58,7 @@ func run(args []string) error {
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured first requests (API and raw) before the rounds")
 	serverLog := fs.String("server-log-level", "warn", "LOG_LEVEL of the started server (info logs every request)")
 	endpoints := fs.Int("webhook-endpoints", 0, "run webhooks out in the server and add first-<N>hooks: first requests on accounts with N webhook endpoints each (at a sink that answers 200), interleaved with first on accounts with none; every delivery is waited for after each")
+	deliver := fs.String("webhook-deliver", bench.DeliverInline, "with -webhook-endpoints, who sends the deliveries: inline (the server's workers, during the scenarios, on the requests' cores) or after (the server only creates them; an `idempay deliver` process started after each scenario sends them, its cost reported per delivery)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -122,6 +123,7 @@ func run(args []string) error {
 		DBMaxConns:       int32(maxConns),
 		ServerLogLevel:   *serverLog,
 		WebhookEndpoints: *endpoints,
+		WebhookDeliver:   *deliver,
 		Out:              os.Stdout,
 		Log:              log,
 	})

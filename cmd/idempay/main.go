@@ -192,11 +192,10 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 }
 
 // newApp opens the pool and wires the application (internal/app, the same
-// wiring the tests run), for every command that serves or works.
+// wiring the tests run), for every command that serves or works. The
+// commands that call Stripe check cfg.requireStripe first; relay and
+// deliver never do, and need no STRIPE_SECRET_KEY.
 func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error) {
-	if err := cfg.requireStripe(); err != nil {
-		return nil, err
-	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -211,6 +210,9 @@ func newApp(ctx context.Context, cfg Config, log *slog.Logger) (*app.App, error)
 }
 
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.requireStripe(); err != nil {
+		return err
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -235,14 +237,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.ReconcileInterval > 0 {
 		wg.Go(func() { a.Reconciler.Run(bg, cfg.ReconcileInterval) })
 	}
-	// Webhooks out: any number of processes run both (a row lock and SKIP
-	// LOCKED share the work); WEBHOOK_WORKERS=0 leaves them to `idempay
-	// deliver` processes.
-	switch {
-	case !a.MerchantHooks.Enabled():
+	// Webhooks out: any number of processes run the dispatcher and the
+	// workers (a row lock and SKIP LOCKED share the work). WEBHOOK_WORKERS=0
+	// leaves the sending to `idempay deliver` processes; the dispatcher,
+	// one pass per interval in the whole deployment, still runs here.
+	if a.MerchantHooks.Enabled() {
+		wg.Go(func() { runMerchantHooks(bg, cfg, a, cfg.MerchantHooks.Workers > 0) })
+	} else {
 		log.Warn("WEBHOOK_SECRETS_KEY is not set: webhooks out are off (POST /v1/webhook_endpoints answers 503)")
-	case cfg.MerchantHooks.Workers > 0:
-		wg.Go(func() { runMerchantHooks(bg, cfg, a) })
 	}
 	if cfg.NATSURL != "" && cfg.Relay.Interval > 0 {
 		nc, js, err := connectNATS(cfg, "idempay serve")
@@ -307,14 +309,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// runMerchantHooks runs webhooks out until ctx is done: the dispatcher and
-// the delivery workers.
-func runMerchantHooks(ctx context.Context, cfg Config, a *app.App) {
+// runMerchantHooks runs webhooks out until ctx is done: the dispatcher and,
+// when workers is set, the delivery workers.
+func runMerchantHooks(ctx context.Context, cfg Config, a *app.App, workers bool) {
 	hooks := cfg.MerchantHooks
 	hooks.TracerProvider = cfg.tracing // each delivery attempt a span, its traceparent sent
 	var wg sync.WaitGroup
 	wg.Go(func() { a.MerchantHooks.RunDispatcher(ctx) })
-	wg.Go(func() { a.MerchantHooks.RunWorkers(ctx, merchanthooks.NewHTTPClient(hooks)) })
+	if workers {
+		wg.Go(func() { a.MerchantHooks.RunWorkers(ctx, merchanthooks.NewHTTPClient(hooks)) })
+	}
 	wg.Wait()
 }
 
@@ -336,7 +340,7 @@ func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	serveMetrics(ctx, cfg.MetricsAddr, a, log)
 	log.Info("delivering webhooks out", "workers", cfg.MerchantHooks.Workers, "worker_batch", cfg.MerchantHooks.WorkerBatch)
-	runMerchantHooks(ctx, cfg, a)
+	runMerchantHooks(ctx, cfg, a, true)
 	return nil
 }
 
@@ -351,6 +355,9 @@ func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []stri
 	}
 	if fs.NArg() > 0 || *since <= 0 {
 		return errors.New("usage: idempay reconcile [--since DURATION] (a positive duration such as 24h)")
+	}
+	if err := cfg.requireStripe(); err != nil {
+		return err
 	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
@@ -370,6 +377,9 @@ func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []stri
 }
 
 func completer(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.requireStripe(); err != nil {
+		return err
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err

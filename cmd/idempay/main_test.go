@@ -96,3 +96,35 @@ func TestErrorPrintedOnce(t *testing.T) {
 		t.Errorf("stderr has %q %d times, want one line \"idempay: 422 ...\":\n%s", "idempay:", n, stderr)
 	}
 }
+
+// TestStripeKeyOnlyForStripeCommands: STRIPE_SECRET_KEY is required by the
+// commands that call Stripe, and not by relay and deliver, which never
+// do: without it they get past the configuration to their own first
+// requirement (NATS_URL, WEBHOOK_SECRETS_KEY).
+func TestStripeKeyOnlyForStripeCommands(t *testing.T) {
+	t.Parallel()
+	// A database no one listens on: the pool connects lazily, and every
+	// command here stops before its first query.
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1"}
+	for _, tc := range []struct {
+		cmd  string
+		want string // in the error
+	}{
+		{"serve", "STRIPE_SECRET_KEY is required"},
+		{"completer", "STRIPE_SECRET_KEY is required"},
+		{"consume", "STRIPE_SECRET_KEY is required"},
+		{"reconcile", "STRIPE_SECRET_KEY is required"},
+		{"relay", "NATS_URL"},
+		{"deliver", "WEBHOOK_SECRETS_KEY is not set"},
+	} {
+		_, stderr, code := idempay(t, env, tc.cmd)
+		if code != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("idempay %s without STRIPE_SECRET_KEY: exit %d, stderr %q; want exit 1 and %q", tc.cmd, code, stderr, tc.want)
+		}
+		if tc.cmd == "relay" || tc.cmd == "deliver" {
+			if strings.Contains(stderr, "STRIPE_SECRET_KEY") {
+				t.Errorf("idempay %s asks for STRIPE_SECRET_KEY, which it never uses: %q", tc.cmd, stderr)
+			}
+		}
+	}
+}

@@ -97,6 +97,9 @@ func serveMetrics(ctx context.Context, addr string, a *app.App, log *slog.Logger
 // consumeCmd is `idempay consume`: the order.paid consumer. Run several;
 // they share the durable consumer.
 func consumeCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.requireStripe(); err != nil {
+		return err
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err

@@ -461,7 +461,10 @@ CREATE INDEX webhook_endpoints_account ON webhook_endpoints (account_id, created
 -- One delivery per (event, endpoint): the fan-out is an INSERT ... ON
 -- CONFLICT DO NOTHING, so a pass repeated after a crash creates nothing
 -- twice. A delivery is pending until an attempt succeeds (delivered) or
--- the schedule ends (failed); a resend makes it pending again. Deleting an
+-- the schedule ends (failed); a resend makes it pending again. While its
+-- endpoint is disabled, an unfinished delivery is paused, out of the
+-- workers' due index, and pending again when the endpoint is enabled.
+-- Deleting an
 -- endpoint deletes its deliveries and their attempts.
 --
 -- What a delivery costs is what it writes: the fan-out's insert, the
@@ -481,7 +484,7 @@ CREATE TABLE webhook_deliveries (
     account_id      text NOT NULL,  -- no foreign key: see above
     object_id       text NOT NULL,
     object_version  bigint NOT NULL,
-    state           text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed')),
+    state           text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'paused', 'delivered', 'failed')),
     -- Attempts in the current schedule (a resend starts a new one).
     attempts        integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
@@ -497,11 +500,14 @@ CREATE TABLE webhook_deliveries (
     CONSTRAINT webhook_deliveries_event_endpoint UNIQUE (event_id, endpoint_id)
 ) WITH (fillfactor = 70);
 
--- The workers' scan: pending deliveries by due time.
+-- The workers' scan: pending deliveries by due time (a paused one, whose
+-- endpoint is disabled, is not in it, so no claim reads past it).
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
--- Head of line per object: the lowest version pending for this endpoint.
--- Its predicate says "pending" as "neither delivered nor failed", and the
--- claim's check says it the same way, so that this index is the only one
+-- Head of line per object: the lowest version pending (or paused) for this
+-- endpoint; also how an endpoint's unfinished deliveries are found when it
+-- is disabled or enabled. Its predicate says "pending" as "neither
+-- delivered nor failed", and the claim's check says it the same way, so
+-- that this index is the only one
 -- that can answer the check (the planner cannot prove the due index's
 -- "state = 'pending'" from it), whatever the statistics say
 -- (WebhookDeliveryClaim).

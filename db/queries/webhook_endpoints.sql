@@ -42,6 +42,14 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint c
 -- name: WebhookEndpointDelete :execrows
 DELETE FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
+-- name: WebhookEndpointsLock :exec
+-- A batch's endpoints, locked first in its recording transaction, in id
+-- order: every transaction that writes an endpoint and its deliveries
+-- (recording a batch, disabling or enabling an endpoint, the fan-out, a
+-- resend, a recovery) takes the endpoint's row before the deliveries'
+-- rows, so that none waits for another in a cycle.
+SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
+
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) AND failing_since IS NOT NULL;
@@ -60,6 +68,31 @@ UPDATE webhook_endpoints
 SET enabled = false, disabled_reason = @reason, version = version + 1, updated_at = now()
 WHERE id = @id AND enabled
 RETURNING *;
+
+-- name: WebhookDeliveriesPause :exec
+-- The endpoint is disabled: its pending deliveries leave the workers' due
+-- index (paused) until it is enabled again. A statement of its own, after
+-- the endpoint's update in the same transaction, so that its snapshot sees
+-- every delivery a concurrent fan-out, resend or recovery committed while
+-- it waited for the endpoint's row (they lock it FOR SHARE). Stated as the
+-- head-of-line index's predicate, which finds the endpoint's unfinished
+-- deliveries and not its delivered ones.
+UPDATE webhook_deliveries SET state = 'paused'
+WHERE endpoint_id = @endpoint_id AND state <> 'delivered' AND state <> 'failed' AND state = 'pending';
+
+-- name: WebhookDeliveriesUnpause :exec
+-- The endpoint is enabled again: its paused deliveries are pending, due
+-- when they were (so at once, for most).
+UPDATE webhook_deliveries SET state = 'pending'
+WHERE endpoint_id = @endpoint_id AND state <> 'delivered' AND state <> 'failed' AND state = 'paused';
+
+-- name: WebhookDeliveriesGiveBack :exec
+-- Claimed deliveries a worker did not send, its lease nearly spent when it
+-- came to them (the process stalled): due again at once, with no attempt,
+-- unless another worker has claimed them since.
+UPDATE webhook_deliveries d SET lease_until = NULL
+FROM (SELECT unnest(@ids::text[]) AS id, unnest(@claims::bigint[]) AS claims) u
+WHERE d.id = u.id AND d.claims = u.claims;
 
 -- name: WebhookDispatcherLock :one
 -- One dispatcher pass at a time, in any number of processes: the row lock
@@ -100,16 +133,26 @@ RETURNING g.seq;
 -- name: WebhookDeliveriesFanOut :execrows
 -- One delivery per event (by seq, between lo and hi) and matching enabled
 -- endpoint of its account created before it; repeated, it creates nothing.
+-- The endpoints are locked FOR SHARE: an endpoint being disabled meanwhile
+-- is either seen disabled (the lock waits, and the row is read again), or
+-- disabled after this commits, and its pause then finds these deliveries
+-- (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
+-- Locked in id order (the lock is taken above the sort), as a batch's
+-- recording locks them (WebhookEndpointsLock).
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 
 -- name: WebhookDeliveryClaim :many
--- Up to @max_rows due deliveries of enabled endpoints, each the lowest
+-- Up to @max_rows due deliveries of enabled endpoints (a disabled
+-- endpoint's are paused, out of the due index; the join is the check),
+-- each the lowest
 -- version of its object pending for its endpoint (head of line per
 -- object), oldest first, leased to the caller, each with what its attempt
 -- needs: the event it sends, and its endpoint's URL, secrets and failure
@@ -151,16 +194,18 @@ RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
 -- name: WebhookDeliveriesFinish :many
 -- The outcomes of a batch's attempts (status 0: no answer; an empty error:
 -- none), each fenced by its claim: a worker whose lease ran out, and whose
--- delivery another worker took, changes nothing. The ids it returns are
--- the outcomes that counted.
+-- delivery another worker took, changes nothing. A delivery paused while
+-- it was being sent (its endpoint disabled meanwhile) stays paused unless
+-- it was delivered. The ids it returns are the outcomes that counted.
 UPDATE webhook_deliveries d
-SET state = u.state, attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+SET state = CASE WHEN d.state = 'paused' AND u.state = 'pending' THEN 'paused' ELSE u.state END,
+    attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
     last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
     delivered_at = CASE WHEN u.state = 'delivered' THEN @now::timestamptz ELSE d.delivered_at END
 FROM (SELECT unnest(@ids::text[]) AS id, unnest(@claims::bigint[]) AS claims, unnest(@states::text[]) AS state,
              unnest(@next_attempt_ats::timestamptz[]) AS next_attempt_at, unnest(@statuses::int[]) AS status,
              unnest(@errors::text[]) AS error) u
-WHERE d.id = u.id AND d.claims = u.claims AND d.state = 'pending'
+WHERE d.id = u.id AND d.claims = u.claims AND d.state IN ('pending', 'paused')
 RETURNING d.id;
 
 -- name: WebhookAttemptsInsert :exec
@@ -189,25 +234,30 @@ SELECT * FROM webhook_attempts WHERE delivery_id = ANY (@delivery_ids::text[]) O
 -- Makes the event's deliveries pending again with a new schedule, and
 -- creates the missing ones for the account's enabled endpoints that want
 -- it; the same event id goes out again. A worker's lease is kept: a
--- delivery being sent is not sent twice at once.
+-- delivery being sent is not sent twice at once. The endpoints are locked
+-- as by the fan-out (WebhookDeliveriesFanOut).
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
 SET state = 'pending', attempts = 0, next_attempt_at = now();
 
 -- name: WebhookDeliveriesRecover :exec
 -- Every event of the account since @since that the endpoint wants, again,
--- each under its own id.
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+-- each under its own id: pending, or paused while the endpoint is
+-- disabled (read under a lock, as by the fan-out).
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, CASE WHEN w.enabled THEN 'pending' ELSE 'paused' END
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND w.id = @endpoint_id AND e.created_at >= @since::timestamptz
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now();
+SET state = excluded.state, attempts = 0, next_attempt_at = now();
 
 -- name: WebhookEventGet :one
 -- The event a delivery sends.
@@ -215,9 +265,10 @@ SELECT * FROM events WHERE id = @id;
 
 -- name: WebhookOldestPending :many
 -- Per endpoint, the creation time of its oldest pending delivery (a disabled
--- endpoint's count: they go out when it is enabled again). For the metrics.
+-- endpoint's paused ones count: they go out when it is enabled again). For
+-- the metrics.
 SELECT endpoint_id, min(created_at)::timestamptz AS oldest
-FROM webhook_deliveries WHERE state = 'pending' GROUP BY endpoint_id;
+FROM webhook_deliveries WHERE state <> 'delivered' AND state <> 'failed' GROUP BY endpoint_id;
 
 -- name: WebhookEndpointsDisabled :one
 SELECT count(*) FROM webhook_endpoints WHERE NOT enabled;

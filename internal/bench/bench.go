@@ -117,6 +117,10 @@ type Config struct {
 	// first-request scenario the bench waits until every delivery is sent
 	// (see drainWebhooks).
 	WebhookEndpoints int
+	// WebhookDeliver is where those deliveries are sent: DeliverInline
+	// (default: by the server, during the scenarios) or DeliverAfter (by an
+	// `idempay deliver` process after each scenario, measured apart).
+	WebhookDeliver string
 	// DBMaxConns is the pool size of the raw loops and, as DB_MAX_CONNS, of
 	// the server process (0: pgxpool's default, max(4, GOMAXPROCS)).
 	DBMaxConns int32
@@ -186,7 +190,8 @@ type runner struct {
 	conns    []*httpConn // one per worker
 	accounts []account
 	runID    string
-	hooked   int // with Config.WebhookEndpoints, the first of first-<N>hooks' accounts
+	hooked   int    // with Config.WebhookEndpoints, the first of first-<N>hooks' accounts
+	hooksKey string // with Config.WebhookEndpoints, the run's WEBHOOK_SECRETS_KEY
 
 	sinkConns atomic.Int64 // connections the webhook sink accepted
 
@@ -224,6 +229,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, errors.New("-webhook-endpoints compares first-<N>hooks with first: it needs the first scenario, and a server it starts itself (no -peer, no -target)")
 		}
 		scen = slices.Insert(scen, i+1, hooksScenario(cfg.WebhookEndpoints))
+	}
+	switch cfg.WebhookDeliver {
+	case "":
+		cfg.WebhookDeliver = DeliverInline
+	case DeliverInline, DeliverAfter:
+	default:
+		return nil, fmt.Errorf("-webhook-deliver %q: want %s or %s", cfg.WebhookDeliver, DeliverInline, DeliverAfter)
 	}
 	if cfg.Peer != "" {
 		if cfg.Target != "" {
@@ -352,6 +364,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if sd.meter.pgss {
 			for _, res := range merges[i] {
 				printStatements(cfg.Out, sd.label+" "+res.Name, res.Usage, res.Requests, cfg.TopStatements)
+				if w := res.Webhooks; w != nil && w.DrainUsage != nil && w.Deliveries > 0 {
+					printStatements(cfg.Out, sd.label+" "+res.Name+" deliveries sent after (per delivery)", w.DrainUsage, uint64(w.Deliveries), cfg.TopStatements)
+				}
 			}
 		}
 	}
@@ -403,6 +418,7 @@ func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, run
 	}
 	r.meter = newMeter(ctx, r.pool)
 	if cfg.WebhookEndpoints > 0 {
+		r.hooksKey = newHooksKey()
 		if err := deleteEndpoints(ctx, r.pool); err != nil {
 			return nil, closeAll, err
 		}
@@ -420,7 +436,7 @@ func newIdempayRunner(ctx context.Context, cfg Config, scen []string, n int, run
 			return nil, closeAll, fmt.Errorf("starting the Stripe stand-in: %w", err)
 		}
 		closers = append(closers, r.stripe.close)
-		r.srv, err = startServer(ctx, cfg, r.stripe.url)
+		r.srv, err = startServer(ctx, cfg, r.stripe.url, r.hooksKey)
 		if err != nil {
 			return nil, closeAll, err
 		}
@@ -481,6 +497,15 @@ func (r *runner) measured(ctx context.Context, s string) (Result, bool, error) {
 		want := 0
 		if s != ScenarioFirst {
 			want = r.cfg.WebhookEndpoints * res.Statuses["201"]
+		}
+		if r.cfg.WebhookDeliver == DeliverAfter {
+			// The request path alone: the scenario and the dispatcher's
+			// catch-up are measured; the sending is measured after.
+			if res.Webhooks, err = r.dispatched(ctx, start, start.Add(res.Elapsed), want); err != nil {
+				return res, true, err
+			}
+			res.Side, res.Usage = r.label, r.meter.stop(ctx, before)
+			return res, true, r.deliverAfter(ctx, res.Webhooks, start, conns0)
 		}
 		if res.Webhooks, err = r.drainWebhooks(ctx, start, start.Add(res.Elapsed), want, conns0); err != nil {
 			return res, true, err

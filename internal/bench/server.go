@@ -50,7 +50,7 @@ type rssSample struct {
 	kib int64
 }
 
-func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProcess, error) {
+func startServer(ctx context.Context, cfg Config, stripeURL, hooksKey string) (*serverProcess, error) {
 	if cfg.Executable == "" {
 		return nil, errors.New("no server executable to start (and no -target)")
 	}
@@ -71,7 +71,7 @@ func startServer(ctx context.Context, cfg Config, stripeURL string) (*serverProc
 	if cfg.DBMaxConns > 0 {
 		env = append(env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
 	}
-	env = append(env, webhooksEnv(cfg)...)
+	env = append(env, webhooksEnv(cfg, hooksKey, true)...)
 	return startProcess(ctx, cfg.Executable, env, "/readyz")
 }
 

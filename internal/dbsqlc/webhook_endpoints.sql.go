@@ -84,6 +84,8 @@ FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.seq BETWEEN $1::bigint AND $2::bigint AND e.seq = ANY ($3::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO NOTHING
 `
 
@@ -95,6 +97,12 @@ type WebhookDeliveriesFanOutParams struct {
 
 // One delivery per event (by seq, between lo and hi) and matching enabled
 // endpoint of its account created before it; repeated, it creates nothing.
+// The endpoints are locked FOR SHARE: an endpoint being disabled meanwhile
+// is either seen disabled (the lock waits, and the row is read again), or
+// disabled after this commits, and its pause then finds these deliveries
+// (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
+// Locked in id order (the lock is taken above the sort), as a batch's
+// recording locks them (WebhookEndpointsLock).
 func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *WebhookDeliveriesFanOutParams) (int64, error) {
 	result, err := db.Exec(ctx, webhookDeliveriesFanOut, arg.Lo, arg.Hi, arg.Seqs)
 	if err != nil {
@@ -105,13 +113,14 @@ func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *Web
 
 const webhookDeliveriesFinish = `-- name: WebhookDeliveriesFinish :many
 UPDATE webhook_deliveries d
-SET state = u.state, attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+SET state = CASE WHEN d.state = 'paused' AND u.state = 'pending' THEN 'paused' ELSE u.state END,
+    attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
     last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
     delivered_at = CASE WHEN u.state = 'delivered' THEN $1::timestamptz ELSE d.delivered_at END
 FROM (SELECT unnest($2::text[]) AS id, unnest($3::bigint[]) AS claims, unnest($4::text[]) AS state,
              unnest($5::timestamptz[]) AS next_attempt_at, unnest($6::int[]) AS status,
              unnest($7::text[]) AS error) u
-WHERE d.id = u.id AND d.claims = u.claims AND d.state = 'pending'
+WHERE d.id = u.id AND d.claims = u.claims AND d.state IN ('pending', 'paused')
 RETURNING d.id
 `
 
@@ -127,8 +136,9 @@ type WebhookDeliveriesFinishParams struct {
 
 // The outcomes of a batch's attempts (status 0: no answer; an empty error:
 // none), each fenced by its claim: a worker whose lease ran out, and whose
-// delivery another worker took, changes nothing. The ids it returns are
-// the outcomes that counted.
+// delivery another worker took, changes nothing. A delivery paused while
+// it was being sent (its endpoint disabled meanwhile) stays paused unless
+// it was delivered. The ids it returns are the outcomes that counted.
 func (q *Queries) WebhookDeliveriesFinish(ctx context.Context, db DBTX, arg *WebhookDeliveriesFinishParams) ([]string, error) {
 	rows, err := db.Query(ctx, webhookDeliveriesFinish,
 		arg.Now,
@@ -157,14 +167,51 @@ func (q *Queries) WebhookDeliveriesFinish(ctx context.Context, db DBTX, arg *Web
 	return items, nil
 }
 
+const webhookDeliveriesGiveBack = `-- name: WebhookDeliveriesGiveBack :exec
+UPDATE webhook_deliveries d SET lease_until = NULL
+FROM (SELECT unnest($1::text[]) AS id, unnest($2::bigint[]) AS claims) u
+WHERE d.id = u.id AND d.claims = u.claims
+`
+
+type WebhookDeliveriesGiveBackParams struct {
+	Ids    []string
+	Claims []int64
+}
+
+// Claimed deliveries a worker did not send, its lease nearly spent when it
+// came to them (the process stalled): due again at once, with no attempt,
+// unless another worker has claimed them since.
+func (q *Queries) WebhookDeliveriesGiveBack(ctx context.Context, db DBTX, arg *WebhookDeliveriesGiveBackParams) error {
+	_, err := db.Exec(ctx, webhookDeliveriesGiveBack, arg.Ids, arg.Claims)
+	return err
+}
+
+const webhookDeliveriesPause = `-- name: WebhookDeliveriesPause :exec
+UPDATE webhook_deliveries SET state = 'paused'
+WHERE endpoint_id = $1 AND state <> 'delivered' AND state <> 'failed' AND state = 'pending'
+`
+
+// The endpoint is disabled: its pending deliveries leave the workers' due
+// index (paused) until it is enabled again. A statement of its own, after
+// the endpoint's update in the same transaction, so that its snapshot sees
+// every delivery a concurrent fan-out, resend or recovery committed while
+// it waited for the endpoint's row (they lock it FOR SHARE). Stated as the
+// head-of-line index's predicate, which finds the endpoint's unfinished
+// deliveries and not its delivered ones.
+func (q *Queries) WebhookDeliveriesPause(ctx context.Context, db DBTX, endpointID string) error {
+	_, err := db.Exec(ctx, webhookDeliveriesPause, endpointID)
+	return err
+}
+
 const webhookDeliveriesRecover = `-- name: WebhookDeliveriesRecover :exec
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, CASE WHEN w.enabled THEN 'pending' ELSE 'paused' END
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = $1 AND w.id = $2 AND e.created_at >= $3::timestamptz
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now()
+SET state = excluded.state, attempts = 0, next_attempt_at = now()
 `
 
 type WebhookDeliveriesRecoverParams struct {
@@ -174,7 +221,8 @@ type WebhookDeliveriesRecoverParams struct {
 }
 
 // Every event of the account since @since that the endpoint wants, again,
-// each under its own id.
+// each under its own id: pending, or paused while the endpoint is
+// disabled (read under a lock, as by the fan-out).
 func (q *Queries) WebhookDeliveriesRecover(ctx context.Context, db DBTX, arg *WebhookDeliveriesRecoverParams) error {
 	_, err := db.Exec(ctx, webhookDeliveriesRecover, arg.AccountID, arg.EndpointID, arg.Since)
 	return err
@@ -186,6 +234,8 @@ SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = $1 AND e.id = $2 AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ORDER BY w.id
+FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
 SET state = 'pending', attempts = 0, next_attempt_at = now()
 `
@@ -198,9 +248,22 @@ type WebhookDeliveriesResendParams struct {
 // Makes the event's deliveries pending again with a new schedule, and
 // creates the missing ones for the account's enabled endpoints that want
 // it; the same event id goes out again. A worker's lease is kept: a
-// delivery being sent is not sent twice at once.
+// delivery being sent is not sent twice at once. The endpoints are locked
+// as by the fan-out (WebhookDeliveriesFanOut).
 func (q *Queries) WebhookDeliveriesResend(ctx context.Context, db DBTX, arg *WebhookDeliveriesResendParams) error {
 	_, err := db.Exec(ctx, webhookDeliveriesResend, arg.AccountID, arg.EventID)
+	return err
+}
+
+const webhookDeliveriesUnpause = `-- name: WebhookDeliveriesUnpause :exec
+UPDATE webhook_deliveries SET state = 'pending'
+WHERE endpoint_id = $1 AND state <> 'delivered' AND state <> 'failed' AND state = 'paused'
+`
+
+// The endpoint is enabled again: its paused deliveries are pending, due
+// when they were (so at once, for most).
+func (q *Queries) WebhookDeliveriesUnpause(ctx context.Context, db DBTX, endpointID string) error {
+	_, err := db.Exec(ctx, webhookDeliveriesUnpause, endpointID)
 	return err
 }
 
@@ -253,7 +316,9 @@ type WebhookDeliveryClaimRow struct {
 	FailingSince      *time.Time
 }
 
-// Up to @max_rows due deliveries of enabled endpoints, each the lowest
+// Up to @max_rows due deliveries of enabled endpoints (a disabled
+// endpoint's are paused, out of the due index; the join is the check),
+// each the lowest
 // version of its object pending for its endpoint (head of line per
 // object), oldest first, leased to the caller, each with what its attempt
 // needs: the event it sends, and its endpoint's URL, secrets and failure
@@ -816,6 +881,20 @@ func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *Webh
 	return items, nil
 }
 
+const webhookEndpointsLock = `-- name: WebhookEndpointsLock :exec
+SELECT id FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
+`
+
+// A batch's endpoints, locked first in its recording transaction, in id
+// order: every transaction that writes an endpoint and its deliveries
+// (recording a batch, disabling or enabling an endpoint, the fan-out, a
+// resend, a recovery) takes the endpoint's row before the deliveries'
+// rows, so that none waits for another in a cycle.
+func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) error {
+	_, err := db.Exec(ctx, webhookEndpointsLock, ids)
+	return err
+}
+
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY ($1::text[]) AND failing_since IS NOT NULL
 `
@@ -850,7 +929,7 @@ func (q *Queries) WebhookEventGet(ctx context.Context, db DBTX, id string) (Even
 
 const webhookOldestPending = `-- name: WebhookOldestPending :many
 SELECT endpoint_id, min(created_at)::timestamptz AS oldest
-FROM webhook_deliveries WHERE state = 'pending' GROUP BY endpoint_id
+FROM webhook_deliveries WHERE state <> 'delivered' AND state <> 'failed' GROUP BY endpoint_id
 `
 
 type WebhookOldestPendingRow struct {
@@ -859,7 +938,8 @@ type WebhookOldestPendingRow struct {
 }
 
 // Per endpoint, the creation time of its oldest pending delivery (a disabled
-// endpoint's count: they go out when it is enabled again). For the metrics.
+// endpoint's paused ones count: they go out when it is enabled again). For
+// the metrics.
 func (q *Queries) WebhookOldestPending(ctx context.Context, db DBTX) ([]WebhookOldestPendingRow, error) {
 	rows, err := db.Query(ctx, webhookOldestPending)
 	if err != nil {

@@ -22,7 +22,8 @@ type Delivery struct {
 	Endpoint      string `json:"webhook_endpoint"`
 	ObjectID      string `json:"object_id"`
 	ObjectVersion int64  `json:"object_version"`
-	// Status is pending, delivered or failed (the schedule ended).
+	// Status is pending, paused (its endpoint is disabled), delivered or
+	// failed (the schedule ended).
 	Status string `json:"status"`
 	// NextAttemptAt is when a pending delivery is due.
 	NextAttemptAt *time.Time `json:"next_attempt_at"`

@@ -213,10 +213,181 @@ func TestGone(t *testing.T) {
 	b := setup(t)
 	epID, _ := b.endpoint(t, "", "charge.succeeded")
 	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusGone, nil })
-	b.event(t, events.ChargeSucceeded, "ch_g", 1)
+	id := b.event(t, events.ChargeSucceeded, "ch_g", 1)
 	b.dispatch(t)
 	b.work(t)
 	b.assertDisabled(t, epID, merchanthooks.ReasonGone)
+	// The delivery waits, paused, and goes when the merchant enables the
+	// endpoint again.
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StatePaused || attempts != 1 {
+		t.Fatalf("after the 410: %s after %d attempts, want paused after 1", state, attempts)
+	}
+	b.recv.setAnswer(nil)
+	b.setEnabled(t, epID, true)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d after the endpoint was enabled, want its paused delivery", n)
+	}
+	if state, _, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered {
+		t.Fatalf("after enabling: %s, want delivered", state)
+	}
+}
+
+// setEnabled enables or disables the endpoint through the API.
+func (b *bundle) setEnabled(t *testing.T, epID string, enabled bool) {
+	t.Helper()
+	if r := b.client.Post("/v1/webhook_endpoints/"+epID, apitest.NewKey(), map[string]any{"enabled": enabled}); r.Status != http.StatusOK {
+		t.Fatalf("setting enabled %v: %d %s", enabled, r.Status, r.Body)
+	}
+}
+
+// states is each delivery's state of the endpoint, by event.
+func (b *bundle) states(t *testing.T, epID string) map[string]string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), "SELECT event_id, state FROM webhook_deliveries WHERE endpoint_id = $1", epID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = state
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPausedWhileDisabled: a disabled endpoint's unsent deliveries are
+// paused, out of the workers' due index, so that no claim reads past them;
+// a recovery for it creates them paused; enabling it makes them pending,
+// and they go. The other endpoint's go meanwhile.
+func TestPausedWhileDisabled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	off, _ := b.endpoint(t, "/off", "*")
+	on, _ := b.endpoint(t, "/on", "*")
+	e1 := b.event(t, events.ChargeSucceeded, "ch_p1", 1)
+	b.dispatch(t)
+	b.setEnabled(t, off, false)
+	if got := b.states(t, off); got[e1] != merchanthooks.StatePaused {
+		t.Fatalf("the disabled endpoint's deliveries: %v, want %s paused", got, e1)
+	}
+	var due int
+	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'pending'", off).Scan(&due); err != nil || due != 0 {
+		t.Fatalf("%d pending deliveries of the disabled endpoint (%v), want 0", due, err)
+	}
+	if n := b.work(t); n != 1 || len(b.recv.deliveries()) != 1 {
+		t.Fatalf("claimed %d, received %d: want the enabled endpoint's one", n, len(b.recv.deliveries()))
+	}
+	// A recovery of the disabled endpoint: e1 again and e2, both paused.
+	e2 := b.event(t, events.ChargeSucceeded, "ch_p2", 1)
+	b.dispatch(t)
+	if r := b.client.Post("/v1/webhook_endpoints/"+off+"/recover", apitest.NewKey(), map[string]any{"since": time.Now().Add(-time.Hour)}); r.Status != http.StatusAccepted {
+		t.Fatalf("recover: %d %s", r.Status, r.Body)
+	}
+	if got := b.states(t, off); len(got) != 2 || got[e1] != merchanthooks.StatePaused || got[e2] != merchanthooks.StatePaused {
+		t.Fatalf("after the recovery: %v, want %s and %s paused", got, e1, e2)
+	}
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d, want the enabled endpoint's e2 alone", n)
+	}
+	b.setEnabled(t, off, true)
+	if n := b.work(t); n != 2 {
+		t.Fatalf("claimed %d after enabling, want its 2 paused deliveries", n)
+	}
+	for _, st := range []map[string]string{b.states(t, off), b.states(t, on)} {
+		if st[e1] != merchanthooks.StateDelivered || st[e2] != merchanthooks.StateDelivered {
+			t.Fatalf("in the end: %v, want every delivery delivered", st)
+		}
+	}
+	if got := len(b.recv.deliveries()); got != 4 {
+		t.Fatalf("received %d, want 4", got)
+	}
+}
+
+// TestPausedWhileSent: an endpoint disabled while its delivery is being
+// sent: a failed attempt leaves the delivery paused (not pending, where a
+// claim would read past it); one that succeeded is delivered.
+func TestPausedWhileSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
+	failed := b.event(t, events.ChargeSucceeded, "ch_w1", 1)
+	b.dispatch(t)
+	// The merchant disables the endpoint once the worker has claimed, from
+	// the worker's goroutines: the answer is checked afterwards.
+	disable := func() *atomic.Int32 {
+		var once sync.Once
+		var status atomic.Int32
+		b.svc.SetBeforeSend(func() {
+			once.Do(func() {
+				status.Store(int32(b.client.Post("/v1/webhook_endpoints/"+epID, apitest.NewKey(), map[string]any{"enabled": false}).Status))
+			})
+		})
+		return &status
+	}
+	status := disable()
+	if n, err := b.svc.Work(context.Background(), b.http, 10); n != 1 || err != nil || status.Load() != http.StatusOK {
+		t.Fatalf("work: %d %v; disabling meanwhile: %d", n, err, status.Load())
+	}
+	if state, attempts, _ := b.deliveryState(t, failed); state != merchanthooks.StatePaused || attempts != 1 {
+		t.Fatalf("failed while the endpoint was disabled: %s after %d attempts, want paused after 1", state, attempts)
+	}
+	b.svc.SetBeforeSend(nil)
+	b.setEnabled(t, epID, true)
+	b.recv.setAnswer(nil)
+	b.clock.Advance(time.Minute) // past the retry's time
+	ok := b.event(t, events.ChargeSucceeded, "ch_w2", 1)
+	b.dispatch(t)
+	status = disable()
+	if n, err := b.svc.Work(context.Background(), b.http, 10); n != 2 || err != nil || status.Load() != http.StatusOK {
+		t.Fatalf("work: %d %v; disabling meanwhile: %d", n, err, status.Load())
+	}
+	for _, id := range []string{failed, ok} {
+		if state, _, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered {
+			t.Fatalf("%s accepted while the endpoint was disabled: %s, want delivered", id, state)
+		}
+	}
+}
+
+// TestStalledWorkerGivesBack: a worker that stalls between its claim and
+// its POST until its lease is nearly spent sends nothing: the delivery is
+// given back, with no attempt, due again at once, and the next pass sends
+// it once. A shorter stall does not stop the POST.
+func TestStalledWorkerGivesBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	id := b.event(t, events.ChargeSucceeded, "ch_st", 1)
+	b.dispatch(t)
+	b.svc.SetBeforeSend(func() { b.clock.Advance(b.cfg.Lease - b.cfg.Timeout) })
+	if n, err := b.svc.Work(context.Background(), b.http, 10); n != 1 || err != nil {
+		t.Fatalf("work: %d %v", n, err)
+	}
+	if got := len(b.recv.deliveries()); got != 0 {
+		t.Fatalf("a worker with its lease nearly spent sent %d requests", got)
+	}
+	var attempts int
+	var leased bool
+	if err := b.pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM webhook_attempts a WHERE a.delivery_id = d.id), d.lease_until IS NOT NULL
+		FROM webhook_deliveries d WHERE d.event_id = $1`, id).Scan(&attempts, &leased); err != nil {
+		t.Fatal(err)
+	}
+	if state, n, _ := b.deliveryState(t, id); state != merchanthooks.StatePending || n != 0 || attempts != 0 || leased {
+		t.Fatalf("given back: %s, %d attempts counted, %d recorded, leased %v; want pending, none, none, not leased", state, n, attempts, leased)
+	}
+	b.svc.SetBeforeSend(func() { b.clock.Advance((b.cfg.Lease - b.cfg.Timeout) / 4) })
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d after the give-back, want 1", n)
+	}
+	if state, n, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || n != 1 || len(b.recv.deliveries()) != 1 {
+		t.Fatalf("%s after %d attempts, %d requests; want delivered with one", state, n, len(b.recv.deliveries()))
+	}
 }
 
 // TestDisableAfter: an endpoint failing for longer than DisableAfter is
@@ -794,6 +965,58 @@ func TestDeliveryTraced(t *testing.T) {
 	for _, d := range b.recv.deliveries() {
 		if d.ID == id2 && d.TraceParent != "" {
 			t.Fatalf("untraced delivery sent traceparent %q", d.TraceParent)
+		}
+	}
+}
+
+// TestToggleWhileWorking: a merchant disabling and enabling an endpoint
+// again and again while workers record batches of its deliveries: no
+// transaction waits for another in a cycle (a deadlock fails a worker
+// pass or the merchant's request), and once it stays enabled every
+// delivery is delivered.
+func TestToggleWhileWorking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	b.recv.setAnswer(func(delivery) (int, http.Header) {
+		time.Sleep(2 * time.Millisecond)
+		return http.StatusOK, nil
+	})
+	ids := make([]string, 100)
+	for i := range ids {
+		ids[i] = b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_t%d", i), 1)
+	}
+	b.dispatch(t)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 3 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if _, err := b.svc.Work(ctx, b.http, 5); err != nil && ctx.Err() == nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for i := range 20 {
+		r := b.client.Post("/v1/webhook_endpoints/"+epID, apitest.NewKey(), map[string]any{"enabled": i%2 == 1})
+		if r.Status != http.StatusOK {
+			errs <- fmt.Errorf("toggle %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	stop()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	b.work(t)
+	st := b.states(t, epID)
+	for _, id := range ids {
+		if st[id] != merchanthooks.StateDelivered {
+			t.Fatalf("%s is %s once the endpoint stayed enabled, want delivered", id, st[id])
 		}
 	}
 }

@@ -41,6 +41,9 @@ type Service struct {
 	seal   *sealer // nil when Config.SecretsKey is not set
 	events *events.Reader
 	log    *slog.Logger
+	// beforeSend, when set, runs before each delivery's check of its
+	// lease (tests stall the worker there).
+	beforeSend func()
 }
 
 // New returns the service and registers the creation of an endpoint with
@@ -326,14 +329,26 @@ func (s *Service) Update(ctx context.Context, accountID, id string, req idempote
 		if p.EnabledEvents != nil {
 			row.EnabledEvents = p.EnabledEvents
 		}
+		was := row.Enabled
 		if p.Enabled != nil {
 			if *p.Enabled {
 				row.DisabledReason = nil
 			}
 			row.Enabled = *p.Enabled
 		}
-		return s.q.WebhookEndpointUpdate(ctx, b, &dbsqlc.WebhookEndpointUpdateParams{AccountID: accountID, ID: id,
-			Url: row.Url, EnabledEvents: row.EnabledEvents, Enabled: row.Enabled, Version: row.Version})
+		if err := s.q.WebhookEndpointUpdate(ctx, b, &dbsqlc.WebhookEndpointUpdateParams{AccountID: accountID, ID: id,
+			Url: row.Url, EnabledEvents: row.EnabledEvents, Enabled: row.Enabled, Version: row.Version}); err != nil {
+			return err
+		}
+		// Its deliveries not yet sent wait while it is disabled, out of
+		// the workers' way (paused), and go when it is enabled again.
+		switch {
+		case was && !row.Enabled:
+			return s.q.WebhookDeliveriesPause(ctx, b, id)
+		case !was && row.Enabled:
+			return s.q.WebhookDeliveriesUnpause(ctx, b, id)
+		}
+		return nil
 	}})
 }
 

@@ -26,7 +26,9 @@ import (
 
 // Delivery states, as stored.
 const (
-	StatePending   = "pending"
+	StatePending = "pending"
+	// StatePaused: its endpoint is disabled; pending again when enabled.
+	StatePaused    = "paused"
 	StateDelivered = "delivered"
 	StateFailed    = "failed"
 )
@@ -73,11 +75,16 @@ func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 // lease holds it, and no earlier version of its object is pending for the
 // same endpoint. Every attempt ends within Config.Timeout, which is
 // shorter than the lease, so the batch is recorded while its leases hold
-// unless the process stalls; if it does, the outcomes are fenced (finish).
+// unless the process stalls. A delivery whose lease is nearly spent when
+// its POST is about to start (the process stalled after the claim) is not
+// sent but given back, due again at once: another worker may have taken
+// it, and sent it and the object's next version. A stall once the POST
+// has started cannot be undone; its outcome is fenced (finish).
 func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, error) {
 	now := s.cfg.now()
+	leaseUntil := now.Add(s.cfg.Lease)
 	claimed, err := s.q.WebhookDeliveryClaim(ctx, s.pool, &dbsqlc.WebhookDeliveryClaimParams{
-		Now: now, LeaseUntil: now.Add(s.cfg.Lease), MaxRows: int32(n)})
+		Now: now, LeaseUntil: leaseUntil, MaxRows: int32(n)})
 	if err != nil {
 		return 0, fmt.Errorf("claiming deliveries: %w", err)
 	}
@@ -95,7 +102,7 @@ func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, er
 	atts := make([]attempt, len(claimed))
 	var wg sync.WaitGroup
 	for i, d := range claimed {
-		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID]) })
+		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID], leaseUntil) })
 	}
 	wg.Wait()
 	if err := s.finish(ctx, claimed, atts); err != nil {
@@ -114,14 +121,30 @@ type attempt struct {
 	answer   string
 	err      string
 	retryIn  time.Duration // the answer's Retry-After, 0 when none
+	// givenBack: not sent, the lease nearly spent; no attempt to record.
+	givenBack bool
+}
+
+// sendWindow is how much of its lease a delivery must have left for its
+// POST to start: the attempt's Timeout, and half the lease's margin over
+// it to record the outcome.
+func (s *Service) sendWindow() time.Duration {
+	return s.cfg.Timeout + (s.cfg.Lease-s.cfg.Timeout)/2
 }
 
 // send makes one claimed delivery's attempt with its event's body. An
 // endpoint secret that does not open (WEBHOOK_SECRETS_KEY changed under it)
 // is a failed attempt like any other, recorded with its error: the
 // delivery follows the schedule and the endpoint its failure clock,
-// instead of being claimed again and again.
-func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte) attempt {
+// instead of being claimed again and again. A delivery whose lease ends
+// within sendWindow is given back unsent (Work).
+func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte, leaseUntil time.Time) attempt {
+	if s.beforeSend != nil {
+		s.beforeSend()
+	}
+	if leaseUntil.Sub(s.cfg.now()) < s.sendWindow() {
+		return attempt{givenBack: true}
+	}
 	if body == nil { // the stored event's data is not JSON
 		return attempt{started: s.cfg.now(), err: "encoding the event failed"}
 	}
@@ -230,8 +253,8 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 	case a.status >= 200 && a.status < 300:
 		return StateDelivered, now, OutcomeDelivered
 	case a.status == http.StatusGone:
-		// Pending still: it goes out if the merchant enables the endpoint
-		// again.
+		// Pending still, and paused with the endpoint's others when it is
+		// disabled: it goes out if the merchant enables the endpoint again.
 		return StatePending, now, OutcomeGone
 	}
 	delay, ok := s.nextDelay(int(d.Attempts) + 1)
@@ -242,13 +265,29 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 }
 
 // finish records a batch's attempts and their outcomes in one
-// transaction: every attempt; each delivery's outcome, fenced by its claim
+// transaction, which locks the batch's endpoints first (a merchant
+// disabling one meanwhile pauses its deliveries, in the same order):
+// every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
 // changes nothing but its attempt's row); the endpoints' failure clocks;
 // and the endpoints to disable, with their events.
-func (s *Service) finish(ctx context.Context, claimed []dbsqlc.WebhookDeliveryClaimRow, atts []attempt) error {
+func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
 	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
 	now := s.cfg.now()
+	// The deliveries given back unsent have no attempt to record.
+	var claimed []dbsqlc.WebhookDeliveryClaimRow
+	var atts []attempt
+	back := &dbsqlc.WebhookDeliveriesGiveBackParams{}
+	for i, d := range batch {
+		if batchAtts[i].givenBack {
+			back.Ids, back.Claims = append(back.Ids, d.ID), append(back.Claims, d.Claims)
+			continue
+		}
+		claimed, atts = append(claimed, d), append(atts, batchAtts[i])
+	}
+	if len(back.Ids) > 0 {
+		s.log.WarnContext(ctx, "webhooks out: the worker stalled past most of its lease; deliveries given back unsent", "count", len(back.Ids))
+	}
 	ins := &dbsqlc.WebhookAttemptsInsertParams{}
 	fin := &dbsqlc.WebhookDeliveriesFinishParams{Now: now}
 	outcomes := make([]string, len(claimed))
@@ -271,7 +310,23 @@ func (s *Service) finish(ctx context.Context, claimed []dbsqlc.WebhookDeliveryCl
 		fin.Errors = append(fin.Errors, errText)
 		outcomes[i] = outcome
 	}
+	var endpoints []string
+	for _, d := range batch {
+		endpoints = appendOnce(endpoints, d.EndpointID)
+	}
 	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		// The endpoints first, then the deliveries (WebhookEndpointsLock).
+		if err := s.q.WebhookEndpointsLock(ctx, tx, endpoints); err != nil {
+			return struct{}{}, fmt.Errorf("locking the batch's endpoints: %w", err)
+		}
+		if len(back.Ids) > 0 {
+			if err := s.q.WebhookDeliveriesGiveBack(ctx, tx, back); err != nil {
+				return struct{}{}, fmt.Errorf("giving deliveries back: %w", err)
+			}
+		}
+		if len(claimed) == 0 {
+			return struct{}{}, nil
+		}
 		counted, err := s.q.WebhookDeliveriesFinish(ctx, tx, fin)
 		if err != nil {
 			return struct{}{}, fmt.Errorf("finishing deliveries: %w", err)
@@ -354,14 +409,19 @@ func appendOnce(list []string, s string) []string {
 	return append(list, s)
 }
 
-// disable disables the endpoint and records its webhook_endpoint.disabled
-// event, in tx; nothing when it is disabled already.
+// disable disables the endpoint, pauses its pending deliveries (they go
+// when the merchant enables it again) and records its
+// webhook_endpoint.disabled event, in tx; nothing when it is disabled
+// already.
 func (s *Service) disable(ctx context.Context, tx pgx.Tx, id, reason string) error {
 	row, err := s.q.WebhookEndpointDisable(ctx, tx, &dbsqlc.WebhookEndpointDisableParams{ID: id, Reason: &reason})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return nil
 	} else if err != nil {
 		return fmt.Errorf("disabling endpoint %s: %w", id, err)
+	}
+	if err := s.q.WebhookDeliveriesPause(ctx, tx, id); err != nil {
+		return fmt.Errorf("pausing the deliveries of endpoint %s: %w", id, err)
 	}
 	data, err := json.Marshal(endpointOf(row, s.cfg.now()))
 	if err != nil {

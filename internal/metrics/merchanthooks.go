@@ -39,7 +39,7 @@ func newMerchantHooks(reg *prometheus.Registry, pool *pgxpool.Pool) merchantHook
 	if pool != nil {
 		reg.MustRegister(&merchantHookBacklog{pool: pool,
 			oldest: prometheus.NewDesc(namespace+"_webhooks_out_oldest_pending_seconds",
-				"Age of the oldest pending delivery, per endpoint (endpoints with none pending are absent).", []string{"endpoint"}, nil),
+				"Age of the oldest delivery not yet sent (pending, or paused while its endpoint is disabled), per endpoint (endpoints with none are absent).", []string{"endpoint"}, nil),
 			disabled: prometheus.NewDesc(namespace+"_webhooks_out_disabled_endpoints",
 				"Webhook endpoints that are disabled (by their merchant, or by idempay after a 410 or a long failure).", nil, nil),
 		})
