@@ -1,8 +1,9 @@
 // Package charges is idempay's payment domain: charges and refunds, their
 // validation, their ledger rows (the store, store*.go), the Stripe port they
-// call (Processor, which package stripeapi implements), Stripe's events
-// applied to them (events.go) and the repairs reconciliation asks for
-// (repair.go; package reconcile runs the passes). Every POST goes through
+// call (Processor, which package stripeapi implements), the state Stripe
+// reports followed (follow.go: package stripeevents applies Stripe's events
+// through it) and the repairs reconciliation asks for (repair.go; package
+// reconcile runs the passes). Every POST goes through
 // idempotency.Runner, which owns the claim, replay and phase bookkeeping;
 // this package supplies the ledger writes and the Stripe call. One charge
 // reads top to bottom in this file, charge.go, params.go, store.go and

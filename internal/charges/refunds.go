@@ -63,8 +63,8 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	}
 	// Stripe refuses to refund a disputed charge: the dispute decides. A
 	// dispute that lands after this read is seen by the reservation, which
-	// checks for one with the charge row locked (applyDispute writes the
-	// row with its dispute).
+	// checks for one with the charge row locked (package stripeevents
+	// writes the row with its dispute).
 	if blockingDisputes > 0 {
 		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
 	}
