@@ -46,7 +46,7 @@ func TestInvalidText(t *testing.T) {
 			continue
 		}
 		var ce *Error
-		if !errors.As(err, &ce) || ce.Kind != ErrInvalid {
+		if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: error %v, want an ErrInvalid refusal", tc.name, err)
 			continue
 		}

@@ -40,7 +40,7 @@ func problem(err error) error {
 	for _, p := range ce.Params {
 		pe.InvalidParams = append(pe.InvalidParams, apierror.InvalidParam{Name: p.Name, Reason: p.Reason})
 	}
-	if ce.Kind == charges.ErrNotSettled {
+	if errors.Is(ce, charges.ErrNotSettled) {
 		pe.RetryAfter = 1
 	}
 	return pe
