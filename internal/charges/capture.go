@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // The actions that move an authorization on, as stored in
@@ -33,13 +33,13 @@ type pendingOp struct {
 }
 
 // notAllowed is the refusal of an action on a charge in the wrong state.
-func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
-	t := apierror.ChargeNotCapturable
+func (op *pendingOp) notAllowed(format string, args ...any) *Error {
+	kind := ErrNotCapturable
 	if op.action == actionCancel {
-		t = apierror.ChargeNotCancelable
+		kind = ErrNotCancelable
 	}
-	return &apierror.Error{Type: t, Detail: fmt.Sprintf(format, args...),
-		Extensions: map[string]any{"charge": op.chargeID}}
+	return &Error{Kind: kind, Detail: fmt.Sprintf(format, args...),
+		Facts: map[string]any{"charge": op.chargeID}}
 }
 
 // Begin checks the charge: authorized (requires_capture; a cancel may also
@@ -51,7 +51,7 @@ func (op *pendingOp) notAllowed(format string, args ...any) *apierror.Error {
 // charge's own request is settled by its client's retry or the completer.
 func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	if len(op.chargeID) > maxChargeIDLength || !chargeIDPattern.MatchString(op.chargeID) {
-		return apierror.New(apierror.NotFound, "No such charge.") // never a charge's id: not looked up
+		return refuse(ErrNotFound, "No such charge.") // never a charge's id: not looked up
 	}
 	ch, err := op.s.st.charge(ctx, op.accountID, op.chargeID)
 	if err := readErr(err, "charge"); err != nil {
@@ -71,9 +71,9 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	case ch.StripePaymentIntentID == nil:
 		return op.notAllowed("Charge %s has no PaymentIntent at Stripe.", ch.ID)
 	case op.amount > ch.AmountCapturable:
-		return &apierror.Error{Type: apierror.CaptureExceedsAuthorization,
-			Detail:     fmt.Sprintf("Charge %s has %d capturable.", ch.ID, ch.AmountCapturable),
-			Extensions: map[string]any{"amount_capturable": ch.AmountCapturable}}
+		return &Error{Kind: ErrCaptureExceedsAuthorization,
+			Detail: fmt.Sprintf("Charge %s has %d capturable.", ch.ID, ch.AmountCapturable),
+			Facts:  map[string]any{"amount_capturable": ch.AmountCapturable}}
 	}
 	var amount *int64
 	if op.amount > 0 {
@@ -88,14 +88,15 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 
 // notSettled is the refusal of a capture or cancel of a charge still
 // processing: its own request has no definite answer from Stripe yet. It
-// stores nothing (Begin has queued nothing), and its Retry-After tells the
-// client to send the same request again once that request is settled, by
-// its client's retry or the completer, under its own downstream key.
-func notSettled(chargeID, action string) *apierror.Error {
-	return &apierror.Error{Type: apierror.ChargeNotSettled, RetryAfter: 1,
+// stores nothing (Begin has queued nothing), and tells the client to send
+// the same request again (over HTTP, after Retry-After) once that request
+// is settled, by its client's retry or the completer, under its own
+// downstream key.
+func notSettled(chargeID, action string) *Error {
+	return &Error{Kind: ErrNotSettled,
 		Detail: fmt.Sprintf("The request that created charge %s has no definite answer from Stripe yet, and is being settled; "+
 			"retry this %s with the same key shortly.", chargeID, action),
-		Extensions: map[string]any{"charge": chargeID}}
+		Facts: map[string]any{"charge": chargeID}}
 }
 
 // Load reads the charge of a capture or cancel begun elsewhere.
@@ -232,7 +233,7 @@ type captureParams struct {
 
 func (p *captureParams) Validate() error {
 	if bad := validateAmount("amount", p.Amount, false); len(bad) > 0 {
-		return apierror.Invalid(bad...)
+		return jsonbody.Invalid(bad...)
 	}
 	return nil
 }

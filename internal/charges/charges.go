@@ -1,8 +1,9 @@
 // Package charges is idempay's payment domain: charges and refunds, their
 // validation, their ledger rows (the store, store*.go), the Stripe port they
-// call (Processor, which package stripeapi implements), Stripe's events
-// applied to them (events.go) and the repairs reconciliation asks for
-// (repair.go; package reconcile runs the passes). Every POST goes through
+// call (Processor, which package stripeapi implements), the state Stripe
+// reports followed (follow.go: package stripeevents applies Stripe's events
+// through it) and the repairs reconciliation asks for (repair.go; package
+// reconcile runs the passes). Every POST goes through
 // idempotency.Runner, which owns the claim, replay and phase bookkeeping;
 // this package supplies the ledger writes and the Stripe call. One charge
 // reads top to bottom in this file, charge.go, params.go, store.go and
@@ -10,11 +11,15 @@
 //
 // It knows nothing of HTTP, nor of stripe-go: its methods take plain values
 // (an account id, a prepared idempotency.Request, a charge id) and return
-// the stored response, an API representation, or a domain error
-// (*apierror.Error, *idempotency.Error). The HTTP adapter (chargeshttp)
-// reads requests into those values and answers; other entry points (a
-// broker consumer, the webhook endpoint, reconciliation) call the same
-// methods, so a request means the same thing whichever way it came.
+// the stored response, an API representation, or an error of its own
+// (*Error, errors.go) or of the core (*idempotency.Error). The HTTP
+// adapter (chargeshttp) reads requests into those values and maps its
+// errors to problem+json; other entry points (a broker consumer, the
+// webhook endpoint, reconciliation) call the same methods and map the
+// same errors their own way, so a request means the same thing whichever
+// way it came. The one place it writes a problem+json document itself is
+// a refusal it stores for replay (failedResponse, keyConflict), through
+// package apierror, so that the stored bytes are the HTTP answer's.
 package charges
 
 import (
@@ -78,7 +83,7 @@ type Command struct {
 
 // Run runs the command through the idempotency runner: the stored response
 // (fresh or replayed), or the core's refusal (*idempotency.Error), a
-// domain refusal (*apierror.Error) or the database's error.
+// domain refusal (*Error) or the database's error.
 func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, error) {
 	return s.runner.Run(ctx, cmd.Request, cmd.op)
 }
@@ -93,9 +98,10 @@ func validate(req *idempotency.Request, params jsonbody.Body) error {
 }
 
 // decodeParams decodes raw strictly into dst and validates it
-// (jsonbody.Decode): every refusal is a 400 that names each problem.
+// (jsonbody.Decode): every refusal is an *Error (ErrInvalidJSON, or
+// ErrInvalid naming each problem).
 func decodeParams(raw []byte, dst jsonbody.Body) error {
-	return jsonbody.Decode(raw, dst, fmt.Sprintf("an integer between 1 and %d", MaxAmount))
+	return bodyRefusal(jsonbody.Decode(raw, dst, fmt.Sprintf("an integer between 1 and %d", MaxAmount)))
 }
 
 // ledgerID is the id of the ledger row a record creates: the prefix and

@@ -15,8 +15,8 @@ import (
 // row and downstream key, so a charge made by message and one made over
 // HTTP with the same account, key and body are the same charge (I9), and
 // the second replays. body is the JSON of the HTTP request's body. Errors
-// are the core's (*idempotency.Error), a validation problem
-// (*apierror.Error), or the database's.
+// are the core's (*idempotency.Error), a validation problem (*Error), or
+// the database's.
 func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
 	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
 		bytes.NewReader(body), idempotency.MaxBodyBytes)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/jsonbody"
 )
 
@@ -46,13 +45,13 @@ func TestInvalidText(t *testing.T) {
 			}
 			continue
 		}
-		var pe *apierror.Error
-		if !errors.As(err, &pe) || pe.Type != apierror.InvalidRequest {
-			t.Errorf("%s: error %v, want an invalid-request problem", tc.name, err)
+		var ce *Error
+		if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: error %v, want an ErrInvalid refusal", tc.name, err)
 			continue
 		}
 		var names []string
-		for _, p := range pe.InvalidParams {
+		for _, p := range ce.Params {
 			names = append(names, p.Name)
 			if !utf8.ValidString(p.Name) {
 				t.Errorf("%s: the invalid_params name %q is not UTF-8 itself", tc.name, p.Name)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // Limits of the request format, documented in docs/api.md.
@@ -50,8 +50,8 @@ type chargeParams struct {
 }
 
 func (p *chargeParams) Validate() error {
-	var bad []apierror.InvalidParam
-	add := func(name, reason string) { bad = append(bad, apierror.InvalidParam{Name: name, Reason: reason}) }
+	var bad []InvalidParam
+	add := func(name, reason string) { bad = append(bad, InvalidParam{Name: name, Reason: reason}) }
 
 	bad = append(bad, validateAmount("amount", p.Amount, true)...)
 	if p.Capture != nil && *p.Capture {
@@ -104,17 +104,17 @@ func (p *chargeParams) Validate() error {
 		add("metadata["+k+"]", "is reserved: keys starting with "+MetadataPrefix+" are idempay's own metadata at Stripe")
 	}
 	if len(bad) > 0 {
-		return apierror.Invalid(bad...)
+		return jsonbody.Invalid(bad...)
 	}
 	return nil
 }
 
-func validateAmount(name string, amount *int64, required bool) []apierror.InvalidParam {
+func validateAmount(name string, amount *int64, required bool) []InvalidParam {
 	switch {
 	case amount == nil && required:
-		return []apierror.InvalidParam{{Name: name, Reason: "is required, in the currency's minor unit (cents)"}}
+		return []InvalidParam{{Name: name, Reason: "is required, in the currency's minor unit (cents)"}}
 	case amount != nil && (*amount < 1 || *amount > MaxAmount):
-		return []apierror.InvalidParam{{Name: name, Reason: fmt.Sprintf("must be an integer between 1 and %d", MaxAmount)}}
+		return []InvalidParam{{Name: name, Reason: fmt.Sprintf("must be an integer between 1 and %d", MaxAmount)}}
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/jsonbody"
 )
@@ -74,61 +73,62 @@ func TestDecodeParamsRefuses(t *testing.T) {
 	type param struct{ name, reason string } // a word of the reason
 	for _, tc := range []struct {
 		name, body string
-		typ        apierror.Type
+		kind       error
 		want       []param
 	}{
-		{"amount twice", `{` + ok + `,"amount":1}`, apierror.InvalidRequest, []param{{"amount", "more than once"}}},
-		{"amount twice, once escaped", `{` + ok + `,"\u0061mount":1}`, apierror.InvalidRequest, []param{{"amount", "more than once"}}},
-		{"a metadata key twice", `{` + ok + `,"metadata":{"k":"a","k":"a"}}`, apierror.InvalidRequest, []param{{"metadata[k]", "more than once"}}},
-		{"an unknown field twice", `{` + ok + `,"tip":1,"tip":1}`, apierror.InvalidRequest, []param{{"tip", "more than once"}}},
-		{"Amount for amount", `{"Amount":100,"currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest,
+		{"amount twice", `{` + ok + `,"amount":1}`, ErrInvalid, []param{{"amount", "more than once"}}},
+		{"amount twice, once escaped", `{` + ok + `,"\u0061mount":1}`, ErrInvalid, []param{{"amount", "more than once"}}},
+		{"a metadata key twice", `{` + ok + `,"metadata":{"k":"a","k":"a"}}`, ErrInvalid, []param{{"metadata[k]", "more than once"}}},
+		{"an unknown field twice", `{` + ok + `,"tip":1,"tip":1}`, ErrInvalid, []param{{"tip", "more than once"}}},
+		{"Amount for amount", `{"Amount":100,"currency":"usd","payment_method":"tok_visa"}`, ErrInvalid,
 			[]param{{"Amount", "not a known parameter"}, {"amount", "is required"}}},
-		{"unknown fields", `{"customer":"cus_1",` + ok + `,"confirm":true}`, apierror.InvalidRequest,
+		{"unknown fields", `{"customer":"cus_1",` + ok + `,"confirm":true}`, ErrInvalid,
 			[]param{{"customer", "not a known parameter"}, {"confirm", "not a known parameter"}}},
-		{"a byte that is not UTF-8", `{` + ok + `,"description":"caf` + "\xe9" + `"}`, apierror.InvalidRequest, []param{{"description", "UTF-8"}}},
-		{"a lone surrogate escape", `{` + ok + `,"metadata":{"k":"\ud800"}}`, apierror.InvalidRequest, []param{{"metadata[k]", "UTF-8"}}},
-		{"a metadata key that is not UTF-8", `{` + ok + `,"metadata":{"k` + "\xfe" + `":"v"}}`, apierror.InvalidRequest, []param{{"metadata", "UTF-8"}}},
-		{"a field name that is not UTF-8", `{` + ok + `,"x` + "\xff" + `":1}`, apierror.InvalidRequest, []param{{"body", "UTF-8"}}},
-		{"amount as string", `{"amount":"100","currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest,
+		{"a byte that is not UTF-8", `{` + ok + `,"description":"caf` + "\xe9" + `"}`, ErrInvalid, []param{{"description", "UTF-8"}}},
+		{"a lone surrogate escape", `{` + ok + `,"metadata":{"k":"\ud800"}}`, ErrInvalid, []param{{"metadata[k]", "UTF-8"}}},
+		{"a metadata key that is not UTF-8", `{` + ok + `,"metadata":{"k` + "\xfe" + `":"v"}}`, ErrInvalid, []param{{"metadata", "UTF-8"}}},
+		{"a field name that is not UTF-8", `{` + ok + `,"x` + "\xff" + `":1}`, ErrInvalid, []param{{"body", "UTF-8"}}},
+		{"amount as string", `{"amount":"100","currency":"usd","payment_method":"tok_visa"}`, ErrInvalid,
 			[]param{{"amount", "not a JSON string"}}},
-		{"capture as string", `{` + ok + `,"capture":"false"}`, apierror.InvalidRequest, []param{{"capture", "true or false"}}},
-		{"metadata as array", `{` + ok + `,"metadata":["a"]}`, apierror.InvalidRequest, []param{{"metadata", "not a JSON array"}}},
-		{"a metadata value as object", `{` + ok + `,"metadata":{"a":{"b":"c"}}}`, apierror.InvalidRequest, []param{{"metadata[a]", "not a JSON object"}}},
-		{"amount as fraction", `{"amount":12.5,"currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest, []param{{"amount", "integer between 1 and"}}},
-		{"amount beyond int64", `{"amount":99999999999999999999999,"currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest,
+		{"capture as string", `{` + ok + `,"capture":"false"}`, ErrInvalid, []param{{"capture", "true or false"}}},
+		{"metadata as array", `{` + ok + `,"metadata":["a"]}`, ErrInvalid, []param{{"metadata", "not a JSON array"}}},
+		{"a metadata value as object", `{` + ok + `,"metadata":{"a":{"b":"c"}}}`, ErrInvalid, []param{{"metadata[a]", "not a JSON object"}}},
+		{"amount as fraction", `{"amount":12.5,"currency":"usd","payment_method":"tok_visa"}`, ErrInvalid, []param{{"amount", "integer between 1 and"}}},
+		{"amount beyond int64", `{"amount":99999999999999999999999,"currency":"usd","payment_method":"tok_visa"}`, ErrInvalid,
 			[]param{{"amount", "integer between 1 and"}}},
-		{"amount beyond float64", `{"amount":1e400,"currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest,
+		{"amount beyond float64", `{"amount":1e400,"currency":"usd","payment_method":"tok_visa"}`, ErrInvalid,
 			[]param{{"amount", "integer between 1 and"}}},
-		{"amount of 100,000 digits", `{"amount":` + strings.Repeat("9", 100_000) + `,"currency":"usd","payment_method":"tok_visa"}`, apierror.InvalidRequest,
+		{"amount of 100,000 digits", `{"amount":` + strings.Repeat("9", 100_000) + `,"currency":"usd","payment_method":"tok_visa"}`, ErrInvalid,
 			[]param{{"amount", "integer between 1 and"}}},
-		{"nested too deep", deep, apierror.InvalidJSON, nil},
-		{"nested too deep in metadata", `{` + ok + `,"metadata":{"a":` + deep + `}}`, apierror.InvalidJSON, nil},
-		{"nested deep in metadata", `{` + ok + `,"metadata":{"a":` + strings.Repeat("[", 9_000) + strings.Repeat("]", 9_000) + `}}`, apierror.InvalidRequest,
+		{"nested too deep", deep, ErrInvalidJSON, nil},
+		{"nested too deep in metadata", `{` + ok + `,"metadata":{"a":` + deep + `}}`, ErrInvalidJSON, nil},
+		{"nested deep in metadata", `{` + ok + `,"metadata":{"a":` + strings.Repeat("[", 9_000) + strings.Repeat("]", 9_000) + `}}`, ErrInvalid,
 			[]param{{"metadata[a]", "not a JSON array"}}},
-		{"not JSON", `{"amount":`, apierror.InvalidJSON, nil},
-		{"two values", `{` + ok + `}{}`, apierror.InvalidJSON, nil},
-		{"an array", `[{` + ok + `}]`, apierror.InvalidRequest, nil},
+		{"not JSON", `{"amount":`, ErrInvalidJSON, nil},
+		{"two values", `{` + ok + `}{}`, ErrInvalidJSON, nil},
+		{"an array", `[{` + ok + `}]`, ErrInvalid, nil},
 	} {
 		err := decodeParams([]byte(tc.body), &chargeParams{})
-		var pe *apierror.Error
-		if !errors.As(err, &pe) || pe.Type != tc.typ {
-			t.Errorf("%s: error %v, want a problem of type %s", tc.name, err, tc.typ)
+		var ce *Error
+		if !errors.As(err, &ce) || !errors.Is(err, tc.kind) {
+			t.Errorf("%s: error %v, want a refusal of kind %v", tc.name, err, tc.kind)
 			continue
 		}
-		if len(pe.InvalidParams) != len(tc.want) {
-			t.Errorf("%s: invalid_params %+v, want %d entries", tc.name, pe.InvalidParams, len(tc.want))
+		if len(ce.Params) != len(tc.want) {
+			t.Errorf("%s: invalid_params %+v, want %d entries", tc.name, ce.Params, len(tc.want))
 			continue
 		}
 		for i, w := range tc.want {
-			if got := pe.InvalidParams[i]; got.Name != w.name || !strings.Contains(got.Reason, w.reason) {
+			if got := ce.Params[i]; got.Name != w.name || !strings.Contains(got.Reason, w.reason) {
 				t.Errorf("%s: invalid_params[%d] = %q: %q, want %q with %q", tc.name, i, got.Name, got.Reason, w.name, w.reason)
 			}
 		}
 	}
 }
 
-// decodeParams never panics, and answers any bytes with nil or a 400
-// problem; what it accepts is valid JSON and valid UTF-8.
+// decodeParams never panics, and answers any bytes with nil or a refusal
+// of the body (ErrInvalid or ErrInvalidJSON, both a 400 over HTTP); what
+// it accepts is valid JSON and valid UTF-8.
 func FuzzDecodeParams(f *testing.F) {
 	for _, s := range []string{`{"amount":1,"currency":"usd","payment_method":"tok_visa"}`, `{"amount":1,"amount":2}`,
 		`{"metadata":{"k":"\ud800"}}`, `{"Amount":1,"x":[{"a":1,"a":2}]}`, `{"description":"\u00e9"}`, `[`, `"`, `}{`} {
@@ -136,14 +136,13 @@ func FuzzDecodeParams(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		err := decodeParams(raw, &chargeParams{})
-		var pe *apierror.Error
 		switch {
 		case err == nil:
 			if !json.Valid(raw) || !utf8.Valid(raw) {
 				t.Fatalf("decodeParams(%q) accepted it", raw)
 			}
-		case !errors.As(err, &pe) || pe.Status() != 400:
-			t.Fatalf("decodeParams(%q) = %v, want nil or a 400 problem", raw, err)
+		case !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrInvalidJSON):
+			t.Fatalf("decodeParams(%q) = %v, want nil or a refusal of the body", raw, err)
 		}
 	})
 }

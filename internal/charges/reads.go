@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/listing"
 )
@@ -61,7 +60,7 @@ func (s *Service) Charges(ctx context.Context, accountID string, limit int, star
 	if startingAfter != "" {
 		cur, err := s.st.charge(ctx, accountID, startingAfter)
 		if errors.Is(err, ErrNotFound) {
-			return ChargeList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
+			return ChargeList{}, invalid(InvalidParam{Name: "starting_after", Reason: "is not a charge of this account"})
 		} else if err != nil {
 			return ChargeList{}, fmt.Errorf("reading cursor charge: %w", err)
 		}
@@ -85,10 +84,11 @@ func (s *Service) Refund(ctx context.Context, accountID, id string) (Refund, err
 }
 
 // readErr maps a read's error: not found (including another account's
-// object, which this account must not learn exists) is 404.
+// object, which this account must not learn exists) is a refusal of kind
+// ErrNotFound.
 func readErr(err error, object string) error {
 	if errors.Is(err, ErrNotFound) {
-		return apierror.Newf(apierror.NotFound, "No such %s.", object)
+		return refuse(ErrNotFound, fmt.Sprintf("No such %s.", object))
 	}
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", object, err)

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -40,7 +40,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	id := ledgerID("re_", rec)
 	ch, blockingDisputes, refundExists, err := op.s.st.chargeForRefund(ctx, op.accountID, *op.params.Charge, id)
 	if errors.Is(err, ErrNotFound) {
-		return apierror.Invalid(apierror.InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
+		return invalid(InvalidParam{Name: "charge", Reason: "is not a charge of this account"})
 	} else if err != nil {
 		return fmt.Errorf("reading charge: %w", err)
 	}
@@ -55,24 +55,24 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return op.s.st.insertRefund(ctx, b, rf)
 	}
 	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
-		return apierror.Newf(apierror.ChargeNotRefundable,
-			"Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID)
+		return refuse(ErrNotRefundable,
+			fmt.Sprintf("Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID))
 	}
 	if ch.Status != "succeeded" || ch.StripePaymentIntentID == nil {
-		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status)
+		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status))
 	}
 	// Stripe refuses to refund a disputed charge: the dispute decides. A
 	// dispute that lands after this read is seen by the reservation, which
-	// checks for one with the charge row locked (applyDispute writes the
-	// row with its dispute).
+	// checks for one with the charge row locked (package stripeevents
+	// writes the row with its dispute).
 	if blockingDisputes > 0 {
-		return apierror.Newf(apierror.ChargeNotRefundable, "Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID)
+		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID))
 	}
 	remaining := ch.AmountCaptured - ch.AmountRefunded
 	if amount > remaining {
-		return &apierror.Error{Type: apierror.RefundExceedsCharge,
-			Detail:     fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
-			Extensions: map[string]any{"refundable_amount": remaining}}
+		return &Error{Kind: ErrRefundExceedsCharge,
+			Detail: fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
+			Facts:  map[string]any{"refundable_amount": remaining}}
 	}
 	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount); err != nil {
 		return err
@@ -218,20 +218,20 @@ type refundParams struct {
 }
 
 func (p *refundParams) Validate() error {
-	var bad []apierror.InvalidParam
+	var bad []InvalidParam
 	switch {
 	case p.Charge == nil || *p.Charge == "":
-		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "is required"})
+		bad = append(bad, InvalidParam{Name: "charge", Reason: "is required"})
 	case len(*p.Charge) > maxChargeIDLength || !chargeIDPattern.MatchString(*p.Charge):
-		bad = append(bad, apierror.InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
+		bad = append(bad, InvalidParam{Name: "charge", Reason: "must be a charge id (ch_...)"})
 	}
 	if p.Amount == nil {
-		bad = append(bad, apierror.InvalidParam{Name: "amount",
+		bad = append(bad, InvalidParam{Name: "amount",
 			Reason: "is required: the amount to refund, in the currency's minor unit (the charge's amount_captured less its amount_refunded is what is left)"})
 	}
 	bad = append(bad, validateAmount("amount", p.Amount, false)...)
 	if len(bad) > 0 {
-		return apierror.Invalid(bad...)
+		return jsonbody.Invalid(bad...)
 	}
 	return nil
 }

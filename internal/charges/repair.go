@@ -270,21 +270,22 @@ func (s *Service) repair(ctx context.Context, op *repairOp, id, status string) (
 	case err != nil:
 		return false, err
 	}
-	return op.outcome == EventApplied, nil
+	return op.outcome == repairApplied, nil
 }
 
 // repairOp moves a charge or refund forward to what Stripe holds (a
 // PaymentIntent pi, or a refund sr), as its Stripe event would have: it has
 // no ledger rows of its own, and its finishing batch holds the ledger
 // change and, for a request of the object that never finished, that
-// request's Settle (moveCharge, applyRefund): the one way a record is
+// request's Settle (moveCharge, FollowRefund): the one way a record is
 // finished from outside its own request (idempotency.Runner.Settle).
 type repairOp struct {
 	s  *Service
 	pi *PaymentIntent
 	sr *StripeRefund
-	// outcome is what apply did (none on a replay).
-	outcome EventOutcome
+	// outcome is what apply did (none on a replay): applied, stale or
+	// unknown_object, the names Stripe's events use for the same moves.
+	outcome string
 }
 
 // Begin queues nothing: the claim is the repair's record alone.
@@ -316,16 +317,24 @@ func (op *repairOp) Call(context.Context, *idempotency.Record) idempotency.Step 
 // has moved on already, leaves it: stale), as the object's event would.
 func (op *repairOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
 	var id string
+	var moved bool
 	var err error
 	if op.pi != nil {
 		id = op.pi.ID
-		op.outcome, err = op.s.settleIntent(ctx, b, op.pi)
+		moved, err = op.s.settleIntent(ctx, b, op.pi)
 	} else {
 		id = op.sr.ID
-		op.outcome, err = op.s.applyRefund(ctx, b, op.sr, time.Now())
+		moved, err = op.s.FollowRefund(ctx, b, op.sr, time.Now())
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		op.outcome = repairUnknownObject
+	case err != nil:
 		return idempotency.Response{}, err
+	case moved:
+		op.outcome = repairApplied
+	default:
+		op.outcome = repairStale
 	}
 	body, err := json.Marshal(map[string]string{"id": id, "outcome": string(op.outcome)})
 	if err != nil {
@@ -334,19 +343,25 @@ func (op *repairOp) apply(ctx context.Context, b *idempotency.Batch) (idempotenc
 	return idempotency.Response{Status: 200, Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: body}, nil
 }
 
+// What a repair did, as its stored answer names it.
+const (
+	repairApplied       = "applied"
+	repairStale         = "stale"
+	repairUnknownObject = "unknown_object"
+)
+
 // settleIntent moves the charge of pi forward to pi's state, guarded by the
-// version read, or tells that the ledger holds it already (stale).
-func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *PaymentIntent) (EventOutcome, error) {
-	ch, found, err := s.chargeOfIntent(ctx, pi)
+// version read, or tells that the ledger holds it already (moved false).
+// ErrNotFound: idempay has no charge of pi.
+func (s *Service) settleIntent(ctx context.Context, b *idempotency.Batch, pi *PaymentIntent) (moved bool, err error) {
+	ch, err := s.chargeOfIntent(ctx, pi)
 	if err != nil {
-		return "", err
-	} else if !found {
-		return EventUnknownObject, nil
+		return false, err
 	}
 	if chargeRank[intentStatus(pi)] <= chargeRank[ch.Status] {
-		return EventStale, nil
+		return false, nil
 	}
 	updated := ch
 	applyIntent(&updated, pi)
-	return s.moveCharge(ctx, b, ch, updated, time.Now())
+	return true, s.moveCharge(ctx, b, ch, updated, time.Now())
 }

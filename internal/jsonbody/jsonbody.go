@@ -1,22 +1,45 @@
 // Package jsonbody decodes a request's JSON body strictly into a struct
-// and names every problem of it at once, as an RFC 9457 invalid-request.
+// and names every problem of it at once (Error), in its own terms: the
+// caller says it to its client (an RFC 9457 invalid-request over HTTP).
 package jsonbody
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
-
-	"github.com/idempay/idempay/internal/apierror"
 )
 
 // Body is a request body type: a struct whose json tags name its fields,
-// with its own validation of their values.
+// with its own validation of their values (an *Error of the fields at
+// fault, Invalid, merges with the decoding's own).
 type Body interface{ Validate() error }
+
+// Param names one field of a body and why it was refused.
+type Param struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// Error is a body refused: not one JSON value (Syntax), or JSON whose
+// fields are wrong, every one named in Params. Detail says it in a
+// sentence.
+type Error struct {
+	Syntax bool
+	Detail string
+	Params []Param
+}
+
+func (e *Error) Error() string { return e.Detail }
+
+// Invalid is the refusal of the fields params.
+func Invalid(params ...Param) *Error {
+	return &Error{Detail: "One or more parameters are invalid.", Params: params}
+}
 
 // Decode decodes the JSON object raw into dst and validates it. integer
 // describes what its integer fields take ("an integer between 1 and 10"),
@@ -31,8 +54,8 @@ type Body interface{ Validate() error }
 // ("Amount" is not "amount"), and an unknown name is refused: a typo must
 // not be silently ignored in a payment.
 //
-// Every refusal is a 400. A body that breaks the grammar is an
-// invalid-json; one that gives a name twice or has invalid text is refused
+// Every refusal is an *Error. A body that breaks the grammar is a Syntax
+// one; one that gives a name twice or has invalid text is refused
 // at its first such place, which invalid_params names. Otherwise every
 // problem is reported at once, in one invalid-request: every unknown field
 // and every field of the wrong type (in the order of the body), then every
@@ -51,12 +74,12 @@ func Decode(raw []byte, dst Body, integer string) error {
 	}
 	dec := jsontext.NewDecoder(bytes.NewReader(raw))
 	if dec.PeekKind() != jsontext.KindBeginObject {
-		return apierror.New(apierror.InvalidRequest, "The request body must be a JSON object.")
+		return &Error{Detail: "The request body must be a JSON object."}
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return undecodable(err)
 	}
-	var bad []apierror.InvalidParam
+	var bad []Param
 	failed := map[string]bool{} // fields already named, not validated again
 	for dec.PeekKind() != jsontext.KindEndObject {
 		// Decode this member alone, so that a problem here does not hide
@@ -79,25 +102,25 @@ func Decode(raw []byte, dst Body, integer string) error {
 		case !errors.As(err, &se):
 			return undecodable(err)
 		case errors.Is(err, json.ErrUnknownName):
-			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is not a known parameter"})
+			bad = append(bad, Param{Name: paramName(se.JSONPointer), Reason: "is not a known parameter"})
 		default:
-			bad = append(bad, apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: wrongType(se, integer)})
+			bad = append(bad, Param{Name: paramName(se.JSONPointer), Reason: wrongType(se, integer)})
 		}
 		failed[baseField(paramName(se.JSONPointer))] = true
 	}
 	if err := dst.Validate(); err != nil {
-		var pe *apierror.Error
-		if !errors.As(err, &pe) || pe.Type != apierror.InvalidRequest {
+		var je *Error
+		if !errors.As(err, &je) || je.Syntax {
 			return err
 		}
-		for _, p := range pe.InvalidParams {
+		for _, p := range je.Params {
 			if !failed[baseField(p.Name)] { // already named for its type
 				bad = append(bad, p)
 			}
 		}
 	}
 	if len(bad) > 0 {
-		return apierror.Invalid(bad...)
+		return Invalid(bad...)
 	}
 	return nil
 }
@@ -105,7 +128,7 @@ func Decode(raw []byte, dst Body, integer string) error {
 // checkForm refuses raw unless it is one JSON value in the form RFC 7493
 // (I-JSON) asks: no name twice in an object, valid Unicode text. A body
 // that is JSON but for that is an invalid-request naming the first place
-// at fault; any other is an invalid-json.
+// at fault; any other is a Syntax one.
 func checkForm(raw []byte) error {
 	err := json.Unmarshal(raw, new(jsontext.Value))
 	var se *jsontext.SyntacticError
@@ -115,18 +138,18 @@ func checkForm(raw []byte) error {
 	case !errors.As(err, &se):
 		return undecodable(err)
 	case errors.Is(err, jsontext.ErrDuplicateName):
-		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer), Reason: "is given more than once"})
+		return Invalid(Param{Name: paramName(se.JSONPointer), Reason: "is given more than once"})
 	case jsontext.Value(raw).IsValid(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)):
 		// JSON, but for its text: the error is about the value at the
 		// pointer, or about a name of the object there.
-		return apierror.Invalid(apierror.InvalidParam{Name: paramName(se.JSONPointer),
+		return Invalid(Param{Name: paramName(se.JSONPointer),
 			Reason: "must be valid UTF-8 text, and so must its keys (it has bytes that are not UTF-8, or an unpaired surrogate escape)"})
 	}
 	return undecodable(err)
 }
 
 func undecodable(err error) error {
-	return apierror.Newf(apierror.InvalidJSON, "The request body could not be decoded: %v.", err)
+	return &Error{Syntax: true, Detail: fmt.Sprintf("The request body could not be decoded: %v.", err)}
 }
 
 // paramName is the invalid_params name of the value at p: "amount",

@@ -33,7 +33,6 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
@@ -279,7 +278,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	}
 
 	resp, err := c.charges.CreateCharge(ctx, m.Account, key, body)
-	var pe *apierror.Error
+	var refusal *charges.Error
 	switch {
 	case err == nil:
 		outcome := OutcomeNew
@@ -311,7 +310,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
 		c.retry(ctx, log, msg, meta, reasonInFlight, err)
 	case errors.Is(err, idempotency.ErrKeyInvalid), errors.Is(err, idempotency.ErrInvalidJSON),
-		errors.Is(err, idempotency.ErrBodyTooLarge), errors.As(err, &pe) && pe.Status() < 500:
+		errors.Is(err, idempotency.ErrBodyTooLarge), errors.As(err, &refusal):
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
 	default:
 		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
@@ -378,15 +377,16 @@ func (c *Consumer) observe(outcome, reason string) {
 	}
 }
 
-// detailOf is the client-facing detail of a refusal.
+// detailOf is the client-facing detail of a refusal: the payment
+// domain's (its detail, and the fields at fault), or the core's.
 func detailOf(err error) string {
-	var pe *apierror.Error
-	if errors.As(err, &pe) {
-		b, _ := json.Marshal(pe.InvalidParams)
-		if len(pe.InvalidParams) > 0 {
-			return pe.Detail + " " + string(b)
+	var ce *charges.Error
+	if errors.As(err, &ce) {
+		b, _ := json.Marshal(ce.Params)
+		if len(ce.Params) > 0 {
+			return ce.Detail + " " + string(b)
 		}
-		return pe.Detail
+		return ce.Detail
 	}
 	var ie *idempotency.Error
 	if errors.As(err, &ie) {

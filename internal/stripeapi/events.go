@@ -8,16 +8,17 @@ import (
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/stripeevents"
 )
 
-// Event is a verified Stripe event as the payment domain applies it: its
+// Event is a verified Stripe event as package stripeevents applies it: its
 // object decoded when its type is one the ledger handles
-// (charges.HandledEventTypes), none otherwise. An object that does not
+// (stripeevents.HandledTypes), none otherwise. An object that does not
 // decode (a non-integer amount, a field of another type or shape) is
-// charges.ErrEventUnappliable: Stripe would send the same bytes again, so
+// stripeevents.ErrUnappliable: Stripe would send the same bytes again, so
 // no retry can apply it.
-func Event(ev *stripe.Event) (charges.Event, error) {
-	out := charges.Event{ID: ev.ID, Type: string(ev.Type), Created: time.Unix(ev.Created, 0)}
+func Event(ev *stripe.Event) (stripeevents.Event, error) {
+	out := stripeevents.Event{ID: ev.ID, Type: string(ev.Type), Created: time.Unix(ev.Created, 0)}
 	var err error
 	switch ev.Type {
 	case "payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
@@ -49,13 +50,13 @@ func Event(ev *stripe.Event) (charges.Event, error) {
 	return out, err
 }
 
-// unappliable is charges.ErrEventUnappliable for ev, whose object did not
+// unappliable is stripeevents.ErrUnappliable for ev, whose object did not
 // decode as a Stripe object (what); nil when err is.
 func unappliable(ev *stripe.Event, what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("%w: decoding the %s of event %s: %v", charges.ErrEventUnappliable, what, ev.ID, err) //nolint:errorlint // the decoding error is the reason, not for callers to match
+	return fmt.Errorf("%w: decoding the %s of event %s: %v", stripeevents.ErrUnappliable, what, ev.ID, err) //nolint:errorlint // the decoding error is the reason, not for callers to match
 }
 
 // charge is Stripe's charge sc as the payment domain reads it. Its
@@ -74,9 +75,9 @@ func charge(sc *stripe.Charge) *charges.StripeCharge {
 	return out
 }
 
-// dispute is Stripe's dispute sd as the payment domain reads it.
-func dispute(sd *stripe.Dispute) *charges.StripeDispute {
-	out := &charges.StripeDispute{ID: sd.ID, Status: string(sd.Status), Amount: sd.Amount, Reason: string(sd.Reason)}
+// dispute is Stripe's dispute sd as package stripeevents reads it.
+func dispute(sd *stripe.Dispute) *stripeevents.Dispute {
+	out := &stripeevents.Dispute{ID: sd.ID, Status: string(sd.Status), Amount: sd.Amount, Reason: string(sd.Reason)}
 	if sd.Charge != nil {
 		out.ChargeID = sd.Charge.ID
 	}

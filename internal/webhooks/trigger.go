@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/db"
-	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/stripeevents"
 )
 
 // TriggerOptions name what a triggered event is about, in idempay's own
@@ -28,7 +28,7 @@ type TriggerOptions struct {
 
 // TriggerTypes are the event types Trigger can build: every type idempay
 // handles.
-var TriggerTypes = charges.HandledEventTypes
+var TriggerTypes = stripeevents.HandledTypes
 
 // Trigger builds a realistic event about a charge (or one of its refunds)
 // from the ledger, as Stripe would send it: the objects carry Stripe's ids

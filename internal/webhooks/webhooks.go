@@ -6,7 +6,7 @@
 // event through the same Runner as POST /v1/charges, scoped to the source
 // "stripe-webhooks" with the event id as the key. The claim transaction
 // records the event in the inbox (stripe_events); the finishing transaction
-// applies it to the ledger (charges.Service.ApplyEvent) and marks it
+// applies it to the ledger (stripeevents.Applier.Apply) and marks it
 // processed, so the event id commits with the ledger change it causes (I8).
 //
 // The package also builds signed test events (build.go), for the tests and
@@ -37,6 +37,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
 	"github.com/idempay/idempay/internal/stripeapi"
+	"github.com/idempay/idempay/internal/stripeevents"
 )
 
 // Route is the endpoint, as registered and as stored on its records.
@@ -51,7 +52,7 @@ var Scope = idempotency.SourceScope("stripe-webhooks")
 const DefaultTolerance = 5 * time.Minute
 
 // Outcomes of one delivery, as counted by Observe: the ledger outcomes of
-// charges.EventOutcome, and these.
+// stripeevents.Outcome, and these.
 const (
 	// OutcomeDuplicate: the event was delivered before (replayed, or in
 	// flight in another process); nothing changed.
@@ -75,7 +76,7 @@ type Config struct {
 	// Tolerance bounds the age of a signature; 0 means DefaultTolerance.
 	Tolerance time.Duration
 	// Observe, when set, counts one delivery by event type and outcome
-	// (metrics). The type is one of charges.HandledEventTypes, "other", or
+	// (metrics). The type is one of stripeevents.HandledTypes, "other", or
 	// "unreadable" when the event could not be read, so that a sender
 	// cannot create a series per type.
 	Observe func(eventType, outcome string)
@@ -86,12 +87,12 @@ type Config struct {
 
 // Receiver receives Stripe's deliveries.
 type Receiver struct {
-	pool    *pgxpool.Pool
-	q       *dbsqlc.Queries
-	runner  *idempotency.Runner
-	charges *charges.Service
-	cfg     Config
-	log     *slog.Logger
+	pool   *pgxpool.Pool
+	q      *dbsqlc.Queries
+	runner *idempotency.Runner
+	events *stripeevents.Applier
+	cfg    Config
+	log    *slog.Logger
 }
 
 // New returns the receiver and registers its operation with the runner, so
@@ -102,7 +103,7 @@ func New(pool *pgxpool.Pool, runner *idempotency.Runner, svc *charges.Service, c
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = DefaultTolerance
 	}
-	h := &Receiver{pool: pool, q: dbsqlc.New(), runner: runner, charges: svc, cfg: cfg, log: log}
+	h := &Receiver{pool: pool, q: dbsqlc.New(), runner: runner, events: stripeevents.New(pool, svc), cfg: cfg, log: log}
 	runner.RegisterLocal(http.MethodPost, Route, func() idempotency.Operation { return &eventOp{h: h} })
 	return h
 }
@@ -114,7 +115,7 @@ func (h *Receiver) observe(typ, outcome string) {
 	switch {
 	case typ == "":
 		typ = "unreadable"
-	case !slices.Contains(charges.HandledEventTypes, typ):
+	case !slices.Contains(stripeevents.HandledTypes, typ):
 		typ = "other"
 	}
 	h.cfg.Observe(typ, outcome)
@@ -149,10 +150,10 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 	case err == nil:
 		h.observe(typ, string(op.outcome))
 		switch op.outcome {
-		case charges.EventUnknownObject:
+		case stripeevents.UnknownObject:
 			h.log.WarnContext(ctx, "stripe event about an object idempay never created: recorded, not applied",
 				"event_id", ev.ID, "event_type", typ)
-		case charges.EventFailed:
+		case stripeevents.Failed:
 			h.log.WarnContext(ctx, "stripe event whose object cannot be applied: recorded as failed, acknowledged, not retried",
 				"event_id", ev.ID, "event_type", typ, "reason", op.failure)
 		}
@@ -326,7 +327,7 @@ type eventOp struct {
 	h       *Receiver
 	ev      *stripe.Event
 	payload []byte
-	outcome charges.EventOutcome
+	outcome stripeevents.Outcome
 	// failure is why the event could not be applied (outcome failed).
 	failure string
 }
@@ -372,14 +373,14 @@ func (op *eventOp) apply(ctx context.Context, b *idempotency.Batch) (idempotency
 	var lastError *string
 	ev, err := stripeapi.Event(op.ev)
 	if err == nil {
-		op.outcome, err = op.h.charges.ApplyEvent(ctx, b, ev)
+		op.outcome, err = op.h.events.Apply(ctx, b, ev)
 	}
 	switch {
-	case errors.Is(err, charges.ErrEventUnappliable):
+	case errors.Is(err, stripeevents.ErrUnappliable):
 		// No retry can apply it: it ends failed, with its reason, and is
 		// acknowledged, so that neither Stripe nor the completer sends it
 		// again (nothing was queued).
-		op.outcome, op.failure = charges.EventFailed, pgtext.Truncate(err.Error(), 1000)
+		op.outcome, op.failure = stripeevents.Failed, pgtext.Truncate(err.Error(), 1000)
 		lastError = &op.failure
 	case err != nil:
 		return idempotency.Response{}, err

@@ -2,7 +2,8 @@
 // handlers of /v1/charges, /v1/refunds and /v1/idempotency_keys. It reads a
 // request into the plain values charges.Service takes (the account, a
 // prepared idempotency.Request, a path id, a page's limit), and writes what
-// the service returns; mapping to HTTP happens only here. Every POST takes
+// the service returns; mapping to HTTP, the domain's errors among it
+// (errors.go), happens only here. Every POST takes
 // one path (post); the account's idempotency mode, a product option for the
 // charge and refund routes, wraps it in rollout.go.
 package chargeshttp
@@ -72,11 +73,11 @@ func (h *Handler) post(c echo.Context, route string, command command) error {
 	}
 	cmd, err := command(acct.ID, req)
 	if err != nil {
-		return err
+		return problem(err)
 	}
 	resp, err := h.svc.Run(c.Request().Context(), cmd)
 	if err != nil {
-		return idemhttp.Problem(err)
+		return problem(err)
 	}
 	idemhttp.Respond(c, resp)
 	return nil

@@ -37,7 +37,7 @@ func (h *Handler) cancelCharge(c echo.Context) error {
 func (h *Handler) getCharge(c echo.Context) error {
 	ch, err := h.svc.Charge(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
 	if err != nil {
-		return err
+		return problem(err)
 	}
 	return c.JSON(http.StatusOK, ch)
 }
@@ -49,7 +49,7 @@ func (h *Handler) listCharges(c echo.Context) error {
 	}
 	page, err := h.svc.Charges(c.Request().Context(), accountshttp.FromContext(c).ID, limit, c.QueryParam("starting_after"))
 	if err != nil {
-		return err
+		return problem(err)
 	}
 	return c.JSON(http.StatusOK, page)
 }
@@ -57,7 +57,7 @@ func (h *Handler) listCharges(c echo.Context) error {
 func (h *Handler) getRefund(c echo.Context) error {
 	rf, err := h.svc.Refund(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"))
 	if err != nil {
-		return err
+		return problem(err)
 	}
 	return c.JSON(http.StatusOK, rf)
 }
@@ -68,7 +68,7 @@ func (h *Handler) getRefund(c echo.Context) error {
 func (h *Handler) getIdempotencyKey(c echo.Context) error {
 	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("key"))
 	if err != nil {
-		return err
+		return problem(err)
 	}
 	return c.JSON(http.StatusOK, ik)
 }

@@ -1,4 +1,4 @@
-package charges_test
+package stripeevents_test
 
 import (
 	"os"
@@ -6,11 +6,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/stripeevents"
 )
 
 // docs/webhooks.md says what each Stripe event does to the ledger: its
-// table names exactly the types that move it (charges.HandledEventTypes).
+// table names exactly the types that move it (stripeevents.HandledTypes).
 func TestWebhookDocsListHandledTypes(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../docs/webhooks.md")
@@ -27,7 +27,7 @@ func TestWebhookDocsListHandledTypes(t *testing.T) {
 		}
 	}
 	slices.Sort(listed)
-	want := slices.Sorted(slices.Values(charges.HandledEventTypes))
+	want := slices.Sorted(slices.Values(stripeevents.HandledTypes))
 	if !slices.Equal(listed, want) {
 		t.Errorf("docs/webhooks.md's event table lists %q, want the handled types %q", listed, want)
 	}

@@ -30,12 +30,6 @@ func (st store) moveCharge(ctx context.Context, b *idempotency.Batch, ch chargeR
 	})
 }
 
-// touchCharge writes the charge row unchanged but for its version, guarded
-// by the version it was read at (a dispute's change locks its charge).
-func (st store) touchCharge(ctx context.Context, b *idempotency.Batch, ch chargeRow) error {
-	return st.q.ChargeTouch(ctx, b, &dbsqlc.ChargeTouchParams{ID: ch.ID, Version: ch.Version})
-}
-
 // refundAtStripe is the refund of a Stripe refund, by whichever of its id
 // and its record id (idempay_record) is not nil.
 func (st store) refundAtStripe(ctx context.Context, stripeRefundID, recordID *string) (refundRow, error) {
@@ -49,26 +43,5 @@ func (st store) moveRefund(ctx context.Context, b *idempotency.Batch, rf refundR
 	return st.q.RefundApplyEvent(ctx, b, &dbsqlc.RefundApplyEventParams{
 		ID: rf.ID, Version: readVersion, Status: rf.Status, StripeRefundID: rf.StripeRefundID,
 		FailureCode: rf.FailureCode, LastEventAt: rf.LastEventAt,
-	})
-}
-
-func (st store) disputeAtStripe(ctx context.Context, stripeDisputeID string) (disputeRow, error) {
-	d, err := found(st.q.DisputeGetByStripeID(ctx, st.pool, stripeDisputeID))
-	return disputeRow(d), err
-}
-
-func (st store) insertDispute(ctx context.Context, b *idempotency.Batch, d disputeRow) error {
-	return st.q.DisputeInsert(ctx, b, &dbsqlc.DisputeInsertParams{
-		AccountID: d.AccountID, ChargeID: d.ChargeID, StripeDisputeID: d.StripeDisputeID, Amount: d.Amount,
-		Currency: d.Currency, Reason: d.Reason, Status: d.Status, LastEventAt: d.LastEventAt,
-	})
-}
-
-// moveDispute writes d's new status, guarded by the status and event time
-// it was read at.
-func (st store) moveDispute(ctx context.Context, b *idempotency.Batch, d disputeRow, read disputeRow) error {
-	return st.q.DisputeSetStatus(ctx, b, &dbsqlc.DisputeSetStatusParams{
-		ID: d.ID, Status: d.Status, Amount: d.Amount, Reason: d.Reason, LastEventAt: d.LastEventAt,
-		ReadStatus: read.Status, ReadLastEventAt: read.LastEventAt,
 	})
 }

@@ -1,0 +1,294 @@
+package charges
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
+)
+
+// Following Stripe: the ledger moved forward to the state Stripe holds for
+// a charge or refund, as Stripe's events (package stripeevents) and
+// reconciliation (repair.go) report it. What a Stripe event means is the
+// events package's to say; the guarded writes, and the records they
+// finish, are the ledger's and live here. Every write is guarded by the
+// version (or state) it read, so an object that changed in between fails
+// the batch with idempotency.ErrStale and the caller runs it again from a
+// fresh read. States only move forward (processing -> pending -> succeeded
+// or failed; a refund's own states likewise), so an older report never
+// overwrites a newer state whatever the arrival order; amounts are taken
+// from Stripe's object, never added. When the charge's or refund's
+// idempotency record is unfinished (its server died after Stripe
+// answered), the record is finished too, with the response a retry would
+// have stored (idempotency.Runner.Settle).
+
+// IntentStatus is the ledger's status that the PaymentIntent pi's status
+// means (a Stripe event's type may move it further: package stripeevents).
+func IntentStatus(pi *PaymentIntent) string { return intentStatus(pi) }
+
+// chargeRank orders a charge's states; a state only gives way to a higher
+// one. An authorization (requires_capture) ends captured (succeeded) or
+// canceled; a payment that waits for its customer (requires_action) ends
+// authorized, succeeded, failed or canceled.
+var chargeRank = map[string]int{
+	"processing": 0, "requires_action": 1, "pending": 1, "requires_capture": 2,
+	"succeeded": 3, "failed": 3, "canceled": 3,
+}
+
+// FollowIntent moves the charge of the PaymentIntent pi forward to status
+// (IntentStatus, or where a Stripe event's type says it is), as Stripe
+// reported it at at: a 3-D Secure payment completed, failed or abandoned;
+// an authorization that became capturable, was captured or expired. It
+// queues its writes into b, guarded by the version it read, so an object
+// that changed in between fails the batch with idempotency.ErrStale.
+// States only move forward: moved is false when the ledger holds status
+// or a later one already. ErrNotFound: idempay has no charge of pi.
+func (s *Service) FollowIntent(ctx context.Context, b *idempotency.Batch, pi *PaymentIntent, status string, at time.Time) (moved bool, err error) {
+	ch, err := s.chargeOfIntent(ctx, pi)
+	if err != nil {
+		return false, err
+	}
+	if chargeRank[status] <= chargeRank[ch.Status] {
+		return false, nil
+	}
+	updated := ch
+	applyIntent(&updated, pi)
+	updated.Status = status
+	if status == "failed" && updated.FailureCode == nil {
+		updated.FailureCode = nonEmpty("payment_failed")
+	}
+	if status != "requires_capture" {
+		updated.AmountCapturable = 0
+	}
+	if status != "requires_action" {
+		updated.NextActionUrl = nil
+	}
+	return true, s.moveCharge(ctx, b, ch, updated, at)
+}
+
+// moveCharge writes updated, a charge moved forward from ch by an event at
+// at, guarded by ch's version; queues its event; and finishes, with what
+// their own finishes would have stored, the charge's request if it never
+// finished and a capture or cancel in flight that this state ends.
+func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, updated chargeRow, at time.Time) error {
+	updated.Version = ch.Version + 1
+	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+		updated.LastEventAt = &at
+	}
+	ended := chargeRank[updated.Status] == 3
+	var pendingRecord, pendingAction *string
+	if ended {
+		pendingRecord, pendingAction = ch.PendingRecordID, ch.PendingAction
+		updated.PendingAction, updated.PendingRecordID, updated.PendingAmount = nil, nil, nil
+	}
+	if updated.Status == "succeeded" && updated.AmountCaptured == 0 {
+		updated.AmountCaptured = updated.Amount
+	}
+	updated.AmountRefunded = min(updated.AmountRefunded, updated.AmountCaptured)
+	if err := s.st.moveCharge(ctx, b, updated, ch.Version); err != nil {
+		return err
+	}
+	data, err := encode(chargeJSON(updated), updated.ID)
+	if err != nil {
+		return err
+	}
+	if err := chargeSettled(ctx, b, updated, data); err != nil {
+		return err
+	}
+	if updated.IdempotencyKeyID != nil {
+		// What the charge's own request would have stored, had its
+		// finishing commit happened (chargeOp.Call). A finished record is
+		// left as it is (Settle).
+		var resp idempotency.Response
+		if updated.Status == "failed" {
+			resp = failedResponse(&Refusal{Outcome: OutcomeDeclined,
+				Message: deref(updated.FailureMessage), DeclineCode: deref(updated.FailureCode)}, "charge", updated.ID)
+		} else {
+			resp = created(RouteCharges+"/"+updated.ID, data)
+		}
+		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, resp); err != nil {
+			return err
+		}
+	}
+	if pendingRecord != nil {
+		op := &pendingOp{action: *pendingAction, chargeID: ch.ID}
+		resp := idempotency.Response{Status: 200,
+			Headers: idempotency.Headers{ContentType: contentTypeJSON}, Body: data}
+		if *pendingAction == actionCapture && updated.Status != "succeeded" ||
+			*pendingAction == actionCancel && updated.Status != "canceled" {
+			// What Stripe answers the action on a PaymentIntent in this
+			// state (pendingOp.refusedResponse).
+			resp = op.refusedResponse(&Refusal{Outcome: OutcomeRejected,
+				Message: fmt.Sprintf("Charge %s is %s; it cannot be %s.", ch.ID, updated.Status, pastTense[*pendingAction])})
+		}
+		if err := s.runner.Settle(ctx, b, *pendingRecord, resp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var pastTense = map[string]string{actionCapture: "captured", actionCancel: "canceled"}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// FollowCharge moves the charge of Stripe's charge sc forward to status,
+// as Stripe reported it at at, like FollowIntent; when its status is not
+// ahead, it takes the amounts captured and refunded that Stripe's charge
+// holds (a charge.refunded event), never adding to them. moved is false
+// when the ledger holds all of it already; ErrNotFound: idempay has no
+// charge of sc.
+func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *StripeCharge, status string, at time.Time) (moved bool, err error) {
+	intentID := nonEmpty(sc.IntentID)
+	ch, err := s.st.chargeAtStripe(ctx, intentID, nonEmpty(sc.ID), nonEmpty(sc.Metadata[MetadataRecord]))
+	if err != nil {
+		return false, fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
+	}
+	forward := chargeRank[status] > chargeRank[ch.Status]
+	captured := ch.AmountCaptured
+	if sc.Captured {
+		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
+	}
+	if !forward && sc.AmountRefunded <= ch.AmountRefunded && captured == ch.AmountCaptured {
+		return false, nil
+	}
+	// The row as the guarded update below leaves it.
+	updated := ch
+	if updated.StripeChargeID == nil {
+		updated.StripeChargeID = nonEmpty(sc.ID)
+	}
+	if updated.StripePaymentIntentID == nil {
+		updated.StripePaymentIntentID = intentID
+	}
+	updated.AmountCaptured = captured
+	if forward && status == "succeeded" && updated.AmountCaptured == 0 {
+		updated.AmountCaptured = ch.Amount
+	}
+	updated.AmountRefunded = min(updated.AmountCaptured, max(ch.AmountRefunded, sc.AmountRefunded))
+	if !forward {
+		updated.Version++
+		if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+			updated.LastEventAt = &at
+		}
+		return true, s.st.moveCharge(ctx, b, updated, ch.Version) // the amounts only
+	}
+	updated.Status = status
+	switch status {
+	case "failed":
+		updated.FailureCode = cmpOr(nonEmpty(sc.FailureCode), ch.FailureCode)
+		updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
+	case "requires_capture":
+		updated.AmountCapturable = min(ch.Amount, max(sc.Amount-sc.AmountCaptured, 0))
+	}
+	if status != "requires_capture" {
+		updated.AmountCapturable = 0
+	}
+	if status != "requires_action" {
+		updated.NextActionUrl = nil
+	}
+	return true, s.moveCharge(ctx, b, ch, updated, at)
+}
+
+// cmpOr is the first of a and b that is not nil.
+func cmpOr(a, b *string) *string {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// refundRank orders a refund's states. A refund can fail after it
+// succeeded (the card was closed), so failed is last.
+var refundRank = map[string]int{"processing": 0, "pending": 1, "succeeded": 2, "failed": 3}
+
+// refundStatus maps a Stripe refund status onto the ledger's.
+func refundStatus(s string) string {
+	switch s {
+	case "succeeded":
+		return "succeeded"
+	case "failed", "canceled":
+		return "failed"
+	default: // pending, requires_action
+		return "pending"
+	}
+}
+
+// FollowRefund moves the refund of Stripe's refund sr forward to its
+// status, as Stripe reported it at at (a refund.updated event, or
+// reconciliation), guarded like FollowIntent; a refund that failed gives
+// its amount back to the charge. moved is false when the ledger holds that
+// status or a later one already; ErrNotFound: idempay has no refund of sr.
+func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *StripeRefund, at time.Time) (moved bool, err error) {
+	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
+	if err != nil {
+		return false, fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+	}
+	status := refundStatus(sr.Status)
+	if refundRank[status] <= refundRank[rf.Status] {
+		return false, nil
+	}
+	updated := rf
+	updated.Version++
+	updated.Status = status
+	if updated.StripeRefundID == nil {
+		updated.StripeRefundID = nonEmpty(sr.ID)
+	}
+	if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
+		updated.LastEventAt = &at
+	}
+	if status == "failed" {
+		updated.FailureCode = cmpOr(nonEmpty(sr.FailureReason), rf.FailureCode)
+		// The amount was reserved on the charge when the refund began;
+		// Stripe did not refund it after all.
+		if err := s.st.releaseRefund(ctx, b, rf); err != nil {
+			return false, fmt.Errorf("releasing refund amount: %w", err)
+		}
+	}
+	if err := s.st.moveRefund(ctx, b, updated, rf.Version); err != nil {
+		return false, err
+	}
+	data, err := encode(refundJSON(updated), updated.ID)
+	if err != nil {
+		return false, err
+	}
+	if err := refundSettled(ctx, b, updated, data); err != nil {
+		return false, err
+	}
+	if updated.IdempotencyKeyID != nil {
+		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by
+// the record id in its metadata (a charge whose finish never stored the
+// PaymentIntent's id); ErrNotFound when idempay has none.
+func (s *Service) chargeOfIntent(ctx context.Context, pi *PaymentIntent) (chargeRow, error) {
+	ch, err := s.st.chargeAtStripe(ctx, nonEmpty(pi.ID), nil, nonEmpty(pi.Metadata[MetadataRecord]))
+	if err != nil {
+		return chargeRow{}, fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
+	}
+	return ch, nil
+}
+
+// StripeCharge is a Stripe charge (of a PaymentIntent), as Stripe's events
+// carry it (FollowCharge).
+type StripeCharge struct {
+	ID, IntentID, Status string
+	Amount               int64
+	Captured             bool
+	AmountCaptured       int64
+	AmountRefunded       int64
+	FailureCode          string
+	FailureMessage       string
+	Metadata             map[string]string
+}

@@ -1,0 +1,74 @@
+package stripeevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/pgtext"
+)
+
+// disputeRank orders a dispute's states: needs a response, under review,
+// closed.
+var disputeRank = map[string]int{
+	"warning_needs_response": 1, "needs_response": 1,
+	"warning_under_review": 2, "under_review": 2,
+	"warning_closed": 3, "won": 3, "lost": 3,
+}
+
+// applyDispute records a dispute of a charge, or moves it forward: first
+// seen, inserted; later, its status, amount and reason, when the event is
+// of a later state (or of the same rank and newer).
+func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Dispute, at time.Time) (Outcome, error) {
+	status := sd.Status
+	if sd.ChargeID == "" || disputeRank[status] == 0 || sd.Amount <= 0 {
+		return UnknownObject, nil
+	}
+	ch, err := a.st.disputedCharge(ctx, sd.IntentID, sd.ChargeID)
+	if errors.Is(err, errNotFound) {
+		return UnknownObject, nil
+	} else if err != nil {
+		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
+	}
+	reason := nonEmpty(pgtext.Truncate(sd.Reason, 100))
+	d, err := a.st.dispute(ctx, sd.ID)
+	if errors.Is(err, errNotFound) {
+		// The charge row is written (and locked) with its new dispute, so
+		// that a refund's reservation, which locks the row first, waits for
+		// the dispute and sees it (charges' refundOp.Begin); the version's
+		// guard orders two events that would both insert it.
+		if err := a.st.holdCharge(ctx, b, ch); err != nil {
+			return "", err
+		}
+		if err := a.st.insertDispute(ctx, b, disputeRow{AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID,
+			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at}); err != nil {
+			return "", fmt.Errorf("inserting dispute %s: %w", sd.ID, err)
+		}
+		return Applied, nil
+	} else if err != nil {
+		return "", fmt.Errorf("reading dispute %s: %w", sd.ID, err)
+	}
+	newer := disputeRank[status] > disputeRank[d.Status] ||
+		disputeRank[status] == disputeRank[d.Status] && at.After(d.LastEventAt) && status != d.Status
+	if !newer {
+		return Stale, nil
+	}
+	if err := a.st.holdCharge(ctx, b, ch); err != nil {
+		return "", err
+	}
+	moved := d
+	moved.Status, moved.Amount, moved.Reason, moved.LastEventAt = status, sd.Amount, reason, at
+	if err := a.st.moveDispute(ctx, b, moved, d); err != nil {
+		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
+	}
+	return Applied, nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
