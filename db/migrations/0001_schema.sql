@@ -41,11 +41,8 @@
 --   table at every INSERT and UPDATE (ExecRelCheck), whichever columns it
 --   sets; a CPU profile under first requests put a quarter of PostgreSQL's
 --   time there when these limits were CHECKs (BENCHMARKS.md, "Measured, then
---   cut"). Any other rule on one column of those tables (an amount's range,
---   a currency's form, a fingerprint's length) is a domain, checked like a
---   varchar(n) where a value is assigned (the domains below). What relates
---   columns (the amounts, the finished record's response, the scope) is a
---   CHECK: no type can say it. Tables
+--   cut"). What relates columns or bounds a number (amounts, the finished
+--   record's response, the scope) is a CHECK: no type can say it. Tables
 --   that requests rarely write (accounts, keys, disputes, Stripe's events,
 --   webhooks) say their lengths as CHECK (char_length(x) <= n): there the
 --   cost does not matter, and the CHECK says the rule in words.
@@ -114,22 +111,6 @@ CREATE TYPE event_type AS ENUM (
     'charge.succeeded', 'charge.failed', 'charge.requires_capture', 'charge.canceled',
     'refund.succeeded', 'refund.failed', 'webhook_endpoint.disabled');
 
--- The rules on one column of the tables that every request writes (the
--- rules above): a domain is checked where a value is assigned to the
--- column, and never for a column an UPDATE leaves alone, where a CHECK
--- constraint of the table is read back and planned at every INSERT and
--- UPDATE of it (BENCHMARKS.md, "First request: what this round cut"). A
--- violation is SQLSTATE 23514, as a CHECK's, naming the domain's
--- constraint (amount_minor_check). Go sees the base types (sqlc.yaml's
--- overrides).
--- An amount in the currency's minor unit, as the API takes it (MaxAmount).
-CREATE DOMAIN amount_minor AS bigint CHECK (VALUE > 0 AND VALUE <= 99999999);
-CREATE DOMAIN currency_code AS text CHECK (VALUE ~ '^[a-z]{3}$');
-CREATE DOMAIN payment_method AS varchar(255) CHECK (VALUE <> '');
-CREATE DOMAIN row_version AS bigint CHECK (VALUE > 0);
-CREATE DOMAIN fingerprint AS bytea CHECK (octet_length(VALUE) = 32);
-CREATE DOMAIN http_status AS integer CHECK (VALUE BETWEEN 100 AND 599);
-
 -- An account: a merchant. Every idempotency record of an account scope,
 -- every ledger row, event, API key and webhook endpoint belongs to exactly
 -- one. Accounts are never deleted.
@@ -179,14 +160,14 @@ CREATE TABLE idempotency_keys (
     key                 varchar(255) NOT NULL,
     request_method      varchar(16) NOT NULL,
     request_route       varchar(200) NOT NULL,
-    request_fingerprint fingerprint NOT NULL,
+    request_fingerprint bytea NOT NULL CHECK (octet_length(request_fingerprint) = 32),
     recovery_point      recovery_point NOT NULL DEFAULT 'started',
     lock_generation     bigint NOT NULL DEFAULT 1,
     locked_at           timestamptz,
     attempts            integer NOT NULL DEFAULT 0,
     next_attempt_at     timestamptz NOT NULL DEFAULT now(),
     last_error          varchar(1000),
-    response_status     http_status,
+    response_status     integer CHECK (response_status BETWEEN 100 AND 599),
     response_headers    json,
     response_body       bytea,
     created_at          timestamptz NOT NULL DEFAULT now(),
@@ -278,9 +259,9 @@ CREATE TABLE charges (
     id                       varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('ch_'),
     account_id               text NOT NULL,  -- no foreign key: see the rules above
     idempotency_key_id       text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL,
-    amount                   amount_minor NOT NULL,
-    currency                 currency_code NOT NULL,
-    payment_method           payment_method NOT NULL,
+    amount                   bigint NOT NULL CHECK (amount > 0 AND amount <= 99999999),
+    currency                 text NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
+    payment_method           varchar(255) NOT NULL,
     description              varchar(1000),
     metadata                 json NOT NULL DEFAULT '{}',
     capture_method           charge_capture_method NOT NULL DEFAULT 'automatic',
@@ -298,10 +279,11 @@ CREATE TABLE charges (
     pending_action           charge_pending_action,
     pending_record_id        text REFERENCES idempotency_keys (id) ON DELETE SET NULL,
     pending_amount           bigint,
-    version                  row_version NOT NULL DEFAULT 1,
+    version                  bigint NOT NULL DEFAULT 1 CHECK (version > 0),
     last_event_at            timestamptz,
     created_at               timestamptz NOT NULL DEFAULT now(),
     updated_at               timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT charges_payment_method_not_empty CHECK (payment_method <> ''),
     CONSTRAINT charges_capturable_check CHECK (amount_capturable >= 0 AND amount_capturable <= amount),
     CONSTRAINT charges_captured_check CHECK (amount_captured >= 0 AND amount_captured <= amount),
     CONSTRAINT charges_amount_refunded_check CHECK (amount_refunded >= 0 AND amount_refunded <= amount_captured),
@@ -334,12 +316,12 @@ CREATE TABLE refunds (
     account_id         text NOT NULL,  -- no foreign key: see the rules above
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL,
     charge_id          text NOT NULL REFERENCES charges (id),
-    amount             amount_minor NOT NULL,
+    amount             bigint NOT NULL CHECK (amount > 0),
     status             refund_status NOT NULL DEFAULT 'processing',
     stripe_refund_id   varchar(255),
     failure_code       varchar(255),
     failure_message    varchar(1000),
-    version            row_version NOT NULL DEFAULT 1,
+    version            bigint NOT NULL DEFAULT 1 CHECK (version > 0),
     last_event_at      timestamptz,
     created_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now()
@@ -434,7 +416,7 @@ CREATE TABLE events (
     account_id     text NOT NULL,  -- no foreign key: see the rules above
     type           event_type NOT NULL,
     object_id      varchar(64) NOT NULL,
-    object_version row_version NOT NULL,
+    object_version bigint NOT NULL CHECK (object_version > 0),
     -- The object as the API showed it when the event happened.
     data           json NOT NULL,
     created_at     timestamptz NOT NULL DEFAULT now(),

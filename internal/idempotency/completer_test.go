@@ -412,7 +412,7 @@ func TestFailedFinishIsReleased(t *testing.T) {
 	}}
 	_, err := r.Run(context.Background(), request(d.AccountID, "failing"), failing)
 	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	requireReleased(t, d, "failing", 1, "amount_minor_check")
+	requireReleased(t, d, "failing", 1, "charges_amount_check")
 	var amount int64
 	if err := d.Pool.QueryRow(context.Background(), `SELECT amount FROM charges c JOIN idempotency_keys ik ON ik.id = c.idempotency_key_id
 		WHERE ik.account_id = $1 AND ik.key = 'failing'`, d.AccountID).Scan(&amount); err != nil || amount != 100 {
@@ -421,7 +421,7 @@ func TestFailedFinishIsReleased(t *testing.T) {
 	// A second failure counts a second attempt.
 	_, err = r.Run(context.Background(), request(d.AccountID, "failing"), failing)
 	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	requireReleased(t, d, "failing", 2, "amount_minor_check")
+	requireReleased(t, d, "failing", 2, "charges_amount_check")
 
 	clock.Advance(time.Second) // the second backoff is 2 s: one more second needed
 	completeAfterBackoff(t, r, clock)
