@@ -352,3 +352,37 @@ func TestInvalidParamsListsEveryProblem(t *testing.T) {
 		})
 	}
 }
+
+// A body that is not JSON, under a key whose record exists, is refused as
+// bad input like any other (I7, design step 10): a 400 invalid-json, not
+// the stored answer and not a mismatch, and the record is left as it was,
+// so the request it holds still replays. The record is read with the API
+// key before the body, and the body's syntax is the strict decode's to
+// refuse (idempotency.PrepareBody does not check it first).
+func TestBadBodyUnderAFinishedKey(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	const valid = `{"amount":100,"currency":"usd","payment_method":"tok_visa"}`
+	key := apitest.NewKey()
+	first := c.Post("/v1/charges", key, valid)
+	wantStatus(t, first, http.StatusCreated)
+	before := countRows(t, env.Pool, c.Account.ID)
+
+	for _, body := range []string{`{"amount":`, ``, valid + ` x`} {
+		resp := c.Post("/v1/charges", key, body)
+		wantProblem(t, resp, http.StatusBadRequest, "invalid-json")
+		if resp.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("body %q: a rejected request was answered from the store", body)
+		}
+	}
+	if now := countRows(t, env.Pool, c.Account.ID); now != before {
+		t.Fatalf("a rejected request changed rows: %s", now.diff(before))
+	}
+	again := c.Post("/v1/charges", key, valid)
+	wantStatus(t, again, http.StatusCreated)
+	if again.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.Body, first.Body) {
+		t.Fatalf("the key's own request after the refusals: Idempotent-Replayed %q, body %s; want the stored answer %s",
+			again.Header.Get("Idempotent-Replayed"), again.Body, first.Body)
+	}
+}

@@ -66,18 +66,16 @@ type Request struct {
 }
 
 // PrepareBody is Prepare for an entry point that fingerprints its own
-// normalised request with Normalize (a charge): it reads the body and checks
-// that it is one JSON value, and leaves the fingerprint to Normalize, so
-// that a request is canonicalised once. Run refuses a request that has no
-// fingerprint.
+// normalised request with Normalize (a charge): it reads the body and
+// leaves the rest to the entry point, whose strict decode of the body into
+// its parameters (jsonbody.Decode) refuses what is not JSON, with the same
+// invalid-json answer, and then to Normalize, so that a request is read
+// once and canonicalised once. Run refuses a request that has no
+// fingerprint, and so one whose body was never decoded.
 func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, limit int64) (Request, error) {
 	raw, err := ReadBody(body, limit)
 	if err != nil {
 		return Request{}, err
-	}
-	if !json.Valid(raw) {
-		_, err := canonicalize(raw) // for the reason
-		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
 	}
 	return Request{Scope: scope, Key: key, Method: method, Route: route, Path: path, Body: raw}, nil
 }
