@@ -55,10 +55,9 @@ func (e *Error) Is(target error) bool { return target == e.Kind }
 // refuse is a refusal of kind with detail.
 func refuse(kind error, detail string) *Error { return &Error{Kind: kind, Detail: detail} }
 
-// invalid is the refusal of the parameters params.
-func invalid(params ...InvalidParam) *Error {
-	return &Error{Kind: ErrInvalid, Detail: "One or more parameters are invalid.", Params: params}
-}
+// invalid is the refusal of the parameters params, in the words a body's
+// refusal of them has (jsonbody.Invalid).
+func invalid(params ...InvalidParam) *Error { return ofBody(jsonbody.Invalid(params...)) }
 
 // bodyRefusal is the refusal of a body that jsonbody did not accept
 // (*jsonbody.Error), in this package's terms; any other error as it is.
@@ -67,6 +66,12 @@ func bodyRefusal(err error) error {
 	if !errors.As(err, &je) {
 		return err
 	}
+	return ofBody(je)
+}
+
+// ofBody is jsonbody's refusal je as this package's: ErrInvalidJSON for a
+// body that is not JSON, ErrInvalid naming the fields otherwise.
+func ofBody(je *jsonbody.Error) *Error {
 	kind := ErrInvalid
 	if je.Syntax {
 		kind = ErrInvalidJSON
