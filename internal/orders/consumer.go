@@ -309,8 +309,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.retry(ctx, log, msg, meta, reasonUnknownOutcome, err)
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
 		c.retry(ctx, log, msg, meta, reasonInFlight, err)
-	case errors.Is(err, idempotency.ErrKeyInvalid), errors.Is(err, idempotency.ErrInvalidJSON),
-		errors.Is(err, idempotency.ErrBodyTooLarge), errors.As(err, &refusal):
+	case errors.Is(err, idempotency.ErrKeyInvalid), errors.Is(err, idempotency.ErrBodyTooLarge),
+		errors.As(err, &refusal): // a body that is not JSON among them (charges.ErrInvalidJSON)
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
 	default:
 		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
