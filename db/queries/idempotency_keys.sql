@@ -4,20 +4,29 @@
 -- moment ago, the unique index raises and nothing of the batch commits; the
 -- runner reads the record again. The id is derived from the request
 -- (Record.ID), so the record a retry re-creates after the database lost it
--- has the same id and sends Stripe the same key.
+-- has the same id and sends Stripe the same key. An API request (key_hash
+-- set) claims only under an API key that is still active and belongs to the
+-- scope's account: a revocation committed since the request's first
+-- statement read the key raises IDA01, and nothing of the batch commits
+-- (I11). A plain read of the key: it takes no lock.
 INSERT INTO idempotency_keys (
     id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
-) VALUES (
-    @id, @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint,
-    coalesce(sqlc.narg(now)::timestamptz, now())
-);
+)
+SELECT @id, @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint,
+       coalesce(sqlc.narg(now)::timestamptz, now())
+WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
+           ELSE idempay_expect((SELECT count(*) FROM api_keys
+                                WHERE key_hash = sqlc.narg(key_hash) AND account_id = sqlc.narg(account_id)
+                                  AND revoked_at IS NULL),
+                               'IDA01', 'the API key is not active') > 0
+      END;
 
 -- name: IdempotencyKeyTakeover :one
 -- Takes over a resumable record (started or downstream_called, its lock free
 -- or older than the lock timeout) at the generation the read saw, with a new
 -- generation, so that the old owner's late writes are fenced. For an API
 -- request (key_hash set) the API key must still be active and the record's
--- account its own, as in the claim's batch (APIKeyExpectActive). No row: the
+-- account its own, as in the claim's INSERT. No row: the
 -- record changed since the read, or the key was revoked; the runner reads it
 -- again, and that read tells which.
 UPDATE idempotency_keys ik

@@ -61,10 +61,9 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	chargeID := "ch_" + recordID[3:]
 	claim := &rawBatch{}
 	hash := sha256.Sum256([]byte(strings.TrimPrefix(a.auth, "Bearer ")))
-	_ = q.APIKeyExpectActive(ctx, claim, &dbsqlc.APIKeyExpectActiveParams{KeyHash: hash[:], AccountID: a.id})
 	_ = q.IdempotencyKeyInsert(ctx, claim, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: recordID, Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
-		RequestFingerprint: fp[:],
+		RequestFingerprint: fp[:], KeyHash: hash[:],
 	})
 	amount := 1000 + int64(i%9000)
 	_ = q.ChargeInsert(ctx, claim, &dbsqlc.ChargeInsertParams{

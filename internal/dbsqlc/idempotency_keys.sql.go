@@ -185,10 +185,15 @@ func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg 
 const idempotencyKeyInsert = `-- name: IdempotencyKeyInsert :exec
 INSERT INTO idempotency_keys (
     id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
-) VALUES (
-    $1, $2, $3, $4, $5, $6, $7,
-    coalesce($8::timestamptz, now())
 )
+SELECT $1, $2, $3, $4, $5, $6, $7,
+       coalesce($8::timestamptz, now())
+WHERE CASE WHEN $9::bytea IS NULL THEN true
+           ELSE idempay_expect((SELECT count(*) FROM api_keys
+                                WHERE key_hash = $9 AND account_id = $3
+                                  AND revoked_at IS NULL),
+                               'IDA01', 'the API key is not active') > 0
+      END
 `
 
 type IdempotencyKeyInsertParams struct {
@@ -200,6 +205,7 @@ type IdempotencyKeyInsertParams struct {
 	RequestRoute       string
 	RequestFingerprint []byte
 	Now                *time.Time
+	KeyHash            []byte
 }
 
 // The claim of a new key, first in the claim's batch. A plain INSERT, not
@@ -207,7 +213,11 @@ type IdempotencyKeyInsertParams struct {
 // moment ago, the unique index raises and nothing of the batch commits; the
 // runner reads the record again. The id is derived from the request
 // (Record.ID), so the record a retry re-creates after the database lost it
-// has the same id and sends Stripe the same key.
+// has the same id and sends Stripe the same key. An API request (key_hash
+// set) claims only under an API key that is still active and belongs to the
+// scope's account: a revocation committed since the request's first
+// statement read the key raises IDA01, and nothing of the batch commits
+// (I11). A plain read of the key: it takes no lock.
 func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *IdempotencyKeyInsertParams) error {
 	_, err := db.Exec(ctx, idempotencyKeyInsert,
 		arg.ID,
@@ -218,6 +228,7 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *Idempo
 		arg.RequestRoute,
 		arg.RequestFingerprint,
 		arg.Now,
+		arg.KeyHash,
 	)
 	return err
 }
@@ -331,7 +342,7 @@ type IdempotencyKeyTakeoverParams struct {
 // or older than the lock timeout) at the generation the read saw, with a new
 // generation, so that the old owner's late writes are fenced. For an API
 // request (key_hash set) the API key must still be active and the record's
-// account its own, as in the claim's batch (APIKeyExpectActive). No row: the
+// account its own, as in the claim's INSERT. No row: the
 // record changed since the read, or the key was revoked; the runner reads it
 // again, and that read tells which.
 func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {

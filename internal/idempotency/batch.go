@@ -67,9 +67,9 @@ func (errRow) Scan(...any) error { return errReadInBatch }
 const (
 	sqlstateFenced = "IDF01"
 	sqlstateStale  = "IDS01"
-	// sqlstateUnauthenticated is raised by the claim's check of the API key
-	// (APIKeyExpectActive): the key was revoked since the request's first
-	// statement read it.
+	// sqlstateUnauthenticated is raised by the claim's INSERT of an API
+	// request (IdempotencyKeyInsert): the key was revoked since the request's
+	// first statement read it.
 	sqlstateUnauthenticated = "IDA01"
 	// sqlstateExpired is raised by an operation's guarded ledger INSERT
 	// (ChargeInsert, RefundInsert, StripeEventInsert) when the row exists:
@@ -87,7 +87,7 @@ var ErrStale = errors.New("a row changed since it was read")
 // send runs b as one implicit transaction, and tells what PostgreSQL
 // raised: ErrFenced for the core's fence, ErrStale for an operation's
 // guard, ErrUnauthenticated (an *Error) for the claim's check of the API
-// key, ErrKeyExpired (an *Error) for a ledger row that the same request
+// key (in its INSERT), ErrKeyExpired (an *Error) for a ledger row that the same request
 // made before its record expired, errTaken when the claim's INSERT found
 // the key taken, or the error as it is.
 func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {

@@ -18,11 +18,11 @@ import (
 //     that account's scope. A retry of a finished request is answered from
 //     that one statement; an unknown or revoked API key is refused there,
 //     before anything of the idempotency table is read for it.
-//   - a first request's claim checks, first in its own batch, that the API
-//     key is still active (APIKeyExpectActive), and a takeover of a
-//     resumable record checks it in its UPDATE: a revocation that commits
-//     between the first statement and the claim is refused there, and
-//     nothing of the claim commits.
+//   - a first request's claim inserts its record only under an API key that
+//     is still active (IdempotencyKeyInsert), and a takeover of a resumable
+//     record checks it in its UPDATE: a revocation that commits between the
+//     first statement and the claim is refused there, and nothing of the
+//     claim commits.
 //   - every further read of the claim's loop (after a concurrent claim)
 //     authenticates again in the same way.
 //
@@ -125,21 +125,6 @@ func (r *Runner) read(ctx context.Context, req *Request) (dbsqlc.IdempotencyKeyG
 		RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(),
 	})
 	return row, db.NotFound(err)
-}
-
-// queueCredentialCheck queues, into a claim's batch, the check that the API
-// key that sent req is still active and opens req's scope
-// (APIKeyExpectActive): a revocation committed since the request's first
-// statement raises IDA01, and nothing of the batch commits (send returns
-// ErrUnauthenticated). A request without a credential (a broker message, a
-// Stripe event) queues nothing.
-func (r *Runner) queueCredentialCheck(ctx context.Context, b *Batch, req Request) error {
-	if req.Credential == nil {
-		return nil
-	}
-	return r.q.APIKeyExpectActive(ctx, b, &dbsqlc.APIKeyExpectActiveParams{
-		KeyHash: req.Credential, AccountID: req.Scope.AccountID(),
-	})
 }
 
 func errUnauthenticated() error {

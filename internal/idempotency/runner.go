@@ -426,12 +426,9 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	if accountID != "" {
 		account = &accountID
 	}
-	if err := r.queueCredentialCheck(ctx, b, req); err != nil {
-		return nil, err
-	}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), AccountID: account, Key: req.Key, RequestMethod: req.Method,
-		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(),
+		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,
 	}); err != nil {
 		return nil, err
 	}
