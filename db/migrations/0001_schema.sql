@@ -1,67 +1,52 @@
--- idempay's schema, in one file, to be read top to bottom: the two
--- functions the queries call, idempay's own vocabularies as enum types, then
--- each table with what it holds, why each index exists and what keeps its
--- writes cheap. sqlc reads this file as the schema; the queries are in
--- db/queries: a request's own in the file named for the table
--- (idempotency_keys.sql, charges.sql), the rest beside it, named for what
--- runs them (idempotency_keys_completer.sql, charges_refunds.sql ...).
+-- idempay's schema, read top to bottom: the two functions the queries call,
+-- idempay's own vocabularies as enum types, then each table with what it
+-- holds, why each index exists and what keeps its writes cheap. sqlc reads
+-- this file as the schema of the queries in db/queries.
 --
 -- Rules the schema keeps:
---
 -- - Foreign keys wherever one row names another that must exist (a refund
 --   or dispute its charge, a delivery its endpoint, a key or an endpoint
---   its account), except to accounts from the tables that every request
---   writes: the records, charges, refunds and events. Checking one locks
---   the parent row FOR KEY SHARE until commit, so every request of an
---   account would lock that account's one row, twice, shared with all its
---   requests in flight (a MultiXact written into the row's header each
---   time): one row that all of an account's requests write, which the
---   design forbids. Their account id comes from the statement that
---   authenticated the request, and accounts are never deleted, so there is
---   nothing for the foreign key to catch. A ledger row names the record
---   that made it ON DELETE SET NULL: retention deletes the record, the row
---   stays (the record's id is in Stripe's metadata for reconciliation).
+--   its account), except to accounts from the tables every request writes
+--   (records, charges, refunds, events): checking one locks the account's
+--   row FOR KEY SHARE until commit (a MultiXact written into its header),
+--   one row that all of an account's requests write, which the design
+--   forbids. Their account id comes from the statement that authenticated
+--   the request, and accounts are never deleted: nothing to catch. A ledger
+--   row names the record that made it ON DELETE SET NULL: retention deletes
+--   the record, the row stays (Stripe's metadata keeps the record's id).
 -- - A state on a table that every request writes (a record's recovery
 --   point, a charge's or refund's status, an event's type) is an enum: an
 --   unknown label is refused when it is read in (22P02) and costs nothing
---   afterwards, where a CHECK (x IN (...)) is planned again at every write
---   (next rule). Elsewhere a CHECK lists the values beside the column; a
---   vocabulary Stripe owns (a dispute's status) is always text with a
---   CHECK, since Stripe may add values and an enum label is never removed.
--- - A length limit on a table that every request writes is the column's
---   type, varchar(n): checked where a value is assigned, inside the cached
---   plan, and never for a column an UPDATE leaves alone. PostgreSQL reads
---   back and plans every CHECK of a table at every INSERT and UPDATE
---   (ExecRelCheck), whichever columns it sets: a quarter of PostgreSQL's
---   CPU under first requests when these limits were CHECKs (BENCHMARKS.md,
---   "Measured, then cut"). A CHECK says what relates columns or bounds a
---   number, which no type can; tables that requests rarely write say their
---   lengths as CHECK (char_length(x) <= n), in words.
--- - A JSON document that the database stores and never looks into (a
---   record's stored headers, a charge's metadata, an event's data) is json,
---   kept as written: jsonb would parse and rebuild it at every write and
---   print it again at every read.
--- - No trigger, and no copy of a value kept beside the row that owns it.
---   Where an index makes an update cost more (see charges), the cost is
---   chosen here and measured, not hidden in a second table.
+--   afterwards, where a CHECK (x IN (...)) is planned again at every write.
+--   Elsewhere a CHECK lists the values; a vocabulary Stripe owns (a
+--   dispute's status) is text with a CHECK, since Stripe may add values and
+--   an enum label is never removed.
+-- - A length limit on a table that every request writes is its type,
+--   varchar(n): checked where a value is assigned, inside the cached plan,
+--   and never for a column an UPDATE leaves alone. PostgreSQL plans every
+--   CHECK of a table again at every INSERT and UPDATE (ExecRelCheck): a
+--   quarter of its CPU under first requests when these limits were CHECKs
+--   (docs/benchmarks-history.md, "Measured, then cut"). A CHECK relates
+--   columns or bounds a number; rarely written tables keep their lengths
+--   as CHECK (char_length(x) <= n).
+-- - A JSON document the database never looks into (a record's stored
+--   headers, a charge's metadata, an event's data) is json, kept as written:
+--   jsonb would parse and rebuild it at every write, and print it at every read.
+-- - No trigger, and no copy of a value beside the row that owns it: where
+--   an index makes an update cost more (charges), the cost is chosen here.
 --
--- Changing the schema: history was folded into this one file while idempay
--- has no installed base. From the first database that must be kept, every
--- change is a new numbered file (0002_what.sql, ...), never an edit of an
--- applied one: the migrator (db/migrate.go) records each file's SHA-256
--- and refuses to start when one changed. A new enum label is ALTER TYPE
--- ... ADD VALUE in a file of its own; an index on a large table is an
+-- Changing the schema: history was folded into this file while idempay has
+-- no installed base. From the first database kept, a change is a new file
+-- (0002_what.sql, ...), never an edit: the migrator refuses to start when an
+-- applied file changed (db/migrate.go). A new enum label is ALTER TYPE ...
+-- ADD VALUE in a file of its own; an index on a large table is an
 -- operational step (CREATE INDEX CONCURRENTLY runs in no transaction).
 
--- Every phase of a request is one pipelined batch that PostgreSQL runs as
--- one implicit transaction: the core's own statement first, then the
--- operation's writes. A statement that must match a row and does not raises
--- an error inside the batch, so nothing of the batch commits. This is that
--- guard. Its SQLSTATEs are idempay's own (internal/idempotency/batch.go):
--- IDF01, fenced (the record was taken over by a newer lock generation);
--- IDS01, stale (a row changed since the operation read it; the runner runs
--- the step again); IDE01, expired (the ledger row already exists: the same
--- request ran before and its record has since been purged).
+-- The guard of every phase's batch, which PostgreSQL runs as one implicit
+-- transaction (docs/lifecycle.md, "One path, one batch per phase"): a
+-- statement that must match a row and does not raises, so nothing of the
+-- batch commits. Its SQLSTATEs are idempay's own (internal/idempotency/batch.go):
+-- IDF01 fenced, IDS01 stale (the step runs again), IDE01 expired.
 CREATE FUNCTION idempay_expect(matched bigint, sqlstate text, what text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -72,13 +57,10 @@ BEGIN
 END
 $$;
 
--- Ids that grow with time, for rows whose id the database gives (events,
--- webhook deliveries): an insert lands at the right edge of the primary
--- key's index instead of on a random page. The time in them is only an
--- order; nothing reads it. The record's id, which idempay sends to Stripe,
--- and the ledger ids derived from it are pure functions of the request
--- instead (idempotency.RecordID), given by the code; the id defaults of
--- those tables serve rows made by hand (tests, an operator).
+-- Ids that grow with time (only an order) for rows whose id the database
+-- gives (events, webhook deliveries): an insert lands at the primary key's
+-- right edge, not on a random page. Ledger ids derive from the request
+-- (docs/lifecycle.md, section 3): their default serves rows made by hand.
 CREATE FUNCTION idempay_ordered_id(prefix text) RETURNS text
 LANGUAGE sql VOLATILE AS $$
     SELECT prefix
@@ -86,10 +68,8 @@ LANGUAGE sql VOLATILE AS $$
         || substr(replace(gen_random_uuid()::text, '-', ''), 1, 20)
 $$;
 
--- idempay's own vocabularies. Go sees the labels as strings (sqlc.yaml's
--- overrides); pgx sends a string for a type it does not know in text form,
--- which is what an enum reads. The order of the labels is the order a
--- state moves in.
+-- idempay's own vocabularies, labels in the order a state moves. Go sees
+-- strings (sqlc.yaml's overrides): pgx sends an unknown type as text.
 CREATE TYPE recovery_point AS ENUM ('started', 'downstream_called', 'parked', 'finished');
 CREATE TYPE charge_status AS ENUM (
     'processing', 'requires_action', 'requires_capture', 'pending', 'succeeded', 'failed', 'canceled');
@@ -100,14 +80,8 @@ CREATE TYPE event_type AS ENUM (
     'charge.succeeded', 'charge.failed', 'charge.requires_capture', 'charge.canceled',
     'refund.succeeded', 'refund.failed', 'webhook_endpoint.disabled');
 
--- An account: a merchant. Every idempotency record of an account scope,
--- every ledger row, event, API key and webhook endpoint belongs to exactly
--- one. Accounts are never deleted.
---
--- idempotency_mode rolls idempotency out account by account: required (a
--- mutating request without a key is refused: the default), optional (such
--- a request runs unprotected, and is counted), shadow (keys are recorded
--- and duplicates counted as would-have-replayed, but every request runs).
+-- An account: a merchant, never deleted. idempotency_mode rolls idempotency
+-- out account by account (docs/api.md, "Rollout").
 CREATE TABLE accounts (
     id               text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'acct_' || replace(gen_random_uuid()::text, '-', ''),
@@ -118,28 +92,19 @@ CREATE TABLE accounts (
 );
 
 -- The idempotency record: one per (scope, Idempotency-Key). The scope is an
--- account (scope = account_id) or a named source such as Stripe's webhook
--- endpoint (scope = 'source:stripe-webhooks', account_id NULL, the keys
--- Stripe's event ids). The id is a pure function of the scope, the key and
--- the request's fingerprint (idempotency.RecordID), so a record lost with
--- the database's last commits is re-created with the same id, and Stripe
--- (whose metadata carries it) replays instead of charging again.
+-- account (scope = account_id) or a named source (account_id NULL, scope
+-- 'source:stripe-webhooks', keyed by Stripe's event ids). The id is a pure
+-- function of the request (idempotency.RecordID), so a record the database
+-- lost is re-created with the id Stripe's metadata carries (I13). UNIQUE
+-- (scope, key) makes the claim atomic: the claim inserts and the index
+-- refuses a taken key; never check-then-insert. recovery_point and the
+-- fence, lock_generation (IDF01): docs/lifecycle.md, section 2; attempts,
+-- next_attempt_at and last_error pace the completer.
 --
--- UNIQUE (scope, key) makes the claim atomic: the claim inserts and the
--- unique index refuses a taken key; never check-then-insert.
--- recovery_point moves started -> downstream_called -> finished, or to
--- parked past the retry ceiling (I16: never called downstream again, left
--- to Stripe's events and reconciliation). lock_generation fences: every
--- phase write names the generation it holds, and a takeover (generation +
--- 1) makes a late write of the old owner fail (IDF01). attempts,
--- next_attempt_at and last_error pace the completer after unknown outcomes.
---
--- Row shape: a record is inserted by its claim and updated once by its
--- finish, which stores the response. fillfactor 80 leaves room on the page
--- for that update, so the new version stays on its page. It is not a HOT
--- update: the finish changes recovery_point, which the two partial indexes'
--- predicates name; that is what lets the completer and retention read only
--- what they want.
+-- Row shape: inserted by its claim, updated once by its finish, which
+-- stores the response; fillfactor 80 keeps that version on its page. It is
+-- not HOT: the finish changes recovery_point, which the predicates of the
+-- two partial indexes name, so the completer and retention read only theirs.
 CREATE TABLE idempotency_keys (
     id                  varchar(64) PRIMARY KEY DEFAULT 'ik_' || replace(gen_random_uuid()::text, '-', ''),
     scope               varchar(100) NOT NULL,
@@ -175,17 +140,14 @@ CREATE INDEX idempotency_keys_resumable_next_attempt ON idempotency_keys (next_a
     WHERE recovery_point IN ('started', 'downstream_called');
 
 -- Retention deletes finished records oldest first, in bounded batches: an
--- index range scan whatever the table's size. An unfinished record is not
--- in it, so retention never removes one.
+-- index range scan whatever the table's size, never an unfinished record.
 CREATE INDEX idempotency_keys_finished_created ON idempotency_keys (created_at)
     WHERE recovery_point = 'finished';
 
--- An account's API keys; it may hold several (rotation: create the new
--- key, move the clients, revoke the old one), each revocable at once. Only
--- a key's SHA-256 is stored: every request reads its key by that hash
+-- An account's API keys, several during a rotation, each revocable at once.
+-- Only a key's SHA-256 is stored: every request reads its key by that hash
 -- (the UNIQUE index), with its account, in the round trip it makes anyway.
--- prefix is the key's first characters, enough to recognise it in a
--- listing, too few to use it.
+-- prefix is enough of the key to recognise it in a listing, too little to use.
 CREATE TABLE api_keys (
     id                 text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'key_' || replace(gen_random_uuid()::text, '-', ''),
@@ -202,40 +164,29 @@ CREATE TABLE api_keys (
 -- An account's keys in use, for its listing.
 CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE revoked_at IS NULL;
 
--- The ledger: a charge, backed by a Stripe PaymentIntent. Its row is
--- written in the same batch as its idempotency record at every phase, and
--- outlives the record (retention sets idempotency_key_id to NULL). Its id
--- is derived from the record's (charges.ledgerID), a pure function of the
--- request like the record's. stripe_payment_intent_id is the PaymentIntent;
--- stripe_charge_id is its latest charge, which Stripe's charge and dispute
--- events name. The finish sets both, once Stripe answered.
+-- The ledger: a charge, backed by a Stripe PaymentIntent, written in the
+-- same batch as its idempotency record at every phase; it outlives the
+-- record. Its id derives from the record's (charges.ledgerID).
+-- stripe_charge_id is the PaymentIntent's latest charge, which Stripe's
+-- charge and dispute events name; the finish sets both Stripe ids.
 --
--- capture_method manual: the request only authorized ("capture": false); a
--- capture takes the money later. amount_capturable is what the
--- authorization still holds, amount_captured what was taken of it,
--- amount_refunded what refunds took back, counting refunds in flight. The
--- CHECKs make over-capturing and over-refunding impossible whatever the
--- code above them does. A capture or cancel in flight is pending_action,
--- with its record and, for a capture, the amount asked for (NULL: all that
--- is capturable), set in its claim, guarded by version, so of a capture
--- and a cancel racing exactly one begins.
+-- capture_method manual: the request only authorized ("capture": false).
+-- The amounts' CHECKs forbid over-capturing and over-refunding (refunds in
+-- flight count) whatever the code does. A capture's or cancel's claim sets
+-- pending_action, its record and a capture's amount (NULL: all capturable),
+-- guarded by version, so of a capture and a cancel racing exactly one begins.
 --
--- version increases with every change of the row: a write that follows a
--- read names the version read (IDS01 when it moved), and an event records
--- its object's version, which orders one object's events. last_event_at is
--- the Stripe event last applied, so an older event never overwrites a
--- newer state (I8).
+-- version increases with every change: a write names the version it read
+-- (IDS01 when it moved), an event carries it. last_event_at: an older
+-- Stripe event never overwrites a newer state (I8).
 --
--- Row shape: fillfactor 80 leaves room on the page for the updates that
--- follow the insert. The finish sets the Stripe ids, which the partial
--- indexes below hold, so it is not a HOT update: it writes an entry into
--- each index. Copying the ids into a table of their own by a trigger made
--- the finish HOT and measured the same throughput and PostgreSQL CPU
--- (BENCHMARKS.md, "Measured, then cut"): the trigger's inserts spent what
--- the HOT update saved. An update that changes neither a Stripe id nor
--- pending_record_id (a refund's reservation, most Stripe events) is HOT
--- while its page has room. The foreign keys are checked at the insert
--- only: an update that leaves their columns alone checks nothing.
+-- Row shape: fillfactor 80 leaves room for the updates after the insert.
+-- The finish sets the Stripe ids, which the partial indexes below hold, so
+-- it is not HOT; a trigger-kept table of the ids made it HOT and measured
+-- the same (docs/benchmarks-history.md, "Measured, then cut"). An update
+-- that changes neither a Stripe id nor pending_record_id (a refund's
+-- reservation, most Stripe events) is HOT while its page has room, and
+-- checks no foreign key, which only an insert or a change of the key does.
 CREATE TABLE charges (
     id                       varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('ch_'),
     account_id               text NOT NULL,  -- no foreign key: see the rules above
@@ -252,8 +203,7 @@ CREATE TABLE charges (
     amount_refunded          bigint NOT NULL DEFAULT 0,
     stripe_payment_intent_id varchar(255),
     stripe_charge_id         varchar(255),
-    -- The customer's next step of a payment that requires_action (the
-    -- redirect of 3-D Secure).
+    -- The customer's next step when requires_action (3-D Secure's redirect).
     next_action_url          varchar(2048),
     failure_code             varchar(255),
     failure_message          varchar(1000),
@@ -274,16 +224,14 @@ CREATE TABLE charges (
 -- An account's charges newest first, for cursor pagination.
 CREATE INDEX charges_account_created ON charges (account_id, created_at DESC, id DESC);
 
--- The charge of a capture or cancel in flight, by its record. Partial:
--- pending_record_id is NULL on nearly every charge, and a unique index
--- would take an entry for each NULL. It also serves the foreign key's ON
--- DELETE SET NULL (its lookup, pending_record_id = $1, implies IS NOT NULL).
+-- The charge of a capture or cancel in flight, by its record, and the foreign
+-- key's ON DELETE SET NULL lookup (pending_record_id = $1 implies IS NOT
+-- NULL). Partial: nearly every charge's is NULL, which a full index holds.
 CREATE UNIQUE INDEX charges_pending_record_id ON charges (pending_record_id)
     WHERE pending_record_id IS NOT NULL;
 
 -- A Stripe event (or reconciliation) finds its charge by the Stripe ids it
--- names (ChargeFindForEvent). Partial: a charge has no Stripe id until its
--- finish.
+-- names (ChargeFindForEvent). Partial: no Stripe id until the finish.
 CREATE INDEX charges_stripe_payment_intent_id ON charges (stripe_payment_intent_id)
     WHERE stripe_payment_intent_id IS NOT NULL;
 CREATE INDEX charges_stripe_charge_id ON charges (stripe_charge_id)
@@ -315,8 +263,7 @@ CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe
 
 -- Disputes of a charge, known only from Stripe's events. A dispute does not
 -- change amount_refunded (Stripe does not count it as a refund), but a
--- charge with an open or lost dispute can no longer be refunded. Its status
--- is Stripe's vocabulary, so text with a CHECK.
+-- charge with an open or lost dispute can no longer be refunded.
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
@@ -337,14 +284,12 @@ CREATE TABLE disputes (
 -- A charge's disputes (a refund checks them).
 CREATE INDEX disputes_charge_id ON disputes (charge_id);
 
--- The inbox of Stripe events. Stripe delivers each event at least once, out
--- of order, sometimes days later; the event id is the key that makes its
--- effect happen once (I8). A row is inserted in the batch that claims the
--- event's idempotency record (so a 2xx is sent only once the event is
--- durably recorded), and processed_at is set in the batch that changes the
--- ledger, under WHERE processed_at IS NULL: the event id commits with the
--- ledger change it causes. The row outlives the record, so a redelivery
--- after the retention window still changes nothing.
+-- The inbox of Stripe events, delivered at least once, out of order,
+-- sometimes days later; the event id makes each one's effect happen once
+-- (I8). A row is inserted in the batch that claims the event's record (a
+-- 2xx only once it is durable), and processed_at is set, WHERE
+-- processed_at IS NULL, in the batch that changes the ledger. The row
+-- outlives the record: a redelivery after retention changes nothing.
 CREATE TABLE stripe_events (
     id                 text PRIMARY KEY CHECK (char_length(id) BETWEEN 1 AND 255),
     type               text NOT NULL CHECK (char_length(type) BETWEEN 1 AND 100),
@@ -356,15 +301,13 @@ CREATE TABLE stripe_events (
     -- The verified event as received, for processing and for audit.
     payload            jsonb NOT NULL,
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL,
-    -- NULL until processed: applied; stale (older than the ledger's state);
-    -- ignored (a type idempay does not handle); unknown_object (an object
-    -- idempay never created: recorded and flagged, not applied); failed (its
-    -- object does not decode as its type says, the reason in last_error).
+    -- NULL until processed. stale: older than the ledger's state; ignored: a
+    -- type idempay does not handle; unknown_object: an object idempay never
+    -- created, flagged, not applied; failed: its object does not decode.
     outcome            text CHECK (outcome IN ('applied', 'stale', 'ignored', 'unknown_object', 'failed')),
     received_at        timestamptz NOT NULL DEFAULT now(),
     processed_at       timestamptz,
-    -- Processing attempts (failed ones and the one that succeeded), and the
-    -- last failure.
+    -- Processing attempts, the failed ones and the last, and the last failure.
     attempts           integer NOT NULL DEFAULT 0,
     last_error         text CHECK (char_length(last_error) <= 1000),
     CONSTRAINT stripe_events_processed_has_outcome CHECK ((processed_at IS NULL) = (outcome IS NULL))
@@ -373,22 +316,14 @@ CREATE TABLE stripe_events (
 -- Events received and not yet processed, oldest first.
 CREATE INDEX stripe_events_unprocessed ON stripe_events (received_at) WHERE processed_at IS NULL;
 
--- Events out: what idempay settled, for other services (docs/events.md). A
--- row is inserted in the batch that settles a charge or refund, whichever
--- entry point finished it: no event without its commit, no commit without
--- its event (I10). The relay publishes rows with published_at IS NULL to
--- NATS JetStream in seq order (Nats-Msg-Id = id); they also serve GET
--- /v1/events and the webhooks to merchants.
---
--- object_version is the version of the charge or refund that the settling
--- batch's guarded update wrote: that row's lock lets one batch at a time
--- write a version, so a consumer may rely on the order of one object's
--- events by it. No unique index repeats that guarantee (one more index
--- entry per event); tests check every object's order. seq is an identity,
--- unique by construction with no index either. object_id names a charge
--- or a refund, so it has no foreign key. No row that all of an account's
--- events write: the order is per object, so a merchant's charges settle
--- concurrently.
+-- Events out (docs/events.md): a row is inserted in the batch that settles
+-- a charge or refund, whichever entry point finished it (I10). The relay
+-- publishes them in seq order; they also serve GET /v1/events and the
+-- webhooks out. object_version is the version the settling batch's guarded
+-- update wrote; that row's lock orders one object's events (docs/events.md,
+-- "Order per object"). No unique index repeats it, nor is one on seq (an
+-- identity): an entry less per event; tests check the order. object_id
+-- names a charge or a refund, so no foreign key.
 CREATE TABLE events (
     id             varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('evt_'),
     seq            bigint GENERATED ALWAYS AS IDENTITY,
@@ -407,20 +342,13 @@ CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
 -- GET /v1/events pages an account's events newest first by seq.
 CREATE INDEX events_account_seq ON events (account_id, seq DESC);
 -- The webhook dispatcher reads events by seq. A BRIN index costs an insert
--- at the table's end nothing (its range is summarized later), unlike a
--- B-tree entry on every settling write.
+-- at the table's end nothing, unlike a B-tree entry on every settling write.
 CREATE INDEX events_seq_brin ON events USING brin (seq);
 
--- Webhooks out: idempay's events delivered to the merchants' endpoints
--- (docs/webhooks-out.md, I17). Nothing below is written on the request
--- path: a dispatcher reads committed events by seq and fans each one out
--- into one delivery per matching endpoint; workers in any process claim
--- due deliveries.
---
--- An endpoint of an account. An endpoint disabled by idempay (it answered
--- 410 Gone, or failed for longer than the configured time) is itself an
--- event (webhook_endpoint.disabled), sent to the account's other endpoints
--- that ask for it.
+-- Webhooks out, off the request path (docs/webhooks-out.md, I17): a
+-- dispatcher fans each committed event out into one delivery per matching
+-- endpoint; workers in any process claim due deliveries. An endpoint that
+-- idempay disables (410 Gone, or failing too long) is itself an event.
 CREATE TABLE webhook_endpoints (
     id                  text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT idempay_ordered_id('we_'),
@@ -429,27 +357,19 @@ CREATE TABLE webhook_endpoints (
     -- Event types wanted; '*' is every type.
     enabled_events      text[] NOT NULL CHECK (cardinality(enabled_events) BETWEEN 1 AND 32),
     enabled             boolean NOT NULL DEFAULT true,
-    -- Why idempay disabled it ('gone': it answered 410; 'failing': it
-    -- failed for longer than the configured time); NULL when enabled, or
-    -- disabled by the merchant.
+    -- Why idempay disabled it ('gone', 'failing'); NULL otherwise.
     disabled_reason     text CHECK (char_length(disabled_reason) <= 32),
-    -- The signing secrets, sealed (AES-256-GCM under WEBHOOK_SECRETS_KEY,
-    -- the endpoint's id as associated data): idempay must sign with them,
-    -- so they cannot be hashed as API keys are; sealed, a copy of the
-    -- database alone (a backup, a replica) does not give them away.
+    -- The signing secrets, sealed, not hashed: idempay signs with them
+    -- (docs/webhooks-out.md, "The secret at rest"). During a rotation,
+    -- previous_secret signs as well until previous_expires_at.
     secret              bytea NOT NULL CHECK (octet_length(secret) <= 128),
-    -- During a rotation, the secret before, signed with as well until
-    -- previous_expires_at.
     previous_secret     bytea CHECK (octet_length(previous_secret) <= 128),
     previous_expires_at timestamptz,
-    -- Since when every attempt to it failed (NULL: its last attempt
-    -- succeeded); it is disabled once that is longer than the configured
-    -- time.
+    -- Since when every attempt failed (NULL: the last one succeeded).
     failing_since       timestamptz,
     -- Increases with every change; orders its own events.
     version             bigint NOT NULL DEFAULT 1,
-    -- The POST /v1/webhook_endpoints record that created it, for a resumed
-    -- request.
+    -- The POST /v1/webhook_endpoints record that created it.
     idempotency_key_id  text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL,
     created_at          timestamptz NOT NULL DEFAULT now(),
     updated_at          timestamptz NOT NULL DEFAULT now()
@@ -460,27 +380,17 @@ CREATE INDEX webhook_endpoints_account ON webhook_endpoints (account_id, created
 
 -- One delivery per (event, endpoint): the fan-out is an INSERT ... ON
 -- CONFLICT DO NOTHING, so a pass repeated after a crash creates nothing
--- twice. A delivery is pending until an attempt succeeds (delivered) or
--- the schedule ends (failed); a resend makes it pending again. While its
--- endpoint is disabled, an unfinished delivery is paused, out of the
--- workers' due index, and pending again when the endpoint is enabled.
--- Deleting an
--- endpoint deletes its deliveries and their attempts.
---
--- What a delivery costs is what it writes: the fan-out's insert, the
--- worker's claim (lease_until, claims), its outcome and an attempt row.
--- event_id and account_id have no foreign key: the fan-out copies them
--- from the event row, neither is ever deleted, and a check per row would
--- lock each event row. fillfactor 70 leaves room for the claim's update,
--- which changes no indexed column and so is HOT when the page has room.
+-- twice (its states: docs/webhooks-out.md, "A delivery"). event_id and
+-- account_id have no foreign key: the fan-out copies them from the event
+-- row, neither is ever deleted, and a check per row would lock each event
+-- row. fillfactor 70 leaves room for the claim's update, which changes no
+-- indexed column and so is HOT when the page has room.
 CREATE TABLE webhook_deliveries (
     id              text PRIMARY KEY DEFAULT idempay_ordered_id('whd_'),
     event_id        text NOT NULL,  -- no foreign key: see above
     endpoint_id     text NOT NULL REFERENCES webhook_endpoints (id) ON DELETE CASCADE,
-    -- The event's account, object and version, read with the event by the
-    -- fan-out: the deliveries API lists by account, and a delivery waits
-    -- while an earlier version of its object is pending for the same
-    -- endpoint.
+    -- The event's account, object and version: the deliveries API lists by
+    -- account, and a delivery waits while an earlier version is pending.
     account_id      text NOT NULL,  -- no foreign key: see above
     object_id       text NOT NULL,
     object_version  bigint NOT NULL,
@@ -488,9 +398,7 @@ CREATE TABLE webhook_deliveries (
     -- Attempts in the current schedule (a resend starts a new one).
     attempts        integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
-    -- A worker's claim: until lease_until no other worker takes it; a worker
-    -- that dies leaves it due again then. claims fences a late finish from
-    -- a worker whose lease ran out.
+    -- Claimed by a worker until lease_until; claims fences a late finish.
     lease_until     timestamptz,
     claims          bigint NOT NULL DEFAULT 0,
     last_status     integer,
@@ -503,21 +411,17 @@ CREATE TABLE webhook_deliveries (
 -- The workers' scan: pending deliveries by due time (a paused one, whose
 -- endpoint is disabled, is not in it, so no claim reads past it).
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
--- Head of line per object: the lowest version pending (or paused) for this
--- endpoint; also how an endpoint's unfinished deliveries are found when it
--- is disabled or enabled. Its predicate says "pending" as "neither
--- delivered nor failed", and the claim's check says it the same way, so
--- that this index is the only one
--- that can answer the check (the planner cannot prove the due index's
--- "state = 'pending'" from it), whatever the statistics say
--- (WebhookDeliveryClaim).
+-- Head of line per object: the lowest version unfinished for this endpoint;
+-- also an endpoint's unfinished deliveries when it is disabled or enabled.
+-- The predicate says "pending" as "neither delivered nor failed", as the
+-- claim's check does (WebhookDeliveryClaim), so that whatever the statistics
+-- say only this index can answer that check, not the due index.
 CREATE INDEX webhook_deliveries_object ON webhook_deliveries (endpoint_id, object_id, object_version)
     WHERE state <> 'delivered' AND state <> 'failed';
 -- GET /v1/webhook_endpoints/{id}/deliveries, newest first.
 CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, id DESC);
 
--- Every attempt of a delivery: when it was due, when it ran, how the
--- endpoint answered.
+-- Every attempt of a delivery.
 CREATE TABLE webhook_attempts (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     delivery_id   text NOT NULL REFERENCES webhook_deliveries (id) ON DELETE CASCADE,
@@ -534,14 +438,10 @@ CREATE TABLE webhook_attempts (
 -- A delivery's attempts in order.
 CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
--- The dispatcher's position in the events: every event with seq <= last_seq
--- has been fanned out, except the seqs in webhook_dispatch_gaps. One row.
--- A seq is taken at insert and becomes visible at commit, so a lower seq
--- may commit after a higher one was read: a gap, kept with the snapshot of
--- the pass that saw it and resolved when its event appears or every
--- transaction running in that snapshot has ended: the gap's was one of
--- them, since it had its id before it took its seq (a settling
--- transaction writes its object, then its event). docs/webhooks-out.md.
+-- The dispatcher's position: every event with seq <= last_seq was fanned
+-- out, except the seqs in webhook_dispatch_gaps, each kept with the snapshot
+-- of the pass that skipped it until its event appears or that snapshot's
+-- transactions have ended (docs/webhooks-out.md, "How it runs"). One row.
 CREATE TABLE webhook_dispatcher (
     id       integer PRIMARY KEY CHECK (id = 1),
     last_seq bigint NOT NULL

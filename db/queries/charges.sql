@@ -3,13 +3,11 @@ SELECT * FROM charges WHERE idempotency_key_id = @idempotency_key_id;
 
 -- name: ChargeInsert :exec
 -- The ledger row of a new charge, in the claim's batch after the record's
--- INSERT (version 1, processing). Its id is derived from the record's
--- (ledgerID), so it exists already only when this same key and request made
--- this charge before and its record has since expired: then it raises
--- IDE01 naming the charge, nothing of the claim commits, and the core
--- refuses the request (idempotency.ErrKeyExpired). ON CONFLICT (id) DO
--- NOTHING makes the primary key the check; any other violation still
--- raises as it is.
+-- INSERT. Its id derives from the record's (ledgerID), so it exists only when
+-- this same request ran before and its record has since expired: IDE01, and
+-- nothing of the claim commits (docs/lifecycle.md, "A key reused after
+-- retention"). ON CONFLICT (id) spares only the primary key: any other
+-- violation still raises.
 WITH c AS (
     INSERT INTO charges (id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method)
     VALUES (@id, @account_id, @idempotency_key_id, @amount, @currency, @payment_method, @description, @metadata, @capture_method)
@@ -20,8 +18,8 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDE01', 'charge ' || @id::text)
 
 -- name: ChargeSetOutcome :exec
 -- The outcome of the Stripe call, in the finishing batch after the record's
--- fenced finish. Guarded by the version the owner loaded: IDS01 when
--- something else (a Stripe event) changed the charge in between.
+-- fenced finish, guarded by the version loaded (IDS01: a Stripe event
+-- changed the charge since).
 WITH c AS (
     UPDATE charges
     SET status = @status,

@@ -22,13 +22,12 @@ WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
       END;
 
 -- name: IdempotencyKeyTakeover :one
--- Takes over a resumable record (started or downstream_called, its lock free
--- or older than the lock timeout) at the generation the read saw, with a new
--- generation, so that the old owner's late writes are fenced. For an API
--- request (key_hash set) the API key must still be active and the record's
--- account its own, as in the claim's INSERT. No row: the
--- record changed since the read, or the key was revoked; the runner reads it
--- again, and that read tells which.
+-- Takes over a resumable record (lock free or older than the lock timeout)
+-- at the generation the read saw, with a new generation that fences the old
+-- owner's late writes. For an API request (key_hash set) the API key must
+-- still be active and own the record, as in the claim's INSERT.
+-- No row: the record changed since the read, or the
+-- key was revoked; the runner's next read tells which.
 UPDATE idempotency_keys ik
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = ik.lock_generation + 1,
@@ -46,9 +45,8 @@ RETURNING *;
 -- name: IdempotencyKeyGetByScopeKey :one
 -- The read before a claim, and the whole of a replay: only the columns that
 -- tell replay, mismatch, in flight, parked and resumable apart, and the
--- stored response. Whether the lock is fresh, and whether the record is
--- older than the retry ceiling (I16), is decided here, by the database's
--- clock (or the test's, through now), the one clock of lock expiry.
+-- stored response. Lock freshness and the retry ceiling (I16) are decided
+-- by the database's clock, or the test's (docs/lifecycle.md, "One clock").
 SELECT id, request_fingerprint, recovery_point, lock_generation,
        (locked_at IS NOT NULL
         AND locked_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
@@ -58,17 +56,12 @@ FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
 -- name: IdempotencyKeyGetByCredential :one
 -- The first statement of an API request, and the whole of an API replay:
--- the account of the active API key whose SHA-256 is key_hash, and the
--- record stored under key in that account's scope, read together, so that
--- authenticating costs no round trip of its own (I15). The columns of the
--- record are IdempotencyKeyGetByScopeKey's, NULL when the key has none (the
--- key "" never has one: keys are 1..255 characters). No row at all: the API
--- key is unknown or revoked, and the request is refused before anything of
--- the idempotency table is read for it (the record is joined to an active
--- key's account only). Of the account it reads the idempotency mode only,
--- which the rollout adapter needs on every POST; the scope is the key's
--- account_id. All three lookups are unique-index scans (api_keys.key_hash,
--- accounts.id, idempotency_keys (scope, key)).
+-- the active API key whose SHA-256 is key_hash, its account's idempotency
+-- mode, and the record under key in that account's scope, read together so
+-- that authenticating costs no round trip of its own (I15; docs/lifecycle.md,
+-- step 1). The record's columns are IdempotencyKeyGetByScopeKey's, NULL when
+-- there is none (always for the key "": keys are 1..255 characters). No row:
+-- the API key is unknown or revoked. Three unique-index scans.
 SELECT k.account_id, a.idempotency_mode, k.id AS key_id,
        ik.id, ik.request_fingerprint, coalesce(ik.recovery_point::text, '')::text AS recovery_point, ik.lock_generation,
        (ik.locked_at IS NOT NULL
@@ -81,9 +74,8 @@ LEFT JOIN idempotency_keys ik ON ik.scope = k.account_id AND ik.key = @key
 WHERE k.key_hash = @key_hash AND k.revoked_at IS NULL;
 
 -- name: IdempotencyKeyFinish :exec
--- Stores the final response, first in the finishing batch. Fenced: unless
--- the caller still holds the generation it claimed, it raises IDF01 and
--- nothing of the batch commits.
+-- Stores the final response, first in the finishing batch. Fenced: IDF01,
+-- and nothing of the batch commits, unless the caller holds its generation.
 WITH k AS (
     UPDATE idempotency_keys
     SET recovery_point = 'finished',
@@ -102,13 +94,11 @@ WITH k AS (
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over');
 
 -- name: IdempotencyKeyRelease :execrows
--- Frees the lock of a record whose phase did not finish: a downstream call
--- whose outcome is unknown, a finishing write that failed, a ledger row that
--- could not be loaded. The record moves to downstream_called when a
--- downstream call was made (@called), and otherwise keeps its recovery point;
--- the attempt and its error are recorded, and
--- the completer may resume it after next_attempt_at; a client retry may
--- resume it at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
+-- Frees the lock of a record whose phase did not finish (an unknown outcome,
+-- a finishing write that failed, a ledger row that could not be loaded),
+-- moving it to downstream_called if a call was made (@called) and recording
+-- the attempt and its error; the completer resumes it after next_attempt_at,
+-- a client retry at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 UPDATE idempotency_keys
 SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
@@ -122,9 +112,8 @@ WHERE id = @id
 
 -- name: IdempotencyKeyPark :execrows
 -- Parks one record past the retry ceiling that a client's retry found, at
--- the generation the read saw, as
--- IdempotencyKeyParkExpired parks a batch. 0 rows: the record changed since
--- the read (finished, parked or taken); the runner reads it again.
+-- the generation the read saw, as IdempotencyKeyParkExpired parks a batch.
+-- 0 rows: the record changed since the read; the runner reads it again.
 UPDATE idempotency_keys
 SET recovery_point = 'parked',
     locked_at = NULL,

@@ -69,13 +69,11 @@ type ChargeInsertParams struct {
 }
 
 // The ledger row of a new charge, in the claim's batch after the record's
-// INSERT (version 1, processing). Its id is derived from the record's
-// (ledgerID), so it exists already only when this same key and request made
-// this charge before and its record has since expired: then it raises
-// IDE01 naming the charge, nothing of the claim commits, and the core
-// refuses the request (idempotency.ErrKeyExpired). ON CONFLICT (id) DO
-// NOTHING makes the primary key the check; any other violation still
-// raises as it is.
+// INSERT. Its id derives from the record's (ledgerID), so it exists only when
+// this same request ran before and its record has since expired: IDE01, and
+// nothing of the claim commits (docs/lifecycle.md, "A key reused after
+// retention"). ON CONFLICT (id) spares only the primary key: any other
+// violation still raises.
 func (q *Queries) ChargeInsert(ctx context.Context, db DBTX, arg *ChargeInsertParams) error {
 	_, err := db.Exec(ctx, chargeInsert,
 		arg.ID,
@@ -124,8 +122,8 @@ type ChargeSetOutcomeParams struct {
 }
 
 // The outcome of the Stripe call, in the finishing batch after the record's
-// fenced finish. Guarded by the version the owner loaded: IDS01 when
-// something else (a Stripe event) changed the charge in between.
+// fenced finish, guarded by the version loaded (IDS01: a Stripe event
+// changed the charge since).
 func (q *Queries) ChargeSetOutcome(ctx context.Context, db DBTX, arg *ChargeSetOutcomeParams) error {
 	_, err := db.Exec(ctx, chargeSetOutcome,
 		arg.Status,
