@@ -1,9 +1,7 @@
 // Package idemhttp is the HTTP adapter of the idempotency core: it reads the
 // Idempotency-Key header and the JSON body of an echo request into an
-// idempotency.Request, writes a stored or fresh idempotency.Response, and
-// maps the core's refusals onto problem+json with Retry-After. Other entry
-// points (the Stripe webhook endpoint, a broker consumer) have adapters of
-// their own; the core itself knows nothing of HTTP statuses.
+// idempotency.Request, writes an idempotency.Response, and maps the core's
+// refusals onto problem+json with Retry-After.
 package idemhttp
 
 import (
@@ -23,19 +21,14 @@ import (
 const HeaderKey = "Idempotency-Key"
 
 // Key reads the request's key from Idempotency-Key (Alias has moved an
-// Idempotency-Token there). present is false when it was not sent (the
-// caller decides whether that is allowed: idempotency.ErrKeyMissing is the
-// refusal when it is not). A malformed value, or two lines of the header
-// with different keys, is a 400 problem.
+// Idempotency-Token there); present is false when it was not sent. A
+// malformed value, or two lines with different keys, is a 400 problem.
 //
-// Two lines of one header are two values: a request that names two keys
-// would be deduplicated under whichever one a reader picks (net/http's Get
-// takes the first, a proxy or a log may take the last), so it is refused,
-// as a JSON field given twice is. The same key on two lines (a client or
-// proxy that adds the header again) means one key and passes. A comma in
-// one line is not a separator: the key is an opaque string, and a comma is
-// one of its printable characters; a proxy that folds two lines into one
-// "a, b" therefore sends the key "a, b". Empty lines are ignored.
+// A request that names two keys would be deduplicated under whichever one a
+// reader picks (net/http's Get takes the first, a proxy or a log may take
+// the last), so it is refused (I14); the same key on two lines passes. A
+// comma is one of a key's characters, not a separator: a proxy that folds
+// two lines into "a, b" sends the key "a, b".
 func Key(h http.Header) (key string, present bool, err error) {
 	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
 		k, err := idempotency.ParseKey(v)
@@ -79,16 +72,14 @@ const MaxBodyBytes = idempotency.MaxBodyBytes
 const retryAfter = 1
 
 // Read is the front half of a mutating request, in the order a client's
-// mistakes are reported: the key (400 when missing or malformed), the media
-// type (415), the body's size (413) and JSON syntax (400). The fingerprint
-// covers the concrete path. A request refused here stores nothing.
+// mistakes are reported: the key (400), the media type (415), the body's
+// size (413) and JSON syntax (400). A request refused here stores nothing.
 func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
 	return read(c, scope, route, idempotency.Prepare)
 }
 
 // ReadToNormalize is Read for an entry point that fingerprints its own
-// normalised request (idempotency.Request.Normalize): the body is checked
-// and read, and canonicalised only once, by Normalize.
+// normalised request (idempotency.PrepareBody, Request.Normalize).
 func ReadToNormalize(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
 	return read(c, scope, route, idempotency.PrepareBody)
 }
@@ -121,14 +112,10 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 const contextKeyCaller = "idempay.caller"
 
 // SetCaller keeps what the request's authentication read
-// (idempotency.Runner.Authenticate) for the Request built from it: the
-// authentication middleware calls it.
+// (idempotency.Runner.Authenticate) for the Request built from it.
 func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCaller, caller) }
 
-// Attach gives req what the request's authentication read, when it was
-// kept (SetCaller): the API key's credential, which the claim checks again
-// in its own batch, and the record read under the request's key, from
-// which a replay is answered with no other statement. Read and
+// Attach gives req what SetCaller kept (idempotency.Caller.Attach). Read and
 // ReadToNormalize attach it themselves; an entry point that builds its
 // Request otherwise calls it.
 func Attach(c echo.Context, req *idempotency.Request) {
@@ -138,18 +125,9 @@ func Attach(c echo.Context, req *idempotency.Request) {
 }
 
 // ContextKeyRecordID is the echo context key under which Respond leaves the
-// id of the idempotency record that answered the request, for the request
-// log line (idempotency_key_id). It is never sent to the client.
+// id of the record that answered, for the request's log line. It is never
+// sent to the client.
 const ContextKeyRecordID = "idempotency_key_id"
-
-// Respond is Write for an echo handler: it also notes resp's record id on c
-// (ContextKeyRecordID), so that the request's log line names its record.
-func Respond(c echo.Context, resp idempotency.Response) {
-	if resp.RecordID != "" {
-		c.Set(ContextKeyRecordID, resp.RecordID)
-	}
-	Write(c.Response(), resp)
-}
 
 // RecordID is the record id Respond noted on c, or "".
 func RecordID(c echo.Context) string {
@@ -157,8 +135,13 @@ func RecordID(c echo.Context) string {
 	return id
 }
 
-// Write sends resp; a replay carries Idempotent-Replayed: true (I2).
-func Write(w http.ResponseWriter, resp idempotency.Response) {
+// Respond sends resp, and notes its record id on c (ContextKeyRecordID). A
+// replay carries Idempotent-Replayed: true (I2).
+func Respond(c echo.Context, resp idempotency.Response) {
+	if resp.RecordID != "" {
+		c.Set(ContextKeyRecordID, resp.RecordID)
+	}
+	w := c.Response()
 	h := w.Header()
 	if resp.Headers.ContentType != "" {
 		h["Content-Type"] = []string{resp.Headers.ContentType}
@@ -204,8 +187,7 @@ var httpDetails = map[error]string{
 }
 
 // Problem maps a refusal of the core onto its problem; a retryable one
-// (in flight, fenced, contended, unknown outcome) carries Retry-After. Any other error
-// is returned as it is.
+// carries Retry-After. Any other error is returned as it is.
 func Problem(err error) error {
 	var ie *idempotency.Error
 	if !errors.As(err, &ie) {
