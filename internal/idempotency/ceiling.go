@@ -24,10 +24,8 @@ func errParked() error {
 		"and a retry with the same key then gets its outcome.")
 }
 
-// parkFound parks the record id that a read found at generation with the
-// given recovery point, past the ceiling or parked already, and refuses the
-// request (ErrParked). It returns nil when the record changed since the read
-// (the caller reads it again).
+// parkFound parks the record a read found past the ceiling (or parked) and
+// refuses the request with ErrParked; nil when the record changed since the read.
 func (r *Runner) parkFound(ctx context.Context, id, point string, generation int64) error {
 	if point == PointParked {
 		return errParked()

@@ -18,17 +18,13 @@ var (
 	// ErrInvalidJSON: the body is not one JSON value.
 	ErrInvalidJSON = errors.New("invalid JSON")
 	// ErrMismatch: the key was used before with a different request (I3).
-	// Nothing changed.
 	ErrMismatch = errors.New("idempotency key reused with a different request")
-	// ErrInFlight: another owner holds the key's record and its lock is
-	// fresh (I4). Nothing changed; retry after a short delay.
+	// ErrInFlight: another owner holds the key's record, its lock fresh (I4).
 	ErrInFlight = errors.New("a request with this idempotency key is in flight")
 	// ErrContended: the rows the operation checks before it claims (a
-	// refund's charge) changed between its read and its guarded write on
-	// every try. Nothing was stored; retry after a short delay.
+	// refund's charge) kept changing between its read and its guarded write.
 	ErrContended = errors.New("the rows this request changes kept changing")
-	// ErrFenced: this owner's record was taken over while it worked; its
-	// writes were rolled back.
+	// ErrFenced: this owner's record was taken over; its writes rolled back.
 	ErrFenced = errors.New("idempotency record was taken over by another owner")
 	// ErrUnknownOutcome: the downstream call gave no definite answer, or the
 	// outcome could not be recorded. The record is resumable.
@@ -36,10 +32,9 @@ var (
 	// ErrParked: the record is parked past the retry ceiling (I16, ceiling.go)
 	// until Stripe's events or reconciliation settle it. Nothing changed.
 	ErrParked = errors.New("idempotency record parked past the retry ceiling")
-	// ErrKeyExpired: the same request came again after retention deleted
-	// its record, and the ledger row its request-derived id names still
-	// exists (docs/lifecycle.md, "A key reused after retention"). Final;
-	// nothing stored; Detail names the object.
+	// ErrKeyExpired: the same request came again after retention deleted its
+	// record, and what it made still exists (docs/lifecycle.md, "A key reused
+	// after retention"). Final; Detail names the object.
 	ErrKeyExpired = errors.New("idempotency key expired after its request ran")
 )
 

@@ -12,9 +12,8 @@ import (
 )
 
 // Scope is the namespace of a key: every record is unique per (scope, key).
-// An API account is a scope (I5: the same key in two accounts is two
-// records); so is a named source whose keys are not a client's, such as
-// Stripe's event ids at the webhook endpoint.
+// An API account is a scope (I5); so is a named source whose keys are not a
+// client's, such as Stripe's event ids at the webhook endpoint.
 type Scope string
 
 // sourcePrefix marks a scope that is not an account. Account ids start with
@@ -36,9 +35,7 @@ func (s Scope) AccountID() string {
 }
 
 // Request identifies one claim: in which scope, under which key, and what
-// was asked. Every entry point builds it with Prepare (prepare.go) or, when
-// it fingerprints its own normalised request (a charge), PrepareBody and
-// Normalize.
+// was asked. It is built with Prepare (prepare.go), or PrepareBody and Normalize.
 type Request struct {
 	Scope Scope
 	Key   string
@@ -46,13 +43,11 @@ type Request struct {
 	// the code that resumes a record (Runner.Register).
 	Method string
 	Route  string
-	// Path is the concrete path (Route with its parameters filled in). The
-	// fingerprint covers it, so that one key can never replay one
-	// resource's answer for another.
+	// Path is the concrete path, which the fingerprint covers, so that one
+	// key can never replay one resource's answer for another.
 	Path string
-	// Body is the request body as received, and Canonical the RFC 8785
-	// (JCS) form of what the fingerprint covers: the body, or the entry
-	// point's normalised request (Normalize).
+	// Body is the request body as received, Canonical the RFC 8785 form of
+	// what the fingerprint covers (the body, or the normalised request).
 	Body, Canonical []byte
 	Fingerprint     []byte
 	// Credential is the SHA-256 of the API key that sent the request (none
@@ -112,9 +107,8 @@ func (r Request) fingerprinted() error {
 	return nil
 }
 
-// MaxBodyBytes bounds every request body the API reads, whatever its entry
-// point (HTTP, a broker message, a webhook): the same body is the same
-// request everywhere, so it is refused everywhere alike.
+// MaxBodyBytes bounds every request body, whatever its entry point: the
+// same body is the same request everywhere, so it is refused everywhere alike.
 const MaxBodyBytes = 1 << 20 // 1 MiB
 
 // ReadBody reads at most limit bytes. A longer body is an *Error of kind

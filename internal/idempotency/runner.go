@@ -1,17 +1,12 @@
 // Package idempotency makes a mutating request safe to retry, whatever
-// carried it (an HTTP request, a Stripe webhook, a broker message): it claims
-// a (scope, key) atomically, replays finished outcomes, refuses mismatched or
-// in-flight requests, and runs an Operation in atomic phases with recovery
-// points, so that a retry or the completer resumes a request that crashed
-// half way. docs/lifecycle.md is the contract; the invariants cited as
-// I1..I16 are in docs/invariants.md.
-//
-// Every phase is one Batch, the core's own statement first, then the
-// operation's writes: no operation restates the core's SQL or has a path of
-// its own (Run is the way in; Settle, settle.go, the one way to finish a
-// record from outside its request). No process keeps a copy of a record
-// (I15): every claim and replay reads the database. The package speaks Go,
-// not HTTP: each entry point maps the refusals of errors.go onto its protocol.
+// carried it (an HTTP request, a Stripe webhook, a broker message), as
+// docs/lifecycle.md describes; the invariants cited as I1..I16 are in
+// docs/invariants.md. Every phase is one Batch, the core's own statement
+// first, then the operation's writes: no operation restates the core's SQL
+// or has a path of its own (Run is the way in; Settle the one way to finish
+// a record from outside its request). No process keeps a copy of a record
+// (I15). The package speaks Go, not HTTP: each entry point maps errors.go's
+// refusals onto its protocol.
 //
 // This file is the lifecycle of one request; the timings (config.go), the
 // completer (completer.go), retention, Settle and Peek have files of their own.
@@ -68,17 +63,16 @@ type Record struct {
 	// CreatedAt is the time of the claim's transaction: also the created_at
 	// of every ledger row that Begin inserted with the record.
 	CreatedAt time.Time
-	// begun is true when this process ran Begin for the record (a new key);
-	// otherwise the operation must Load its state from the ledger.
+	// begun: this process ran Begin for the record; else the operation Loads.
 	begun bool
 }
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
 		// The schema's CHECK keeps account_id equal to the scope's account.
-		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key, Fingerprint: row.RequestFingerprint,
-		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
-		LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
+		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key,
+		Fingerprint: row.RequestFingerprint, Method: row.RequestMethod, Route: row.RequestRoute,
+		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
 }
 
@@ -105,16 +99,14 @@ func (r *Record) DownstreamKey(step string) string { return DownstreamKey(r.ID, 
 // DownstreamKey is the downstream key of one step of the record with this id.
 func DownstreamKey(recordID, step string) string { return "idempay_" + recordID + "_" + step }
 
-// Response is the outcome of an operation as stored for replay: a status,
-// the allow-listed headers and the body bytes (I2).
+// Response is the outcome of an operation as stored for replay (I2).
 type Response struct {
 	Status  int
 	Headers Headers
 	Body    []byte
 	// Replayed is true when the response comes from the store.
 	Replayed bool
-	// RecordID is the id of the record that answered, for the caller's
-	// logs; not stored, never sent to a client.
+	// RecordID names the record that answered, for logs; never sent to a client.
 	RecordID string
 }
 
@@ -125,9 +117,8 @@ type Step struct {
 }
 
 // Finish is a definite downstream outcome: fn queues its ledger writes into
-// b, the finishing batch after the record's fenced finish, and returns the
-// response to store. A guarded write that finds its row changed (ErrStale)
-// makes the runner Load and Call again.
+// b, the finishing batch, and returns the response to store. A guarded write
+// that finds its row changed (ErrStale) makes the runner Load and Call again.
 func Finish(fn func(ctx context.Context, b *Batch) (Response, error)) Step {
 	return Step{finish: fn}
 }
@@ -141,26 +132,22 @@ func Unknown(err error) Step {
 	return Step{unknown: err}
 }
 
-// Operation is one kind of mutating request (create a charge, a refund,
-// apply a Stripe event). It writes into the batch it is given, and reads,
-// when it must, before the phase and from its own pool.
+// Operation is one kind of mutating request (a charge, a refund, a Stripe
+// event). It reads, when it must, before the phase and from its own pool.
 type Operation interface {
-	// Begin queues the ledger rows of a newly claimed record into b, the
-	// claim's batch. Writes that depend on what it read are guarded (a
-	// changed row raises ErrStale, and the runner claims again). An error
-	// refuses the request: nothing is stored.
+	// Begin queues the ledger rows of a new record into b, the claim's batch,
+	// guarded by what it read (a changed row raises ErrStale, and the runner
+	// claims again). An error refuses the request: nothing is stored.
 	Begin(ctx context.Context, b *Batch, rec *Record) error
 	// Load reads the state of a record begun elsewhere (a takeover), or
 	// afresh after a stale finish.
 	Load(ctx context.Context, rec *Record) error
-	// Call makes the downstream call with rec.DownstreamKey(step), no
-	// transaction open. It may run again for the record, with the same key
-	// and the same parameters.
+	// Call makes the downstream call with rec.DownstreamKey(step). It may
+	// run again for the record, and sends the same key and parameters.
 	Call(ctx context.Context, rec *Record) Step
 }
 
-// Outcome names what happened to one request at the idempotency layer, for
-// metrics and logs.
+// Outcome names what happened to one request, for metrics and logs.
 type Outcome string
 
 // The outcomes.
@@ -189,8 +176,7 @@ type Runner struct {
 	log  *slog.Logger
 	// resumers are the completer's operations by route (Register).
 	resumers map[string]func() Operation
-	// local holds the routes registered with RegisterLocal: their records
-	// are never parked.
+	// local holds the routes of RegisterLocal, whose records are never parked.
 	local map[string]bool
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
@@ -230,10 +216,8 @@ func (r *Runner) observe(o Outcome) {
 //	        an unknown outcome: attempt recorded, lock freed  -> downstream_called
 //	finish  the ledger writes and the response, one fenced batch    -> finished
 //
-// A record taken over resumes at call, once the operation has Loaded its
-// state: the downstream key is the record's, so Stripe replays a call it
-// already answered. An unknown outcome is ErrUnknownOutcome; other errors
-// are the operation's (Begin, Finish) or the database's.
+// An unknown outcome is ErrUnknownOutcome; other errors are the
+// operation's (Begin, Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
 	if err := req.fingerprinted(); err != nil {
 		return Response{}, err
@@ -249,24 +233,20 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 		r.annotate(ctx, req, nil, replay.RecordID, nil)
 		return *replay, nil
 	}
-	// From here on the request is detached from the caller: a client that
-	// hangs up must not abort a charge half way. Each downstream call has
-	// its own timeout, and the finishing writes have FinishTimeout.
+	// Detached from the caller from here on: a client that hangs up must not
+	// abort a charge half way (the call and the writes have timeouts of their own).
 	resp, err := r.complete(context.WithoutCancel(ctx), rec, op)
 	r.annotate(ctx, req, rec, "", err)
 	return resp, err
 }
 
-// maxAttempts bounds the claim's loop (the record changed between the read
-// and the write) and the finishing phase's (a guarded write found its row
-// changed): each turn means another request made progress.
+// maxAttempts bounds the turns of claim and of complete's finish, each of
+// which means that another request made progress.
 const maxAttempts = 5
 
-// claim takes ownership of the key, or says why not. A replay, a mismatch
-// or a conflict is answered from one indexed read, with no write. An absent
-// key is claimed by begin's batch: two requests that both read "absent" race
-// in its INSERT, whose unique index is the arbiter, and the loser reads
-// again. A resumable record is taken over at the generation the read saw.
+// claim takes ownership of the key, or says why not from one indexed read
+// with no write. Two requests that both read "absent" race in begin's INSERT,
+// whose unique index is the arbiter, and the loser reads again.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	stale := false // the last turn's Begin found what it read changed
 	for range maxAttempts {
@@ -291,7 +271,8 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		switch judge(&row, req, r.bounded(req.Method, req.Route)) {
 		case OutcomeMismatch:
 			r.observe(OutcomeMismatch)
-			return nil, nil, refuse(ErrMismatch, "This key was already used with a different request. Use a new key for a new request.")
+			return nil, nil, refuse(ErrMismatch,
+				"This key was already used with a different request. Use a new key for a new request.")
 		case OutcomeReplayed:
 			r.observe(OutcomeReplayed)
 			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
@@ -320,10 +301,9 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
 }
 
-// takeover takes over the resumable record id at the generation a read saw,
-// with a new generation that fences the old owner. It returns nil, nil when
-// the record changed, or credential (nil but for an API request) is no
-// longer an active key of the record's account: the caller's next read tells which.
+// takeover takes the resumable record id at the generation a read saw, with
+// a new one that fences the old owner. It returns nil, nil when the record
+// changed or credential is no longer active: the caller's next read tells which.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, credential []byte) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
@@ -381,9 +361,8 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	return rec, nil
 }
 
-// judge is what Run does with req, given the record stored under its key
-// (row.LockFresh and PastCeiling are by the database's clock). Run acts on
-// it, Peek only reports it.
+// judge is what Run does with req, given the record stored under its key (by
+// the database's clock). Run acts on it, Peek only reports it.
 func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, bounded bool) Outcome {
 	switch {
 	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
@@ -410,10 +389,9 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 	return &Response{Status: int(*status), Headers: h, Body: body, Replayed: true, RecordID: id}, nil
 }
 
-// complete takes a record this process owns from the point it holds to
-// finished: Load (for a record begun elsewhere), call, finish. A stale
-// finish Loads afresh and calls again under the same downstream key, so
-// Stripe replays its answer. Whatever does not finish is released.
+// complete takes a record this process owns to finished: Load (for a
+// record begun elsewhere), call, finish. A stale finish Loads afresh and
+// calls again under the same downstream key, so Stripe replays its answer.
 func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
 	if !rec.begun {
@@ -455,8 +433,7 @@ func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Respo
 }
 
 // call is the downstream call, made with no transaction open. It writes
-// nothing: a definite answer is recorded by finish (-> finished), an
-// unknown one by release (-> downstream_called).
+// nothing: finish or release records its answer.
 func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.BeforeDownstream)
 	cctx, end := r.span(ctx, "idempotency.call")
@@ -480,8 +457,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	// The core's statement goes first, so that a fenced owner's writes
-	// never run.
+	// The core's statement first, so that a fenced owner's writes never run.
 	writes := b.b.QueuedQueries
 	b.b.QueuedQueries = nil
 	status := int32(resp.Status)
@@ -495,8 +471,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	return resp, send(wctx, r.pool, b)
 }
 
-// What the caller of a record that did not finish is told: the error is
-// ErrUnknownOutcome, with one of these details.
+// The details of ErrUnknownOutcome, for the caller of a record that did not finish.
 const (
 	detailUnknown = "The payment processor did not give a definite answer. Retry with the same key: " +
 		"the retry resumes this request and never charges twice."
@@ -504,12 +479,10 @@ const (
 		"the retry resumes this request and never repeats it."
 )
 
-// release records a phase that did not finish: its attempt and error
-// (key inspection shows them), its lock freed, the completer due after a
-// backoff; downstream_called when called, else the point it holds. A record
-// whose finish always fails is thus visible and retried at a bounded rate,
-// instead of holding its lock for the lock timeout with nothing in its row.
-// It returns the error the caller gets.
+// release records a phase that did not finish, with its attempt and error
+// (downstream_called when called), frees the lock and returns the caller's
+// error. A record whose finish always fails is thus visible and retried at a
+// bounded rate, instead of holding its lock with nothing in its row.
 func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, called bool, cause error, detail string) error {
 	r.observe(OutcomeUnknown)
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)

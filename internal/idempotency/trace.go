@@ -29,10 +29,9 @@ func KeyHash(scope Scope, key string) string {
 	return hex.EncodeToString(h[:16])
 }
 
-// span starts a child span of ctx named name when the runner traces
-// (Runner.Tracer), and returns the function that ends it. A failed phase
-// is marked with the kind of its error only: an error's text may quote a
-// value the request sent.
+// span starts a child span of ctx when the runner traces, and returns the
+// function that ends it. A failed phase is marked with the kind of its
+// error only: an error's text may quote a value the request sent.
 func (r *Runner) span(ctx context.Context, name string) (context.Context, func(error)) {
 	if r.Tracer == nil {
 		return ctx, func(error) {}
@@ -49,9 +48,8 @@ func (r *Runner) span(ctx context.Context, name string) (context.Context, func(e
 	}
 }
 
-// annotate sets idempay's attributes on the request's span (the server
-// span, or the consumer's): what the claim decided, and where the record
-// stands. rec is nil when no record answered.
+// annotate sets idempay's attributes on the request's span (the server's,
+// or the consumer's). rec is nil when no record answered.
 func (r *Runner) annotate(ctx context.Context, req Request, rec *Record, recordID string, err error) {
 	span := trace.SpanFromContext(ctx)
 	if r.Tracer == nil || !span.IsRecording() {

@@ -22,13 +22,11 @@ const HeaderKey = "Idempotency-Key"
 
 // Key reads the request's key from Idempotency-Key (Alias has moved an
 // Idempotency-Token there); present is false when it was not sent. A
-// malformed value, or two lines with different keys, is a 400 problem.
-//
-// A request that names two keys would be deduplicated under whichever one a
-// reader picks (net/http's Get takes the first, a proxy or a log may take
-// the last), so it is refused (I14); the same key on two lines passes. A
-// comma is one of a key's characters, not a separator: a proxy that folds
-// two lines into "a, b" sends the key "a, b".
+// malformed value is a 400 problem, and so are two lines with different
+// keys (I14): the request would be deduplicated under whichever one a reader
+// picks (net/http's Get takes the first, a proxy or a log the last). A comma
+// is a key's character, not a separator: a proxy that folds two lines into
+// "a, b" sends the key "a, b".
 func Key(h http.Header) (key string, present bool, err error) {
 	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
 		k, err := idempotency.ParseKey(v)
@@ -41,8 +39,7 @@ func Key(h http.Header) (key string, present bool, err error) {
 }
 
 // oneValue is the key that every non-empty line of the header name gives
-// through parse, "" when there is none, or a refusal when a line does not
-// parse or two lines give different keys.
+// through parse, "" when there is none, or a refusal.
 func oneValue(h http.Header, name string, parse func(string) (string, error)) (string, error) {
 	var key string
 	for _, line := range h.Values(name) {
@@ -63,8 +60,7 @@ func oneValue(h http.Header, name string, parse func(string) (string, error)) (s
 	return key, nil
 }
 
-// MaxBodyBytes bounds every request body the API reads
-// (idempotency.MaxBodyBytes).
+// MaxBodyBytes bounds every request body the API reads.
 const MaxBodyBytes = idempotency.MaxBodyBytes
 
 // retryAfter is the Retry-After, in seconds, of every retryable refusal: an
@@ -107,17 +103,15 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	return req, nil
 }
 
-// contextKeyCaller is the echo context key of what the request's first
-// statement read (SetCaller).
+// contextKeyCaller is the echo context key of SetCaller.
 const contextKeyCaller = "idempay.caller"
 
 // SetCaller keeps what the request's authentication read
 // (idempotency.Runner.Authenticate) for the Request built from it.
 func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCaller, caller) }
 
-// Attach gives req what SetCaller kept (idempotency.Caller.Attach). Read and
-// ReadToNormalize attach it themselves; an entry point that builds its
-// Request otherwise calls it.
+// Attach gives req what SetCaller kept (idempotency.Caller.Attach), for an
+// entry point that builds its Request without Read.
 func Attach(c echo.Context, req *idempotency.Request) {
 	if caller, ok := c.Get(contextKeyCaller).(idempotency.Caller); ok {
 		caller.Attach(req)
@@ -125,8 +119,7 @@ func Attach(c echo.Context, req *idempotency.Request) {
 }
 
 // ContextKeyRecordID is the echo context key under which Respond leaves the
-// id of the record that answered, for the request's log line. It is never
-// sent to the client.
+// id of the record that answered, for the request's log line.
 const ContextKeyRecordID = "idempotency_key_id"
 
 // RecordID is the record id Respond noted on c, or "".
@@ -172,8 +165,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrContended:       apierror.ResourceBusy,
 }
 
-// httpDetails say the core's refusals in HTTP's words (the core's own
-// details name no header).
+// httpDetails say the core's refusals in HTTP's words (the core's name no header).
 var httpDetails = map[error]string{
 	idempotency.ErrUnauthenticated: "Send a valid API key as Authorization: Bearer <key>.",
 	idempotency.ErrMismatch: "This Idempotency-Key was already used with a different request (method, path or body). " +
