@@ -34,7 +34,7 @@ var (
 	ErrParked = errors.New("idempotency record parked past the retry ceiling")
 	// ErrKeyExpired: the same request came again after retention deleted its
 	// record, and what it made still exists (docs/lifecycle.md, "A key reused
-	// after retention"). Final; Detail names the object.
+	// after retention"). Final; Detail names the object (I16).
 	ErrKeyExpired = errors.New("idempotency key expired after its request ran")
 )
 
