@@ -7,31 +7,15 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
-// The retry ceiling (I16). A record left unfinished (an unknown downstream
-// outcome, a crash) is called downstream again, with the same downstream
-// key, by a retry or the completer, so that Stripe replays what it did
-// instead of doing it twice. That holds only while Stripe remembers the key:
-// Stripe may remove a key once it is at least 24 hours old, and a call under
-// a forgotten key runs as a new payment. So a record is called downstream
-// only until Config.RetryCeiling after its creation (no later than its first
-// downstream call); past it the record is parked:
-//
-//   - the completer parks such records in bounded batches (ParkDue, in
-//     completer.go) before each claim, and its claim never takes one;
-//   - a client's retry that finds one parks it and is refused with
-//     ErrParked, as is every retry of a parked record (parkFound);
-//   - parking takes the record from any owner it had (a new lock
-//     generation), like a takeover, so nothing that held it writes to it
-//     again;
-//   - only Settle (settle.go) finishes a parked record: Stripe's events and
-//     reconciliation, which learn the outcome from Stripe itself, not by
-//     calling it again under the old key.
-//
-// Operations that call no one outside (RegisterLocal) are retried at any
-// age: their retry repeats nothing.
+// The retry ceiling (I16; docs/lifecycle.md, "The retry ceiling"): a
+// record is called downstream again only while Stripe still remembers its
+// downstream key, until Config.RetryCeiling after its creation. Past it the
+// record is parked: the completer parks due records in bounded batches
+// (ParkDue, completer.go), a retry that finds one parks it (parkFound), and
+// only Settle finishes it.
 
 // bounded tells whether records of the route are under the retry ceiling:
-// every route but those registered with RegisterLocal.
+// every route but those registered with RegisterLocal, whose retry repeats nothing.
 func (r *Runner) bounded(method, route string) bool { return !r.local[method+" "+route] }
 
 func errParked() error {
@@ -40,24 +24,23 @@ func errParked() error {
 		"and a retry with the same key then gets its outcome.")
 }
 
-// parkFound parks the record id that a read found at generation with the
-// given recovery point, past the ceiling or parked already. It returns false
-// when the record changed since the read (the caller reads it again).
-func (r *Runner) parkFound(ctx context.Context, id, point string, generation int64) (bool, error) {
+// parkFound parks the record a read found past the ceiling (or parked) and
+// refuses the request with ErrParked; nil when the record changed since the read.
+func (r *Runner) parkFound(ctx context.Context, id, point string, generation int64) error {
 	if point == PointParked {
-		return true, nil
+		return errParked()
 	}
 	n, err := r.q.IdempotencyKeyPark(ctx, r.pool, &dbsqlc.IdempotencyKeyParkParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
 	})
 	if err != nil {
-		return false, fmt.Errorf("parking idempotency record %s: %w", id, err)
+		return fmt.Errorf("parking idempotency record %s: %w", id, err)
 	}
 	if n == 0 {
-		return false, nil
+		return nil
 	}
 	r.observe(OutcomeParked)
 	r.log.WarnContext(ctx, "parked an unfinished record past the retry ceiling; Stripe's events and reconciliation settle it",
 		"idempotency_key_id", id, "retry_ceiling", r.cfg.RetryCeiling.String())
-	return true, nil
+	return errParked()
 }

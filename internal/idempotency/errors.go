@@ -2,54 +2,39 @@ package idempotency
 
 import "errors"
 
-// The refusals and outcomes of the idempotency layer, as Go values. Each
-// entry point maps them onto its own protocol: the HTTP adapter (package
-// idemhttp) to problem+json and Retry-After, the Stripe webhook endpoint to
-// 200 or 400, a broker consumer to ack, nak or dead letter. Test with
-// errors.Is; an *Error carries the detail a client can act on.
+// The refusals and outcomes of the idempotency layer, as Go values, which
+// each entry point maps onto its own protocol (idemhttp: problem+json). Test
+// with errors.Is; an *Error carries the detail a client can act on.
 var (
-	// ErrUnauthenticated: the API key that sent the request is unknown, or
-	// was revoked before the request's claim committed (I11). Nothing was
-	// stored. Only a request that carries a Credential gets it.
+	// ErrUnauthenticated: the request's Credential is unknown, or was
+	// revoked before its claim committed (I11). Nothing was stored.
 	ErrUnauthenticated = errors.New("API key unknown or revoked")
 	// ErrKeyMissing: the request carries no key. Nothing was stored.
 	ErrKeyMissing = errors.New("idempotency key missing")
-	// ErrKeyInvalid: the key is not 1..255 printable ASCII characters (or a
-	// malformed quoted form). Nothing was stored.
+	// ErrKeyInvalid: the key is malformed (ParseKey). Nothing was stored.
 	ErrKeyInvalid = errors.New("idempotency key invalid")
 	// ErrBodyTooLarge: the body exceeds the entry point's limit.
 	ErrBodyTooLarge = errors.New("request body too large")
 	// ErrInvalidJSON: the body is not one JSON value.
 	ErrInvalidJSON = errors.New("invalid JSON")
 	// ErrMismatch: the key was used before with a different request (I3).
-	// Nothing changed.
 	ErrMismatch = errors.New("idempotency key reused with a different request")
-	// ErrInFlight: another owner holds the key's record and its lock is
-	// fresh (I4). Nothing changed; retry after a short delay.
+	// ErrInFlight: another owner holds the key's record, its lock fresh (I4).
 	ErrInFlight = errors.New("a request with this idempotency key is in flight")
-	// ErrContended: the rows the request's operation checks before it
-	// claims (a charge, for a refund) changed between its read and its
-	// guarded write on every try, because other requests kept changing
-	// them. Nothing was stored; retry after a short delay.
+	// ErrContended: the rows the operation checks before it claims (a
+	// refund's charge) kept changing between its read and its guarded write.
 	ErrContended = errors.New("the rows this request changes kept changing")
-	// ErrFenced: this owner's record was taken over while it worked; its
-	// writes were rolled back. The new owner answers; retry to get that.
+	// ErrFenced: this owner's record was taken over; its writes rolled back.
 	ErrFenced = errors.New("idempotency record was taken over by another owner")
-	// ErrUnknownOutcome: the downstream call gave no definite answer. The
-	// record is resumable: a retry with the same key, or the completer,
-	// calls downstream again with the same downstream key.
+	// ErrUnknownOutcome: the downstream call gave no definite answer, or the
+	// outcome could not be recorded. The record is resumable.
 	ErrUnknownOutcome = errors.New("downstream outcome unknown")
-	// ErrParked: the record was still unfinished at the retry ceiling and is
-	// parked (I16): it is never called downstream again, and Stripe's events
-	// and reconciliation settle it. Nothing changed; a retry gets the same
-	// answer until they do, and then the stored response.
+	// ErrParked: the record is parked past the retry ceiling (I16, ceiling.go)
+	// until Stripe's events or reconciliation settle it. Nothing changed.
 	ErrParked = errors.New("idempotency record parked past the retry ceiling")
-	// ErrKeyExpired: the same request (key and fingerprint) came again
-	// after retention deleted its record, and what it made still exists:
-	// the record id, and so the id of the ledger row it created, derive from
-	// the request (RecordID), and ledger rows outlive their keys. It is not
-	// run again and its answer cannot be replayed: the refusal is final and
-	// stores nothing; Detail names the object that exists (I16).
+	// ErrKeyExpired: the same request came again after retention deleted its
+	// record, and what it made still exists (docs/lifecycle.md, "A key reused
+	// after retention"). Final; Detail names the object (I16).
 	ErrKeyExpired = errors.New("idempotency key expired after its request ran")
 )
 

@@ -55,9 +55,7 @@ func parseSFString(s string) (string, bool) {
 				return "", false
 			}
 			b.WriteByte(body[i])
-		case c == '"':
-			return "", false
-		case c < 0x20 || c > 0x7e:
+		case c == '"', c < 0x20, c > 0x7e:
 			return "", false
 		default:
 			b.WriteByte(c)

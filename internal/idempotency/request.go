@@ -12,9 +12,8 @@ import (
 )
 
 // Scope is the namespace of a key: every record is unique per (scope, key).
-// An API account is a scope (I5: the same key in two accounts is two
-// records); so is a named source whose keys are not a client's, such as
-// Stripe's event ids at the webhook endpoint.
+// An API account is a scope (I5); so is a named source whose keys are not a
+// client's, such as Stripe's event ids at the webhook endpoint.
 type Scope string
 
 // sourcePrefix marks a scope that is not an account. Account ids start with
@@ -36,9 +35,7 @@ func (s Scope) AccountID() string {
 }
 
 // Request identifies one claim: in which scope, under which key, and what
-// was asked. Every entry point builds it with Prepare (prepare.go) or, when
-// it fingerprints its own normalised request (a charge), PrepareBody and
-// Normalize.
+// was asked. It is built with Prepare (prepare.go), or PrepareBody and Normalize.
 type Request struct {
 	Scope Scope
 	Key   string
@@ -46,32 +43,25 @@ type Request struct {
 	// the code that resumes a record (Runner.Register).
 	Method string
 	Route  string
-	// Path is the concrete path (Route with its parameters filled in). The
-	// fingerprint covers it, so that one key can never replay one
-	// resource's answer for another.
+	// Path is the concrete path, which the fingerprint covers, so that one
+	// key can never replay one resource's answer for another.
 	Path string
-	// Body is the request body as received, and Canonical the RFC 8785
-	// (JCS) form of what the fingerprint covers: the body, or the entry
-	// point's normalised request (Normalize).
+	// Body is the request body as received, Canonical the RFC 8785 form of
+	// what the fingerprint covers (the body, or the normalised request).
 	Body, Canonical []byte
 	Fingerprint     []byte
-	// Credential is the SHA-256 of the API key that sent the request, for
-	// a request that came with one (the HTTP API's): its claim then checks
-	// in its own batch that the key is still active, and every read of its
-	// record authenticates again (credential.go). A broker message or a
-	// Stripe event carries none. Caller.Attach sets it.
+	// Credential is the SHA-256 of the API key that sent the request (none
+	// for a broker message or a Stripe event): the claim checks it again in
+	// its batch (credential.go). Caller.Attach sets it.
 	Credential []byte
 	// found is what the request's first statement read (Caller.Attach).
 	found *found
 }
 
 // PrepareBody is Prepare for an entry point that fingerprints its own
-// normalised request with Normalize (a charge): it reads the body and
-// leaves the rest to the entry point, whose strict decode of the body into
-// its parameters (jsonbody.Decode) refuses what is not JSON, with the same
-// invalid-json answer, and then to Normalize, so that a request is read
-// once and canonicalised once. Run refuses a request that has no
-// fingerprint, and so one whose body was never decoded.
+// normalised request (a charge): it only reads the body, which the entry
+// point's strict decode checks and Normalize canonicalises, once. Run
+// refuses a request that was never given its fingerprint.
 func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, limit int64) (Request, error) {
 	raw, err := ReadBody(body, limit)
 	if err != nil {
@@ -81,12 +71,9 @@ func PrepareBody(scope Scope, key, method, route, path string, body io.Reader, l
 }
 
 // Normalize makes the fingerprint cover v, the entry point's validated and
-// normalised form of the request (for a charge: the currency in lower case,
-// absent fields absent), instead of the body as sent: two bodies that mean
-// the same request (USD and usd, a field sent as null or left out) have one
-// fingerprint. v is encoded with encoding/json and then put in RFC 8785
-// form, whatever the order of its fields. Changing what v encodes changes
-// fingerprints, and needs a new fingerprintTag.
+// normalised request, instead of the body as sent: two bodies that mean the
+// same request (USD and usd, a field sent as null or left out) have one
+// fingerprint. Changing what v encodes needs a new fingerprintTag.
 func (r *Request) Normalize(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -101,9 +88,8 @@ func (r *Request) Normalize(v any) error {
 }
 
 // canonicalize returns the RFC 8785 (JCS) form of the JSON value b, in a
-// new slice: names sorted, numbers and strings in their one canonical
-// spelling, no whitespace. A value that is not one JSON text, repeats a
-// name or holds invalid UTF-8 is an error (jsontext's defaults).
+// new slice. A value that is not one JSON text, repeats a name or holds
+// invalid UTF-8 is an error (jsontext's defaults).
 func canonicalize(b []byte) ([]byte, error) {
 	v := jsontext.Value(bytes.Clone(b))
 	if err := v.Canonicalize(); err != nil {
@@ -121,9 +107,8 @@ func (r Request) fingerprinted() error {
 	return nil
 }
 
-// MaxBodyBytes bounds every request body the API reads, whatever its entry
-// point (HTTP, a broker message, a webhook): the same body is the same
-// request everywhere, so it is refused everywhere alike.
+// MaxBodyBytes bounds every request body, whatever its entry point: the
+// same body is the same request everywhere, so it is refused everywhere alike.
 const MaxBodyBytes = 1 << 20 // 1 MiB
 
 // ReadBody reads at most limit bytes. A longer body is an *Error of kind
@@ -139,24 +124,25 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// fingerprintTag starts the hashed input and names the definition: a
-// change to what the fingerprint covers gets a new tag, so that no new
-// fingerprint can equal an old one.
+// fingerprintTag names the definition: a change to what the fingerprint
+// covers gets a new tag, so that no new fingerprint can equal an old one.
 const fingerprintTag = "idempay-fingerprint-2"
 
-// Fingerprint identifies a logical request: SHA-256 over the
-// tag "idempay-fingerprint-2", the method, the concrete path and the RFC
-// 8785 (JSON Canonicalization Scheme) form of the body or of the normalised
-// request, separated by NUL bytes. docs/fingerprint.md defines it
-// for reimplementation.
+// Fingerprint identifies a logical request: SHA-256 over the tag, the
+// method, the concrete path and the RFC 8785 form of the body or of the
+// normalised request (docs/fingerprint.md defines it for reimplementation).
 func Fingerprint(method, path string, jcsBody []byte) []byte {
+	return tagged(fingerprintTag, []byte(method), []byte(path), jcsBody)
+}
+
+// tagged is SHA-256 over tag and parts, each after a NUL byte, which none
+// of them contains.
+func tagged(tag string, parts ...[]byte) []byte {
 	h := sha256.New()
-	h.Write([]byte(fingerprintTag))
-	h.Write([]byte{0})
-	h.Write([]byte(method))
-	h.Write([]byte{0})
-	h.Write([]byte(path))
-	h.Write([]byte{0})
-	h.Write(jcsBody)
+	h.Write([]byte(tag))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write(p)
+	}
 	return h.Sum(nil)
 }

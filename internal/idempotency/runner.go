@@ -1,34 +1,20 @@
 // Package idempotency makes a mutating request safe to retry, whatever
-// carried it (an HTTP request, a Stripe webhook, a broker message). It claims
-// a (scope, key) atomically, replays finished outcomes, refuses mismatched or
-// in-flight requests, and runs an Operation in atomic phases with recovery
-// points (started -> downstream_called -> finished), so that a retry, or the
-// background completer, resumes a request that crashed half way, until the
-// retry ceiling: past it an unfinished record is parked (ceiling.go).
+// carried it (an HTTP request, a Stripe webhook, a broker message), as
+// docs/lifecycle.md describes; the invariants cited as I1..I16 are in
+// docs/invariants.md. Every phase is one Batch, the core's own statement
+// first, then the operation's writes: no operation restates the core's SQL
+// or has a path of its own (Run is the way in; Settle the one way to finish
+// a record from outside its request). No process keeps a copy of a record
+// (I15). The package speaks Go, not HTTP: each entry point maps errors.go's
+// refusals onto its protocol.
 //
-// Every operation takes the same path: each phase is one Batch, the core's
-// own statement (the claim, or the fenced finish) followed by the
-// operation's writes, sent as one round trip that commits once. No operation
-// restates the core's SQL, and none has a path of its own: Run is the way
-// in, and Settle (settle.go), queued in a phase of another record, the one
-// way something outside a request finishes the request's record. No process
-// keeps a copy of a record (I15): every claim and replay reads the database.
-//
-// The package speaks Go, not HTTP: its refusals are the errors in errors.go,
-// and each entry point maps them onto its own protocol (package idemhttp for
-// HTTP). It knows nothing about charges either: an Operation supplies the
-// ledger writes and the downstream call. The invariants cited as I1..I14
-// and I16 are listed in docs/invariants.md.
-//
-// This file is the lifecycle one request takes; what else runs records has
-// files of its own: the timings (config.go), the completer (completer.go),
-// retention (retention.go), Settle (settle.go) and Peek (peek.go).
+// This file is the lifecycle of one request; the timings (config.go), the
+// completer (completer.go), retention, Settle and Peek have files of their own.
 package idempotency
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/base32"
 	"errors"
 	"fmt"
@@ -45,21 +31,15 @@ import (
 )
 
 // Recovery points, as stored in idempotency_keys.recovery_point: how far
-// along Run a record got (Run draws them).
+// along Run a record got (docs/lifecycle.md, section 2).
 const (
-	// PointStarted: the claim committed: the record and the ledger row
-	// exist. The downstream call may or may not have been made: a crash
-	// between the call and the finish hides it, so a record taken over at
-	// started is called again under the same downstream key.
+	// PointStarted: the claim committed. A crash between the call and the
+	// finish leaves a record here that Stripe has seen: it is not "not called".
 	PointStarted = "started"
-	// PointDownstreamCalled: a downstream call was made and the record did
-	// not finish (an unknown outcome, a finishing write that failed); the
-	// record is unlocked and waits for a retry or the completer.
+	// PointDownstreamCalled: a downstream call was made and its outcome
+	// was not recorded (release).
 	PointDownstreamCalled = "downstream_called"
-	// PointParked: the record was still unfinished at the retry ceiling
-	// (Config.RetryCeiling), past which Stripe may have forgotten its
-	// downstream key. It is never called downstream again; Stripe's events
-	// and reconciliation finish it (Settle). See ceiling.go.
+	// PointParked: unfinished at the retry ceiling, never called again (ceiling.go).
 	PointParked = "parked"
 	// PointFinished: the ledger row is final and the response is stored.
 	PointFinished = "finished"
@@ -78,31 +58,22 @@ type Record struct {
 	RecoveryPoint  string
 	LockGeneration int64
 	// Attempts counts the times the record was released unfinished
-	// (release): an unknown downstream outcome, a finishing write that
-	// failed, ledger rows that could not be loaded. The completer's backoff
-	// grows with it.
+	// (release); the completer's backoff grows with it.
 	Attempts int32
 	// CreatedAt is the time of the claim's transaction: also the created_at
 	// of every ledger row that Begin inserted with the record.
 	CreatedAt time.Time
-	// begun is true when this process ran Begin for the record (a new key);
-	// otherwise the operation must Load its state from the ledger.
+	// begun: this process ran Begin for the record; else the operation Loads.
 	begun bool
 }
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
-		ID: row.ID, Scope: Scope(row.Scope), AccountID: deref(row.AccountID), Key: row.Key, Fingerprint: row.RequestFingerprint,
-		Method: row.RequestMethod, Route: row.RequestRoute, RecoveryPoint: row.RecoveryPoint,
-		LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
+		// The schema's CHECK keeps account_id equal to the scope's account.
+		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key,
+		Fingerprint: row.RequestFingerprint, Method: row.RequestMethod, Route: row.RequestRoute,
+		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // recordIDTag starts the hashed input of RecordID and names its definition.
@@ -110,72 +81,50 @@ const recordIDTag = "idempay-record-1"
 
 var recordIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// RecordID is the id of the record of a request: a pure function of what
-// identifies the logical request, its scope, the client's key and its
-// fingerprint (160 bits of SHA-256 over the tag, scope, key and fingerprint,
-// separated by NUL bytes, which none of them contains). Never a value from a
-// sequence, a counter or a clock: a record re-created after the database
-// lost it (a restore, a failover to a standby that missed the last commits)
-// has the same id, so it sends Stripe the same downstream key and the same
-// parameters, and Stripe replays instead of charging again (I13). Two keys,
-// or one key in two accounts, never share an id (I5).
+// RecordID is the id of the record of a request, a pure function of its
+// scope, key and fingerprint (docs/lifecycle.md, section 3), never a value
+// from a sequence or a clock: a record re-created after the database lost
+// it sends Stripe the same downstream key and parameters, and Stripe
+// replays (I13). Two keys, or one key in two accounts, never share an id (I5).
 func RecordID(scope Scope, key string, fingerprint []byte) string {
-	h := sha256.New()
-	h.Write([]byte(recordIDTag))
-	h.Write([]byte{0})
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	h.Write([]byte{0})
-	h.Write(fingerprint)
-	return "ik_" + recordIDEncoding.EncodeToString(h.Sum(nil)[:20])
+	sum := tagged(recordIDTag, []byte(scope), []byte(key), fingerprint)
+	return "ik_" + recordIDEncoding.EncodeToString(sum[:20])
 }
 
 // DownstreamKey is the Idempotency-Key sent to Stripe for one step of this
-// record (charge, refund, capture ...): the record's id, itself derived from
-// the request, and the step, never the client's raw key, so the same client
-// key in two accounts never collides at Stripe, and every attempt of one
-// step sends the same key and is replayed by Stripe instead of charging
-// twice (I1, I5, I13).
+// record (charge, refund, capture ...), never the client's raw key: every
+// attempt of the step sends the same key, and no two records share one (I1, I5, I13).
 func (r *Record) DownstreamKey(step string) string { return DownstreamKey(r.ID, step) }
 
 // DownstreamKey is the downstream key of one step of the record with this id.
 func DownstreamKey(recordID, step string) string { return "idempay_" + recordID + "_" + step }
 
-// Response is the outcome of an operation as stored for replay: a status,
-// the allow-listed headers and the body bytes (I2).
+// Response is the outcome of an operation as stored for replay (I2).
 type Response struct {
 	Status  int
 	Headers Headers
 	Body    []byte
 	// Replayed is true when the response comes from the store.
 	Replayed bool
-	// RecordID is the id of the record that answered (Run sets it, on a
-	// replay too), for the caller's logs. It is not part of the stored
-	// response and never sent to a client.
+	// RecordID names the record that answered, for logs; never sent to a client.
 	RecordID string
 }
 
-// Step is what an Operation's downstream call tells the runner. It is one of
-// two things, built with Finish or Unknown.
+// Step is what an Operation's downstream call tells the runner: Finish or Unknown.
 type Step struct {
 	finish  func(ctx context.Context, b *Batch) (Response, error)
 	unknown error
 }
 
 // Finish is a definite downstream outcome: fn queues its ledger writes into
-// b, the finishing phase, and returns the response to store. The runner
-// sends the record's fenced finish and those writes as one batch: they
-// commit together, or (an error from fn or from the batch) not at all. A
-// guarded write that finds its row changed (ErrStale) makes the runner call
-// the step again, from a fresh read: the operation's Load, then Call.
+// b, the finishing batch, and returns the response to store. A guarded write
+// that finds its row changed (ErrStale) makes the runner Load and Call again.
 func Finish(fn func(ctx context.Context, b *Batch) (Response, error)) Step {
 	return Step{finish: fn}
 }
 
-// Unknown is a downstream call whose outcome is not known (timeout,
-// connection error, 5xx, 429, idempotency_key_in_use). The record stays
-// resumable and the caller is told to retry.
+// Unknown is a downstream call whose outcome is not known (timeout, 5xx,
+// 429 ...): the record stays resumable and the caller is told to retry.
 func Unknown(err error) Step {
 	if err == nil {
 		err = errors.New("unknown downstream outcome")
@@ -183,33 +132,22 @@ func Unknown(err error) Step {
 	return Step{unknown: err}
 }
 
-// Operation is one kind of mutating request (create a charge, a refund,
-// apply a Stripe event). Its methods receive the batch they write into, and
-// read, when they must, before the phase and from their own pool.
+// Operation is one kind of mutating request (a charge, a refund, a Stripe
+// event). It reads, when it must, before the phase and from its own pool.
 type Operation interface {
-	// Begin queues the ledger rows of a newly claimed record into b, the
-	// claim's batch, after the record's INSERT. It may read first, to
-	// validate; the writes it queues must then be guarded by what it read
-	// (a changed row raises ErrStale, and the runner claims again). An
-	// error refuses the request: nothing is stored, and a corrected retry
-	// with the same key runs.
+	// Begin queues the ledger rows of a new record into b, the claim's batch,
+	// guarded by what it read (a changed row raises ErrStale, and the runner
+	// claims again). An error refuses the request: nothing is stored.
 	Begin(ctx context.Context, b *Batch, rec *Record) error
-	// Load reads the operation's state from the ledger for a record that
-	// was begun elsewhere: by a process that crashed, or by an attempt that
-	// ended with an unknown outcome. The runner calls it instead of Begin
-	// when it takes a record over, and again before it calls a step whose
-	// finish found a row changed (ErrStale), so that the step reruns from a
-	// fresh read.
+	// Load reads the state of a record begun elsewhere (a takeover), or
+	// afresh after a stale finish.
 	Load(ctx context.Context, rec *Record) error
-	// Call makes the downstream call with rec.DownstreamKey(step). No
-	// transaction is open while it runs. It may be called again for the
-	// same record (after a crash, an unknown outcome or a stale read), with
-	// the same key and the same parameters.
+	// Call makes the downstream call with rec.DownstreamKey(step). It may
+	// run again for the record, and sends the same key and parameters.
 	Call(ctx context.Context, rec *Record) Step
 }
 
-// Outcome names what happened to one request at the idempotency layer, for
-// metrics and logs.
+// Outcome names what happened to one request, for metrics and logs.
 type Outcome string
 
 // The outcomes.
@@ -225,9 +163,8 @@ const (
 	OutcomeFenced     Outcome = "fenced"
 	OutcomeRolledBack Outcome = "rejected"
 	OutcomeSettled    Outcome = "settled"
-	// OutcomeParked: a record was parked past the retry ceiling (counted
-	// once per record, by the process that parked it); from Peek, a retry
-	// would be refused as parked.
+	// OutcomeParked: counted once per record, by the process that parked
+	// it; from Peek, a retry would be refused as parked.
 	OutcomeParked Outcome = "parked"
 )
 
@@ -239,14 +176,11 @@ type Runner struct {
 	log  *slog.Logger
 	// resumers are the completer's operations by route (Register).
 	resumers map[string]func() Operation
-	// local holds the routes registered with RegisterLocal: their records
-	// are never parked.
+	// local holds the routes of RegisterLocal, whose records are never parked.
 	local map[string]bool
 	// OnOutcome, when set, is called once per outcome (metrics).
 	OnOutcome func(Outcome)
-	// Tracer, when set, makes the claim, the downstream call and the
-	// finish spans of the request's trace, and sets idempay's attributes
-	// on the request's span (trace.go).
+	// Tracer, when set, traces the phases and annotates the request's span (trace.go).
 	Tracer trace.Tracer
 }
 
@@ -274,23 +208,16 @@ func (r *Runner) observe(o Outcome) {
 
 // Run executes op for req exactly once per (scope, key). The lifecycle
 // reads top to bottom, one function per step, each leaving the recovery
-// point it names:
+// point it names (docs/lifecycle.md, section 2):
 //
-//	claim   read the key; a new key is inserted with the operation's
-//	        ledger rows, one batch                                  -> started
-//	        finished: the stored response (a replay); another request
-//	        under the key: ErrMismatch; a fresh lock: ErrInFlight; past
-//	        the retry ceiling: ErrParked; a free or expired lock: taken
-//	        over at the point it holds (started or downstream_called)
+//	claim   a new key: the record and the ledger rows, one batch   -> started
+//	        else a replay, ErrMismatch, ErrInFlight, ErrParked, or a takeover
 //	call    the downstream call, no transaction open
 //	        an unknown outcome: attempt recorded, lock freed  -> downstream_called
 //	finish  the ledger writes and the response, one fenced batch    -> finished
 //
-// A record taken over (a retry's, or the completer's) resumes at call, once
-// the operation has Loaded its state from the ledger: the downstream key is
-// the record's, so Stripe replays a call it already answered. An unknown
-// downstream outcome is ErrUnknownOutcome; other errors are the operation's
-// own (from Begin or Finish) or the database's.
+// An unknown outcome is ErrUnknownOutcome; other errors are the
+// operation's (Begin, Finish) or the database's.
 func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, error) {
 	if err := req.fingerprinted(); err != nil {
 		return Response{}, err
@@ -306,26 +233,20 @@ func (r *Runner) Run(ctx context.Context, req Request, op Operation) (Response, 
 		r.annotate(ctx, req, nil, replay.RecordID, nil)
 		return *replay, nil
 	}
-	// From here on the request is detached from the caller: a client that
-	// hangs up must not abort a charge half way. Each downstream call has
-	// its own timeout, and the finishing writes have FinishTimeout.
+	// Detached from the caller from here on: a client that hangs up must not
+	// abort a charge half way (the call and the writes have timeouts of their own).
 	resp, err := r.complete(context.WithoutCancel(ctx), rec, op)
 	r.annotate(ctx, req, rec, "", err)
 	return resp, err
 }
 
-// maxAttempts bounds the claim's loop (the record changed between the read
-// and the write) and the finishing phase's (a guarded write found its row
-// changed): each turn means another request made progress.
+// maxAttempts bounds the turns of claim and of complete's finish, each of
+// which means that another request made progress.
 const maxAttempts = 5
 
-// claim takes ownership of the key, or says why not. It reads first: a
-// replay, a mismatch or an in-flight conflict is answered from one indexed
-// read, with no transaction, no row lock and no write. An absent key is
-// claimed by the claim's batch (begin: the record's INSERT, the operation's
-// ledger rows): two requests that both read "absent" race in the INSERT,
-// whose unique index is the atomic arbiter, and the loser reads again. A
-// resumable record is taken over at the lock generation the read saw.
+// claim takes ownership of the key, or says why not from one indexed read
+// with no write. Two requests that both read "absent" race in begin's INSERT,
+// whose unique index is the arbiter, and the loser reads again.
 func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record, *Response, error) {
 	stale := false // the last turn's Begin found what it read changed
 	for range maxAttempts {
@@ -350,7 +271,8 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 		switch judge(&row, req, r.bounded(req.Method, req.Route)) {
 		case OutcomeMismatch:
 			r.observe(OutcomeMismatch)
-			return nil, nil, errMismatch()
+			return nil, nil, refuse(ErrMismatch,
+				"This key was already used with a different request. Use a new key for a new request.")
 		case OutcomeReplayed:
 			r.observe(OutcomeReplayed)
 			resp, err := storedResponse(row.ID, row.ResponseStatus, row.ResponseHeaders, row.ResponseBody)
@@ -359,27 +281,19 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			r.observe(OutcomeConflict)
 			return nil, nil, refuse(ErrInFlight, "A request with this key is still being processed. Retry after a short delay.")
 		case OutcomeParked:
-			if parked, err := r.parkFound(ctx, row.ID, row.RecoveryPoint, row.LockGeneration); err != nil || !parked {
-				if err != nil {
-					return nil, nil, err
-				}
-				continue // changed since the read
+			if err := r.parkFound(ctx, row.ID, row.RecoveryPoint, row.LockGeneration); err != nil {
+				return nil, nil, err // ErrParked, or the database's
 			}
-			return nil, nil, errParked()
-		}
-		rec, err := r.takeover(ctx, row.ID, row.LockGeneration, req.Credential)
-		if err != nil {
-			return nil, nil, err
-		}
-		if rec == nil {
 			continue // changed since the read
 		}
-		return rec, nil, nil
+		if rec, err := r.takeover(ctx, row.ID, row.LockGeneration, req.Credential); rec != nil || err != nil {
+			return rec, nil, err
+		}
+		// changed since the read: read again
 	}
 	if stale {
-		// Not the key's doing: other requests changed what this one
-		// checks (each of them made progress). Say so, rather than that
-		// the key is in flight.
+		// Not the key's doing: other requests kept changing what this one
+		// checks. Say so, rather than that the key is in flight.
 		r.observe(OutcomeRolledBack)
 		return nil, nil, refuse(ErrContended, "What this request changes was changed by other requests on every try; nothing was done. Retry shortly.")
 	}
@@ -387,15 +301,9 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
 }
 
-func errMismatch() error {
-	return refuse(ErrMismatch, "This key was already used with a different request. Use a new key for a new request.")
-}
-
-// takeover takes over the resumable record id at the generation a read saw,
-// with a new generation that fences the old owner. It returns nil, and no
-// error, when the record changed since the read, or when credential (an API
-// request's, nil otherwise) no longer names an active key of the record's
-// account: the caller reads again, and its read tells which.
+// takeover takes the resumable record id at the generation a read saw, with
+// a new one that fences the old owner. It returns nil, nil when the record
+// changed or credential is no longer active: the caller's next read tells which.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, credential []byte) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
@@ -450,12 +358,8 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	return rec, nil
 }
 
-// judge is what Run does with req, given the record stored under its key:
-// OutcomeMismatch (another request), OutcomeReplayed (finished),
-// OutcomeConflict (locked within LockTimeout, by the database's clock: in
-// flight), OutcomeParked (parked, or past the retry ceiling of a bounded
-// operation: refused, never called downstream again) or OutcomeTakeover
-// (unlocked or expired: resumable). Run acts on it, Peek only reports it.
+// judge is what Run does with req, given the record stored under its key (by
+// the database's clock). Run acts on it, Peek only reports it.
 func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, bounded bool) Outcome {
 	switch {
 	case !bytes.Equal(row.RequestFingerprint, req.Fingerprint):
@@ -482,13 +386,9 @@ func storedResponse(id string, status *int32, headers, body []byte) (*Response, 
 	return &Response{Status: int(*status), Headers: h, Body: body, Replayed: true, RecordID: id}, nil
 }
 
-// complete takes a record this process owns at rec.LockGeneration from the
-// recovery point it holds (started or downstream_called) to finished: the
-// operation's state (Begin's, or Load's for a record begun elsewhere), then
-// call and finish. A finish that found a row it read changed (ErrStale)
-// Loads afresh and calls again, with the same downstream key, so Stripe
-// replays its answer and the finish is computed from the fresh read.
-// Whatever does not finish releases the record with its error (release).
+// complete takes a record this process owns to finished: Load (for a
+// record begun elsewhere), call, finish. A stale finish Loads afresh and
+// calls again under the same downstream key, so Stripe replays its answer.
 func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Response, error) {
 	log := r.log.With("idempotency_key_id", rec.ID, "lock_generation", rec.LockGeneration)
 	if !rec.begun {
@@ -497,40 +397,40 @@ func (r *Runner) complete(ctx context.Context, rec *Record, op Operation) (Respo
 			return Response{}, r.release(ctx, log, rec, false, fmt.Errorf("loading the ledger rows of record %s: %w", rec.ID, err), detailNotRecorded)
 		}
 	}
-	called := r.callsDownstream(rec)
+	// Only a route that calls outside the database (not RegisterLocal's)
+	// reaches downstream_called.
+	called := r.bounded(rec.Method, rec.Route)
+	var resp Response
 	var err error
 	for range maxAttempts {
 		step := r.call(ctx, rec, op)
 		if step.unknown != nil {
 			return Response{}, r.release(ctx, log, rec, called, step.unknown, detailUnknown)
 		}
-		var resp Response
 		fctx, end := r.span(ctx, "idempotency.finish")
 		resp, err = r.finish(fctx, rec, step)
 		end(err)
-		switch {
-		case err == nil:
-			faultpoint.Hit(faultpoint.AfterCommit)
-			rec.RecoveryPoint = PointFinished
-			resp.RecordID = rec.ID
-			return resp, nil
-		case errors.Is(err, ErrFenced):
-			r.observe(OutcomeFenced)
-			log.WarnContext(ctx, "fenced: record was taken over; this owner's final phase was rolled back")
-			return Response{}, r.fenced()
-		case !errors.Is(err, ErrStale):
-			return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
+		if !errors.Is(err, ErrStale) {
+			break
 		}
 		if lerr := op.Load(ctx, rec); lerr != nil {
 			return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("reloading the ledger rows of record %s after a stale finish: %w", rec.ID, lerr), detailNotRecorded)
 		}
 	}
+	switch {
+	case err == nil:
+		faultpoint.Hit(faultpoint.AfterCommit)
+		rec.RecoveryPoint = PointFinished
+		resp.RecordID = rec.ID
+		return resp, nil
+	case errors.Is(err, ErrFenced):
+		return Response{}, r.fenced(ctx, log, "this owner's final phase was rolled back")
+	}
 	return Response{}, r.release(ctx, log, rec, called, fmt.Errorf("finishing record %s: %w", rec.ID, err), detailNotRecorded)
 }
 
 // call is the downstream call, made with no transaction open. It writes
-// nothing: a definite answer is recorded by finish (-> finished), an
-// unknown one by release (-> downstream_called).
+// nothing: finish or release records its answer.
 func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.BeforeDownstream)
 	cctx, end := r.span(ctx, "idempotency.call")
@@ -539,11 +439,6 @@ func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.AfterDownstream)
 	return step
 }
-
-// callsDownstream tells whether the record's operation calls outside the
-// database: every route but those registered with RegisterLocal, whose
-// records never reach downstream_called.
-func (r *Runner) callsDownstream(rec *Record) bool { return r.bounded(rec.Method, rec.Route) }
 
 // finish is the final phase: the record's fenced finish, then the
 // operation's ledger writes, one batch (-> finished).
@@ -559,8 +454,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	// The core's statement goes first, so that a fenced owner's writes
-	// never run.
+	// The core's statement first, so that a fenced owner's writes never run.
 	writes := b.b.QueuedQueries
 	b.b.QueuedQueries = nil
 	status := int32(resp.Status)
@@ -574,8 +468,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	return resp, send(wctx, r.pool, b)
 }
 
-// What the caller of a record that did not finish is told: the error is
-// ErrUnknownOutcome, with one of these details.
+// The details of ErrUnknownOutcome, for the caller of a record that did not finish.
 const (
 	detailUnknown = "The payment processor did not give a definite answer. Retry with the same key: " +
 		"the retry resumes this request and never charges twice."
@@ -583,25 +476,16 @@ const (
 		"the retry resumes this request and never repeats it."
 )
 
-// lastErrorMax is the length limit of idempotency_keys.last_error.
-const lastErrorMax = 1000
-
-// release records a phase that did not finish (an unknown downstream
-// outcome, a finishing write that failed, a ledger row that could not be
-// loaded): its attempt and error are recorded (GET
-// /v1/idempotency_keys/{key} shows them), its lock is freed, and the
-// completer resumes it after an exponential backoff. The record moves to
-// downstream_called when called (a downstream call was made: its outcome
-// may exist at Stripe); otherwise it keeps the recovery point it holds. A
-// record whose finish always fails is thus visible and retried at a
-// bounded rate, instead of holding its lock for the whole lock timeout with
-// nothing in its row. It returns the error the caller gets.
+// release records a phase that did not finish, with its attempt and error
+// (downstream_called when called), frees the lock and returns the caller's
+// error. A record whose finish always fails is thus visible and retried at a
+// bounded rate, instead of holding its lock with nothing in its row.
 func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, called bool, cause error, detail string) error {
 	r.observe(OutcomeUnknown)
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.FinishTimeout)
 	defer cancel()
 	retryIn := r.backoff(rec.Attempts)
-	lastErr := pgtext.Truncate(cause.Error(), lastErrorMax)
+	lastErr := pgtext.Truncate(cause.Error(), 1000) // idempotency_keys.last_error's limit
 	n, err := r.q.IdempotencyKeyRelease(wctx, r.pool, &dbsqlc.IdempotencyKeyReleaseParams{
 		ID:             rec.ID,
 		LockGeneration: rec.LockGeneration,
@@ -615,9 +499,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 		// The lock stays until it expires; the completer resumes then.
 		log.ErrorContext(ctx, "releasing idempotency record", "err", err, "cause", cause)
 	case n == 0:
-		r.observe(OutcomeFenced)
-		log.WarnContext(ctx, "fenced: record was taken over; this owner's outcome was not recorded", "err", cause)
-		return r.fenced()
+		return r.fenced(ctx, log, "this owner's outcome was not recorded", "err", cause)
 	case detail == detailUnknown:
 		log.WarnContext(ctx, "downstream outcome unknown; record left resumable",
 			"err", cause, "attempt", rec.Attempts+1, "completer_after", retryIn.String())
@@ -628,7 +510,11 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 	return &Error{Kind: ErrUnknownOutcome, Cause: cause, Detail: detail}
 }
 
-func (r *Runner) fenced() error {
+// fenced is the answer of an owner whose record was taken over (a new lock
+// generation) while it worked: what it wrote did not commit.
+func (r *Runner) fenced(ctx context.Context, log *slog.Logger, what string, args ...any) error {
+	r.observe(OutcomeFenced)
+	log.WarnContext(ctx, "fenced: record was taken over; "+what, args...)
 	return refuse(ErrFenced, "The request with this key was taken over by a retry. Retry to get its outcome.")
 }
 

@@ -11,52 +11,45 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// The attributes idempay adds to a request's span (docs/tracing.md). None
-// of them is the client's key: a key may carry what a merchant put in it
-// (an order number, an email), and a trace backend is read by more people
-// than the database.
+// The attributes idempay adds to a request's span, as docs/tracing.md
+// lists them. None of them is the client's key: a key may carry what a
+// merchant put in it (an order number, an email), and a trace backend is
+// read by more people than the database.
 const (
-	// AttrKeyHash is SHA-256 of the record's scope and key, hex, truncated
-	// to 16 bytes: the retries of one key share it across traces.
-	AttrKeyHash = attribute.Key("idempay.key_hash")
-	// AttrOutcome is what the claim decided: new, resumed, replayed,
-	// in_flight, conflict (another request's key), unknown (the outcome of
-	// the downstream call is not known yet), fenced or error.
-	AttrOutcome = attribute.Key("idempay.outcome")
-	// AttrRecoveryPoint is the record's recovery point when the request
-	// answered.
+	AttrKeyHash       = attribute.Key("idempay.key_hash")
+	AttrOutcome       = attribute.Key("idempay.outcome")
 	AttrRecoveryPoint = attribute.Key("idempay.recovery_point")
-	// AttrRecordID is the record's id, which the logs carry as
-	// idempotency_key_id.
-	AttrRecordID = attribute.Key("idempay.record_id")
+	AttrRecordID      = attribute.Key("idempay.record_id")
 )
 
-// KeyHash is the value of AttrKeyHash for key in scope.
+// KeyHash is the value of AttrKeyHash for key in scope: truncated, hex,
+// shared by the retries of one key.
 func KeyHash(scope Scope, key string) string {
 	h := sha256.Sum256([]byte(string(scope) + "\x00" + key))
 	return hex.EncodeToString(h[:16])
 }
 
-// span starts a child span of ctx named name when the runner traces
-// (Runner.Tracer), and returns the function that ends it. A failed phase
-// is marked with the kind of its error only: an error's text may quote a
-// value the request sent.
+// span starts a child span of ctx when the runner traces, and returns the
+// function that ends it. A failed phase is marked with the kind of its
+// error only: an error's text may quote a value the request sent.
 func (r *Runner) span(ctx context.Context, name string) (context.Context, func(error)) {
 	if r.Tracer == nil {
 		return ctx, func(error) {}
 	}
 	ctx, s := r.Tracer.Start(ctx, name)
 	return ctx, func(err error) {
-		if err != nil {
-			s.SetStatus(codes.Error, errorKind(err))
+		var e *Error
+		if errors.As(err, &e) {
+			s.SetStatus(codes.Error, e.Kind.Error()) // a fixed sentence per kind
+		} else if err != nil {
+			s.SetStatus(codes.Error, "error")
 		}
 		s.End()
 	}
 }
 
-// annotate sets idempay's attributes on the request's span (the server
-// span, or the consumer's): what the claim decided, and where the record
-// stands. rec is nil when no record answered.
+// annotate sets idempay's attributes on the request's span (the server's,
+// or the consumer's). rec is nil when no record answered.
 func (r *Runner) annotate(ctx context.Context, req Request, rec *Record, recordID string, err error) {
 	span := trace.SpanFromContext(ctx)
 	if r.Tracer == nil || !span.IsRecording() {
@@ -93,13 +86,4 @@ func (r *Runner) annotate(ctx context.Context, req Request, rec *Record, recordI
 		attrs = append(attrs, AttrRecordID.String(recordID))
 	}
 	span.SetAttributes(append(attrs, AttrOutcome.String(outcome))...)
-}
-
-// errorKind names an error without its text.
-func errorKind(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Kind.Error() // a fixed sentence per kind
-	}
-	return "error"
 }

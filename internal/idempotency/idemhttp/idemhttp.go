@@ -1,9 +1,7 @@
 // Package idemhttp is the HTTP adapter of the idempotency core: it reads the
 // Idempotency-Key header and the JSON body of an echo request into an
-// idempotency.Request, writes a stored or fresh idempotency.Response, and
-// maps the core's refusals onto problem+json with Retry-After. Other entry
-// points (the Stripe webhook endpoint, a broker consumer) have adapters of
-// their own; the core itself knows nothing of HTTP statuses.
+// idempotency.Request, writes an idempotency.Response, and maps the core's
+// refusals onto problem+json with Retry-After.
 package idemhttp
 
 import (
@@ -23,19 +21,12 @@ import (
 const HeaderKey = "Idempotency-Key"
 
 // Key reads the request's key from Idempotency-Key (Alias has moved an
-// Idempotency-Token there). present is false when it was not sent (the
-// caller decides whether that is allowed: idempotency.ErrKeyMissing is the
-// refusal when it is not). A malformed value, or two lines of the header
-// with different keys, is a 400 problem.
-//
-// Two lines of one header are two values: a request that names two keys
-// would be deduplicated under whichever one a reader picks (net/http's Get
-// takes the first, a proxy or a log may take the last), so it is refused,
-// as a JSON field given twice is. The same key on two lines (a client or
-// proxy that adds the header again) means one key and passes. A comma in
-// one line is not a separator: the key is an opaque string, and a comma is
-// one of its printable characters; a proxy that folds two lines into one
-// "a, b" therefore sends the key "a, b". Empty lines are ignored.
+// Idempotency-Token there); present is false when it was not sent. A
+// malformed value is a 400 problem, and so are two lines with different
+// keys (I14): the request would be deduplicated under whichever one a reader
+// picks (net/http's Get takes the first, a proxy or a log the last). A comma
+// is a key's character, not a separator: a proxy that folds two lines into
+// "a, b" sends the key "a, b".
 func Key(h http.Header) (key string, present bool, err error) {
 	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
 		k, err := idempotency.ParseKey(v)
@@ -48,8 +39,7 @@ func Key(h http.Header) (key string, present bool, err error) {
 }
 
 // oneValue is the key that every non-empty line of the header name gives
-// through parse, "" when there is none, or a refusal when a line does not
-// parse or two lines give different keys.
+// through parse, "" when there is none, or a refusal.
 func oneValue(h http.Header, name string, parse func(string) (string, error)) (string, error) {
 	var key string
 	for _, line := range h.Values(name) {
@@ -70,8 +60,7 @@ func oneValue(h http.Header, name string, parse func(string) (string, error)) (s
 	return key, nil
 }
 
-// MaxBodyBytes bounds every request body the API reads
-// (idempotency.MaxBodyBytes).
+// MaxBodyBytes bounds every request body the API reads.
 const MaxBodyBytes = idempotency.MaxBodyBytes
 
 // retryAfter is the Retry-After, in seconds, of every retryable refusal: an
@@ -79,16 +68,14 @@ const MaxBodyBytes = idempotency.MaxBodyBytes
 const retryAfter = 1
 
 // Read is the front half of a mutating request, in the order a client's
-// mistakes are reported: the key (400 when missing or malformed), the media
-// type (415), the body's size (413) and JSON syntax (400). The fingerprint
-// covers the concrete path. A request refused here stores nothing.
+// mistakes are reported: the key (400), the media type (415), the body's
+// size (413) and JSON syntax (400). A request refused here stores nothing.
 func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
 	return read(c, scope, route, idempotency.Prepare)
 }
 
 // ReadToNormalize is Read for an entry point that fingerprints its own
-// normalised request (idempotency.Request.Normalize): the body is checked
-// and read, and canonicalised only once, by Normalize.
+// normalised request (idempotency.PrepareBody, Request.Normalize).
 func ReadToNormalize(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
 	return read(c, scope, route, idempotency.PrepareBody)
 }
@@ -116,21 +103,15 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	return req, nil
 }
 
-// contextKeyCaller is the echo context key of what the request's first
-// statement read (SetCaller).
+// contextKeyCaller is the echo context key of SetCaller.
 const contextKeyCaller = "idempay.caller"
 
 // SetCaller keeps what the request's authentication read
-// (idempotency.Runner.Authenticate) for the Request built from it: the
-// authentication middleware calls it.
+// (idempotency.Runner.Authenticate) for the Request built from it.
 func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCaller, caller) }
 
-// Attach gives req what the request's authentication read, when it was
-// kept (SetCaller): the API key's credential, which the claim checks again
-// in its own batch, and the record read under the request's key, from
-// which a replay is answered with no other statement. Read and
-// ReadToNormalize attach it themselves; an entry point that builds its
-// Request otherwise calls it.
+// Attach gives req what SetCaller kept (idempotency.Caller.Attach), for an
+// entry point that builds its Request without Read.
 func Attach(c echo.Context, req *idempotency.Request) {
 	if caller, ok := c.Get(contextKeyCaller).(idempotency.Caller); ok {
 		caller.Attach(req)
@@ -138,18 +119,8 @@ func Attach(c echo.Context, req *idempotency.Request) {
 }
 
 // ContextKeyRecordID is the echo context key under which Respond leaves the
-// id of the idempotency record that answered the request, for the request
-// log line (idempotency_key_id). It is never sent to the client.
+// id of the record that answered, for the request's log line.
 const ContextKeyRecordID = "idempotency_key_id"
-
-// Respond is Write for an echo handler: it also notes resp's record id on c
-// (ContextKeyRecordID), so that the request's log line names its record.
-func Respond(c echo.Context, resp idempotency.Response) {
-	if resp.RecordID != "" {
-		c.Set(ContextKeyRecordID, resp.RecordID)
-	}
-	Write(c.Response(), resp)
-}
 
 // RecordID is the record id Respond noted on c, or "".
 func RecordID(c echo.Context) string {
@@ -157,8 +128,13 @@ func RecordID(c echo.Context) string {
 	return id
 }
 
-// Write sends resp; a replay carries Idempotent-Replayed: true (I2).
-func Write(w http.ResponseWriter, resp idempotency.Response) {
+// Respond sends resp, and notes its record id on c (ContextKeyRecordID). A
+// replay carries Idempotent-Replayed: true (I2).
+func Respond(c echo.Context, resp idempotency.Response) {
+	if resp.RecordID != "" {
+		c.Set(ContextKeyRecordID, resp.RecordID)
+	}
+	w := c.Response()
 	h := w.Header()
 	if resp.Headers.ContentType != "" {
 		h["Content-Type"] = []string{resp.Headers.ContentType}
@@ -189,8 +165,7 @@ var problemTypes = map[error]apierror.Type{
 	idempotency.ErrContended:       apierror.ResourceBusy,
 }
 
-// httpDetails say the core's refusals in HTTP's words (the core's own
-// details name no header).
+// httpDetails say the core's refusals in HTTP's words (the core's name no header).
 var httpDetails = map[error]string{
 	idempotency.ErrUnauthenticated: "Send a valid API key as Authorization: Bearer <key>.",
 	idempotency.ErrMismatch: "This Idempotency-Key was already used with a different request (method, path or body). " +
@@ -204,8 +179,7 @@ var httpDetails = map[error]string{
 }
 
 // Problem maps a refusal of the core onto its problem; a retryable one
-// (in flight, fenced, contended, unknown outcome) carries Retry-After. Any other error
-// is returned as it is.
+// carries Retry-After. Any other error is returned as it is.
 func Problem(err error) error {
 	var ie *idempotency.Error
 	if !errors.As(err, &ie) {
