@@ -11,17 +11,12 @@ import (
 )
 
 // Authenticator checks API keys. Every request's key is read from the
-// database, in a statement that takes no lock and writes nothing, and
-// nothing of it is remembered: so a revocation holds on every process from
-// the moment it commits, behind any pooler, with no channel between
-// processes (I11, I15), and the requests of one key never wait for each
-// other. A read (GET) makes that statement on its own (Authenticate); a
-// mutating request's first statement, the core's read of its record, is
-// that statement too (AuthenticateWithRecord; idempotency/credential.go).
-//
-// What it does keep is the ids of the keys it authenticated since the last
-// NoteUses, which writes their last_used_at off the request path
-// (lastuse.go). No answer depends on that set.
+// database by a statement that takes no lock and writes nothing (for a
+// mutating request, the read of its record: AuthenticateWithRecord), and
+// nothing of it is remembered: a revocation holds everywhere from its commit,
+// behind any pooler (I11, I15), and one key's requests never wait for each
+// other. It keeps only the ids of the keys it authenticated, for NoteUses to
+// write their last_used_at off the request path (lastuse.go).
 type Authenticator struct {
 	db     dbsqlc.DBTX
 	runner *idempotency.Runner
@@ -30,15 +25,13 @@ type Authenticator struct {
 	used map[string]struct{} // ids of the keys authenticated since the last NoteUses
 }
 
-// NewAuthenticator returns an Authenticator that reads keys through db, and
-// through runner with the record of a mutating request
-// (AuthenticateWithRecord; nil for one that serves reads only).
+// NewAuthenticator reads keys through db, and through runner with the record
+// of a mutating request (nil for one that serves reads only).
 func NewAuthenticator(db dbsqlc.DBTX, runner *idempotency.Runner) *Authenticator {
 	return &Authenticator{db: db, runner: runner, used: map[string]struct{}{}}
 }
 
-// Authenticate returns the account that owns key (its id and mode, with the
-// key's id), or db.ErrNotFound for an unknown or revoked key.
+// Authenticate returns the account that owns key, or db.ErrNotFound for an unknown or revoked key.
 func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, error) {
 	hash := hashKey(key)
 	row, err := dbsqlc.New().APIKeyAuthenticate(ctx, a.db, hash[:])
@@ -50,13 +43,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, key string) (Account, 
 }
 
 // AuthenticateWithRecord is Authenticate for a mutating request that sent
-// idempotencyKey ("" when it sent none, or none the API accepts): one
-// statement reads the account and the record stored under idempotencyKey in
-// its scope (idempotency.Runner.Authenticate). The caller gives the
-// returned Caller to the request's idempotency.Request (Caller.Attach), so
-// that its claim checks the key again and a replay needs no other
-// statement. An unknown or revoked key is db.ErrNotFound, as for
-// Authenticate.
+// idempotencyKey ("" for none, or none the API accepts): one statement reads
+// the account and the key's record (idempotency.Runner.Authenticate). The
+// returned Caller goes to the request (Caller.Attach), so that its claim
+// checks the API key again and a replay needs no other statement.
 func (a *Authenticator) AuthenticateWithRecord(ctx context.Context, key, idempotencyKey string) (Account, idempotency.Caller, error) {
 	hash := hashKey(key)
 	c, err := a.runner.Authenticate(ctx, hash[:], idempotencyKey)

@@ -11,8 +11,7 @@ import (
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
-// NewCharge validates req, a POST /v1/charges of the account, into its
-// command.
+// NewCharge validates req, a POST /v1/charges of the account, into its command.
 func (s *Service) NewCharge(accountID string, req idempotency.Request) (*Command, error) {
 	var p chargeParams
 	if err := validate(&req, &p); err != nil {
@@ -21,9 +20,8 @@ func (s *Service) NewCharge(accountID string, req idempotency.Request) (*Command
 	return &Command{Request: req, op: &chargeOp{s: s, params: &p, accountID: accountID}}, nil
 }
 
-// chargeOp creates one charge: its ledger row in the claim's batch, then
-// the Stripe charge, then the outcome on the row, the settled charge's
-// event and the stored response in the finishing batch.
+// chargeOp creates one charge: its ledger row in the claim's batch, the Stripe
+// call, then the row's outcome, its event and the response in the finish.
 type chargeOp struct {
 	s         *Service
 	params    *chargeParams // nil when resumed
@@ -50,8 +48,7 @@ func (op *chargeOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	return op.s.st.insertCharge(ctx, b, op.charge)
 }
 
-// Load reads the ledger row of a record begun elsewhere, or of one that an
-// earlier finish found changed.
+// Load reads the row of a record begun elsewhere, or that a finish found changed.
 func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	ch, err := op.s.st.chargeOfRecord(ctx, rec.ID)
 	if err != nil {
@@ -64,10 +61,8 @@ func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	return nil
 }
 
-// Call creates and confirms the Stripe PaymentIntent with the record's
-// downstream key, and the record's id and request in its metadata
-// (requestMetadata), so that a Stripe event about it finds the record
-// (answer says what it returns).
+// Call creates and confirms the PaymentIntent under the record's downstream key,
+// its metadata naming the record for Stripe's events (requestMetadata).
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
 	pi, err := op.s.stripe.CreateIntent(ctx, IntentRequest{Key: rec.DownstreamKey(StepCharge),
@@ -76,9 +71,8 @@ func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempoten
 	return op.answer(rec, pi, err)
 }
 
-// answer is what Stripe's answer to the charge's request (pi, or err)
-// means: unknown, or the finishing writes: the ledger row's outcome,
-// guarded by the version it had, and the settled charge's event.
+// answer is what Stripe's answer (pi, or err) means: unknown, or the finish:
+// the row's outcome, guarded by the version it had, and its event.
 func (op *chargeOp) answer(rec *idempotency.Record, pi *PaymentIntent, err error) idempotency.Step {
 	if op.charge.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.charge.CreatedAt = rec.CreatedAt
@@ -107,8 +101,7 @@ func (op *chargeOp) answer(rec *idempotency.Record, pi *PaymentIntent, err error
 		updated.FailureMessage = nonEmpty(pgtext.Truncate(se.Message, 1000))
 	}
 	return idempotency.Finish(func(ctx context.Context, b *idempotency.Batch) (idempotency.Response, error) {
-		// The charge as the API shows it, encoded once: the body of a
-		// created charge's answer, and the data of a settled charge's event.
+		// Encoded once: the body of the answer and the data of the event.
 		data, err := encode(chargeJSON(updated), updated.ID)
 		if err != nil {
 			return idempotency.Response{}, err
@@ -132,11 +125,10 @@ const (
 	captureManual    = "manual"
 )
 
-// intentStatus maps a PaymentIntent's status onto the ledger's. A
-// PaymentIntent that wants a payment method after its confirmation failed
-// (last_payment_error) is a failed charge; without that error, it is what
-// stripe-mock, which is stateless, answers to every request: the charge
-// stays pending until an event settles it.
+// intentStatus maps a PaymentIntent's status onto the ledger's. One that wants
+// a payment method after a failed confirmation (last_payment_error) failed;
+// without that error it is what stateless stripe-mock answers to every
+// request: the charge stays pending until an event settles it.
 func intentStatus(pi *PaymentIntent) string {
 	switch pi.Status {
 	case "succeeded", "requires_capture", "canceled":
@@ -147,17 +139,12 @@ func intentStatus(pi *PaymentIntent) string {
 		if pi.LastPaymentError != nil {
 			return "failed"
 		}
-		return "pending"
-	default: // processing
-		return "pending"
 	}
+	return "pending" // processing, or requires_payment_method without an error
 }
 
-// applyIntent sets on ch what the PaymentIntent pi says: its status, ids,
-// amounts, the customer's next step and the reason of a failure. A next
-// action that is not a redirect (PaymentIntent.NextActionURL "") leaves the
-// charge requires_action with no URL, shown as next_action null, and
-// Stripe's events settle it like any other.
+// applyIntent sets on ch what pi says. A next action that is not a redirect
+// leaves the charge requires_action with next_action null, for events to settle.
 func applyIntent(ch *chargeRow, pi *PaymentIntent) {
 	ch.Status = intentStatus(pi)
 	ch.StripePaymentIntentID = nonEmpty(pi.ID)
@@ -180,29 +167,19 @@ func applyIntent(ch *chargeRow, pi *PaymentIntent) {
 	}
 }
 
-// settledEventType is the event of a charge in this status, or "" for one
-// that has not settled.
-func settledEventType(status string) string {
-	switch status {
-	case "succeeded":
-		return events.ChargeSucceeded
-	case "failed":
-		return events.ChargeFailed
-	case "requires_capture":
-		return events.ChargeRequiresCapture
-	case "canceled":
-		return events.ChargeCanceled
-	}
-	return ""
+// settledEvents are the events of the settled statuses: final, or authorized
+// and waiting for the capture. A pending charge has none yet.
+var settledEvents = map[string]string{
+	"succeeded":        events.ChargeSucceeded,
+	"failed":           events.ChargeFailed,
+	"requires_capture": events.ChargeRequiresCapture,
+	"canceled":         events.ChargeCanceled,
 }
 
-// chargeSettled queues the event of a charge that reached a settled status
-// (final, or authorized and waiting for its capture), into the batch that
-// moved it there (I10); a pending charge has none yet.
-// ch is the charge as the batch leaves it (its new version), data its JSON
-// (chargeJSON).
+// chargeSettled queues the event of a settled charge into the batch that
+// moved it there (I10): ch as the batch leaves it, data its JSON (chargeJSON).
 func chargeSettled(ctx context.Context, b *idempotency.Batch, ch chargeRow, data []byte) error {
-	if typ := settledEventType(ch.Status); typ != "" {
+	if typ := settledEvents[ch.Status]; typ != "" {
 		return events.Record(ctx, b, ch.AccountID, typ, ch.ID, ch.Version, data)
 	}
 	return nil
@@ -210,32 +187,27 @@ func chargeSettled(ctx context.Context, b *idempotency.Batch, ch chargeRow, data
 
 // Charge is the API representation of a charge.
 type Charge struct {
-	ID             string          `json:"id"`
-	Object         string          `json:"object"`
-	Amount         int64           `json:"amount"`
-	AmountRefunded int64           `json:"amount_refunded"`
-	Currency       string          `json:"currency"`
-	PaymentMethod  string          `json:"payment_method"`
-	Description    *string         `json:"description"`
-	Metadata       json.RawMessage `json:"metadata"`
-	Status         string          `json:"status"`
-	// AmountCapturable is what an authorization (requires_capture) still
-	// holds; AmountCaptured what was taken.
-	AmountCapturable int64       `json:"amount_capturable"`
-	AmountCaptured   int64       `json:"amount_captured"`
-	NextAction       *NextAction `json:"next_action"`
-	// StripePaymentIntentID is the PaymentIntent at Stripe; StripeChargeID
-	// Stripe's charge of it (named by Stripe's disputes).
-	StripePaymentIntentID *string   `json:"stripe_payment_intent_id"`
-	StripeChargeID        *string   `json:"stripe_charge_id"`
-	FailureCode           *string   `json:"failure_code"`
-	FailureMessage        *string   `json:"failure_message"`
-	CreatedAt             time.Time `json:"created_at"`
+	ID                    string          `json:"id"`
+	Object                string          `json:"object"`
+	Amount                int64           `json:"amount"`
+	AmountRefunded        int64           `json:"amount_refunded"`
+	Currency              string          `json:"currency"`
+	PaymentMethod         string          `json:"payment_method"`
+	Description           *string         `json:"description"`
+	Metadata              json.RawMessage `json:"metadata"`
+	Status                string          `json:"status"`
+	AmountCapturable      int64           `json:"amount_capturable"` // what an authorization still holds
+	AmountCaptured        int64           `json:"amount_captured"`
+	NextAction            *NextAction     `json:"next_action"`
+	StripePaymentIntentID *string         `json:"stripe_payment_intent_id"`
+	StripeChargeID        *string         `json:"stripe_charge_id"` // the PaymentIntent's charge (named by disputes)
+	FailureCode           *string         `json:"failure_code"`
+	FailureMessage        *string         `json:"failure_message"`
+	CreatedAt             time.Time       `json:"created_at"`
 }
 
 // NextAction is what the customer must do before a charge that
-// requires_action can go on: follow the URL (3-D Secure), after which
-// Stripe's events settle the charge.
+// requires_action can go on: follow the URL (3-D Secure).
 type NextAction struct {
 	Type          string        `json:"type"`
 	RedirectToURL RedirectToURL `json:"redirect_to_url"`
@@ -247,19 +219,16 @@ type RedirectToURL struct {
 }
 
 func chargeJSON(ch chargeRow) Charge {
-	return Charge{
+	c := Charge{
 		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: ch.AmountRefunded,
 		Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
 		Metadata: ch.Metadata, Status: ch.Status, AmountCapturable: ch.AmountCapturable,
-		AmountCaptured: ch.AmountCaptured, NextAction: nextAction(ch), StripePaymentIntentID: ch.StripePaymentIntentID,
+		AmountCaptured: ch.AmountCaptured, StripePaymentIntentID: ch.StripePaymentIntentID,
 		StripeChargeID: ch.StripeChargeID, FailureCode: ch.FailureCode, FailureMessage: ch.FailureMessage,
 		CreatedAt: ch.CreatedAt.UTC(),
 	}
-}
-
-func nextAction(ch chargeRow) *NextAction {
-	if ch.Status != "requires_action" || ch.NextActionUrl == nil {
-		return nil
+	if ch.Status == "requires_action" && ch.NextActionUrl != nil {
+		c.NextAction = &NextAction{Type: "redirect_to_url", RedirectToURL: RedirectToURL{URL: *ch.NextActionUrl}}
 	}
-	return &NextAction{Type: "redirect_to_url", RedirectToURL: RedirectToURL{URL: *ch.NextActionUrl}}
+	return c
 }

@@ -27,7 +27,7 @@ func TestApplyIntentNextAction(t *testing.T) {
 			if got := deref(ch.NextActionUrl); got != tc.url {
 				t.Errorf("next_action_url %q, want %q", got, tc.url)
 			}
-			if typ := settledEventType(ch.Status); typ != "" {
+			if typ := settledEvents[ch.Status]; typ != "" {
 				t.Errorf("a charge that requires_action has event %q, want none", typ)
 			}
 			body, err := json.Marshal(chargeJSON(ch))

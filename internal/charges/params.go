@@ -2,6 +2,7 @@ package charges
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,14 +23,8 @@ const (
 )
 
 // currencies are the ISO 4217 codes the API accepts (lowercase, like Stripe).
-var currencies = map[string]bool{}
-
-func init() {
-	for _, c := range strings.Fields(`aed aud bgn brl cad chf clp cny czk dkk eur gbp hkd huf idr ils inr isk
-		jpy krw mxn myr nok nzd php pln ron sek sgd thb try twd usd zar`) {
-		currencies[c] = true
-	}
-}
+var currencies = strings.Fields(`aed aud bgn brl cad chf clp cny czk dkk eur gbp hkd huf idr ils inr isk
+	jpy krw mxn myr nok nzd php pln ron sek sgd thb try twd usd zar`)
 
 var (
 	paymentMethodPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
@@ -43,9 +38,8 @@ type chargeParams struct {
 	PaymentMethod *string           `json:"payment_method"`
 	Description   *string           `json:"description"`
 	Metadata      map[string]string `json:"metadata"`
-	// Capture false authorizes only: the charge waits in requires_capture
-	// for POST /v1/charges/{id}/capture. true, the default, is normalised
-	// away, so that a body with it and one without are the same request.
+	// Capture false authorizes only (requires_capture, until a capture). true,
+	// the default, is normalised away: a body with it and one without are one request.
 	Capture *bool `json:"capture"`
 }
 
@@ -60,7 +54,7 @@ func (p *chargeParams) Validate() error {
 	switch {
 	case p.Currency == nil:
 		add("currency", "is required")
-	case !currencies[strings.ToLower(*p.Currency)]:
+	case !slices.Contains(currencies, strings.ToLower(*p.Currency)):
 		add("currency", "must be a supported three-letter ISO 4217 code, such as usd or eur")
 	default:
 		lower := strings.ToLower(*p.Currency)
@@ -80,28 +74,21 @@ func (p *chargeParams) Validate() error {
 	if len(p.Metadata) > MaxMetadataKeys {
 		add("metadata", fmt.Sprintf("may have at most %d keys", MaxMetadataKeys))
 	}
-	var reserved []string
-	for k, v := range p.Metadata {
+	for _, k := range slices.Sorted(maps.Keys(p.Metadata)) {
 		// Stripe refuses square brackets in metadata keys: they would
 		// break its form encoding (metadata[key]=value).
 		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" || strings.ContainsAny(k, "[]") {
 			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters or square brackets", MaxMetadataKey))
 			break
 		}
+		// idempay's own metadata at Stripe (requestMetadata) would overwrite
+		// the client's key, and reconciliation drop it from a re-created charge.
 		if strings.HasPrefix(k, MetadataPrefix) {
-			reserved = append(reserved, k)
+			add("metadata["+k+"]", "is reserved: keys starting with "+MetadataPrefix+" are idempay's own metadata at Stripe")
 		}
-		if reason := checkText(v, MaxMetadataValue); reason != "" {
+		if reason := checkText(p.Metadata[k], MaxMetadataValue); reason != "" {
 			add("metadata["+k+"]", reason)
 		}
-	}
-	// idempay's own metadata at Stripe (idempay_record and the request's
-	// identity) would overwrite the client's key of the same name, and
-	// reconciliation would drop it from a re-created charge: refused, so
-	// that what the client sent is what Stripe and the ledger hold.
-	slices.Sort(reserved)
-	for _, k := range reserved {
-		add("metadata["+k+"]", "is reserved: keys starting with "+MetadataPrefix+" are idempay's own metadata at Stripe")
 	}
 	if len(bad) > 0 {
 		return jsonbody.Invalid(bad...)

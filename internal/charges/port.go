@@ -6,13 +6,10 @@ import (
 	"time"
 )
 
-// Processor is the payment processor as this package calls it: Stripe's
-// PaymentIntents and refunds, in this package's types. Package stripeapi
-// implements it over stripe-go (and so over HTTP, which this package never
-// imports). A call that changes something takes the request's downstream
-// key (idempotency.Record.DownstreamKey), and its error is nil, a
-// *Refusal (a definite answer), or anything else: an unknown outcome,
-// retried under the same key.
+// Processor is Stripe's PaymentIntents and refunds, implemented by package
+// stripeapi. A call that changes something takes the request's downstream key;
+// its error is nil, a *Refusal (a definite answer), or anything else: an
+// unknown outcome, retried under the same key.
 type Processor interface {
 	CreateIntent(ctx context.Context, req IntentRequest) (*PaymentIntent, error)
 	CaptureIntent(ctx context.Context, key, intentID string, amount int64) (*PaymentIntent, error)
@@ -32,9 +29,8 @@ type IntentRequest struct {
 	Currency      string
 	PaymentMethod string
 	Description   *string
-	// Capture false authorizes only (capture_method manual).
-	Capture  bool
-	Metadata map[string]string
+	Capture       bool // false authorizes only (capture_method manual)
+	Metadata      map[string]string
 }
 
 // PaymentIntent is a Stripe PaymentIntent as the ledger reads it.
@@ -49,57 +45,42 @@ type PaymentIntent struct {
 	AmountCapturable int64
 	AmountReceived   int64
 	LatestCharge     string
-	// NextActionURL is the customer's page of a redirect_to_url next
-	// action (3-D Secure); "" for any other next action, or none.
-	NextActionURL string
-	// LastPaymentError is why its last confirmation failed, if it did.
-	LastPaymentError *Refusal
+	NextActionURL    string   // a redirect_to_url next action's page (3-D Secure), or ""
+	LastPaymentError *Refusal // why its last confirmation failed, if it did
 	Metadata         map[string]string
 }
 
 // Outcome is what an answer of the processor means for the request.
 type Outcome int
 
-// The outcomes. Only a card error, a definite validation error and
-// Stripe's refusal of a key reused with other parameters are final.
+// The outcomes; only a refusal of Stripe's is final.
 const (
 	OutcomeOK       Outcome = iota
 	OutcomeDeclined         // a card error: final, 402
 	OutcomeRejected         // a definite validation error: final, 422
 	OutcomeUnknown          // no definite answer: not final, retry with the same key
-	// OutcomeConflict: Stripe holds this downstream key with other
-	// parameters. Final, 409 downstream-key-conflict; the ledger row is
-	// left for Stripe's events and reconciliation to settle (keyConflict).
-	OutcomeConflict
+	OutcomeConflict         // the downstream key held with other parameters: final, 409 (keyConflict)
 )
+
+var outcomeNames = [...]string{OutcomeOK: "ok", OutcomeDeclined: "declined", OutcomeRejected: "rejected",
+	OutcomeUnknown: "unknown", OutcomeConflict: "conflict"}
 
 // String is the result class as labelled in metrics.
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeOK:
-		return "ok"
-	case OutcomeDeclined:
-		return "declined"
-	case OutcomeRejected:
-		return "rejected"
-	case OutcomeConflict:
-		return "conflict"
-	default:
+	if o < 0 || int(o) >= len(outcomeNames) {
 		return "unknown"
 	}
+	return outcomeNames[o]
 }
 
-// Refusal is a definite error answer of the processor: a decline, a
-// rejection, or a key conflict (Outcome).
+// Refusal is a definite error answer: a decline, a rejection or a key conflict.
 type Refusal struct {
 	Outcome     Outcome
 	Code        string
 	DeclineCode string
 	Message     string
-	// ChargeID is Stripe's charge of a declined payment, if any.
-	ChargeID string
-	// PaymentIntent is the PaymentIntent as it is after the refusal, if
-	// Stripe's answer carried it.
+	ChargeID    string // Stripe's charge of a declined payment, if any
+	// PaymentIntent is the PaymentIntent after the refusal, if the answer carried it.
 	PaymentIntent *PaymentIntent
 	Err           error
 }
@@ -114,8 +95,7 @@ func (r *Refusal) Error() string {
 // Unwrap exposes the processor's own error.
 func (r *Refusal) Unwrap() error { return r.Err }
 
-// failureCode is the most specific code of a refusal: the decline code,
-// else the error code.
+// failureCode is the decline code, else the error code.
 func (r *Refusal) failureCode() string {
 	if r.DeclineCode != "" {
 		return r.DeclineCode
@@ -125,11 +105,11 @@ func (r *Refusal) failureCode() string {
 
 // classify reads the error of a processor call.
 func classify(err error) (Outcome, *Refusal) {
-	var r *Refusal
-	switch {
-	case err == nil:
+	if err == nil {
 		return OutcomeOK, nil
-	case errors.As(err, &r):
+	}
+	var r *Refusal
+	if errors.As(err, &r) {
 		return r.Outcome, r
 	}
 	return OutcomeUnknown, nil

@@ -15,23 +15,19 @@ import (
 // account's, which this account must not learn exists (I5).
 var ErrNotFound = errors.New("not found")
 
-// The ledger's rows as this package holds them: the columns of the charges,
-// refunds and disputes tables (db/migrations/0001_schema.sql).
+// The ledger's rows: the columns of their tables (db/migrations/0001_schema.sql).
 type (
 	chargeRow  dbsqlc.Charge
 	refundRow  dbsqlc.Refund
 	disputeRow dbsqlc.Dispute
 )
 
-// store is the ledger's storage: every query this package runs. Reads go to
-// the pool; writes are queued into a phase's batch (idempotency.Batch), so
-// that they commit with the record (I1).
+// store is every query this package runs. Reads go to the pool; writes are
+// queued into a phase's batch, so that they commit with the record (I1).
 type store struct {
 	pool *pgxpool.Pool
 	q    *dbsqlc.Queries
 }
-
-func newStore(pool *pgxpool.Pool) store { return store{pool: pool, q: dbsqlc.New()} }
 
 // found translates "no rows" into ErrNotFound, for every read.
 func found[T any](row T, err error) (T, error) {
@@ -55,8 +51,7 @@ func (st store) insertCharge(ctx context.Context, b *idempotency.Batch, ch charg
 	})
 }
 
-// setChargeOutcome writes the outcome of the charge's own request,
-// guarded by the version it was read at.
+// setChargeOutcome writes the charge's outcome, guarded by its read version.
 func (st store) setChargeOutcome(ctx context.Context, b *idempotency.Batch, ch chargeRow, readVersion int64) error {
 	return st.q.ChargeSetOutcome(ctx, b, &dbsqlc.ChargeSetOutcomeParams{
 		ID: ch.ID, Version: readVersion, Status: ch.Status, StripeChargeID: ch.StripeChargeID,

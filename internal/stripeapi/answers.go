@@ -9,9 +9,8 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 )
 
-// stripeAnswer is one row of stripeAnswers: an HTTP status ("402") or a
-// class of them ("5xx"), an error code ("" for any) and an error type (""
-// for any).
+// stripeAnswer is one row of stripeAnswers: an HTTP status ("402") or class
+// ("5xx"), an error code and an error type ("" for any).
 type stripeAnswer struct {
 	status  string
 	code    stripe.ErrorCode
@@ -22,8 +21,7 @@ type stripeAnswer struct {
 // stripeAnswers is how idempay reads an error answer from Stripe: by its
 // HTTP status first and its error code second, as Stripe documents them;
 // the error's type only refines a 4xx. The first row that matches decides.
-// Each row quotes the page of Stripe's documentation that says what the
-// answer means:
+// Each row quotes the page of Stripe's documentation that says so:
 //
 //	[errors]      https://docs.stripe.com/api/errors (the HTTP status code summary, the error types)
 //	[codes]       https://docs.stripe.com/error-codes
@@ -31,29 +29,23 @@ type stripeAnswer struct {
 //	[low-level]   https://docs.stripe.com/error-low-level
 //	[rate-limits] https://docs.stripe.com/rate-limits
 //
-// An answer that matches no row (a status Stripe does not document, a 409
-// with another code) is unknown, and so is every failure that is not an
-// answer of Stripe's: a timeout, a connection refused or reset, a body
-// that is not Stripe's error object (a proxy's 502 page). Unknown means
-// the request may have run at Stripe: the record stays resumable, and a
-// retry sends the same downstream key (the contract, step 8). Nothing is
-// final unless Stripe documents it so.
+// An answer that matches no row is unknown, like every failure that is not
+// Stripe's answer (a timeout, a proxy's 502 page): the request may have run,
+// so the record stays resumable and a retry sends the same downstream key
+// (the contract, step 8). Nothing is final unless Stripe documents it so.
 var stripeAnswers = []stripeAnswer{
 	// [errors] type idempotency_error: "an Idempotency-Key is re-used on a
 	// request that does not match the first request's API endpoint and
 	// parameters"; [idempotency] "The idempotency layer compares incoming
 	// parameters to those of the original request and errors if they're
-	// not the same". Every retry under the key gets it, and once Stripe
-	// forgets the key a retry would run as a second payment: final, of its
-	// own kind (charges.OutcomeConflict).
+	// not the same". Final, of its own kind (charges.OutcomeConflict).
 	{"400", "", stripe.ErrorTypeIdempotency, charges.OutcomeConflict},
 	// [errors] 400 "The request was unacceptable, often due to missing a
 	// required parameter."
 	{"400", "", "", charges.OutcomeRejected},
-	// [errors] 401 "No valid API key provided." Nothing ran, and nothing is
-	// kept under the key ([low-level]: like a 429, "a 401 that omitted an
-	// API key" can produce another result with the same key): an
-	// operator's problem, after whose fix the same request runs.
+	// [errors] 401 "No valid API key provided." Nothing ran or is kept
+	// under the key ([low-level]: "a 401 that omitted an API key" can produce
+	// another result with the same key): after the operator's fix it runs.
 	{"401", "", "", charges.OutcomeUnknown},
 	// [errors] 402 "The parameters were valid but the request failed": a
 	// card error (type card_error, with a decline_code).
@@ -66,9 +58,8 @@ var stripeAnswers = []stripeAnswer{
 	// [errors] 409 "The request conflicts with another request (perhaps due
 	// to using the same idempotent key)"; [codes] idempotency_key_in_use
 	// "The idempotency key provided is currently being used in another
-	// request." An earlier attempt under this downstream key is still
-	// running at Stripe and may charge: unknown, whatever the error's type
-	// (Stripe's client libraries raise it as an idempotency_error).
+	// request." An earlier attempt under the key may still charge: unknown,
+	// whatever its type (Stripe's libraries raise an idempotency_error).
 	{"409", stripe.ErrorCodeIdempotencyKeyInUse, "", charges.OutcomeUnknown},
 	// [errors] 424 "The request couldn't be completed due to a failure in
 	// a dependency external to Stripe."
@@ -88,9 +79,7 @@ func (a stripeAnswer) matches(se *stripe.Error) bool {
 		(a.code == "" || a.code == se.Code) && (a.typ == "" || a.typ == se.Type)
 }
 
-// classify reads the error of a Stripe call by stripeAnswers. Only a card
-// error, a definite validation error and Stripe's refusal of a key reused
-// with other parameters are final; everything else is an unknown outcome.
+// classify reads the error of a Stripe call by stripeAnswers.
 func classify(err error) (charges.Outcome, *stripe.Error) {
 	if err == nil {
 		return charges.OutcomeOK, nil

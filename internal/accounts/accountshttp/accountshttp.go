@@ -1,8 +1,6 @@
-// Package accountshttp is the HTTP adapter of accounts: the middleware that
-// authenticates "Authorization: Bearer <key>" and hands the account to the
-// handlers behind it (FromContext), and the handlers of /v1/api_keys
-// (keys.go). The checking of keys, their creation and revocation are
-// accounts'.
+// Package accountshttp is the HTTP adapter of accounts: the authentication
+// middleware, which hands the account to the handlers behind it
+// (FromContext), and the handlers of /v1/api_keys (keys.go).
 package accountshttp
 
 import (
@@ -22,20 +20,10 @@ import (
 const contextKey = "idempay.account"
 
 // Middleware authenticates "Authorization: Bearer <key>" with a and stores
-// the account for FromContext. A missing, unknown or revoked key is a 401
-// problem, and such a request never reaches the idempotency layer. So is,
-// as a 400, a request with more than one Authorization header: a proxy
-// that reads another of them than this server would disagree about the
-// account.
-//
-// A read (GET, HEAD) is authenticated by a statement of its own. A mutating
-// request is authenticated by the statement that reads the record stored
-// under its Idempotency-Key (Authenticator.AuthenticateWithRecord), kept
-// for the idempotency.Request its handler builds (idemhttp.SetCaller): a
-// replay is that one statement. A key that is missing or malformed is
-// read as none here, and refused (400) by the handler, after the API key
-// was checked: a request with neither a valid API key nor a valid
-// Idempotency-Key is a 401.
+// the account for FromContext. A missing, unknown or revoked key is a 401,
+// before the idempotency layer. More than one Authorization header is a 400: a
+// proxy that reads another of them would disagree about the account. A bad
+// Idempotency-Key is read as none here, and refused (400) by the handler.
 func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -63,9 +51,8 @@ func Middleware(a *accounts.Authenticator) echo.MiddlewareFunc {
 	}
 }
 
-// authenticate is Middleware's statement: the API key alone for a read,
-// the API key and the record of the request's Idempotency-Key for a
-// mutating request.
+// authenticate is Middleware's statement: the API key alone for a read; with
+// the record of its Idempotency-Key for a mutating request (idemhttp.SetCaller).
 func authenticate(c echo.Context, a *accounts.Authenticator, key string) (accounts.Account, error) {
 	r := c.Request()
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {

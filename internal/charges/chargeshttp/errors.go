@@ -8,8 +8,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 )
 
-// problemTypes are the problem types of the payment domain's refusals
-// (charges.Error's kinds).
+// problemTypes are the problem types of charges.Error's kinds.
 var problemTypes = map[error]apierror.Type{
 	charges.ErrInvalid:                     apierror.InvalidRequest,
 	charges.ErrInvalidJSON:                 apierror.InvalidJSON,
@@ -22,11 +21,8 @@ var problemTypes = map[error]apierror.Type{
 	charges.ErrCaptureExceedsAuthorization: apierror.CaptureExceedsAuthorization,
 }
 
-// problem is err as this API answers it: a refusal of the payment domain
-// (*charges.Error) as its problem, with Retry-After for one that may pass
-// shortly (charges.ErrNotSettled); a refusal of the core as idemhttp maps
-// it; anything else as it is, for the server's error handler (a database
-// outage is a 503 there, the rest a 500).
+// problem is err as this API answers it: a refusal as its problem, anything else
+// as it is, for the server's error handler (a 503 for a database outage, or 500).
 func problem(err error) error {
 	var ce *charges.Error
 	if !errors.As(err, &ce) {
