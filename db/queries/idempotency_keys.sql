@@ -25,9 +25,9 @@ WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
 -- Takes over a resumable record (lock free or older than the lock timeout)
 -- at the generation the read saw, with a new generation that fences the old
 -- owner's late writes. For an API request (key_hash set) the API key must
--- still be active and own the record, as in the claim's INSERT.
--- No row: the record changed since the read, or the
--- key was revoked; the runner's next read tells which.
+-- still be active and own the record, as in the claim's INSERT. No row: the
+-- record changed since the read, or the key was revoked; the runner's next
+-- read tells which.
 UPDATE idempotency_keys ik
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = ik.lock_generation + 1,

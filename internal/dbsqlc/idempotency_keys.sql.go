@@ -331,9 +331,9 @@ type IdempotencyKeyTakeoverParams struct {
 // Takes over a resumable record (lock free or older than the lock timeout)
 // at the generation the read saw, with a new generation that fences the old
 // owner's late writes. For an API request (key_hash set) the API key must
-// still be active and own the record, as in the claim's INSERT.
-// No row: the record changed since the read, or the
-// key was revoked; the runner's next read tells which.
+// still be active and own the record, as in the claim's INSERT. No row: the
+// record changed since the read, or the key was revoked; the runner's next
+// read tells which.
 func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, idempotencyKeyTakeover,
 		arg.Now,
