@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -206,12 +207,25 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.log.InfoContext(ctx, "consuming", "stream", c.cfg.Stream, "subject", c.cfg.Subject, "durable", c.cfg.Durable)
+	// The message in hand is counted here, not inferred from the
+	// subscription: cc.Closed() is already closed once the client has
+	// unsubscribed, which it may do before the handler in hand returns.
+	var (
+		mu       sync.Mutex
+		stopping bool           // set under mu once ctx is done; no handler starts after
+		inHand   sync.WaitGroup // handlers started before stopping
+	)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		if ctx.Err() != nil {
+		mu.Lock()
+		if stopping || ctx.Err() != nil {
+			mu.Unlock()
 			// Pulled while shutting down: hand it back rather than begin.
 			_ = msg.Nak()
 			return
 		}
+		inHand.Add(1)
+		mu.Unlock()
+		defer inHand.Done()
 		c.Handle(ctx, msg)
 	}, jetstream.PullMaxMessages(1))
 	if err != nil {
@@ -219,14 +233,23 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	// Stop pulling at once (a drain would wait for the open pull request
-	// to expire). Closed is closed once the subscription's delivery
-	// goroutine has returned from the handler in hand, if any.
+	// to expire), then wait for the handler in hand, if any, and for the
+	// subscription's delivery goroutine to have returned.
 	cc.Stop()
+	mu.Lock()
+	stopping = true
+	mu.Unlock()
+	finished := make(chan struct{})
+	go func() {
+		inHand.Wait()
+		<-cc.Closed()
+		close(finished)
+	}()
 	timeout := cmp.Or(c.cfg.ShutdownTimeout, c.cfg.AckWait)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case <-cc.Closed():
+	case <-finished:
 		c.log.Info("consumer stopped")
 		return nil
 	case <-t.C:

@@ -1,6 +1,7 @@
 package orders_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -30,8 +31,10 @@ type bench struct {
 	mu       sync.Mutex
 	outcomes map[string]int // "outcome" or "outcome/reason"
 
-	cancel context.CancelFunc // stops the consumer (as SIGTERM does)
-	done   chan error         // Run's result
+	cancel   context.CancelFunc // stops the consumer (as SIGTERM does)
+	done     chan struct{}      // closed once Run has returned
+	runErr   error              // Run's result, once done is closed
+	errTaken bool               // a test took runErr (stop), so Cleanup does not report it
 }
 
 func (b *bench) count(key string) int {
@@ -56,12 +59,21 @@ func newBenchConfig(t *testing.T, maxDeliver int, configure func(*orders.Config)
 // startBench is newBenchConfig with the API environment's options.
 func startBench(t *testing.T, opts apitest.Options, maxDeliver int, configure func(*orders.Config)) *bench {
 	t.Helper()
+	return startBenchJS(t, opts, maxDeliver, configure, nil)
+}
+
+// startBenchJS is startBench with the consumer's JetStream client wrapped
+// by wrap (nil: as is), given the connection it runs on.
+func startBenchJS(t *testing.T, opts apitest.Options, maxDeliver int, configure func(*orders.Config),
+	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream) *bench {
+	t.Helper()
 	// A Stripe timeout that a healthy call on a loaded machine does not
 	// reach (an unknown outcome would add a nak the tests count), and
-	// shorter than AckWait, as the server's configuration requires.
-	opts.StripeTimeout = 3 * time.Second
+	// shorter than AckWait, as the server's configuration requires. A test
+	// that holds a charge at Stripe sets a longer one (and AckWait).
+	opts.StripeTimeout = cmp.Or(opts.StripeTimeout, 3*time.Second)
 	env := apitest.New(t, opts)
-	_, js := natstest.Connect(t, natstest.Server(t))
+	nc, js := natstest.Connect(t, natstest.Server(t))
 	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
 	b.cfg.MaxDeliver = maxDeliver
 	b.cfg.AckWait = 5 * time.Second
@@ -78,19 +90,38 @@ func startBench(t *testing.T, opts apitest.Options, maxDeliver int, configure fu
 		configure(&b.cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b.cancel, b.done = cancel, make(chan error, 1)
-	c := orders.New(env.Pool, js, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
+	b.cancel, b.done = cancel, make(chan struct{})
+	cjs := js
+	if wrap != nil {
+		cjs = wrap(nc, js)
+	}
+	c := orders.New(env.Pool, cjs, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
 	if _, err := c.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	go func() { b.done <- c.Run(ctx) }()
+	go func() {
+		b.runErr = c.Run(ctx)
+		close(b.done)
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err, ok := <-b.done; ok && err != nil {
-			t.Errorf("consumer: %v", err)
+		select {
+		case <-b.done:
+			if b.runErr != nil && !b.errTaken {
+				t.Errorf("consumer: %v", b.runErr)
+			}
+		case <-time.After(b.stopLimit()):
+			t.Errorf("consumer: Run did not return within %s of the cancel", b.stopLimit())
 		}
 	})
 	return b
+}
+
+// stopLimit bounds the wait for Run to return after its context is
+// cancelled: Run's own bound (ShutdownTimeout, or AckWait), plus a margin
+// for a machine whose cores are busy with other work.
+func (b *bench) stopLimit() time.Duration {
+	return cmp.Or(b.cfg.ShutdownTimeout, b.cfg.AckWait) + 2*time.Minute
 }
 
 func (b *bench) publish(t *testing.T, data []byte, msgID string) {
@@ -441,44 +472,120 @@ func TestReplayDeadLetter(t *testing.T) {
 
 // stop cancels the consumer's context, as SIGTERM does in `idempay consume`,
 // and returns Run's result, or fails the test if Run has not returned
-// within limit. Cleanup then finds the result taken (done is closed).
-func (b *bench) stop(t *testing.T, limit time.Duration) error {
+// within stopLimit. Cleanup then leaves the result to the test.
+func (b *bench) stop(t *testing.T) error {
 	t.Helper()
 	b.cancel()
 	select {
-	case err := <-b.done:
-		close(b.done)
-		return err
-	case <-time.After(limit):
-		t.Fatalf("Run did not return within %s of the cancel", limit)
+	case <-b.done:
+		b.errTaken = true
+		return b.runErr
+	case <-time.After(b.stopLimit()):
+		t.Fatalf("Run did not return within %s of the cancel", b.stopLimit())
 		return nil
 	}
 }
 
+// heldAtStripe and heldAckWait are for a test that holds a charge at
+// Stripe (stripefake's Hold) for as long as it needs: the Stripe call, and
+// the message's ack wait, must not end first, however slow the machine.
+var heldAtStripe = apitest.Options{StripeTimeout: time.Minute}
+
+const heldAckWait = 2 * time.Minute
+
+// unsubscribeFirst wraps a JetStream client so that stopping a Consume
+// returns only once the client has unsubscribed its pull subscription (the
+// connection holds one subscription fewer), as it may on a busy machine
+// before the stopping goroutine goes on: after that, the subscription's
+// Closed channel is closed at once, even while a handler is still running.
+// unsubscribed is closed then.
+type unsubscribeFirst struct {
+	jetstream.JetStream
+	t            *testing.T
+	nc           *nats.Conn
+	unsubscribed chan struct{}
+}
+
+func (u *unsubscribeFirst) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := u.JetStream.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &unsubscribeFirstConsumer{Consumer: c, u: u}, nil
+}
+
+type unsubscribeFirstConsumer struct {
+	jetstream.Consumer
+	u *unsubscribeFirst
+}
+
+func (c *unsubscribeFirstConsumer) Consume(h jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+	cc, err := c.Consumer.Consume(h, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &unsubscribeFirstContext{ConsumeContext: cc, u: c.u}, nil
+}
+
+type unsubscribeFirstContext struct {
+	jetstream.ConsumeContext
+	u *unsubscribeFirst
+}
+
+func (cc *unsubscribeFirstContext) Stop() {
+	before := cc.u.nc.NumSubscriptions()
+	cc.ConsumeContext.Stop()
+	// Bounded: Stop runs on Run's goroutine, where t.Fatalf cannot.
+	deadline := time.Now().Add(2 * time.Minute)
+	for cc.u.nc.NumSubscriptions() >= before {
+		if time.Now().After(deadline) {
+			cc.u.t.Errorf("the pull subscription was still subscribed 2m after Stop (%d subscriptions)", before)
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(cc.u.unsubscribed)
+}
+
 // A SIGTERM while a message's charge is at Stripe: Run waits for it, the
 // message is charged once and acknowledged once, and nothing is left to
-// redeliver or half done.
+// redeliver or half done. Run waits for the handler itself, not only for
+// the subscription to close: the client here unsubscribes before Run looks
+// (unsubscribeFirst), which makes the subscription's Closed channel closed
+// while the charge is still at Stripe.
 func TestShutdownWaitsForTheChargeInFlight(t *testing.T) {
 	t.Parallel()
-	b := newBench(t, 5)
+	unsubscribed := make(chan struct{})
+	b := startBenchJS(t, heldAtStripe, 5, func(c *orders.Config) {
+		// Only the charge's end lets Run return, however busy the machine.
+		c.AckWait, c.ShutdownTimeout = heldAckWait, 2*time.Minute
+	}, func(nc *nats.Conn, js jetstream.JetStream) jetstream.JetStream {
+		return &unsubscribeFirst{JetStream: js, t: t, nc: nc, unsubscribed: unsubscribed}
+	})
 	acct := b.env.NewClient(t).Account.ID
 	gate := b.env.Stripe.Hold()
 	defer gate.Release()
 	b.publish(t, message(acct, "order-"+rand.Text(), 3100), "")
 	select {
 	case <-gate.Arrived():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the charge never reached Stripe")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the charge did not reach Stripe within 2m")
 	}
 
 	b.cancel()
 	select {
-	case err := <-b.done:
-		t.Fatalf("Run returned (%v) while the charge was still at Stripe", err)
+	case <-unsubscribed:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the consumer did not stop its subscription within 2m of the cancel")
+	}
+	select {
+	case <-b.done:
+		b.errTaken = true
+		t.Fatalf("Run returned (%v) while the charge was still at Stripe", b.runErr)
 	case <-time.After(500 * time.Millisecond):
 	}
 	gate.Release()
-	if err := b.stop(t, 10*time.Second); err != nil {
+	if err := b.stop(t); err != nil {
 		t.Fatalf("Run after the charge finished: %v", err)
 	}
 
@@ -510,18 +617,20 @@ func TestShutdownWaitsForTheChargeInFlight(t *testing.T) {
 // acknowledged once.
 func TestShutdownIsBounded(t *testing.T) {
 	t.Parallel()
-	b := newBenchConfig(t, 5, func(c *orders.Config) { c.ShutdownTimeout = 300 * time.Millisecond })
+	b := startBench(t, heldAtStripe, 5, func(c *orders.Config) {
+		c.AckWait, c.ShutdownTimeout = heldAckWait, 300*time.Millisecond
+	})
 	acct := b.env.NewClient(t).Account.ID
 	gate := b.env.Stripe.Hold()
 	defer gate.Release()
 	b.publish(t, message(acct, "order-"+rand.Text(), 3200), "")
 	select {
 	case <-gate.Arrived():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the charge never reached Stripe")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the charge did not reach Stripe within 2m")
 	}
 	start := time.Now()
-	err := b.stop(t, 5*time.Second)
+	err := b.stop(t)
 	if err == nil {
 		t.Fatal("Run returned nil while a charge was still in flight past ShutdownTimeout")
 	}
