@@ -240,8 +240,11 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	})
 	receipts, applied := recv.snapshot()
 	if !delivered {
-		t.Fatalf("after 90 s: %d of %d events applied, %d deliveries not delivered, %d requests received",
+		_ = d.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE state <> 'delivered'`).Scan(&pending)
+		t.Errorf("after 90 s: %d of %d events applied, %d deliveries not delivered, %d requests received",
 			len(applied), events, pending, len(receipts))
+		logUnapplied(t, d.Pool, acct.ID, applied, receipts)
+		t.FailNow()
 	}
 
 	// s3 died of its fault point, holding a delivery the endpoint had
@@ -409,4 +412,46 @@ func fmtTime(t *time.Time) string {
 		return "-"
 	}
 	return t.Format(time.StampMicro)
+}
+
+// logUnapplied says, for a failed run, what became of each event the
+// receiver never applied: its delivery's row, and every request that
+// carried its id.
+func logUnapplied(t *testing.T, pool *pgxpool.Pool, accountID string, applied map[string]int, receipts []outReceipt) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT e.id, e.type, e.object_id, e.object_version,
+	        coalesce(d.id, ''), coalesce(d.state, 'none'), coalesce(d.attempts, 0), coalesce(d.claims, 0),
+	        coalesce(d.last_status, 0), coalesce(d.last_error, ''), d.next_attempt_at, d.lease_until, now()
+	    FROM events e LEFT JOIN webhook_deliveries d ON d.event_id = e.id
+	    WHERE e.account_id = $1 ORDER BY e.seq`, accountID)
+	if err != nil {
+		t.Errorf("reading the deliveries: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, typ, object, delivery, state, lastErr string
+		var version int64
+		var attempts, lastStatus int32
+		var claims int64
+		var next, lease *time.Time
+		var now time.Time
+		if err := rows.Scan(&id, &typ, &object, &version, &delivery, &state, &attempts, &claims, &lastStatus, &lastErr,
+			&next, &lease, &now); err != nil {
+			t.Errorf("reading the deliveries: %v", err)
+			return
+		}
+		if applied[id] > 0 {
+			continue
+		}
+		t.Errorf("not applied: event %s (%s, %s v%d): delivery %q state %s, %d attempts, %d claims, last status %d, "+
+			"last error %q, next attempt %v, lease until %v, now %v", id, typ, object, version, delivery, state, attempts,
+			claims, lastStatus, lastErr, next, lease, now)
+		for _, rc := range receipts {
+			if rc.ID == id || (rc.Object == object && rc.Version == version) {
+				t.Errorf("  received %s at %s: answer %q, verified %v", rc.ID, rc.At.Format(time.StampMicro), rc.Answer, rc.Verified)
+			}
+		}
+	}
 }
