@@ -439,9 +439,9 @@ CREATE TABLE webhook_attempts (
 CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
 -- The dispatcher's position: every event with seq <= last_seq was fanned
--- out, except the seqs in webhook_dispatch_gaps, each kept with the snapshot
--- of the pass that skipped it until its event appears or that snapshot's
--- transactions have ended (docs/webhooks-out.md, "How it runs"). One row.
+-- out, except the seqs in webhook_dispatch_gaps, each kept until its event
+-- appears or every transaction that could still commit it has ended
+-- (docs/webhooks-out.md, "How it runs"). One row.
 CREATE TABLE webhook_dispatcher (
     id       integer PRIMARY KEY CHECK (id = 1),
     last_seq bigint NOT NULL
@@ -449,6 +449,9 @@ CREATE TABLE webhook_dispatcher (
 INSERT INTO webhook_dispatcher (id, last_seq) VALUES (1, 0);
 
 CREATE TABLE webhook_dispatch_gaps (
-    seq           bigint PRIMARY KEY,
-    seen_snapshot pg_snapshot NOT NULL
+    seq          bigint PRIMARY KEY,
+    -- The id of the first pass after the one that kept the gap: every
+    -- transaction that may still commit the gap's event has a lower id.
+    -- NULL until that pass stamps it (WebhookDispatchGapsStamp).
+    settle_after xid8
 );

@@ -103,31 +103,41 @@ SELECT last_seq FROM webhook_dispatcher WHERE id = 1 FOR UPDATE;
 UPDATE webhook_dispatcher SET last_seq = @last_seq WHERE id = 1;
 
 -- name: WebhookDispatcherRead :many
--- The seqs of the committed events after the position, in order, with the
--- snapshot that read them (one statement, one snapshot).
-SELECT seq, pg_current_snapshot()::text AS snapshot
-FROM events WHERE seq > @after_seq ORDER BY seq LIMIT @max_rows;
+-- The seqs of the committed events after the position, in order.
+SELECT seq FROM events WHERE seq > @after_seq ORDER BY seq LIMIT @max_rows;
+
+-- name: WebhookDispatchGapsStamp :exec
+-- First in a pass, before its own gaps are kept: the gaps that earlier
+-- passes kept get this pass's transaction id, which the dispatcher's lock
+-- gave it. A transaction that may still commit a gap's event took its seq,
+-- so its id, before the earlier pass read the events, and so before this
+-- pass began: its id is lower.
+UPDATE webhook_dispatch_gaps SET settle_after = pg_current_xact_id() WHERE settle_after IS NULL;
 
 -- name: WebhookDispatchGapsAdd :exec
-INSERT INTO webhook_dispatch_gaps (seq, seen_snapshot)
-SELECT unnest(@seqs::bigint[]), CAST(sqlc.arg(snapshot)::text AS pg_snapshot)
+INSERT INTO webhook_dispatch_gaps (seq)
+SELECT unnest(@seqs::bigint[])
 ON CONFLICT (seq) DO NOTHING;
 
 -- name: WebhookDispatchGapsResolve :many
 -- The gaps that are settled: their event committed, or every transaction
--- running when the gap was seen has ended (so it never will). An
--- unrelated long transaction holds back only the gaps seen beside it.
--- "Ended" is read from this statement's snapshot, the one its EXISTS
+-- with an id below the gap's stamp has ended (so none of them will commit
+-- it). Both are read from this statement's snapshot, the one its EXISTS
 -- reads the events with, not from the commit log (pg_xact_status): a
 -- transaction is committed in the log a moment before snapshots see it,
--- and a gap forgotten in that moment would lose its event. The events
--- are looked up from the lowest gap on (events has no B-tree on seq): a
--- few recent pages, where an unbounded lookup read the whole table, or
--- its index, once per pass.
+-- and a gap forgotten in that moment would lose its event. "Ended" is an
+-- id below the snapshot's xmax and not in its list of running ids: a
+-- snapshot does not list a running transaction whose id is at or above its
+-- xmax (the last completed id, plus one), so a gap is never judged by the
+-- snapshot that found it. A long transaction holds back the gaps of the
+-- passes after it began, which hold nothing else back. The events are
+-- looked up from the lowest gap on (events has no B-tree on seq): a few
+-- recent pages, where an unbounded lookup read the whole table, or its
+-- index, once per pass.
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq AND e.seq >= (SELECT min(seq) FROM webhook_dispatch_gaps))
-   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
-                  WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
+   OR (g.settle_after < pg_snapshot_xmax(pg_current_snapshot())
+       AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE x < g.settle_after))
 RETURNING g.seq;
 
 -- name: WebhookDeliveriesFanOut :execrows

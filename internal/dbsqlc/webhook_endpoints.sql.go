@@ -475,39 +475,38 @@ func (q *Queries) WebhookDeliveryListByEvent(ctx context.Context, db DBTX, arg *
 }
 
 const webhookDispatchGapsAdd = `-- name: WebhookDispatchGapsAdd :exec
-INSERT INTO webhook_dispatch_gaps (seq, seen_snapshot)
-SELECT unnest($1::bigint[]), CAST($2::text AS pg_snapshot)
+INSERT INTO webhook_dispatch_gaps (seq)
+SELECT unnest($1::bigint[])
 ON CONFLICT (seq) DO NOTHING
 `
 
-type WebhookDispatchGapsAddParams struct {
-	Seqs     []int64
-	Snapshot string
-}
-
-func (q *Queries) WebhookDispatchGapsAdd(ctx context.Context, db DBTX, arg *WebhookDispatchGapsAddParams) error {
-	_, err := db.Exec(ctx, webhookDispatchGapsAdd, arg.Seqs, arg.Snapshot)
+func (q *Queries) WebhookDispatchGapsAdd(ctx context.Context, db DBTX, seqs []int64) error {
+	_, err := db.Exec(ctx, webhookDispatchGapsAdd, seqs)
 	return err
 }
 
 const webhookDispatchGapsResolve = `-- name: WebhookDispatchGapsResolve :many
 DELETE FROM webhook_dispatch_gaps g
 WHERE EXISTS (SELECT 1 FROM events e WHERE e.seq = g.seq AND e.seq >= (SELECT min(seq) FROM webhook_dispatch_gaps))
-   OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(g.seen_snapshot) x
-                  WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))
+   OR (g.settle_after < pg_snapshot_xmax(pg_current_snapshot())
+       AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE x < g.settle_after))
 RETURNING g.seq
 `
 
 // The gaps that are settled: their event committed, or every transaction
-// running when the gap was seen has ended (so it never will). An
-// unrelated long transaction holds back only the gaps seen beside it.
-// "Ended" is read from this statement's snapshot, the one its EXISTS
+// with an id below the gap's stamp has ended (so none of them will commit
+// it). Both are read from this statement's snapshot, the one its EXISTS
 // reads the events with, not from the commit log (pg_xact_status): a
 // transaction is committed in the log a moment before snapshots see it,
-// and a gap forgotten in that moment would lose its event. The events
-// are looked up from the lowest gap on (events has no B-tree on seq): a
-// few recent pages, where an unbounded lookup read the whole table, or
-// its index, once per pass.
+// and a gap forgotten in that moment would lose its event. "Ended" is an
+// id below the snapshot's xmax and not in its list of running ids: a
+// snapshot does not list a running transaction whose id is at or above its
+// xmax (the last completed id, plus one), so a gap is never judged by the
+// snapshot that found it. A long transaction holds back the gaps of the
+// passes after it began, which hold nothing else back. The events are
+// looked up from the lowest gap on (events has no B-tree on seq): a few
+// recent pages, where an unbounded lookup read the whole table, or its
+// index, once per pass.
 func (q *Queries) WebhookDispatchGapsResolve(ctx context.Context, db DBTX) ([]int64, error) {
 	rows, err := db.Query(ctx, webhookDispatchGapsResolve)
 	if err != nil {
@@ -526,6 +525,20 @@ func (q *Queries) WebhookDispatchGapsResolve(ctx context.Context, db DBTX) ([]in
 		return nil, err
 	}
 	return items, nil
+}
+
+const webhookDispatchGapsStamp = `-- name: WebhookDispatchGapsStamp :exec
+UPDATE webhook_dispatch_gaps SET settle_after = pg_current_xact_id() WHERE settle_after IS NULL
+`
+
+// First in a pass, before its own gaps are kept: the gaps that earlier
+// passes kept get this pass's transaction id, which the dispatcher's lock
+// gave it. A transaction that may still commit a gap's event took its seq,
+// so its id, before the earlier pass read the events, and so before this
+// pass began: its id is lower.
+func (q *Queries) WebhookDispatchGapsStamp(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, webhookDispatchGapsStamp)
+	return err
 }
 
 const webhookDispatcherAdvance = `-- name: WebhookDispatcherAdvance :exec
@@ -551,8 +564,7 @@ func (q *Queries) WebhookDispatcherLock(ctx context.Context, db DBTX) (int64, er
 }
 
 const webhookDispatcherRead = `-- name: WebhookDispatcherRead :many
-SELECT seq, pg_current_snapshot()::text AS snapshot
-FROM events WHERE seq > $1 ORDER BY seq LIMIT $2
+SELECT seq FROM events WHERE seq > $1 ORDER BY seq LIMIT $2
 `
 
 type WebhookDispatcherReadParams struct {
@@ -560,26 +572,20 @@ type WebhookDispatcherReadParams struct {
 	MaxRows  int32
 }
 
-type WebhookDispatcherReadRow struct {
-	Seq      *int64
-	Snapshot string
-}
-
-// The seqs of the committed events after the position, in order, with the
-// snapshot that read them (one statement, one snapshot).
-func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *WebhookDispatcherReadParams) ([]WebhookDispatcherReadRow, error) {
+// The seqs of the committed events after the position, in order.
+func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *WebhookDispatcherReadParams) ([]*int64, error) {
 	rows, err := db.Query(ctx, webhookDispatcherRead, arg.AfterSeq, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []WebhookDispatcherReadRow
+	var items []*int64
 	for rows.Next() {
-		var i WebhookDispatcherReadRow
-		if err := rows.Scan(&i.Seq, &i.Snapshot); err != nil {
+		var seq *int64
+		if err := rows.Scan(&seq); err != nil {
 			return nil, err
 		}
-		items = append(items, i)
+		items = append(items, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -14,24 +14,29 @@ import (
 // Dispatch runs one dispatcher pass and returns how many events it fanned
 // out (whether or not an endpoint wanted them). In one transaction, which
 // holds the dispatcher's row lock (one pass at a time, in any number of
-// processes): the committed events after the position are read in seq
-// order (one statement, one snapshot) and fanned out, every seq skipped
-// below the last of them is kept as a gap with that snapshot, and the
-// position moves to the last of them; then the gaps that are settled are
-// fanned out and forgotten. The gaps come second, in a later snapshot than
-// the read: an event read here was committed before the read, and so was
-// every earlier event of its object (an object's events commit one after
-// the other), which a gap's resolution therefore sees. So the deliveries
-// of one object's events are created by one pass, or in order, and a
-// worker never finds a later version without the earlier one. The fan-out
-// is an INSERT ... ON CONFLICT DO NOTHING on (event, endpoint): a pass
-// repeated after a crash creates nothing twice. It runs off the request
-// path, and reads the events table only.
+// processes): the gaps earlier passes kept are stamped with this pass's
+// transaction id; the committed events after the position are read in seq
+// order and fanned out, every seq skipped below the last of them is kept
+// as a gap, and the position moves to the last of them; then the gaps that
+// are settled are fanned out and forgotten (WebhookDispatchGapsResolve).
+// The gaps come second, in a later snapshot than the read: an event read
+// here was committed before the read, and so was every earlier event of
+// its object (an object's events commit one after the other), which a
+// gap's resolution therefore sees. So the deliveries of one object's events
+// are created by one pass, or in order, and a worker never finds a later
+// version without the earlier one. The fan-out is an INSERT ... ON CONFLICT
+// DO NOTHING on (event, endpoint): a pass repeated after a crash creates
+// nothing twice. It runs off the request path, and reads the events table
+// only.
 func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 	return db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 		last, err := s.q.WebhookDispatcherLock(ctx, tx)
 		if err != nil {
 			return 0, fmt.Errorf("locking the dispatcher: %w", err)
+		}
+		// Before this pass keeps gaps of its own (WebhookDispatchGapsStamp).
+		if err := s.q.WebhookDispatchGapsStamp(ctx, tx); err != nil {
+			return 0, fmt.Errorf("stamping dispatch gaps: %w", err)
 		}
 		rows, err := s.q.WebhookDispatcherRead(ctx, tx, &dbsqlc.WebhookDispatcherReadParams{AfterSeq: &last, MaxRows: s.cfg.Batch})
 		if err != nil {
@@ -41,7 +46,7 @@ func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 		var gaps []int64
 		next := last + 1
 		for _, r := range rows {
-			seq := *r.Seq
+			seq := *r
 			for ; next < seq; next++ {
 				gaps = append(gaps, next)
 			}
@@ -52,7 +57,7 @@ func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		if len(gaps) > 0 {
-			if err := s.q.WebhookDispatchGapsAdd(ctx, tx, &dbsqlc.WebhookDispatchGapsAddParams{Seqs: gaps, Snapshot: rows[0].Snapshot}); err != nil {
+			if err := s.q.WebhookDispatchGapsAdd(ctx, tx, gaps); err != nil {
 				return 0, fmt.Errorf("keeping dispatch gaps: %w", err)
 			}
 		}
