@@ -678,10 +678,7 @@ func TestDispatchGap(t *testing.T) {
 	}
 	b.dispatch(t)
 	b.work(t)
-	objs := map[string]bool{}
-	for _, d := range b.recv.deliveries() {
-		objs[d.Event.ObjectID] = true
-	}
+	objs := b.receivedObjects()
 	if !objs["ch_late"] || !objs["ch_early"] {
 		t.Fatalf("received %v, want ch_late and ch_early (%s)", objs, early)
 	}
@@ -760,10 +757,7 @@ func TestDispatchGapOfANewerTransaction(t *testing.T) {
 	}
 	b.dispatch(t)
 	b.work(t)
-	objs := map[string]bool{}
-	for _, d := range b.recv.deliveries() {
-		objs[d.Event.ObjectID] = true
-	}
+	objs := b.receivedObjects()
 	if !objs["ch_newer"] || !objs["ch_older"] {
 		t.Fatalf("received %v, want ch_newer and ch_older", objs)
 	}
@@ -1080,4 +1074,13 @@ func TestToggleWhileWorking(t *testing.T) {
 			t.Fatalf("%s is %s once the endpoint stayed enabled, want delivered", id, st[id])
 		}
 	}
+}
+
+// receivedObjects are the objects whose events the receiver got.
+func (b *bundle) receivedObjects() map[string]bool {
+	objs := map[string]bool{}
+	for _, d := range b.recv.deliveries() {
+		objs[d.Event.ObjectID] = true
+	}
+	return objs
 }
