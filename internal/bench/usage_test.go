@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -202,15 +205,20 @@ func TestAccountsSpread(t *testing.T) {
 	}
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	var mu sync.Mutex
-	keysByPass := map[string]map[string]bool{}
+	keysByPass := map[int]map[string]bool{}
+	slotsByPass := map[int][]int{} // worker + request index of each request: its account is that modulo the pass's accounts
 	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		// bench-<run>-first-<pass>-<worker>-<i>
 		if f := strings.Split(req.Header.Get("Idempotency-Key"), "-"); len(f) == 6 && f[2] == "first" {
+			pass, _ := strconv.Atoi(f[3])
+			wk, _ := strconv.Atoi(f[4])
+			i, _ := strconv.Atoi(f[5])
 			mu.Lock()
-			if keysByPass[f[3]] == nil {
-				keysByPass[f[3]] = map[string]bool{}
+			if keysByPass[pass] == nil {
+				keysByPass[pass] = map[string]bool{}
 			}
-			keysByPass[f[3]][req.Header.Get("Authorization")] = true
+			keysByPass[pass][req.Header.Get("Authorization")] = true
+			slotsByPass[pass] = append(slotsByPass[pass], wk+i)
 			mu.Unlock()
 		}
 		proxy.ServeHTTP(w, req)
@@ -232,29 +240,25 @@ func TestAccountsSpread(t *testing.T) {
 	if strings.Join(names, ",") != "first,first-1acct,first-5acct" {
 		t.Errorf("scenarios %v, want first,first-1acct,first-5acct", names)
 	}
+	// The loops run in order: 3 accounts, then 1, then 5. A loop uses as
+	// many keys as its requests reach accounts: all of them unless the
+	// machine was too slow to send that many requests in the time given.
 	mu.Lock()
-	var counts []int
-	for _, keys := range keysByPass {
-		counts = append(counts, len(keys))
+	defer mu.Unlock()
+	passes := slices.Sorted(maps.Keys(keysByPass))
+	if len(passes) != 3 {
+		t.Fatalf("first-request loops %v, want 3", passes)
 	}
-	mu.Unlock()
-	if len(counts) != 3 || !containsAll(counts, 1, 3, 5) {
-		t.Errorf("API keys per first-request loop: %v, want 1, 3 and 5", counts)
+	for k, n := range []int{3, 1, 5} {
+		reached := map[int]bool{}
+		for _, slot := range slotsByPass[passes[k]] {
+			reached[slot%n] = true
+		}
+		if got := len(keysByPass[passes[k]]); got != len(reached) {
+			t.Errorf("loop %d of %d accounts: %d API keys over %d requests, want %d", k+1, n, got, len(slotsByPass[passes[k]]), len(reached))
+		}
 	}
 	checkReport(t, report, []string{"idempay first-1acct/first-5acct: first-1acct ", "per request: PostgreSQL CPU "}, nil)
-}
-
-func containsAll(have []int, want ...int) bool {
-	for _, w := range want {
-		found := false
-		for _, h := range have {
-			found = found || h == w
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 // The side-by-side run with the real peer, when its binary is given
