@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/client"
@@ -383,7 +384,8 @@ func attemptsCounted(t *testing.T, url string) float64 {
 func objectHistory(t *testing.T, pool *pgxpool.Pool, objectID string) string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
-		SELECT e.seq, e.id, e.type, e.object_version, e.created_at, d.created_at, d.state, a.scheduled_at, a.started_at, a.status_code
+		SELECT e.seq, e.id, e.type, e.object_version, e.created_at, d.created_at, d.state, d.next_attempt_at, d.lease_until,
+		       d.last_error, a.scheduled_at, a.started_at, a.status_code
 		FROM events e LEFT JOIN webhook_deliveries d ON d.event_id = e.id LEFT JOIN webhook_attempts a ON a.delivery_id = d.id
 		WHERE e.object_id = $1 ORDER BY e.seq, a.id`, objectID)
 	if err != nil {
@@ -395,14 +397,17 @@ func objectHistory(t *testing.T, pool *pgxpool.Pool, objectID string) string {
 		var seq, version int64
 		var id, typ string
 		var created time.Time
-		var dCreated, scheduled, started *time.Time
-		var state *string
+		var dCreated, next, lease, scheduled, started *time.Time
+		var state, lastErr *string
 		var status *int32
-		if err := rows.Scan(&seq, &id, &typ, &version, &created, &dCreated, &state, &scheduled, &started, &status); err != nil {
+		if err := rows.Scan(&seq, &id, &typ, &version, &created, &dCreated, &state, &next, &lease, &lastErr, &scheduled,
+			&started, &status); err != nil {
 			return err.Error()
 		}
-		fmt.Fprintf(&b, "  seq %d %s %s v%d created %s; delivery created %v %v; attempt scheduled %v started %v status %v\n",
-			seq, id, typ, version, created.Format(time.StampMicro), fmtTime(dCreated), deref(state), fmtTime(scheduled), fmtTime(started), status)
+		fmt.Fprintf(&b, "  seq %d %s %s v%d created %s; delivery created %v %v (next attempt %v, lease until %v, last error %q); "+
+			"attempt scheduled %v started %v status %v\n",
+			seq, id, typ, version, created.Format(time.StampMicro), fmtTime(dCreated), deref(state), fmtTime(next), fmtTime(lease),
+			deref(lastErr), fmtTime(scheduled), fmtTime(started), status)
 	}
 	return b.String()
 }
@@ -415,41 +420,34 @@ func fmtTime(t *time.Time) string {
 }
 
 // logUnapplied says, for a failed run, what became of each event the
-// receiver never applied: its delivery's row, and every request that
-// carried its id.
+// receiver never applied: its object's history (objectHistory), and every
+// request that carried it.
 func logUnapplied(t *testing.T, pool *pgxpool.Pool, accountID string, applied map[string]int, receipts []outReceipt) {
 	t.Helper()
-	ctx := context.Background()
-	rows, err := pool.Query(ctx, `SELECT e.id, e.type, e.object_id, e.object_version,
-	        coalesce(d.id, ''), coalesce(d.state, 'none'), coalesce(d.attempts, 0), coalesce(d.claims, 0),
-	        coalesce(d.last_status, 0), coalesce(d.last_error, ''), d.next_attempt_at, d.lease_until, now()
-	    FROM events e LEFT JOIN webhook_deliveries d ON d.event_id = e.id
-	    WHERE e.account_id = $1 ORDER BY e.seq`, accountID)
+	rows, err := pool.Query(context.Background(), `SELECT id, object_id, object_version FROM events WHERE account_id = $1 ORDER BY seq`, accountID)
 	if err != nil {
-		t.Errorf("reading the deliveries: %v", err)
+		t.Errorf("reading the events: %v", err)
 		return
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, typ, object, delivery, state, lastErr string
-		var version int64
-		var attempts, lastStatus int32
-		var claims int64
-		var next, lease *time.Time
-		var now time.Time
-		if err := rows.Scan(&id, &typ, &object, &version, &delivery, &state, &attempts, &claims, &lastStatus, &lastErr,
-			&next, &lease, &now); err != nil {
-			t.Errorf("reading the deliveries: %v", err)
-			return
-		}
-		if applied[id] > 0 {
+	type event struct {
+		id, object string
+		version    int64
+	}
+	evs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (event, error) {
+		var e event
+		return e, row.Scan(&e.id, &e.object, &e.version)
+	})
+	if err != nil {
+		t.Errorf("reading the events: %v", err)
+		return
+	}
+	for _, e := range evs {
+		if applied[e.id] > 0 {
 			continue
 		}
-		t.Errorf("not applied: event %s (%s, %s v%d): delivery %q state %s, %d attempts, %d claims, last status %d, "+
-			"last error %q, next attempt %v, lease until %v, now %v", id, typ, object, version, delivery, state, attempts,
-			claims, lastStatus, lastErr, next, lease, now)
+		t.Errorf("not applied: event %s (%s v%d); its object's history:\n%s", e.id, e.object, e.version, objectHistory(t, pool, e.object))
 		for _, rc := range receipts {
-			if rc.ID == id || (rc.Object == object && rc.Version == version) {
+			if rc.ID == e.id || (rc.Object == e.object && rc.Version == e.version) {
 				t.Errorf("  received %s at %s: answer %q, verified %v", rc.ID, rc.At.Format(time.StampMicro), rc.Answer, rc.Verified)
 			}
 		}
