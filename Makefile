@@ -29,11 +29,14 @@ up: ## start PostgreSQL, stripe-mock (STRIPE=fake: the Stripe fake, which keeps 
 test: ## vet and run all tests with -race against PostgreSQL and stripe-mock (ARGS=... for go test)
 	bash scripts/test.sh $(ARGS)
 
-generate: ## regenerate the sqlc code from the SQL
+generate: ## regenerate the sqlc code from the SQL (what a removed query file generated goes too)
+	rm -f internal/dbsqlc/*.sql.go
 	$(SQLC) $(SQLC_FLAGS) generate
 
 verify: fmt-check ## check that sqlc output is current, go.mod/go.sum are tidy (server and client/), gofmt, go vet and golangci-lint pass
 	$(SQLC) $(SQLC_FLAGS) diff
+	@stale="$$(for f in internal/dbsqlc/*.sql.go; do [[ -f db/queries/$$(basename "$$f" .go) ]] || echo "$$f"; done)"; \
+	if [[ -n "$$stale" ]]; then echo "generated from no query file (make generate removes it):"; echo "$$stale"; exit 1; fi
 	$(GO) mod tidy -diff
 	cd client && $(GO) mod tidy -diff
 	$(MAKE) --no-print-directory lint
