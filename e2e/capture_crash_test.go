@@ -48,11 +48,11 @@ func TestCrashDuringCapture(t *testing.T) {
 				path := "/v1/charges/" + ch.ID + "/capture"
 				body := []byte(`{"amount":1800}`)
 				a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: point})
-				once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+				once := newOnceClient()
 				if resp, err := do(ctx, once, http.MethodPost, a.URL+path, acct.APIKey, key, body); err == nil {
 					t.Fatalf("server A answered %d %s; want the connection to die with the process", resp.Status, resp.Body)
 				}
-				requireKilled(t, "A", a.waitExit(10*time.Second))
+				requireKilled(t, "A", a.waitExit(exitBound))
 				wantCaptures := 0
 				if point == faultpoint.AfterDownstream {
 					wantCaptures = 1

@@ -54,7 +54,7 @@ func TestClientAcrossServerKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireKilled(t, "dying", dying.waitExit(10*time.Second))
+	requireKilled(t, "dying", dying.waitExit(exitBound))
 
 	mu.Lock()
 	calls := slices.Clone(attempts) // the observer goes on with the calls below

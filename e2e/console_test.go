@@ -255,7 +255,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	defer gate.Release()
 	const key = "order-1043"
 	go func() {
-		once := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		once := newOnceClient()
 		_, _ = do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key,
 			[]byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"order 1043"}`))
 	}()

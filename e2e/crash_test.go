@@ -40,15 +40,13 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 				params := chargeParams(4242, "crash at "+tc.point)
 
 				a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: tc.point})
-				// A client that never reuses a connection, so that nothing
-				// (not even http.Transport's silent retry) re-sends the POST.
-				once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+				once := newOnceClient()
 				resp, err := do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key, body)
 				if err == nil {
 					t.Fatalf("server A answered %d %s; want the connection to die with the process", resp.Status, resp.Body)
 				}
 				t.Logf("client saw: %v", err)
-				requireKilled(t, "A", a.waitExit(10*time.Second))
+				requireKilled(t, "A", a.waitExit(exitBound))
 
 				// The crash left the state of its phase boundary behind.
 				if p := recoveryPoint(t, d.Pool, acct.ID, key); p != tc.wantPoint {

@@ -132,7 +132,7 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 			ca := startServer(t, a)
 			const key = "order-crash"
 			publishOrder(t, js, orderMessage(acct.ID, key, 3100))
-			requireKilled(t, "consumer A", ca.waitExit(15*time.Second))
+			requireKilled(t, "consumer A", ca.waitExit(exitBound))
 			if n := len(fake.Charges()); n != 1 {
 				t.Fatalf("after the crash the fake executed %d charges, want 1", n)
 			}
@@ -195,7 +195,7 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 		t.Fatalf("the record is %s while its charge is held at Stripe", p)
 	}
 	gate.Release()
-	if st := c.waitExit(10 * time.Second); !st.Success() {
+	if st := c.waitExit(exitBound); !st.Success() {
 		t.Fatalf("idempay consume ended with %v after SIGTERM, want exit status 0", st)
 	}
 	if n := countLog([]*server{c}, "consumer stopped"); n != 1 {
@@ -358,7 +358,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	r1 := relayOpts
 	r1.Name, r1.FaultPoint = "relay-1", faultpoint.AfterPublish
 	dying := startServer(t, r1)
-	requireKilled(t, "relay-1", dying.waitExit(30*time.Second))
+	requireKilled(t, "relay-1", dying.waitExit(exitBound))
 	var marked int
 	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NOT NULL`).Scan(&marked); err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func TestStorm(t *testing.T) {
 		}
 		gate := fake.Hold()
 		defer gate.Release()
-		once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		once := newOnceClient()
 		var sent sync.WaitGroup
 		for i := range nInflight {
 			sent.Go(func() {

@@ -187,11 +187,11 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 	}
 
 	a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: faultpoint.AfterDownstream})
-	once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	once := newOnceClient()
 	if r, err := deliver(ctx, once, a.URL, ev); err == nil {
 		t.Fatalf("server A answered %d %s; want it killed mid-event", r.Status, r.Body)
 	}
-	requireKilled(t, "A", a.waitExit(10*time.Second))
+	requireKilled(t, "A", a.waitExit(exitBound))
 	if st := readEvent(t, d.Pool, ev.ID); st.Outcome != nil || st.Records != 1 {
 		t.Fatalf("after the crash: outcome %v, %d records; want recorded, unprocessed", st.Outcome, st.Records)
 	}
@@ -249,11 +249,11 @@ func TestWebhookFinishesChargeOfDeadServer(t *testing.T) {
 	params := chargeParams(2500, "recovered by webhook")
 
 	a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: faultpoint.AfterDownstream})
-	once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	once := newOnceClient()
 	if resp, err := do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key, body); err == nil {
 		t.Fatalf("server A answered %d %s; want it killed after Stripe answered", resp.Status, resp.Body)
 	}
-	requireKilled(t, "A", a.waitExit(10*time.Second))
+	requireKilled(t, "A", a.waitExit(exitBound))
 	if p := recoveryPoint(t, d.Pool, acct.ID, key); p != "started" {
 		t.Fatalf("after the crash the record is at %q, want started", p)
 	}
