@@ -37,6 +37,7 @@ import (
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -528,6 +529,7 @@ type retryStats struct {
 	Attempts   int
 	Conflicts  int // 409 request-in-progress
 	Unavail    int // 503 (Stripe outcome unknown, or database down)
+	Unknown    int // of which downstream-unavailable: an unknown outcome released the record
 	ServerErrs int // other 5xx
 	ConnErrs   int
 }
@@ -543,6 +545,9 @@ func (s *retryStats) observe(a client.Attempt) {
 		s.Conflicts++
 	case a.Status == http.StatusServiceUnavailable:
 		s.Unavail++
+		if a.Type == apierror.DownstreamUnavailable.URI() {
+			s.Unknown++
+		}
 	case a.Status >= 500:
 		s.ServerErrs++
 	}
