@@ -20,7 +20,7 @@ import (
 // once even when several callers race for it, and leaves an existing one
 // alone.
 func TestCreateDatabase(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	base, err := url.Parse(dbtest.URL())
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 // must do themselves.
 func emptyDatabase(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	base, err := url.Parse(dbtest.URL())
 	if err != nil {
@@ -169,10 +169,13 @@ func TestMigrateAdoptsAnOlderDatabase(t *testing.T) {
 	}
 }
 
-// Migrators started at once apply each file exactly once between them.
+// Migrators started at once apply each file exactly once between them. A
+// migrator still waiting after 2 minutes (a lock never released) fails
+// with its context's error instead of hanging the package.
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	pool := emptyDatabase(t)
 	fsys := files("0001_a.sql", "0002_b.sql", "0003_c.sql")
 	var (

@@ -22,7 +22,7 @@ import (
 // on a new backend; without it, the same backend keeps refusing writes.
 func TestDropOnFailover(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := pgcluster.Start(t, pgcluster.Options{})
 	if _, err := c.Primary.Conn(ctx).Exec(ctx, `CREATE TABLE t (n int)`); err != nil {

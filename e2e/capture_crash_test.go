@@ -48,11 +48,11 @@ func TestCrashDuringCapture(t *testing.T) {
 				path := "/v1/charges/" + ch.ID + "/capture"
 				body := []byte(`{"amount":1800}`)
 				a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), FaultPoint: point})
-				once := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+				once := newOnceClient()
 				if resp, err := do(ctx, once, http.MethodPost, a.URL+path, acct.APIKey, key, body); err == nil {
 					t.Fatalf("server A answered %d %s; want the connection to die with the process", resp.Status, resp.Body)
 				}
-				requireKilled(t, "A", a.waitExit(10*time.Second))
+				requireKilled(t, "A", a.waitExit(exitBound))
 				wantCaptures := 0
 				if point == faultpoint.AfterDownstream {
 					wantCaptures = 1
@@ -65,16 +65,16 @@ func TestCrashDuringCapture(t *testing.T) {
 				switch recovery {
 				case "retry":
 					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
-					if !waitFor(30*time.Second, func() bool {
+					if !waitFor(2*time.Minute, func() bool {
 						final, err = do(ctx, c, http.MethodPost, b.URL+path, acct.APIKey, key, body)
 						return err == nil && final.Status != http.StatusConflict && final.Status != http.StatusServiceUnavailable
 					}) {
-						t.Fatalf("the retries did not get a final answer in 30 s: %v %+v", err, final)
+						t.Fatalf("the retries did not get a final answer in 2 minutes; the last: %v %+v", err, final)
 					}
 				case "completer":
 					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond})
-					if !waitFor(15*time.Second, func() bool { return recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
-						t.Fatalf("the completer did not finish the capture in 15 s")
+					if !waitFor(2*time.Minute, func() bool { return recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
+						t.Fatalf("the completer did not finish the capture in 2 minutes: its record is at %q", recoveryPoint(t, d.Pool, acct.ID, key))
 					}
 					if final, err = do(ctx, c, http.MethodPost, cs.URL+path, acct.APIKey, key, body); err != nil {
 						t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCLI runs the client commands of the idempay binary against a real
@@ -23,16 +24,22 @@ func TestCLI(t *testing.T) {
 	srv := startServer(t, serverOpts{Name: "cli", DBURL: d.URL, StripeURL: fake.URL()})
 
 	// run runs `idempay args...` with apiKey and returns stdout, stderr and
-	// the exit status.
+	// the exit status. A command that has not ended in 2 minutes is killed
+	// and reported.
 	run := func(apiKey string, args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		cmd := exec.Command(binPath, args...)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binPath, args...)
 		cmd.Env = []string{"IDEMPAY_API_URL=" + srv.URL, "IDEMPAY_API_KEY=" + apiKey, "PATH=" + os.Getenv("PATH")}
 		var out, errOut bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errOut
 		err := cmd.Run()
 		var exit *exec.ExitError
 		switch {
+		case ctx.Err() != nil:
+			t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
+				strings.Join(args, " "), err, out.String(), errOut.String())
 		case errors.As(err, &exit):
 			code = exit.ExitCode()
 		case err != nil:

@@ -86,6 +86,10 @@ func newChrome(t *testing.T) *chrome {
 	return c
 }
 
+// pageBound bounds each wait of the browser: far beyond what a loaded
+// machine takes to load a page or show a live update.
+const pageBound = 2 * time.Minute
+
 // do runs actions, each wait bounded by d.
 func (c *chrome) do(d time.Duration, what string, actions ...chromedp.Action[chromedp.Void]) {
 	c.t.Helper()
@@ -132,7 +136,7 @@ func (c *chrome) consoleErrors() []string {
 
 func (c *chrome) signIn(consoleURL, apiKey string) {
 	c.t.Helper()
-	c.do(30*time.Second, "signing in",
+	c.do(pageBound, "signing in",
 		chromedp.Navigate(consoleURL+"/login"),
 		chromedp.WaitVisible(chromedp.CSS("#api_key")),
 		chromedp.SendKeys(chromedp.CSS("#api_key"), apiKey),
@@ -157,10 +161,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	acct := newAccount(t, d.Pool, "Acme Books")
 	other := newAccount(t, d.Pool, "another merchant")
 	// Every server shares the timings: the console tells in flight from
-	// waiting by the lock timeout, as the claim does. The Stripe timeout
-	// is long enough that the held call is still in flight when its
-	// server is killed.
-	const lock, stripeTimeout = 6 * time.Second, 5 * time.Second
+	// waiting by the lock timeout, as the claim does. Both are long enough
+	// that the held call is still in flight, and shown so, when its server
+	// is killed, however slowly a loaded machine runs the browser.
+	const lock, stripeTimeout = 30 * time.Second, 25 * time.Second
 	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout,
 		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
@@ -172,7 +176,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// 1. A charge made through the API appears without a reload, and
 	// Stripe's event moves it on. A 3-D Secure payment waits for the
 	// customer (requires_action) until the event that it succeeded.
-	br.do(30*time.Second, "opening the charges page", chromedp.Navigate(consoleURL+"/charges"),
+	br.do(pageBound, "opening the charges page", chromedp.Navigate(consoleURL+"/charges"),
 		chromedp.WaitVisible(chromedp.CSS("table#charges")))
 	br.eval(`String(window.idempayNoReload = "still here")`)
 	res, err := do(context.Background(), c, http.MethodPost, web.URL+"/v1/charges", acct.APIKey, "console-3ds",
@@ -193,7 +197,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := fmt.Sprintf(`tr[data-charge=%q]`, ch.ID)
-	br.do(30*time.Second, "waiting for the new charge on the page", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="requires_action"]`)))
+	br.do(pageBound, "waiting for the new charge on the page", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="requires_action"]`)))
 	// The customer authenticates; Stripe sends payment_intent.succeeded.
 	page, err := http.Get(ch.NextAction.RedirectToURL.URL + "?result=succeed")
 	if err != nil {
@@ -208,12 +212,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	if r, err := deliver(context.Background(), c, web.URL, ev); err != nil || r.Outcome != "applied" {
 		t.Fatalf("delivering the event: %v %+v", err, r)
 	}
-	br.do(30*time.Second, "waiting for the event to move the charge on", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="succeeded"]`)))
+	br.do(pageBound, "waiting for the event to move the charge on", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="succeeded"]`)))
 	if got := br.eval(`String(window.idempayNoReload)`); got != "still here" {
 		t.Fatalf("the page was reloaded (marker %q): want the content to change in place", got)
 	}
 	br.screenshot("console-charges")
-	br.do(30*time.Second, "opening the charge", chromedp.Click(chromedp.CSS(row+" a")),
+	br.do(pageBound, "opening the charge", chromedp.Click(chromedp.CSS(row+" a")),
 		chromedp.WaitVisible(chromedp.CSS(`#history li[data-version]`)))
 	br.screenshot("console-charge")
 
@@ -221,11 +225,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Idempotency-Key, minted when the page loaded, so however many of the
 	// clicks reach the server, the event is resent once: one record of the
 	// resend route, finished.
-	br.do(30*time.Second, "opening the charge's event", chromedp.Click(chromedp.CSS(`#history li[data-version] a`)),
+	br.do(pageBound, "opening the charge's event", chromedp.Click(chromedp.CSS(`#history li[data-version] a`)),
 		chromedp.WaitVisible(chromedp.CSS("#resend")))
-	br.do(30*time.Second, "double-clicking Resend", chromedp.DoubleClick(chromedp.CSS("#resend")),
+	br.do(pageBound, "double-clicking Resend", chromedp.DoubleClick(chromedp.CSS("#resend")),
 		chromedp.WaitVisible(chromedp.CSS("table#deliveries")))
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(pageBound)
 	for {
 		var n, finished int
 		if err := d.Pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE recovery_point = 'finished')
@@ -240,7 +244,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a double-clicked Resend: %d resend records, %d finished after 30 s; want 1, finished", n, finished)
+			t.Fatalf("a double-clicked Resend: %d resend records, %d finished after %s; want 1, finished", n, finished, pageBound)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -249,33 +253,33 @@ func TestConsoleInBrowser(t *testing.T) {
 	// killed; once its lock expires, the record waits; another server's
 	// completer takes it over and finishes it.
 	a := startServer(t, serverOpts{Name: "A", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout})
-	br.do(30*time.Second, "opening the records page", chromedp.Navigate(consoleURL+"/records"),
+	br.do(pageBound, "opening the records page", chromedp.Navigate(consoleURL+"/records"),
 		chromedp.WaitVisible(chromedp.CSS("table#records")))
 	gate := fake.Hold()
 	defer gate.Release()
 	const key = "order-1043"
 	go func() {
-		once := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		once := newOnceClient()
 		_, _ = do(context.Background(), once, http.MethodPost, a.URL+"/v1/charges", acct.APIKey, key,
 			[]byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"order 1043"}`))
 	}()
 	select {
 	case <-gate.Arrived():
-	case <-time.After(30 * time.Second):
-		t.Fatal("the charge did not reach Stripe in 30 s")
+	case <-time.After(pageBound):
+		t.Fatalf("the charge did not reach Stripe in %s", pageBound)
 	}
 	rec := fmt.Sprintf(`tr[data-key=%q]`, key)
-	br.do(30*time.Second, "waiting for the record in flight", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="in_flight"]`)))
+	br.do(pageBound, "waiting for the record in flight", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="in_flight"]`)))
 	br.screenshot("console-record-in-flight")
 	a.kill9()
-	br.do(lock+30*time.Second, "waiting for the dead owner's record to wait", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="waiting"]`)))
+	br.do(lock+pageBound, "waiting for the dead owner's record to wait", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="waiting"]`)))
 	br.screenshot("console-record-waiting")
 	gate.Release()
 	startServer(t, serverOpts{Name: "completer", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout,
 		Completer: 200 * time.Millisecond})
-	br.do(60*time.Second, "waiting for the completer to finish the record", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="finished"]`)))
+	br.do(pageBound, "waiting for the completer to finish the record", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="finished"]`)))
 	br.screenshot("console-records")
-	br.do(30*time.Second, "opening the finished record", chromedp.Click(chromedp.CSS(rec+" a")),
+	br.do(pageBound, "opening the finished record", chromedp.Click(chromedp.CSS(rec+" a")),
 		chromedp.WaitVisible(chromedp.CSS(`#record[data-state="finished"]`)))
 	if text, err := chromedp.Run(br.ctx, chromedp.Text(chromedp.CSS("#record"))); err != nil || !strings.Contains(text, "2 (1 + the takeovers)") {
 		t.Errorf("the finished record's fields %q (%v): want lock generation 2, the completer's takeover", text, err)
@@ -283,12 +287,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	br.screenshot("console-record")
 
 	// 3. Another account signs in and sees none of the first's rows.
-	br.do(30*time.Second, "signing out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#api_key")))
+	br.do(pageBound, "signing out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#api_key")))
 	br.signIn(consoleURL, other.APIKey)
 	if n := br.eval(`String(document.querySelectorAll("tr[data-record]").length)`); n != "0" {
 		t.Errorf("the second account's records page shows %s records, want none", n)
 	}
-	br.do(30*time.Second, "opening the second account's charges", chromedp.Navigate(consoleURL+"/charges"),
+	br.do(pageBound, "opening the second account's charges", chromedp.Navigate(consoleURL+"/charges"),
 		chromedp.WaitVisible(chromedp.CSS("table#charges")))
 	if n := br.eval(`String(document.querySelectorAll("tr[data-charge]").length)`); n != "0" {
 		t.Errorf("the second account's charges page shows %s charges, want none", n)
@@ -303,5 +307,5 @@ func TestConsoleInBrowser(t *testing.T) {
 	if status := br.eval(`fetch("/logout", {method: "POST"}).then(r => String(r.status))`); status != "403" {
 		t.Errorf("POST /logout without the CSRF token: %s, want 403", status)
 	}
-	br.do(30*time.Second, "still signed in", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS("table#records")))
+	br.do(pageBound, "still signed in", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS("table#records")))
 }

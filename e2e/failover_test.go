@@ -74,7 +74,7 @@ func (l *answerLog) answers() []answer {
 func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := pgcluster.Start(t, pgcluster.Options{})
 	if _, err := c.Primary.Conn(ctx).Exec(ctx, "CREATE DATABASE idempay_e2e"); err != nil {
@@ -87,11 +87,14 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 
 	fake := newFake(t)
 	fake.SetDelay(25 * time.Millisecond)
-	dbURL := c.URL("idempay_e2e") + "&connect_timeout=2"
+	// Timeouts that a loaded machine's healthy connection or Stripe call
+	// does not reach: a 503 outside the failover window fails the test. (A
+	// dead primary on loopback refuses a connection at once.)
+	dbURL := c.URL("idempay_e2e") + "&connect_timeout=10"
 	var servers []*server
 	for _, name := range []string{"A", "B"} {
 		servers = append(servers, startServer(t, serverOpts{Name: name, DBURL: dbURL, StripeURL: fake.URL(),
-			Completer: 300 * time.Millisecond, Lock: 2 * time.Second, Stripe: time.Second}))
+			Completer: 300 * time.Millisecond, Lock: 6 * time.Second, Stripe: 5 * time.Second}))
 	}
 	urls := []string{servers[0].URL, servers[1].URL}
 	log := &answerLog{next: http.DefaultTransport}
@@ -126,14 +129,14 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	}
 
 	total := int64(nClients * nKeys)
-	if !waitFor(30*time.Second, func() bool { return done.Load() >= total/3 }) {
-		t.Fatal("no progress before the failover")
+	if !waitFor(2*time.Minute, func() bool { return done.Load() >= total/3 }) {
+		t.Fatalf("%d of %d keys charged in 2 minutes, want %d before the failover", done.Load(), total, total/3)
 	}
 	c.Cut(ctx)
 	atCut := done.Load()
 	// Commits from now on live only on the primary.
-	if !waitFor(30*time.Second, func() bool { return done.Load() >= atCut+total/6 }) {
-		t.Fatal("no progress after the cut")
+	if !waitFor(2*time.Minute, func() bool { return done.Load() >= atCut+total/6 }) {
+		t.Fatalf("%d keys charged in the 2 minutes after the cut (after %d), want %d", done.Load()-atCut, atCut, total/6)
 	}
 	atKill := done.Load()
 	killedAt := time.Now()
@@ -160,11 +163,9 @@ func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	// What the new primary lacks: charges Stripe made that have no ledger
 	// row, each a 201 that committed only on the lost primary.
 	check := openMigrated(t, ctx, c.Standby.URL("idempay_e2e"))
-	waitFor(20*time.Second, func() bool {
-		var n int
-		err := check.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`).Scan(&n)
-		return err == nil && n == 0
-	})
+	if unfinished := waitFinished(t, ctx, check, 2*time.Minute); len(unfinished) > 0 {
+		t.Logf("still unfinished on the new primary after 2 minutes: %v", unfinished)
+	}
 	ledgerRows := func() (missing int) {
 		t.Helper()
 		for _, fc := range fake.Charges() {

@@ -37,6 +37,7 @@ import (
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -266,14 +267,31 @@ func (s *server) start() {
 	}()
 	switch command {
 	case "consume":
-		s.waitLog("consuming", 15*time.Second)
+		s.waitLog("consuming", startBound)
 	case "relay":
-		s.waitLog("relay started", 15*time.Second)
+		s.waitLog("relay started", startBound)
 	case "deliver":
-		s.waitLog("delivering webhooks out", 15*time.Second)
+		s.waitLog("delivering webhooks out", startBound)
 	default:
-		s.waitReady(15 * time.Second)
+		s.waitReady(startBound)
 	}
+}
+
+// startBound bounds a process's start (its connections to PostgreSQL and
+// NATS, its first log line or /readyz), and exitBound its end once it was
+// killed or reached its fault point: both only bound a broken process, so
+// they are far beyond what a loaded machine takes.
+const (
+	startBound = 2 * time.Minute
+	exitBound  = time.Minute
+)
+
+// newOnceClient is a client for a single POST to a process about to die: it
+// never reuses a connection, so that nothing (not even http.Transport's
+// silent retry) re-sends the POST, and its timeout only bounds a process
+// that never reaches its fault point.
+func newOnceClient() *http.Client {
+	return &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
 }
 
 // waitLog waits until the process has logged msg (in this run), it dies, or
@@ -313,7 +331,7 @@ func (s *server) waitReady(d time.Duration) {
 	s.t.Helper()
 	c := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(d)
-	for i := 0; time.Now().Before(deadline) && i < 1000; i++ {
+	for time.Now().Before(deadline) {
 		select {
 		case <-s.doneChan():
 			s.showLog()
@@ -366,7 +384,7 @@ func (s *server) kill9() {
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		s.t.Fatalf("kill -9 %s: %v", s.opts.Name, err)
 	}
-	requireKilled(s.t, s.opts.Name, s.waitExit(10*time.Second))
+	requireKilled(s.t, s.opts.Name, s.waitExit(exitBound))
 }
 
 // sigterm sends SIGTERM, as a supervisor stopping the process does, and
@@ -392,6 +410,7 @@ func requireKilled(t *testing.T, name string, st *os.ProcessState) {
 }
 
 // stop ends the process if it runs: SIGTERM, then SIGKILL after 5 s.
+// A process that SIGKILL does not end within exitBound is reported.
 func (s *server) stop() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
@@ -409,7 +428,11 @@ func (s *server) stop() {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
+		select {
+		case <-done:
+		case <-time.After(exitBound):
+			s.t.Errorf("%s (pid %d) still running %s after SIGKILL", s.opts.Name, cmd.Process.Pid, exitBound)
+		}
 	}
 }
 
@@ -506,6 +529,7 @@ type retryStats struct {
 	Attempts   int
 	Conflicts  int // 409 request-in-progress
 	Unavail    int // 503 (Stripe outcome unknown, or database down)
+	Unknown    int // of which downstream-unavailable: an unknown outcome released the record
 	ServerErrs int // other 5xx
 	ConnErrs   int
 }
@@ -521,6 +545,9 @@ func (s *retryStats) observe(a client.Attempt) {
 		s.Conflicts++
 	case a.Status == http.StatusServiceUnavailable:
 		s.Unavail++
+		if a.Type == apierror.DownstreamUnavailable.URI() {
+			s.Unknown++
+		}
 	case a.Status >= 500:
 		s.ServerErrs++
 	}

@@ -32,11 +32,11 @@ func orderMessage(account, key string, amount int) []byte {
 	return b
 }
 
-// publishOrder publishes data to orders.paid, retrying for up to 20 s (a
-// cluster may be electing a leader).
+// publishOrder publishes data to orders.paid, retrying for up to a minute
+// (a cluster may be electing a leader).
 func publishOrder(t *testing.T, js jetstream.JetStream, data []byte) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := js.Publish(ctx, orders.DefaultConfig().Subject, data)
@@ -52,17 +52,21 @@ func publishOrder(t *testing.T, js jetstream.JetStream, data []byte) {
 }
 
 // ordersSettled is true when the durable consumer has nothing pending or
-// unacknowledged.
-func ordersSettled(js jetstream.JetStream) bool {
+// unacknowledged; otherwise state says what it has (or why it is unknown).
+func ordersSettled(js jetstream.JetStream) (settled bool, state string) {
 	cfg := orders.DefaultConfig()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := js.Consumer(ctx, cfg.Stream, cfg.Durable)
 	if err != nil {
-		return false
+		return false, "reading the consumer: " + err.Error()
 	}
 	ci, err := c.Info(ctx)
-	return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	if err != nil {
+		return false, "reading the consumer: " + err.Error()
+	}
+	return ci.NumPending == 0 && ci.NumAckPending == 0, fmt.Sprintf("%d pending, %d unacknowledged, %d redelivered",
+		ci.NumPending, ci.NumAckPending, ci.NumRedelivered)
 }
 
 // deadLetterCount is the number of messages on orders.paid.dlq.
@@ -83,13 +87,13 @@ func deadLetterCount(t *testing.T, js jetstream.JetStream) int {
 	return len(dl)
 }
 
-// retryJS runs a JetStream read until it succeeds, for 30 s at most, each
-// try bounded by 5 s: on a cluster that just lost a node, a request can time
-// out while a stream or consumer elects a new leader. It returns the last
-// error.
+// retryJS runs a JetStream read until it succeeds, for 2 minutes at most,
+// each try bounded by 5 s: on a cluster that just lost a node, a request can
+// time out while a stream or consumer elects a new leader. It returns the
+// last error.
 func retryJS(read func(ctx context.Context) error) error {
 	var err error
-	waitFor(30*time.Second, func() bool {
+	waitFor(2*time.Minute, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err = read(ctx)
@@ -132,7 +136,7 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 			ca := startServer(t, a)
 			const key = "order-crash"
 			publishOrder(t, js, orderMessage(acct.ID, key, 3100))
-			requireKilled(t, "consumer A", ca.waitExit(15*time.Second))
+			requireKilled(t, "consumer A", ca.waitExit(exitBound))
 			if n := len(fake.Charges()); n != 1 {
 				t.Fatalf("after the crash the fake executed %d charges, want 1", n)
 			}
@@ -140,8 +144,14 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 			b := opts
 			b.Name = "consumer-B"
 			startServer(t, b)
-			if !waitFor(30*time.Second, func() bool { return ordersSettled(js) && recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
-				t.Fatalf("the redelivered message was not finished and acknowledged in 30 s (record at %q)", recoveryPoint(t, d.Pool, acct.ID, key))
+			var state string
+			if !waitFor(2*time.Minute, func() bool {
+				var settled bool
+				settled, state = ordersSettled(js)
+				return settled && recoveryPoint(t, d.Pool, acct.ID, key) == "finished"
+			}) {
+				t.Fatalf("the redelivered message was not finished and acknowledged in 2 minutes: record at %q, consumer: %s",
+					recoveryPoint(t, d.Pool, acct.ID, key), state)
 			}
 			checkOrders(t, d, indexFake(fake), acct.ID, []string{key})
 			if n := len(fake.Charges()); n != 1 {
@@ -168,12 +178,13 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 	natsURL := natstest.Server(t)
 	_, js := natstest.Connect(t, natsURL)
 	acct := newAccount(t, d.Pool, "consumer sigterm")
-	// A Stripe timeout longer than the hold, so that the held charge ends
-	// in Stripe's answer and not in an unknown outcome; the ack wait (the
-	// consumer's shutdown bound) longer than that.
+	// A Stripe timeout longer than the hold however slowly a loaded machine
+	// runs the test's steps, so that the held charge ends in Stripe's answer
+	// and not in an unknown outcome; the ack wait (the consumer's shutdown
+	// bound) longer than that, so that the message is not redelivered.
 	c := startServer(t, serverOpts{Name: "consumer", DBURL: d.URL, StripeURL: fake.URL(), Command: "consume",
-		NATSURL: natsURL, Stripe: 5 * time.Second, Lock: 10 * time.Second,
-		Env: []string{"ORDERS_ACK_WAIT=8s", "ORDERS_MAX_DELIVER=20"}})
+		NATSURL: natsURL, Stripe: time.Minute, Lock: 2 * time.Minute,
+		Env: []string{"ORDERS_ACK_WAIT=90s", "ORDERS_MAX_DELIVER=20"}})
 
 	gate := fake.Hold()
 	defer gate.Release()
@@ -181,8 +192,8 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 	publishOrder(t, js, orderMessage(acct.ID, key, 3300))
 	select {
 	case <-gate.Arrived():
-	case <-time.After(30 * time.Second):
-		t.Fatal("the charge never reached Stripe")
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the charge did not reach Stripe in 2 minutes; the record is at %q", recoveryPoint(t, d.Pool, acct.ID, key))
 	}
 
 	c.sigterm()
@@ -195,7 +206,7 @@ func TestConsumerSIGTERMDuringCharge(t *testing.T) {
 		t.Fatalf("the record is %s while its charge is held at Stripe", p)
 	}
 	gate.Release()
-	if st := c.waitExit(10 * time.Second); !st.Success() {
+	if st := c.waitExit(exitBound); !st.Success() {
 		t.Fatalf("idempay consume ended with %v after SIGTERM, want exit status 0", st)
 	}
 	if n := countLog([]*server{c}, "consumer stopped"); n != 1 {
@@ -253,13 +264,19 @@ func runConsumers(t *testing.T, natsURL string, js jetstream.JetStream, env []st
 		}
 	})
 	// Kill once a fifth of the keys are charged: mid-run.
-	if !waitFor(60*time.Second, func() bool { return len(fake.Charges()) >= 20 }) {
-		t.Fatalf("the consumers charged only %d keys in 60 s", len(fake.Charges()))
+	if !waitFor(2*time.Minute, func() bool { return len(fake.Charges()) >= 20 }) {
+		t.Fatalf("the consumers charged only %d keys in 2 minutes", len(fake.Charges()))
 	}
 	kill(consumers)
 	wg.Wait()
-	if !waitFor(60*time.Second, func() bool { return ordersSettled(js) && len(fake.Charges()) == 100 }) {
-		t.Fatalf("not settled in 60 s: %d charges at the fake", len(fake.Charges()))
+	var state string
+	if !waitFor(3*time.Minute, func() bool {
+		var settled bool
+		settled, state = ordersSettled(js)
+		return settled && len(fake.Charges()) == 100
+	}) {
+		t.Fatalf("not settled in 3 minutes: %d charges at the fake, %d dead letters; consumer: %s",
+			len(fake.Charges()), deadLetterCount(t, js), state)
 	}
 	checkOrders(t, d, indexFake(fake), acct.ID, keys)
 	if n := len(fake.Charges()); n != 100 {
@@ -307,7 +324,7 @@ func TestConsumersOnClusterNodeKilled(t *testing.T) {
 	}
 	cfg := orders.DefaultConfig()
 	cfg.Replicas = 3
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := orders.EnsureStream(ctx, js, cfg); err != nil {
 		t.Fatal(err)
@@ -332,7 +349,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 		accts = append(accts, newAccount(t, d.Pool, fmt.Sprintf("relay %d", i)))
 	}
 	c := newHTTPClient()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
@@ -358,7 +375,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	r1 := relayOpts
 	r1.Name, r1.FaultPoint = "relay-1", faultpoint.AfterPublish
 	dying := startServer(t, r1)
-	requireKilled(t, "relay-1", dying.waitExit(30*time.Second))
+	requireKilled(t, "relay-1", dying.waitExit(exitBound))
 	var marked int
 	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NOT NULL`).Scan(&marked); err != nil {
 		t.Fatal(err)
@@ -369,12 +386,13 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	r2 := relayOpts
 	r2.Name = "relay-2"
 	startServer(t, r2)
-	if !waitFor(60*time.Second, func() bool {
-		var pending int
-		_ = d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NULL`).Scan(&pending)
-		return pending == 0
+	var pending int
+	var pendingErr error
+	if !waitFor(2*time.Minute, func() bool {
+		pendingErr = d.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE published_at IS NULL`).Scan(&pending)
+		return pendingErr == nil && pending == 0
 	}) {
-		t.Fatal("the second relay did not publish the outbox in 60 s")
+		t.Fatalf("the second relay did not publish the outbox in 2 minutes: %d events unpublished (%v)", pending, pendingErr)
 	}
 
 	cfg := relay.DefaultConfig()

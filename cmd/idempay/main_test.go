@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 )
@@ -23,16 +25,22 @@ func TestMain(m *testing.M) {
 }
 
 // idempay runs the command with exactly env (nothing inherited) and
-// returns its stdout, stderr and exit status.
+// returns its stdout, stderr and exit status. A command that has not ended
+// in 2 minutes is killed and reported.
 func idempay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append([]string{"IDEMPAY_TEST_MAIN=1"}, env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	var exit *exec.ExitError
 	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
+			strings.Join(args, " "), err, out.String(), errOut.String())
 	case errors.As(err, &exit):
 		code = exit.ExitCode()
 	case err != nil:
