@@ -124,6 +124,7 @@ func TestNoteUses(t *testing.T) {
 	}
 
 	// Free, the key's use is noted: auth saw it above.
+	before := time.Now()
 	if err := auth.NoteUses(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,11 @@ func TestNoteUses(t *testing.T) {
 	if err := auth.NoteUses(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if at := lastUsed(); at == nil || !at.Equal(*first) {
-		t.Errorf("last_used_at = %v after a second use within the minute, want it still %s", at, first)
+	// Within the minute unless a loaded machine took one between the
+	// notes; then the second may write, and this tells nothing.
+	if took := time.Since(before); took >= time.Minute {
+		t.Logf("the two notes took %s, not within a minute: not checked", took)
+	} else if at := lastUsed(); at == nil || !at.Equal(*first) {
+		t.Errorf("last_used_at = %v after a second use %s later, want it still %s", at, took, first)
 	}
 }

@@ -295,7 +295,7 @@ func count(list []string, s string) int {
 // plan on a 1M-row table, where no setting is needed).
 func TestReplayReadIsIndexScan(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tx, err := dbtest.Pool(t).Begin(ctx)
 	if err != nil {

@@ -279,8 +279,10 @@ func TestPeerSideBySide(t *testing.T) {
 	sides := map[string]int{}
 	for _, res := range results {
 		sides[res.Side]++
-		if res.Requests < 10 || res.Unexpected != 0 {
-			t.Errorf("%s %s: %d requests, %d unexpected %v", res.Side, res.Name, res.Requests, res.Unexpected, res.Statuses)
+		// Unpaced: how many requests fit in 400 ms is the machine's to
+		// decide, so only that there were some.
+		if res.Requests == 0 || res.Unexpected != 0 {
+			t.Errorf("%s %s: %d requests, %d unexpected %v; why: %q", res.Side, res.Name, res.Requests, res.Unexpected, res.Statuses, res.Errors)
 		}
 	}
 	if sides["idempay"] != 2 || sides["peer"] != 2 {

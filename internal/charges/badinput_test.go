@@ -242,7 +242,7 @@ func TestControlCharactersInKeyHeader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // as apitest's client: a bound, not a speed
 		fmt.Fprintf(conn, "POST /v1/charges HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
 			"Content-Type: application/json\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 			u.Host, c.Account.APIKey, key, len(body), body)

@@ -180,8 +180,8 @@ func TestInFlightConflict(t *testing.T) {
 	var first *apitest.Response
 	select {
 	case first = <-firstc:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first request did not finish after release")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the first request did not finish within 2m of its release")
 	}
 	wantStatus(t, first, http.StatusCreated)
 	wantSameResponse(t, first, c.Post("/v1/charges", key, chargeBody(300)))

@@ -277,8 +277,15 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { env.Reconciler.Run(ctx, time.Hour); close(done) }()
-	defer func() { cancel(); <-done }()
 	const deadline = 2 * time.Minute
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(deadline):
+			t.Errorf("the reconciler's Run did not return within %s of its cancel", deadline)
+		}
+	}()
 	select {
 	case outcome := <-outcomes:
 		if outcome != charges.ReconcileRecreated {

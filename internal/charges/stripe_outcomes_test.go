@@ -101,8 +101,17 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			env := apitest.New(t, apitest.Options{StripeTimeout: 400 * time.Millisecond})
-			env.Stripe.SetFaultDelay(5 * time.Second)
+			// Only the delay needs a Stripe timeout that a call reaches:
+			// the fake holds its answer for far longer (it lets go when
+			// the client does). The retry, a healthy call, must end within
+			// the same timeout however loaded the machine, so it is not
+			// short; the other cases keep the default.
+			var opts apitest.Options
+			if tc.fault == stripefake.Delay {
+				opts.StripeTimeout = 10 * time.Second
+			}
+			env := apitest.New(t, opts)
+			env.Stripe.SetFaultDelay(10 * time.Minute)
 			c := env.NewClient(t)
 
 			// A window, not FailNext(f, 1): http.Transport may re-send the
@@ -258,8 +267,8 @@ func TestStripeKeyInUseIsUnknown(t *testing.T) {
 	var first *apitest.Response
 	select {
 	case first = <-firstc:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the stuck request did not return after release")
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the stuck request did not return within 2m of its release")
 	}
 	// It was taken over: its late write is fenced and it does not answer 201.
 	wantProblem(t, first, http.StatusConflict, "request-in-progress")

@@ -77,7 +77,7 @@ func binaryName() string {
 // server processes, which must not touch other tests' rows.
 func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), setupLimit)
 	defer cancel()
 	base, err := url.Parse(URL())
 	if err != nil {
@@ -129,8 +129,13 @@ func Pool(tb testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// setupLimit bounds making and migrating a test database: a bound for a
+// server whose machine is busy with other tests (each package, and many
+// tests, make databases at once), not a speed.
+const setupLimit = 2 * time.Minute
+
 func open(ctx context.Context) (*pgxpool.Pool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, setupLimit)
 	defer cancel()
 	p, err := openMigrated(ctx)
 	if errors.Is(err, db.ErrMigrationChanged) {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -29,7 +28,7 @@ func TestRelayCarriesTrace(t *testing.T) {
 	_, pool := dbtest.NewDatabase(t)
 	env := apitest.New(t, apitest.Options{Pool: pool})
 	_, js := natstest.Connect(t, natstest.Server(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	c := env.NewClient(t)
 	if r := charge(t, c, 700, "tok_visa"); r.Status != 201 {
@@ -75,7 +74,7 @@ func TestRelayCarriesTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+		msg, err := cons.Next(jetstream.FetchMaxWait(patience))
 		if err != nil {
 			t.Fatalf("reading the stream for event %s: %v", eventID, err)
 		}

@@ -180,6 +180,11 @@ func requireKind(t *testing.T, err error, kind error) *idempotency.Error {
 	return ie
 }
 
+// waitLimit bounds a test's wait for a Run on another goroutine to reach
+// a point or return: a bound for a machine whose cores are busy with other
+// work, not a speed.
+const waitLimit = 2 * time.Minute
+
 // stalledOwner starts Run with an operation whose Execute signals that it
 // started and then waits for the returned release function to hand it a
 // Step. It returns when Execute has started.
@@ -198,8 +203,8 @@ func stalledOwner(t *testing.T, r *idempotency.Runner, d *testDB, key string) (r
 	}()
 	select {
 	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first owner never reached Execute")
+	case <-time.After(waitLimit):
+		t.Fatalf("the first owner did not reach Execute in %s", waitLimit)
 	}
 	return func(step func(*idempotency.Record) idempotency.Step) { steps <- step }, result
 }
@@ -209,8 +214,8 @@ func awaitErr(t *testing.T, ch chan error) error {
 	select {
 	case err := <-ch:
 		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first owner did not return")
+	case <-time.After(waitLimit):
+		t.Fatalf("the first owner did not return in %s", waitLimit)
 		return nil
 	}
 }

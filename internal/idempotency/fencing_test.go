@@ -175,8 +175,8 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	}()
 	select {
 	case <-bStarted:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B did not take over")
+	case <-time.After(waitLimit):
+		t.Fatalf("B did not take over in %s", waitLimit)
 	}
 
 	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
@@ -196,8 +196,8 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	var rb result
 	select {
 	case rb = <-resultB:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B did not finish")
+	case <-time.After(waitLimit):
+		t.Fatalf("B did not finish in %s", waitLimit)
 	}
 	if rb.err != nil || string(rb.resp.Body) != `{"owner":"B"}` {
 		t.Fatalf("B: %v %s", rb.err, rb.resp.Body)

@@ -117,7 +117,10 @@ func setup(t *testing.T) *bundle {
 	b.cfg = apitest.MerchantHooksConfig()
 	b.cfg.Schedule = []time.Duration{time.Second, 10 * time.Second, time.Minute}
 	b.cfg.Jitter = 0
-	b.cfg.Timeout = 2 * time.Second
+	// Long enough that an attempt a loaded machine answers slowly is not a
+	// failed one (no test here waits for a timeout of a POST); shorter
+	// than the lease, as the service requires.
+	b.cfg.Timeout = 15 * time.Second
 	b.cfg.Lease = 30 * time.Second
 	b.cfg.DisableAfter = time.Hour
 	b.cfg.Now = b.clock.Now

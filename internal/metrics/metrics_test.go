@@ -53,7 +53,9 @@ func TestCompleterAndRetentionSeries(t *testing.T) {
 	c := env.NewClient(t)
 	ctx := context.Background()
 
-	env.Stripe.FailFor(stripefake.Fail500, 5*time.Second)
+	// Down until ClearFaults below: the charge must meet the outage however
+	// long a loaded machine takes to send it.
+	env.Stripe.FailFor(stripefake.Fail500, time.Hour)
 	resp := c.Post("/v1/charges", "metrics-recovered", map[string]any{"amount": 700, "currency": "usd", "payment_method": "tok_visa"})
 	if resp == nil {
 		t.Fatal("charge during the Stripe outage: no response")
@@ -70,7 +72,7 @@ func TestCompleterAndRetentionSeries(t *testing.T) {
 	// until the record is due and finished. The deadline only bounds a
 	// broken completer; on a loaded machine the poll just takes longer.
 	finished := 0
-	poll(t, "the completer to finish the record", 30*time.Second, 100*time.Millisecond, func() bool {
+	poll(t, "the completer to finish the record", 2*time.Minute, 100*time.Millisecond, func() bool {
 		n, err := env.Runner.CompleteDue(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -93,11 +95,15 @@ func TestCompleterAndRetentionSeries(t *testing.T) {
 	}()
 	// Retention purges a record finished more than 1 ms ago on its first
 	// pass; poll the counter rather than sleep for some passes.
-	poll(t, "retention to purge the record", 30*time.Second, 50*time.Millisecond, func() bool {
+	poll(t, "retention to purge the record", 2*time.Minute, 50*time.Millisecond, func() bool {
 		return scrape(t, env, "idempay_idempotency_records_purged_total") >= 1
 	})
 	stop()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("RunRetention did not return within 2m of its cancel")
+	}
 	if got := scrape(t, env, "idempay_idempotency_records_purged_total"); got != 1 {
 		t.Errorf("records_purged_total = %v, want 1", got)
 	}

@@ -14,9 +14,9 @@ import (
 
 func TestServer(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	_, js := Connect(t, Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
 
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}})
 	if err != nil {
@@ -29,9 +29,9 @@ func TestServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+	m, err := c.Next(jetstream.FetchMaxWait(patience))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("reading the message published: %v", err)
 	}
 	if string(m.Data()) != "hello" || m.Subject() != "t.one" {
 		t.Fatalf("got %q on %s, want \"hello\" on t.one", m.Data(), m.Subject())
@@ -43,30 +43,36 @@ func TestServer(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	nodes := Cluster(t, BuildNatsdev(t))
 	if len(nodes) != 3 {
 		t.Fatalf("got %d nodes, want 3", len(nodes))
 	}
+	// A bound on the whole of what follows, once the cluster runs (its
+	// build and start have bounds of their own); each step below has a
+	// bound of patience.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
 	all := nodes[0].URL + "," + nodes[1].URL + "," + nodes[2].URL
 	_, js := Connect(t, all)
 
+	// The duplicate window outlasts every retry of a publish below.
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3, Duplicates: time.Minute,
+		Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3, Duplicates: 2 * patience,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One try of a publish; retried (the message id makes a retry of a
+	// publish that was stored a duplicate) until it is acknowledged.
 	publish := func(i int) error {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		_, err := js.Publish(ctx, "r3.msg", []byte("m"+strconv.Itoa(i)), jetstream.WithMsgID("id-"+strconv.Itoa(i)))
 		return err
 	}
 	for i := range 10 {
-		if err := publish(i); err != nil {
-			t.Fatal(err)
+		if err := retry(ctx, patience, func() error { return publish(i) }); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
 	ack, err := js.Publish(ctx, "r3.msg", []byte("m3"), jetstream.WithMsgID("id-3"))
@@ -99,7 +105,7 @@ func TestCluster(t *testing.T) {
 
 	start := time.Now()
 	for i := 10; i < 20; i++ {
-		if err := retry(ctx, 10*time.Second, func() error { return publish(i) }); err != nil {
+		if err := retry(ctx, patience, func() error { return publish(i) }); err != nil {
 			t.Fatalf("publish %d after Kill9: %v", i, err)
 		}
 	}
@@ -116,12 +122,12 @@ func TestCluster(t *testing.T) {
 	// Read with an ordered consumer; the cluster may still be settling after
 	// the kill, so on an error start a new one at the next message.
 	var c jetstream.Consumer
-	readDeadline := time.Now().Add(15 * time.Second)
+	readDeadline := time.Now().Add(patience)
 	for i := 0; i < 20; {
 		var m jetstream.Msg
 		err := ctx.Err()
 		if err == nil && c == nil {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			c, err = js2.OrderedConsumer(cctx, "R3", jetstream.OrderedConsumerConfig{
 				DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: uint64(i + 1),
 			})
@@ -132,7 +138,7 @@ func TestCluster(t *testing.T) {
 		}
 		if err != nil {
 			if time.Now().After(readDeadline) {
-				t.Fatalf("message %d: %v", i, err)
+				t.Fatalf("message %d still unread after %s: %v", i, patience, err)
 			}
 			t.Logf("message %d: %v; retrying with a new consumer", i, err)
 			c = nil
@@ -152,8 +158,8 @@ func TestCluster(t *testing.T) {
 
 	victim.Restart()
 	// The restarted node must catch up and be a current replica again.
-	if err := retry(ctx, 15*time.Second, func() error {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := retry(ctx, patience, func() error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		si, err := js2.Stream(ctx, "R3")
 		if err != nil {
@@ -177,7 +183,7 @@ func TestCluster(t *testing.T) {
 		}
 		return fmt.Errorf("%s not a current replica yet: leader %s, replicas %s", victim.Name, ci.Leader, strings.Join(replicas, ", "))
 	}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("after %s: %v", patience, err)
 	}
 }
 

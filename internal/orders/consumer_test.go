@@ -67,16 +67,18 @@ func startBench(t *testing.T, opts apitest.Options, maxDeliver int, configure fu
 func startBenchJS(t *testing.T, opts apitest.Options, maxDeliver int, configure func(*orders.Config),
 	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream) *bench {
 	t.Helper()
-	// A Stripe timeout that a healthy call on a loaded machine does not
-	// reach (an unknown outcome would add a nak the tests count), and
-	// shorter than AckWait, as the server's configuration requires. A test
-	// that holds a charge at Stripe sets a longer one (and AckWait).
-	opts.StripeTimeout = cmp.Or(opts.StripeTimeout, 3*time.Second)
+	// No Stripe timeout of the tests' own: apitest's default is one that a
+	// healthy call on a loaded machine does not reach (an unknown outcome
+	// would add a nak the tests count), and shorter than AckWait, as the
+	// server's configuration requires.
 	env := apitest.New(t, opts)
 	nc, js := natstest.Connect(t, natstest.Server(t))
 	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
 	b.cfg.MaxDeliver = maxDeliver
-	b.cfg.AckWait = 5 * time.Second
+	// An ack wait that handling a message on a loaded machine does not
+	// reach: a redelivery of a message still in hand would add outcomes
+	// (a nak, a replay) that the tests count.
+	b.cfg.AckWait = heldAckWait
 	b.cfg.Backoff, b.cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
 	b.cfg.Observe = func(outcome, reason string) {
 		b.mu.Lock()
@@ -142,7 +144,7 @@ func message(account, key string, amount int64) []byte {
 	return b
 }
 
-// waitFor polls cond for up to 20 s.
+// waitFor polls cond for up to 2 minutes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	// A bound for a machine whose cores are busy with other work, not a
@@ -321,7 +323,7 @@ func TestDeadLetters(t *testing.T) {
 	}
 	// Nothing is redelivered after settling. Every nak in this bench is
 	// delayed by at most cfg.MaxBackoff (200 ms), and an unacknowledged
-	// delivery comes back after cfg.AckWait (5 s) at the latest; settled
+	// delivery comes back after cfg.AckWait at the latest; settled
 	// already saw nothing pending or awaiting an ack, so there is nothing
 	// for the server to redeliver. To check that from the server's side
 	// too, the consumer's delivered sequence (which every delivery and
@@ -489,6 +491,7 @@ func (b *bench) stop(t *testing.T) error {
 // heldAtStripe and heldAckWait are for a test that holds a charge at
 // Stripe (stripefake's Hold) for as long as it needs: the Stripe call, and
 // the message's ack wait, must not end first, however slow the machine.
+// Every bench has that ack wait.
 var heldAtStripe = apitest.Options{StripeTimeout: time.Minute}
 
 const heldAckWait = 2 * time.Minute

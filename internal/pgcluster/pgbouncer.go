@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // PgBouncerOptions configure StartPgBouncer.
@@ -122,7 +121,7 @@ logfile = %s
 	if err != nil {
 		t.Fatalf("starting pgbouncer: %v", err)
 	}
-	if err := waitConnect(context.Background(), p, b.URL(opts.Users[0], "postgres"), logPath, 15*time.Second); err != nil {
+	if err := waitConnect(context.Background(), p, b.URL(opts.Users[0], "postgres"), logPath, patience); err != nil {
 		stderr, _ := os.ReadFile(f.Name())
 		t.Fatalf("pgbouncer on port %s: %v\n%s", strconv.Itoa(b.Port), err, stderr)
 	}

@@ -135,6 +135,13 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// patience bounds every wait for a server: its start (crash recovery
+// included), its replication, its promotion and its end after SIGKILL. A
+// bound for a machine whose cores are busy with other work, not a speed:
+// each wait ends as soon as what it waits for has happened, and says what
+// had not when it gives up.
+const patience = 2 * time.Minute
+
 // process is a started server: its process group is signalled, never a
 // single pid, so that no child outlives it.
 type process struct {
@@ -148,7 +155,11 @@ func start(t testing.TB, cmd *exec.Cmd) (*process, error) {
 	}
 	p := &process{cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(p.done) }() //nolint:errcheck // the exit is expected
-	t.Cleanup(func() { p.stop(5 * time.Second) })
+	t.Cleanup(func() {
+		if err := p.stop(5 * time.Second); err != nil {
+			t.Errorf("stopping %s: %v", filepath.Base(cmd.Path), err)
+		}
+	})
 	return p, nil
 }
 
@@ -158,8 +169,9 @@ func start(t testing.TB, cmd *exec.Cmd) (*process, error) {
 // group alone leaves the backends running until they notice that the
 // postmaster died, long enough to commit, and flush, a statement already
 // under way: that is not a crash. The leader is stopped first, so that it
-// forks nothing while its children are listed.
-func (p *process) kill() {
+// forks nothing while its children are listed. It returns an error naming
+// what still ran after patience.
+func (p *process) kill() error {
 	pid := p.cmd.Process.Pid
 	syscall.Kill(pid, syscall.SIGSTOP) //nolint:errcheck // gone already: nothing to stop
 	children := childrenOf(pid)
@@ -167,16 +179,23 @@ func (p *process) kill() {
 		syscall.Kill(c, syscall.SIGKILL) //nolint:errcheck // gone already: nothing to kill
 	}
 	syscall.Kill(-pid, syscall.SIGKILL) //nolint:errcheck // likewise
-	<-p.done
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		alive := false
+	select {
+	case <-p.done:
+	case <-time.After(patience):
+		return fmt.Errorf("process %d not ended %s after SIGKILL", pid, patience)
+	}
+	for deadline := time.Now().Add(patience); ; time.Sleep(5 * time.Millisecond) {
+		var alive []int
 		for _, c := range children {
 			if running(c) {
-				alive = true
+				alive = append(alive, c)
 			}
 		}
-		if !alive {
-			return
+		if len(alive) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("children %v of process %d still run %s after SIGKILL", alive, pid, patience)
 		}
 	}
 }
@@ -223,11 +242,11 @@ func running(pid int) bool {
 }
 
 // stop asks the group to end (SIGTERM), and kills it after grace.
-func (p *process) stop(grace time.Duration) {
+func (p *process) stop(grace time.Duration) error {
 	select {
 	case <-p.done:
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // ends the leader's orphans, if any; ESRCH when there are none
-		return
+		return nil
 	default:
 	}
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM) //nolint:errcheck // gone already: kill below waits
@@ -235,7 +254,7 @@ func (p *process) stop(grace time.Duration) {
 	case <-p.done:
 	case <-time.After(grace):
 	}
-	p.kill()
+	return p.kill()
 }
 
 func (p *process) exited() bool {

@@ -110,7 +110,12 @@ func StartSingle(t testing.TB, opts Options) *Node {
 // to each), as a crash would: no checkpoint, and whatever
 // WAL sits in shared memory, not yet written (an asynchronous commit's),
 // is gone.
-func (n *Node) Kill() { n.proc.kill() }
+func (n *Node) Kill() {
+	n.c.t.Helper()
+	if err := n.proc.kill(); err != nil {
+		n.c.t.Fatalf("killing %s: %v", n.Name, err)
+	}
+}
 
 // Restart starts a killed (or stopped) server again on the same port and
 // data directory; it runs crash recovery and returns once it accepts
@@ -161,7 +166,7 @@ func (n *Node) start(opts Options) {
 		t.Fatalf("starting %s: %v", n.Name, err)
 	}
 	n.proc = p
-	if err := waitConnect(context.Background(), p, n.URL("postgres"), n.log, 30*time.Second); err != nil {
+	if err := waitConnect(context.Background(), p, n.URL("postgres"), n.log, patience); err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
 	}
 }
@@ -195,7 +200,7 @@ func (c *Cluster) waitStreaming() {
 	c.t.Helper()
 	ctx := context.Background()
 	conn := c.Primary.Conn(ctx)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(patience); ; time.Sleep(20 * time.Millisecond) {
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&n); err != nil {
 			c.t.Fatal(err)
@@ -205,7 +210,7 @@ func (c *Cluster) waitStreaming() {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(c.Standby.log)
-			c.t.Fatalf("the standby does not stream after 30 s; its log:\n%s", tail(log, 2000))
+			c.t.Fatalf("the standby does not stream after %s; its log:\n%s", patience, tail(log, 2000))
 		}
 	}
 }
@@ -219,7 +224,7 @@ func (c *Cluster) CatchUp(ctx context.Context) {
 	if err := p.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
 		c.t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(patience); ; time.Sleep(10 * time.Millisecond) {
 		var done bool
 		if err := s.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, target).Scan(&done); err != nil {
 			c.t.Fatal(err)
@@ -228,7 +233,9 @@ func (c *Cluster) CatchUp(ctx context.Context) {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("the standby has not replayed up to %s in 30 s", target)
+			var replayed string
+			_ = s.QueryRow(ctx, `SELECT coalesce(pg_last_wal_replay_lsn()::text, 'nothing')`).Scan(&replayed)
+			c.t.Fatalf("the standby has replayed up to %s, not %s, after %s", replayed, target, patience)
 		}
 	}
 }
@@ -247,7 +254,7 @@ func (c *Cluster) Cut(ctx context.Context) {
 	if _, err := s.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		c.t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(patience); ; time.Sleep(10 * time.Millisecond) {
 		var n int
 		if err := s.QueryRow(ctx, `SELECT count(*) FROM pg_stat_wal_receiver`).Scan(&n); err != nil {
 			c.t.Fatal(err)
@@ -256,7 +263,7 @@ func (c *Cluster) Cut(ctx context.Context) {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatal("the standby's walreceiver still runs 30 s after primary_conninfo was emptied")
+			c.t.Fatalf("the standby's walreceiver still runs %s after primary_conninfo was emptied", patience)
 		}
 	}
 }
@@ -265,7 +272,8 @@ func (c *Cluster) Cut(ctx context.Context) {
 // (SIGKILL to each): no shutdown checkpoint, no last WAL shipped, open
 // connections reset, and no statement under way commits.
 func (c *Cluster) KillPrimary() {
-	c.Primary.proc.kill()
+	c.t.Helper()
+	c.Primary.Kill()
 }
 
 // Promote makes the standby the primary (pg_promote, waiting for the end of
@@ -274,10 +282,10 @@ func (c *Cluster) Promote(ctx context.Context) {
 	c.t.Helper()
 	s := c.Standby.Conn(ctx)
 	var ok bool
-	if err := s.QueryRow(ctx, `SELECT pg_promote(true, 30)`).Scan(&ok); err != nil || !ok {
-		c.t.Fatalf("promoting the standby: %v (promoted: %v)", err, ok)
+	if err := s.QueryRow(ctx, `SELECT pg_promote(true, $1)`, int(patience.Seconds())).Scan(&ok); err != nil || !ok {
+		c.t.Fatalf("promoting the standby (waiting up to %s): %v (promoted: %v)", patience, err, ok)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(patience); ; time.Sleep(10 * time.Millisecond) {
 		var recovering bool
 		if err := s.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&recovering); err != nil {
 			c.t.Fatal(err)
@@ -286,7 +294,7 @@ func (c *Cluster) Promote(ctx context.Context) {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatal("the standby is still in recovery 30 s after its promotion")
+			c.t.Fatalf("the standby is still in recovery %s after its promotion", patience)
 		}
 	}
 }

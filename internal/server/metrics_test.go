@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -86,7 +87,11 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("held charge: status %d, want %d (body %s)", r.Status, http.StatusCreated, r.Body)
 		}
 	})
-	<-gate.Arrived()
+	select {
+	case <-gate.Arrived():
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the held charge did not reach Stripe in 2 minutes")
+	}
 	if r := c.Post("/v1/charges", "m-2", body); r.Status != http.StatusConflict {
 		t.Errorf("in flight: %d %s", r.Status, r.Body)
 	}

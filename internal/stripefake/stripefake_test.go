@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -41,6 +42,36 @@ func chargeParams(key string, amount int64, source string) *stripe.ChargeParams 
 	p.AddMetadata("payment_id", "pay_123")
 	p.SetIdempotencyKey(key)
 	return p
+}
+
+// waitLimit bounds a wait for a request on another goroutine: a bound for
+// a machine whose cores are busy with other work, not a speed.
+const waitLimit = 2 * time.Minute
+
+// arrived waits for the next request to reach gate and returns its key.
+func arrived(t *testing.T, gate *Gate) string {
+	t.Helper()
+	select {
+	case key := <-gate.Arrived():
+		return key
+	case <-time.After(waitLimit):
+		t.Fatalf("no request reached the held fake in %s", waitLimit)
+		return ""
+	}
+}
+
+// await returns what ch carries, failing the test if nothing comes within
+// waitLimit.
+func await[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitLimit):
+		t.Fatalf("%s: nothing in %s", what, waitLimit)
+		var zero T
+		return zero
+	}
 }
 
 // stripeErr asserts that err is a *stripe.Error with the given status and type.
@@ -235,7 +266,7 @@ func TestConcurrentSameKey(t *testing.T) {
 		ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
 		first <- result{ch, err}
 	}()
-	if key := <-gate.Arrived(); key != "key-1" {
+	if key := arrived(t, gate); key != "key-1" {
 		t.Fatalf("arrived %q", key)
 	}
 
@@ -247,7 +278,7 @@ func TestConcurrentSameKey(t *testing.T) {
 	}
 
 	gate.Release()
-	r := <-first
+	r := await(t, first, "the first request after the release")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -263,41 +294,64 @@ func TestConcurrentSameKey(t *testing.T) {
 func TestFail500ForAWindow(t *testing.T) {
 	t.Parallel()
 	fake, sc := newFake(t)
-	// The window must still be open when the first request arrives, on a
-	// loaded machine under -race too: 2 s is far more than one request to a
-	// local server takes, and short enough for the retries below to outlast.
-	const window = 2 * time.Second
-	fake.FailFor(Fail500, window)
-
-	_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
-	_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
-	if n := len(fake.Charges()); n != 0 {
+	// The first request must arrive while the window is open, and how soon
+	// a loaded machine sends it is not the test's to decide. A request
+	// answered within its window's span from the opening arrived inside it,
+	// and must have failed; one answered later may have arrived after it,
+	// which tells nothing: the test tries again, on a new key, with a
+	// window twice as long.
+	window := 2 * time.Second
+	var key string
+	for try := 1; ; try++ {
+		key = fmt.Sprintf("key-%d", try)
+		opened := time.Now()
+		fake.FailFor(Fail500, window)
+		_, err := sc.Charges.New(chargeParams(key, 1000, "tok_visa"))
+		if err != nil {
+			_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
+			break
+		}
+		if took := time.Since(opened); took < window {
+			t.Fatalf("a request answered %s into a %s window succeeded", took, window)
+		}
+		if try == 5 {
+			t.Fatalf("%d requests each answered after their window ended, the last one of %s", try, window)
+		}
+		t.Logf("%s: answered after its %s window ended; again with %s", key, window, 2*window)
+		window *= 2
+	}
+	if n := fake.ChargesByKey(key); n != 0 {
 		t.Fatalf("a 500 must not do the work, charges = %d", n)
 	}
 
 	// Retry with the same key until the window ends; 500s were not stored.
 	// The deadline only bounds a broken fake: the window ends on its own.
-	deadline := time.Now().Add(window + 30*time.Second)
+	deadline := time.Now().Add(window + waitLimit)
 	for {
-		_, err = sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
+		_, err := sc.Charges.New(chargeParams(key, 1000, "tok_visa"))
 		if err == nil {
 			break
 		}
 		_ = stripeErr(t, err, http.StatusInternalServerError, stripe.ErrorTypeAPI)
 		if time.Now().After(deadline) {
-			t.Fatalf("still failing %v after a %v window: %v", window+30*time.Second, window, err)
+			t.Fatalf("still failing %v after a %v window: %v", window+waitLimit, window, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if n := fake.ChargesByKey("key-1"); n != 1 {
+	if n := fake.ChargesByKey(key); n != 1 {
 		t.Fatalf("ChargesByKey = %d, want 1", n)
 	}
-	reqs := fake.Requests()
+	var reqs []Request
+	for _, r := range fake.Requests() {
+		if r.IdempotencyKey == key {
+			reqs = append(reqs, r)
+		}
+	}
 	if got := reqs[0].Fault; got != "fail500" {
-		t.Errorf("requests[0].Fault = %q, want fail500", got)
+		t.Errorf("%s: requests[0].Fault = %q, want fail500", key, got)
 	}
 	if got := reqs[len(reqs)-1].Fault; got != "" {
-		t.Errorf("requests[%d].Fault (the last) = %q, want none", len(reqs)-1, got)
+		t.Errorf("%s: requests[%d].Fault (the last) = %q, want none", key, len(reqs)-1, got)
 	}
 }
 
@@ -339,13 +393,34 @@ func TestOtherFaults(t *testing.T) {
 		t.Parallel()
 		fake, sc := newFake(t)
 		fake.FailNext(Delay, 1)
-		fake.SetFaultDelay(time.Minute)
+		fake.SetFaultDelay(time.Hour)
+		// The client gives up once the work is done and stored, during the
+		// slow answer, as a client whose timeout ends then does. A timeout
+		// of the test's own would have to guess how long a loaded machine
+		// takes to get that far.
 		p := chargeParams("key-1", 1000, "tok_visa")
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		p.Context = ctx
-		if _, err := sc.Charges.New(p); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("want a timeout, got %v", err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := sc.Charges.New(p)
+			done <- err
+		}()
+		stored := func() bool {
+			fake.mu.Lock()
+			defer fake.mu.Unlock()
+			e := fake.idem["key-1"]
+			return e != nil && e.done
+		}
+		for deadline := time.Now().Add(waitLimit); !stored(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the delayed request stored no answer in %s (charges %d)", waitLimit, len(fake.Charges()))
+			}
+		}
+		cancel()
+		if err := await(t, done, "the delayed request after its cancel"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("want the call cancelled, got %v", err)
 		}
 		// The work was done before the slow answer: the retry replays it.
 		ch, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
@@ -487,9 +562,9 @@ func TestHoldRelease(t *testing.T) {
 			done <- err
 		}()
 	}
-	arrived := map[string]bool{<-gate.Arrived(): true, <-gate.Arrived(): true}
-	if !arrived["key-1"] || !arrived["key-2"] {
-		t.Fatalf("arrived %v", arrived)
+	keys := map[string]bool{arrived(t, gate): true, arrived(t, gate): true}
+	if !keys["key-1"] || !keys["key-2"] {
+		t.Fatalf("arrived %v", keys)
 	}
 	if n := len(fake.Charges()); n != 0 {
 		t.Fatalf("held requests must not do the work, charges = %d", n)
@@ -498,7 +573,7 @@ func TestHoldRelease(t *testing.T) {
 	gate.Release()
 	gate.Release() // safe to call twice
 	for range 2 {
-		if err := <-done; err != nil {
+		if err := await(t, done, "a held request after the release"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -520,14 +595,14 @@ func TestHeldRequestReturnsWhenClientGivesUp(t *testing.T) {
 		_, err := sc.Charges.New(p)
 		done <- err
 	}()
-	<-gate.Arrived()
+	arrived(t, gate)
 	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	if err := await(t, done, "the held request after its cancel"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("want context.Canceled, got %v", err)
 	}
 	// Bounded poll: the fake notices the dropped connection promptly, the
 	// deadline only stops a regression from hanging the test.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(waitLimit)
 	for fake.heldCount() > 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("held request did not return after its client gave up")
@@ -555,9 +630,9 @@ func TestCloseCutsOffHeldRequests(t *testing.T) {
 		_, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa"))
 		done <- err
 	}()
-	<-gate.Arrived()
+	arrived(t, gate)
 	fake.Close() // must not wait for a gate nobody releases
-	if err := <-done; err == nil {
+	if err := await(t, done, "the held request after Close"); err == nil {
 		t.Fatal("a request cut off by Close must fail")
 	}
 }

@@ -180,7 +180,9 @@ func readInbox(t testing.TB, pool *pgxpool.Pool, eventID string) inbox {
 // copy.
 func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (string, string, stripefake.Charge) {
 	t.Helper()
-	env.Stripe.SetFaultDelay(5 * time.Second)
+	// The fake answers long after any client timeout, however late a
+	// loaded machine fires the client's (it lets go when the client does).
+	env.Stripe.SetFaultDelay(10 * time.Minute)
 	env.Stripe.FailFor(stripefake.Delay, time.Minute)
 	defer env.Stripe.ClearFaults()
 	key := apitest.NewKey()
