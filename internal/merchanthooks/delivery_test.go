@@ -656,21 +656,11 @@ func TestDispatchGap(t *testing.T) {
 	b := setup(t)
 	b.endpoint(t, "", "*")
 	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
-		t.Fatal(err)
-	}
-	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeSucceeded, "ch_late", 1, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
+	tx, _ := b.beginWithID(t)
+	b.recordIn(t, tx, "ch_late")
 	early := b.event(t, events.ChargeSucceeded, "ch_early", 1)
 	b.dispatch(t)
-	var gaps int
-	_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&gaps)
-	if gaps != 1 {
+	if gaps := b.gaps(t); gaps != 1 {
 		t.Fatalf("%d gaps, want the uncommitted event's", gaps)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -683,11 +673,8 @@ func TestDispatchGap(t *testing.T) {
 		t.Fatalf("received %v, want ch_late and ch_early (%s)", objs, early)
 	}
 	// A rolled-back event: its gap goes once its transaction has ended.
-	tx, _ = b.pool.Begin(ctx)
-	_, _ = tx.Exec(ctx, "SELECT pg_current_xact_id()")
-	if err := events.Record(ctx, tx, b.client.Account.ID, events.ChargeSucceeded, "ch_never", 1, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
+	tx, _ = b.beginWithID(t)
+	b.recordIn(t, tx, "ch_never")
 	b.event(t, events.ChargeSucceeded, "ch_after", 1)
 	b.dispatch(t)
 	_ = tx.Rollback(ctx)
@@ -695,9 +682,7 @@ func TestDispatchGap(t *testing.T) {
 	// (other tests' among them): poll.
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		b.dispatch(t)
-		if err := b.pool.QueryRow(ctx, "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&gaps); err != nil {
-			t.Fatalf("counting the dispatch gaps: %v", err)
-		}
+		gaps := b.gaps(t)
 		if gaps == 0 {
 			break
 		}
@@ -720,38 +705,17 @@ func TestDispatchGapOfANewerTransaction(t *testing.T) {
 	b := setup(t)
 	b.endpoint(t, "", "*")
 	ctx := context.Background()
-	older, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = older.Rollback(ctx) }()
-	newer, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = newer.Rollback(ctx) }()
-	var olderID, newerID string
-	if err := older.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&olderID); err != nil {
-		t.Fatal(err)
-	}
-	if err := newer.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&newerID); err != nil {
-		t.Fatal(err)
-	}
+	older, olderID := b.beginWithID(t)
+	newer, newerID := b.beginWithID(t)
 	// The newer transaction takes the lower seq, the older one the higher.
-	if err := events.Record(ctx, newer, b.client.Account.ID, events.ChargeSucceeded, "ch_newer", 1, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
-	if err := events.Record(ctx, older, b.client.Account.ID, events.ChargeSucceeded, "ch_older", 1, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
+	b.recordIn(t, newer, "ch_newer")
+	b.recordIn(t, older, "ch_older")
 	if err := older.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b.dispatch(t)
 	b.dispatch(t)
-	var gaps int
-	_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&gaps)
-	if gaps != 1 {
+	if gaps := b.gaps(t); gaps != 1 {
 		t.Fatalf("%d gaps after two passes while transaction %s (ids %s then %s) holds its event, want 1", gaps, newerID, olderID, newerID)
 	}
 	if err := newer.Commit(ctx); err != nil {
@@ -763,6 +727,42 @@ func TestDispatchGapOfANewerTransaction(t *testing.T) {
 	if !objs["ch_newer"] || !objs["ch_older"] {
 		t.Fatalf("received %v, want ch_newer and ch_older", objs)
 	}
+}
+
+// beginWithID begins a transaction and takes its id at once (the id a
+// gap's stamp is compared with); the test's end rolls it back if it is
+// still open.
+func (b *bundle) beginWithID(t *testing.T) (pgx.Tx, string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var id string
+	if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&id); err != nil {
+		t.Fatalf("taking a transaction id: %v", err)
+	}
+	return tx, id
+}
+
+// recordIn records a charge.succeeded event of objectID inside tx.
+func (b *bundle) recordIn(t *testing.T, tx pgx.Tx, objectID string) {
+	t.Helper()
+	if err := events.Record(context.Background(), tx, b.client.Account.ID, events.ChargeSucceeded, objectID, 1, []byte(`{}`)); err != nil {
+		t.Fatalf("recording %s's event: %v", objectID, err)
+	}
+}
+
+// gaps counts the dispatcher's gaps.
+func (b *bundle) gaps(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_dispatch_gaps").Scan(&n); err != nil {
+		t.Fatalf("counting the dispatch gaps: %v", err)
+	}
+	return n
 }
 
 // TestSSRF: endpoint URLs that are or resolve to loopback, private,
