@@ -23,29 +23,10 @@ func TestCLI(t *testing.T) {
 	acct := newAccount(t, d.Pool, "cli")
 	srv := startServer(t, serverOpts{Name: "cli", DBURL: d.URL, StripeURL: fake.URL()})
 
-	// run runs `idempay args...` with apiKey and returns stdout, stderr and
-	// the exit status. A command that has not ended in 2 minutes is killed
-	// and reported.
+	// run runs `idempay args...` with apiKey.
 	run := func(apiKey string, args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, binPath, args...)
-		cmd.Env = []string{"IDEMPAY_API_URL=" + srv.URL, "IDEMPAY_API_KEY=" + apiKey, "PATH=" + os.Getenv("PATH")}
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		var exit *exec.ExitError
-		switch {
-		case ctx.Err() != nil:
-			t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
-				strings.Join(args, " "), err, out.String(), errOut.String())
-		case errors.As(err, &exit):
-			code = exit.ExitCode()
-		case err != nil:
-			t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
-		}
-		return out.String(), errOut.String(), code
+		return runIdempay(t, []string{"IDEMPAY_API_URL=" + srv.URL, "IDEMPAY_API_KEY=" + apiKey, "PATH=" + os.Getenv("PATH")}, args...)
 	}
 	decode := func(what, stdout string, v any) {
 		t.Helper()
@@ -153,4 +134,29 @@ func TestCLI(t *testing.T) {
 			t.Errorf("idempay %s: exit status %d, stderr %q; want 1 and the usage", strings.Join(args, " "), code, errOut)
 		}
 	}
+}
+
+// runIdempay runs `idempay args...` (the suite's binary) with exactly env
+// and returns its stdout, stderr and exit status. A command that has not
+// ended in 2 minutes is killed and reported.
+func runIdempay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.Env = env
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
+			strings.Join(args, " "), err, out.String(), errOut.String())
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errOut.String(), code
 }

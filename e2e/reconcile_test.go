@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -22,22 +20,15 @@ type reconcileReport struct {
 }
 
 // runReconcile runs `idempay reconcile --since 1h` with env, as an operator
-// does, and decodes its report. A run that has not ended in 2 minutes is
-// killed and reported.
+// does, and decodes its report (runIdempay bounds the run).
 func runReconcile(t *testing.T, env []string) reconcileReport {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath, "reconcile", "--since", "1h")
-	cmd.Env = env
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("idempay reconcile: %v (%v); stdout %s; stderr %s", err, ctx.Err(), out, stderr.String())
+	out, stderr, code := runIdempay(t, env, "reconcile", "--since", "1h")
+	if code != 0 {
+		t.Fatalf("idempay reconcile: exit status %d; stdout %s; stderr %s", code, out, stderr)
 	}
 	var report reconcileReport
-	if err := json.Unmarshal(out, &report); err != nil {
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
 		t.Fatalf("idempay reconcile printed %s: %v", out, err)
 	}
 	return report
