@@ -82,27 +82,45 @@ func procCPU(pid int) time.Duration {
 
 // clusterCPU is the CPU of the whole PostgreSQL server so far: the
 // postmaster and every process it started (backends, WAL writer,
-// checkpointer, autovacuum...), with the CPU of the children it has reaped.
-func clusterCPU(postmaster int) (time.Duration, error) {
-	pm, err := readProcStat(postmaster)
-	if err != nil {
-		return 0, err
-	}
-	total := pm.withKids()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == postmaster {
-			continue
+// checkpointer, autovacuum...), with the CPU of the children it has reaped,
+// and each started process's own share by pid. A child that exits is
+// counted as a child until the postmaster reaps it (a zombie still has its
+// /proc entry) and in the postmaster's cutime after; so that none is
+// counted twice or not at all, the postmaster is read before and after the
+// children, and a pass during which it reaped one that had used CPU is
+// taken again.
+func clusterCPU(postmaster int) (time.Duration, map[int]time.Duration, error) {
+	for attempt := 0; ; attempt++ {
+		pre, err := readProcStat(postmaster)
+		if err != nil {
+			return 0, nil, err
 		}
-		if s, err := readProcStat(pid); err == nil && s.ppid == postmaster {
-			total += s.withKids()
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return 0, nil, err
+		}
+		var total time.Duration
+		procs := map[int]time.Duration{}
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == postmaster {
+				continue
+			}
+			if s, err := readProcStat(pid); err == nil && s.ppid == postmaster {
+				total += s.withKids()
+				procs[pid] = s.own()
+			}
+		}
+		pm, err := readProcStat(postmaster)
+		if err != nil {
+			return 0, nil, err
+		}
+		// Connections close all the time on a shared server; a handful of
+		// passes finds one without a reap, and the last is kept if not.
+		if pm.withKids() == pre.withKids() || attempt == 10 {
+			return total + pm.withKids(), procs, nil
 		}
 	}
-	return total, nil
 }
 
 // meterTag marks the meter's own statements, so that pg_stat_statements'
@@ -177,7 +195,8 @@ func enablePGSS(ctx context.Context, pool *pgxpool.Pool) (bool, string) {
 // scenario.
 type snapshot struct {
 	cluster  time.Duration
-	backends map[int]time.Duration // this database's backends, by pid
+	procs    map[int]time.Duration // the server's processes, by pid, from the same reading as cluster
+	backends []int                 // this database's backends
 	server   time.Duration
 	extra    time.Duration
 	self     time.Duration
@@ -185,14 +204,19 @@ type snapshot struct {
 	ok       bool   // the database answered
 }
 
+// snapshot asks the database first (its backends, the WAL position) and
+// reads the processes' CPU after, in one pass: the backends' share and the
+// cluster's total then come from the same reading, so the backends' CPU
+// over a scenario can never exceed the cluster's, whichever process a
+// clock tick lands on while the snapshot is taken.
 func (m *meter) snapshot(ctx context.Context) snapshot {
-	s := snapshot{backends: map[int]time.Duration{}, server: procCPU(m.server), extra: procCPU(m.extra), self: procCPU(os.Getpid())}
+	var s snapshot
 	rows, err := m.pool.Query(ctx, meterTag+"SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
 	if err == nil {
 		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err == nil && m.postmaster > 0 {
+		if err == nil {
 			for _, pid := range pids {
-				s.backends[int(pid)] = procCPU(int(pid))
+				s.backends = append(s.backends, int(pid))
 			}
 		}
 	}
@@ -202,8 +226,9 @@ func (m *meter) snapshot(ctx context.Context) snapshot {
 		s.ok = err == nil
 	}
 	if m.postmaster > 0 {
-		s.cluster, _ = clusterCPU(m.postmaster)
+		s.cluster, s.procs, _ = clusterCPU(m.postmaster)
 	}
+	s.server, s.extra, s.self = procCPU(m.server), procCPU(m.extra), procCPU(os.Getpid())
 	return s
 }
 
@@ -298,8 +323,10 @@ func (m *meter) stop(ctx context.Context, before snapshot) *Usage {
 	}
 	if u.HasPG {
 		u.PGCluster = after.cluster - before.cluster
-		for pid, t := range after.backends {
-			u.PGBackends += t - before.backends[pid] // a new backend counts from 0
+		for _, pid := range after.backends {
+			if t, ok := after.procs[pid]; ok {
+				u.PGBackends += t - before.procs[pid] // a new backend counts from 0
+			}
 		}
 	}
 	if m.pgss {
