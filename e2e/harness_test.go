@@ -219,6 +219,12 @@ func (s *server) env() []string {
 		// test takes away on purpose before the test looks.
 		"RECONCILE_INTERVAL=0",
 		"SHUTDOWN_TIMEOUT=2s",
+		// 8 connections, not the default 16: two e2e tests run at once,
+		// with up to four processes each, beside another package's tests
+		// on the same PostgreSQL (max_connections 100). At 16 a run once
+		// reached "too many clients" (SQLSTATE 53300) and a 503. Eight is
+		// still four times this machine's cores.
+		"DB_MAX_CONNS=8",
 		"LOG_FORMAT=text",
 		"PATH=" + os.Getenv("PATH"),
 	}
