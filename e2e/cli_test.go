@@ -1,15 +1,13 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
 )
 
 // TestCLI runs the client commands of the idempay binary against a real
@@ -137,26 +135,9 @@ func TestCLI(t *testing.T) {
 }
 
 // runIdempay runs `idempay args...` (the suite's binary) with exactly env
-// and returns its stdout, stderr and exit status. A command that has not
-// ended in 2 minutes is killed and reported.
+// and returns its stdout, stderr and exit status (apitest.RunCommand: one
+// that has not ended in 2 minutes is killed and reported).
 func runIdempay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath, args...)
-	cmd.Env = env
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
-			strings.Join(args, " "), err, out.String(), errOut.String())
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
-	}
-	return out.String(), errOut.String(), code
+	return apitest.RunCommand(t, "idempay", binPath, env, args...)
 }

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 )
@@ -25,28 +20,11 @@ func TestMain(m *testing.M) {
 }
 
 // idempay runs the command with exactly env (nothing inherited) and
-// returns its stdout, stderr and exit status. A command that has not ended
-// in 2 minutes is killed and reported.
+// returns its stdout, stderr and exit status (apitest.RunCommand: one that
+// has not ended in 2 minutes is killed and reported).
 func idempay(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append([]string{"IDEMPAY_TEST_MAIN=1"}, env...)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		t.Fatalf("idempay %s: still running after 2 minutes (killed: %v); stdout %s; stderr %s",
-			strings.Join(args, " "), err, out.String(), errOut.String())
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("idempay %s: %v", strings.Join(args, " "), err)
-	}
-	return out.String(), errOut.String(), code
+	return apitest.RunCommand(t, "idempay", os.Args[0], append([]string{"IDEMPAY_TEST_MAIN=1"}, env...), args...)
 }
 
 // TestHelpNeedsNoEnvironment: --help, -h and `help` print the usage of the
