@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/client"
-	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/faultpoint"
 )
 
@@ -60,23 +59,17 @@ func TestClientAcrossServerKill(t *testing.T) {
 	mu.Lock()
 	calls := slices.Clone(attempts) // the observer goes on with the calls below
 	mu.Unlock()
-	var connErrs, conflicts, unknown int
+	var st retryStats
 	for _, a := range calls {
 		t.Logf("attempt %d: %s status %d %s err %v, wait %s", a.N, a.URL, a.Status, a.Type, a.Err, a.Wait.Round(time.Millisecond))
 		if a.IdempotencyKey != key {
 			t.Errorf("attempt %d sent key %q, want %q", a.N, a.IdempotencyKey, key)
 		}
-		switch {
-		case a.Err != nil:
-			connErrs++
-		case a.Status == http.StatusConflict:
-			conflicts++
-		case a.Type == apierror.DownstreamUnavailable.URI():
-			unknown++
-		}
+		st.observe(a)
 	}
+	unknown := st.Unknown
 	t.Logf("final answer after %d attempts (%d connection errors, %d × 409, %d unknown outcomes) in %s",
-		len(calls), connErrs, conflicts, unknown, time.Since(start).Round(time.Millisecond))
+		len(calls), st.ConnErrs, st.Conflicts, unknown, time.Since(start).Round(time.Millisecond))
 	if len(calls) < 2 {
 		t.Fatalf("%d attempts, want a failed one to the dying server and more to the healthy one", len(calls))
 	}
