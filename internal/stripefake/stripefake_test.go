@@ -51,13 +51,7 @@ const waitLimit = 2 * time.Minute
 // arrived waits for the next request to reach gate and returns its key.
 func arrived(t *testing.T, gate *Gate) string {
 	t.Helper()
-	select {
-	case key := <-gate.Arrived():
-		return key
-	case <-time.After(waitLimit):
-		t.Fatalf("no request reached the held fake in %s", waitLimit)
-		return ""
-	}
+	return await(t, gate.Arrived(), "a request reaching the held fake")
 }
 
 // await returns what ch carries, failing the test if nothing comes within
