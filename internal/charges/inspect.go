@@ -31,7 +31,9 @@ type IdempotencyKey struct {
 	LockGeneration int64 `json:"lock_generation"`
 	// LockedAt is set while an owner works on the record.
 	LockedAt *time.Time `json:"locked_at"`
-	// Attempts counts downstream calls that ended with an unknown outcome.
+	// Attempts counts the record's phases that did not finish: a downstream
+	// call with an unknown outcome, or a finishing write or a resume's read
+	// of the ledger that failed.
 	Attempts  int32   `json:"attempts"`
 	LastError *string `json:"last_error"`
 	// NextAttemptAt is when the completer may resume the record; null once
@@ -41,8 +43,10 @@ type IdempotencyKey struct {
 	// DownstreamKey is the Idempotency-Key sent to Stripe for this record,
 	// or null for a record whose operation calls no one.
 	DownstreamKey *string `json:"downstream_key"`
-	// Charge is the charge the record created, or for a refund's record the
-	// charge it refunds.
+	// Charge is the charge the record created; for a refund's record the
+	// charge it refunds; for a capture's or a cancel's, the charge while the
+	// action is in flight (its pending mark names the record; the finished
+	// action's answer names the charge).
 	Charge *string `json:"charge"`
 	// Refund is the refund a refund's record created.
 	Refund     *string    `json:"refund"`
@@ -54,15 +58,12 @@ type IdempotencyKey struct {
 // downstreamKey is the key the record's Stripe call sends, or nil for a
 // route that calls no one.
 func downstreamKey(recordID, route string) *string {
-	switch route {
-	case RouteCharges:
-		k := idempotency.DownstreamKey(recordID, StepCharge)
-		return &k
-	case RouteRefunds:
-		k := idempotency.DownstreamKey(recordID, StepRefund)
-		return &k
+	step := StepOf(route)
+	if step == "" {
+		return nil
 	}
-	return nil
+	k := idempotency.DownstreamKey(recordID, step)
+	return &k
 }
 
 func idempotencyKeyJSON(row keyState) IdempotencyKey {
@@ -77,6 +78,9 @@ func idempotencyKeyJSON(row keyState) IdempotencyKey {
 	}
 	if out.Charge == nil {
 		out.Charge = row.RefundChargeID
+	}
+	if out.Charge == nil {
+		out.Charge = row.PendingChargeID
 	}
 	if row.RecoveryPoint != idempotency.PointFinished && row.RecoveryPoint != idempotency.PointParked {
 		out.NextAttemptAt = utc(&row.NextAttemptAt)

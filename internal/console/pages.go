@@ -60,8 +60,7 @@ type recordView struct {
 // downstreamKey is what the record's Stripe call sends as its
 // Idempotency-Key, or "" for a route that calls no one.
 func downstreamKey(id, route string) string {
-	step := map[string]string{charges.RouteCharges: charges.StepCharge, charges.RouteRefunds: charges.StepRefund,
-		charges.RouteCapture: charges.StepCapture, charges.RouteCancel: charges.StepCancel}[route]
+	step := charges.StepOf(route)
 	if step == "" {
 		return ""
 	}

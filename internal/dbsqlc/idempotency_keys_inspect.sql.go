@@ -17,10 +17,12 @@ SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.finished_at,
        c.id AS charge_id,
        r.id AS refund_id,
-       r.charge_id AS refund_charge_id
+       r.charge_id AS refund_charge_id,
+       p.id AS pending_charge_id
 FROM idempotency_keys ik
 LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+LEFT JOIN charges p ON p.pending_record_id = ik.id
 WHERE ik.scope = $1 AND ik.key = $2
 `
 
@@ -30,28 +32,30 @@ type IdempotencyKeyInspectParams struct {
 }
 
 type IdempotencyKeyInspectRow struct {
-	ID             string
-	Key            string
-	RequestMethod  string
-	RequestRoute   string
-	RecoveryPoint  string
-	LockGeneration int64
-	LockedAt       *time.Time
-	Attempts       int32
-	NextAttemptAt  time.Time
-	LastError      *string
-	ResponseStatus *int32
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	FinishedAt     *time.Time
-	ChargeID       *string
-	RefundID       *string
-	RefundChargeID *string
+	ID              string
+	Key             string
+	RequestMethod   string
+	RequestRoute    string
+	RecoveryPoint   string
+	LockGeneration  int64
+	LockedAt        *time.Time
+	Attempts        int32
+	NextAttemptAt   time.Time
+	LastError       *string
+	ResponseStatus  *int32
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	FinishedAt      *time.Time
+	ChargeID        *string
+	RefundID        *string
+	RefundChargeID  *string
+	PendingChargeID *string
 }
 
 // One account's record with the id of the ledger row it created, for GET
 // /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
-// a refund's record, and the charge it refunds. It selects the state only:
+// a refund's record, and the charge it refunds; the charge of a capture or
+// cancel in flight (its pending_record_id). It selects the state only:
 // never the stored response body or headers, nor the fingerprint.
 func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *IdempotencyKeyInspectParams) (IdempotencyKeyInspectRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.Scope, arg.Key)
@@ -74,6 +78,7 @@ func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *Idemp
 		&i.ChargeID,
 		&i.RefundID,
 		&i.RefundChargeID,
+		&i.PendingChargeID,
 	)
 	return i, err
 }

@@ -4,7 +4,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -168,4 +170,64 @@ func deref(s *string) string {
 		return "null"
 	}
 	return *s
+}
+
+// A capture's and a cancel's records call Stripe under keys of their own,
+// and the inspection shows them; while the capture is in flight it also
+// names the charge (the charge's pending mark names the record).
+func TestInspectCaptureAndCancel(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	authorize := func(key string) string {
+		t.Helper()
+		r := c.Post("/v1/charges", key, map[string]any{"amount": 900, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+		if r.Status != http.StatusCreated {
+			t.Fatalf("authorize %s: %d %s", key, r.Status, r.Body)
+		}
+		var ch struct{ ID string }
+		r.JSON(t, &ch)
+		return ch.ID
+	}
+	held, canceled := authorize("auth 1"), authorize("auth 2")
+
+	gate := env.Stripe.Hold()
+	defer gate.Release()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if r := c.Post("/v1/charges/"+held+"/capture", "capture 1", map[string]any{}); r.Status != http.StatusOK {
+			t.Errorf("held capture: %d %s", r.Status, r.Body)
+		}
+	})
+	select {
+	case <-gate.Arrived():
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the held capture did not reach Stripe in 2 minutes")
+	}
+	r, st := inspect(t, c, "capture 1")
+	if r.Status != http.StatusOK || st.RequestRoute != "/v1/charges/:id/capture" || st.RecoveryPoint != "started" ||
+		st.DownstreamKey != "idempay_"+st.ID+"_capture" || deref(st.Charge) != held {
+		t.Errorf("capture in flight: %d %s; want route /v1/charges/:id/capture, started, downstream key idempay_<id>_capture, charge %s",
+			r.Status, r.Body, held)
+	}
+	gate.Release()
+	wg.Wait()
+	r, st = inspect(t, c, "capture 1")
+	if r.Status != http.StatusOK || st.RecoveryPoint != "finished" || st.DownstreamKey != "idempay_"+st.ID+"_capture" {
+		t.Errorf("capture finished: %d %s", r.Status, r.Body)
+	}
+	if n := env.Stripe.KeyCount(st.DownstreamKey); n != 1 {
+		t.Errorf("stripe saw the capture's downstream key %s %d times, want 1", st.DownstreamKey, n)
+	}
+
+	if r := c.Post("/v1/charges/"+canceled+"/cancel", "cancel 1", map[string]any{}); r.Status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	r, st = inspect(t, c, "cancel 1")
+	if r.Status != http.StatusOK || st.DownstreamKey != "idempay_"+st.ID+"_cancel" {
+		t.Errorf("cancel: %d %s; want downstream key idempay_<id>_cancel", r.Status, r.Body)
+	}
+	if n := env.Stripe.KeyCount(st.DownstreamKey); n != 1 {
+		t.Errorf("stripe saw the cancel's downstream key %s %d times, want 1", st.DownstreamKey, n)
+	}
 }
