@@ -53,7 +53,7 @@ type Config struct {
 	StripeTimeout    time.Duration
 	Webhooks         webhooks.Config
 	NATSURL          string
-	MetricsAddr      string // consume and relay serve /metrics here; "" for none
+	MetricsAddr      string // consume, relay and deliver serve /metrics here; "" for none
 	// ConsoleAddr is where serve serves the console; "" for none.
 	ConsoleAddr string
 	// ConsoleSecret signs the console's session cookies and CSRF tokens.

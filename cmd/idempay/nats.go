@@ -74,7 +74,7 @@ func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // serveMetrics serves /metrics on addr for a process without the API
-// (consume, relay), until ctx is done; "" serves nothing.
+// (consume, relay, deliver), until ctx is done; "" serves nothing.
 func serveMetrics(ctx context.Context, addr string, a *app.App, log *slog.Logger) {
 	if addr == "" {
 		return

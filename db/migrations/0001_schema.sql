@@ -26,9 +26,11 @@
 --   and never for a column an UPDATE leaves alone. PostgreSQL plans every
 --   CHECK of a table again at every INSERT and UPDATE (ExecRelCheck): a
 --   quarter of its CPU under first requests when these limits were CHECKs
---   (docs/benchmarks-history.md, "Measured, then cut"). A CHECK relates
---   columns or bounds a number; rarely written tables keep their lengths
---   as CHECK (char_length(x) <= n).
+--   (docs/benchmarks-history.md, "Measured, then cut"). A CHECK there
+--   relates columns, bounds a number, or states a shape no type states (a
+--   fingerprint's 32 bytes, a currency's three letters, a key that is not
+--   empty); rarely written tables keep their lengths as CHECK
+--   (char_length(x) <= n).
 -- - A JSON document the database never looks into (a record's stored
 --   headers, a charge's metadata, an event's data) is json, kept as written:
 --   jsonb would parse and rebuild it at every write, and print it at every read.
@@ -46,7 +48,8 @@
 -- transaction (docs/lifecycle.md, "One path, one batch per phase"): a
 -- statement that must match a row and does not raises, so nothing of the
 -- batch commits. Its SQLSTATEs are idempay's own (internal/idempotency/batch.go):
--- IDF01 fenced, IDS01 stale (the step runs again), IDE01 expired.
+-- IDF01 fenced, IDS01 stale (the step runs again), IDE01 expired, IDA01 the
+-- API key no longer active.
 CREATE FUNCTION idempay_expect(matched bigint, sqlstate text, what text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN

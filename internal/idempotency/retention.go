@@ -15,7 +15,7 @@ import (
 // of the table. Unfinished records are never deleted, and ledger rows stay
 // (their idempotency_key_id becomes NULL).
 //
-// Daily partitions were considered and rejected: the unique (account_id,
+// Daily partitions were considered and rejected: the unique (scope,
 // key) index would have to include the partition column, and a retry that
 // crosses midnight would then not be deduplicated.
 func (r *Runner) PurgeExpired(ctx context.Context, now time.Time) (int64, error) {

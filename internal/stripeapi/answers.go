@@ -32,7 +32,7 @@ type stripeAnswer struct {
 // An answer that matches no row is unknown, like every failure that is not
 // Stripe's answer (a timeout, a proxy's 502 page): the request may have run,
 // so the record stays resumable and a retry sends the same downstream key
-// (the contract, step 8). Nothing is final unless Stripe documents it so.
+// (docs/lifecycle.md, section 4). Nothing is final unless Stripe documents it so.
 var stripeAnswers = []stripeAnswer{
 	// [errors] type idempotency_error: "an Idempotency-Key is re-used on a
 	// request that does not match the first request's API endpoint and

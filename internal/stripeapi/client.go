@@ -31,8 +31,9 @@ type Config struct {
 	// sends a customer to after authenticating); DefaultReturnURL if empty.
 	ReturnURL string
 	// Observe, when set, is called after every Stripe call with the
-	// operation ("create_charge", "create_refund"), the result class ("ok",
-	// "declined", "rejected", "unknown") and the call's latency (metrics).
+	// operation ("create_charge", "create_refund", "capture_charge",
+	// "cancel_charge"), the result class ("ok", "declined", "rejected",
+	// "unknown", "conflict") and the call's latency (metrics).
 	Observe func(operation, result string, d time.Duration)
 	// TracerProvider, when set, makes every Stripe call a client span of
 	// the request's trace (telemetry.HTTPTransport).
