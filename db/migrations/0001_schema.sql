@@ -61,9 +61,10 @@ END
 $$;
 
 -- Ids that grow with time (only an order) for rows whose id the database
--- gives (events, webhook deliveries): an insert lands at the primary key's
--- right edge, not on a random page. Ledger ids derive from the request
+-- gives (webhook endpoints and deliveries): an insert lands at the primary
+-- key's right edge, not on a random page. Ledger ids derive from the request
 -- (docs/lifecycle.md, section 3): their default serves rows made by hand.
+-- Event ids derive from the event (events.ID) and have no default.
 CREATE FUNCTION idempay_ordered_id(prefix text) RETURNS text
 LANGUAGE sql VOLATILE AS $$
     SELECT prefix
@@ -322,13 +323,22 @@ CREATE INDEX stripe_events_unprocessed ON stripe_events (received_at) WHERE proc
 -- Events out (docs/events.md): a row is inserted in the batch that settles
 -- a charge or refund, whichever entry point finished it (I10). The relay
 -- publishes them in seq order; they also serve GET /v1/events and the
--- webhooks out. object_version is the version the settling batch's guarded
--- update wrote; that row's lock orders one object's events (docs/events.md,
--- "Order per object"). No unique index repeats it, nor is one on seq (an
--- identity): an entry less per event; tests check the order. object_id
--- names a charge or a refund, so no foreign key.
+-- webhooks out. The id is a pure function of the event (events.ID: its
+-- account, type and object, and the version for a type that can recur), so
+-- an event recorded again after a restore or a failover lost its commit
+-- has the id the relay and the webhooks may have sent (I10, I17); it is
+-- the unique index over what makes an event, and an insert that finds it
+-- taken does nothing (EventInsert). Like the ledger ids it does not grow
+-- with time, so an insert lands on a random page of the primary key: ids
+-- that grew with time measured no different (docs/benchmarks-history.md,
+-- "Where PostgreSQL spends, per first request"). object_version is the
+-- version the settling batch's guarded update wrote; that row's lock
+-- orders one object's events (docs/events.md, "Order per object"). No
+-- unique index repeats it, nor is one on seq (an identity): an entry less
+-- per event; tests check the order. object_id names a charge, a refund or
+-- an endpoint, so no foreign key.
 CREATE TABLE events (
-    id             varchar(64) PRIMARY KEY DEFAULT idempay_ordered_id('evt_'),
+    id             varchar(64) PRIMARY KEY,
     seq            bigint GENERATED ALWAYS AS IDENTITY,
     account_id     text NOT NULL,  -- no foreign key: see the rules above
     type           event_type NOT NULL,

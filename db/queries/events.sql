@@ -1,9 +1,12 @@
 -- name: EventInsert :exec
 -- Records one event in the settling batch, with the version of the object
 -- that the batch's guarded update of the object wrote: the object's row lock
--- orders its events, and nothing any other object writes is touched.
-INSERT INTO events (account_id, type, object_id, object_version, data)
-VALUES (@account_id, @type, @object_id, @object_version, @data);
+-- orders its events, and nothing any other object writes is touched. The id
+-- is a pure function of the event (events.ID): a row that has it is this
+-- event, committed already, and is left as it is (events.Record says why).
+INSERT INTO events (id, account_id, type, object_id, object_version, data)
+VALUES (@id, @account_id, @type, @object_id, @object_version, @data)
+ON CONFLICT (id) DO NOTHING;
 
 -- name: EventGetByID :one
 SELECT * FROM events WHERE account_id = @account_id AND id = @id;

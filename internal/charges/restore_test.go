@@ -4,14 +4,17 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -153,12 +156,131 @@ func (d *restorableDB) restore() {
 // close the pool before a snapshot or a restore.
 func (d *restorableDB) client(stripe *stripefake.Server) (*apitest.Client, *pgxpool.Pool) {
 	d.t.Helper()
+	env := d.env(stripe)
+	return env.ClientFor(d.t, d.account), env.Pool
+}
+
+// env is a fresh API server on the database, with its reconciliation;
+// close env.Pool before a snapshot or a restore.
+func (d *restorableDB) env(stripe *stripefake.Server) *apitest.Env {
+	d.t.Helper()
 	p, err := pgxpool.New(context.Background(), d.url)
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	env := apitest.New(d.t, apitest.Options{Pool: p, StripeURL: stripe.URL()})
-	return env.ClientFor(d.t, d.account), p
+	return apitest.New(d.t, apitest.Options{Pool: p, StripeURL: stripe.URL()})
+}
+
+// emitted is an event as the events table holds it.
+type emitted struct {
+	ID, Type string
+	Version  int64
+}
+
+// eventsOf reads the events of the object, in the order they were recorded.
+func eventsOf(t testing.TB, pool *pgxpool.Pool, objectID string) []emitted {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		`SELECT id, type::text, object_version FROM events WHERE object_id = $1 ORDER BY seq`, objectID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (emitted, error) {
+		var e emitted
+		return e, r.Scan(&e.ID, &e.Type, &e.Version)
+	})
+	if err != nil {
+		t.Fatalf("reading the events of %s: %v", objectID, err)
+	}
+	return evs
+}
+
+// TestRestoredDatabaseEmitsTheSameEvent is I10 and I17 across a restore:
+// the charge settles and its event commits (the relay or a webhook worker
+// may have sent it at once, under its id); the database is put back to a
+// copy from before the charge; the client retries its key, and the charge
+// settles again. The event it records is the one the lost commit recorded,
+// under the same id, so that a consumer or a merchant who has the first
+// drops the second as the duplicate it is (Nats-Msg-Id, webhook-id).
+func TestRestoredDatabaseEmitsTheSameEvent(t *testing.T) {
+	t.Parallel()
+	d := newRestorableDB(t)
+	d.snapshot()
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
+
+	c, p := d.client(stripe)
+	first := c.Post("/v1/charges", "order-2500", body)
+	wantStatus(t, first, http.StatusCreated)
+	var ch charge
+	first.JSON(t, &ch)
+	lost := eventsOf(t, p, ch.ID)
+	p.Close()
+	if len(lost) != 1 || lost[0].Type != "charge.succeeded" {
+		t.Fatalf("the charge recorded %+v, want one charge.succeeded", lost)
+	}
+
+	d.restore()
+
+	c, p = d.client(stripe)
+	defer p.Close()
+	if got := eventsOf(t, p, ch.ID); len(got) != 0 {
+		t.Fatalf("after the restore the database still holds %+v: nothing was lost", got)
+	}
+	wantStatus(t, c.Post("/v1/charges", "order-2500", body), http.StatusCreated)
+	if again := eventsOf(t, p, ch.ID); !slices.Equal(again, lost) {
+		t.Errorf("the charge settled again after the restore recorded %+v; the lost commit recorded %+v (the same event under another id reaches consumers twice)",
+			again, lost)
+	}
+}
+
+// TestRestoredDatabaseReconcileEmitsTheSameEvent: an authorization and its
+// capture are lost to a restore, nobody retries them, and reconciliation
+// re-creates the charge from what Stripe holds: captured. It settles in one
+// step, so its charge.succeeded carries another object_version than the
+// lost one (the lost history had the authorization and the capture's claim
+// in between), and still the event's id is the lost one's: the id names
+// the fact (this charge succeeded), which happens once in a charge's life,
+// not the version it happened at.
+func TestRestoredDatabaseReconcileEmitsTheSameEvent(t *testing.T) {
+	t.Parallel()
+	d := newRestorableDB(t)
+	d.snapshot()
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+
+	c, p := d.client(stripe)
+	auth := authorize(t, c, 3100)
+	wantStatus(t, c.Post("/v1/charges/"+auth.ID+"/capture", "capture-3100", map[string]any{}), http.StatusOK)
+	lost := eventsOf(t, p, auth.ID)
+	p.Close()
+	if len(lost) != 2 || lost[0].Type != "charge.requires_capture" || lost[1].Type != "charge.succeeded" {
+		t.Fatalf("the authorization and its capture recorded %+v, want charge.requires_capture, charge.succeeded", lost)
+	}
+
+	d.restore()
+
+	env := d.env(stripe)
+	defer env.Pool.Close()
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.Counts[charges.ReconcileRecreated] != 1 {
+		t.Fatalf("reconciliation: %v, want the charge re-created", report.Counts)
+	}
+	again := eventsOf(t, env.Pool, auth.ID)
+	if len(again) != 1 || again[0].Type != "charge.succeeded" {
+		t.Fatalf("the re-created charge recorded %+v, want one charge.succeeded", again)
+	}
+	if again[0].Version == lost[1].Version {
+		t.Fatalf("the re-created charge succeeded at version %d, as the lost one did: the test's premise (another version) does not hold", again[0].Version)
+	}
+	if again[0].ID != lost[1].ID {
+		t.Errorf("the re-created charge's charge.succeeded is %s (version %d); the lost one was %s (version %d): the same settlement under two ids",
+			again[0].ID, again[0].Version, lost[1].ID, lost[1].Version)
+	}
 }
 
 // TestRestoredDatabaseRefundsOnce is TestRestoredDatabaseChargesOnce for a
@@ -167,7 +289,8 @@ func (d *restorableDB) client(stripe *stripefake.Server) (*apitest.Client, *pgxp
 // reservation are lost; the charge is not), and the client retries the
 // refund's key. The retry reaches Stripe under the same downstream key with
 // a body byte for byte the first attempt's (the amount is the request's,
-// not what the ledger says is left), so Stripe replays: one refund.
+// not what the ledger says is left), so Stripe replays: one refund, and
+// one refund.succeeded, recorded again under the id it had.
 func TestRestoredDatabaseRefundsOnce(t *testing.T) {
 	t.Parallel()
 	d := newRestorableDB(t)
@@ -186,6 +309,9 @@ func TestRestoredDatabaseRefundsOnce(t *testing.T) {
 	// A second refund, with another key, in the same lost stretch: what the
 	// ledger counts as left to refund differs after the restore.
 	wantStatus(t, c.Post("/v1/refunds", "refund-78", map[string]any{"charge": ch.ID, "amount": 500}), http.StatusCreated)
+	var was refund
+	first.JSON(t, &was)
+	lost := eventsOf(t, p, was.ID)
 	p.Close()
 
 	d.restore()
@@ -194,8 +320,7 @@ func TestRestoredDatabaseRefundsOnce(t *testing.T) {
 	defer p.Close()
 	retry := c.Post("/v1/refunds", "refund-77", body)
 	wantStatus(t, retry, http.StatusCreated)
-	var was, is refund
-	first.JSON(t, &was)
+	var is refund
 	retry.JSON(t, &is)
 	if is.ID != was.ID || is.Amount != was.Amount || is.StripeRefundID == nil || *is.StripeRefundID != *was.StripeRefundID {
 		t.Errorf("the re-created refund is %s of %d (Stripe %s), the lost answer named %s of %d (Stripe %s)",
@@ -218,6 +343,9 @@ func TestRestoredDatabaseRefundsOnce(t *testing.T) {
 	}
 	if !attempts[1].Replayed {
 		t.Errorf("Stripe did not replay the retry")
+	}
+	if again := eventsOf(t, p, is.ID); len(lost) != 1 || !slices.Equal(again, lost) {
+		t.Errorf("the refund settled again recorded %+v; the lost commit recorded %+v, want the one event under its id", again, lost)
 	}
 	if got := getChargeRow(t, p, ch.ID).AmountRefunded; got != 1500 {
 		t.Errorf("the charge's amount_refunded after the retry is %d, want 1500 (refund-78 is lost until reconciliation)", got)

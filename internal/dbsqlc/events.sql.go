@@ -37,11 +37,13 @@ func (q *Queries) EventGetByID(ctx context.Context, db DBTX, arg *EventGetByIDPa
 }
 
 const eventInsert = `-- name: EventInsert :exec
-INSERT INTO events (account_id, type, object_id, object_version, data)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO events (id, account_id, type, object_id, object_version, data)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (id) DO NOTHING
 `
 
 type EventInsertParams struct {
+	ID            string
 	AccountID     string
 	Type          string
 	ObjectID      string
@@ -51,9 +53,12 @@ type EventInsertParams struct {
 
 // Records one event in the settling batch, with the version of the object
 // that the batch's guarded update of the object wrote: the object's row lock
-// orders its events, and nothing any other object writes is touched.
+// orders its events, and nothing any other object writes is touched. The id
+// is a pure function of the event (events.ID): a row that has it is this
+// event, committed already, and is left as it is (events.Record says why).
 func (q *Queries) EventInsert(ctx context.Context, db DBTX, arg *EventInsertParams) error {
 	_, err := db.Exec(ctx, eventInsert,
+		arg.ID,
 		arg.AccountID,
 		arg.Type,
 		arg.ObjectID,
