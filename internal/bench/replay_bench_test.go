@@ -16,7 +16,7 @@ import (
 // read from the real database, the front half, the replay read on it,
 // the stored response written), without the network. Its allocs/op is what
 // a replay costs the collector, the usual cause of the replay tail at half
-// of peak (BENCHMARKS.md, "The replay tail"):
+// of peak (docs/benchmarks-history.md, "The replay tail"):
 //
 //	go test -run '^$' -bench Replay -benchmem ./internal/bench
 //

@@ -87,7 +87,7 @@ func decodeParams(raw []byte, dst jsonbody.Body) error {
 // like the record's, so that a record re-created after a loss makes the id the
 // client may have seen (docs/lifecycle.md, "A key reused after retention").
 // Unlike the tables' default (idempay_ordered_id) it does not grow with time:
-// measured, no difference (BENCHMARKS.md, "Where PostgreSQL spends").
+// measured, no difference (docs/benchmarks-history.md, "Where PostgreSQL spends").
 func ledgerID(prefix string, rec *idempotency.Record) string {
 	return prefix + strings.TrimPrefix(rec.ID, "ik_")
 }

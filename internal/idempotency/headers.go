@@ -6,7 +6,7 @@ import "github.com/go-json-experiment/json"
 // allow-list, so Date, Set-Cookie and per-request headers are never replayed
 // (I2). The stored form is this struct's JSON; a struct rather than a map,
 // and the library that decodes request bodies rather than encoding/json,
-// because every replay decodes it (BENCHMARKS.md, "The replay tail").
+// because every replay decodes it (docs/benchmarks-history.md, "The replay tail").
 type Headers struct {
 	ContentType string `json:"Content-Type,omitempty"`
 	Location    string `json:"Location,omitempty"`
