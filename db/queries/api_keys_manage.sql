@@ -9,17 +9,29 @@ SELECT * FROM api_keys WHERE account_id = @account_id AND revoked_at IS NULL ORD
 -- name: APIKeyGetByIdempotencyKeyID :one
 SELECT * FROM api_keys WHERE idempotency_key_id = @idempotency_key_id;
 
+-- name: APIKeyLockAccount :exec
+-- Locks the account's row, in a statement of its own before a revocation
+-- checks and revokes (APIKeyRevoke), so that revocations of one account's
+-- keys run one after another. The lock cannot be taken in the revoking
+-- statement itself: in READ COMMITTED a statement reads with the snapshot
+-- it took when it started, before it waited for the lock, so two
+-- revocations of an account's last two keys would each count the other's
+-- key as active and both commit, leaving the account no key (and no way to
+-- make one). The statement after this one takes a new snapshot once the
+-- lock is held, and sees every revocation committed before it. FOR NO KEY
+-- UPDATE: it does not wait for, or hold up, an insert that checks its
+-- foreign key to the account (a new key: FOR KEY SHARE).
+SELECT 1 FROM accounts WHERE id = @account_id FOR NO KEY UPDATE;
+
 -- name: APIKeyRevoke :exec
 -- Revokes one active key of the account, unless it is the account's last
--- active key. The account row is locked first, so two revocations of an
--- account's last two keys cannot both succeed. Guarded: the caller checked
--- both conditions in a read; when they no longer hold it raises IDS01 and
--- the caller reads and checks again.
-WITH acct AS (
-    SELECT id FROM accounts WHERE accounts.id = @account_id FOR UPDATE
-), others AS (
-    SELECT count(*) AS n FROM api_keys, acct
-    WHERE api_keys.account_id = acct.id AND api_keys.revoked_at IS NULL AND api_keys.id <> @id
+-- active key, in the same transaction (or batch) as APIKeyLockAccount and
+-- after it. Guarded: the caller checked both conditions in a read; when
+-- they no longer hold it raises IDS01 and the caller reads and checks
+-- again.
+WITH others AS (
+    SELECT count(*) AS n FROM api_keys
+    WHERE api_keys.account_id = @account_id AND api_keys.revoked_at IS NULL AND api_keys.id <> @id
 ), k AS (
     UPDATE api_keys SET revoked_at = now()
     FROM others

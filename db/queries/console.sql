@@ -7,8 +7,10 @@
 
 -- name: ConsoleSessionAccount :one
 -- The account a console session belongs to, read at every request from the
--- session's key id: a revoked key ends the session at once (I11, I15).
-SELECT a.id, a.name, k.prefix
+-- session's key id: a revoked key ends the session at once (I11, I15). The
+-- key's hash is the credential of the request's one write (a resend), whose
+-- claim checks the key again as an API request's claim does.
+SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL;
 

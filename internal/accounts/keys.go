@@ -164,38 +164,50 @@ func (op *createKeyOp) Call(_ context.Context, rec *idempotency.Record) idempote
 // the account would lock itself out. Every process refuses the key from the
 // moment the revocation commits, since each reads the key from the database
 // on every request (I11).
+//
+// Revocations of one account's keys take the account's row lock first, in a
+// statement of their own (APIKeyLockAccount), and count the account's keys
+// in a later one, which sees every revocation committed before the lock was
+// granted: of two revocations of an account's last two keys, exactly one
+// succeeds and the other is refused as the last key.
 func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempotency.Request) (idempotency.Response, error) {
 	if req != nil {
 		return k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
 	}
 	if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		return struct{}{}, k.revokeTx(ctx, tx, accountID, id)
+		if err := k.q.APIKeyLockAccount(ctx, tx, accountID); err != nil {
+			return struct{}{}, fmt.Errorf("locking the account: %w", err)
+		}
+		// Read under the lock, in the transaction: what is checked holds
+		// until the revocation commits.
+		if err := k.checkRevocable(ctx, tx, accountID, id); err != nil {
+			return struct{}{}, err
+		}
+		if err := k.q.APIKeyRevoke(ctx, tx, &dbsqlc.APIKeyRevokeParams{AccountID: accountID, ID: id}); err != nil {
+			return struct{}{}, fmt.Errorf("revoking API key: %w", err)
+		}
+		return struct{}{}, nil
 	}); err != nil {
 		return idempotency.Response{}, err
 	}
 	return idempotency.Response{Status: http.StatusNoContent}, nil
 }
 
-// revokeTx checks that the key can be revoked (it is an active key of the
-// account, and not its last one), then queues its guarded revocation into
-// tx (a transaction, or a phase's batch). The revocation raises ErrStale
-// when what was checked no longer holds when it runs.
-func (k *KeysAPI) revokeTx(ctx context.Context, tx dbsqlc.DBTX, accountID, id string) error {
-	row, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
+// checkRevocable reads through r whether the key can be revoked: it is an
+// active key of the account, and not its last one.
+func (k *KeysAPI) checkRevocable(ctx context.Context, r dbsqlc.DBTX, accountID, id string) error {
+	row, err := k.q.APIKeyGetByID(ctx, r, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) || err == nil && row.RevokedAt != nil {
 		return apierror.New(apierror.NotFound, "No such active API key.")
 	} else if err != nil {
 		return fmt.Errorf("reading API key: %w", err)
 	}
-	active, err := k.q.APIKeyList(ctx, k.pool, accountID)
+	active, err := k.q.APIKeyList(ctx, r, accountID)
 	if err != nil {
 		return fmt.Errorf("listing API keys: %w", err)
 	}
 	if len(active) == 1 && active[0].ID == id {
 		return apierror.New(apierror.LastAPIKey, "This is the account's last active API key; create another before revoking it.")
-	}
-	if err := k.q.APIKeyRevoke(ctx, tx, &dbsqlc.APIKeyRevokeParams{AccountID: accountID, ID: id}); err != nil {
-		return fmt.Errorf("revoking API key: %w", err)
 	}
 	return nil
 }
@@ -209,8 +221,24 @@ type revokeKeyOp struct {
 	keyID     string
 }
 
+// Begin checks that the key can be revoked, reading before the phase, then
+// queues the account's lock and the guarded revocation into the claim's
+// batch: each statement of the batch takes a snapshot of its own, so the
+// revocation sees every revocation committed before the lock was granted.
+// One that changed what was checked raises ErrStale, and the runner reads
+// and checks again (which answers the last key's 409, or 404).
 func (op *revokeKeyOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
-	return op.k.revokeTx(ctx, b, op.accountID, op.keyID)
+	k := op.k
+	if err := k.checkRevocable(ctx, k.pool, op.accountID, op.keyID); err != nil {
+		return err
+	}
+	if err := k.q.APIKeyLockAccount(ctx, b, op.accountID); err != nil {
+		return fmt.Errorf("locking the account: %w", err)
+	}
+	if err := k.q.APIKeyRevoke(ctx, b, &dbsqlc.APIKeyRevokeParams{AccountID: op.accountID, ID: op.keyID}); err != nil {
+		return fmt.Errorf("revoking API key: %w", err)
+	}
+	return nil
 }
 
 // Load has nothing to read: the revocation committed with the record.

@@ -1,10 +1,13 @@
 package accounts_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 )
@@ -192,5 +195,120 @@ func TestRevokedKeyGetsNoReplay(t *testing.T) {
 	if replay.Status != first.Status || replay.Header.Get("Idempotent-Replayed") != "true" || string(replay.Body) != string(first.Body) {
 		t.Errorf("the account's other key: %d (replayed %q) %s, want the replay of %d %s",
 			replay.Status, replay.Header.Get("Idempotent-Replayed"), replay.Body, first.Status, first.Body)
+	}
+}
+
+// Two revocations of an account's last two keys at the same moment: exactly
+// one succeeds and the other is refused as the last key (409), with or
+// without an Idempotency-Key, and the account keeps one active key. The
+// test holds the account's row lock (as a third revocation would) until
+// both requests wait on it, so that both have read the account's two
+// active keys, and both queue behind the lock, before either revokes. Each
+// request presents the key it revokes, so the one refused is still
+// authenticated when its turn comes.
+func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	for _, withIdemKey := range []bool{false, true} {
+		name := "without an Idempotency-Key"
+		if withIdemKey {
+			name = "with an Idempotency-Key"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			first := env.NewClient(t)
+			var k apiKey
+			if created := first.Post("/v1/api_keys", apitest.NewKey(), "{}"); created.Status != http.StatusCreated {
+				t.Fatalf("POST /v1/api_keys: %d %s", created.Status, created.Body)
+			} else {
+				created.JSON(t, &k)
+			}
+			second := withKey(first, *k.Secret)
+			var list struct {
+				Data []apiKey `json:"data"`
+			}
+			first.Get("/v1/api_keys").JSON(t, &list)
+			if len(list.Data) != 2 || list.Data[1].ID != k.ID {
+				t.Fatalf("the account's keys: %+v, want the first and %s", list.Data, k.ID)
+			}
+
+			tx, err := env.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			var pid int32
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, first.Account.ID); err != nil {
+				t.Fatal(err)
+			}
+
+			results := make(chan *apitest.Response, 2)
+			for _, c := range []struct {
+				client *apitest.Client
+				keyID  string
+			}{{first, list.Data[0].ID}, {second, k.ID}} {
+				go func() {
+					idemKey := ""
+					if withIdemKey {
+						idemKey = apitest.NewKey()
+					}
+					results <- deleteKey(t, c.client, c.keyID, idemKey)
+				}()
+			}
+			// Both requests wait for the lock, the first behind the test's
+			// transaction, the second behind it or behind the first.
+			deadline := time.Now().Add(2 * time.Minute)
+			for blocked := 0; blocked < 2; {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of the two revocations waited for the account's row lock in 2 minutes", blocked)
+				}
+				if err := env.Pool.QueryRow(ctx, `WITH RECURSIVE waiting(pid) AS (
+						SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
+						UNION
+						SELECT a.pid FROM pg_stat_activity a JOIN waiting w ON w.pid = ANY(pg_blocking_pids(a.pid)))
+					SELECT count(*) FROM waiting`, pid).Scan(&blocked); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			var statuses []int
+			for range 2 {
+				select {
+				case resp := <-results:
+					if resp == nil {
+						t.Fatal("a revocation got no response")
+					}
+					statuses = append(statuses, resp.Status)
+					if resp.Status == http.StatusConflict {
+						if p := resp.Problem(t); p.Type != "/problems/last-api-key" {
+							t.Errorf("the refused revocation: %s, want the type /problems/last-api-key", resp.Body)
+						}
+					} else if resp.Status != http.StatusNoContent {
+						t.Errorf("a revocation: %d %s, want 204 or 409", resp.Status, resp.Body)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatal("the revocations did not return within 2 minutes of the lock's release")
+				}
+			}
+			slices.Sort(statuses)
+			if !slices.Equal(statuses, []int{http.StatusNoContent, http.StatusConflict}) {
+				t.Errorf("the racing revocations answered %v, want one 204 and one 409", statuses)
+			}
+			var active int
+			if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL`,
+				first.Account.ID).Scan(&active); err != nil {
+				t.Fatal(err)
+			}
+			if active != 1 {
+				t.Errorf("the account has %d active keys after the race, want 1", active)
+			}
+		})
 	}
 }

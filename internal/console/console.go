@@ -148,6 +148,10 @@ func secureHeaders(next http.Handler) http.Handler {
 // viewer is the signed-in account, read from the database at this request.
 type viewer struct {
 	AccountID, AccountName, KeyPrefix string
+	// credential is the SHA-256 of the session's API key, as read with the
+	// account at this request, for the claim of the request's write
+	// (idempotency.Request.Credential). Not exported: no page shows it.
+	credential []byte
 }
 
 // signedIn runs h for a signed-in account: a session cookie with a valid
@@ -186,7 +190,7 @@ func (c *Console) account(r *http.Request) (viewer, error) {
 	} else if err != nil {
 		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
 	}
-	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix}, nil
+	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash}, nil
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {

@@ -553,3 +553,113 @@ func stateOf(t testing.TB, b *browser, key string) string {
 }
 
 var base64URL = base64.RawURLEncoding
+
+// I11: a key revoked after the console's session check of a Resend and
+// before its claim is refused by the claim, as an API request's key is:
+// the resend carries the signed-in key as its credential, so the claim
+// checks it in its own statements. The resend answers 401 and writes
+// nothing: no record, and the event's delivery as it was. The two
+// steps run one after the other with the revocation (through the API)
+// committed between them, as if another process revoked the key then.
+func TestRevokedBetweenSessionAndResend(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	res := api.Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
+	var second struct {
+		ID     string `json:"id"`
+		Secret string `json:"secret"`
+	}
+	res.JSON(t, &second)
+	if res.Status != http.StatusCreated || second.Secret == "" {
+		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
+	}
+	recv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(recv.Close)
+	if res := api.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": recv.URL, "enabled_events": []string{"*"}}); res.Status != http.StatusCreated {
+		t.Fatalf("creating the endpoint: %d %s", res.Status, res.Body)
+	}
+	if res := api.Post("/v1/charges", apitest.NewKey(), chargeBody(2500)); res.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", res.Status, res.Body)
+	}
+
+	b := newBrowser(t, srv.URL)
+	if p := b.signIn(second.Secret); p.Status != http.StatusSeeOther {
+		t.Fatalf("signing in with the second key: %d", p.Status)
+	}
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	id := evID[1]
+	p := b.get("/events/" + id)
+	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
+	csrf := csrfRE.FindStringSubmatch(p.Body)
+	if key == nil || csrf == nil {
+		t.Fatalf("the event's page (%d) has no Resend form with a key and a CSRF token", p.Status)
+	}
+	// The event's delivery, delivered: what a resend would make pending
+	// again, and what no worker changes any more (the package's other
+	// tests dispatch and deliver every account's events).
+	deliveries := func() (string, bool) {
+		t.Helper()
+		var s string
+		var delivered bool
+		if err := env.Pool.QueryRow(t.Context(), `SELECT count(*) || ' ' || coalesce(string_agg(d.id || ' ' || d.state || ' ' ||
+				d.attempts || ' ' || d.claims || ' ' || d.next_attempt_at::text || ' ' ||
+				(SELECT count(*) FROM webhook_attempts a WHERE a.delivery_id = d.id), '; ' ORDER BY d.id), ''),
+				count(*) = 1 AND bool_and(d.state = 'delivered')
+			FROM webhook_deliveries d WHERE d.event_id = $1`, id).Scan(&s, &delivered); err != nil {
+			t.Fatal(err)
+		}
+		return s, delivered
+	}
+	before, delivered := deliveries()
+	for deadline := time.Now().Add(2 * time.Minute); !delivered; before, delivered = deliveries() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the event's delivery was not delivered in 2 minutes: %s", before)
+		}
+		if _, err := env.MerchantHooks.Dispatch(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.MerchantHooks.Work(t.Context(), recv.Client(), 10); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	form := url.Values{"csrf_token": {csrf[1]}, "idempotency_key": {key[1]}}
+	req := httptest.NewRequest(http.MethodPost, "/events/"+id+"/resend", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.AddCookie(&http.Cookie{Name: "idempay_console", Value: b.cookie("idempay_console")})
+	req.AddCookie(&http.Cookie{Name: "idempay_console_csrf", Value: b.cookie("idempay_console_csrf")})
+	req.SetPathValue("id", id)
+	w := httptest.NewRecorder()
+	if err := c.ResendAfterSessionCheck(w, req, func() {
+		del := api.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.ID, nil)
+		del.Header.Set("Idempotency-Key", apitest.NewKey())
+		if res := api.Do(del); res == nil || res.Status != http.StatusNoContent {
+			t.Fatalf("revoking the signed-in key: %+v", res)
+		}
+	}); err != nil {
+		t.Fatalf("the session check refused the signed-in key before its revocation: %v", err)
+	}
+	if w.Code != http.StatusUnauthorized {
+		t.Errorf("the resend after the key's revocation: %d (Location %q), want 401; body:\n%s", w.Code, w.Header().Get("Location"), w.Body)
+	}
+	var records int
+	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
+		acct.ID, merchanthooks.RouteResend).Scan(&records); err != nil || records != 0 {
+		t.Errorf("resend records: %d (%v), want none", records, err)
+	}
+	if after, _ := deliveries(); after != before {
+		t.Errorf("the refused resend changed the event's deliveries: %s -> %s", before, after)
+	}
+}

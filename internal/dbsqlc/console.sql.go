@@ -445,7 +445,7 @@ func (q *Queries) ConsoleRefundList(ctx context.Context, db DBTX, arg *ConsoleRe
 
 const consoleSessionAccount = `-- name: ConsoleSessionAccount :one
 
-SELECT a.id, a.name, k.prefix
+SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = $1 AND k.account_id = $2 AND k.revoked_at IS NULL
 `
@@ -456,9 +456,10 @@ type ConsoleSessionAccountParams struct {
 }
 
 type ConsoleSessionAccountRow struct {
-	ID     string
-	Name   string
-	Prefix string
+	ID      string
+	Name    string
+	Prefix  string
+	KeyHash []byte
 }
 
 // The console's reads (internal/console). Every query names the account it
@@ -468,10 +469,17 @@ type ConsoleSessionAccountRow struct {
 // through the (scope, key) index, which retention keeps to a day's worth;
 // the refunds list reads the account's refunds.
 // The account a console session belongs to, read at every request from the
-// session's key id: a revoked key ends the session at once (I11, I15).
+// session's key id: a revoked key ends the session at once (I11, I15). The
+// key's hash is the credential of the request's one write (a resend), whose
+// claim checks the key again as an API request's claim does.
 func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *ConsoleSessionAccountParams) (ConsoleSessionAccountRow, error) {
 	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID)
 	var i ConsoleSessionAccountRow
-	err := row.Scan(&i.ID, &i.Name, &i.Prefix)
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.Prefix,
+		&i.KeyHash,
+	)
 	return i, err
 }
