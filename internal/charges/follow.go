@@ -182,7 +182,7 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 	updated.Status = status
 	switch status {
 	case "failed":
-		updated.FailureCode = cmpOr(nonEmpty(sc.FailureCode), ch.FailureCode)
+		updated.FailureCode = cmpOr(nonEmpty(failureCode(sc.FailureCode)), ch.FailureCode)
 		updated.FailureMessage = cmpOr(nonEmpty(pgtext.Truncate(sc.FailureMessage, 1000)), ch.FailureMessage)
 	case "requires_capture":
 		updated.AmountCapturable = min(ch.Amount, max(sc.Amount-sc.AmountCaptured, 0))
@@ -244,7 +244,7 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 		updated.LastEventAt = &at
 	}
 	if status == "failed" {
-		updated.FailureCode = cmpOr(nonEmpty(sr.FailureReason), rf.FailureCode)
+		updated.FailureCode = cmpOr(nonEmpty(failureCode(sr.FailureReason)), rf.FailureCode)
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all.
 		if err := s.st.releaseRefund(ctx, b, rf); err != nil {
@@ -292,3 +292,9 @@ type StripeCharge struct {
 	FailureMessage       string
 	Metadata             map[string]string
 }
+
+// failureCode is a code or reason Stripe gave, as the ledger's failure_code
+// (varchar(255)) holds it. Stripe's are short words; a longer one, which
+// Stripe does not send, is cut rather than left to fail the write that
+// records the outcome, and every retry of it.
+func failureCode(s string) string { return pgtext.Truncate(s, 255) }

@@ -98,9 +98,9 @@ func (r *Refusal) Unwrap() error { return r.Err }
 // failureCode is the decline code, else the error code.
 func (r *Refusal) failureCode() string {
 	if r.DeclineCode != "" {
-		return r.DeclineCode
+		return failureCode(r.DeclineCode)
 	}
-	return r.Code
+	return failureCode(r.Code)
 }
 
 // classify reads the error of a processor call.

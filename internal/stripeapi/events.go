@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stripe/stripe-go/v76"
 
@@ -26,28 +27,50 @@ func Event(ev *stripe.Event) (stripeevents.Event, error) {
 		var pi stripe.PaymentIntent
 		if err = json.Unmarshal(ev.Data.Raw, &pi); err == nil {
 			out.PaymentIntent = Intent(&pi)
+			err = idsFit(pi.ID, out.PaymentIntent.LatestCharge)
 		}
 		err = unappliable(ev, "payment intent", err)
 	case "charge.succeeded", "charge.failed", "charge.pending", "charge.refunded":
 		var sc stripe.Charge
 		if err = json.Unmarshal(ev.Data.Raw, &sc); err == nil {
 			out.Charge = charge(&sc)
+			err = idsFit(sc.ID, out.Charge.IntentID)
 		}
 		err = unappliable(ev, "charge", err)
 	case "charge.refund.updated", "refund.updated":
 		var sr stripe.Refund
 		if err = json.Unmarshal(ev.Data.Raw, &sr); err == nil {
 			out.Refund = Refund(&sr)
+			err = idsFit(sr.ID, out.Refund.IntentID)
 		}
 		err = unappliable(ev, "refund", err)
 	case "charge.dispute.created", "charge.dispute.closed":
 		var sd stripe.Dispute
 		if err = json.Unmarshal(ev.Data.Raw, &sd); err == nil {
 			out.Dispute = dispute(&sd)
+			err = idsFit(sd.ID, out.Dispute.ChargeID, out.Dispute.IntentID)
 		}
 		err = unappliable(ev, "dispute", err)
 	}
 	return out, err
+}
+
+// maxIDLength is the longest object id Stripe sends: it documents that the
+// ids it generates never exceed 255 characters (docs.stripe.com/upgrades,
+// "opaque strings"), and the ledger's columns for Stripe's ids hold that
+// many.
+const maxIDLength = 255
+
+// idsFit refuses an object naming an id longer than Stripe's ids are: no
+// retry could write it, so, like an object that does not decode, it is not
+// an event to apply.
+func idsFit(ids ...string) error {
+	for _, id := range ids {
+		if n := utf8.RuneCountInString(id); n > maxIDLength {
+			return fmt.Errorf("an id of %d characters, longer than Stripe's %d", n, maxIDLength)
+		}
+	}
+	return nil
 }
 
 // unappliable is stripeevents.ErrUnappliable for ev, whose object did not

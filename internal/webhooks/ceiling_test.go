@@ -266,6 +266,9 @@ func TestUnappliableEventEndsFailed(t *testing.T) {
 			map[string]any{"id": "ch_badmeta", "object": "charge", "amount": 100, "metadata": "not an object"}, "metadata"},
 		{"amount as text", "refund.updated",
 			map[string]any{"id": "re_badamount", "object": "refund", "amount": "ten", "status": "succeeded"}, "amount"},
+		{"an id longer than Stripe's ids", "payment_intent.succeeded",
+			map[string]any{"id": "pi_longcharge", "object": "payment_intent", "amount": 100, "currency": "usd", "status": "succeeded",
+				"latest_charge": "ch_" + strings.Repeat("x", 300)}, "longer than Stripe's 255"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

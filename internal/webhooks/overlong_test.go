@@ -1,0 +1,70 @@
+package webhooks_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// TestOverlongFailureCodeIsCut: Stripe's failure codes and reasons are
+// short words, and the ledger keeps 255 characters of one. A signed event
+// carrying a longer one is applied with the code cut to 255 characters, not
+// left to fail the write that settles the charge or refund (and every retry
+// of it, with an ERROR line each time) while the ledger stays behind Stripe.
+func TestOverlongFailureCodeIsCut(t *testing.T) {
+	t.Parallel()
+	logs := &lineBuffer{}
+	env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond,
+		LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
+	c := env.NewClient(t)
+	long := strings.Repeat("x", 300)
+	cut := long[:255]
+
+	// A charge whose outcome Stripe's event gives: charge.failed.
+	id, _, fc := unfinishedCharge(t, env, c, 1500)
+	errorsBefore := len(logs.lines(t, slog.LevelError))
+	obj := apitest.ChargeObject(fc, "failed")
+	obj.FailureCode, obj.FailureMessage = long, "Your card was declined."
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.failed", obj, time.Now())), "applied")
+	if ch := getCharge(t, c, id); ch.Status != "failed" || ch.FailureCode == nil || *ch.FailureCode != cut {
+		t.Errorf("charge after charge.failed with a %d-character code: status %s, failure_code %v; want failed and its first 255 characters",
+			len(long), ch.Status, deref(ch.FailureCode))
+	}
+
+	// A refund that Stripe reports failed later on, with a long reason.
+	ch, sc := createCharge(t, env, c, 2000)
+	r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500})
+	if r.Status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", r.Status, r.Body)
+	}
+	var rf struct {
+		ID             string  `json:"id"`
+		StripeRefundID *string `json:"stripe_refund_id"`
+	}
+	r.JSON(t, &rf)
+	ev, err := webhooks.NewRefundEvent("refund.updated", webhooks.RefundObject{ID: *rf.StripeRefundID, Charge: sc.ID, Amount: 500,
+		Currency: "usd", Status: "failed", FailureReason: long}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, ev), "applied")
+	var status, code string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT status, coalesce(failure_code, '') FROM refunds WHERE id = $1`,
+		rf.ID).Scan(&status, &code); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" || code != cut {
+		t.Errorf("refund after refund.updated with a %d-character reason: status %s, failure_code of %d characters; want failed and its first 255",
+			len(long), status, len(code))
+	}
+
+	if errs := logs.lines(t, slog.LevelError); len(errs) != errorsBefore {
+		t.Errorf("ERROR lines for events Stripe signed: %v", errs[errorsBefore:])
+	}
+}
