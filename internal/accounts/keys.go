@@ -1,7 +1,6 @@
 package accounts
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // Routes of the API keys, as stored on idempotency records.
@@ -90,16 +90,17 @@ func (k *KeysAPI) List(ctx context.Context, accountID string) (List, error) {
 // noParams is the body of POST /v1/api_keys: an empty object.
 type noParams struct{}
 
+// Validate has nothing to check: an empty object is the whole of it.
+func (noParams) Validate() error { return nil }
+
 // Create makes another key for the account; req is its POST, key and body
 // read. Like every POST it is idempotent; its stored answer (what a retry
 // replays) carries the key's id and prefix and a note instead of the
 // secret, which is never stored. Errors are a refusal of the body
 // (*apierror.Error), the core's (*idempotency.Error) or the database's.
 func (k *KeysAPI) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
-	dec := json.NewDecoder(bytes.NewReader(req.Body))
-	dec.DisallowUnknownFields()
 	var p noParams
-	if err := dec.Decode(&p); err != nil {
+	if err := jsonbody.Decode(req.Body, &p, ""); err != nil {
 		return idempotency.Response{}, apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
 	}
 	op := &createKeyOp{k: k, accountID: accountID}

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -258,5 +259,56 @@ func TestClientThatLeavesIsNotAServerFailure(t *testing.T) {
 			"\r\nContent-Length: 10\r\n\r\nhalf"
 		status, ct, body := exchange(t, addr, http.MethodGet, []byte(request), true)
 		wantProblem(t, "GET "+path+", then the client's side closed", status, ct, body, apierror.StatusClientClosedRequest, apierror.ClientClosedRequest, logs)
+	}
+}
+
+// TestNullBodyIsNotAnObject: every POST body is a JSON object, and null is
+// not one, although it decodes into a struct as no change at all. A null
+// capture must not capture the whole authorization, nor a null
+// POST /v1/api_keys make a key: each is a 400 that says the body must be
+// an object, and changes nothing.
+func TestNullBodyIsNotAnObject(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	r := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 900, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+	if r.Status != http.StatusCreated {
+		t.Fatalf("authorize: %d %s", r.Status, r.Body)
+	}
+	var ch struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	r.JSON(t, &ch)
+	keys := func() int {
+		var n int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM api_keys WHERE account_id = $1`, c.Account.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	keysBefore := keys()
+	for _, path := range []string{"/v1/charges", "/v1/refunds", "/v1/charges/" + ch.ID + "/capture", "/v1/charges/" + ch.ID + "/cancel", "/v1/api_keys"} {
+		for _, body := range []string{`null`, " null\n"} {
+			r := c.Post(path, apitest.NewKey(), body)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("POST %s with %q: %d %s; want 400", path, body, r.Status, r.Body)
+				continue
+			}
+			if p := r.Problem(t); !strings.Contains(p.Detail, "JSON object") {
+				t.Errorf("POST %s with %q: detail %q; want it to say the body must be a JSON object", path, body, p.Detail)
+			}
+		}
+	}
+	var after struct {
+		Status         string `json:"status"`
+		AmountCaptured int64  `json:"amount_captured"`
+	}
+	c.Get("/v1/charges/"+ch.ID).JSON(t, &after)
+	if after.Status != "requires_capture" || after.AmountCaptured != 0 {
+		t.Errorf("the authorization after null bodies: status %s, amount_captured %d; want requires_capture, 0", after.Status, after.AmountCaptured)
+	}
+	if n := keys(); n != keysBefore {
+		t.Errorf("API keys after a null POST /v1/api_keys: %d, want %d", n, keysBefore)
 	}
 }
