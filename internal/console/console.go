@@ -24,6 +24,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/merchanthooks"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // DefaultPollInterval is how often an open page asks for its content again.
@@ -122,7 +124,29 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return secureHeaders(mux)
+	return secureHeaders(textOnly(mux))
+}
+
+// textOnly refuses, before any page runs, an address whose path or query
+// is not text (pgtext.IsText): a 400, as the API's checkInput answers, and
+// never an id that reaches a query only for PostgreSQL to refuse its bytes
+// (a 500 and an ERROR line for what a visitor typed).
+func textOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		query, err := url.ParseQuery(r.URL.RawQuery)
+		ok := err == nil && pgtext.IsText(r.URL.Path)
+		for name, values := range query {
+			ok = ok && pgtext.IsText(name)
+			for _, v := range values {
+				ok = ok && pgtext.IsText(v)
+			}
+		}
+		if !ok {
+			http.Error(w, "The address is not text: percent-encode it as UTF-8, without control characters.", http.StatusBadRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // NewServer is the console's http.Server on addr, with timeouts like the

@@ -663,3 +663,31 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 		t.Errorf("the refused resend changed the event's deliveries: %s -> %s", before, after)
 	}
 }
+
+// TestAddressThatIsNotText: an id in the address that is not text (a NUL,
+// a byte that is not UTF-8, a control character), which no record, charge
+// or event has, is a 400 before any page runs, never a query that
+// PostgreSQL refuses (a 500); for a visitor signed in or not, and for the
+// static files too.
+func TestAddressThatIsNotText(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	b := newBrowser(t, base)
+	b.signIn(dbtest.NewAccount(t).APIKey)
+	for _, path := range []string{"/charges/%ff", "/charges/%00", "/records/%ff", "/records/a%00b", "/events/%ff",
+		"/events/%01", "/static/%ff", "/records?state=%ff", "/charges?x=%00"} {
+		if p := b.get(path); p.Status != http.StatusBadRequest {
+			t.Errorf("GET %s: %d %q, want 400", path, p.Status, p.Body)
+		}
+		if p := newBrowser(t, base).get(path); p.Status != http.StatusBadRequest {
+			t.Errorf("GET %s signed out: %d %q, want 400", path, p.Status, p.Body)
+		}
+	}
+	if p := b.post("/events/%ff/resend", url.Values{"csrf_token": {b.csrf("/events")}}); p.Status != http.StatusBadRequest {
+		t.Errorf("POST /events/%%ff/resend: %d %q, want 400", p.Status, p.Body)
+	}
+	if p := b.get("/charges/ch_none"); p.Status != http.StatusNotFound {
+		t.Errorf("GET /charges/ch_none: %d, want 404 (text that names no charge)", p.Status)
+	}
+}

@@ -44,3 +44,17 @@ func Truncate(s string, n int) string {
 	}
 	return s
 }
+
+// IsText reports whether s is valid UTF-8 without C0 control characters
+// (NUL among them) or DEL: what an id, a cursor or any other value from a
+// request's address must be before it reaches a query, since PostgreSQL
+// refuses NUL and invalid UTF-8 in text, and no id holds a control
+// character.
+func IsText(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || r < 0x20 || r == 0x7f {
+			return false // RuneError: an invalid byte (or U+FFFD, which no id holds)
+		}
+	}
+	return true
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // checkInput refuses, before any handler runs, a request whose path
@@ -40,7 +41,7 @@ func checkInput(next echo.HandlerFunc) echo.HandlerFunc {
 				values[i], err = url.PathUnescape(values[i])
 				ok = err == nil // net/http refuses such a path before: never the case
 			}
-			if !ok || !isText(values[i]) {
+			if !ok || !pgtext.IsText(values[i]) {
 				bad = append(bad, apierror.InvalidParam{Name: name,
 					Reason: "(a path segment) must be UTF-8 text without control characters"})
 			}
@@ -58,9 +59,9 @@ func checkInput(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		slices.Sort(names) // one order for invalid_params, whatever the map's
 		for _, name := range names {
-			ok := isText(name)
+			ok := pgtext.IsText(name)
 			for _, v := range query[name] {
-				ok = ok && isText(v)
+				ok = ok && pgtext.IsText(v)
 			}
 			if !ok {
 				shown := name
@@ -77,15 +78,4 @@ func checkInput(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
-}
-
-// isText reports whether s is valid UTF-8 without C0 control characters
-// (NUL among them) or DEL.
-func isText(s string) bool {
-	for _, r := range s {
-		if r == utf8.RuneError || r < 0x20 || r == 0x7f {
-			return false // RuneError: an invalid byte (or U+FFFD, which no id holds)
-		}
-	}
-	return true
 }
