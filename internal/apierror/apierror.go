@@ -210,8 +210,8 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The request line and headers together are larger than 64 KiB. Nothing was stored.",
 		"Send smaller headers (or a shorter URL); the same Idempotency-Key is fine."},
 	UnsupportedMediaType: {
-		"The request body is not sent as application/json. Nothing was stored.",
-		"Send the body as JSON with Content-Type: application/json; the same Idempotency-Key is fine."},
+		"The request body is not sent as application/json in UTF-8, or is sent with a Content-Encoding, which the API does not decode. Nothing was stored.",
+		"Send the body as JSON, uncompressed, with one Content-Type: application/json; the same Idempotency-Key is fine."},
 	BodyTooLarge: {
 		"The request body is larger than 1 MiB. Nothing was stored.",
 		"Send a smaller body; the same Idempotency-Key is fine."},

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -310,5 +311,63 @@ func TestNullBodyIsNotAnObject(t *testing.T) {
 	}
 	if n := keys(); n != keysBefore {
 		t.Errorf("API keys after a null POST /v1/api_keys: %d, want %d", n, keysBefore)
+	}
+}
+
+// TestBodyMediaType: a body is JSON in UTF-8 under one Content-Type, and
+// carries no content coding, which the API does not decode: anything else
+// is a 415 that stores nothing, so the same key then runs with the body
+// sent as it should be.
+func TestBodyMediaType(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	const body = `{"amount":100,"currency":"usd","payment_method":"tok_visa"}`
+	var gz strings.Builder
+	w := gzip.NewWriter(&gz)
+	_, _ = w.Write([]byte(body))
+	_ = w.Close()
+	post := func(payload string, header http.Header) (string, *apitest.Response) {
+		key := apitest.NewKey()
+		req := c.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(payload))
+		for name, values := range header {
+			req.Header[name] = values
+		}
+		req.Header.Set("Idempotency-Key", key)
+		return key, c.Do(req)
+	}
+	for _, tc := range []struct {
+		name    string
+		payload string
+		header  http.Header
+	}{
+		{"a gzip body", gz.String(), http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}},
+		{"a plain body labelled gzip", body, http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}},
+		{"a plain body labelled br after identity", body, http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"identity", "br"}}},
+		{"charset latin1", body, http.Header{"Content-Type": {"application/json; charset=latin1"}}},
+		{"two Content-Type lines", body, http.Header{"Content-Type": {"application/json", "text/plain"}}},
+	} {
+		key, r := post(tc.payload, tc.header)
+		if r.Status != http.StatusUnsupportedMediaType {
+			t.Errorf("%s: %d %s, want 415", tc.name, r.Status, r.Body)
+			continue
+		}
+		if p := r.Problem(t); p.Type != "/problems/unsupported-media-type" {
+			t.Errorf("%s: problem %q", tc.name, p.Type)
+		}
+		if again := c.Post("/v1/charges", key, body); again.Status != http.StatusCreated {
+			t.Errorf("%s: the same key with the body as it should be: %d %s, want 201", tc.name, again.Status, again.Body)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+	}{
+		{"charset UTF-8", http.Header{"Content-Type": {"application/json; charset=UTF-8"}}},
+		{"Content-Encoding identity", http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"identity"}}},
+	} {
+		if _, r := post(body, tc.header); r.Status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201", tc.name, r.Status, r.Body)
+		}
 	}
 }

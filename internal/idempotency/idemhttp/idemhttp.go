@@ -91,9 +91,8 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 		_, err := idempotency.ParseKey("") // the core's refusal of a request without a key
 		return idempotency.Request{}, Problem(err)
 	}
-	if mt, _, perr := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); perr != nil || mt != echo.MIMEApplicationJSON {
-		return idempotency.Request{}, apierror.New(apierror.UnsupportedMediaType,
-			"Send the request body as JSON with Content-Type: application/json.")
+	if err := mediaType(r.Header); err != nil {
+		return idempotency.Request{}, err
 	}
 	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
 	if err != nil {
@@ -198,4 +197,27 @@ func Problem(err error) error {
 		pe.RetryAfter = retryAfter
 	}
 	return pe
+}
+
+// mediaType refuses, with a 415, a body that is not JSON as the API reads
+// it: one Content-Type, application/json, in UTF-8 (the only charset JSON
+// has, RFC 8259) if a charset is named; and no content coding, since the
+// API decodes none (RFC 9110, 15.5.16): a gzip body read as JSON would be a
+// misleading syntax error, and a plain body labelled gzip a request other
+// than the one its sender meant.
+func mediaType(h http.Header) error {
+	types := h.Values(echo.HeaderContentType)
+	mt, params, err := mime.ParseMediaType(h.Get(echo.HeaderContentType))
+	if len(types) != 1 || err != nil || mt != echo.MIMEApplicationJSON ||
+		params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8") {
+		return apierror.New(apierror.UnsupportedMediaType,
+			"Send the request body as JSON in UTF-8 with one Content-Type: application/json.")
+	}
+	for _, coding := range h.Values("Content-Encoding") {
+		if !strings.EqualFold(strings.TrimSpace(coding), "identity") {
+			return apierror.New(apierror.UnsupportedMediaType,
+				"Send the request body without a Content-Encoding: the API reads no compressed body.")
+		}
+	}
+	return nil
 }
