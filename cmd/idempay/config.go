@@ -144,8 +144,14 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("HTTP_WRITE_TIMEOUT (%s) must be longer than the read timeout (%s) plus STRIPE_TIMEOUT (%s), or a request that calls Stripe loses its answer",
 			cfg.HTTPWriteTimeout, server.ReadTimeout, cfg.StripeTimeout))
 	}
+	// A consumer at work keeps its message in progress (InProgress every
+	// third of the ack wait), so the ack wait need not cover a charge for
+	// the message to stay with it. It is also how long a stopping consumer
+	// waits for the message in hand (orders.Config.ShutdownTimeout), and
+	// that wait must cover a Stripe call, or a SIGTERM during a slow one
+	// exits before it ends and leaves the charge to a redelivery.
 	if cfg.Orders.AckWait <= cfg.StripeTimeout {
-		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s), or a message is redelivered while its charge runs",
+		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s): a stopping consumer waits this long for the charge in hand",
 			cfg.Orders.AckWait, cfg.StripeTimeout))
 	}
 	if cfg.Orders.MaxDeliver < 1 {

@@ -18,16 +18,25 @@ import (
 // are the core's (*idempotency.Error), a validation problem (*Error), or
 // the database's.
 func (s *Service) CreateCharge(ctx context.Context, accountID, key string, body []byte) (idempotency.Response, error) {
-	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
-		bytes.NewReader(body), idempotency.MaxBodyBytes)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	cmd, err := s.NewCharge(accountID, req)
+	cmd, err := s.PrepareCharge(accountID, key, body)
 	if err != nil {
 		return idempotency.Response{}, err
 	}
 	return s.Run(ctx, cmd)
+}
+
+// PrepareCharge is CreateCharge's front half, which reads and writes
+// nothing: the request validated and fingerprinted, ready for Run, or for
+// Peek by an entry point that must know first whether a charge was ever
+// started under the key (a broker message past its deliveries). Errors are
+// CreateCharge's refusals.
+func (s *Service) PrepareCharge(accountID, key string, body []byte) (*Command, error) {
+	req, err := idempotency.PrepareBody(idempotency.AccountScope(accountID), key, methodPost, RouteCharges, RouteCharges,
+		bytes.NewReader(body), idempotency.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewCharge(accountID, req)
 }
 
 // Peek tells, without claiming or writing anything, what Run would do with

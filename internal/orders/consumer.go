@@ -10,9 +10,20 @@
 // outcome or a record in flight elsewhere is redelivered later (nak with
 // backoff); and a message that can never succeed (its key used for another
 // request, or for this same request longer ago than the retention window,
-// invalid, an unknown account, or past its maximum deliveries) is
-// published to the dead-letter subject with the reason in its headers and
-// then terminated: never dropped, never redelivered.
+// invalid, an unknown account, or out of deliveries) is published to the
+// dead-letter subject with the reason in its headers and then terminated:
+// never dropped, never redelivered.
+//
+// The limit on deliveries is the consumer's own (Config.MaxDeliver), not
+// JetStream's: JetStream redelivers without limit, so that a delivery
+// interrupted without an answer (the process died, its connection broke)
+// always comes back, even the last one, and its message still ends
+// acknowledged or dead-lettered (I9). A delivery past the limit finishes
+// what the interrupted one left: it waits for a charge in flight, resumes
+// or replays one that was claimed, and dead-letters the message
+// (max_deliveries) only if no charge was ever started, or if its own
+// attempt ends as the last delivery's would have (an unknown outcome,
+// the database unavailable).
 package orders
 
 import (
@@ -50,12 +61,19 @@ type Config struct {
 	// Durable is the consumer's name; every process shares it, so each
 	// message goes to one of them at a time.
 	Durable string
-	// MaxDeliver bounds deliveries of one message; the last one that cannot
-	// finish dead-letters it with reason max_deliveries.
+	// MaxDeliver bounds the deliveries of one message that may end in a
+	// nak: the last one that cannot finish dead-letters it with reason
+	// max_deliveries, unless its charge is in flight in another owner
+	// (then it waits). It is counted by the handler from the message's
+	// delivery count, not by JetStream, whose consumer redelivers without
+	// limit (Setup): JetStream's own limit would drop a message whose last
+	// delivery was interrupted, with nothing dead-lettered.
 	MaxDeliver int
-	// AckWait is how long a delivered message may go unacknowledged before
-	// JetStream redelivers it (the process died). It must exceed the
-	// Stripe timeout.
+	// AckWait is how long a delivered message may go without an answer or
+	// a sign of progress before JetStream redelivers it: how soon a
+	// consumer that died holding a message is noticed. It does not bound
+	// the handler, which tells JetStream it is at work (InProgress) every
+	// third of AckWait for as long as it works (keepInProgress).
 	AckWait time.Duration
 	// Backoff is the first delay of a nak; it doubles per delivery up to
 	// MaxBackoff.
@@ -63,8 +81,7 @@ type Config struct {
 	// Replicas of the stream (3 on a three-node cluster).
 	Replicas int
 	// ShutdownTimeout bounds how long Run waits, once its context is done,
-	// for the message in hand to finish; 0 means AckWait, after which
-	// JetStream would redeliver the message anyway.
+	// for the message in hand to finish; 0 means AckWait.
 	ShutdownTimeout time.Duration
 	// Observe, when set, counts one message by outcome (new, replayed,
 	// declined, nak, dlq) and, for dlq and nak, reason (metrics).
@@ -139,6 +156,18 @@ const (
 	reasonUnavailable    = "unavailable"
 )
 
+// unlimitedDeliveries is JetStream's MaxDeliver for "redeliver until
+// acknowledged or terminated" (its default). JetStream's own limit, once
+// reached by a delivery that got no answer (the process died, its ack wait
+// ran out), stops redelivering the message and only publishes an advisory
+// ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES): the message would be
+// dropped with nothing in the dead-letter subject. The handler enforces
+// Config.MaxDeliver itself, from the delivery count in the metadata.
+const unlimitedDeliveries = -1
+
+// defaultAckWait is JetStream's ack wait when Config.AckWait is 0.
+const defaultAckWait = 30 * time.Second
+
 const (
 	// brokerTimeout bounds an acknowledgement or a dead-letter publish:
 	// the charge itself runs detached from shutdown, but waiting for a
@@ -170,7 +199,7 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
 		Durable: c.cfg.Durable, FilterSubject: c.cfg.Subject, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: c.cfg.AckWait, MaxDeliver: c.cfg.MaxDeliver, DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait: c.cfg.AckWait, MaxDeliver: unlimitedDeliveries, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating consumer %s: %w", c.cfg.Durable, err)
@@ -199,8 +228,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 // done is nak'ed at once, without starting anything. The wait is bounded by
 // Config.ShutdownTimeout (AckWait when 0): a handler still running then
 // gets an error back from Run, and its message, unacknowledged, is
-// redelivered after the ack wait, which the charge's idempotency record
-// makes safe (the redelivery replays or resumes the same record).
+// redelivered one ack wait after the process has exited (nothing keeps it
+// in progress then), which the charge's idempotency record makes safe (the
+// redelivery replays or resumes the same record).
 func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.Setup(ctx)
 	if err != nil {
@@ -258,7 +288,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // Handle processes one delivery. The charge runs detached from ctx: a
-// shutdown must not abort a charge half way.
+// shutdown must not abort a charge half way. The message is kept in
+// progress at JetStream until Handle answers it.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	ctx, end := c.span(context.WithoutCancel(ctx), msg)
 	defer end()
@@ -269,6 +300,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := c.log.With("stream_seq", meta.Sequence.Stream, "delivery", meta.NumDelivered)
+	msg, stop := c.keepInProgress(ctx, log, msg)
+	defer stop()
 
 	// Decoded strictly, as POST /v1/charges decodes its body: an unknown
 	// field, a name given twice and text that is not valid Unicode (bytes
@@ -300,7 +333,31 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 
-	resp, err := c.charges.CreateCharge(ctx, m.Account, key, body)
+	cmd, err := c.charges.PrepareCharge(m.Account, key, body)
+	if err == nil && c.pastLimit(meta) {
+		// The delivery at the limit did not end the message: it was
+		// interrupted (the process died, its connection broke) or its dead
+		// letter could not be published. If it or an earlier delivery
+		// claimed the key, the charge is in flight or done: the runner
+		// below waits for it (in_flight), resumes or replays it, as for
+		// any redelivery. If no charge was ever started, none is started
+		// now: the message is out of deliveries. A database that does not
+		// answer is the limit's unavailable, as on the last delivery.
+		switch outcome, perr := c.charges.Peek(ctx, cmd.Request); {
+		case perr != nil:
+			c.retry(ctx, log, msg, meta, reasonUnavailable, perr)
+			return
+		case outcome == idempotency.OutcomeNew:
+			c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, fmt.Sprintf(
+				"delivery %d, past the limit of %d; no charge was started under the idempotency_key",
+				meta.NumDelivered, c.cfg.MaxDeliver))
+			return
+		}
+	}
+	var resp idempotency.Response
+	if err == nil {
+		resp, err = c.charges.Run(ctx, cmd)
+	}
 	var refusal *charges.Error
 	switch {
 	case err == nil:
@@ -341,9 +398,13 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // retry naks the message with a delay that doubles per delivery, unless
-// this was its last delivery: then it is dead-lettered.
+// this was its last delivery (or one past it): then it is dead-lettered.
+// A charge in flight in another owner (in_flight) is never dead-lettered,
+// whatever the delivery: the owner finishes it, or its lock expires (the
+// owner died) and a later delivery takes it over, and the message then
+// ends as its charge does.
 func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string, cause error) {
-	if c.cfg.MaxDeliver > 0 && meta.NumDelivered >= uint64(c.cfg.MaxDeliver) {
+	if reason != reasonInFlight && c.cfg.MaxDeliver > 0 && meta.NumDelivered >= uint64(c.cfg.MaxDeliver) {
 		c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, reason+": "+cause.Error())
 		return
 	}
@@ -392,6 +453,77 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	c.observe(OutcomeDeadLetter, reason)
 	log.WarnContext(ctx, "order.paid: dead-lettered", "reason", reason, "detail", detail, "dlq", c.cfg.DLQSubject)
+}
+
+// pastLimit is true for a delivery after the last one Config.MaxDeliver
+// allows: one that JetStream made because that one got no answer.
+func (c *Consumer) pastLimit(meta *jetstream.MsgMetadata) bool {
+	return c.cfg.MaxDeliver > 0 && meta.NumDelivered > uint64(c.cfg.MaxDeliver)
+}
+
+// keepInProgress tells JetStream that msg is being worked on (InProgress,
+// which restarts its ack wait) every third of the ack wait, until the
+// returned message is first acknowledged, nak'ed or terminated, or stop is
+// called. The handler's length cannot be bounded by configuration (a
+// database statement has no deadline of its own, and the runner calls
+// Stripe again after a stale finish), and a redelivery while it works
+// would take a delivery from the message's limit and find its own charge
+// in flight. So the ack wait only measures whether the process is alive:
+// one that died, or lost its connection, stops sending, and its message is
+// redelivered one ack wait later. A nak's delay is not cut short by a late
+// InProgress: the sending stops before the answer goes out.
+func (c *Consumer) keepInProgress(ctx context.Context, log *slog.Logger, msg jetstream.Msg) (jetstream.Msg, func()) {
+	every := max(cmp.Or(c.cfg.AckWait, defaultAckWait)/3, time.Millisecond)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					log.DebugContext(ctx, "order.paid: telling JetStream the message is in progress failed", "err", err)
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			close(done)
+			<-stopped
+		})
+	}
+	return &inProgressMsg{Msg: msg, stop: stop}, stop
+}
+
+// inProgressMsg is a message kept in progress (keepInProgress) until it
+// is answered.
+type inProgressMsg struct {
+	jetstream.Msg
+	stop func()
+}
+
+func (m *inProgressMsg) Ack() error { m.stop(); return m.Msg.Ack() }
+
+func (m *inProgressMsg) DoubleAck(ctx context.Context) error { m.stop(); return m.Msg.DoubleAck(ctx) }
+
+func (m *inProgressMsg) Nak() error { m.stop(); return m.Msg.Nak() }
+
+func (m *inProgressMsg) NakWithDelay(delay time.Duration) error {
+	m.stop()
+	return m.Msg.NakWithDelay(delay)
+}
+
+func (m *inProgressMsg) Term() error { m.stop(); return m.Msg.Term() }
+
+func (m *inProgressMsg) TermWithReason(reason string) error {
+	m.stop()
+	return m.Msg.TermWithReason(reason)
 }
 
 func (c *Consumer) observe(outcome, reason string) {

@@ -25,6 +25,8 @@ import (
 // bench is a running consumer on its own stream, with what it decided.
 type bench struct {
 	env *apitest.Env
+	url string     // the NATS server's
+	nc  *nats.Conn // the consumer's own connection
 	js  jetstream.JetStream
 	cfg orders.Config
 
@@ -72,14 +74,33 @@ func startBenchJS(t *testing.T, opts apitest.Options, maxDeliver int, configure 
 	// would add a nak the tests count), and shorter than AckWait, as the
 	// server's configuration requires.
 	env := apitest.New(t, opts)
-	nc, js := natstest.Connect(t, natstest.Server(t))
-	b := &bench{env: env, js: js, cfg: orders.DefaultConfig(), outcomes: map[string]int{}}
-	b.cfg.MaxDeliver = maxDeliver
+	return startConsumer(t, env, natstest.Server(t), benchConfig(maxDeliver, configure), wrap)
+}
+
+// benchConfig is the consumers' configuration in these tests.
+func benchConfig(maxDeliver int, configure func(*orders.Config)) orders.Config {
+	cfg := orders.DefaultConfig()
+	cfg.MaxDeliver = maxDeliver
 	// An ack wait that handling a message on a loaded machine does not
 	// reach: a redelivery of a message still in hand would add outcomes
 	// (a nak, a replay) that the tests count.
-	b.cfg.AckWait = heldAckWait
-	b.cfg.Backoff, b.cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
+	cfg.AckWait = heldAckWait
+	cfg.Backoff, cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
+	if configure != nil {
+		configure(&cfg)
+	}
+	return cfg
+}
+
+// startConsumer runs a consumer as one `idempay consume` process does: on a
+// connection of its own to the NATS server at url, with cfg (the durable's,
+// which every consumer of it shares), in front of env. Its outcomes are its
+// own; its JetStream client is wrapped by wrap (nil: as is).
+func startConsumer(t *testing.T, env *apitest.Env, url string, cfg orders.Config,
+	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream) *bench {
+	t.Helper()
+	nc, js := natstest.Connect(t, url)
+	b := &bench{env: env, url: url, nc: nc, js: js, cfg: cfg, outcomes: map[string]int{}}
 	b.cfg.Observe = func(outcome, reason string) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -87,9 +108,6 @@ func startBenchJS(t *testing.T, opts apitest.Options, maxDeliver int, configure 
 		if reason != "" {
 			b.outcomes[outcome+"/"+reason]++
 		}
-	}
-	if configure != nil {
-		configure(&b.cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b.cancel, b.done = cancel, make(chan struct{})
