@@ -95,6 +95,8 @@ func TestBadInput(t *testing.T) {
 		{"metadata key too long", charges, appJSON, goodKey, metadata(1, 41, 1), 400, "invalid-request"},
 		{"metadata value too long", charges, appJSON, goodKey, metadata(1, 2, 501), 400, "invalid-request"},
 		{"metadata empty key", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"":"x"}}`, 400, "invalid-request"},
+		{"metadata key with a line break", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"a\nb":"x"}}`, 400, "invalid-request"},
+		{"metadata key with a tab", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"a\tb":"x"}}`, 400, "invalid-request"},
 		{"metadata key with brackets", charges, appJSON, goodKey, `{"amount":100,"currency":"usd","payment_method":"tok_visa","metadata":{"a[b]":"x"}}`, 400, "invalid-request"},
 		{"amount given twice", charges, appJSON, goodKey, `{"amount":100,"amount":100000,"currency":"usd","payment_method":"tok_visa"}`, 400, "invalid-request"},
 		{"amount and Amount (not a parameter)", charges, appJSON, goodKey, `{"amount":100,"Amount":100000,"currency":"usd","payment_method":"tok_visa"}`, 400, "invalid-request"},

@@ -77,7 +77,8 @@ func (p *chargeParams) Validate() error {
 	for _, k := range slices.Sorted(maps.Keys(p.Metadata)) {
 		// Stripe refuses square brackets in metadata keys: they would
 		// break its form encoding (metadata[key]=value).
-		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" || strings.ContainsAny(k, "[]") {
+		// A key is a name: not even the line break and tab a value may hold.
+		if reason := checkText(k, MaxMetadataKey); reason != "" || k == "" || strings.ContainsAny(k, "[]\n\t") {
 			add("metadata", fmt.Sprintf("keys must be 1 to %d characters without control characters or square brackets", MaxMetadataKey))
 			break
 		}
