@@ -23,6 +23,9 @@ var disputeRank = map[string]int{
 // of a later state (or of the same rank and newer).
 func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Dispute, at time.Time) (Outcome, error) {
 	status := sd.Status
+	if sd.ID == "" {
+		return "", fmt.Errorf("%w: a dispute without an id", ErrUnappliable)
+	}
 	if sd.ChargeID == "" || disputeRank[status] == 0 || sd.Amount <= 0 {
 		return UnknownObject, nil
 	}
@@ -31,6 +34,11 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		return UnknownObject, nil
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
+	}
+	if sd.Amount > ch.Amount {
+		// Stripe disputes at most the charge's amount: a larger one is not
+		// an amount to show or to hold against refunds.
+		return "", fmt.Errorf("%w: dispute %s of %d, more than its charge's %d", ErrUnappliable, sd.ID, sd.Amount, ch.Amount)
 	}
 	reason := nonEmpty(pgtext.Truncate(sd.Reason, 100))
 	d, err := a.st.dispute(ctx, sd.ID)

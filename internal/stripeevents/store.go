@@ -22,7 +22,7 @@ type disputeRow dbsqlc.Dispute
 // guarded by.
 type disputedCharge struct {
 	ID, AccountID, Currency string
-	Version                 int64
+	Amount, Version         int64
 }
 
 // store is the storage of Stripe's disputes. Reads go to the pool; writes
@@ -48,7 +48,7 @@ func found[T any](row T, err error) (T, error) {
 func (st store) disputedCharge(ctx context.Context, intentID, stripeChargeID string) (disputedCharge, error) {
 	ch, err := found(st.q.ChargeFindForEvent(ctx, st.pool, &dbsqlc.ChargeFindForEventParams{
 		StripePaymentIntentID: nonEmpty(intentID), StripeChargeID: nonEmpty(stripeChargeID)}))
-	return disputedCharge{ID: ch.ID, AccountID: ch.AccountID, Currency: ch.Currency, Version: ch.Version}, err
+	return disputedCharge{ID: ch.ID, AccountID: ch.AccountID, Currency: ch.Currency, Amount: ch.Amount, Version: ch.Version}, err
 }
 
 // holdCharge writes the charge row unchanged but for its version, guarded

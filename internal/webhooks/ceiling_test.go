@@ -266,6 +266,8 @@ func TestUnappliableEventEndsFailed(t *testing.T) {
 			map[string]any{"id": "ch_badmeta", "object": "charge", "amount": 100, "metadata": "not an object"}, "metadata"},
 		{"amount as text", "refund.updated",
 			map[string]any{"id": "re_badamount", "object": "refund", "amount": "ten", "status": "succeeded"}, "amount"},
+		{"a dispute without an id", "charge.dispute.created",
+			map[string]any{"id": "", "object": "dispute", "charge": "ch_none", "amount": 100, "currency": "usd", "status": "needs_response"}, "without an id"},
 		{"an id longer than Stripe's ids", "payment_intent.succeeded",
 			map[string]any{"id": "pi_longcharge", "object": "payment_intent", "amount": 100, "currency": "usd", "status": "succeeded",
 				"latest_charge": "ch_" + strings.Repeat("x", 300)}, "longer than Stripe's 255"},

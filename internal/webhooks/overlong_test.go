@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -66,5 +67,28 @@ func TestOverlongFailureCodeIsCut(t *testing.T) {
 
 	if errs := logs.lines(t, slog.LevelError); len(errs) != errorsBefore {
 		t.Errorf("ERROR lines for events Stripe signed: %v", errs[errorsBefore:])
+	}
+}
+
+// TestDisputeLargerThanItsCharge: Stripe disputes at most a charge's
+// amount. A signed dispute event for more is not applied (it would show an
+// amount that was never at stake, and hold refunds against it): it ends
+// failed, with its reason, and the charge has no dispute.
+func TestDisputeLargerThanItsCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch, fc := createCharge(t, env, c, 1000)
+	ev, err := webhooks.NewDisputeEvent("charge.dispute.created", webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge,
+		Amount: 1 << 62, Currency: "usd", Reason: "fraudulent", Status: "needs_response"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, ev), "failed")
+	if got := getCharge(t, c, ch.ID); len(got.Disputes) != 0 {
+		t.Errorf("the charge after a dispute of 2^62 on 1000: disputes %s, want none", mustJSON(got.Disputes))
+	}
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 100}); r.Status != http.StatusCreated {
+		t.Errorf("a refund after the dispute that was not applied: %d %s, want 201", r.Status, r.Body)
 	}
 }

@@ -275,6 +275,10 @@ func escapedNUL(b []byte) bool {
 const (
 	maxTypeLength     = 100
 	maxObjectIDLength = 255
+	// maxCreated is the last second of the year 9999: a created time past
+	// it is no time Stripe sends, and would not survive the trip into a
+	// timestamptz unchanged.
+	maxCreated = 253402300799
 )
 
 // request is the event's claim: the event id is the key, and the
@@ -283,7 +287,7 @@ const (
 // (pending_webhooks).
 func request(ev *stripe.Event) (idempotency.Request, error) {
 	key, err := idempotency.ParseKey(ev.ID)
-	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Data == nil || len(ev.Data.Raw) == 0 {
+	if err != nil || ev.Type == "" || ev.Created <= 0 || ev.Created > maxCreated || ev.Data == nil || len(ev.Data.Raw) == 0 {
 		return idempotency.Request{}, errors.New("The event has no valid id, type, created time or data.object.") //nolint:staticcheck // the text is the problem's detail, a sentence
 	}
 	objectID, _ := ev.Data.Object["id"].(string)

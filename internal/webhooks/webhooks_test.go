@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -515,6 +516,10 @@ func TestBadDeliveries(t *testing.T) {
 	nulMetadata := edit(`"metadata":{`, `"metadata":{"note":"a\u0000b",`)
 	notUTF8 := edit(`"metadata":{`, `"metadata":{"note":"caf`+"\xe9"+`",`)
 	surrogate := edit(`"metadata":{`, `"metadata":{"note":"\ud800",`)
+	// A created time no calendar PostgreSQL keeps holds (it overflowed to
+	// 1969 before), and one past the year 9999.
+	overflow := chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Unix(math.MaxInt64, 0)).Payload
+	year10000 := chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)).Payload
 
 	for _, tc := range []struct {
 		name      string
@@ -537,6 +542,8 @@ func TestBadDeliveries(t *testing.T) {
 		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid"},
 		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid"},
 		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid"},
+		{"a created time that overflows", overflow, sign(overflow), 400, "webhook-payload-invalid"},
+		{"a created time past the year 9999", year10000, sign(year10000), 400, "webhook-payload-invalid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := deliverRaw(t, env, tc.payload, tc.signature)
