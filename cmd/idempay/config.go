@@ -140,6 +140,13 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETRY_CEILING (%s) must be longer than IDEMPOTENCY_LOCK_TIMEOUT (%s) and shorter than %s, how long Stripe is sure to keep an idempotency key",
 			cfg.Idempotency.RetryCeiling, cfg.Idempotency.LockTimeout, stripeKeyMemory))
 	}
+	// A zero window would replay a finished request for the grace period
+	// only: a typo, not a choice (the same request after its record is
+	// gone is refused as expired, never charged again).
+	if cfg.Idempotency.Retention <= 0 || cfg.Idempotency.RetentionGrace < 0 {
+		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETENTION (%s) must be positive and IDEMPOTENCY_RETENTION_GRACE (%s) not negative",
+			cfg.Idempotency.Retention, cfg.Idempotency.RetentionGrace))
+	}
 	if cfg.HTTPWriteTimeout <= server.ReadTimeout+cfg.StripeTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("HTTP_WRITE_TIMEOUT (%s) must be longer than the read timeout (%s) plus STRIPE_TIMEOUT (%s), or a request that calls Stripe loses its answer",
 			cfg.HTTPWriteTimeout, server.ReadTimeout, cfg.StripeTimeout))

@@ -31,6 +31,28 @@ func TestRetryCeilingSetting(t *testing.T) {
 	}
 }
 
+// TestRetentionSetting: IDEMPOTENCY_RETENTION is 24 h by default; zero or
+// a negative window, or a negative grace, is a configuration error naming
+// the variables.
+func TestRetentionSetting(t *testing.T) {
+	for _, tc := range []struct {
+		retention, grace string
+		err              bool
+	}{{"", "", false}, {"1h", "0s", false}, {"0s", "", true}, {"-1h", "", true}, {"", "-1s", true}} {
+		t.Setenv("IDEMPOTENCY_RETENTION", tc.retention)
+		t.Setenv("IDEMPOTENCY_RETENTION_GRACE", tc.grace)
+		cfg, err := loadConfig()
+		switch {
+		case tc.err && (err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_RETENTION")):
+			t.Errorf("IDEMPOTENCY_RETENTION=%q, _GRACE=%q: error %v, want one naming the variables", tc.retention, tc.grace, err)
+		case !tc.err && err != nil:
+			t.Errorf("IDEMPOTENCY_RETENTION=%q, _GRACE=%q: %v", tc.retention, tc.grace, err)
+		case tc.retention == "" && !tc.err && cfg.Idempotency.Retention != 24*time.Hour:
+			t.Errorf("default IDEMPOTENCY_RETENTION: %v, want 24h", cfg.Idempotency.Retention)
+		}
+	}
+}
+
 // TestHTTPWriteTimeoutSetting: HTTP_WRITE_TIMEOUT defaults to the server's
 // own, and one that a request calling Stripe could outlast (the read
 // timeout plus STRIPE_TIMEOUT) is a configuration error naming it.
