@@ -963,6 +963,7 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 		want int
 	}{
 		"too old":          {epID, map[string]any{"since": time.Now().Add(-32 * 24 * time.Hour).Format(time.RFC3339)}, http.StatusBadRequest},
+		"in the future":    {epID, map[string]any{"since": "9999-12-31T23:59:59Z"}, http.StatusBadRequest},
 		"no since":         {epID, map[string]any{}, http.StatusBadRequest},
 		"not a time":       {epID, map[string]any{"since": "yesterday"}, http.StatusBadRequest},
 		"unknown endpoint": {"we_nope", body, http.StatusNotFound},
