@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/jsonbody"
@@ -80,12 +81,23 @@ func (s *Service) withAttempts(ctx context.Context, rows []dbsqlc.WebhookDeliver
 
 // EndpointDeliveries is one page of at most limit of the endpoint's
 // deliveries, newest first, after the delivery startingAfter when not "".
+// A cursor that is not one of the endpoint's deliveries is refused, as the
+// other lists refuse theirs: the page after an id that was never listed
+// would be a page of whatever ids sort below that text, or none.
 func (s *Service) EndpointDeliveries(ctx context.Context, accountID, endpointID string, limit int, startingAfter string) (DeliveryList, error) {
 	if _, err := s.get(ctx, accountID, endpointID); err != nil {
 		return DeliveryList{}, err
 	}
 	p := &dbsqlc.WebhookDeliveryListByEndpointParams{AccountID: accountID, EndpointID: endpointID, MaxRows: int32(limit + 1)}
 	if startingAfter != "" {
+		ok, err := s.q.WebhookDeliveryOfEndpoint(ctx, s.pool, &dbsqlc.WebhookDeliveryOfEndpointParams{
+			AccountID: accountID, EndpointID: endpointID, ID: startingAfter})
+		if err != nil {
+			return DeliveryList{}, fmt.Errorf("reading cursor delivery: %w", err)
+		}
+		if !ok {
+			return DeliveryList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a delivery of this webhook endpoint"})
+		}
 		p.BeforeID = &startingAfter
 	}
 	rows, err := s.q.WebhookDeliveryListByEndpoint(ctx, s.pool, p)

@@ -894,10 +894,11 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 }
 
 // TestRecoverAndEndpointDeliveries: an endpoint's deliveries page newest
-// first (by id) with their attempts, and only for its account; a recovery sends
-// every event of its window again, each under its own id, once however
-// often it is retried; a window that is too old, or missing, is a 400, and
-// an unknown endpoint a 404.
+// first (by id) with their attempts, and only for its account; a cursor
+// that is not one of the endpoint's deliveries is a 400 naming it; a
+// recovery sends every event of its window again, each under its own id,
+// once however often it is retried; a window that is too old, in the
+// future, or missing, is a 400, and an unknown endpoint a 404.
 func TestRecoverAndEndpointDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -974,6 +975,21 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 		} else {
 			r.Problem(t)
 		}
+	}
+
+	// A cursor is one of the endpoint's deliveries, as the other lists'
+	// are theirs: text that sorts like an id, or another endpoint's
+	// delivery, is refused naming it, not answered with some page.
+	ep2, _ := b.endpoint(t, "/second", "*")
+	b.event(t, events.ChargeSucceeded, "ch_r4", 1)
+	b.dispatch(t)
+	var theirs string
+	if err := b.pool.QueryRow(context.Background(), "SELECT id FROM webhook_deliveries WHERE endpoint_id = $1", ep2).Scan(&theirs); err != nil {
+		t.Fatal(err)
+	}
+	for _, cursor := range []string{"garbage", "whd_", "zzzz", theirs} {
+		r := b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?starting_after=" + cursor)
+		wantRefusal(t, "starting_after="+cursor, r, "invalid-request", []param{{"starting_after", "is not a delivery of this webhook endpoint"}})
 	}
 }
 
