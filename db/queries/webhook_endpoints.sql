@@ -228,6 +228,12 @@ FROM (SELECT unnest(@delivery_ids::text[]) AS delivery_id, unnest(@scheduled_ats
              unnest(@statuses::int[]) AS status, unnest(@response_bodies::text[]) AS response_body,
              unnest(@errors::text[]) AS error) u;
 
+-- name: WebhookDeliveryOfEndpoint :one
+-- Whether id is one of the account's endpoint's deliveries: the check of
+-- a page's cursor (starting_after).
+SELECT EXISTS (SELECT 1 FROM webhook_deliveries
+               WHERE id = @id AND account_id = @account_id AND endpoint_id = @endpoint_id);
+
 -- name: WebhookDeliveryListByEndpoint :many
 SELECT * FROM webhook_deliveries
 WHERE account_id = @account_id AND endpoint_id = @endpoint_id

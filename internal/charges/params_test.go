@@ -107,6 +107,7 @@ func TestDecodeParamsRefuses(t *testing.T) {
 		{"not JSON", `{"amount":`, ErrInvalidJSON, nil},
 		{"two values", `{` + ok + `}{}`, ErrInvalidJSON, nil},
 		{"an array", `[{` + ok + `}]`, ErrInvalid, nil},
+		{"null", ` null `, ErrInvalid, nil}, // not an object of no fields
 	} {
 		err := decodeParams([]byte(tc.body), &chargeParams{})
 		var ce *Error

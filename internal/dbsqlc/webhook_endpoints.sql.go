@@ -474,6 +474,26 @@ func (q *Queries) WebhookDeliveryListByEvent(ctx context.Context, db DBTX, arg *
 	return items, nil
 }
 
+const webhookDeliveryOfEndpoint = `-- name: WebhookDeliveryOfEndpoint :one
+SELECT EXISTS (SELECT 1 FROM webhook_deliveries
+               WHERE id = $1 AND account_id = $2 AND endpoint_id = $3)
+`
+
+type WebhookDeliveryOfEndpointParams struct {
+	ID         string
+	AccountID  string
+	EndpointID string
+}
+
+// Whether id is one of the account's endpoint's deliveries: the check of
+// a page's cursor (starting_after).
+func (q *Queries) WebhookDeliveryOfEndpoint(ctx context.Context, db DBTX, arg *WebhookDeliveryOfEndpointParams) (bool, error) {
+	row := db.QueryRow(ctx, webhookDeliveryOfEndpoint, arg.ID, arg.AccountID, arg.EndpointID)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const webhookDispatchGapsAdd = `-- name: WebhookDispatchGapsAdd :exec
 INSERT INTO webhook_dispatch_gaps (seq)
 SELECT unnest($1::bigint[])

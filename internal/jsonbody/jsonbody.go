@@ -64,11 +64,13 @@ func Invalid(params ...Param) *Error {
 // object is refused as such.
 func Decode(raw []byte, dst Body, integer string) error {
 	// The usual body is a valid one: one decode, and the walk member by
-	// member below only when that fails, to name every problem. A null
-	// decodes into a struct as no change at all, and is not an object: the
-	// walk refuses it.
-	if err := json.Unmarshal(raw, dst, json.RejectUnknownMembers(true)); err == nil && isObject(raw) {
-		return dst.Validate()
+	// member below only when that fails, to name every problem. The decode
+	// would take null for an object of no fields: a body that is not an
+	// object takes the walk, which refuses it.
+	if jsontext.Value(raw).Kind() == jsontext.KindBeginObject {
+		if err := json.Unmarshal(raw, dst, json.RejectUnknownMembers(true)); err == nil {
+			return dst.Validate()
+		}
 	}
 	reflect.ValueOf(dst).Elem().SetZero() // what the failed decode left half done
 	if err := checkForm(raw); err != nil {
@@ -190,6 +192,11 @@ func wrongType(e *json.SemanticError, integer string) string {
 			want = "true or false"
 		case reflect.Map:
 			want = "an object of string values"
+		case reflect.Slice:
+			want = "an array"
+			if e.GoType.Elem().Kind() == reflect.String {
+				want = "an array of strings"
+			}
 		}
 	}
 	switch e.JSONKind {
@@ -205,11 +212,4 @@ func wrongType(e *json.SemanticError, integer string) string {
 		return "must be " + want + ", not a JSON boolean"
 	}
 	return "must be " + want
-}
-
-// isObject reports whether raw, a JSON value, is an object: its first
-// byte past the whitespace JSON allows is '{'.
-func isObject(raw []byte) bool {
-	v := bytes.TrimLeft(raw, " \t\r\n")
-	return len(v) > 0 && v[0] == '{'
 }

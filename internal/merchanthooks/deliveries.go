@@ -10,6 +10,7 @@ import (
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/listing"
 )
 
@@ -80,12 +81,23 @@ func (s *Service) withAttempts(ctx context.Context, rows []dbsqlc.WebhookDeliver
 
 // EndpointDeliveries is one page of at most limit of the endpoint's
 // deliveries, newest first, after the delivery startingAfter when not "".
+// A cursor that is not one of the endpoint's deliveries is refused, as the
+// other lists refuse theirs: the page after an id that was never listed
+// would be a page of whatever ids sort below that text, or none.
 func (s *Service) EndpointDeliveries(ctx context.Context, accountID, endpointID string, limit int, startingAfter string) (DeliveryList, error) {
 	if _, err := s.get(ctx, accountID, endpointID); err != nil {
 		return DeliveryList{}, err
 	}
 	p := &dbsqlc.WebhookDeliveryListByEndpointParams{AccountID: accountID, EndpointID: endpointID, MaxRows: int32(limit + 1)}
 	if startingAfter != "" {
+		ok, err := s.q.WebhookDeliveryOfEndpoint(ctx, s.pool, &dbsqlc.WebhookDeliveryOfEndpointParams{
+			AccountID: accountID, EndpointID: endpointID, ID: startingAfter})
+		if err != nil {
+			return DeliveryList{}, fmt.Errorf("reading cursor delivery: %w", err)
+		}
+		if !ok {
+			return DeliveryList{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not a delivery of this webhook endpoint"})
+		}
 		p.BeforeID = &startingAfter
 	}
 	rows, err := s.q.WebhookDeliveryListByEndpoint(ctx, s.pool, p)
@@ -121,8 +133,7 @@ func (s *Service) EventDeliveries(ctx context.Context, accountID, eventID string
 // idempotency core: a retried resend replays its answer and sends nothing
 // more.
 func (s *Service) Resend(ctx context.Context, accountID, eventID string, req idempotency.Request) (idempotency.Response, error) {
-	var p struct{}
-	if err := decodeStrict(req.Body, &p, "POST /v1/events/{id}/resend"); err != nil {
+	if err := decodeBody(&req, &resendParams{}); err != nil {
 		return idempotency.Response{}, err
 	}
 	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
@@ -133,32 +144,59 @@ func (s *Service) Resend(ctx context.Context, accountID, eventID string, req ide
 	}, answer: map[string]any{"object": "event_resend", "event": eventID}})
 }
 
+// resendParams is the body of POST /v1/events/{id}/resend: {}.
+type resendParams struct{}
+
+func (*resendParams) Validate() error { return nil }
+
 // RecoverParams is the body of POST /v1/webhook_endpoints/{id}/recover.
 type RecoverParams struct {
-	// Since starts the window (RFC 3339), at most 31 days ago.
-	Since time.Time `json:"since"`
+	// Since starts the window (RFC 3339), at most 31 days ago and not in
+	// the future. It is decoded as a string and parsed by Validate, so
+	// that a refusal says what a time must be in the API's words.
+	Since *string `json:"since"`
+	since time.Time
 }
 
 // maxRecoverWindow bounds a recovery's window.
 const maxRecoverWindow = 31 * 24 * time.Hour
+
+// Validate parses since and checks that it is within the last 31 days:
+// neither older, nor in the future, where no event is yet (a time the
+// client got wrong, not a window to wait for).
+func (p *RecoverParams) Validate() error {
+	reason := ""
+	if p.Since == nil {
+		reason = "is required: a time (RFC 3339) within the last 31 days"
+	} else if t, err := time.Parse(time.RFC3339, *p.Since); err != nil {
+		reason = "must be a time in RFC 3339 form, such as 2026-01-31T09:00:00Z"
+	} else if now := time.Now(); t.After(now) {
+		reason = "must not be in the future: a time (RFC 3339) within the last 31 days"
+	} else if now.Sub(t) > maxRecoverWindow {
+		reason = "must be within the last 31 days"
+	} else {
+		p.since = t
+	}
+	if reason != "" {
+		return jsonbody.Invalid(jsonbody.Param{Name: "since", Reason: reason})
+	}
+	return nil
+}
 
 // Recover sends every event of the account created since p.Since that the
 // endpoint wants again, each under its own id, on a new schedule (what a
 // merchant does after an outage of its receiver). Idempotent like Resend.
 func (s *Service) Recover(ctx context.Context, accountID, endpointID string, req idempotency.Request) (idempotency.Response, error) {
 	var p RecoverParams
-	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}/recover"); err != nil {
+	if err := decodeBody(&req, &p); err != nil {
 		return idempotency.Response{}, err
-	}
-	if p.Since.IsZero() || time.Since(p.Since) > maxRecoverWindow {
-		return idempotency.Response{}, apierror.Invalid(apierror.InvalidParam{Name: "since", Reason: "must be a time (RFC 3339) within the last 31 days"})
 	}
 	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
 		if _, err := s.get(ctx, accountID, endpointID); err != nil {
 			return err
 		}
-		return s.q.WebhookDeliveriesRecover(ctx, b, &dbsqlc.WebhookDeliveriesRecoverParams{AccountID: accountID, EndpointID: endpointID, Since: p.Since})
-	}, answer: map[string]any{"object": "webhook_endpoint_recovery", "webhook_endpoint": endpointID, "since": p.Since.UTC()}})
+		return s.q.WebhookDeliveriesRecover(ctx, b, &dbsqlc.WebhookDeliveriesRecoverParams{AccountID: accountID, EndpointID: endpointID, Since: p.since})
+	}, answer: map[string]any{"object": "webhook_endpoint_recovery", "webhook_endpoint": endpointID, "since": p.since.UTC()}})
 }
 
 // queueOp queues its writes in the claim's batch and answers 202 with

@@ -894,10 +894,11 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 }
 
 // TestRecoverAndEndpointDeliveries: an endpoint's deliveries page newest
-// first (by id) with their attempts, and only for its account; a recovery sends
-// every event of its window again, each under its own id, once however
-// often it is retried; a window that is too old, or missing, is a 400, and
-// an unknown endpoint a 404.
+// first (by id) with their attempts, and only for its account; a cursor
+// that is not one of the endpoint's deliveries is a 400 naming it; a
+// recovery sends every event of its window again, each under its own id,
+// once however often it is retried; a window that is too old, in the
+// future, or missing, is a 400, and an unknown endpoint a 404.
 func TestRecoverAndEndpointDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -963,6 +964,7 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 		want int
 	}{
 		"too old":          {epID, map[string]any{"since": time.Now().Add(-32 * 24 * time.Hour).Format(time.RFC3339)}, http.StatusBadRequest},
+		"in the future":    {epID, map[string]any{"since": "9999-12-31T23:59:59Z"}, http.StatusBadRequest},
 		"no since":         {epID, map[string]any{}, http.StatusBadRequest},
 		"not a time":       {epID, map[string]any{"since": "yesterday"}, http.StatusBadRequest},
 		"unknown endpoint": {"we_nope", body, http.StatusNotFound},
@@ -973,6 +975,21 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 		} else {
 			r.Problem(t)
 		}
+	}
+
+	// A cursor is one of the endpoint's deliveries, as the other lists'
+	// are theirs: text that sorts like an id, or another endpoint's
+	// delivery, is refused naming it, not answered with some page.
+	ep2, _ := b.endpoint(t, "/second", "*")
+	b.event(t, events.ChargeSucceeded, "ch_r4", 1)
+	b.dispatch(t)
+	var theirs string
+	if err := b.pool.QueryRow(context.Background(), "SELECT id FROM webhook_deliveries WHERE endpoint_id = $1", ep2).Scan(&theirs); err != nil {
+		t.Fatal(err)
+	}
+	for _, cursor := range []string{"garbage", "whd_", "zzzz", theirs} {
+		r := b.client.Get("/v1/webhook_endpoints/" + epID + "/deliveries?starting_after=" + cursor)
+		wantRefusal(t, "starting_after="+cursor, r, "invalid-request", []param{{"starting_after", "is not a delivery of this webhook endpoint"}})
 	}
 }
 

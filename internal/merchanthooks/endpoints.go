@@ -1,7 +1,6 @@
 package merchanthooks
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // secretNote stands in the stored (replayed) answer of a creation or
@@ -157,27 +157,55 @@ func (s *Service) Delete(ctx context.Context, accountID, id string) error {
 	return nil
 }
 
-// decodeStrict decodes a JSON object body, refusing unknown fields.
-func decodeStrict(body []byte, v any, what string) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return apierror.Newf(apierror.InvalidRequest, "The body of %s is not valid: %v.", what, err)
+// decodeBody decodes the body of req strictly into p and validates it, by
+// the rules every body of the API follows (jsonbody.Decode, docs/api.md):
+// names match exactly, an unknown name, a name given twice or text that is
+// not UTF-8 is refused, and every problem is named in invalid_params. A
+// body that is not JSON is an invalid-json. The fingerprint covers the
+// body as sent (its RFC 8785 form, as idempotency.Prepare makes it): these
+// routes have no normalised form of their own.
+func decodeBody(req *idempotency.Request, p jsonbody.Body) error {
+	// expires_in is the only integer field of these bodies.
+	if err := jsonbody.Decode(req.Body, p, expiresInRange); err != nil {
+		return bodyRefusal(err)
 	}
-	return nil
+	return req.Normalize(json.RawMessage(req.Body))
 }
 
-// checkEvents validates enabled_events: known types or "*", at least one.
-func checkEvents(types []string) error {
-	if len(types) == 0 || len(types) > maxEnabledEvents {
-		return apierror.Invalid(apierror.InvalidParam{Name: "enabled_events", Reason: "must list 1 to 32 event types, or [\"*\"]"})
+// bodyRefusal is jsonbody's refusal of a body (*jsonbody.Error) as a
+// problem; any other error is returned as it is.
+func bodyRefusal(err error) error {
+	var je *jsonbody.Error
+	if !errors.As(err, &je) {
+		return err
 	}
-	for _, t := range types {
+	pe := &apierror.Error{Type: apierror.InvalidRequest, Detail: je.Detail}
+	if je.Syntax {
+		pe.Type = apierror.InvalidJSON
+	}
+	for _, p := range je.Params {
+		pe.InvalidParams = append(pe.InvalidParams, apierror.InvalidParam(p))
+	}
+	return pe
+}
+
+// checkEvents validates enabled_events: 1 to maxEnabledEvents known types
+// or "*", each once (a type listed twice is refused rather than stored
+// twice, docs/webhooks-out.md). Each entry at fault is named by its index.
+func checkEvents(types []string) []jsonbody.Param {
+	if len(types) == 0 || len(types) > maxEnabledEvents {
+		return []jsonbody.Param{{Name: "enabled_events", Reason: fmt.Sprintf("must list 1 to %d event types, or [\"*\"]", maxEnabledEvents)}}
+	}
+	var bad []jsonbody.Param
+	for i, t := range types {
+		name := fmt.Sprintf("enabled_events[%d]", i)
 		if t != "*" && !slices.Contains(events.Types(), t) {
-			return apierror.Invalid(apierror.InvalidParam{Name: "enabled_events", Reason: fmt.Sprintf("%q is not an event type", t)})
+			bad = append(bad, jsonbody.Param{Name: name, Reason: fmt.Sprintf("%q is not an event type", t)})
+		} else if first := slices.Index(types, t); first < i {
+			bad = append(bad, jsonbody.Param{Name: name, Reason: fmt.Sprintf("repeats enabled_events[%d]: list each event type once", first)})
 		}
 	}
-	return nil
+	return bad
 }
 
 func (s *Service) checkURL(ctx context.Context, u string) error {
@@ -219,18 +247,29 @@ type CreateParams struct {
 	EnabledEvents []string `json:"enabled_events"`
 }
 
+// Validate checks what needs no lookup; the URL's form and host are
+// checked when the request runs (Service.checkURL), not again on a replay.
+func (p *CreateParams) Validate() error {
+	var bad []jsonbody.Param
+	if p.URL == "" {
+		bad = append(bad, jsonbody.Param{Name: "url", Reason: "is required, such as https://example.com/webhooks"})
+	}
+	bad = append(bad, checkEvents(p.EnabledEvents)...)
+	if len(bad) > 0 {
+		return jsonbody.Invalid(bad...)
+	}
+	return nil
+}
+
 // Create registers an endpoint for the account; req is its POST. Like
 // every POST it is idempotent; the first answer shows the signing secret,
 // the stored one (what a retry replays) a note instead.
 func (s *Service) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
-	if err := s.requireEnabled(); err != nil {
-		return idempotency.Response{}, err
-	}
 	var p CreateParams
-	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints"); err != nil {
+	if err := decodeBody(&req, &p); err != nil {
 		return idempotency.Response{}, err
 	}
-	if err := checkEvents(p.EnabledEvents); err != nil {
+	if err := s.requireEnabled(); err != nil {
 		return idempotency.Response{}, err
 	}
 	op := &createOp{s: s, accountID: accountID, p: p}
@@ -304,20 +343,26 @@ type UpdateParams struct {
 	Enabled       *bool    `json:"enabled"`
 }
 
+// Validate checks enabled_events when it is given; whether anything is
+// given at all is Update's to say, once the body decoded.
+func (p *UpdateParams) Validate() error {
+	if p.EnabledEvents != nil {
+		if bad := checkEvents(p.EnabledEvents); len(bad) > 0 {
+			return jsonbody.Invalid(bad...)
+		}
+	}
+	return nil
+}
+
 // Update changes the account's endpoint id (url, enabled_events, enabled);
 // enabling an endpoint idempay disabled clears its failure. Idempotent.
 func (s *Service) Update(ctx context.Context, accountID, id string, req idempotency.Request) (idempotency.Response, error) {
 	var p UpdateParams
-	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}"); err != nil {
+	if err := decodeBody(&req, &p); err != nil {
 		return idempotency.Response{}, err
 	}
 	if p.URL == nil && p.EnabledEvents == nil && p.Enabled == nil {
 		return idempotency.Response{}, apierror.New(apierror.InvalidRequest, "Name at least one of url, enabled_events, enabled.")
-	}
-	if p.EnabledEvents != nil {
-		if err := checkEvents(p.EnabledEvents); err != nil {
-			return idempotency.Response{}, err
-		}
 	}
 	return s.runner.Run(ctx, req, &changeOp{s: s, accountID: accountID, id: id, change: func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error {
 		if p.URL != nil {
@@ -362,22 +407,32 @@ type RotateParams struct {
 // maxOverlap bounds a rotation's overlap.
 const maxOverlap = 7 * 24 * time.Hour
 
+// expiresInRange is what expires_in takes, in seconds.
+var expiresInRange = fmt.Sprintf("an integer between 0 and %d", int64(maxOverlap/time.Second))
+
+// Validate bounds expires_in. The number of seconds is compared with the
+// bound before it becomes a time.Duration, which would overflow past
+// about 292 years and wrap to a short or negative overlap.
+func (p *RotateParams) Validate() error {
+	if p.ExpiresIn != nil && (*p.ExpiresIn < 0 || *p.ExpiresIn > int64(maxOverlap/time.Second)) {
+		return jsonbody.Invalid(jsonbody.Param{Name: "expires_in", Reason: "must be " + expiresInRange})
+	}
+	return nil
+}
+
 // Rotate gives the endpoint a new signing secret, shown once; the one
 // before keeps signing beside it for the overlap, so that the receiver can
 // move to the new one without refusing a delivery. Idempotent.
 func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempotency.Request) (idempotency.Response, error) {
+	var p RotateParams
+	if err := decodeBody(&req, &p); err != nil {
+		return idempotency.Response{}, err
+	}
 	if err := s.requireEnabled(); err != nil {
 		return idempotency.Response{}, err
 	}
-	var p RotateParams
-	if err := decodeStrict(req.Body, &p, "POST /v1/webhook_endpoints/{id}/rotate_secret"); err != nil {
-		return idempotency.Response{}, err
-	}
 	overlap := s.cfg.RotationOverlap
-	if p.ExpiresIn != nil {
-		if *p.ExpiresIn < 0 || time.Duration(*p.ExpiresIn)*time.Second > maxOverlap {
-			return idempotency.Response{}, apierror.Invalid(apierror.InvalidParam{Name: "expires_in", Reason: "must be 0 to 604800 seconds"})
-		}
+	if p.ExpiresIn != nil { // within maxOverlap (Validate)
 		overlap = time.Duration(*p.ExpiresIn) * time.Second
 	}
 	var secret string

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -64,10 +65,11 @@ func NewHTTPClient(cfg Config) *http.Client {
 }
 
 // checkURL is the registration's check of an endpoint URL: absolute, https
-// (http only with Config.AllowHTTP), no user information, and a host whose
-// every address is public (unless Config.AllowPrivate). It returns the
-// reason it refuses, "" when it accepts. The connection is checked again
-// when each delivery dials (NewHTTPClient).
+// (http only with Config.AllowHTTP), no user information, a port (if any)
+// from 1 to 65535, and a host whose every address is public (unless
+// Config.AllowPrivate). It returns the reason it refuses, "" when it
+// accepts. The connection is checked again when each delivery dials
+// (NewHTTPClient).
 func checkURL(ctx context.Context, cfg Config, raw string) string {
 	if len(raw) > 2048 {
 		return "must be at most 2048 characters"
@@ -90,6 +92,13 @@ func checkURL(ctx context.Context, cfg Config, raw string) string {
 	}
 	if u.Fragment != "" {
 		return "must not carry a fragment"
+	}
+	// url.Parse takes any digits for a port; no connection could be made
+	// to one outside 1..65535.
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return "must have a port from 1 to 65535, or none"
+		}
 	}
 	if cfg.AllowPrivate {
 		return ""

@@ -37,10 +37,12 @@ func (a *API) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 }
 
 // post runs a POST through the idempotency core: route is the pattern the
-// record stores.
+// record stores. The body is read as it came: the service decodes it
+// strictly, so that a name given twice or text that is not UTF-8 is
+// refused naming the field (jsonbody), and fingerprints it.
 func post(c echo.Context, route string, run func(account string, req idempotency.Request) (idempotency.Response, error)) error {
 	acct := accountshttp.FromContext(c)
-	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), route)
+	req, err := idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), route)
 	if err != nil {
 		return err
 	}
