@@ -198,17 +198,7 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	base := newConsole(t, env)
-	acct := dbtest.NewAccount(t)
-	api := env.ClientFor(t, acct)
-	res := api.Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
-	var second struct {
-		ID     string `json:"id"`
-		Secret string `json:"secret"`
-	}
-	res.JSON(t, &second)
-	if res.Status != http.StatusCreated || second.Secret == "" {
-		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
-	}
+	api, second := secondKey(t, env)
 	b := newBrowser(t, base)
 	b.signIn(second.Secret)
 	if p := b.get("/records"); p.Status != http.StatusOK {
@@ -570,17 +560,7 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	}
 	srv := httptest.NewServer(c.Handler())
 	t.Cleanup(srv.Close)
-	acct := dbtest.NewAccount(t)
-	api := env.ClientFor(t, acct)
-	res := api.Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
-	var second struct {
-		ID     string `json:"id"`
-		Secret string `json:"secret"`
-	}
-	res.JSON(t, &second)
-	if res.Status != http.StatusCreated || second.Secret == "" {
-		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
-	}
+	api, second := secondKey(t, env)
 	recv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(recv.Close)
 	if res := api.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": recv.URL, "enabled_events": []string{"*"}}); res.Status != http.StatusCreated {
@@ -656,7 +636,7 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	}
 	var records int
 	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
-		acct.ID, merchanthooks.RouteResend).Scan(&records); err != nil || records != 0 {
+		api.Account.ID, merchanthooks.RouteResend).Scan(&records); err != nil || records != 0 {
 		t.Errorf("resend records: %d (%v), want none", records, err)
 	}
 	if after, _ := deliveries(); after != before {
@@ -690,4 +670,25 @@ func TestAddressThatIsNotText(t *testing.T) {
 	if p := b.get("/charges/ch_none"); p.Status != http.StatusNotFound {
 		t.Errorf("GET /charges/ch_none: %d, want 404 (text that names no charge)", p.Status)
 	}
+}
+
+// apiKey is a key as POST /v1/api_keys answers it the first time.
+type apiKey struct {
+	ID     string `json:"id"`
+	Secret string `json:"secret"`
+}
+
+// secondKey makes an account and a second API key of it, to sign in with
+// and revoke while the account keeps its first; api is the account's
+// client, under the first.
+func secondKey(t *testing.T, env *apitest.Env) (*apitest.Client, apiKey) {
+	t.Helper()
+	api := env.ClientFor(t, dbtest.NewAccount(t))
+	res := api.Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
+	var second apiKey
+	res.JSON(t, &second)
+	if res.Status != http.StatusCreated || second.Secret == "" {
+		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
+	}
+	return api, second
 }
