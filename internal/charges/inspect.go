@@ -55,6 +55,22 @@ type IdempotencyKey struct {
 	FinishedAt *time.Time `json:"finished_at"`
 }
 
+// StepOf is the step whose downstream key a route's record sends to Stripe,
+// or "" for a route whose operation calls no one (an API key, an endpoint).
+func StepOf(route string) string {
+	switch route {
+	case RouteCharges:
+		return StepCharge
+	case RouteRefunds:
+		return StepRefund
+	case RouteCapture:
+		return StepCapture
+	case RouteCancel:
+		return StepCancel
+	}
+	return ""
+}
+
 // downstreamKey is the key the record's Stripe call sends, or nil for a
 // route that calls no one.
 func downstreamKey(recordID, route string) *string {

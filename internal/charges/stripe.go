@@ -27,22 +27,6 @@ const (
 	StepCancel  = "cancel"
 )
 
-// StepOf is the step whose downstream key a route's record sends to Stripe,
-// or "" for a route whose operation calls no one (an API key, an endpoint).
-func StepOf(route string) string {
-	switch route {
-	case RouteCharges:
-		return StepCharge
-	case RouteRefunds:
-		return StepRefund
-	case RouteCapture:
-		return StepCapture
-	case RouteCancel:
-		return StepCancel
-	}
-	return ""
-}
-
 // requestMetadata is the Stripe metadata of rec's request: the client's and idempay's.
 func requestMetadata(rec *idempotency.Record, client map[string]string) map[string]string {
 	md := map[string]string{}
