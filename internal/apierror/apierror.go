@@ -141,7 +141,7 @@ var titleOf = map[Type]string{
 	RequestTimeout:              "The request body did not arrive in time",
 	ClientClosedRequest:         "The client closed the connection before the answer",
 	HeaderTooLarge:              "Request header is too large",
-	UnsupportedMediaType:        "Request body must be application/json",
+	UnsupportedMediaType:        "Request body must be uncompressed application/json",
 	BodyTooLarge:                "Request body is too large",
 	NotFound:                    "Resource not found",
 	MethodNotAllowed:            "Method not allowed",
