@@ -39,8 +39,20 @@ WITH w AS (
 )
 SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint changed since it was read');
 
--- name: WebhookEndpointDelete :execrows
-DELETE FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
+-- name: WebhookEndpointDelete :one
+-- Deletes the account's endpoint, only while the API key that asked is
+-- still active (I11): a revocation committed since the request
+-- authenticated deletes nothing, and key_active says so. A plain read of
+-- the key, in the statement that writes, as the claim's INSERT reads it.
+WITH k AS (
+    SELECT 1 FROM api_keys ak
+    WHERE ak.id = @key_id AND ak.account_id = @account_id AND ak.revoked_at IS NULL
+), d AS (
+    DELETE FROM webhook_endpoints we
+    WHERE we.account_id = @account_id AND we.id = @id AND EXISTS (SELECT 1 FROM k)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)::bigint AS deleted;
 
 -- name: WebhookEndpointsLock :exec
 -- A batch's endpoints, locked first in its recording transaction, in id

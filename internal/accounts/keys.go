@@ -171,7 +171,7 @@ func (op *createKeyOp) Call(_ context.Context, rec *idempotency.Record) idempote
 // in a later one, which sees every revocation committed before the lock was
 // granted: of two revocations of an account's last two keys, exactly one
 // succeeds and the other is refused as the last key.
-func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempotency.Request) (idempotency.Response, error) {
+func (k *KeysAPI) Revoke(ctx context.Context, accountID, callerKeyID, id string, req *idempotency.Request) (idempotency.Response, error) {
 	if req != nil {
 		return k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
 	}
@@ -180,7 +180,16 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, id string, req *idempot
 			return struct{}{}, fmt.Errorf("locking the account: %w", err)
 		}
 		// Read under the lock, in the transaction: what is checked holds
-		// until the revocation commits.
+		// until the revocation commits. The caller's own key first: one
+		// revoked since the request authenticated (by a revocation that
+		// took this lock before) revokes nothing (I11), as the claim's
+		// INSERT refuses it on the path with an Idempotency-Key.
+		caller, err := k.q.APIKeyGetByID(ctx, tx, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: callerKeyID})
+		if err := db.NotFound(err); errors.Is(err, db.ErrNotFound) || err == nil && caller.RevokedAt != nil {
+			return struct{}{}, apierror.New(apierror.Unauthorized, "The API key was revoked; nothing was revoked.")
+		} else if err != nil {
+			return struct{}{}, fmt.Errorf("reading the caller's API key: %w", err)
+		}
 		if err := k.checkRevocable(ctx, tx, accountID, id); err != nil {
 			return struct{}{}, err
 		}

@@ -3,12 +3,15 @@ package accounts_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
 )
 
@@ -310,5 +313,46 @@ func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
 				t.Errorf("the account has %d active keys after the race, want 1", active)
 			}
 		})
+	}
+}
+
+// TestRevokedCallerRevokesNothing: a DELETE /v1/api_keys/{id} without an
+// Idempotency-Key writes outside the runner, so it checks the caller's own
+// key again under the account's lock. A caller whose key was revoked after
+// its request authenticated (here between the two steps, as another
+// process would) revokes nothing: 401, and the target stays active (I11).
+func TestRevokedCallerRevokesNothing(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	newKey := func() apiKey {
+		t.Helper()
+		r := c.Post("/v1/api_keys", apitest.NewKey(), "{}")
+		var k apiKey
+		r.JSON(t, &k)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("POST /v1/api_keys: %d %s", r.Status, r.Body)
+		}
+		return k
+	}
+	caller, other, target := newKey(), newKey(), newKey()
+	keys := accounts.NewKeysAPI(env.Pool, env.Runner)
+
+	// The caller's request authenticated; then its key is revoked.
+	if r := deleteKey(t, c, caller.ID, apitest.NewKey()); r.Status != http.StatusNoContent {
+		t.Fatalf("revoking the caller's key: %d %s", r.Status, r.Body)
+	}
+	_, err := keys.Revoke(context.Background(), c.Account.ID, caller.ID, target.ID, nil)
+	var ae *apierror.Error
+	if !errors.As(err, &ae) || ae.Type != apierror.Unauthorized {
+		t.Fatalf("a revocation asked by a revoked key: %v, want 401 unauthorized", err)
+	}
+	var active bool
+	if err := env.Pool.QueryRow(context.Background(), `SELECT revoked_at IS NULL FROM api_keys WHERE id = $1`, target.ID).Scan(&active); err != nil || !active {
+		t.Fatalf("the target after the refused revocation: active %v (%v), want active", active, err)
+	}
+	// An active caller revokes it.
+	if resp, err := keys.Revoke(context.Background(), c.Account.ID, other.ID, target.ID, nil); err != nil || resp.Status != http.StatusNoContent {
+		t.Fatalf("a revocation asked by an active key: %d, %v; want 204", resp.Status, err)
 	}
 }

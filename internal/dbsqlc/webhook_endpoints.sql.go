@@ -613,21 +613,38 @@ func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *Webho
 	return items, nil
 }
 
-const webhookEndpointDelete = `-- name: WebhookEndpointDelete :execrows
-DELETE FROM webhook_endpoints WHERE account_id = $1 AND id = $2
+const webhookEndpointDelete = `-- name: WebhookEndpointDelete :one
+WITH k AS (
+    SELECT 1 FROM api_keys ak
+    WHERE ak.id = $1 AND ak.account_id = $2 AND ak.revoked_at IS NULL
+), d AS (
+    DELETE FROM webhook_endpoints we
+    WHERE we.account_id = $2 AND we.id = $3 AND EXISTS (SELECT 1 FROM k)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)::bigint AS deleted
 `
 
 type WebhookEndpointDeleteParams struct {
+	KeyID     string
 	AccountID string
 	ID        string
 }
 
-func (q *Queries) WebhookEndpointDelete(ctx context.Context, db DBTX, arg *WebhookEndpointDeleteParams) (int64, error) {
-	result, err := db.Exec(ctx, webhookEndpointDelete, arg.AccountID, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type WebhookEndpointDeleteRow struct {
+	KeyActive bool
+	Deleted   int64
+}
+
+// Deletes the account's endpoint, only while the API key that asked is
+// still active (I11): a revocation committed since the request
+// authenticated deletes nothing, and key_active says so. A plain read of
+// the key, in the statement that writes, as the claim's INSERT reads it.
+func (q *Queries) WebhookEndpointDelete(ctx context.Context, db DBTX, arg *WebhookEndpointDeleteParams) (WebhookEndpointDeleteRow, error) {
+	row := db.QueryRow(ctx, webhookEndpointDelete, arg.KeyID, arg.AccountID, arg.ID)
+	var i WebhookEndpointDeleteRow
+	err := row.Scan(&i.KeyActive, &i.Deleted)
+	return i, err
 }
 
 const webhookEndpointDisable = `-- name: WebhookEndpointDisable :one

@@ -145,13 +145,17 @@ func (s *Service) List(ctx context.Context, accountID string) ([]Endpoint, error
 	return out, nil
 }
 
-// Delete removes the account's endpoint id with its deliveries.
-func (s *Service) Delete(ctx context.Context, accountID, id string) error {
-	n, err := s.q.WebhookEndpointDelete(ctx, s.pool, &dbsqlc.WebhookEndpointDeleteParams{AccountID: accountID, ID: id})
-	if err != nil {
+// Delete removes the account's endpoint id with its deliveries, asked by
+// the account's API key keyID: a key revoked since the request
+// authenticated deletes nothing (401, I11).
+func (s *Service) Delete(ctx context.Context, accountID, keyID, id string) error {
+	row, err := s.q.WebhookEndpointDelete(ctx, s.pool, &dbsqlc.WebhookEndpointDeleteParams{KeyID: keyID, AccountID: accountID, ID: id})
+	switch {
+	case err != nil:
 		return fmt.Errorf("deleting webhook endpoint: %w", err)
-	}
-	if n == 0 {
+	case !row.KeyActive:
+		return apierror.New(apierror.Unauthorized, "The API key was revoked; nothing was deleted.")
+	case row.Deleted == 0:
 		return notFound()
 	}
 	return nil

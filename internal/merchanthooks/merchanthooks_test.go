@@ -3,6 +3,7 @@ package merchanthooks_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
@@ -228,3 +230,49 @@ func verify(t *testing.T, secret string, d delivery) error {
 }
 
 var quiet = slog.New(slog.DiscardHandler)
+
+// TestRevokedCallerDeletesNothing: DELETE /v1/webhook_endpoints/{id} takes
+// no Idempotency-Key, so its one statement reads the caller's key itself,
+// as the claim's INSERT does. A caller whose key was revoked after its
+// request authenticated (here between the two steps, as another process
+// would) deletes nothing: 401, and the endpoint stays (I11).
+func TestRevokedCallerDeletesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.endpoint(t, "/revoked", "*")
+	newKey := func() (string, string) {
+		t.Helper()
+		r := b.client.Post("/v1/api_keys", apitest.NewKey(), "{}")
+		var k struct {
+			ID     string `json:"id"`
+			Secret string `json:"secret"`
+		}
+		r.JSON(t, &k)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("POST /v1/api_keys: %d %s", r.Status, r.Body)
+		}
+		return k.ID, k.Secret
+	}
+	callerID, _ := newKey()
+	otherID, _ := newKey()
+	req := b.client.NewRequest(http.MethodDelete, "/v1/api_keys/"+callerID, nil)
+	req.Header.Set("Idempotency-Key", apitest.NewKey())
+	if r := b.client.Do(req); r.Status != http.StatusNoContent {
+		t.Fatalf("revoking the caller's key: %d %s", r.Status, r.Body)
+	}
+
+	err := b.svc.Delete(context.Background(), b.client.Account.ID, callerID, id)
+	var ae *apierror.Error
+	if !errors.As(err, &ae) || ae.Type != apierror.Unauthorized {
+		t.Fatalf("a delete asked by a revoked key: %v, want 401 unauthorized", err)
+	}
+	if r := b.client.Get("/v1/webhook_endpoints/" + id); r.Status != http.StatusOK {
+		t.Fatalf("the endpoint after the refused delete: %d %s, want 200", r.Status, r.Body)
+	}
+	if err := b.svc.Delete(context.Background(), b.client.Account.ID, otherID, id); err != nil {
+		t.Fatalf("a delete asked by an active key: %v", err)
+	}
+	if r := b.client.Get("/v1/webhook_endpoints/" + id); r.Status != http.StatusNotFound {
+		t.Errorf("the endpoint after the delete: %d, want 404", r.Status)
+	}
+}

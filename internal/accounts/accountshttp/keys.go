@@ -67,7 +67,7 @@ func (h *Keys) revoke(c echo.Context) error {
 		idemhttp.Attach(c, &r)
 		req = &r
 	}
-	resp, err := h.k.Revoke(c.Request().Context(), acct.ID, c.Param("id"), req)
+	resp, err := h.k.Revoke(c.Request().Context(), acct.ID, acct.KeyID, c.Param("id"), req)
 	if err != nil {
 		return idemhttp.Problem(err)
 	}

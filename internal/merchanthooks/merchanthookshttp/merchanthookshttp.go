@@ -103,7 +103,8 @@ func (a *API) get(c echo.Context) error {
 // delete is a plain DELETE: a repeated one answers 404.
 func (a *API) delete(c echo.Context) error {
 	id := c.Param("id")
-	if err := a.s.Delete(c.Request().Context(), accountshttp.FromContext(c).ID, id); err != nil {
+	acct := accountshttp.FromContext(c)
+	if err := a.s.Delete(c.Request().Context(), acct.ID, acct.KeyID, id); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, map[string]any{"id": id, "object": "webhook_endpoint", "deleted": true})
