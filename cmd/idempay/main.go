@@ -33,6 +33,7 @@ import (
 	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/telemetry"
@@ -235,7 +236,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		wg.Go(func() { a.Runner.RunRetention(bg, cfg.RetentionInterval, a.Metrics.ObservePurged) })
 	}
 	if cfg.ReconcileInterval > 0 {
-		wg.Go(func() { a.Reconciler.Run(bg, cfg.ReconcileInterval) })
+		wg.Go(func() { a.Reconciler.Run(bg, cfg.ReconcileInterval, reconcile.Reach(cfg.Idempotency.RetryCeiling)) })
 	}
 	// Webhooks out: any number of processes run the dispatcher and the
 	// workers (a row lock and SKIP LOCKED share the work). WEBHOOK_WORKERS=0

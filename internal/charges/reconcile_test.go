@@ -276,7 +276,7 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { env.Reconciler.Run(ctx, time.Hour); close(done) }()
+	go func() { env.Reconciler.Run(ctx, time.Hour, 0); close(done) }()
 	const deadline = 2 * time.Minute
 	defer func() {
 		cancel()

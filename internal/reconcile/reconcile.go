@@ -88,6 +88,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, since time.Time) (Report, er
 	return report, err
 }
 
+// Reach is how far back Run's longer passes look, for records parked at
+// retryCeiling: twice the ceiling and an hour (Run).
+func Reach(retryCeiling time.Duration) time.Duration { return 2*retryCeiling + time.Hour }
+
 // FirstPassAfter is how soon after start Run makes its first pass (or
 // after one interval, if that is shorter).
 const FirstPassAfter = 5 * time.Second
@@ -99,17 +103,31 @@ const FirstPassAfter = 5 * time.Second
 // process restarted more often than that (deploys, a crash loop) would
 // never reconcile, and the process started after a failover is the one
 // that should repair what it lost.
-func (r *Reconciler) Run(ctx context.Context, interval time.Duration) {
+//
+// The first pass, and then one in every quarter of reach, looks back reach
+// instead (0: never). A record parked at the retry ceiling (I16) is left
+// to Stripe's events and reconciliation, and it parks only once it is a
+// ceiling old, and its PaymentIntent with it: a window of an hour never
+// lists that PaymentIntent again. serve's reach, twice the ceiling and an
+// hour, lists every PaymentIntent a parked record can have for more than
+// a ceiling after the record parks, so at least two of these longer passes
+// settle it whatever its event did.
+func (r *Reconciler) Run(ctx context.Context, interval, reach time.Duration) {
 	window := max(2*interval, time.Hour)
 	t := time.NewTimer(min(interval, FirstPassAfter))
 	defer t.Stop()
+	var lastLong time.Time // the zero time: the first pass is a long one
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		report, err := r.Reconcile(ctx, time.Now().Add(-window))
+		since := time.Now().Add(-window)
+		if reach > window && time.Since(lastLong) >= reach/4 {
+			since, lastLong = time.Now().Add(-reach), time.Now()
+		}
+		report, err := r.Reconcile(ctx, since)
 		t.Reset(interval)
 		if err != nil && ctx.Err() == nil {
 			r.log.ErrorContext(ctx, "reconcile: pass failed", "err", err)

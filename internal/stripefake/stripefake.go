@@ -291,6 +291,23 @@ func (s *Server) Charges() []Charge {
 	return out
 }
 
+// Backdate moves the creation time of the PaymentIntent or charge id back
+// by d, as if it had been created that long before: a test of what sees
+// only a window of Stripe's recent objects (reconciliation's list, by
+// created[gte]) makes an old one without waiting. It reports whether the
+// fake holds id.
+func (s *Server) Backdate(id string, d time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.charges {
+		if c.ID == id {
+			c.Created = c.Created.Add(-d)
+			return true
+		}
+	}
+	return false
+}
+
 // Refunds returns every refund that was executed, for the same reason as
 // Charges.
 func (s *Server) Refunds() []Refund {

@@ -18,6 +18,7 @@ import (
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -205,6 +206,72 @@ func TestParkedChargeSettledByReconciliation(t *testing.T) {
 	}
 	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointFinished {
 		t.Fatalf("key after reconciliation: %q, want finished", k.RecoveryPoint)
+	}
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after reconciliation: %d (replayed %q) %s; want a replayed 201", r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+	if n := stripePosts(env); n != posts {
+		t.Errorf("Stripe got %d more POSTs after the ceiling, want none", n-posts)
+	}
+}
+
+// TestParkedChargeSettledByServesReconciliation: in production a parked
+// record's PaymentIntent is at least a retry ceiling old when the record
+// parks, and serve's reconciliation lists only the last hour at each
+// pass, which never sees it again (the one-hour pass below lists
+// nothing). Its longer passes (the first, then one per quarter of its
+// reach, reconcile.Reach) do: the fake's PaymentIntent is made a ceiling
+// and a minute old, and Run with serve's reach settles the parked record
+// without a call to Stripe.
+func TestParkedChargeSettledByServesReconciliation(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	env := apitest.New(t, apitest.Options{Now: clk.Now})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
+	ceiling := idempotency.DefaultConfig().RetryCeiling
+
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
+	}
+	pis := env.Stripe.Charges()
+	if len(pis) != 1 || !env.Stripe.Backdate(pis[0].ID, ceiling+time.Minute) {
+		t.Fatalf("the fake holds %d PaymentIntents, want the one to make a ceiling old", len(pis))
+	}
+	posts := stripePosts(env)
+	clk.Advance(ceiling + time.Minute)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusConflict {
+		t.Fatalf("retry past the ceiling: %d %s, want 409 idempotency-key-parked", r.Status, r.Body)
+	}
+
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	if err != nil || report.Listed != 0 {
+		t.Fatalf("a pass over the last hour: listed %d, %v; want none (the PaymentIntent is a ceiling old)", report.Listed, err)
+	}
+	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointParked {
+		t.Fatalf("key after the hour's pass: %q, want still parked", k.RecoveryPoint)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { env.Reconciler.Run(ctx, time.Hour, reconcile.Reach(ceiling)); close(done) }()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Errorf("the reconciler's Run did not return within 2 minutes of its cancel")
+		}
+	}()
+	deadline := time.Now().Add(2 * time.Minute)
+	for inspectKey(t, c, key).RecoveryPoint != idempotency.PointFinished {
+		if time.Now().After(deadline) {
+			t.Fatalf("the parked record not finished 2 minutes after Run started (first pass after %s, reach %s)",
+				reconcile.FirstPassAfter, reconcile.Reach(ceiling))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry after reconciliation: %d (replayed %q) %s; want a replayed 201", r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
