@@ -198,8 +198,8 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
 	MalformedRequest: {
-		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",
-		"Percent-encode the path and query as UTF-8, send header values without control characters and the whole body as framed, and send the request again; the same Idempotency-Key is fine."},
+		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character, or a query parameter given twice (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",
+		"Percent-encode the path and query as UTF-8, give each query parameter once, send header values without control characters and the whole body as framed, and send the request again; the same Idempotency-Key is fine."},
 	ClientClosedRequest: {
 		"The client closed the connection (or its sending side) before the server answered, and the request was abandoned where it was. No client reads this answer; the server's logs and metrics count it. A request abandoned before its claim stored nothing; one whose claim had committed is finished by the completer, and a retry with the same key gets its answer.",
 		"Keep the connection open until the answer arrives. Retry with the same Idempotency-Key and body."},

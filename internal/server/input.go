@@ -20,7 +20,9 @@ import (
 // are refused with them: no id, cursor or limit holds one, and they have
 // no business in a log line. A query string that net/url cannot parse is
 // refused too, since parsing it drops the malformed pairs silently and a
-// handler would then act on a request other than the one sent.
+// handler would then act on a request other than the one sent; so is a
+// query parameter given twice, since every parameter takes one value and
+// a handler would read one of the two.
 //
 // The path parameters are decoded here, once, for every handler: echo
 // routes on the escaped path when it differs from the decoded one (a key
@@ -63,18 +65,23 @@ func checkInput(next echo.HandlerFunc) echo.HandlerFunc {
 			for _, v := range query[name] {
 				ok = ok && pgtext.IsText(v)
 			}
-			if !ok {
-				shown := name
-				if !utf8.ValidString(shown) {
-					shown = url.QueryEscape(name) // the problem body must be valid JSON text
-				}
+			shown := name
+			if !utf8.ValidString(shown) {
+				shown = url.QueryEscape(name) // the problem body must be valid JSON text
+			}
+			switch {
+			case !ok:
 				bad = append(bad, apierror.InvalidParam{Name: shown,
 					Reason: "(a query parameter) must be UTF-8 text without control characters"})
+			case len(query[name]) > 1:
+				// Every parameter of the API takes one value: which of two
+				// a handler read would be a guess.
+				bad = append(bad, apierror.InvalidParam{Name: shown, Reason: "(a query parameter) is given more than once"})
 			}
 		}
 		if len(bad) > 0 {
 			return &apierror.Error{Type: apierror.MalformedRequest, InvalidParams: bad,
-				Detail: "A path segment or query parameter is not text: percent-encode it as UTF-8, without control characters."}
+				Detail: "A path segment or query parameter cannot be read as sent: percent-encode each as UTF-8 text without control characters, and give each parameter once."}
 		}
 		return next(c)
 	}

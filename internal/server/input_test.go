@@ -44,6 +44,8 @@ func TestInputRefusals(t *testing.T) {
 		{"NUL in a cursor", "GET /v1/charges?starting_after=ch_%00 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "starting_after"},
 		{"invalid UTF-8 in a limit", "GET /v1/events?limit=%FF HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "limit"},
 		{"a malformed query string", "GET /v1/charges?limit=%zz HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, ""},
+		{"a query parameter given twice", "GET /v1/charges?limit=2&limit=1 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "limit"},
+		{"a cursor given twice, the same", "GET /v1/events?starting_after=evt_a&starting_after=evt_a HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, "starting_after"},
 		{"a header over 64 KiB", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Big: " + strings.Repeat("x", 64<<10) + "\r\n", "", 431, apierror.HeaderTooLarge, ""},
 		{"NUL in a header value", "GET /v1/charges HTTP/1.1\r\n" + auth + "X-Note: a\x00b\r\n", "", 400, apierror.MalformedRequest, ""},
 		{"an unknown Transfer-Encoding", "POST /v1/charges HTTP/1.1\r\n" + auth + "Transfer-Encoding: gzip\r\n", "", 400, apierror.MalformedRequest, ""},
