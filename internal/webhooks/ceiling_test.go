@@ -184,18 +184,7 @@ func TestParkedChargeSettledByReconciliation(t *testing.T) {
 	clk := newClock()
 	env := apitest.New(t, apitest.Options{Now: clk.Now})
 	c := env.NewClient(t)
-	key := apitest.NewKey()
-	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
-
-	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
-	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
-		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
-	}
-	posts := stripePosts(env)
-	clk.Advance(idempotency.DefaultConfig().RetryCeiling + time.Minute)
-	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusConflict || r.Problem(t).Type != "/problems/idempotency-key-parked" {
-		t.Fatalf("retry past the ceiling: %d %s, want 409 idempotency-key-parked", r.Status, r.Body)
-	}
+	key, body, posts := parkedCharge(t, env, clk, c, nil)
 	if k := inspectKey(t, c, key); k.RecoveryPoint != idempotency.PointParked {
 		t.Fatalf("key after the retry: %q, want parked", k.RecoveryPoint)
 	}
@@ -228,23 +217,13 @@ func TestParkedChargeSettledByServesReconciliation(t *testing.T) {
 	clk := newClock()
 	env := apitest.New(t, apitest.Options{Now: clk.Now})
 	c := env.NewClient(t)
-	key := apitest.NewKey()
-	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
 	ceiling := idempotency.DefaultConfig().RetryCeiling
-
-	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
-	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
-		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
-	}
-	pis := env.Stripe.Charges()
-	if len(pis) != 1 || !env.Stripe.Backdate(pis[0].ID, ceiling+time.Minute) {
-		t.Fatalf("the fake holds %d PaymentIntents, want the one to make a ceiling old", len(pis))
-	}
-	posts := stripePosts(env)
-	clk.Advance(ceiling + time.Minute)
-	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusConflict {
-		t.Fatalf("retry past the ceiling: %d %s, want 409 idempotency-key-parked", r.Status, r.Body)
-	}
+	key, body, posts := parkedCharge(t, env, clk, c, func() {
+		pis := env.Stripe.Charges()
+		if len(pis) != 1 || !env.Stripe.Backdate(pis[0].ID, ceiling+time.Minute) {
+			t.Fatalf("the fake holds %d PaymentIntents, want the one to make a ceiling old", len(pis))
+		}
+	})
 
 	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil || report.Listed != 0 {
@@ -279,6 +258,30 @@ func TestParkedChargeSettledByServesReconciliation(t *testing.T) {
 	if n := stripePosts(env); n != posts {
 		t.Errorf("Stripe got %d more POSTs after the ceiling, want none", n-posts)
 	}
+}
+
+// parkedCharge charges through c while Stripe loses its answer (the
+// PaymentIntent exists), runs meanwhile (nil: nothing), then moves the
+// test's clock past the retry ceiling and retries, which parks the record
+// (409 idempotency-key-parked). It returns the key, the body, and how many
+// POSTs Stripe had received before the retry.
+func parkedCharge(t *testing.T, env *apitest.Env, clk *clock, c *apitest.Client, meanwhile func()) (string, map[string]any, int) {
+	t.Helper()
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
+	}
+	if meanwhile != nil {
+		meanwhile()
+	}
+	posts := stripePosts(env)
+	clk.Advance(idempotency.DefaultConfig().RetryCeiling + time.Minute)
+	if r := c.Post("/v1/charges", key, body); r.Status != http.StatusConflict || r.Problem(t).Type != "/problems/idempotency-key-parked" {
+		t.Fatalf("retry past the ceiling: %d %s, want 409 idempotency-key-parked", r.Status, r.Body)
+	}
+	return key, body, posts
 }
 
 // lineBuffer collects JSON log lines, safe for concurrent writers.

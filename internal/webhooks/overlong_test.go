@@ -40,16 +40,8 @@ func TestOverlongFailureCodeIsCut(t *testing.T) {
 
 	// A refund that Stripe reports failed later on, with a long reason.
 	ch, sc := createCharge(t, env, c, 2000)
-	r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500})
-	if r.Status != http.StatusCreated {
-		t.Fatalf("refund: %d %s", r.Status, r.Body)
-	}
-	var rf struct {
-		ID             string  `json:"id"`
-		StripeRefundID *string `json:"stripe_refund_id"`
-	}
-	r.JSON(t, &rf)
-	ev, err := webhooks.NewRefundEvent("refund.updated", webhooks.RefundObject{ID: *rf.StripeRefundID, Charge: sc.ID, Amount: 500,
+	rf := createRefund(t, c, ch.ID, 500)
+	ev, err := webhooks.NewRefundEvent("refund.updated", webhooks.RefundObject{ID: rf.StripeRefundID, Charge: sc.ID, Amount: 500,
 		Currency: "usd", Status: "failed", FailureReason: long}, time.Now())
 	if err != nil {
 		t.Fatal(err)

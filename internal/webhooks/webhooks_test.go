@@ -143,6 +143,26 @@ func stripeCharge(t testing.TB, env *apitest.Env, key, value string) stripefake.
 	return stripefake.Charge{}
 }
 
+// refund is a refund as POST /v1/refunds answers it.
+type refund struct {
+	ID             string `json:"id"`
+	StripeRefundID string `json:"stripe_refund_id"`
+}
+
+// createRefund refunds amount of the charge over the API.
+func createRefund(t testing.TB, c *apitest.Client, chargeID string, amount int64) refund {
+	t.Helper()
+	r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": chargeID, "amount": amount})
+	var rf refund
+	if r.Status == http.StatusCreated {
+		r.JSON(t, &rf)
+	}
+	if r.Status != http.StatusCreated || rf.StripeRefundID == "" {
+		t.Fatalf("refund: %d %s", r.Status, r.Body)
+	}
+	return rf
+}
+
 func chargeEvent(t testing.TB, typ string, obj webhooks.ChargeObject, created time.Time) webhooks.Event {
 	t.Helper()
 	ev, err := webhooks.NewChargeEvent(typ, obj, created)
@@ -214,20 +234,12 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 
 	// A refund over the API, then Stripe tells us it failed later on
 	// (refund.updated): the refund is failed and its amount released.
-	rresp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500})
-	if rresp.Status != http.StatusCreated {
-		t.Fatalf("refund: %d %s", rresp.Status, rresp.Body)
-	}
-	var rf struct {
-		ID             string  `json:"id"`
-		StripeRefundID *string `json:"stripe_refund_id"`
-	}
-	rresp.JSON(t, &rf)
+	rf := createRefund(t, c, ch.ID, 500)
 	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 500 {
 		t.Fatalf("amount_refunded after a refund of 500: %d", got)
 	}
 	for _, typ := range []string{"refund.updated", "charge.refund.updated"} {
-		ev, err := webhooks.NewRefundEvent(typ, webhooks.RefundObject{ID: *rf.StripeRefundID, Charge: fc.ID, Amount: 500,
+		ev, err := webhooks.NewRefundEvent(typ, webhooks.RefundObject{ID: rf.StripeRefundID, Charge: fc.ID, Amount: 500,
 			Currency: "usd", Status: "failed", FailureReason: "expired_or_canceled_card"}, now)
 		if err != nil {
 			t.Fatal(err)
