@@ -184,11 +184,10 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, callerKeyID, id string,
 		// revoked since the request authenticated (by a revocation that
 		// took this lock before) revokes nothing (I11), as the claim's
 		// INSERT refuses it on the path with an Idempotency-Key.
-		caller, err := k.q.APIKeyGetByID(ctx, tx, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: callerKeyID})
-		if err := db.NotFound(err); errors.Is(err, db.ErrNotFound) || err == nil && caller.RevokedAt != nil {
-			return struct{}{}, apierror.New(apierror.Unauthorized, "The API key was revoked; nothing was revoked.")
-		} else if err != nil {
+		if active, err := k.active(ctx, tx, accountID, callerKeyID); err != nil {
 			return struct{}{}, fmt.Errorf("reading the caller's API key: %w", err)
+		} else if !active {
+			return struct{}{}, apierror.New(apierror.Unauthorized, "The API key was revoked; nothing was revoked.")
 		}
 		if err := k.checkRevocable(ctx, tx, accountID, id); err != nil {
 			return struct{}{}, err
@@ -203,14 +202,23 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, callerKeyID, id string,
 	return idempotency.Response{Status: http.StatusNoContent}, nil
 }
 
+// active reads through r whether id is an active (not revoked) key of the
+// account; an unknown id is not.
+func (k *KeysAPI) active(ctx context.Context, r dbsqlc.DBTX, accountID, id string) (bool, error) {
+	row, err := k.q.APIKeyGetByID(ctx, r, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
+	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil && row.RevokedAt == nil, err
+}
+
 // checkRevocable reads through r whether the key can be revoked: it is an
 // active key of the account, and not its last one.
 func (k *KeysAPI) checkRevocable(ctx context.Context, r dbsqlc.DBTX, accountID, id string) error {
-	row, err := k.q.APIKeyGetByID(ctx, r, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: id})
-	if errors.Is(db.NotFound(err), db.ErrNotFound) || err == nil && row.RevokedAt != nil {
-		return apierror.New(apierror.NotFound, "No such active API key.")
-	} else if err != nil {
+	if active, err := k.active(ctx, r, accountID, id); err != nil {
 		return fmt.Errorf("reading API key: %w", err)
+	} else if !active {
+		return apierror.New(apierror.NotFound, "No such active API key.")
 	}
 	active, err := k.q.APIKeyList(ctx, r, accountID)
 	if err != nil {
