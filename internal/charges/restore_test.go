@@ -17,6 +17,7 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -88,6 +89,88 @@ func TestRestoredDatabaseChargesOnce(t *testing.T) {
 	}
 	if got := stripe.KeyCount(fc.IdempotencyKey); got != 2 {
 		t.Errorf("Stripe saw the downstream key %d times, want 2 (the charge and the replay)", got)
+	}
+}
+
+// TestRestoreOlderThanStripesKeyMemory is the restore runbook
+// (docs/operations.md, "After a restore") against a real restore of a
+// backup older than Stripe keeps keys. A charge is lost to the restore; by
+// the time the database is back, Stripe has forgotten its downstream key
+// (it may, once the key is 24 hours old), so a retry re-creating the
+// record would reach Stripe as a new payment. Stripe still holds the
+// PaymentIntent, with the record's identity in its metadata: a
+// reconciliation pass over a window reaching back past the backup, run
+// before traffic, re-creates the record finished, and the retry replays
+// it. The periodic pass's window (reconcile.Reach) does not reach it,
+// which is why the runbook's pass comes first.
+func TestRestoreOlderThanStripesKeyMemory(t *testing.T) {
+	t.Parallel()
+	d := newRestorableDB(t)
+	d.snapshot()
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+	body := map[string]any{"amount": 7300, "currency": "usd", "payment_method": "tok_visa"}
+
+	c, p := d.client(stripe)
+	first := c.Post("/v1/charges", "order-7300", body)
+	wantStatus(t, first, http.StatusCreated)
+	var lost charge
+	first.JSON(t, &lost)
+	p.Close()
+
+	// Thirty hours pass, as far as Stripe is concerned: the PaymentIntent
+	// was made that long ago and its key is forgotten.
+	const age = 30 * time.Hour
+	fc := stripe.Charges()[0]
+	if !stripe.Backdate(fc.ID, age) || !stripe.ForgetKey(fc.IdempotencyKey) {
+		t.Fatalf("the fake holds no PaymentIntent %s under key %s", fc.ID, fc.IdempotencyKey)
+	}
+
+	d.restore()
+	env := d.env(stripe)
+	defer env.Pool.Close()
+
+	// The premise: serve's periodic pass does not list the PaymentIntent.
+	reach := reconcile.Reach(idempotency.DefaultConfig().RetryCeiling)
+	if reach >= age {
+		t.Fatalf("the premise does not hold: serve's longer pass reaches back %s, past the backup's %s", reach, age)
+	}
+	periodic, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-reach))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if periodic.Counts[charges.ReconcileRecreated] != 0 {
+		t.Fatalf("a pass over %s re-created the charge made %s ago: %v; the test's premise does not hold", reach, age, periodic.Counts)
+	}
+
+	// The runbook's pass, over the backup's age and an hour, before traffic.
+	runbook, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-age-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runbook.Counts[charges.ReconcileRecreated] != 1 {
+		t.Fatalf("the runbook's pass: %v, want the lost charge re-created", runbook.Counts)
+	}
+
+	retry := env.ClientFor(t, d.account).Post("/v1/charges", "order-7300", body)
+	wantStatus(t, retry, http.StatusCreated)
+	if n := len(stripe.Charges()); n != 1 {
+		t.Fatalf("Stripe holds %d charges after the retry, want 1: the retry reached Stripe under a key it had forgotten and charged again", n)
+	}
+	if retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry was not a replay (Idempotent-Replayed %q): %s", retry.Header.Get("Idempotent-Replayed"), retry.Body)
+	}
+	var again charge
+	retry.JSON(t, &again)
+	intent := func(c charge) string {
+		if c.StripePaymentIntentID == nil {
+			return ""
+		}
+		return *c.StripePaymentIntentID
+	}
+	if again.ID != lost.ID || intent(again) != intent(lost) {
+		t.Errorf("the retry answered charge %s (PaymentIntent %q); the lost answer was %s (%q)",
+			again.ID, intent(again), lost.ID, intent(lost))
 	}
 }
 

@@ -308,6 +308,20 @@ func (s *Server) Backdate(id string, d time.Duration) bool {
 	return false
 }
 
+// ForgetKey removes what the fake's idempotency layer remembers of key, as
+// Stripe does once a key is old enough: "Keys are eligible to be removed
+// from the system automatically after they're at least 24 hours old"
+// (docs.stripe.com/api/idempotent_requests). A request under the key then
+// runs as a new one. The objects made under it stay. It reports whether
+// the fake remembered the key.
+func (s *Server) ForgetKey(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.idem[key]
+	delete(s.idem, key)
+	return ok
+}
+
 // Refunds returns every refund that was executed, for the same reason as
 // Charges.
 func (s *Server) Refunds() []Refund {
