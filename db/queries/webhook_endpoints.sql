@@ -232,13 +232,18 @@ RETURNING d.id;
 
 -- name: WebhookAttemptsInsert :exec
 -- A batch's attempts, every one of them, fenced or not (status 0: no
--- answer; an empty error: none).
+-- answer; an empty error: none), except those of a delivery that is gone:
+-- its endpoint was deleted while the batch was being sent (ON DELETE
+-- CASCADE), and its attempt has nothing left to belong to. The batch's
+-- endpoints are locked by then (WebhookEndpointsLock), so no delete
+-- commits between this check and the insert.
 INSERT INTO webhook_attempts (delivery_id, scheduled_at, started_at, duration_ms, status_code, response_body, error)
 SELECT u.delivery_id, u.scheduled_at, u.started_at, u.duration_ms, NULLIF(u.status, 0), u.response_body, NULLIF(u.error, '')
 FROM (SELECT unnest(@delivery_ids::text[]) AS delivery_id, unnest(@scheduled_ats::timestamptz[]) AS scheduled_at,
              unnest(@started_ats::timestamptz[]) AS started_at, unnest(@durations_ms::int[]) AS duration_ms,
              unnest(@statuses::int[]) AS status, unnest(@response_bodies::text[]) AS response_body,
-             unnest(@errors::text[]) AS error) u;
+             unnest(@errors::text[]) AS error) u
+WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = u.delivery_id);
 
 -- name: WebhookDeliveryOfEndpoint :one
 -- Whether id is one of the account's endpoint's deliveries: the check of

@@ -50,6 +50,7 @@ FROM (SELECT unnest($1::text[]) AS delivery_id, unnest($2::timestamptz[]) AS sch
              unnest($3::timestamptz[]) AS started_at, unnest($4::int[]) AS duration_ms,
              unnest($5::int[]) AS status, unnest($6::text[]) AS response_body,
              unnest($7::text[]) AS error) u
+WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.id = u.delivery_id)
 `
 
 type WebhookAttemptsInsertParams struct {
@@ -63,7 +64,11 @@ type WebhookAttemptsInsertParams struct {
 }
 
 // A batch's attempts, every one of them, fenced or not (status 0: no
-// answer; an empty error: none).
+// answer; an empty error: none), except those of a delivery that is gone:
+// its endpoint was deleted while the batch was being sent (ON DELETE
+// CASCADE), and its attempt has nothing left to belong to. The batch's
+// endpoints are locked by then (WebhookEndpointsLock), so no delete
+// commits between this check and the insert.
 func (q *Queries) WebhookAttemptsInsert(ctx context.Context, db DBTX, arg *WebhookAttemptsInsertParams) error {
 	_, err := db.Exec(ctx, webhookAttemptsInsert,
 		arg.DeliveryIds,

@@ -1107,3 +1107,68 @@ func (b *bundle) receivedObjects() map[string]bool {
 	}
 	return objs
 }
+
+// TestDeleteWhileSending: an endpoint deleted while a worker's batch is
+// being sent takes its deliveries with it (ON DELETE CASCADE). The batch's
+// other attempts are still recorded when it finishes: the other endpoint's
+// delivery is delivered, with its attempt, and not sent again. Before, the
+// deleted delivery's attempt failed its foreign key and took the whole
+// batch's record with it, and every delivery in it went out again once its
+// lease ran out.
+func TestDeleteWhileSending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keptID, _ := b.endpoint(t, "", "*")
+	held := newReceiver(t)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the receiver's Close, which waits for its handler
+	held.setAnswer(func(delivery) (int, http.Header) {
+		close(arrived)
+		<-release
+		return http.StatusOK, nil
+	})
+	r := b.client.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": held.URL, "enabled_events": []string{"*"}})
+	if r.Status != http.StatusCreated {
+		t.Fatalf("creating the held endpoint: %d %s", r.Status, r.Body)
+	}
+	var deleted merchanthooks.Endpoint
+	r.JSON(t, &deleted)
+	id := b.event(t, events.ChargeSucceeded, "ch_del", 1)
+	b.dispatch(t)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.svc.Work(context.Background(), b.http, 10)
+		done <- err
+	}()
+	select {
+	case <-arrived:
+	case err := <-done:
+		t.Fatalf("the worker's pass ended (%v) before the held endpoint got its delivery", err)
+	}
+	if r := b.client.Do(b.client.NewRequest(http.MethodDelete, "/v1/webhook_endpoints/"+deleted.ID, nil)); r.Status != http.StatusOK {
+		t.Fatalf("deleting the endpoint being sent to: %d %s", r.Status, r.Body)
+	}
+	free()
+	if err := <-done; err != nil {
+		t.Fatalf("the batch was not recorded: %v", err)
+	}
+
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || attempts != 1 {
+		t.Errorf("the kept endpoint's delivery is %s after %d attempts, want delivered after 1", state, attempts)
+	}
+	var recorded int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id
+		WHERE d.endpoint_id = $1 AND a.status_code = 200`, keptID).Scan(&recorded); err != nil || recorded != 1 {
+		t.Errorf("the kept endpoint's delivery has %d attempts recorded (%v), want 1", recorded, err)
+	}
+	b.clock.Advance(b.cfg.Lease + time.Second)
+	if n := b.work(t); n != 0 {
+		t.Errorf("a later pass claimed %d deliveries; the batch's were recorded and none is due", n)
+	}
+	if got := len(b.recv.deliveries()); got != 1 {
+		t.Errorf("the kept endpoint received %d requests, want 1", got)
+	}
+}
