@@ -71,15 +71,18 @@ func HTTPHandler(h http.Handler, tp trace.TracerProvider) http.Handler {
 }
 
 // NameRoute names the request's server span after its route, as the HTTP
-// conventions ask ("POST /v1/charges"), and sets http.route. It does
-// nothing when the request is not traced.
+// conventions ask ("POST /v1/charges"), and sets http.route. It also puts
+// the route in url.path, in place of the raw path the HTTP instrumentation
+// recorded: a path may carry a merchant's Idempotency-Key (GET
+// /v1/idempotency_keys/{key}), which no span holds, as no log line does.
+// It does nothing when the request is not traced.
 func NameRoute(ctx context.Context, method, route string) {
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
 	}
 	span.SetName(method + " " + route)
-	span.SetAttributes(semconv.HTTPRoute(route))
+	span.SetAttributes(semconv.HTTPRoute(route), semconv.URLPath(route))
 }
 
 // HTTPTransport wraps rt so that each outgoing call is a client span and

@@ -3,6 +3,7 @@ package telemetry_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -60,7 +61,13 @@ func TestRequestTrace(t *testing.T) {
 	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("replay: %d, replayed %q", second.Status, second.Header.Get("Idempotent-Replayed"))
 	}
+	if got := api.Get("/v1/idempotency_keys/" + url.PathEscape(key)); got.Status != http.StatusOK {
+		t.Fatalf("reading the key: %d %s", got.Status, got.Body)
+	}
 	spans := exp.GetSpans()
+	if inspect := byName(spans, "GET /v1/idempotency_keys/:key"); len(inspect) != 1 || attr(inspect[0], "url.path") != "/v1/idempotency_keys/:key" {
+		t.Errorf("the key's read: spans %v, want one whose url.path is the route", names(inspect))
+	}
 
 	servers := byName(spans, "POST /v1/charges")
 	if len(servers) != 2 {
