@@ -92,7 +92,8 @@ type Config struct {
 	// Batch bounds the events one dispatcher pass reads. A pass that read
 	// fewer has caught up: the dispatcher pauses Interval before the next.
 	Batch int32
-	// Now is the workers' clock (nil: time.Now); tests move it.
+	// Now is the workers' clock, and the one a recovery's window is
+	// checked by (nil: time.Now); tests move it.
 	Now func() time.Time
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
