@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/merchanthooks"
 )
 
 // TestRecoverRetriedAfterTheWindowSlid: a recovery's window is checked
@@ -66,5 +68,59 @@ func TestRecoverSinceForms(t *testing.T) {
 	for _, offset := range []string{"+24:00", "-24:00", "+23:60", "+00:60", "+24:59"} {
 		wantRefusal(t, "since with the offset "+offset, b.client.Post(path, apitest.NewKey(), map[string]any{"since": day + offset}),
 			"invalid-request", []param{{"since", "must be a time in RFC 3339 form"}})
+	}
+}
+
+// TestRetryAfterCapped: a Retry-After of seconds is honoured up to 24 h,
+// and a larger one, however large (past what a duration holds, past
+// uint64), is 24 h, not an overflow that leaves the schedule's delay.
+func TestRetryAfterCapped(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 31, 9, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"":                      0,
+		"soon":                  0,
+		"-5":                    0,
+		"0":                     0,
+		" 120 ":                 2 * time.Minute,
+		"86399":                 86399 * time.Second,
+		"86400":                 24 * time.Hour,
+		"86401":                 24 * time.Hour,
+		"9223372036":            24 * time.Hour,
+		"9223372037":            24 * time.Hour,
+		"18446744074":           24 * time.Hour,
+		"18446744073709551616":  24 * time.Hour,
+		"999999999999999999999": 24 * time.Hour,
+		now.Add(time.Hour).Format(http.TimeFormat):      time.Hour,
+		now.Add(48 * time.Hour).Format(http.TimeFormat): 24 * time.Hour,
+		now.Add(-time.Hour).Format(http.TimeFormat):     0,
+	} {
+		if got := merchanthooks.RetryAfter(v, now); got != want {
+			t.Errorf("Retry-After %q: %v, want %v", v, got, want)
+		}
+	}
+}
+
+// TestRetryAfterHugeEndToEnd: an endpoint answering 503 with a
+// Retry-After past what a duration holds is tried again in 24 h, not at
+// the schedule's next step (1 s here).
+func TestRetryAfterHugeEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	b.recv.setAnswer(func(delivery) (int, http.Header) {
+		return http.StatusServiceUnavailable, http.Header{"Retry-After": {"18446744074"}}
+	})
+	id := b.event(t, events.ChargeSucceeded, "ch_ra", 1)
+	b.dispatch(t)
+	before := b.clock.Now()
+	if n := b.work(t); n != 1 {
+		t.Fatalf("claimed %d, want the one delivery", n)
+	}
+	after := b.clock.Now()
+	state, attempts, next := b.deliveryState(t, id)
+	if state != merchanthooks.StatePending || attempts != 1 || next.Before(before.Add(24*time.Hour)) || next.After(after.Add(24*time.Hour)) {
+		t.Fatalf("after a 503 with Retry-After 18446744074: %s, %d attempts, next at %v; want pending, 1, 24 h after the attempt (%v)",
+			state, attempts, next, before.Add(24*time.Hour))
 	}
 }
