@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/events"
@@ -122,5 +123,29 @@ func TestRetryAfterHugeEndToEnd(t *testing.T) {
 	if state != merchanthooks.StatePending || attempts != 1 || next.Before(before.Add(24*time.Hour)) || next.After(after.Add(24*time.Hour)) {
 		t.Fatalf("after a 503 with Retry-After 18446744074: %s, %d attempts, next at %v; want pending, 1, 24 h after the attempt (%v)",
 			state, attempts, next, before.Add(24*time.Hour))
+	}
+}
+
+// TestEndpointURLLengthInCharacters: the URL's limit is 2048 characters,
+// as documented and as the column's CHECK counts them, not bytes: a URL of
+// 2048 characters of two bytes each is accepted, one of 2049 refused.
+func TestEndpointURLLengthInCharacters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	base := b.recv.URL + "/"
+	of := func(n int) string { return base + strings.Repeat("é", n-utf8.RuneCountInString(base)) }
+	at, over := of(2048), of(2049)
+	r := b.client.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": at, "enabled_events": []string{"*"}})
+	var ep merchanthooks.Endpoint
+	r.JSON(t, &ep)
+	if r.Status != http.StatusCreated || ep.URL != at {
+		t.Fatalf("a URL of 2048 characters (%d bytes): %d %.200s, want 201 with the URL", len(at), r.Status, r.Body)
+	}
+	wantRefusal(t, "create with a URL of 2049 characters", b.client.Post("/v1/webhook_endpoints", apitest.NewKey(),
+		map[string]any{"url": over, "enabled_events": []string{"*"}}), "invalid-request", []param{{"url", "must be at most 2048 characters"}})
+	wantRefusal(t, "update to a URL of 2049 characters", b.client.Post("/v1/webhook_endpoints/"+ep.ID, apitest.NewKey(),
+		map[string]any{"url": over}), "invalid-request", []param{{"url", "must be at most 2048 characters"}})
+	if r := b.client.Post("/v1/webhook_endpoints/"+ep.ID, apitest.NewKey(), map[string]any{"url": of(2000)}); r.Status != http.StatusOK {
+		t.Errorf("update to a URL of 2000 characters (%d bytes): %d %.200s, want 200", len(of(2000)), r.Status, r.Body)
 	}
 }
