@@ -1,8 +1,10 @@
 package merchanthooks_test
 
 import (
+	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -147,5 +149,62 @@ func TestEndpointURLLengthInCharacters(t *testing.T) {
 		map[string]any{"url": over}), "invalid-request", []param{{"url", "must be at most 2048 characters"}})
 	if r := b.client.Post("/v1/webhook_endpoints/"+ep.ID, apitest.NewKey(), map[string]any{"url": of(2000)}); r.Status != http.StatusOK {
 		t.Errorf("update to a URL of 2000 characters (%d bytes): %d %.200s, want 200", len(of(2000)), r.Status, r.Body)
+	}
+}
+
+// TestResendWhileSending: a resend that lands while a worker is sending
+// the delivery's last scheduled attempt, which fails, is not lost: the
+// attempt is recorded, but its outcome (failed, the schedule spent) does
+// not overwrite the resend's new schedule. The lease still holds (the
+// delivery is not sent twice at once, TestLeaseTakeover); once it has run
+// out the delivery goes again and is delivered.
+func TestResendWhileSending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.endpoint(t, "", "*")
+	var resend atomic.Bool
+	var resent atomic.Int32 // the resend's status
+	b.recv.setAnswer(func(d delivery) (int, http.Header) {
+		if resend.CompareAndSwap(true, false) {
+			if r := b.client.Post("/v1/events/"+d.ID+"/resend", apitest.NewKey(), map[string]any{}); r != nil {
+				resent.Store(int32(r.Status))
+			}
+		}
+		return http.StatusInternalServerError, nil
+	})
+	id := b.event(t, events.ChargeSucceeded, "ch_rs", 1)
+	b.dispatch(t)
+	b.work(t)
+	for i, step := range b.cfg.Schedule {
+		if i == len(b.cfg.Schedule)-1 {
+			resend.Store(true) // during the last scheduled attempt
+		}
+		b.clock.Advance(step + 100*time.Millisecond)
+		if n := b.work(t); n != 1 {
+			t.Fatalf("after %s: claimed %d, want the retry", step, n)
+		}
+	}
+	if s := resent.Load(); s != http.StatusAccepted {
+		t.Fatalf("the resend during the last attempt: %d, want 202", s)
+	}
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StatePending || attempts != 0 {
+		t.Fatalf("after the last scheduled attempt failed during a resend: %s after %d attempts, want pending on the resend's new schedule (0 attempts)",
+			state, attempts)
+	}
+	b.recv.setAnswer(nil)
+	b.clock.Advance(b.cfg.Lease)
+	if n := b.work(t); n != 1 {
+		t.Fatalf("once the lease ran out: claimed %d, want the resent delivery", n)
+	}
+	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || attempts != 1 {
+		t.Fatalf("the resent delivery: %s after %d attempts, want delivered at the first", state, attempts)
+	}
+	if got := len(b.recv.deliveries()); got != len(b.cfg.Schedule)+2 {
+		t.Errorf("the receiver got %d requests, want %d: the schedule's, then the resend's", got, len(b.cfg.Schedule)+2)
+	}
+	var recorded int
+	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1", id).
+		Scan(&recorded); err != nil || recorded != len(b.cfg.Schedule)+2 {
+		t.Errorf("%d attempts recorded (%v), want %d: every one, the fenced one too", recorded, err, len(b.cfg.Schedule)+2)
 	}
 }

@@ -133,7 +133,8 @@ const (
 	OutcomeFailed    = "failed"
 	OutcomeGone      = "gone"
 	// OutcomeFenced: the attempt ran, but the worker's lease had run out
-	// and another worker owns the delivery; its outcome is recorded as an
+	// and another worker owns the delivery, or a resend or a recovery
+	// started the delivery again meanwhile; its outcome is recorded as an
 	// attempt, and changes nothing else.
 	OutcomeFenced = "fenced"
 )

@@ -276,6 +276,7 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 // disabling one meanwhile pauses its deliveries, in the same order):
 // every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
+// or whose delivery a resend or a recovery started again meanwhile,
 // changes nothing but its attempt's row); the endpoints' failure clocks;
 // and the endpoints to disable, with their events.
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
