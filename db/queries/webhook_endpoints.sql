@@ -216,9 +216,11 @@ RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
 -- name: WebhookDeliveriesFinish :many
 -- The outcomes of a batch's attempts (status 0: no answer; an empty error:
 -- none), each fenced by its claim: a worker whose lease ran out, and whose
--- delivery another worker took, changes nothing. A delivery paused while
--- it was being sent (its endpoint disabled meanwhile) stays paused unless
--- it was delivered. The ids it returns are the outcomes that counted.
+-- delivery another worker took, or whose delivery a resend or a recovery
+-- started again meanwhile (WebhookDeliveriesResend), changes nothing. A
+-- delivery paused while it was being sent (its endpoint disabled
+-- meanwhile) stays paused unless it was delivered. The ids it returns are
+-- the outcomes that counted.
 UPDATE webhook_deliveries d
 SET state = CASE WHEN d.state = 'paused' AND u.state = 'pending' THEN 'paused' ELSE u.state END,
     attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
@@ -267,8 +269,12 @@ SELECT * FROM webhook_attempts WHERE delivery_id = ANY (@delivery_ids::text[]) O
 -- Makes the event's deliveries pending again with a new schedule, and
 -- creates the missing ones for the account's enabled endpoints that want
 -- it; the same event id goes out again. A worker's lease is kept: a
--- delivery being sent is not sent twice at once. The endpoints are locked
--- as by the fan-out (WebhookDeliveriesFanOut).
+-- delivery being sent is not sent twice at once. claims moves on, which
+-- fences that worker's finish (WebhookDeliveriesFinish): its attempt is
+-- recorded, but its outcome (a failure that spent the schedule, a retry
+-- hours away) does not overwrite the new schedule; the delivery goes again
+-- once the lease has run out. The endpoints are locked as by the fan-out
+-- (WebhookDeliveriesFanOut).
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
@@ -277,12 +283,14 @@ WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
 ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now();
+SET state = 'pending', attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1;
 
 -- name: WebhookDeliveriesRecover :exec
 -- Every event of the account since @since that the endpoint wants, again,
 -- each under its own id: pending, or paused while the endpoint is
--- disabled (read under a lock, as by the fan-out).
+-- disabled (read under a lock, as by the fan-out). A delivery being sent
+-- keeps its worker's lease, and that worker's outcome is fenced, as by
+-- WebhookDeliveriesResend.
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, CASE WHEN w.enabled THEN 'pending' ELSE 'paused' END
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
@@ -290,7 +298,7 @@ WHERE e.account_id = @account_id AND w.id = @endpoint_id AND e.created_at >= @si
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = excluded.state, attempts = 0, next_attempt_at = now();
+SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1;
 
 -- name: WebhookEventGet :one
 -- The event a delivery sends.

@@ -141,9 +141,11 @@ type WebhookDeliveriesFinishParams struct {
 
 // The outcomes of a batch's attempts (status 0: no answer; an empty error:
 // none), each fenced by its claim: a worker whose lease ran out, and whose
-// delivery another worker took, changes nothing. A delivery paused while
-// it was being sent (its endpoint disabled meanwhile) stays paused unless
-// it was delivered. The ids it returns are the outcomes that counted.
+// delivery another worker took, or whose delivery a resend or a recovery
+// started again meanwhile (WebhookDeliveriesResend), changes nothing. A
+// delivery paused while it was being sent (its endpoint disabled
+// meanwhile) stays paused unless it was delivered. The ids it returns are
+// the outcomes that counted.
 func (q *Queries) WebhookDeliveriesFinish(ctx context.Context, db DBTX, arg *WebhookDeliveriesFinishParams) ([]string, error) {
 	rows, err := db.Query(ctx, webhookDeliveriesFinish,
 		arg.Now,
@@ -216,7 +218,7 @@ WHERE e.account_id = $1 AND w.id = $2 AND e.created_at >= $3::timestamptz
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = excluded.state, attempts = 0, next_attempt_at = now()
+SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
 `
 
 type WebhookDeliveriesRecoverParams struct {
@@ -227,7 +229,9 @@ type WebhookDeliveriesRecoverParams struct {
 
 // Every event of the account since @since that the endpoint wants, again,
 // each under its own id: pending, or paused while the endpoint is
-// disabled (read under a lock, as by the fan-out).
+// disabled (read under a lock, as by the fan-out). A delivery being sent
+// keeps its worker's lease, and that worker's outcome is fenced, as by
+// WebhookDeliveriesResend.
 func (q *Queries) WebhookDeliveriesRecover(ctx context.Context, db DBTX, arg *WebhookDeliveriesRecoverParams) error {
 	_, err := db.Exec(ctx, webhookDeliveriesRecover, arg.AccountID, arg.EndpointID, arg.Since)
 	return err
@@ -242,7 +246,7 @@ WHERE e.account_id = $1 AND e.id = $2 AND w.enabled
 ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now()
+SET state = 'pending', attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
 `
 
 type WebhookDeliveriesResendParams struct {
@@ -253,8 +257,12 @@ type WebhookDeliveriesResendParams struct {
 // Makes the event's deliveries pending again with a new schedule, and
 // creates the missing ones for the account's enabled endpoints that want
 // it; the same event id goes out again. A worker's lease is kept: a
-// delivery being sent is not sent twice at once. The endpoints are locked
-// as by the fan-out (WebhookDeliveriesFanOut).
+// delivery being sent is not sent twice at once. claims moves on, which
+// fences that worker's finish (WebhookDeliveriesFinish): its attempt is
+// recorded, but its outcome (a failure that spent the schedule, a retry
+// hours away) does not overwrite the new schedule; the delivery goes again
+// once the lease has run out. The endpoints are locked as by the fan-out
+// (WebhookDeliveriesFanOut).
 func (q *Queries) WebhookDeliveriesResend(ctx context.Context, db DBTX, arg *WebhookDeliveriesResendParams) error {
 	_, err := db.Exec(ctx, webhookDeliveriesResend, arg.AccountID, arg.EventID)
 	return err

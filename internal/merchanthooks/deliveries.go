@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idempay/idempay/internal/apierror"
@@ -161,19 +162,16 @@ type RecoverParams struct {
 // maxRecoverWindow bounds a recovery's window.
 const maxRecoverWindow = 31 * 24 * time.Hour
 
-// Validate parses since and checks that it is within the last 31 days:
-// neither older, nor in the future, where no event is yet (a time the
-// client got wrong, not a window to wait for).
+// Validate parses since. Whether it is within the window is checked when
+// the request runs (checkWindow), not here: a retry of a finished
+// recovery replays its answer, even once the window has moved past since
+// (I2).
 func (p *RecoverParams) Validate() error {
 	reason := ""
 	if p.Since == nil {
 		reason = "is required: a time (RFC 3339) within the last 31 days"
-	} else if t, err := time.Parse(time.RFC3339, *p.Since); err != nil {
+	} else if t, ok := parseRFC3339(*p.Since); !ok {
 		reason = "must be a time in RFC 3339 form, such as 2026-01-31T09:00:00Z"
-	} else if now := time.Now(); t.After(now) {
-		reason = "must not be in the future: a time (RFC 3339) within the last 31 days"
-	} else if now.Sub(t) > maxRecoverWindow {
-		reason = "must be within the last 31 days"
 	} else {
 		p.since = t
 	}
@@ -183,15 +181,54 @@ func (p *RecoverParams) Validate() error {
 	return nil
 }
 
+// parseRFC3339 parses an RFC 3339 time as the RFC has it, which
+// time.Parse does not quite: T and Z may be lower case (section 5.6), and
+// an offset's hours are 00 to 23 and its minutes 00 to 59, where
+// time.Parse takes up to 24 and 60.
+func parseRFC3339(s string) (time.Time, bool) {
+	s = strings.NewReplacer("t", "T", "z", "Z").Replace(s)
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, false
+	}
+	if !strings.HasSuffix(s, "Z") { // the layout left the offset as the last 6 characters: +hh:mm
+		if s[len(s)-5:len(s)-3] > "23" || s[len(s)-2:] > "59" {
+			return time.Time{}, false
+		}
+	}
+	return t, true
+}
+
+// checkWindow checks that since is within the last 31 days by the
+// service's clock: neither older, nor in the future, where no event is yet
+// (a time the client got wrong, not a window to wait for).
+func (s *Service) checkWindow(since time.Time) error {
+	reason := ""
+	if now := s.cfg.now(); since.After(now) {
+		reason = "must not be in the future: a time (RFC 3339) within the last 31 days"
+	} else if now.Sub(since) > maxRecoverWindow {
+		reason = "must be within the last 31 days"
+	}
+	if reason != "" {
+		return apierror.Invalid(apierror.InvalidParam{Name: "since", Reason: reason})
+	}
+	return nil
+}
+
 // Recover sends every event of the account created since p.Since that the
 // endpoint wants again, each under its own id, on a new schedule (what a
 // merchant does after an outage of its receiver). Idempotent like Resend.
+// The window is checked when the request runs, so a retry replays the
+// answer whatever the time.
 func (s *Service) Recover(ctx context.Context, accountID, endpointID string, req idempotency.Request) (idempotency.Response, error) {
 	var p RecoverParams
 	if err := decodeBody(&req, &p); err != nil {
 		return idempotency.Response{}, err
 	}
 	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
+		if err := s.checkWindow(p.since); err != nil {
+			return err
+		}
 		if _, err := s.get(ctx, accountID, endpointID); err != nil {
 			return err
 		}

@@ -92,7 +92,8 @@ type Config struct {
 	// Batch bounds the events one dispatcher pass reads. A pass that read
 	// fewer has caught up: the dispatcher pauses Interval before the next.
 	Batch int32
-	// Now is the workers' clock (nil: time.Now); tests move it.
+	// Now is the workers' clock, and the one a recovery's window is
+	// checked by (nil: time.Now); tests move it.
 	Now func() time.Time
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
@@ -132,7 +133,8 @@ const (
 	OutcomeFailed    = "failed"
 	OutcomeGone      = "gone"
 	// OutcomeFenced: the attempt ran, but the worker's lease had run out
-	// and another worker owns the delivery; its outcome is recorded as an
+	// and another worker owns the delivery, or a resend or a recovery
+	// started the delivery again meanwhile; its outcome is recorded as an
 	// attempt, and changes nothing else.
 	OutcomeFenced = "fenced"
 )

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idempay/idempay/internal/telemetry"
 )
@@ -71,7 +72,7 @@ func NewHTTPClient(cfg Config) *http.Client {
 // accepts. The connection is checked again when each delivery dials
 // (NewHTTPClient).
 func checkURL(ctx context.Context, cfg Config, raw string) string {
-	if len(raw) > 2048 {
+	if utf8.RuneCountInString(raw) > 2048 { // characters, as the column's CHECK counts them
 		return "must be at most 2048 characters"
 	}
 	u, err := url.Parse(raw)

@@ -217,14 +217,21 @@ func validText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
 }
 
-// retryAfter reads a Retry-After header: seconds or an HTTP date; 0 when
-// absent or unreadable.
+// retryAfter reads a Retry-After header: seconds or an HTTP date, at most
+// maxRetryAfter; 0 when absent or unreadable. A number of seconds is
+// compared with the cap before it becomes a duration, which it could
+// overflow, and one too large even for a uint64 is the cap too: a merchant
+// asking for more than the cap gets the cap, not the schedule's delay.
 func retryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
-		return min(time.Duration(n)*time.Second, maxRetryAfter)
+	if n, err := strconv.ParseUint(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		if err != nil || n >= uint64(maxRetryAfter/time.Second) {
+			return maxRetryAfter
+		}
+		return time.Duration(n) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return min(max(t.Sub(now), 0), maxRetryAfter)
@@ -269,6 +276,7 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 // disabling one meanwhile pauses its deliveries, in the same order):
 // every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
+// or whose delivery a resend or a recovery started again meanwhile,
 // changes nothing but its attempt's row); the endpoints' failure clocks;
 // and the endpoints to disable, with their events.
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
