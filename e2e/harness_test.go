@@ -484,6 +484,15 @@ type apiResponse struct {
 
 func (r *apiResponse) replayed() bool { return r.Header.Get("Idempotent-Replayed") == "true" }
 
+// String shows the answer in a failure message: its status and body as
+// text (printed with %v, the body would show as numbers).
+func (r *apiResponse) String() string {
+	if r == nil {
+		return "no response"
+	}
+	return fmt.Sprintf("%d %s", r.Status, r.Body)
+}
+
 func newHTTPClient() *http.Client {
 	return &http.Client{
 		Timeout: 15 * time.Second,

@@ -25,6 +25,11 @@ type receipt struct {
 	Body     []byte
 }
 
+// String shows the receipt in a failure message, its body as text.
+func (r receipt) String() string {
+	return fmt.Sprintf("%d %s (replayed %v)", r.Status, r.Body, r.Replayed)
+}
+
 // deliver posts ev, signed now, to a server's webhook endpoint.
 func deliver(ctx context.Context, c *http.Client, url string, ev webhooks.Event) (receipt, error) {
 	status, header, body, err := webhooks.Send(ctx, c, url+webhooks.Route, ev.Payload,
