@@ -153,8 +153,8 @@ type serverOpts struct {
 	StripeURL  string
 	FaultPoint string        // IDEMPAY_FAULT_POINT; "" for none
 	Completer  time.Duration // COMPLETER_INTERVAL; 0 disables
-	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default 2s)
-	Stripe     time.Duration // STRIPE_TIMEOUT (default 1s)
+	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default defaultLock)
+	Stripe     time.Duration // STRIPE_TIMEOUT (default defaultStripe)
 	Addr       string        // LISTEN_ADDR; "" picks a free port
 	// Command is the subcommand: "serve" (the default), "consume",
 	// "relay" or "deliver". Only serve answers HTTP; the others are ready
@@ -163,6 +163,22 @@ type serverOpts struct {
 	NATSURL string   // NATS_URL; "" for none
 	Env     []string // more VAR=value
 }
+
+// The servers' timeouts. By default both are far beyond what a healthy call
+// takes on a loaded machine, so that a test's single attempt that must
+// succeed never ends in an unknown outcome (a Stripe call past its timeout)
+// or in a takeover of a record still in flight (a lock past its timeout).
+// A server whose test waits for it to take a dead owner's record over (by a
+// retry, a redelivery or its completer) sets the short pair explicitly,
+// and copes with the unknown outcomes a slow Stripe call then gives.
+const (
+	defaultLock   = 2 * time.Minute
+	defaultStripe = 20 * time.Second
+	// takeoverLock lets a dead owner's record be taken over soon;
+	// takeoverStripe is below it, as the configuration requires.
+	takeoverLock   = 2 * time.Second
+	takeoverStripe = time.Second
+)
 
 // server is one running (or dead) server process.
 type server struct {
@@ -183,10 +199,10 @@ type server struct {
 func startServer(t *testing.T, opts serverOpts) *server {
 	t.Helper()
 	if opts.Lock == 0 {
-		opts.Lock = 2 * time.Second
+		opts.Lock = defaultLock
 	}
 	if opts.Stripe == 0 {
-		opts.Stripe = time.Second
+		opts.Stripe = defaultStripe
 	}
 	if opts.Addr == "" {
 		opts.Addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
