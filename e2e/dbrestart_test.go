@@ -155,8 +155,8 @@ func lastLines(s string, n int) string {
 func TestDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	pg := newPGCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx, endRun := runContext(t)
+	defer endRun()
 	{
 		conn, err := pgx.Connect(ctx, pg.url("postgres")) // the private cluster's maintenance database
 		if err != nil {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -79,8 +78,8 @@ func (l *answerLog) answers() []answer {
 func TestFailoverToAStandbyThatMissedCommits(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx, endRun := runContext(t)
+	defer endRun()
 	c := pgcluster.Start(t, pgcluster.Options{})
 	if _, err := c.Primary.Conn(ctx).Exec(ctx, "CREATE DATABASE idempay_e2e"); err != nil {
 		t.Fatal(err)

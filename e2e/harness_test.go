@@ -308,6 +308,35 @@ const (
 	exitBound  = time.Minute
 )
 
+// runBound is the least bound of a whole run (runContext): far beyond what
+// a loaded machine takes. boundMargin is what runContext leaves of the test
+// binary's deadline for the checks and cleanup after the run.
+const (
+	runBound    = 5 * time.Minute
+	boundMargin = 2 * time.Minute
+)
+
+// runContext bounds a test's whole run: runBound, or, when go test's
+// -timeout leaves more (the suite's is 15 minutes), the binary's deadline
+// less boundMargin, so that a slow run ends in the test's own failure
+// message rather than in go test's panic, and is not cut short while there
+// is time left. Deferred, the returned function ends the context and logs
+// how much of the bound the test used, so that the margin stays visible.
+func runContext(t *testing.T) (context.Context, func()) {
+	t.Helper()
+	bound := runBound
+	if deadline, ok := t.Deadline(); ok {
+		bound = max(bound, time.Until(deadline)-boundMargin)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	return ctx, func() {
+		t.Helper()
+		cancel()
+		t.Logf("%s used %s of its run's bound of %s", t.Name(), time.Since(start).Round(time.Millisecond), bound.Round(time.Second))
+	}
+}
+
 // newOnceClient is a client for a single POST to a process about to die: it
 // never reuses a connection, so that nothing (not even http.Transport's
 // silent retry) re-sends the POST, and its timeout only bounds a process

@@ -60,10 +60,10 @@ func TestStorm(t *testing.T) {
 	body := func(k int) []byte { return chargeBody(100+k, "storm "+keyName(k)) }
 	params := func(k int) client.ChargeParams { return chargeParams(100+k, "storm "+keyName(k)) }
 
-	// The run's bound, far beyond what a loaded machine takes: the test
-	// counts answers, not answers within a time.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	// The run's bound (runContext): the test counts answers, not answers
+	// within a time.
+	ctx, endRun := runContext(t)
+	defer endRun()
 
 	type answer struct {
 		status int
