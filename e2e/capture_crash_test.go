@@ -64,7 +64,9 @@ func TestCrashDuringCapture(t *testing.T) {
 				var final *apiResponse
 				switch recovery {
 				case "retry":
-					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
+					// B's retries take A's record over once its
+					// takeoverLock (2 s) has passed.
+					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL(), Lock: takeoverLock, Stripe: takeoverStripe})
 					if !waitFor(2*time.Minute, func() bool {
 						final, err = do(ctx, c, http.MethodPost, b.URL+path, acct.APIKey, key, body)
 						return err == nil && final.Status != http.StatusConflict && final.Status != http.StatusServiceUnavailable
@@ -72,7 +74,8 @@ func TestCrashDuringCapture(t *testing.T) {
 						t.Fatalf("the retries did not get a final answer in 2 minutes; the last: %v %+v", err, final)
 					}
 				case "completer":
-					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond})
+					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond,
+						Lock: takeoverLock, Stripe: takeoverStripe})
 					if !waitFor(2*time.Minute, func() bool { return recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
 						t.Fatalf("the completer did not finish the capture in 2 minutes: its record is at %q", recoveryPoint(t, d.Pool, acct.ID, key))
 					}

@@ -71,9 +71,9 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 							t.Fatalf("a retry while the dead owner's lock is fresh: %v %+v, want 409 with Retry-After", err, r)
 						}
 					}
-					// B judges A's lock by the default 2 s: its retries take
-					// the record over once that has passed.
-					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL()})
+					// B judges A's lock by takeoverLock (2 s): its retries
+					// take the record over once that has passed.
+					b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL(), Lock: takeoverLock, Stripe: takeoverStripe})
 					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 					defer cancel()
 					start := time.Now()
@@ -100,7 +100,8 @@ func TestCrashAtPhaseBoundary(t *testing.T) {
 						}
 					}
 				case "completer":
-					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond})
+					cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Completer: 200 * time.Millisecond,
+						Lock: takeoverLock, Stripe: takeoverStripe})
 					if !waitFor(2*time.Minute, func() bool { return recoveryPoint(t, d.Pool, acct.ID, key) == "finished" }) {
 						t.Fatalf("the completer did not finish the record in 2 minutes: it is at %q", recoveryPoint(t, d.Pool, acct.ID, key))
 					}

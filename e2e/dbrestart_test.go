@@ -155,8 +155,8 @@ func lastLines(s string, n int) string {
 func TestDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	pg := newPGCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx, endRun := runContext(t)
+	defer endRun()
 	{
 		conn, err := pgx.Connect(ctx, pg.url("postgres")) // the private cluster's maintenance database
 		if err != nil {
@@ -173,7 +173,10 @@ func TestDatabaseRestart(t *testing.T) {
 	acct := newAccount(t, pool, "db restart")
 	fake := newFake(t)
 	fake.SetDelay(20 * time.Millisecond)
-	srv := startServer(t, serverOpts{Name: "S", DBURL: dbURL, StripeURL: fake.URL(), Completer: 300 * time.Millisecond})
+	// A short lock timeout: a request cut off by the crash leaves its record
+	// locked, and the clients' retries and the completer take it over.
+	srv := startServer(t, serverOpts{Name: "S", DBURL: dbURL, StripeURL: fake.URL(), Completer: 300 * time.Millisecond,
+		Lock: takeoverLock, Stripe: takeoverStripe})
 
 	const (
 		nClients = 8

@@ -153,8 +153,8 @@ type serverOpts struct {
 	StripeURL  string
 	FaultPoint string        // IDEMPAY_FAULT_POINT; "" for none
 	Completer  time.Duration // COMPLETER_INTERVAL; 0 disables
-	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default 2s)
-	Stripe     time.Duration // STRIPE_TIMEOUT (default 1s)
+	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default defaultLock)
+	Stripe     time.Duration // STRIPE_TIMEOUT (default defaultStripe)
 	Addr       string        // LISTEN_ADDR; "" picks a free port
 	// Command is the subcommand: "serve" (the default), "consume",
 	// "relay" or "deliver". Only serve answers HTTP; the others are ready
@@ -163,6 +163,22 @@ type serverOpts struct {
 	NATSURL string   // NATS_URL; "" for none
 	Env     []string // more VAR=value
 }
+
+// The servers' timeouts. By default both are far beyond what a healthy call
+// takes on a loaded machine, so that a test's single attempt that must
+// succeed never ends in an unknown outcome (a Stripe call past its timeout)
+// or in a takeover of a record still in flight (a lock past its timeout).
+// A server whose test waits for it to take a dead owner's record over (by a
+// retry, a redelivery or its completer) sets the short pair explicitly,
+// and copes with the unknown outcomes a slow Stripe call then gives.
+const (
+	defaultLock   = 2 * time.Minute
+	defaultStripe = 20 * time.Second
+	// takeoverLock lets a dead owner's record be taken over soon;
+	// takeoverStripe is below it, as the configuration requires.
+	takeoverLock   = 2 * time.Second
+	takeoverStripe = time.Second
+)
 
 // server is one running (or dead) server process.
 type server struct {
@@ -183,10 +199,10 @@ type server struct {
 func startServer(t *testing.T, opts serverOpts) *server {
 	t.Helper()
 	if opts.Lock == 0 {
-		opts.Lock = 2 * time.Second
+		opts.Lock = defaultLock
 	}
 	if opts.Stripe == 0 {
-		opts.Stripe = time.Second
+		opts.Stripe = defaultStripe
 	}
 	if opts.Addr == "" {
 		opts.Addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -291,6 +307,35 @@ const (
 	startBound = 2 * time.Minute
 	exitBound  = time.Minute
 )
+
+// runBound is the least bound of a whole run (runContext): far beyond what
+// a loaded machine takes. boundMargin is what runContext leaves of the test
+// binary's deadline for the checks and cleanup after the run.
+const (
+	runBound    = 5 * time.Minute
+	boundMargin = 2 * time.Minute
+)
+
+// runContext bounds a test's whole run: runBound, or, when go test's
+// -timeout leaves more (the suite's is 15 minutes), the binary's deadline
+// less boundMargin, so that a slow run ends in the test's own failure
+// message rather than in go test's panic, and is not cut short while there
+// is time left. Deferred, the returned function ends the context and logs
+// how much of the bound the test used, so that the margin stays visible.
+func runContext(t *testing.T) (context.Context, func()) {
+	t.Helper()
+	bound := runBound
+	if deadline, ok := t.Deadline(); ok {
+		bound = max(bound, time.Until(deadline)-boundMargin)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	return ctx, func() {
+		t.Helper()
+		cancel()
+		t.Logf("%s used %s of its run's bound of %s", t.Name(), time.Since(start).Round(time.Millisecond), bound.Round(time.Second))
+	}
+}
 
 // newOnceClient is a client for a single POST to a process about to die: it
 // never reuses a connection, so that nothing (not even http.Transport's
@@ -483,6 +528,15 @@ type apiResponse struct {
 }
 
 func (r *apiResponse) replayed() bool { return r.Header.Get("Idempotent-Replayed") == "true" }
+
+// String shows the answer in a failure message: its status and body as
+// text (printed with %v, the body would show as numbers).
+func (r *apiResponse) String() string {
+	if r == nil {
+		return "no response"
+	}
+	return fmt.Sprintf("%d %s", r.Status, r.Body)
+}
 
 func newHTTPClient() *http.Client {
 	return &http.Client{

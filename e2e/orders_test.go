@@ -20,9 +20,10 @@ import (
 	"github.com/idempay/idempay/internal/orders"
 )
 
-// consumerEnv is what every consumer process of these tests gets: a short
-// ack wait (longer than the 1 s Stripe timeout) so that a dead consumer's
-// message comes back quickly.
+// consumerEnv is what every consumer process of these tests gets with
+// takeoverLock and takeoverStripe: a short ack wait (longer than the 1 s
+// Stripe timeout) so that a dead consumer's message comes back quickly, to
+// a consumer that takes the dead one's record over soon.
 var consumerEnv = []string{"ORDERS_ACK_WAIT=3s", "ORDERS_MAX_DELIVER=20"}
 
 // orderMessage is an order.paid message.
@@ -129,7 +130,8 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 			natsURL := natstest.Server(t)
 			_, js := natstest.Connect(t, natsURL)
 			acct := newAccount(t, d.Pool, "consumer crash")
-			opts := serverOpts{DBURL: d.URL, StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: consumerEnv}
+			opts := serverOpts{DBURL: d.URL, StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: consumerEnv,
+				Lock: takeoverLock, Stripe: takeoverStripe}
 
 			a := opts
 			a.Name, a.FaultPoint = "consumer-A", point
@@ -245,7 +247,7 @@ func runConsumers(t *testing.T, natsURL string, js jetstream.JetStream, env []st
 	var consumers []*server
 	for _, name := range []string{"A", "B", "C"} {
 		consumers = append(consumers, startServer(t, serverOpts{Name: "consumer-" + name, DBURL: d.URL,
-			StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: env}))
+			StripeURL: fake.URL(), Command: "consume", NATSURL: natsURL, Env: env, Lock: takeoverLock, Stripe: takeoverStripe}))
 	}
 	var keys []string
 	var msgs [][]byte

@@ -41,14 +41,16 @@ func TestStorm(t *testing.T) {
 	}
 	var servers []*server
 	for i := range 3 {
-		opts := serverOpts{Name: fmt.Sprintf("S%d", i), DBURL: d.URL, StripeURL: fake.URL(), Completer: 300 * time.Millisecond}
+		// S0 and S2 take S1's stranded records over by their own short
+		// lock timeout, as retries reach them or their completers do.
+		opts := serverOpts{Name: fmt.Sprintf("S%d", i), DBURL: d.URL, StripeURL: fake.URL(), Completer: 300 * time.Millisecond,
+			Lock: takeoverLock, Stripe: takeoverStripe}
 		if i == 1 {
 			// S1 is killed while its in-flight charges wait at Stripe: a
 			// Stripe timeout longer than the wait for them to arrive (a
 			// minute at most), so that none of them times out into a 503
 			// first on a slow machine (ORDERS_ACK_WAIT must be longer
-			// still, though S1 consumes nothing). The others take its
-			// records over by their own lock timeout.
+			// still, though S1 consumes nothing).
 			opts.Stripe, opts.Lock = 80*time.Second, 90*time.Second
 			opts.Env = []string{"ORDERS_ACK_WAIT=90s"}
 		}
@@ -58,10 +60,10 @@ func TestStorm(t *testing.T) {
 	body := func(k int) []byte { return chargeBody(100+k, "storm "+keyName(k)) }
 	params := func(k int) client.ChargeParams { return chargeParams(100+k, "storm "+keyName(k)) }
 
-	// The run's bound, far beyond what a loaded machine takes: the test
-	// counts answers, not answers within a time.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	// The run's bound (runContext): the test counts answers, not answers
+	// within a time.
+	ctx, endRun := runContext(t)
+	defer endRun()
 
 	type answer struct {
 		status int

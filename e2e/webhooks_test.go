@@ -25,6 +25,11 @@ type receipt struct {
 	Body     []byte
 }
 
+// String shows the receipt in a failure message, its body as text.
+func (r receipt) String() string {
+	return fmt.Sprintf("%d %s (replayed %v)", r.Status, r.Body, r.Replayed)
+}
+
 // deliver posts ev, signed now, to a server's webhook endpoint.
 func deliver(ctx context.Context, c *http.Client, url string, ev webhooks.Event) (receipt, error) {
 	status, header, body, err := webhooks.Send(ctx, c, url+webhooks.Route, ev.Payload,
@@ -169,10 +174,10 @@ func TestWebhookKilledWhileProcessing(t *testing.T) {
 	acct := newAccount(t, d.Pool, "webhook crash")
 	// Each server judges A's lock by its own timeout: B's is ten minutes, so
 	// that a redelivery to B finds it fresh however slowly the kill and the
-	// checks between run on a loaded machine; C's is the default 2 s, so that
-	// a redelivery to C takes the record over soon after.
+	// checks between run on a loaded machine; C's is takeoverLock (2 s), so
+	// that a redelivery to C takes the record over soon after.
 	b := startServer(t, serverOpts{Name: "B", DBURL: d.URL, StripeURL: fake.URL(), Lock: 10 * time.Minute, Stripe: 20 * time.Second})
-	cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL()})
+	cs := startServer(t, serverOpts{Name: "C", DBURL: d.URL, StripeURL: fake.URL(), Lock: takeoverLock, Stripe: takeoverStripe})
 	c := newHTTPClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -167,14 +167,19 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 		"WEBHOOK_ALLOW_PRIVATE=on", "WEBHOOK_ALLOW_HTTP=on", "WEBHOOK_SCHEDULE=" + strings.Join(sched, ","),
 		"WEBHOOK_TIMEOUT=5s", "WEBHOOK_LEASE=15s", "WEBHOOK_INTERVAL=50ms", fmt.Sprintf("WEBHOOK_WORKERS=%d", workers),
 		fmt.Sprintf("WEBHOOK_WORKER_BATCH=%d", batch)}
-	s1 := startServer(t, serverOpts{Name: "s1", DBURL: d.URL, StripeURL: fake.URL(), Env: env})
+	// A short lock timeout on the servers that take charges: s3 may die
+	// with a charge in flight, whose retry on another server takes its
+	// record over.
+	s1 := startServer(t, serverOpts{Name: "s1", DBURL: d.URL, StripeURL: fake.URL(), Env: env, Lock: takeoverLock, Stripe: takeoverStripe})
 	// s2 serves the API only; webhooks out run in d1, a process of their
 	// own (idempay deliver).
-	s2 := startServer(t, serverOpts{Name: "s2", DBURL: d.URL, StripeURL: fake.URL(), Env: append(env, "WEBHOOK_WORKERS=0")})
+	s2 := startServer(t, serverOpts{Name: "s2", DBURL: d.URL, StripeURL: fake.URL(), Env: append(env, "WEBHOOK_WORKERS=0"),
+		Lock: takeoverLock, Stripe: takeoverStripe})
 	d1Metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	startServer(t, serverOpts{Name: "d1", DBURL: d.URL, StripeURL: fake.URL(), Command: "deliver",
 		Env: append(env, "METRICS_ADDR="+d1Metrics)})
-	s3 := startServer(t, serverOpts{Name: "s3", DBURL: d.URL, StripeURL: fake.URL(), Env: env, FaultPoint: faultpoint.WebhookAccepted})
+	s3 := startServer(t, serverOpts{Name: "s3", DBURL: d.URL, StripeURL: fake.URL(), Env: env, FaultPoint: faultpoint.WebhookAccepted,
+		Lock: takeoverLock, Stripe: takeoverStripe})
 	servers := []*server{s1, s2, s3}
 
 	hc := newHTTPClient()

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -267,20 +268,37 @@ func (c *Client) NewRequest(method, path string, body io.Reader) *http.Request {
 }
 
 // Do sends req and reads the whole response. It is safe to call from many
-// goroutines; it reports transport errors with t.Errorf and returns nil.
+// goroutines, so it cannot end the test (t.Fatal must be called from the
+// test's own goroutine): a transport error is reported with t.Errorf and
+// answered with a Response of Status 0 whose Body is the error, never nil,
+// so that a caller that reads Status fails its own check, with the error
+// in its message, instead of panicking and aborting the whole package.
 func (c *Client) Do(req *http.Request) *Response {
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		c.t.Errorf("%s %s: %v", req.Method, req.URL.Path, err)
-		return nil
+		return c.transportError(fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		c.t.Errorf("reading response of %s %s: %v", req.Method, req.URL.Path, err)
-		return nil
+		return c.transportError(fmt.Errorf("reading the response of %s %s: %w", req.Method, req.URL.Path, err))
 	}
 	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+}
+
+// transportError reports err and is the Response that stands for it.
+func (c *Client) transportError(err error) *Response {
+	c.t.Errorf("%v", err)
+	return &Response{Header: http.Header{}, Body: []byte(err.Error())}
+}
+
+// String shows the response in a failure message: its status and body as
+// text (a Response printed with %v would show the body as numbers).
+func (r *Response) String() string {
+	if r == nil {
+		return "no response"
+	}
+	return fmt.Sprintf("%d %s", r.Status, r.Body)
 }
 
 // testWriter sends server logs to t.Log.

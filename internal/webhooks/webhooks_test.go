@@ -194,11 +194,13 @@ func readInbox(t testing.TB, pool *pgxpool.Pool, eventID string) inbox {
 }
 
 // unfinishedCharge makes a charge whose Stripe call succeeded at Stripe but
-// whose answer was lost (the fake does the work and answers after the
+// whose answer came too late (the fake does the work and answers after the
 // client's timeout): the ledger row stays processing and the record
 // resumable, as when a server dies between Stripe's answer and its
-// finishing commit. It returns the ledger id, the client's key and Stripe's
-// copy.
+// finishing commit. It is for environments with a short StripeTimeout,
+// whose tests are about that timeout; lostCharge leaves the same state
+// under any timeout. It returns the ledger id, the client's key and
+// Stripe's copy.
 func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (string, string, stripefake.Charge) {
 	t.Helper()
 	// The fake answers long after any client timeout, however late a
@@ -206,10 +208,29 @@ func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount 
 	env.Stripe.SetFaultDelay(10 * time.Minute)
 	env.Stripe.FailFor(stripefake.Delay, time.Minute)
 	defer env.Stripe.ClearFaults()
+	return chargeWithoutAnswer(t, env, c, amount, "charge during a slow Stripe")
+}
+
+// lostCharge is unfinishedCharge with Stripe's answer lost instead of late
+// (the fake does the work and drops the connection): no timeout decides
+// the outcome, so the environment keeps the default StripeTimeout, which
+// its other, healthy calls need however slowly a loaded machine runs them.
+func lostCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64) (string, string, stripefake.Charge) {
+	t.Helper()
+	env.Stripe.FailFor(stripefake.DropAfterWork, time.Hour)
+	defer env.Stripe.ClearFaults()
+	return chargeWithoutAnswer(t, env, c, amount, "charge whose answer Stripe lost")
+}
+
+// chargeWithoutAnswer charges amount through c while a fault (set by the
+// caller) keeps Stripe's answer from the server, and checks that the
+// charge ends 503 with its record at downstream_called.
+func chargeWithoutAnswer(t testing.TB, env *apitest.Env, c *apitest.Client, amount int64, what string) (string, string, stripefake.Charge) {
+	t.Helper()
 	key := apitest.NewKey()
 	resp := c.Post("/v1/charges", key, map[string]any{"amount": amount, "currency": "usd", "payment_method": "tok_visa"})
 	if resp.Status != http.StatusServiceUnavailable {
-		t.Fatalf("charge during a slow Stripe: %d %s, want 503", resp.Status, resp.Body)
+		t.Fatalf("%s: %d %s, want 503", what, resp.Status, resp.Body)
 	}
 	var id, point string
 	if err := env.Pool.QueryRow(context.Background(), `SELECT c.id, ik.recovery_point FROM charges c
@@ -218,7 +239,7 @@ func unfinishedCharge(t testing.TB, env *apitest.Env, c *apitest.Client, amount 
 		t.Fatal(err)
 	}
 	if point != "downstream_called" {
-		t.Fatalf("record at %s, want downstream_called", point)
+		t.Fatalf("%s: record at %s, want downstream_called", what, point)
 	}
 	return id, key, stripeChargeOf(t, env, id)
 }
