@@ -650,7 +650,9 @@ func (r *Result) noteError(why string) {
 
 // drive runs do on cfg.Concurrency workers for d and measures each call.
 // With rate 0 the loop is closed: each worker sends its next request as soon
-// as the last one is answered. With a rate the loop is open (see pace.go): a
+// as the last one is answered, and its first one even if it starts after the
+// deadline, so that a run whose workers a busy machine started late measures
+// a few requests rather than none. With a rate the loop is open (see pace.go): a
 // pacer releases request k at start + k/rate to whichever worker is free,
 // and each latency is measured from that intended time, so requests that
 // wait for a free worker (or for a stalled server) count their wait.
@@ -681,7 +683,7 @@ func (r *runner) drive(ctx context.Context, name string, d time.Duration, rate f
 			wg.Go(func() {
 				for i := 0; i < maxRequestsPerWorker && ctx.Err() == nil; i++ {
 					sent := time.Now()
-					if !sent.Before(deadline) {
+					if i > 0 && !sent.Before(deadline) {
 						return
 					}
 					measure(w, i, sent)

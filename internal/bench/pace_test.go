@@ -56,21 +56,47 @@ func TestPacedDriveCountsQueueingDelay(t *testing.T) {
 func TestClosedDriveUsesEveryWorker(t *testing.T) {
 	r := &runner{cfg: Config{Concurrency: 3}}
 	var seen [3]atomic.Int64
-	// The run lasts 500 ms because a worker that starts after the deadline
-	// sends nothing: on a loaded 2-core machine under -race, starting a
-	// goroutine can take tens of milliseconds, far less than this.
-	res := r.drive(context.Background(), "closed", 500*time.Millisecond, 0, func(ctx context.Context, w, i int) outcome {
-		seen[w].Add(1)
+	var started atomic.Int64
+	// The run would last 2 minutes, a bound for a machine whose cores are
+	// busy with other work; it ends as soon as every worker has sent a
+	// request, however late a loaded machine started one of them.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := r.drive(ctx, "closed", 2*time.Minute, 0, func(ctx context.Context, w, i int) outcome {
+		if seen[w].Add(1) == 1 && started.Add(1) == int64(len(seen)) {
+			cancel()
+		}
 		time.Sleep(time.Millisecond)
 		return outcome{status: "200", ok: true}
 	})
 	for w := range seen {
 		if seen[w].Load() == 0 {
-			t.Fatalf("worker %d sent nothing", w)
+			t.Fatalf("worker %d sent nothing (requests by worker: %d, %d, %d)", w, seen[0].Load(), seen[1].Load(), seen[2].Load())
 		}
 	}
 	if res.Requests == 0 || res.Unexpected != 0 {
 		t.Fatalf("requests %d, unexpected %d", res.Requests, res.Unexpected)
+	}
+}
+
+// A closed-loop worker that starts after the deadline (here, every one:
+// the run lasts no time at all) still sends its first request, and only
+// that one: a run whose workers a busy machine started late measures a
+// few requests, not none.
+func TestClosedDriveLateWorkerSendsOnce(t *testing.T) {
+	r := &runner{cfg: Config{Concurrency: 3}}
+	var seen [3]atomic.Int64
+	res := r.drive(context.Background(), "late", 0, 0, func(ctx context.Context, w, i int) outcome {
+		seen[w].Add(1)
+		return outcome{status: "200", ok: true}
+	})
+	for w := range seen {
+		if n := seen[w].Load(); n != 1 {
+			t.Errorf("worker %d sent %d requests after the deadline, want its first alone", w, n)
+		}
+	}
+	if res.Requests != 3 || res.Unexpected != 0 {
+		t.Fatalf("requests %d, unexpected %d; want 3 (one per worker), 0", res.Requests, res.Unexpected)
 	}
 }
 

@@ -120,8 +120,8 @@ func TestDeliverySigned(t *testing.T) {
 	id := b.event(t, events.ChargeSucceeded, "ch_1", 1)
 	b.dispatch(t)
 	b.dispatch(t) // a repeated pass creates nothing more
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d deliveries, want 1", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1: %s", n, report)
 	}
 	got := b.recv.deliveries()
 	if len(got) != 1 || got[0].ID != id || got[0].Event.ID != id || got[0].Event.ObjectVersion != 1 {
@@ -153,26 +153,26 @@ func TestRetrySchedule(t *testing.T) {
 	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
 	id := b.event(t, events.ChargeSucceeded, "ch_r", 1)
 	b.dispatch(t)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("first pass claimed %d", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("first pass claimed %d: %s", n, report)
 	}
-	if n := b.work(t); n != 0 {
-		t.Fatalf("claimed %d before the retry's time", n)
+	if n, report := b.workReport(t); n != 0 {
+		t.Fatalf("claimed %d before the retry's time: %s", n, report)
 	}
 	b.clock.Advance(time.Second + 100*time.Millisecond) // Schedule[0]
 	b.recv.setAnswer(func(delivery) (int, http.Header) {
 		return http.StatusServiceUnavailable, http.Header{"Retry-After": {"120"}}
 	})
-	if n := b.work(t); n != 1 {
-		t.Fatalf("second attempt: claimed %d", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("second attempt: claimed %d: %s", n, report)
 	}
 	_, attempts, next := b.deliveryState(t, id)
 	if attempts != 2 || next.Before(b.clock.Now().Add(110*time.Second)) {
 		t.Fatalf("after a 503 with Retry-After: 120, %d attempts, next at %v (now %v)", attempts, next, b.clock.Now())
 	}
 	b.clock.Advance(30 * time.Second) // past Schedule[1], not past Retry-After
-	if n := b.work(t); n != 0 {
-		t.Fatalf("claimed %d before Retry-After", n)
+	if n, report := b.workReport(t); n != 0 {
+		t.Fatalf("claimed %d before Retry-After: %s", n, report)
 	}
 	b.clock.Advance(100 * time.Second)
 	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusBadGateway, nil })
@@ -224,8 +224,8 @@ func TestGone(t *testing.T) {
 	}
 	b.recv.setAnswer(nil)
 	b.setEnabled(t, epID, true)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d after the endpoint was enabled, want its paused delivery", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d after the endpoint was enabled, want its paused delivery: %s", n, report)
 	}
 	if state, _, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered {
 		t.Fatalf("after enabling: %s, want delivered", state)
@@ -280,8 +280,8 @@ func TestPausedWhileDisabled(t *testing.T) {
 	if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'pending'", off).Scan(&due); err != nil || due != 0 {
 		t.Fatalf("%d pending deliveries of the disabled endpoint (%v), want 0", due, err)
 	}
-	if n := b.work(t); n != 1 || len(b.recv.deliveries()) != 1 {
-		t.Fatalf("claimed %d, received %d: want the enabled endpoint's one", n, len(b.recv.deliveries()))
+	if n, report := b.workReport(t); n != 1 || len(b.recv.deliveries()) != 1 {
+		t.Fatalf("claimed %d, received %d: want the enabled endpoint's one: %s", n, len(b.recv.deliveries()), report)
 	}
 	// A recovery of the disabled endpoint: e1 again and e2, both paused.
 	e2 := b.event(t, events.ChargeSucceeded, "ch_p2", 1)
@@ -292,12 +292,12 @@ func TestPausedWhileDisabled(t *testing.T) {
 	if got := b.states(t, off); len(got) != 2 || got[e1] != merchanthooks.StatePaused || got[e2] != merchanthooks.StatePaused {
 		t.Fatalf("after the recovery: %v, want %s and %s paused", got, e1, e2)
 	}
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d, want the enabled endpoint's e2 alone", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d, want the enabled endpoint's e2 alone: %s", n, report)
 	}
 	b.setEnabled(t, off, true)
-	if n := b.work(t); n != 2 {
-		t.Fatalf("claimed %d after enabling, want its 2 paused deliveries", n)
+	if n, report := b.workReport(t); n != 2 {
+		t.Fatalf("claimed %d after enabling, want its 2 paused deliveries: %s", n, report)
 	}
 	for _, st := range []map[string]string{b.states(t, off), b.states(t, on)} {
 		if st[e1] != merchanthooks.StateDelivered || st[e2] != merchanthooks.StateDelivered {
@@ -382,8 +382,8 @@ func TestStalledWorkerGivesBack(t *testing.T) {
 		t.Fatalf("given back: %s, %d attempts counted, %d recorded, leased %v; want pending, none, none, not leased", state, n, attempts, leased)
 	}
 	b.svc.SetBeforeSend(func() { b.clock.Advance((b.cfg.Lease - b.cfg.Timeout) / 4) })
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d after the give-back, want 1", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d after the give-back, want 1: %s", n, report)
 	}
 	if state, n, _ := b.deliveryState(t, id); state != merchanthooks.StateDelivered || n != 1 || len(b.recv.deliveries()) != 1 {
 		t.Fatalf("%s after %d attempts, %d requests; want delivered with one", state, n, len(b.recv.deliveries()))
@@ -437,17 +437,17 @@ func TestObjectOrder(t *testing.T) {
 		return http.StatusOK, nil
 	})
 	b.dispatch(t)
-	b.work(t)
+	_, report := b.workReport(t)
 	var ids []string
 	for _, d := range b.recv.deliveries() {
 		ids = append(ids, d.ID)
 	}
 	if strings.Contains(strings.Join(ids, ","), v2) || !strings.Contains(strings.Join(ids, ","), other) {
-		t.Fatalf("while %s fails, received %v: want %s and not %s", v1, ids, other, v2)
+		t.Fatalf("while %s fails, received %v: want %s and not %s: %s", v1, ids, other, v2, report)
 	}
 	b.recv.setAnswer(nil)
 	b.clock.Advance(2 * time.Second)
-	b.work(t)
+	_, report = b.workReport(t)
 	var order []string
 	for _, d := range b.recv.deliveries() {
 		if d.Event.ObjectID == "ch_o" {
@@ -455,7 +455,7 @@ func TestObjectOrder(t *testing.T) {
 		}
 	}
 	if strings.Join(order, ",") != strings.Join([]string{v1, v1, v2}, ",") {
-		t.Fatalf("ch_o's events arrived as %v, want %s twice then %s", order, v1, v2)
+		t.Fatalf("ch_o's events arrived as %v, want %s twice then %s: %s", order, v1, v2, report)
 	}
 }
 
@@ -485,7 +485,8 @@ func TestRotation(t *testing.T) {
 			t.Fatalf("during the overlap: %v", err)
 		}
 	}
-	b.clock.Advance(time.Hour + time.Second)
+	// Past the old secret's end as the rotation showed it.
+	b.clock.Advance(ep.PreviousSecretExpiresAt.Sub(b.clock.Now()) + time.Second)
 	b.event(t, events.ChargeSucceeded, "ch_rot2", 1)
 	b.dispatch(t)
 	b.work(t)
@@ -532,12 +533,12 @@ func TestLeaseTakeover(t *testing.T) {
 	if r := b.client.Post("/v1/events/"+id+"/resend", apitest.NewKey(), map[string]any{}); r.Status != http.StatusAccepted {
 		t.Fatalf("resend: %d %s", r.Status, r.Body)
 	}
-	if n := b.work(t); n != 0 {
-		t.Fatalf("a worker claimed %d while the first one's lease holds", n)
+	if n, report := b.workReport(t); n != 0 {
+		t.Fatalf("a worker claimed %d while the first one's lease holds: %s", n, report)
 	}
 	b.clock.Advance(b.cfg.Lease + time.Second)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("the second worker claimed %d, want the expired lease's delivery", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("the second worker claimed %d, want the expired lease's delivery: %s", n, report)
 	}
 	close(release)
 	if err := <-slow; err != nil {
@@ -572,8 +573,8 @@ func TestSecretUnreadable(t *testing.T) {
 	}
 	id := b.event(t, events.ChargeSucceeded, "ch_s", 1)
 	b.dispatch(t)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d, want 1 (and not again before the retry's time)", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d, want 1 (and not again before the retry's time): %s", n, report)
 	}
 	state, attempts, next := b.deliveryState(t, id)
 	if state != merchanthooks.StatePending || attempts != 1 || !next.After(b.clock.Now()) {
@@ -590,8 +591,8 @@ func TestSecretUnreadable(t *testing.T) {
 	}
 	for _, step := range []time.Duration{time.Second, 10 * time.Second, time.Minute} {
 		b.clock.Advance(step + 100*time.Millisecond)
-		if n := b.work(t); n != 1 {
-			t.Fatalf("after %s: claimed %d, want the retry", step, n)
+		if n, report := b.workReport(t); n != 1 {
+			t.Fatalf("after %s: claimed %d, want the retry: %s", step, n, report)
 		}
 	}
 	if state, attempts, _ := b.deliveryState(t, id); state != merchanthooks.StateFailed || attempts != 4 {
@@ -643,8 +644,8 @@ func TestWorkBatch(t *testing.T) {
 		FROM webhook_deliveries`).Scan(&delivered, &attempts); err != nil || delivered != 42 || attempts != 42 {
 		t.Fatalf("%d delivered, %d attempts recorded (%v); want 42 and 42", delivered, attempts, err)
 	}
-	if n := b.work(t); n != 2 {
-		t.Fatalf("the next pass claimed %d, want %s's two", n, v2)
+	if n, report := b.workReport(t); n != 2 {
+		t.Fatalf("the next pass claimed %d, want %s's two: %s", n, v2, report)
 	}
 }
 
@@ -1008,8 +1009,8 @@ func TestDeliveryTraced(t *testing.T) {
 	b.http = merchanthooks.NewHTTPClient(cfg)
 	id := b.event(t, events.ChargeSucceeded, "ch_t", 1)
 	b.dispatch(t)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d deliveries, want 1", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1: %s", n, report)
 	}
 	got := b.recv.deliveries()
 	if len(got) != 1 || got[0].ID != id {
@@ -1033,8 +1034,8 @@ func TestDeliveryTraced(t *testing.T) {
 	b.http = merchanthooks.NewHTTPClient(b.cfg)
 	id2 := b.event(t, events.ChargeSucceeded, "ch_u", 1)
 	b.dispatch(t)
-	if n := b.work(t); n != 1 {
-		t.Fatalf("claimed %d deliveries, want 1", n)
+	if n, report := b.workReport(t); n != 1 {
+		t.Fatalf("claimed %d deliveries, want 1: %s", n, report)
 	}
 	for _, d := range b.recv.deliveries() {
 		if d.ID == id2 && d.TraceParent != "" {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,16 +26,34 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
 
-// clock is the workers' clock: the real time moved on by the test.
+// clock is the workers' clock: a fake that only the test moves, so that a
+// loaded machine's pauses never make a retry or a lease's end come early.
+// It starts an hour ahead of the real time (clockLead): the database stamps
+// the deliveries it creates, resends and recovers with its own now(), due
+// at once, and those are due on this clock too for as long as any test
+// runs, while every time the workers set themselves (a retry, a lease, a
+// failure clock) is on this clock alone.
 type clock struct {
 	mu     sync.Mutex
+	base   time.Time
 	offset time.Duration
+}
+
+// clockLead is how far ahead of the real time a test's clock starts:
+// longer than any test runs (go test's timeout), no longer than the
+// overlap a test asks of a rotation (TestRotation).
+const clockLead = time.Hour
+
+func newClock() *clock {
+	// Truncated as PostgreSQL stores it, so that a time read back compares
+	// equal.
+	return &clock{base: time.Now().Add(clockLead).Truncate(time.Microsecond)}
 }
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return time.Now().Add(c.offset)
+	return c.base.Add(c.offset)
 }
 
 func (c *clock) Advance(d time.Duration) {
@@ -111,11 +132,11 @@ type bundle struct {
 }
 
 // setup starts the API with a compressed schedule (1 s, 10 s, 1 min) and
-// the test's clock.
+// the test's clock, which stands still until the test moves it.
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	_, pool := dbtest.NewDatabase(t)
-	b := &bundle{pool: pool, clock: &clock{}}
+	b := &bundle{pool: pool, clock: newClock()}
 	b.cfg = apitest.MerchantHooksConfig()
 	b.cfg.Schedule = []time.Duration{time.Second, 10 * time.Second, time.Minute}
 	b.cfg.Jitter = 0
@@ -193,6 +214,16 @@ func (b *bundle) dispatch(t *testing.T) {
 // deliveries were claimed.
 func (b *bundle) work(t *testing.T) int {
 	t.Helper()
+	n, _ := b.workReport(t)
+	return n
+}
+
+// workReport is work, with what a failure message needs to say about it:
+// the deliveries it claimed (and how often), the clock's now, and every
+// delivery's state and next_attempt_at afterwards.
+func (b *bundle) workReport(t *testing.T) (int, string) {
+	t.Helper()
+	before := b.claims(t)
 	total := 0
 	for {
 		n, err := b.svc.Work(context.Background(), b.http, 10)
@@ -200,10 +231,64 @@ func (b *bundle) work(t *testing.T) int {
 			t.Fatalf("work: %v", err)
 		}
 		if n == 0 {
-			return total
+			break
 		}
 		total += n
 	}
+	var claimed []string
+	for id, c := range b.claims(t) {
+		if c > before[id] {
+			claimed = append(claimed, fmt.Sprintf("%s (%d times)", id, c-before[id]))
+		}
+	}
+	slices.Sort(claimed)
+	return total, fmt.Sprintf("claimed %v; clock now %s; deliveries: %s", claimed, b.clock.Now().UTC().Format(time.RFC3339Nano), b.describeDeliveries(t))
+}
+
+// claims is how often each delivery has been claimed.
+func (b *bundle) claims(t *testing.T) map[string]int64 {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), "SELECT id, claims FROM webhook_deliveries")
+	if err != nil {
+		t.Fatalf("reading the deliveries' claims: %v", err)
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var id string
+		var n int64
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("reading the deliveries' claims: %v", err)
+	}
+	return out
+}
+
+// describeDeliveries is every delivery of the test's database, for a
+// failure message: id, event, state, attempts and next_attempt_at.
+func (b *bundle) describeDeliveries(t *testing.T) string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), "SELECT id, event_id, state, attempts, next_attempt_at FROM webhook_deliveries ORDER BY id")
+	if err != nil {
+		return fmt.Sprintf("(reading them failed: %v)", err)
+	}
+	var out []string
+	for rows.Next() {
+		var id, event, state string
+		var attempts int
+		var next time.Time
+		if err := rows.Scan(&id, &event, &state, &attempts, &next); err != nil {
+			return fmt.Sprintf("(reading them failed: %v)", err)
+		}
+		out = append(out, fmt.Sprintf("%s of %s %s after %d attempts, next_attempt_at %s", id, event, state, attempts, next.UTC().Format(time.RFC3339Nano)))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Sprintf("(reading them failed: %v)", err)
+	}
+	return "[" + strings.Join(out, "; ") + "]"
 }
 
 func (b *bundle) deliveryState(t *testing.T, eventID string) (state string, attempts int, next time.Time) {

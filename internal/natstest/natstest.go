@@ -36,6 +36,11 @@ const readyPrefix = "natsdev: ready "
 // as soon as what it waits for has happened.
 const patience = 2 * time.Minute
 
+// connectTimeout bounds one connection attempt's dial and handshake: a
+// bound for a machine whose cores are busy with other work, not a speed.
+// A killed node refuses a dial at once, so it delays no reconnection.
+const connectTimeout = 30 * time.Second
+
 // Server starts an in-process NATS server with JetStream on 127.0.0.1 and a
 // free port, storing its data under t.TempDir(), and returns its client URL
 // (nats://127.0.0.1:PORT). The server is shut down when the test ends.
@@ -68,12 +73,13 @@ func Server(t testing.TB) string {
 // Connect connects to url (one URL or a comma-separated list) and returns
 // the connection and a JetStream context on it. The client reconnects
 // without limit, so that it rides out nodes being killed; the connection is
-// closed when the test ends.
+// closed when the test ends. Each connection attempt has connectTimeout
+// for its dial and handshake.
 func Connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(url,
 		nats.Name("natstest"),
-		nats.Timeout(5*time.Second),
+		nats.Timeout(connectTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond),
 	)

@@ -31,14 +31,16 @@ func TestMessageTraceContinues(t *testing.T) {
 	if msg.Header.Get("traceparent") == "" {
 		t.Fatal("InjectNATS wrote no traceparent header")
 	}
-	if _, err := b.js.PublishMsg(ctx, msg); err != nil {
+	pubCtx, cancel := context.WithTimeout(ctx, jsTimeout)
+	defer cancel()
+	if _, err := b.js.PublishMsg(pubCtx, msg); err != nil {
 		t.Fatal(err)
 	}
 	pub.End()
-	waitFor(t, "the charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	b.waitFor(t, "the charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
 
 	var consumed []tracetest.SpanStub
-	waitFor(t, "the consumer's span", func() bool {
+	b.waitFor(t, "the consumer's span", func() bool {
 		consumed = nil
 		for _, s := range exp.GetSpans() {
 			if s.Name == "process "+b.cfg.Subject {

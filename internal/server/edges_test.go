@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,8 +69,18 @@ func TestBodyErrorsAreTheClients(t *testing.T) {
 	}
 
 	// A body that stalls: the server's read timeout ends it (a second here,
-	// 30 s as served), with an answer the client can still read.
-	_, client, addr, logs = newWireServerWith(t, func(s *http.Server) { s.ReadTimeout = time.Second })
+	// 30 s as served), with an answer the client can still read. The
+	// timeout runs from when the server starts reading the connection, so
+	// the server accepts it only once the request's headers and the start
+	// of its body are sent: a test paused between its dial and its write
+	// for longer than the header timeout (10 s) would otherwise meet a
+	// connection closed without an answer.
+	held := &heldListener{open: make(chan struct{})}
+	_, client, addr, logs = newWireServerWith(t, func(s *httptest.Server) {
+		s.Config.ReadTimeout = time.Second
+		held.Listener = s.Listener
+		s.Listener = held
+	})
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +94,7 @@ func TestBodyErrorsAreTheClients(t *testing.T) {
 	if _, err := conn.Write([]byte(request)); err != nil {
 		t.Fatal(err)
 	}
+	held.release()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil) // and send nothing more
 	if err != nil {
 		t.Fatalf("a stalled body: no answer: %v", err)
@@ -89,6 +102,27 @@ func TestBodyErrorsAreTheClients(t *testing.T) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	wantProblem(t, "a stalled body", resp.StatusCode, resp.Header.Get("Content-Type"), body, http.StatusRequestTimeout, apierror.RequestTimeout, logs)
+}
+
+// heldListener accepts no connection until release is called (or it is
+// closed): what a client sent before then is waiting in the socket when
+// the server starts to read it.
+type heldListener struct {
+	net.Listener
+	open chan struct{}
+	once sync.Once
+}
+
+func (l *heldListener) release() { l.once.Do(func() { close(l.open) }) }
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	<-l.open
+	return l.Listener.Accept()
+}
+
+func (l *heldListener) Close() error {
+	l.release()
+	return l.Listener.Close()
 }
 
 // TestExpectOtherThanContinue: an Expect that is not 100-continue, which

@@ -356,19 +356,19 @@ func checkMethodLabels(t *testing.T, what string, env *apitest.Env) {
 // default) would panic.
 func newWireServer(t testing.TB) (env *apitest.Env, client *apitest.Client, addr string, logs *syncBuffer) {
 	t.Helper()
-	return newWireServerWith(t, func(*http.Server) {})
+	return newWireServerWith(t, func(*httptest.Server) {})
 }
 
-// newWireServerWith is newWireServer with the http.Server adjusted by
-// configure before it starts (a shorter timeout, for a test that waits for
-// it).
-func newWireServerWith(t testing.TB, configure func(*http.Server)) (env *apitest.Env, client *apitest.Client, addr string, logs *syncBuffer) {
+// newWireServerWith is newWireServer with the server adjusted by configure
+// before it starts (a shorter timeout, for a test that waits for it; a
+// listener of the test's own).
+func newWireServerWith(t testing.TB, configure func(*httptest.Server)) (env *apitest.Env, client *apitest.Client, addr string, logs *syncBuffer) {
 	t.Helper()
 	logs = &syncBuffer{}
 	env = apitest.New(t, apitest.Options{LogHandler: slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
 	srv := httptest.NewUnstartedServer(env.Server.Config.Handler)
 	srv.Config = server.NewHTTPServer("", env.Server.Config.Handler)
-	configure(srv.Config)
+	configure(srv)
 	srv.Listener = server.ProblemListener(srv.Listener)
 	srv.Start()
 	t.Cleanup(srv.Close)
