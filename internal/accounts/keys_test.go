@@ -13,6 +13,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 )
 
 type apiKey struct {
@@ -235,16 +236,8 @@ func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
 				t.Fatalf("the account's keys: %+v, want the first and %s", list.Data, k.ID)
 			}
 
-			tx, err := env.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			var pid int32
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, first.Account.ID); err != nil {
+			lock := dbtest.Hold(t, env.Pool)
+			if _, err := lock.Tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, first.Account.ID); err != nil {
 				t.Fatal(err)
 			}
 
@@ -263,21 +256,8 @@ func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
 			}
 			// Both requests wait for the lock, the first behind the test's
 			// transaction, the second behind it or behind the first.
-			deadline := time.Now().Add(2 * time.Minute)
-			for blocked := 0; blocked < 2; {
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of the two revocations waited for the account's row lock in 2 minutes", blocked)
-				}
-				if err := env.Pool.QueryRow(ctx, `WITH RECURSIVE waiting(pid) AS (
-						SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
-						UNION
-						SELECT a.pid FROM pg_stat_activity a JOIN waiting w ON w.pid = ANY(pg_blocking_pids(a.pid)))
-					SELECT count(*) FROM waiting`, pid).Scan(&blocked); err != nil {
-					t.Fatal(err)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if err := tx.Rollback(ctx); err != nil {
+			lock.WaitBlocked(2, "revocations")
+			if err := lock.Tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -78,34 +79,16 @@ func TestStaleFinishOfEvent(t *testing.T) {
 	obj.AmountRefunded = 300
 	ev := chargeEvent(t, "charge.refunded", obj, time.Now())
 
-	tx, err := env.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid int32
-	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	lock := dbtest.Hold(t, env.Pool)
 	// What a concurrent writer of the charge does (a dispute's event:
 	// ChargeTouch), not committed yet.
-	if _, err := tx.Exec(ctx, `UPDATE charges SET version = version + 1 WHERE id = $1`, ch.ID); err != nil {
+	if _, err := lock.Tx.Exec(ctx, `UPDATE charges SET version = version + 1 WHERE id = $1`, ch.ID); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan delivery, 1)
 	go func() { done <- deliver(t, env, ev) }()
-	deadline := time.Now().Add(2 * time.Minute)
-	for blocked := 0; blocked == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the event's finish did not wait for the charge's row lock in 2 minutes")
-		}
-		if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).
-			Scan(&blocked); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	lock.WaitBlocked(1, "event finishes")
+	if err := lock.Tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var d delivery
