@@ -244,7 +244,15 @@ type refund struct {
 // createCharge creates a charge for c and returns it decoded.
 func createCharge(t testing.TB, c *apitest.Client, amount int64) charge {
 	t.Helper()
-	resp := c.Post("/v1/charges", apitest.NewKey(), chargeBody(amount))
+	return chargeUnder(t, c, apitest.NewKey(), amount)
+}
+
+// chargeUnder creates a charge of chargeBody(amount) for c under the
+// Idempotency-Key key, for a test that sends the key again, and returns it
+// decoded.
+func chargeUnder(t testing.TB, c *apitest.Client, key string, amount int64) charge {
+	t.Helper()
+	resp := c.Post("/v1/charges", key, chargeBody(amount))
 	wantStatus(t, resp, http.StatusCreated)
 	var ch charge
 	resp.JSON(t, &ch)

@@ -109,13 +109,9 @@ func TestRestoreOlderThanStripesKeyMemory(t *testing.T) {
 	d.snapshot()
 	stripe := stripefake.New()
 	t.Cleanup(stripe.Close)
-	body := map[string]any{"amount": 7300, "currency": "usd", "payment_method": "tok_visa"}
 
 	c, p := d.client(stripe)
-	first := c.Post("/v1/charges", "order-7300", body)
-	wantStatus(t, first, http.StatusCreated)
-	var lost charge
-	first.JSON(t, &lost)
+	lost := chargeUnder(t, c, "order-7300", 7300)
 	p.Close()
 
 	// Thirty hours pass, as far as Stripe is concerned: the PaymentIntent
@@ -152,7 +148,7 @@ func TestRestoreOlderThanStripesKeyMemory(t *testing.T) {
 		t.Fatalf("the runbook's pass: %v, want the lost charge re-created", runbook.Counts)
 	}
 
-	retry := env.ClientFor(t, d.account).Post("/v1/charges", "order-7300", body)
+	retry := env.ClientFor(t, d.account).Post("/v1/charges", "order-7300", chargeBody(7300))
 	wantStatus(t, retry, http.StatusCreated)
 	if n := len(stripe.Charges()); n != 1 {
 		t.Fatalf("Stripe holds %d charges after the retry, want 1: the retry reached Stripe under a key it had forgotten and charged again", n)
@@ -291,13 +287,9 @@ func TestRestoredDatabaseEmitsTheSameEvent(t *testing.T) {
 	d.snapshot()
 	stripe := stripefake.New()
 	t.Cleanup(stripe.Close)
-	body := map[string]any{"amount": 2500, "currency": "usd", "payment_method": "tok_visa"}
 
 	c, p := d.client(stripe)
-	first := c.Post("/v1/charges", "order-2500", body)
-	wantStatus(t, first, http.StatusCreated)
-	var ch charge
-	first.JSON(t, &ch)
+	ch := chargeUnder(t, c, "order-2500", 2500)
 	lost := eventsOf(t, p, ch.ID)
 	p.Close()
 	if len(lost) != 1 || lost[0].Type != "charge.succeeded" {
@@ -311,7 +303,7 @@ func TestRestoredDatabaseEmitsTheSameEvent(t *testing.T) {
 	if got := eventsOf(t, p, ch.ID); len(got) != 0 {
 		t.Fatalf("after the restore the database still holds %+v: nothing was lost", got)
 	}
-	wantStatus(t, c.Post("/v1/charges", "order-2500", body), http.StatusCreated)
+	wantStatus(t, c.Post("/v1/charges", "order-2500", chargeBody(2500)), http.StatusCreated)
 	if again := eventsOf(t, p, ch.ID); !slices.Equal(again, lost) {
 		t.Errorf("the charge settled again after the restore recorded %+v; the lost commit recorded %+v (the same event under another id reaches consumers twice)",
 			again, lost)
