@@ -205,13 +205,20 @@ func (b *bench) consumerInfo() (*jetstream.ConsumerInfo, error) {
 	return c.Info(ctx)
 }
 
-// settled is true when the consumer has nothing pending or unacknowledged.
-func (b *bench) settled(t *testing.T) bool {
+// info is consumerInfo, or the test's failure.
+func (b *bench) info(t *testing.T) *jetstream.ConsumerInfo {
 	t.Helper()
 	ci, err := b.consumerInfo()
 	if err != nil {
 		t.Fatalf("reading the consumer: %v", err)
 	}
+	return ci
+}
+
+// settled is true when the consumer has nothing pending or unacknowledged.
+func (b *bench) settled(t *testing.T) bool {
+	t.Helper()
+	ci := b.info(t)
 	return ci.NumPending == 0 && ci.NumAckPending == 0
 }
 
@@ -219,11 +226,7 @@ func (b *bench) settled(t *testing.T) bool {
 // delivery, redeliveries included.
 func (b *bench) delivered(t *testing.T) uint64 {
 	t.Helper()
-	ci, err := b.consumerInfo()
-	if err != nil {
-		t.Fatalf("reading the consumer: %v", err)
-	}
-	return ci.Delivered.Consumer
+	return b.info(t).Delivered.Consumer
 }
 
 // snapshot copies the outcomes under the lock, for a failure message.

@@ -47,10 +47,7 @@ func (b *bench) waitRedelivered(t *testing.T, others ...*bench) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		ci, err := b.consumerInfo()
-		if err != nil {
-			t.Fatalf("reading the consumer: %v", err)
-		}
+		ci := b.info(t)
 		switch {
 		case ci.Delivered.Consumer > 1:
 			return
@@ -270,10 +267,7 @@ func TestSlowHandlerKeepsItsMessageInProgress(t *testing.T) {
 	// Six in-progress acks span at least twice the ack wait since the
 	// delivery; a redelivery comes first if they do not keep the message.
 	deliveries := func() (delivered, redelivered uint64) {
-		ci, err := first.consumerInfo()
-		if err != nil {
-			t.Fatalf("reading the consumer: %v", err)
-		}
+		ci := first.info(t)
 		return ci.Delivered.Consumer, uint64(ci.NumRedelivered)
 	}
 	first.waitFor(t, "six in-progress acks, or a redelivery", func() bool {
