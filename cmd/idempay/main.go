@@ -1,14 +1,17 @@
 // Command idempay is the reference payment API: `serve` runs the HTTP API
-// (with the Stripe webhook endpoint) and its background completer,
-// retention job and outbox relay; `consume` runs the order.paid consumer,
-// `relay` and `completer` run theirs alone; `migrate` applies the schema,
-// `accounts create` makes an account and prints its API key once, `purge`
-// runs retention once, `reconcile` compares the ledger with Stripe once,
-// `charges`, `refunds`, `keys` and `api-keys` call the API through the Go
-// client, and `orders` and `webhooks trigger` act as a
-// producer, an operator or Stripe would. The files of this package only
-// wire: configuration from the environment, slog, pgxpool, the Stripe
-// client, NATS and echo.
+// (with the Stripe webhook endpoint and, with CONSOLE_ADDR, the console)
+// and its background work: the completer, the retention job,
+// reconciliation, webhooks out and, with NATS_URL, the outbox relay;
+// `consume` runs the order.paid consumer; `relay`, `completer` and
+// `deliver` (webhooks out) run theirs alone; `migrate` applies the schema,
+// `accounts create` makes an account and prints its API key once,
+// `accounts set-mode` sets its idempotency mode, `purge` runs retention
+// once, `reconcile` compares the ledger with Stripe once, `charges`,
+// `refunds`, `keys` and `api-keys` call the API through the Go client,
+// `orders` and `webhooks trigger` act as a producer, an operator or Stripe
+// would, and `webhooks listen` as a merchant's endpoint. The files of this
+// package only wire: configuration from the environment, slog, pgxpool,
+// the Stripe client, NATS and echo.
 package main
 
 import (

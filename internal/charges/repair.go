@@ -243,9 +243,9 @@ func (op *listedRefund) Call(_ context.Context, rec *idempotency.Record) idempot
 
 // ReconcileScope is the scope of reconciliation's repairs: each one that
 // moves a charge or refund forward is a request of its own, keyed by the
-// Stripe object's id and the state it moves to (repairKey), so the runner
-// applies it once, like a Stripe event, and the completer finishes one
-// whose process died.
+// Stripe object's id and the state it moves to ("id@status", made by
+// repair), so the runner applies it once, like a Stripe event, and the
+// completer finishes one whose process died.
 var ReconcileScope = idempotency.SourceScope("reconciliation")
 
 // RouteReconcile names the repairs' operation on their records.
