@@ -254,7 +254,9 @@ type callOptions struct {
 // instead of a new random one. Use it whenever the caller has a natural key
 // for the operation (an order id): a retry of the whole call, after a
 // restart of the caller or by hand, is then the same request and cannot
-// charge twice. An empty k means "make one"; GET calls ignore it.
+// charge twice. An empty k means "make one"; GET calls ignore it. k is
+// 1 to 255 printable ASCII characters, not starting or ending with a
+// space; the call fails before sending anything otherwise.
 func WithIdempotencyKey(k string) CallOption {
 	return func(o *callOptions) { o.key = k }
 }
@@ -328,10 +330,16 @@ func printableASCII(s string) bool {
 // checkKey applies the server's rule for an Idempotency-Key (1 to 255
 // printable ASCII characters) before anything is sent: a key Go's transport
 // refuses to send would otherwise look like a connection error and be
-// retried to no end.
+// retried to no end. A key may not start or end with a space either: HTTP
+// drops the spaces around a header's value (RFC 9110 §5.5), so the server
+// would hold " k" as "k", another key than the one the result and the
+// error report, which inspection (IdempotencyKeys.Get) then does not find.
 func checkKey(k string) error {
 	if len(k) == 0 || len(k) > 255 || !printableASCII(k) {
 		return fmt.Errorf("idempay: Idempotency-Key %q: want 1 to 255 printable ASCII characters", k)
+	}
+	if k[0] == ' ' || k[len(k)-1] == ' ' {
+		return fmt.Errorf("idempay: Idempotency-Key %q: a key may not start or end with a space, which HTTP drops", k)
 	}
 	return nil
 }

@@ -118,10 +118,19 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading request body: %w", err)
 	}
-	if int64(len(b)) > limit {
-		return nil, refuse(ErrBodyTooLarge, fmt.Sprintf("The request body exceeds %d bytes.", limit))
+	if err := CheckLength(int64(len(b)), limit); err != nil {
+		return nil, err
 	}
 	return b, nil
+}
+
+// CheckLength refuses a body of n bytes, read or announced by its
+// Content-Length, that is over limit: an *Error of kind ErrBodyTooLarge.
+func CheckLength(n, limit int64) error {
+	if n > limit {
+		return refuse(ErrBodyTooLarge, fmt.Sprintf("The request body exceeds %d bytes.", limit))
+	}
+	return nil
 }
 
 // fingerprintTag names the definition: a change to what the fingerprint

@@ -767,8 +767,10 @@ func (b *bundle) gaps(t *testing.T) int {
 }
 
 // TestSSRF: endpoint URLs that are or resolve to loopback, private,
-// link-local or metadata addresses are refused, and http without the
-// operator's leave; the client refuses such an address when it connects.
+// link-local or metadata addresses are refused, IPv6 addresses that a
+// NAT64 gateway or a 6to4 relay turns into one too (they were accepted),
+// and http without the operator's leave; the client refuses such an
+// address when it connects.
 func TestSSRF(t *testing.T) {
 	t.Parallel()
 	strict := apitest.MerchantHooksConfig()
@@ -779,11 +781,21 @@ func TestSSRF(t *testing.T) {
 		"https://127.0.0.1/h", "https://[::1]/h", "https://10.1.2.3/h", "https://172.16.0.1/h", "https://192.168.1.1/h",
 		"https://169.254.169.254/latest/meta-data", "https://[fe80::1]/h", "https://100.64.0.1/h", "https://0.0.0.0/h",
 		"https://localhost/h", // a name that resolves to loopback
+		// 10.0.0.1, 169.254.169.254 and 127.0.0.1 through NAT64 (RFC 6052's
+		// prefix, and RFC 8215's local one) and 6to4.
+		"https://[64:ff9b::a00:1]/h", "https://[64:ff9b::a9fe:a9fe]/latest/meta-data", "https://[64:ff9b:1::a00:1]/h",
+		"https://[2002:7f00:1::1]/h", "https://[64:ff9b::a00:1%25eth0]/h",
 		"http://93.184.216.34/h",
 	} {
 		r := c.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": u, "enabled_events": []string{"*"}})
 		if r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), "url") {
 			t.Errorf("%s: %d %s, want 400 naming url", u, r.Status, r.Body)
+		}
+	}
+	// Such an address of a public one is public.
+	for _, u := range []string{"https://[64:ff9b::5db8:d822]/h", "https://[2002:5db8:d822::1]/h"} {
+		if r := c.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": u, "enabled_events": []string{"*"}}); r.Status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201", u, r.Status, r.Body)
 		}
 	}
 	// At connection time (a name that resolved elsewhere at registration).

@@ -24,12 +24,34 @@ var ErrPrivateAddress = errors.New("the address is not a public one")
 // practice though not in net/netip's sense.
 var sharedAddressSpace = netip.MustParsePrefix("100.64.0.0/10")
 
+// IPv6 addresses that carry an IPv4 address a translator or relay takes
+// the connection on to: NAT64's well-known prefix (RFC 6052, the IPv4
+// address in the last 32 bits; an IPv6-only network's NAT64 gateway, such
+// as a cloud's, reaches private IPv4 addresses of its network through it),
+// its local-use prefix (RFC 8215, a network's own translator), and 6to4
+// (RFC 3056, the IPv4 address in bits 16 to 47).
+var (
+	nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")
+	nat64LocalUse  = netip.MustParsePrefix("64:ff9b:1::/48")
+	sixToFour      = netip.MustParsePrefix("2002::/16")
+)
+
 // publicAddress reports whether a is an address a merchant's endpoint may
 // have: not loopback, private (RFC 1918, unique local), link-local (which
 // holds the cloud metadata address 169.254.169.254), unspecified, multicast
-// or shared.
+// or shared, nor an IPv6 address that a translator or relay turns into
+// such an IPv4 address (64:ff9b::a00:1 is 10.0.0.1 behind NAT64).
 func publicAddress(a netip.Addr) bool {
-	a = a.Unmap()
+	a = a.Unmap().WithZone("") // a prefix contains no address with a zone
+	b := a.As16()
+	switch {
+	case nat64WellKnown.Contains(a):
+		return publicAddress(netip.AddrFrom4([4]byte(b[12:16])))
+	case sixToFour.Contains(a):
+		return publicAddress(netip.AddrFrom4([4]byte(b[2:6])))
+	case nat64LocalUse.Contains(a):
+		return false // where its IPv4 address goes is the local network's choice
+	}
 	return a.IsValid() && !a.IsLoopback() && !a.IsPrivate() && !a.IsLinkLocalUnicast() &&
 		!a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast() && !a.IsMulticast() &&
 		!a.IsUnspecified() && !sharedAddressSpace.Contains(a)

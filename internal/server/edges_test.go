@@ -17,6 +17,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -145,6 +146,71 @@ func TestExpectOtherThanContinue(t *testing.T) {
 	if status, _, body := roundTrip(t, addr, request("100-continue")); status != http.StatusCreated {
 		t.Errorf("Expect: 100-continue: %d %s, want 201", status, body)
 	}
+}
+
+// TestOversizedBodyIsRefusedBeforeContinue: a request whose Content-Length
+// is over the body limit and that asks Expect: 100-continue, as curl does
+// for every body over 1 MiB, gets its 413 body-too-large as the first
+// answer, before it sends a byte of the body; a GET so framed gets its
+// answer. Before, reading the body answered 100 Continue: the client sent
+// the body, the server read only the first 1 MiB of it and closed the
+// connection while the rest arrived, and the reset those bytes met
+// often discarded the 413 before the client read it (curl: "Send failure:
+// Connection reset by peer"), leaving the client no answer at all.
+func TestOversizedBodyIsRefusedBeforeContinue(t *testing.T) {
+	t.Parallel()
+	_, client, addr, logs := newWireServer(t)
+	for _, tc := range []struct {
+		method, path string
+		auth         bool
+		status       int
+	}{
+		{http.MethodPost, "/v1/charges", true, http.StatusRequestEntityTooLarge},
+		{http.MethodPost, "/v1/api_keys", true, http.StatusRequestEntityTooLarge},
+		{http.MethodPost, webhooks.Route, false, http.StatusRequestEntityTooLarge},
+		{http.MethodGet, "/openapi.json", false, http.StatusOK},
+	} {
+		what := tc.method + " " + tc.path
+		headers := tc.method + " " + tc.path + " HTTP/1.1\r\nHost: idempay\r\nContent-Type: application/json\r\n" +
+			"Expect: 100-continue\r\nContent-Length: " + fmt.Sprint(idemhttp.MaxBodyBytes+1) + "\r\n"
+		if tc.auth {
+			headers += "Authorization: Bearer " + client.Account.APIKey + "\r\nIdempotency-Key: " + apitest.NewKey() + "\r\n"
+		}
+		logs.reset()
+		resp := firstAnswer(t, addr, headers+"\r\n")
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if tc.status != http.StatusRequestEntityTooLarge {
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s: first answer %d %.200s, want %d", what, resp.StatusCode, body, tc.status)
+			}
+			continue
+		}
+		wantProblem(t, what, resp.StatusCode, resp.Header.Get("Content-Type"), body, tc.status, apierror.BodyTooLarge, logs)
+	}
+}
+
+// firstAnswer sends raw, a request's line and headers and no body, on a new
+// connection to addr, and reads the first answer (an interim 100 Continue
+// too) without sending anything more.
+func firstAnswer(t *testing.T, addr, raw string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte(raw)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%.100q: no answer: %v", raw, err)
+	}
+	return resp
 }
 
 // TestHeadOnGetRoutes: every GET route answers HEAD (RFC 9110 §9.3.2) with

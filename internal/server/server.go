@@ -188,10 +188,14 @@ func (b clientBody) Read(p []byte) (int, error) {
 // body limit, before answering it. No such route reads a body, and net/http
 // closes a connection whose unread body is larger than it drains on its own,
 // which resets it and can cut off a large answer (GET /openapi.json) that the
-// client is still reading (I14).
+// client is still reading (I14). A body whose Content-Length is over the
+// limit is left unread: the connection is closed after the answer anyway,
+// and reading it would first answer the client's Expect: 100-continue with
+// 100 Continue, asking for a body no route reads.
 func drainReads(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil {
+		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil &&
+			r.ContentLength <= idemhttp.MaxBodyBytes {
 			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, idemhttp.MaxBodyBytes))
 		}
 		return next(c)

@@ -8,7 +8,6 @@ package webhookshttp
 import (
 	"github.com/labstack/echo/v4"
 
-	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -26,9 +25,9 @@ func (h *Handler) Routes(e *echo.Echo) {
 
 func (h *Handler) receive(c echo.Context) error {
 	r := c.Request()
-	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
+	payload, err := idemhttp.ReadBody(r)
 	if err != nil {
-		return idemhttp.Problem(err)
+		return err
 	}
 	resp, err := h.r.Receive(r.Context(), payload, r.Header.Get("Stripe-Signature"))
 	if err != nil {
