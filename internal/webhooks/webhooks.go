@@ -221,8 +221,22 @@ func (h *Receiver) verify(payload []byte, header string) (*stripe.Event, error) 
 		return nil, apierror.Newf(apierror.WebhookSignatureInvalid, "The Stripe-Signature header was refused: %v.", err)
 	default: // the body is not JSON, or not of stripe-go's API version
 		h.observe("", OutcomeRejectedPayload)
-		return nil, apierror.Newf(apierror.WebhookPayloadInvalid, "%v", err)
+		return nil, payloadRefusal(payload)
 	}
+}
+
+// payloadRefusal is the answer to a signed body that stripe-go did not
+// take: not an event's JSON, or an event of another API version. It is
+// written for the sender; stripe-go's own text for a version mismatch
+// advises the receiving code to ignore it, which this endpoint must not.
+func payloadRefusal(payload []byte) error {
+	var ev stripe.Event
+	if err := json.Unmarshal(payload, &ev); err != nil {
+		return apierror.New(apierror.WebhookPayloadInvalid, "The body is not a Stripe event: JSON whose fields have the types of Stripe's Event object.")
+	}
+	return apierror.Newf(apierror.WebhookPayloadInvalid,
+		"The event's API version is %q; this endpoint reads events of API version %s only: set that version on the webhook endpoint in Stripe.",
+		pgtext.Truncate(ev.APIVersion, 40), stripe.APIVersion)
 }
 
 // storable refuses a payload that PostgreSQL cannot hold as jsonb, the

@@ -31,7 +31,8 @@ type delivery struct {
 		Outcome string `json:"outcome"`
 	}
 	Problem struct {
-		Type string `json:"type"`
+		Type   string `json:"type"`
+		Detail string `json:"detail"`
 	}
 }
 
@@ -549,6 +550,10 @@ func TestBadDeliveries(t *testing.T) {
 	nulMetadata := edit(`"metadata":{`, `"metadata":{"note":"a\u0000b",`)
 	notUTF8 := edit(`"metadata":{`, `"metadata":{"note":"caf`+"\xe9"+`",`)
 	surrogate := edit(`"metadata":{`, `"metadata":{"note":"\ud800",`)
+	// Signed events stripe-go does not take: no API version, and a field
+	// of another type than Stripe's.
+	noVersion := edit(`"api_version":"2023-10-16"`, `"api_version":null`)
+	badField := edit(`"pending_webhooks":`, `"pending_webhooks":"one","x":`)
 	// A created time no calendar PostgreSQL keeps holds (it overflowed to
 	// 1969 before), and one past the year 9999.
 	overflow := chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Unix(math.MaxInt64, 0)).Payload
@@ -560,28 +565,36 @@ func TestBadDeliveries(t *testing.T) {
 		signature string
 		status    int
 		problem   string
+		detail    string // what the detail must say, when set
 	}{
-		{"missing header", good.Payload, "", 400, "webhook-signature-invalid"},
-		{"malformed header", good.Payload, "garbage", 400, "webhook-signature-invalid"},
-		{"bad signature", good.Payload, "t=" + itoa(time.Now().Unix()) + ",v1=00ff", 400, "webhook-signature-invalid"},
-		{"wrong secret", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now(), "whsec_other"), 400, "webhook-signature-invalid"},
-		{"stale timestamp", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now().Add(-10*time.Minute), apitest.WebhookSecret), 400, "webhook-signature-invalid"},
-		{"tampered body", tampered, sign(good.Payload), 400, "webhook-signature-invalid"},
-		{"not JSON", []byte("not json"), sign([]byte("not json")), 400, "webhook-payload-invalid"},
-		{"API version not understood", oldVersion, sign(oldVersion), 400, "webhook-payload-invalid"},
-		{"oversized body", huge, sign(huge), 413, "body-too-large"},
-		{"NUL in the type", nulType, sign(nulType), 400, "webhook-payload-invalid"},
-		{"NUL in the object id", nulObjectID, sign(nulObjectID), 400, "webhook-payload-invalid"},
-		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid"},
-		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid"},
-		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid"},
-		{"a created time that overflows", overflow, sign(overflow), 400, "webhook-payload-invalid"},
-		{"a created time past the year 9999", year10000, sign(year10000), 400, "webhook-payload-invalid"},
+		{"missing header", good.Payload, "", 400, "webhook-signature-invalid", ""},
+		{"malformed header", good.Payload, "garbage", 400, "webhook-signature-invalid", ""},
+		{"bad signature", good.Payload, "t=" + itoa(time.Now().Unix()) + ",v1=00ff", 400, "webhook-signature-invalid", ""},
+		{"wrong secret", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now(), "whsec_other"), 400, "webhook-signature-invalid", ""},
+		{"stale timestamp", good.Payload, webhooks.SignatureHeader(good.Payload, time.Now().Add(-10*time.Minute), apitest.WebhookSecret), 400, "webhook-signature-invalid", ""},
+		{"tampered body", tampered, sign(good.Payload), 400, "webhook-signature-invalid", ""},
+		{"not JSON", []byte("not json"), sign([]byte("not json")), 400, "webhook-payload-invalid", "not a Stripe event"},
+		{"a field of another type", badField, sign(badField), 400, "webhook-payload-invalid", "not a Stripe event"},
+		{"API version not understood", oldVersion, sign(oldVersion), 400, "webhook-payload-invalid", `API version is "2020-08-27"; this endpoint reads events of API version 2023-10-16 only`},
+		{"no API version", noVersion, sign(noVersion), 400, "webhook-payload-invalid", `API version is ""; this endpoint reads events of API version 2023-10-16 only`},
+		{"oversized body", huge, sign(huge), 413, "body-too-large", ""},
+		{"NUL in the type", nulType, sign(nulType), 400, "webhook-payload-invalid", ""},
+		{"NUL in the object id", nulObjectID, sign(nulObjectID), 400, "webhook-payload-invalid", ""},
+		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid", ""},
+		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid", ""},
+		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid", ""},
+		{"a created time that overflows", overflow, sign(overflow), 400, "webhook-payload-invalid", ""},
+		{"a created time past the year 9999", year10000, sign(year10000), 400, "webhook-payload-invalid", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := deliverRaw(t, env, tc.payload, tc.signature)
 			if d.Status != tc.status || d.Problem.Type != "/problems/"+tc.problem {
 				t.Fatalf("answered %d %s, want %d %s", d.Status, d.Body, tc.status, tc.problem)
+			}
+			// The detail is for the sender: stripe-go's advice to the
+			// receiving code (ignore the version mismatch) is no answer.
+			if !strings.Contains(d.Problem.Detail, tc.detail) || strings.Contains(d.Problem.Detail, "ConstructEvent") {
+				t.Fatalf("detail %q, want one that says %q", d.Problem.Detail, tc.detail)
 			}
 			if in := readInbox(t, env.Pool, good.ID); in.found || in.records != 0 {
 				t.Fatalf("a refused delivery stored something: inbox row %v, %d records", in.found, in.records)
