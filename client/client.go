@@ -33,6 +33,8 @@
 //     request is being settled elsewhere: nothing was stored, and it ends
 //     by itself); a 409 without one is final (charge-not-refundable,
 //     last-api-key, a capture of a charge that is not capturable);
+//   - 408 request-timeout (the body did not reach the server in time:
+//     nothing ran);
 //   - 429, and every 5xx (503 downstream-unavailable or
 //     service-unavailable, 500, 502, 504): the outcome is unknown or the
 //     server is briefly unable, and a retry with the same key never charges

@@ -141,7 +141,7 @@ func TestOtherStatusesAreFinal(t *testing.T) {
 
 func TestRetryableStatuses(t *testing.T) {
 	t.Parallel()
-	for _, status := range []int{429, 500, 502, 503, 504} {
+	for _, status := range []int{408, 429, 500, 502, 503, 504} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			t.Parallel()
 			f := newFront(t, "", func(n int, w http.ResponseWriter, _ *http.Request) bool {

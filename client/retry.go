@@ -223,12 +223,13 @@ func retryableTransport(err error) bool {
 // again: 409 request-in-progress, any other 409 that carries a Retry-After
 // (the server sends one only with a refusal that stored nothing and ends by
 // itself, such as a capture of a charge whose own request is still being
-// settled), 429 and every 5xx.
+// settled), 408 (the body did not reach the server in time, so nothing
+// ran), 429 and every 5xx.
 func retryableStatus(e *Error) bool {
 	switch e.Status {
 	case http.StatusConflict:
 		return e.Code() == "request-in-progress" || e.RetryAfter > 0
-	case http.StatusTooManyRequests:
+	case http.StatusRequestTimeout, http.StatusTooManyRequests:
 		return true
 	default:
 		return e.Status >= 500 && e.Status <= 599
