@@ -146,3 +146,14 @@ func checkURL(ctx context.Context, cfg Config, raw string) string {
 	}
 	return ""
 }
+
+// attemptError is an attempt's error as the merchant reads it in the
+// deliveries' history: a DNS failure names the host, and not the address
+// of this network's resolver, which Go's error also gives.
+func attemptError(err error) string {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		dns.Server = ""
+	}
+	return err.Error()
+}

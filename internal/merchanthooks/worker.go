@@ -197,7 +197,7 @@ func (s *Service) post(ctx context.Context, client *http.Client, url, id string,
 	req.Header.Set("webhook-signature", sig)
 	resp, err := client.Do(req)
 	if err != nil {
-		a.err = err.Error()
+		a.err = attemptError(err)
 		return a
 	}
 	defer resp.Body.Close()
