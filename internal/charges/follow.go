@@ -329,10 +329,13 @@ type StripeCharge struct {
 	Amount               int64
 	Captured             bool
 	AmountCaptured       int64
-	AmountRefunded       int64
-	FailureCode          string
-	FailureMessage       string
-	Metadata             map[string]string
+	// AmountRefunded is what refunds gave back of what was captured; never
+	// what Stripe released of an authorization (the rest of a partial
+	// capture, an authorization canceled or expired).
+	AmountRefunded int64
+	FailureCode    string
+	FailureMessage string
+	Metadata       map[string]string
 }
 
 // failureCode is a code or reason Stripe gave, as the ledger's failure_code
