@@ -430,3 +430,44 @@ func (l *logLines) count(level slog.Level, s string) int {
 	}
 	return n
 }
+
+// A refund that failed after it succeeded (a card's issuer can fail it
+// later: docs.stripe.com/refunds#failed-refunds), then lost to a restore,
+// is re-created as Stripe holds it: failed, with the reason Stripe gives
+// (failure_reason), and its amount not reserved on the charge. A retry of
+// its key replays that.
+func TestReconcileRecreatesAFailedRefund(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 5000)
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 1200}
+	resp := c.Post("/v1/refunds", key, body)
+	wantStatus(t, resp, http.StatusCreated)
+	var made refund
+	resp.JSON(t, &made)
+	if _, err := env.Stripe.FailRefund(*made.StripeRefundID, "expired_or_canceled_card"); err != nil {
+		t.Fatal(err)
+	}
+	forgetRefund(t, env, c.Account.ID, key)
+
+	report := reconcilePass(t, env, map[string]int{charges.ReconcileMatched: 1})
+	if want := map[string]int{charges.ReconcileRecreated: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("reconciliation of %d refunds: %v, want %v", report.RefundsListed, report.RefundCounts, want)
+	}
+	again := c.Post("/v1/refunds", key, body)
+	wantStatus(t, again, http.StatusCreated)
+	var got struct {
+		refund
+		FailureCode *string `json:"failure_code"`
+	}
+	again.JSON(t, &got)
+	if again.Header.Get("Idempotent-Replayed") != "true" || got.Status != "failed" || ptr(got.FailureCode) != `"expired_or_canceled_card"` {
+		t.Errorf("the retry answered %s (replayed %q); want the re-created refund, failed with expired_or_canceled_card",
+			again.Body, again.Header.Get("Idempotent-Replayed"))
+	}
+	if row := getChargeRow(t, env.Pool, ch.ID); row.AmountRefunded != 0 {
+		t.Errorf("the charge's amount_refunded is %d, want 0: the refund failed", row.AmountRefunded)
+	}
+}
