@@ -44,7 +44,8 @@ var chargeRank = map[string]int{
 // queues its writes into b, guarded by the version it read, so an object
 // that changed in between fails the batch with idempotency.ErrStale.
 // States only move forward: moved is false when the ledger holds status
-// or a later one already. ErrNotFound: idempay has no charge of pi.
+// or a later one already. ErrNotFound: idempay has no charge of pi, or
+// (ErrSecondObject) pi's record has a charge that holds another.
 func (s *Service) FollowIntent(ctx context.Context, b *idempotency.Batch, pi *PaymentIntent, status string, at time.Time) (moved bool, err error) {
 	ch, err := s.chargeOfIntent(ctx, pi)
 	if err != nil {
@@ -144,12 +145,17 @@ func deref(s *string) string {
 // ahead, it takes the amounts captured and refunded that Stripe's charge
 // holds (a charge.refunded event), never adding to them. moved is false
 // when the ledger holds all of it already; ErrNotFound: idempay has no
-// charge of sc.
+// charge of sc, or (ErrSecondObject) the charge of sc's record holds
+// another PaymentIntent.
 func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *StripeCharge, status string, at time.Time) (moved bool, err error) {
 	intentID := nonEmpty(sc.IntentID)
 	ch, err := s.st.chargeAtStripe(ctx, intentID, nonEmpty(sc.ID), nonEmpty(sc.Metadata[MetadataRecord]))
 	if err != nil {
 		return false, fmt.Errorf("finding the charge of %s: %w", sc.ID, err)
+	}
+	if holdsOther(ch.StripePaymentIntentID, sc.IntentID) {
+		return false, fmt.Errorf("charge %s of PaymentIntent %s names the record of charge %s, which holds PaymentIntent %s: %w",
+			sc.ID, sc.IntentID, ch.ID, *ch.StripePaymentIntentID, ErrSecondObject)
 	}
 	forward := chargeRank[status] > chargeRank[ch.Status]
 	captured := ch.AmountCaptured
@@ -224,11 +230,12 @@ func refundStatus(s string) string {
 // status, as Stripe reported it at at (a refund.updated event, or
 // reconciliation), guarded like FollowIntent; a refund that failed gives
 // its amount back to the charge. moved is false when the ledger holds that
-// status or a later one already; ErrNotFound: idempay has no refund of sr.
+// status or a later one already; ErrNotFound: idempay has no refund of
+// sr, or (ErrSecondObject) sr's record has a refund that holds another.
 func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *StripeRefund, at time.Time) (moved bool, err error) {
-	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
+	rf, err := s.refundOf(ctx, sr)
 	if err != nil {
-		return false, fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+		return false, err
 	}
 	status := refundStatus(sr.Status)
 	if refundRank[status] <= refundRank[rf.Status] {
@@ -271,14 +278,49 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 
 // chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by
 // the record id in its metadata (a charge whose finish never stored the
-// PaymentIntent's id); ErrNotFound when idempay has none.
+// PaymentIntent's id); ErrNotFound when idempay has none, ErrSecondObject
+// when the record's charge holds another PaymentIntent.
 func (s *Service) chargeOfIntent(ctx context.Context, pi *PaymentIntent) (chargeRow, error) {
 	ch, err := s.st.chargeAtStripe(ctx, nonEmpty(pi.ID), nil, nonEmpty(pi.Metadata[MetadataRecord]))
 	if err != nil {
 		return chargeRow{}, fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
 	}
+	if holdsOther(ch.StripePaymentIntentID, pi.ID) {
+		return chargeRow{}, fmt.Errorf("PaymentIntent %s names the record of charge %s, which holds PaymentIntent %s: %w",
+			pi.ID, ch.ID, *ch.StripePaymentIntentID, ErrSecondObject)
+	}
 	return ch, nil
 }
+
+// refundOf finds the refund of Stripe's refund sr, by its id or by the
+// record id in its metadata (a refund whose finish never stored Stripe's
+// id); ErrNotFound when idempay has none, ErrSecondObject when the record's
+// refund holds another of Stripe's refunds.
+func (s *Service) refundOf(ctx context.Context, sr *StripeRefund) (refundRow, error) {
+	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), nonEmpty(sr.Metadata[MetadataRecord]))
+	if err != nil {
+		return refundRow{}, fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+	}
+	if holdsOther(rf.StripeRefundID, sr.ID) {
+		return refundRow{}, fmt.Errorf("refund %s names the record of refund %s, which holds refund %s: %w",
+			sr.ID, rf.ID, *rf.StripeRefundID, ErrSecondObject)
+	}
+	return rf, nil
+}
+
+// ErrSecondObject is an ErrNotFound: the Stripe object in hand (a
+// PaymentIntent, its charge, a refund) names in its metadata a record whose
+// ledger row holds another object of Stripe's. One request made both: it
+// ran twice at Stripe, under a downstream key Stripe had forgotten (a
+// record re-created after a restore older than Stripe's 24 hours, the
+// restore's reconciliation pass skipped: I13). The object is not the row's
+// to follow, neither its state nor its id; Stripe's events leave it
+// (unknown_object) and reconciliation flags it (ReconcileDuplicate).
+var ErrSecondObject = fmt.Errorf("%w: its record's ledger row holds another Stripe object", ErrNotFound)
+
+// holdsOther reports whether a ledger row that holds Stripe's object held
+// (nil while it holds none) holds another than id, the object in hand.
+func holdsOther(held *string, id string) bool { return held != nil && id != "" && *held != id }
 
 // StripeCharge is a Stripe charge (of a PaymentIntent), as Stripe's events
 // carry it (FollowCharge).
@@ -287,10 +329,13 @@ type StripeCharge struct {
 	Amount               int64
 	Captured             bool
 	AmountCaptured       int64
-	AmountRefunded       int64
-	FailureCode          string
-	FailureMessage       string
-	Metadata             map[string]string
+	// AmountRefunded is what refunds gave back of what was captured; never
+	// what Stripe released of an authorization (the rest of a partial
+	// capture, an authorization canceled or expired).
+	AmountRefunded int64
+	FailureCode    string
+	FailureMessage string
+	Metadata       map[string]string
 }
 
 // failureCode is a code or reason Stripe gave, as the ledger's failure_code

@@ -1,11 +1,15 @@
 package charges_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,5 +300,174 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 	}
 	if r := getRecord(t, env.Pool, c.Account.ID, key); r.RecoveryPoint != "finished" {
 		t.Errorf("the re-created record is at %s, want finished", r.RecoveryPoint)
+	}
+}
+
+// TestReconcileFlagsASecondObject: a request that ran twice at Stripe has
+// two objects naming its one record. Here the restore runbook's pass was
+// skipped (docs/operations.md, "After a restore"): the database lost the
+// requests' records, Stripe had forgotten their downstream keys (it may,
+// once a key is 24 hours old: docs.stripe.com/api/idempotent_requests),
+// and the clients' retries made a second PaymentIntent and a second
+// refund. The ledger holds the second of each; the first is not its
+// object. Reconciliation must not read the first as the ledger row's, by
+// the record its metadata name: not its state (the first authorization
+// expired, and its cancellation would end the charge whose authorization
+// is still capturable) and not its id. It flags each (duplicate, logged
+// at error level): the customer was charged, or refunded, twice.
+func TestReconcileFlagsASecondObject(t *testing.T) {
+	t.Parallel()
+	logs := &logLines{}
+	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
+	c := env.NewClient(t)
+
+	// A second PaymentIntent for one authorization.
+	key := apitest.NewKey()
+	body := map[string]any{"amount": 900, "currency": "usd", "payment_method": "pm_card_visa", "capture": false}
+	var first, second authorized
+	resp := c.Post("/v1/charges", key, body)
+	wantStatus(t, resp, http.StatusCreated)
+	resp.JSON(t, &first)
+	firstPI := fakeIntent(t, env, first)
+	forget(t, env, c.Account.ID, key)
+	if !env.Stripe.ForgetKey(firstPI.IdempotencyKey) {
+		t.Fatalf("the fake did not hold the downstream key %s", firstPI.IdempotencyKey)
+	}
+	resp = c.Post("/v1/charges", key, body)
+	wantStatus(t, resp, http.StatusCreated)
+	resp.JSON(t, &second)
+	if second.ID != first.ID || *second.PaymentIntent == *first.PaymentIntent {
+		t.Fatalf("the premise does not hold: the retry made charge %s on %s, the first %s on %s",
+			second.ID, *second.PaymentIntent, first.ID, *first.PaymentIntent)
+	}
+	if _, err := env.Stripe.Expire(firstPI.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second refund for one refund, of a charge of its own.
+	ch := createCharge(t, c, 5000)
+	refundKey := apitest.NewKey()
+	refundBody := map[string]any{"charge": ch.ID, "amount": 1200}
+	var firstRefund, secondRefund refund
+	resp = c.Post("/v1/refunds", refundKey, refundBody)
+	wantStatus(t, resp, http.StatusCreated)
+	resp.JSON(t, &firstRefund)
+	forgetRefund(t, env, c.Account.ID, refundKey)
+	var refundDownstreamKey string
+	for _, r := range env.Stripe.Refunds() {
+		if r.ID == *firstRefund.StripeRefundID {
+			refundDownstreamKey = r.IdempotencyKey
+		}
+	}
+	if !env.Stripe.ForgetKey(refundDownstreamKey) {
+		t.Fatalf("the fake did not hold the refund's downstream key %q", refundDownstreamKey)
+	}
+	resp = c.Post("/v1/refunds", refundKey, refundBody)
+	wantStatus(t, resp, http.StatusCreated)
+	resp.JSON(t, &secondRefund)
+	if secondRefund.ID != firstRefund.ID || *secondRefund.StripeRefundID == *firstRefund.StripeRefundID {
+		t.Fatalf("the premise does not hold: the retry made refund %s as %s, the first %s as %s",
+			secondRefund.ID, *secondRefund.StripeRefundID, firstRefund.ID, *firstRefund.StripeRefundID)
+	}
+
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{charges.ReconcileDuplicate: 1, charges.ReconcileMatched: 2}; !maps.Equal(report.Counts, want) {
+		t.Errorf("reconciliation of %d PaymentIntents: %v, want %v", report.Listed, report.Counts, want)
+	}
+	if want := map[string]int{charges.ReconcileDuplicate: 1, charges.ReconcileMatched: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Errorf("reconciliation of %d refunds: %v, want %v", report.RefundsListed, report.RefundCounts, want)
+	}
+	if row := getChargeRow(t, env.Pool, first.ID); row.Status != "requires_capture" || ptr(row.StripePaymentIntentID) != ptr(second.PaymentIntent) {
+		t.Errorf("the charge is %s on PaymentIntent %s; want requires_capture on the one it holds, %s (not the expired first, %s)",
+			row.Status, ptr(row.StripePaymentIntentID), *second.PaymentIntent, firstPI.ID)
+	}
+	var refundStripeID string
+	if err := env.Pool.QueryRow(context.Background(), `SELECT stripe_refund_id FROM refunds WHERE id = $1`, firstRefund.ID).
+		Scan(&refundStripeID); err != nil || refundStripeID != *secondRefund.StripeRefundID {
+		t.Errorf("the refund holds Stripe refund %q (%v), want the second, %s", refundStripeID, err, *secondRefund.StripeRefundID)
+	}
+	for _, id := range []string{firstPI.ID, *firstRefund.StripeRefundID} {
+		if n := logs.count(slog.LevelError, id); n != 1 {
+			t.Errorf("%d error lines name %s, want 1 flagging it:\n%s", n, id, logs)
+		}
+	}
+	// The charge's authorization is the one it holds, and is captured.
+	wantStatus(t, c.Post("/v1/charges/"+first.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusOK)
+}
+
+// logLines collects the JSON log lines of an API, safe for concurrent
+// writers.
+type logLines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// count is how many lines at level name s.
+func (l *logLines) count(level slog.Level, s string) int {
+	n := 0
+	for _, line := range strings.Split(l.String(), "\n") {
+		var v struct {
+			Level string `json:"level"`
+		}
+		if json.Unmarshal([]byte(line), &v) == nil && v.Level == level.String() && strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// A refund that failed after it succeeded (a card's issuer can fail it
+// later: docs.stripe.com/refunds#failed-refunds), then lost to a restore,
+// is re-created as Stripe holds it: failed, with the reason Stripe gives
+// (failure_reason), and its amount not reserved on the charge. A retry of
+// its key replays that.
+func TestReconcileRecreatesAFailedRefund(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 5000)
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 1200}
+	resp := c.Post("/v1/refunds", key, body)
+	wantStatus(t, resp, http.StatusCreated)
+	var made refund
+	resp.JSON(t, &made)
+	if _, err := env.Stripe.FailRefund(*made.StripeRefundID, "expired_or_canceled_card"); err != nil {
+		t.Fatal(err)
+	}
+	forgetRefund(t, env, c.Account.ID, key)
+
+	report := reconcilePass(t, env, map[string]int{charges.ReconcileMatched: 1})
+	if want := map[string]int{charges.ReconcileRecreated: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("reconciliation of %d refunds: %v, want %v", report.RefundsListed, report.RefundCounts, want)
+	}
+	again := c.Post("/v1/refunds", key, body)
+	wantStatus(t, again, http.StatusCreated)
+	var got struct {
+		refund
+		FailureCode *string `json:"failure_code"`
+	}
+	again.JSON(t, &got)
+	if again.Header.Get("Idempotent-Replayed") != "true" || got.Status != "failed" || ptr(got.FailureCode) != `"expired_or_canceled_card"` {
+		t.Errorf("the retry answered %s (replayed %q); want the re-created refund, failed with expired_or_canceled_card",
+			again.Body, again.Header.Get("Idempotent-Replayed"))
+	}
+	if row := getChargeRow(t, env.Pool, ch.ID); row.AmountRefunded != 0 {
+		t.Errorf("the charge's amount_refunded is %d, want 0: the refund failed", row.AmountRefunded)
 	}
 }

@@ -132,6 +132,9 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *StripeRefund, err error)
 	updated.Version++
 	if kind == OutcomeOK {
 		updated.Status, updated.StripeRefundID = refundStatus(sr.Status), &sr.ID
+		if updated.Status == "failed" { // Stripe holds it failed (a re-created one may be): why, as FollowRefund reads it
+			updated.FailureCode = nonEmpty(failureCode(sr.FailureReason))
+		}
 	} else {
 		updated.Status = "failed"
 		updated.FailureCode = nonEmpty(se.failureCode())

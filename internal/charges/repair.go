@@ -29,6 +29,10 @@ const (
 	// ReconcileUnknown: an object that idempay never made (no
 	// idempay_record, or one its metadata do not derive), flagged only.
 	ReconcileUnknown = "unknown"
+	// ReconcileDuplicate: a second PaymentIntent or refund of one request,
+	// whose ledger row holds the other (ErrSecondObject): the request ran
+	// twice at Stripe. Flagged at error level, nothing written.
+	ReconcileDuplicate = "duplicate"
 	// ReconcileFailed: the repair did not commit (the row changed in
 	// between, the database failed); the next pass tries again.
 	ReconcileFailed = "failed"
@@ -37,7 +41,9 @@ const (
 // RepairIntent compares the PaymentIntent pi, as Stripe holds it, with the
 // ledger: matched, settled (the charge was behind, and moved forward the
 // way its event would have), recreated (the database lost the record and
-// the charge) or unknown (idempay never made it). Package reconcile lists
+// the charge), unknown (idempay never made it) or duplicate (its record's
+// charge holds another PaymentIntent: the customer was charged twice, and
+// pi is not the charge's to follow). Package reconcile lists
 // the PaymentIntents and calls it for each; every write goes through the
 // runner, in the same guarded batches as a request or an event (repairOp,
 // listedCharge).
@@ -47,11 +53,16 @@ func (s *Service) RepairIntent(ctx context.Context, pi *PaymentIntent) (string, 
 		s.log.WarnContext(ctx, "reconcile: a PaymentIntent idempay did not make", "stripe_payment_intent_id", pi.ID)
 		return ReconcileUnknown, nil
 	}
-	ch, err := s.st.chargeAtStripe(ctx, nonEmpty(pi.ID), nil, &recordID)
-	if errors.Is(err, ErrNotFound) {
+	ch, err := s.chargeOfIntent(ctx, pi)
+	switch {
+	case errors.Is(err, ErrSecondObject):
+		s.log.ErrorContext(ctx, "reconcile: a second PaymentIntent of one request (its charge holds another): the request ran twice at Stripe; not followed: refund or cancel it",
+			"stripe_payment_intent_id", pi.ID, "idempay_record", recordID, "err", err)
+		return ReconcileDuplicate, nil
+	case errors.Is(err, ErrNotFound):
 		return s.recreate(ctx, pi, recordID)
-	} else if err != nil {
-		return "", fmt.Errorf("finding the charge of %s: %w", pi.ID, err)
+	case err != nil:
+		return "", err
 	}
 	status := intentStatus(pi)
 	if chargeRank[status] <= chargeRank[ch.Status] {
@@ -134,19 +145,25 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 
 // RepairRefund is RepairIntent for a refund: matched, settled forward the
 // way its refund.updated event would have moved it (a refund left
-// processing by a 409 downstream-key-conflict is settled here too), or
-// re-created when the database lost it.
+// processing by a 409 downstream-key-conflict is settled here too),
+// re-created when the database lost it, or duplicate (its record's refund
+// holds another of Stripe's: refunded twice).
 func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, error) {
 	recordID := sr.Metadata[MetadataRecord]
 	if recordID == "" {
 		s.log.WarnContext(ctx, "reconcile: a refund idempay did not make", "stripe_refund_id", sr.ID)
 		return ReconcileUnknown, nil
 	}
-	rf, err := s.st.refundAtStripe(ctx, nonEmpty(sr.ID), &recordID)
-	if errors.Is(err, ErrNotFound) {
+	rf, err := s.refundOf(ctx, sr)
+	switch {
+	case errors.Is(err, ErrSecondObject):
+		s.log.ErrorContext(ctx, "reconcile: a second refund of one request (its refund holds another): the request ran twice at Stripe; not followed",
+			"stripe_refund_id", sr.ID, "idempay_record", recordID, "err", err)
+		return ReconcileDuplicate, nil
+	case errors.Is(err, ErrNotFound):
 		return s.recreateRefund(ctx, sr, recordID)
-	} else if err != nil {
-		return "", fmt.Errorf("finding the refund of %s: %w", sr.ID, err)
+	case err != nil:
+		return "", err
 	}
 	status := refundStatus(sr.Status)
 	if refundRank[status] <= refundRank[rf.Status] {

@@ -85,9 +85,10 @@ func unappliable(ev *stripe.Event, what string, err error) error {
 // charge is Stripe's charge sc as the payment domain reads it. Its
 // failure code is the most specific reason Stripe gives: the outcome's
 // reason (generic_decline, insufficient_funds ...), else the failure code.
+// Its amount refunded is what refunds gave back (refundedOfCaptured).
 func charge(sc *stripe.Charge) *charges.StripeCharge {
 	out := &charges.StripeCharge{ID: sc.ID, Status: string(sc.Status), Amount: sc.Amount, Captured: sc.Captured,
-		AmountCaptured: sc.AmountCaptured, AmountRefunded: sc.AmountRefunded,
+		AmountCaptured: sc.AmountCaptured, AmountRefunded: refundedOfCaptured(sc),
 		FailureCode: sc.FailureCode, FailureMessage: sc.FailureMessage, Metadata: sc.Metadata}
 	if sc.Outcome != nil && sc.Outcome.Reason != "" {
 		out.FailureCode = sc.Outcome.Reason
@@ -96,6 +97,23 @@ func charge(sc *stripe.Charge) *charges.StripeCharge {
 		out.IntentID = sc.PaymentIntent.ID
 	}
 	return out
+}
+
+// refundedOfCaptured is what refunds of Stripe's charge sc gave back of
+// what it captured. At the API version stripe-go v76 speaks (2023-10-16,
+// the only one an event may carry: webhooks' verify), Stripe's
+// amount_refunded also counts what it released of the authorization: the
+// rest of a partial capture ("Any additional amount is automatically
+// refunded": amount_to_capture) and all of an authorization canceled or
+// expired uncaptured ("the remaining amount_capturable is automatically
+// refunded": the cancel), which is amount less amount_captured. Version
+// 2025-03-31.basil stops counting it ("amount_refunded will no longer be
+// updated by these actions":
+// docs.stripe.com/changelog/basil/2025-03-31/remove-refund-from-partial-capture-and-payment-cancellation-flow);
+// moving to it, this is amount_refunded as it is.
+func refundedOfCaptured(sc *stripe.Charge) int64 {
+	released := max(sc.Amount-sc.AmountCaptured, 0)
+	return max(sc.AmountRefunded-released, 0)
 }
 
 // dispute is Stripe's dispute sd as package stripeevents reads it.

@@ -37,8 +37,9 @@ const (
 	// Ignored: a type idempay does not handle; recorded, acknowledged.
 	Ignored Outcome = "ignored"
 	// UnknownObject: about a charge, refund or dispute idempay never
-	// created (or of a charge it does not know); recorded and flagged, not
-	// applied.
+	// created (or of a charge it does not know), or about a second
+	// PaymentIntent or refund of a request whose ledger row holds another
+	// (charges.ErrSecondObject); recorded and flagged, not applied.
 	UnknownObject Outcome = "unknown_object"
 	// Failed: the event's object cannot be applied (ErrUnappliable);
 	// recorded with the reason, acknowledged, never retried.

@@ -201,3 +201,41 @@ func TestListRefunds(t *testing.T) {
 		t.Errorf("listed %d refunds created in the future, want 0", len(seen))
 	}
 }
+
+// A refund that succeeded fails later, as a card's issuer can make it:
+// FailRefund makes it failed with its reason, as Stripe then shows it
+// (read back through stripe-go), and its amount can be refunded again.
+func TestFailRefund(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	pi, err := sc.PaymentIntents.New(intentParams("fr-1", 2000, "pm_card_visa", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(2000)}
+	rp.SetIdempotencyKey("fr-1-refund")
+	rf, err := sc.Refunds.New(rp)
+	if err != nil || rf.Status != stripe.RefundStatusSucceeded {
+		t.Fatalf("refund: %v %+v", err, rf)
+	}
+	body, err := fake.FailRefund(rf.ID, "expired_or_canceled_card")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed stripe.Refund
+	if err := json.Unmarshal(body, &failed); err != nil || failed.Status != stripe.RefundStatusFailed ||
+		failed.FailureReason != stripe.RefundFailureReasonExpiredOrCanceledCard {
+		t.Fatalf("the failed refund's JSON: %v %s", err, body)
+	}
+	if got, err := sc.Refunds.Get(rf.ID, nil); err != nil || got.Status != stripe.RefundStatusFailed || got.FailureReason != failed.FailureReason {
+		t.Fatalf("the failed refund read back: %v %+v", err, got)
+	}
+	if _, err := fake.FailRefund(rf.ID, "unknown"); err == nil {
+		t.Error("a failed refund failed again")
+	}
+	again := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(2000)}
+	again.SetIdempotencyKey("fr-1-refund-again")
+	if _, err := sc.Refunds.New(again); err != nil {
+		t.Fatalf("refunding again what the failed refund did not: %v", err)
+	}
+}

@@ -2,7 +2,7 @@
 // API that idempay uses: PaymentIntents (created and confirmed at once,
 // captured now or later, partially, canceled, authenticated by the
 // customer, expired, listed) and their refunds (with their metadata,
-// listed too). The legacy Charges API
+// listed too, failed after the fact). The legacy Charges API
 // (POST /v1/charges) is kept for its own tests.
 //
 // It exists because stripe-mock, Stripe's official mock, is stateless: it
@@ -152,6 +152,7 @@ type Refund struct {
 	Amount         int64
 	Currency       string
 	Status         string
+	FailureReason  string // set when the refund failed (FailRefund)
 	Metadata       map[string]string
 	Created        time.Time
 }
@@ -824,6 +825,29 @@ func (s *Server) getRefund(id string) response {
 	return response{status: http.StatusOK, body: refundBody(rf)}
 }
 
+// FailRefund fails the refund id that succeeded, as a card's issuer can
+// after the fact: its status becomes failed, with the reason ("Status of
+// the refund. This can be pending, requires_action, succeeded, failed, or
+// canceled"; failure_reason "If the refund failed, the reason for refund
+// failure if known": lost_or_stolen_card, expired_or_canceled_card or
+// unknown; docs.stripe.com/api/refunds/object, docs.stripe.com/refunds#failed-refunds),
+// and its amount is no longer refunded on its charge. It returns the
+// refund's JSON, for the event that follows (refund.updated), or an error
+// if it did not succeed.
+func (s *Server) FailRefund(id, reason string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rf := s.refundByID[id]
+	if rf == nil || rf.Status != "succeeded" {
+		return nil, fmt.Errorf("stripefake: refund %q did not succeed", id)
+	}
+	rf.Status, rf.FailureReason = "failed", reason
+	if c := s.chargeByID[cmp.Or(rf.PaymentIntent, rf.Charge)]; c != nil {
+		c.AmountRefunded -= rf.Amount
+	}
+	return refundBody(rf), nil
+}
+
 // write sends a response with the headers Stripe sets. stripe-go exposes
 // Idempotency-Key and Idempotent-Replayed through LastResponse.
 func (s *Server) write(w http.ResponseWriter, key string, replayed bool, res response) {
@@ -978,9 +1002,12 @@ func chargeBody(c *Charge) []byte {
 }
 
 func refundBody(r *Refund) []byte {
-	var intent *string
+	var intent, reason *string
 	if r.PaymentIntent != "" {
 		intent = &r.PaymentIntent
+	}
+	if r.FailureReason != "" {
+		reason = &r.FailureReason
 	}
 	return mustJSON(struct {
 		ID            string            `json:"id"`
@@ -989,12 +1016,13 @@ func refundBody(r *Refund) []byte {
 		Charge        string            `json:"charge"`
 		Created       int64             `json:"created"`
 		Currency      string            `json:"currency"`
+		FailureReason *string           `json:"failure_reason"`
 		Metadata      map[string]string `json:"metadata"`
 		PaymentIntent *string           `json:"payment_intent"`
 		Status        string            `json:"status"`
 	}{
 		ID: r.ID, Object: "refund", Amount: r.Amount, Charge: r.Charge, Created: r.Created.Unix(),
-		Currency: r.Currency, Metadata: r.Metadata, PaymentIntent: intent, Status: r.Status,
+		Currency: r.Currency, FailureReason: reason, Metadata: r.Metadata, PaymentIntent: intent, Status: r.Status,
 	})
 }
 

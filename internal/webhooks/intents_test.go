@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -238,5 +239,76 @@ func TestExpiredAuthorization(t *testing.T) {
 	resp := c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{})
 	if resp.Status != http.StatusConflict || resp.Problem(t).Type != "/problems/charge-not-capturable" {
 		t.Fatalf("capture of an expired authorization: %d %s", resp.Status, resp.Body)
+	}
+}
+
+// At the API version idempay speaks (stripe-go v76's, 2023-10-16), Stripe
+// counts in a charge's amount_refunded what it released of an
+// authorization, and tells it in a charge.refunded event: the rest of a
+// partial capture ("Any additional amount is automatically refunded",
+// amount_to_capture in the reference of that version) and all of an
+// authorization canceled or expired uncaptured ("the remaining
+// amount_capturable is automatically refunded"). Stripe stopped at
+// 2025-03-31.basil: "amount_refunded will no longer be updated by these
+// actions" (docs.stripe.com/changelog/basil/2025-03-31/remove-refund-from-partial-capture-and-payment-cancellation-flow).
+// None of it is money the customer paid and got back: the ledger's
+// amount_refunded, which bounds what may still be refunded, stays what
+// refunds gave back, so all that was captured can still be refunded.
+func TestReleasedAuthorizationIsNotARefund(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	// Stripe's charge of the PaymentIntent pi, as that version shows it.
+	stripeCharge := func(pi string, captured, refunded int64) map[string]any {
+		t.Helper()
+		var fc stripefake.Charge
+		for _, f := range env.Stripe.Charges() {
+			if f.ID == pi {
+				fc = f
+			}
+		}
+		return map[string]any{"id": fc.LatestCharge, "object": "charge", "amount": fc.Amount,
+			"amount_captured": captured, "amount_refunded": refunded, "captured": captured > 0,
+			"created": fc.Created.Unix(), "currency": fc.Currency, "livemode": false, "metadata": fc.Metadata,
+			"paid": true, "payment_intent": fc.ID, "refunded": refunded == fc.Amount, "status": "succeeded"}
+	}
+	refunded := func(obj map[string]any) {
+		t.Helper()
+		ev, err := webhooks.NewEvent("", "charge.refunded", obj, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := deliver(t, env, ev); d.Status != http.StatusOK {
+			t.Fatalf("charge.refunded: %d %s", d.Status, d.Body)
+		}
+	}
+
+	// 600 of an authorization of 1000 captured: Stripe released 400.
+	ch := postCharge(t, c, map[string]any{"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+	if resp := c.Post("/v1/charges/"+ch.ID+"/capture", apitest.NewKey(), map[string]any{"amount": 600}); resp.Status != http.StatusOK {
+		t.Fatalf("capture: %d %s", resp.Status, resp.Body)
+	}
+	refunded(stripeCharge(*ch.PaymentIntent, 600, 400))
+	if got := getCharge(t, c, ch.ID); got.AmountRefunded != 0 {
+		t.Errorf("after Stripe released the rest of a partial capture: amount_refunded %d, want 0", got.AmountRefunded)
+	}
+	if resp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 600}); resp.Status != http.StatusCreated {
+		t.Errorf("a refund of all that was captured: %d %s, want 201", resp.Status, resp.Body)
+	}
+	refunded(stripeCharge(*ch.PaymentIntent, 600, 1000)) // the 400 released and the 600 refunded
+	if got := getCharge(t, c, ch.ID); got.AmountRefunded != 600 {
+		t.Errorf("after the refund of all that was captured: amount_refunded %d, want 600", got.AmountRefunded)
+	}
+
+	// An authorization that expired: Stripe released all of it.
+	auth := postCharge(t, c, map[string]any{"amount": 990, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+	body, err := env.Stripe.Expire(*auth.PaymentIntent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.canceled", body, time.Now())), "applied")
+	refunded(stripeCharge(*auth.PaymentIntent, 0, 990))
+	if got := getCharge(t, c, auth.ID); got.AmountRefunded != 0 || got.Status != "canceled" {
+		t.Errorf("after the authorization expired: %s, amount_refunded %d; want canceled, 0", got.Status, got.AmountRefunded)
 	}
 }

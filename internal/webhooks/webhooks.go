@@ -151,7 +151,7 @@ func (h *Receiver) Receive(ctx context.Context, payload []byte, signature string
 		h.observe(typ, string(op.outcome))
 		switch op.outcome {
 		case stripeevents.UnknownObject:
-			h.log.WarnContext(ctx, "stripe event about an object idempay never created: recorded, not applied",
+			h.log.WarnContext(ctx, "stripe event about an object the ledger does not hold (one idempay never created, or a second one of a request that ran twice at Stripe): recorded, not applied",
 				"event_id", ev.ID, "event_type", typ)
 		case stripeevents.Failed:
 			h.log.WarnContext(ctx, "stripe event whose object cannot be applied: recorded as failed, acknowledged, not retried",
