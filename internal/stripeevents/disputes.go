@@ -10,6 +10,10 @@ import (
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
+// maxDisputeAmount is the largest integer a JSON number holds exactly in
+// every client (2^53 - 1).
+const maxDisputeAmount = 1<<53 - 1
+
 // disputeRank orders a dispute's states: needs a response, under review,
 // closed.
 var disputeRank = map[string]int{
@@ -35,10 +39,13 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 	} else if err != nil {
 		return "", fmt.Errorf("finding the charge of dispute %s: %w", sd.ID, err)
 	}
-	if sd.Amount > ch.Amount {
-		// Stripe disputes at most the charge's amount: a larger one is not
-		// an amount to show or to hold against refunds.
-		return "", fmt.Errorf("%w: dispute %s of %d, more than its charge's %d", ErrUnappliable, sd.ID, sd.Amount, ch.Amount)
+	if sd.Amount > maxDisputeAmount {
+		// Stripe documents a dispute's amount as "usually the amount of the
+		// charge, but it can differ (usually because of currency
+		// fluctuation ...)", so a dispute for more than its charge is
+		// recorded as Stripe states it. Past 2^53 - 1 it is no amount a
+		// JSON client reads exactly, and none a payment holds.
+		return "", fmt.Errorf("%w: dispute %s of %d, past %d", ErrUnappliable, sd.ID, sd.Amount, int64(maxDisputeAmount))
 	}
 	reason := nonEmpty(pgtext.Truncate(sd.Reason, 100))
 	d, err := a.st.dispute(ctx, sd.ID)

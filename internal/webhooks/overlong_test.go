@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/webhooks"
 )
 
@@ -64,21 +65,37 @@ func TestOverlongFailureCodeIsCut(t *testing.T) {
 	}
 }
 
-// TestDisputeLargerThanItsCharge: Stripe disputes at most a charge's
-// amount. A signed dispute event for more is not applied (it would show an
-// amount that was never at stake, and hold refunds against it): it ends
-// failed, with its reason, and the charge has no dispute.
+// TestDisputeLargerThanItsCharge: Stripe documents a dispute's amount as
+// "usually the amount of the charge, but it can differ (usually because of
+// currency fluctuation or because only part of the order is disputed)". A
+// dispute of 1,100 on a charge of 1,000 is recorded as Stripe states it,
+// and holds refunds like any open dispute. One past 2^53 - 1, which no
+// JSON client reads exactly, is not applied: it ends failed, and the
+// charge has no dispute from it.
 func TestDisputeLargerThanItsCharge(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
-	ch, fc := createCharge(t, env, c, 1000)
-	ev, err := webhooks.NewDisputeEvent("charge.dispute.created", webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge,
-		Amount: 1 << 62, Currency: "usd", Reason: "fraudulent", Status: "needs_response"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
+	dispute := func(fc stripefake.Charge, amount int64) webhooks.Event {
+		ev, err := webhooks.NewDisputeEvent("charge.dispute.created", webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge,
+			Amount: amount, Currency: "usd", Reason: "fraudulent", Status: "needs_response"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
 	}
-	wantOutcome(t, deliver(t, env, ev), "failed")
+
+	ch, fc := createCharge(t, env, c, 1000)
+	wantOutcome(t, deliver(t, env, dispute(fc, 1100)), "applied")
+	if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Amount != 1100 {
+		t.Errorf("the charge after a dispute of 1100 on 1000: disputes %s, want the one of 1100", mustJSON(got.Disputes))
+	}
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 100}); r.Status != http.StatusConflict {
+		t.Errorf("a refund of a charge under an open dispute: %d %s, want 409", r.Status, r.Body)
+	}
+
+	ch, fc = createCharge(t, env, c, 1000)
+	wantOutcome(t, deliver(t, env, dispute(fc, 1<<62)), "failed")
 	if got := getCharge(t, c, ch.ID); len(got.Disputes) != 0 {
 		t.Errorf("the charge after a dispute of 2^62 on 1000: disputes %s, want none", mustJSON(got.Disputes))
 	}
