@@ -1,8 +1,26 @@
+-- name: WebhookEndpointLockAccount :exec
+-- Runs creations of an account's endpoints one after another, so that the
+-- guarded insert after it counts every endpoint committed before it (as
+-- APIKeyLockAccount does for revocations). FOR NO KEY UPDATE: it does not
+-- wait for an insert that checks its foreign key to the account.
+SELECT 1 FROM accounts WHERE id = @account_id FOR NO KEY UPDATE;
+
+-- name: WebhookEndpointCount :one
+SELECT count(*) FROM webhook_endpoints WHERE account_id = @account_id;
+
 -- name: WebhookEndpointInsert :exec
 -- A new endpoint, with the id and sealed secret its maker chose (it is
--- queued in the claim's batch).
-INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, idempotency_key_id)
-VALUES (@id, @account_id, @url, @enabled_events, @secret, @idempotency_key_id);
+-- queued in the claim's batch, after WebhookEndpointLockAccount), unless
+-- the account has @max_endpoints already: the caller counted fewer in a
+-- read, and when that no longer holds it raises IDS01, and the caller
+-- counts again.
+WITH w AS (
+    INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, idempotency_key_id)
+    SELECT @id, @account_id, @url, @enabled_events, @secret, @idempotency_key_id
+    WHERE (SELECT count(*) FROM webhook_endpoints WHERE account_id = @account_id) < @max_endpoints::bigint
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the account''s endpoints changed since they were counted');
 
 -- name: WebhookEndpointGetByID :one
 SELECT * FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;

@@ -626,6 +626,17 @@ func (q *Queries) WebhookDispatcherRead(ctx context.Context, db DBTX, arg *Webho
 	return items, nil
 }
 
+const webhookEndpointCount = `-- name: WebhookEndpointCount :one
+SELECT count(*) FROM webhook_endpoints WHERE account_id = $1
+`
+
+func (q *Queries) WebhookEndpointCount(ctx context.Context, db DBTX, accountID string) (int64, error) {
+	row := db.QueryRow(ctx, webhookEndpointCount, accountID)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const webhookEndpointDelete = `-- name: WebhookEndpointDelete :one
 WITH k AS (
     SELECT 1 FROM api_keys ak
@@ -754,8 +765,13 @@ func (q *Queries) WebhookEndpointGetByIdempotencyKeyID(ctx context.Context, db D
 }
 
 const webhookEndpointInsert = `-- name: WebhookEndpointInsert :exec
-INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, idempotency_key_id)
-VALUES ($1, $2, $3, $4, $5, $6)
+WITH w AS (
+    INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret, idempotency_key_id)
+    SELECT $1, $2, $3, $4, $5, $6
+    WHERE (SELECT count(*) FROM webhook_endpoints WHERE account_id = $2) < $7::bigint
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the account''s endpoints changed since they were counted')
 `
 
 type WebhookEndpointInsertParams struct {
@@ -765,10 +781,14 @@ type WebhookEndpointInsertParams struct {
 	EnabledEvents    []string
 	Secret           []byte
 	IdempotencyKeyID *string
+	MaxEndpoints     int64
 }
 
 // A new endpoint, with the id and sealed secret its maker chose (it is
-// queued in the claim's batch).
+// queued in the claim's batch, after WebhookEndpointLockAccount), unless
+// the account has @max_endpoints already: the caller counted fewer in a
+// read, and when that no longer holds it raises IDS01, and the caller
+// counts again.
 func (q *Queries) WebhookEndpointInsert(ctx context.Context, db DBTX, arg *WebhookEndpointInsertParams) error {
 	_, err := db.Exec(ctx, webhookEndpointInsert,
 		arg.ID,
@@ -777,6 +797,7 @@ func (q *Queries) WebhookEndpointInsert(ctx context.Context, db DBTX, arg *Webho
 		arg.EnabledEvents,
 		arg.Secret,
 		arg.IdempotencyKeyID,
+		arg.MaxEndpoints,
 	)
 	return err
 }
@@ -818,6 +839,19 @@ func (q *Queries) WebhookEndpointList(ctx context.Context, db DBTX, accountID st
 		return nil, err
 	}
 	return items, nil
+}
+
+const webhookEndpointLockAccount = `-- name: WebhookEndpointLockAccount :exec
+SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE
+`
+
+// Runs creations of an account's endpoints one after another, so that the
+// guarded insert after it counts every endpoint committed before it (as
+// APIKeyLockAccount does for revocations). FOR NO KEY UPDATE: it does not
+// wait for an insert that checks its foreign key to the account.
+func (q *Queries) WebhookEndpointLockAccount(ctx context.Context, db DBTX, accountID string) error {
+	_, err := db.Exec(ctx, webhookEndpointLockAccount, accountID)
+	return err
 }
 
 const webhookEndpointRotate = `-- name: WebhookEndpointRotate :exec

@@ -294,9 +294,24 @@ type createOp struct {
 	secret    string // known only to the process that made it
 }
 
+// MaxEndpoints is how many endpoints an account may have, as on Stripe:
+// every event is sent to each endpoint that wants it, so the number bounds
+// what one event costs.
+const MaxEndpoints = 16
+
+// Begin checks the URL and counts the account's endpoints, reading before
+// the phase, then queues the account's lock and the guarded insert into
+// the claim's batch: an insert that would pass MaxEndpoints (another
+// creation committed since the count) raises ErrStale, and the runner
+// counts again, which answers the refusal.
 func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	if err := op.s.checkURL(ctx, op.p.URL); err != nil {
 		return err
+	}
+	if n, err := op.s.q.WebhookEndpointCount(ctx, op.s.pool, op.accountID); err != nil {
+		return fmt.Errorf("counting webhook endpoints: %w", err)
+	} else if n >= MaxEndpoints {
+		return apierror.Newf(apierror.InvalidRequest, "The account has %d webhook endpoints, the most it may have; delete one first.", MaxEndpoints)
 	}
 	raw := make([]byte, 16)
 	if _, err := rand.Read(raw); err != nil {
@@ -314,8 +329,11 @@ func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	op.row = dbsqlc.WebhookEndpoint{ID: id, AccountID: op.accountID, Url: op.p.URL, EnabledEvents: op.p.EnabledEvents,
 		Enabled: true, Version: 1, IdempotencyKeyID: &rec.ID}
 	op.secret = secret
+	if err := op.s.q.WebhookEndpointLockAccount(ctx, b, op.accountID); err != nil {
+		return fmt.Errorf("locking the account: %w", err)
+	}
 	if err := op.s.q.WebhookEndpointInsert(ctx, b, &dbsqlc.WebhookEndpointInsertParams{ID: id, AccountID: op.accountID,
-		Url: op.p.URL, EnabledEvents: op.p.EnabledEvents, Secret: sealed, IdempotencyKeyID: &rec.ID}); err != nil {
+		Url: op.p.URL, EnabledEvents: op.p.EnabledEvents, Secret: sealed, IdempotencyKeyID: &rec.ID, MaxEndpoints: MaxEndpoints}); err != nil {
 		return fmt.Errorf("inserting webhook endpoint: %w", err)
 	}
 	return nil
