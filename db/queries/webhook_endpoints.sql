@@ -54,13 +54,15 @@ WITH k AS (
 )
 SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)::bigint AS deleted;
 
--- name: WebhookEndpointsLock :exec
+-- name: WebhookEndpointsLock :many
 -- A batch's endpoints, locked first in its recording transaction, in id
 -- order: every transaction that writes an endpoint and its deliveries
 -- (recording a batch, disabling or enabling an endpoint, the fan-out, a
 -- resend, a recovery) takes the endpoint's row before the deliveries'
--- rows, so that none waits for another in a cycle.
-SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
+-- rows, so that none waits for another in a cycle. Returns the failure
+-- clocks as they are under the lock (another worker's batch may have
+-- started one since this batch was claimed).
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
 
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
@@ -177,8 +179,8 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 -- each the lowest
 -- version of its object pending for its endpoint (head of line per
 -- object), oldest first, leased to the caller, each with what its attempt
--- needs: the event it sends, and its endpoint's URL, secrets and failure
--- clock. One statement for a whole batch. SKIP LOCKED: two workers never
+-- needs: the event it sends, and its endpoint's URL and secrets. One
+-- statement for a whole batch. SKIP LOCKED: two workers never
 -- claim one delivery, and neither waits for the other. A batch never
 -- holds two versions of one object for one endpoint: the later one waits
 -- while the earlier is pending.
@@ -211,7 +213,7 @@ FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
-    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since;
+    w.url, w.secret, w.previous_secret, w.previous_expires_at;
 
 -- name: WebhookDeliveriesFinish :many
 -- The outcomes of a batch's attempts (status 0: no answer; an empty error:

@@ -300,7 +300,7 @@ FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
-    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since
+    w.url, w.secret, w.previous_secret, w.previous_expires_at
 `
 
 type WebhookDeliveryClaimParams struct {
@@ -326,7 +326,6 @@ type WebhookDeliveryClaimRow struct {
 	Secret            []byte
 	PreviousSecret    []byte
 	PreviousExpiresAt *time.Time
-	FailingSince      *time.Time
 }
 
 // Up to @max_rows due deliveries of enabled endpoints (a disabled
@@ -334,8 +333,8 @@ type WebhookDeliveryClaimRow struct {
 // each the lowest
 // version of its object pending for its endpoint (head of line per
 // object), oldest first, leased to the caller, each with what its attempt
-// needs: the event it sends, and its endpoint's URL, secrets and failure
-// clock. One statement for a whole batch. SKIP LOCKED: two workers never
+// needs: the event it sends, and its endpoint's URL and secrets. One
+// statement for a whole batch. SKIP LOCKED: two workers never
 // claim one delivery, and neither waits for the other. A batch never
 // holds two versions of one object for one endpoint: the later one waits
 // while the earlier is pending.
@@ -375,7 +374,6 @@ func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *Webhoo
 			&i.Secret,
 			&i.PreviousSecret,
 			&i.PreviousExpiresAt,
-			&i.FailingSince,
 		); err != nil {
 			return nil, err
 		}
@@ -937,18 +935,40 @@ func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *Webh
 	return items, nil
 }
 
-const webhookEndpointsLock = `-- name: WebhookEndpointsLock :exec
-SELECT id FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
+const webhookEndpointsLock = `-- name: WebhookEndpointsLock :many
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
 `
+
+type WebhookEndpointsLockRow struct {
+	ID           string
+	FailingSince *time.Time
+}
 
 // A batch's endpoints, locked first in its recording transaction, in id
 // order: every transaction that writes an endpoint and its deliveries
 // (recording a batch, disabling or enabling an endpoint, the fan-out, a
 // resend, a recovery) takes the endpoint's row before the deliveries'
-// rows, so that none waits for another in a cycle.
-func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) error {
-	_, err := db.Exec(ctx, webhookEndpointsLock, ids)
-	return err
+// rows, so that none waits for another in a cycle. Returns the failure
+// clocks as they are under the lock (another worker's batch may have
+// started one since this batch was claimed).
+func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) ([]WebhookEndpointsLockRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointsLock, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WebhookEndpointsLockRow
+	for rows.Next() {
+		var i WebhookEndpointsLockRow
+		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec

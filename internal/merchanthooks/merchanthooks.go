@@ -135,7 +135,8 @@ const (
 	// OutcomeFenced: the attempt ran, but the worker's lease had run out
 	// and another worker owns the delivery, or a resend or a recovery
 	// started the delivery again meanwhile; its outcome is recorded as an
-	// attempt, and changes nothing else.
+	// attempt and leaves the delivery as it is. What the endpoint answered
+	// still counts for the endpoint (reached, failing or gone).
 	OutcomeFenced = "fenced"
 )
 

@@ -277,8 +277,10 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 // every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
 // or whose delivery a resend or a recovery started again meanwhile,
-// changes nothing but its attempt's row); the endpoints' failure clocks;
-// and the endpoints to disable, with their events.
+// changes nothing of the delivery but its attempt's row); the endpoints'
+// failure clocks; and the endpoints to disable, with their events. What
+// an endpoint answered counts for the endpoint whether or not its
+// delivery's outcome was fenced (endpointsAfter).
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
 	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
 	now := s.cfg.now()
@@ -324,7 +326,8 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 	}
 	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 		// The endpoints first, then the deliveries (WebhookEndpointsLock).
-		if err := s.q.WebhookEndpointsLock(ctx, tx, endpoints); err != nil {
+		locked, err := s.q.WebhookEndpointsLock(ctx, tx, endpoints)
+		if err != nil {
 			return struct{}{}, fmt.Errorf("locking the batch's endpoints: %w", err)
 		}
 		if len(back.Ids) > 0 {
@@ -342,7 +345,7 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 		if err := s.q.WebhookAttemptsInsert(ctx, tx, ins); err != nil {
 			return struct{}{}, fmt.Errorf("recording attempts: %w", err)
 		}
-		return struct{}{}, s.endpointsAfter(ctx, tx, claimed, outcomes, counted, now)
+		return struct{}{}, s.endpointsAfter(ctx, tx, locked, claimed, outcomes, counted, now)
 	})
 	if err != nil {
 		return err
@@ -355,19 +358,18 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 	return nil
 }
 
-// endpointsAfter applies a batch's counted outcomes to their endpoints, in
-// tx: an endpoint that accepted an attempt is no longer failing; one that
-// failed every attempt it had is failing since now, unless it already
-// was, and disabled once that is longer than Config.DisableAfter; one that
-// answered 410 is disabled. outcomes[i] becomes OutcomeFenced for each
-// delivery whose outcome did not count.
-func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
+// endpointsAfter applies a batch's attempts to their endpoints, in tx, by
+// what each endpoint answered, whatever became of the delivery (an answer
+// to an attempt whose outcome was fenced is still the endpoint's): an
+// endpoint that accepted an attempt is no longer failing; one that failed
+// every attempt it had is failing since now, unless it already was, and
+// disabled once that is longer than Config.DisableAfter; one that answered
+// 410 is disabled. locked are the batch's endpoints as their lock found
+// them. outcomes[i] becomes OutcomeFenced for each delivery whose outcome
+// did not count.
+func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc.WebhookEndpointsLockRow, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
 	var reached, failing, gone []string
 	for i, d := range claimed {
-		if !slices.Contains(counted, d.ID) {
-			outcomes[i] = OutcomeFenced
-			continue
-		}
 		switch outcomes[i] {
 		case OutcomeDelivered:
 			reached = appendOnce(reached, d.EndpointID)
@@ -376,12 +378,15 @@ func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, claimed []dbsql
 		default:
 			failing = appendOnce(failing, d.EndpointID)
 		}
+		if !slices.Contains(counted, d.ID) {
+			outcomes[i] = OutcomeFenced
+		}
 	}
 	failing = slices.DeleteFunc(failing, func(id string) bool { return slices.Contains(reached, id) })
-	// An endpoint that was not failing when claimed needs no write.
+	// An endpoint that is not failing needs no write.
 	wasFailing := slices.DeleteFunc(slices.Clone(reached), func(id string) bool {
-		return !slices.ContainsFunc(claimed, func(d dbsqlc.WebhookDeliveryClaimRow) bool {
-			return d.EndpointID == id && d.FailingSince != nil
+		return !slices.ContainsFunc(locked, func(e dbsqlc.WebhookEndpointsLockRow) bool {
+			return e.ID == id && e.FailingSince != nil
 		})
 	})
 	if len(wasFailing) > 0 {
