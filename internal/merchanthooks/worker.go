@@ -40,9 +40,11 @@ const maxAnswerBytes = 4096
 const maxRetryAfter = 24 * time.Hour
 
 // RunWorkers sends deliveries until ctx is done: Config.Workers loops, each
-// claiming up to Config.WorkerBatch due deliveries at a time (Work). A
-// loop whose claim came back short of a full batch has caught up and
-// pauses Config.Interval; a full one goes again at once.
+// expanding a chunk of a pending recovery when there is one
+// (ExpandRecovery), then claiming up to Config.WorkerBatch due deliveries
+// (Work). A loop whose claim came back short of a full batch, and that
+// expanded nothing, has caught up and pauses Config.Interval; any other
+// goes again at once.
 func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 	if s.seal == nil {
 		s.log.WarnContext(ctx, "webhooks out: "+errNoSecretsKey.Error()+"; no delivery is sent")
@@ -53,11 +55,15 @@ func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 	for range max(1, s.cfg.Workers) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
+				expanded, err := s.ExpandRecovery(ctx)
+				if err != nil && ctx.Err() == nil {
+					s.log.WarnContext(ctx, "webhooks out: recovery chunk failed; retrying", "err", err)
+				}
 				n, err := s.Work(ctx, client, batch)
 				if err != nil && ctx.Err() == nil {
 					s.log.WarnContext(ctx, "webhooks out: worker pass failed; retrying", "err", err)
 				}
-				if n < batch && !sleep(ctx, s.cfg.Interval) {
+				if n < batch && !expanded && !sleep(ctx, s.cfg.Interval) {
 					return
 				}
 			}
