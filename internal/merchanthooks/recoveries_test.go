@@ -384,3 +384,54 @@ func TestRecoveryEndsWithItsEndpoint(t *testing.T) {
 		t.Fatalf("GET the deleted endpoint's recovery: %d %s, want 404", r.Status, r.Body)
 	}
 }
+
+// TestWorkersExpandRecoveries: the worker loops that send deliveries
+// (RunWorkers, as serve and idempay deliver run them) expand a recovery
+// as well, a chunk per pass, and send the deliveries it creates: every
+// event of the window is received once more, and the recovery is done.
+func TestWorkersExpandRecoveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	var ids []string
+	for i := range 10 {
+		ids = append(ids, b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_w%d", i), 1))
+	}
+	b.dispatch(t)
+	if n := b.work(t); n != 10 {
+		t.Fatalf("claimed %d, want the 10 deliveries", n)
+	}
+	rec := b.recover(t, epID)
+	cfg := b.cfg
+	cfg.RecoverChunk, cfg.Workers, cfg.Interval = 3, 2, 10*time.Millisecond
+	svc := merchanthooks.New(b.pool, b.env.Runner, cfg, quiet)
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		svc.RunWorkers(ctx, b.http)
+		close(stopped)
+	}()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		_, done := b.cursor(t, rec.ID)
+		if done && b.pending(t, epID) == 0 && len(b.recv.deliveries()) == 2*len(ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			<-stopped
+			t.Fatalf("2 minutes into the workers' run: recovery done %v, %d requests received (want %d): %s",
+				done, len(b.recv.deliveries()), 2*len(ids), b.describeDeliveries(t))
+		}
+	}
+	stop()
+	<-stopped
+	got := map[string]int{}
+	for _, d := range b.recv.deliveries() {
+		got[d.ID]++
+	}
+	for _, id := range ids {
+		if got[id] != 2 {
+			t.Errorf("%s received %d times, want 2 (delivered, then recovered once)", id, got[id])
+		}
+	}
+}
