@@ -72,13 +72,15 @@ WITH k AS (
 )
 SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)::bigint AS deleted;
 
--- name: WebhookEndpointsLock :exec
+-- name: WebhookEndpointsLock :many
 -- A batch's endpoints, locked first in its recording transaction, in id
 -- order: every transaction that writes an endpoint and its deliveries
 -- (recording a batch, disabling or enabling an endpoint, the fan-out, a
 -- resend, a recovery) takes the endpoint's row before the deliveries'
--- rows, so that none waits for another in a cycle.
-SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
+-- rows, so that none waits for another in a cycle. Returns the failure
+-- clocks as they are under the lock (another worker's batch may have
+-- started one since this batch was claimed).
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
 
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
@@ -195,8 +197,8 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 -- each the lowest
 -- version of its object pending for its endpoint (head of line per
 -- object), oldest first, leased to the caller, each with what its attempt
--- needs: the event it sends, and its endpoint's URL, secrets and failure
--- clock. One statement for a whole batch. SKIP LOCKED: two workers never
+-- needs: the event it sends, and its endpoint's URL and secrets. One
+-- statement for a whole batch. SKIP LOCKED: two workers never
 -- claim one delivery, and neither waits for the other. A batch never
 -- holds two versions of one object for one endpoint: the later one waits
 -- while the earlier is pending.
@@ -229,7 +231,7 @@ FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
-    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since;
+    w.url, w.secret, w.previous_secret, w.previous_expires_at;
 
 -- name: WebhookDeliveriesFinish :many
 -- The outcomes of a batch's attempts (status 0: no answer; an empty error:
@@ -303,20 +305,65 @@ FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
 SET state = 'pending', attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1;
 
--- name: WebhookDeliveriesRecover :exec
--- Every event of the account since @since that the endpoint wants, again,
--- each under its own id: pending, or paused while the endpoint is
--- disabled (read under a lock, as by the fan-out). A delivery being sent
--- keeps its worker's lease, and that worker's outcome is fenced, as by
--- WebhookDeliveriesResend.
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, CASE WHEN w.enabled THEN 'pending' ELSE 'paused' END
-FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
-WHERE e.account_id = @account_id AND w.id = @endpoint_id AND e.created_at >= @since::timestamptz
-  AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
-FOR SHARE OF w
-ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1;
+-- name: WebhookRecoveryInsert :exec
+-- A recovery, in the claim's batch of its request, until its time (the
+-- batch's transaction's); the workers expand it (WebhookRecoveryExpand).
+INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, idempotency_key_id)
+VALUES (@id, @account_id, @endpoint_id, @since, @idempotency_key_id);
+
+-- name: WebhookRecoveryGetByIdempotencyKeyID :one
+SELECT * FROM webhook_recoveries WHERE idempotency_key_id = @idempotency_key_id;
+
+-- name: WebhookRecoveryGet :one
+SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id = @endpoint_id AND id = @id;
+
+-- name: WebhookRecoveryExpand :one
+-- One chunk of a recovery, in one statement (so one transaction). The
+-- oldest recovery not done that no other worker holds is locked with its
+-- endpoint, SKIP LOCKED: two workers never expand one recovery at once,
+-- neither waits for the other, and a recovery whose endpoint is being
+-- recorded, changed or deleted waits for a later pass (a delete cascades
+-- to it once this commits). The account's next @max_rows events after the
+-- cursor are read in seq order (events_account_seq), so that an object's
+-- events are recovered in order across chunks; each one created within
+-- the window that the endpoint wants is sent again under its own id:
+-- pending, or paused while the endpoint is disabled (as the lock found
+-- it: a disabling that commits later pauses these deliveries, as it does
+-- the fan-out's). A delivery being sent keeps its worker's lease, and that
+-- worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
+-- moves to the last event read; a chunk that came short read the
+-- account's last event, and the recovery is done. No row when no recovery
+-- was free.
+WITH r AS MATERIALIZED (
+    SELECT r.id, r.account_id, r.endpoint_id, r.since, r.until, r.after_seq, w.enabled, w.enabled_events
+    FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
+    WHERE r.done_at IS NULL
+    ORDER BY r.until
+    LIMIT 1
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+    FOR SHARE OF w SKIP LOCKED
+), chunk AS MATERIALIZED (
+    SELECT e.seq, e.id, e.type, e.object_id, e.object_version, e.created_at
+    FROM events e
+    WHERE e.account_id = (SELECT account_id FROM r) AND e.seq > (SELECT after_seq FROM r)
+    ORDER BY e.seq
+    LIMIT @max_rows::int
+), recovered AS (
+    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
+    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END
+    FROM chunk c, r
+    WHERE c.created_at BETWEEN r.since AND r.until
+      AND (c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events))
+    ORDER BY c.seq
+    ON CONFLICT (event_id, endpoint_id) DO UPDATE
+    SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
+)
+UPDATE webhook_recoveries u
+SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
+    done_at = CASE WHEN (SELECT count(*) FROM chunk) < @max_rows::int THEN now() END
+FROM r
+WHERE u.id = r.id
+RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done;
 
 -- name: WebhookEventGet :one
 -- The event a delivery sends.

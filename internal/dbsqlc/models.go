@@ -178,3 +178,14 @@ type WebhookEndpoint struct {
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
 }
+
+type WebhookRecovery struct {
+	ID               string
+	AccountID        string
+	EndpointID       string
+	Since            time.Time
+	Until            time.Time
+	AfterSeq         int64
+	DoneAt           *time.Time
+	IdempotencyKeyID *string
+}

@@ -210,33 +210,6 @@ func (q *Queries) WebhookDeliveriesPause(ctx context.Context, db DBTX, endpointI
 	return err
 }
 
-const webhookDeliveriesRecover = `-- name: WebhookDeliveriesRecover :exec
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, CASE WHEN w.enabled THEN 'pending' ELSE 'paused' END
-FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
-WHERE e.account_id = $1 AND w.id = $2 AND e.created_at >= $3::timestamptz
-  AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
-FOR SHARE OF w
-ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
-`
-
-type WebhookDeliveriesRecoverParams struct {
-	AccountID  string
-	EndpointID string
-	Since      time.Time
-}
-
-// Every event of the account since @since that the endpoint wants, again,
-// each under its own id: pending, or paused while the endpoint is
-// disabled (read under a lock, as by the fan-out). A delivery being sent
-// keeps its worker's lease, and that worker's outcome is fenced, as by
-// WebhookDeliveriesResend.
-func (q *Queries) WebhookDeliveriesRecover(ctx context.Context, db DBTX, arg *WebhookDeliveriesRecoverParams) error {
-	_, err := db.Exec(ctx, webhookDeliveriesRecover, arg.AccountID, arg.EndpointID, arg.Since)
-	return err
-}
-
 const webhookDeliveriesResend = `-- name: WebhookDeliveriesResend :exec
 INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
 SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
@@ -300,7 +273,7 @@ FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
-    w.url, w.secret, w.previous_secret, w.previous_expires_at, w.failing_since
+    w.url, w.secret, w.previous_secret, w.previous_expires_at
 `
 
 type WebhookDeliveryClaimParams struct {
@@ -326,7 +299,6 @@ type WebhookDeliveryClaimRow struct {
 	Secret            []byte
 	PreviousSecret    []byte
 	PreviousExpiresAt *time.Time
-	FailingSince      *time.Time
 }
 
 // Up to @max_rows due deliveries of enabled endpoints (a disabled
@@ -334,8 +306,8 @@ type WebhookDeliveryClaimRow struct {
 // each the lowest
 // version of its object pending for its endpoint (head of line per
 // object), oldest first, leased to the caller, each with what its attempt
-// needs: the event it sends, and its endpoint's URL, secrets and failure
-// clock. One statement for a whole batch. SKIP LOCKED: two workers never
+// needs: the event it sends, and its endpoint's URL and secrets. One
+// statement for a whole batch. SKIP LOCKED: two workers never
 // claim one delivery, and neither waits for the other. A batch never
 // holds two versions of one object for one endpoint: the later one waits
 // while the earlier is pending.
@@ -375,7 +347,6 @@ func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *Webhoo
 			&i.Secret,
 			&i.PreviousSecret,
 			&i.PreviousExpiresAt,
-			&i.FailingSince,
 		); err != nil {
 			return nil, err
 		}
@@ -971,18 +942,40 @@ func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *Webh
 	return items, nil
 }
 
-const webhookEndpointsLock = `-- name: WebhookEndpointsLock :exec
-SELECT id FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
+const webhookEndpointsLock = `-- name: WebhookEndpointsLock :many
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE
 `
+
+type WebhookEndpointsLockRow struct {
+	ID           string
+	FailingSince *time.Time
+}
 
 // A batch's endpoints, locked first in its recording transaction, in id
 // order: every transaction that writes an endpoint and its deliveries
 // (recording a batch, disabling or enabling an endpoint, the fan-out, a
 // resend, a recovery) takes the endpoint's row before the deliveries'
-// rows, so that none waits for another in a cycle.
-func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) error {
-	_, err := db.Exec(ctx, webhookEndpointsLock, ids)
-	return err
+// rows, so that none waits for another in a cycle. Returns the failure
+// clocks as they are under the lock (another worker's batch may have
+// started one since this batch was claimed).
+func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []string) ([]WebhookEndpointsLockRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointsLock, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WebhookEndpointsLockRow
+	for rows.Next() {
+		var i WebhookEndpointsLockRow
+		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec
@@ -1048,4 +1041,137 @@ func (q *Queries) WebhookOldestPending(ctx context.Context, db DBTX) ([]WebhookO
 		return nil, err
 	}
 	return items, nil
+}
+
+const webhookRecoveryExpand = `-- name: WebhookRecoveryExpand :one
+WITH r AS MATERIALIZED (
+    SELECT r.id, r.account_id, r.endpoint_id, r.since, r.until, r.after_seq, w.enabled, w.enabled_events
+    FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
+    WHERE r.done_at IS NULL
+    ORDER BY r.until
+    LIMIT 1
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+    FOR SHARE OF w SKIP LOCKED
+), chunk AS MATERIALIZED (
+    SELECT e.seq, e.id, e.type, e.object_id, e.object_version, e.created_at
+    FROM events e
+    WHERE e.account_id = (SELECT account_id FROM r) AND e.seq > (SELECT after_seq FROM r)
+    ORDER BY e.seq
+    LIMIT $1::int
+), recovered AS (
+    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
+    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END
+    FROM chunk c, r
+    WHERE c.created_at BETWEEN r.since AND r.until
+      AND (c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events))
+    ORDER BY c.seq
+    ON CONFLICT (event_id, endpoint_id) DO UPDATE
+    SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
+)
+UPDATE webhook_recoveries u
+SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
+    done_at = CASE WHEN (SELECT count(*) FROM chunk) < $1::int THEN now() END
+FROM r
+WHERE u.id = r.id
+RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done
+`
+
+type WebhookRecoveryExpandRow struct {
+	ID   string
+	Done bool
+}
+
+// One chunk of a recovery, in one statement (so one transaction). The
+// oldest recovery not done that no other worker holds is locked with its
+// endpoint, SKIP LOCKED: two workers never expand one recovery at once,
+// neither waits for the other, and a recovery whose endpoint is being
+// recorded, changed or deleted waits for a later pass (a delete cascades
+// to it once this commits). The account's next @max_rows events after the
+// cursor are read in seq order (events_account_seq), so that an object's
+// events are recovered in order across chunks; each one created within
+// the window that the endpoint wants is sent again under its own id:
+// pending, or paused while the endpoint is disabled (as the lock found
+// it: a disabling that commits later pauses these deliveries, as it does
+// the fan-out's). A delivery being sent keeps its worker's lease, and that
+// worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
+// moves to the last event read; a chunk that came short read the
+// account's last event, and the recovery is done. No row when no recovery
+// was free.
+func (q *Queries) WebhookRecoveryExpand(ctx context.Context, db DBTX, maxRows int32) (WebhookRecoveryExpandRow, error) {
+	row := db.QueryRow(ctx, webhookRecoveryExpand, maxRows)
+	var i WebhookRecoveryExpandRow
+	err := row.Scan(&i.ID, &i.Done)
+	return i, err
+}
+
+const webhookRecoveryGet = `-- name: WebhookRecoveryGet :one
+SELECT id, account_id, endpoint_id, since, until, after_seq, done_at, idempotency_key_id FROM webhook_recoveries WHERE account_id = $1 AND endpoint_id = $2 AND id = $3
+`
+
+type WebhookRecoveryGetParams struct {
+	AccountID  string
+	EndpointID string
+	ID         string
+}
+
+func (q *Queries) WebhookRecoveryGet(ctx context.Context, db DBTX, arg *WebhookRecoveryGetParams) (WebhookRecovery, error) {
+	row := db.QueryRow(ctx, webhookRecoveryGet, arg.AccountID, arg.EndpointID, arg.ID)
+	var i WebhookRecovery
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.EndpointID,
+		&i.Since,
+		&i.Until,
+		&i.AfterSeq,
+		&i.DoneAt,
+		&i.IdempotencyKeyID,
+	)
+	return i, err
+}
+
+const webhookRecoveryGetByIdempotencyKeyID = `-- name: WebhookRecoveryGetByIdempotencyKeyID :one
+SELECT id, account_id, endpoint_id, since, until, after_seq, done_at, idempotency_key_id FROM webhook_recoveries WHERE idempotency_key_id = $1
+`
+
+func (q *Queries) WebhookRecoveryGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (WebhookRecovery, error) {
+	row := db.QueryRow(ctx, webhookRecoveryGetByIdempotencyKeyID, idempotencyKeyID)
+	var i WebhookRecovery
+	err := row.Scan(
+		&i.ID,
+		&i.AccountID,
+		&i.EndpointID,
+		&i.Since,
+		&i.Until,
+		&i.AfterSeq,
+		&i.DoneAt,
+		&i.IdempotencyKeyID,
+	)
+	return i, err
+}
+
+const webhookRecoveryInsert = `-- name: WebhookRecoveryInsert :exec
+INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, idempotency_key_id)
+VALUES ($1, $2, $3, $4, $5)
+`
+
+type WebhookRecoveryInsertParams struct {
+	ID               string
+	AccountID        string
+	EndpointID       string
+	Since            time.Time
+	IdempotencyKeyID *string
+}
+
+// A recovery, in the claim's batch of its request, until its time (the
+// batch's transaction's); the workers expand it (WebhookRecoveryExpand).
+func (q *Queries) WebhookRecoveryInsert(ctx context.Context, db DBTX, arg *WebhookRecoveryInsertParams) error {
+	_, err := db.Exec(ctx, webhookRecoveryInsert,
+		arg.ID,
+		arg.AccountID,
+		arg.EndpointID,
+		arg.Since,
+		arg.IdempotencyKeyID,
+	)
+	return err
 }

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
-	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/listing"
 )
 
@@ -149,92 +147,6 @@ func (s *Service) Resend(ctx context.Context, accountID, eventID string, req ide
 type resendParams struct{}
 
 func (*resendParams) Validate() error { return nil }
-
-// RecoverParams is the body of POST /v1/webhook_endpoints/{id}/recover.
-type RecoverParams struct {
-	// Since starts the window (RFC 3339), at most 31 days ago and not in
-	// the future. It is decoded as a string and parsed by Validate, so
-	// that a refusal says what a time must be in the API's words.
-	Since *string `json:"since"`
-	since time.Time
-}
-
-// maxRecoverWindow bounds a recovery's window.
-const maxRecoverWindow = 31 * 24 * time.Hour
-
-// Validate parses since. Whether it is within the window is checked when
-// the request runs (checkWindow), not here: a retry of a finished
-// recovery replays its answer, even once the window has moved past since
-// (I2).
-func (p *RecoverParams) Validate() error {
-	reason := ""
-	if p.Since == nil {
-		reason = "is required: a time (RFC 3339) within the last 31 days"
-	} else if t, ok := parseRFC3339(*p.Since); !ok {
-		reason = "must be a time in RFC 3339 form, such as 2026-01-31T09:00:00Z"
-	} else {
-		p.since = t
-	}
-	if reason != "" {
-		return jsonbody.Invalid(jsonbody.Param{Name: "since", Reason: reason})
-	}
-	return nil
-}
-
-// parseRFC3339 parses an RFC 3339 time as the RFC has it, which
-// time.Parse does not quite: T and Z may be lower case (section 5.6), and
-// an offset's hours are 00 to 23 and its minutes 00 to 59, where
-// time.Parse takes up to 24 and 60.
-func parseRFC3339(s string) (time.Time, bool) {
-	s = strings.NewReplacer("t", "T", "z", "Z").Replace(s)
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		return time.Time{}, false
-	}
-	if !strings.HasSuffix(s, "Z") { // the layout left the offset as the last 6 characters: +hh:mm
-		if s[len(s)-5:len(s)-3] > "23" || s[len(s)-2:] > "59" {
-			return time.Time{}, false
-		}
-	}
-	return t, true
-}
-
-// checkWindow checks that since is within the last 31 days by the
-// service's clock: neither older, nor in the future, where no event is yet
-// (a time the client got wrong, not a window to wait for).
-func (s *Service) checkWindow(since time.Time) error {
-	reason := ""
-	if now := s.cfg.now(); since.After(now) {
-		reason = "must not be in the future: a time (RFC 3339) within the last 31 days"
-	} else if now.Sub(since) > maxRecoverWindow {
-		reason = "must be within the last 31 days"
-	}
-	if reason != "" {
-		return apierror.Invalid(apierror.InvalidParam{Name: "since", Reason: reason})
-	}
-	return nil
-}
-
-// Recover sends every event of the account created since p.Since that the
-// endpoint wants again, each under its own id, on a new schedule (what a
-// merchant does after an outage of its receiver). Idempotent like Resend.
-// The window is checked when the request runs, so a retry replays the
-// answer whatever the time.
-func (s *Service) Recover(ctx context.Context, accountID, endpointID string, req idempotency.Request) (idempotency.Response, error) {
-	var p RecoverParams
-	if err := decodeBody(&req, &p); err != nil {
-		return idempotency.Response{}, err
-	}
-	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
-		if err := s.checkWindow(p.since); err != nil {
-			return err
-		}
-		if _, err := s.get(ctx, accountID, endpointID); err != nil {
-			return err
-		}
-		return s.q.WebhookDeliveriesRecover(ctx, b, &dbsqlc.WebhookDeliveriesRecoverParams{AccountID: accountID, EndpointID: endpointID, Since: p.since})
-	}, answer: map[string]any{"object": "webhook_endpoint_recovery", "webhook_endpoint": endpointID, "since": p.since.UTC()}})
-}
 
 // queueOp queues its writes in the claim's batch and answers 202 with
 // answer; there is no downstream call (the deliveries go out later).

@@ -283,11 +283,15 @@ func TestPausedWhileDisabled(t *testing.T) {
 	if n, report := b.workReport(t); n != 1 || len(b.recv.deliveries()) != 1 {
 		t.Fatalf("claimed %d, received %d: want the enabled endpoint's one: %s", n, len(b.recv.deliveries()), report)
 	}
-	// A recovery of the disabled endpoint: e1 again and e2, both paused.
+	// A recovery of the disabled endpoint: e1 again and e2, both paused
+	// once a worker pass has expanded it.
 	e2 := b.event(t, events.ChargeSucceeded, "ch_p2", 1)
 	b.dispatch(t)
 	if r := b.client.Post("/v1/webhook_endpoints/"+off+"/recover", apitest.NewKey(), map[string]any{"since": time.Now().Add(-time.Hour)}); r.Status != http.StatusAccepted {
 		t.Fatalf("recover: %d %s", r.Status, r.Body)
+	}
+	if n := b.expand(t); n != 1 {
+		t.Fatalf("the recovery took %d chunks, want 1", n)
 	}
 	if got := b.states(t, off); len(got) != 2 || got[e1] != merchanthooks.StatePaused || got[e2] != merchanthooks.StatePaused {
 		t.Fatalf("after the recovery: %v, want %s and %s paused", got, e1, e2)
@@ -910,8 +914,9 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 // first (by id) with their attempts, and only for its account; a cursor
 // that is not one of the endpoint's deliveries is a 400 naming it; a
 // recovery sends every event of its window again, each under its own id,
-// once however often it is retried; a window that is too old, in the
-// future, or missing, is a 400, and an unknown endpoint a 404.
+// once however often it is retried (the retry replays the answer, which
+// names the recovery); a window that is too old, in the future, or
+// missing, is a 400, and an unknown endpoint a 404.
 func TestRecoverAndEndpointDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -955,11 +960,14 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 
 	key := apitest.NewKey()
 	body := map[string]any{"since": time.Now().Add(-time.Hour).Format(time.RFC3339)}
+	var first string
 	for i := range 2 {
 		r := b.client.Post("/v1/webhook_endpoints/"+epID+"/recover", key, body)
-		if r.Status != http.StatusAccepted || (i == 1) != (r.Header.Get("Idempotent-Replayed") == "true") {
-			t.Fatalf("recover #%d: %d %v %s, want 202 (the second replayed)", i+1, r.Status, r.Header, r.Body)
+		if r.Status != http.StatusAccepted || (i == 1) != (r.Header.Get("Idempotent-Replayed") == "true") || (i == 1) != (string(r.Body) == first) {
+			t.Fatalf("recover #%d: %d %v %s, want 202 (the second replayed: %s)", i+1, r.Status, r.Header, r.Body, first)
 		}
+		first = string(r.Body)
+		b.expand(t)
 		b.work(t)
 	}
 	got := map[string]int{}

@@ -3,7 +3,9 @@ package merchanthooks_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -207,4 +209,117 @@ func TestResendWhileSending(t *testing.T) {
 		Scan(&recorded); err != nil || recorded != len(b.cfg.Schedule)+2 {
 		t.Errorf("%d attempts recorded (%v), want %d: every one, the fenced one too", recorded, err, len(b.cfg.Schedule)+2)
 	}
+}
+
+// TestFencedAnswersCountForTheEndpoint: an attempt whose delivery was
+// started again while it was being sent (a resend, or another worker that
+// took the delivery over once the lease ran out) is fenced: its outcome
+// leaves the delivery as the new schedule has it, and Observe is told
+// "fenced". What the endpoint answered still says how the endpoint is: a
+// 410 disables it, a failure starts its failure clock, and a 2xx stops
+// it, even when the clock was started after the held attempt was claimed
+// (by the takeover's failure).
+func TestFencedAnswersCountForTheEndpoint(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		takeover bool // else a resend fences the held attempt
+		held     int  // the held attempt's answer
+		failing  bool // the endpoint's failure clock runs afterwards
+		state    string
+		attempts int
+	}{
+		// Disabled, the endpoint's pending delivery (the resend's) is paused.
+		{"a 410 after a resend", false, http.StatusGone, false, merchanthooks.StatePaused, 0},
+		{"a failure after a resend", false, http.StatusInternalServerError, true, merchanthooks.StatePending, 0},
+		// The takeover's failed attempt counted: pending, due on the schedule.
+		{"a 2xx after a failed takeover", true, http.StatusOK, false, merchanthooks.StatePending, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			epID, _ := b.endpoint(t, "", "*")
+			arrived, release := make(chan struct{}), make(chan struct{})
+			var releaseOnce sync.Once
+			free := func() { releaseOnce.Do(func() { close(release) }) }
+			t.Cleanup(free) // before the receiver's Close, which waits for its handler
+			var requests atomic.Int32
+			b.recv.setAnswer(func(delivery) (int, http.Header) {
+				if requests.Add(1) == 1 { // the first attempt is held
+					close(arrived)
+					<-release
+					return tc.held, nil
+				}
+				return http.StatusInternalServerError, nil // the takeover's
+			})
+			id := b.event(t, events.ChargeSucceeded, "ch_f", 1)
+			b.dispatch(t)
+
+			// The held attempt's worker: a service of its own, to see what
+			// Observe is told, with a client that outwaits the hold.
+			var mu sync.Mutex
+			var observed []string
+			cfg := b.cfg
+			cfg.Observe = func(o string, _ time.Duration) {
+				mu.Lock()
+				observed = append(observed, o)
+				mu.Unlock()
+			}
+			longer := b.cfg
+			longer.Timeout = time.Minute
+			held := merchanthooks.New(b.pool, b.env.Runner, cfg, quiet)
+			done := make(chan error, 1)
+			go func() {
+				_, err := held.Work(context.Background(), merchanthooks.NewHTTPClient(longer), 1)
+				done <- err
+			}()
+			select {
+			case <-arrived:
+			case err := <-done:
+				t.Fatalf("the worker's pass ended (%v) before the endpoint got the attempt", err)
+			}
+			if tc.takeover {
+				b.clock.Advance(b.cfg.Lease + time.Second)
+				if n, report := b.workReport(t); n != 1 {
+					t.Fatalf("the takeover claimed %d, want the delivery whose lease ran out: %s", n, report)
+				}
+				if b.failingSince(t, epID) == nil {
+					t.Fatal("the takeover's failed attempt did not start the endpoint's failure clock")
+				}
+			} else if r := b.client.Post("/v1/events/"+id+"/resend", apitest.NewKey(), map[string]any{}); r.Status != http.StatusAccepted {
+				t.Fatalf("resend: %d %s", r.Status, r.Body)
+			}
+			free()
+			if err := <-done; err != nil {
+				t.Fatalf("the held attempt was not recorded: %v", err)
+			}
+
+			mu.Lock()
+			got := slices.Clone(observed)
+			mu.Unlock()
+			if !slices.Equal(got, []string{merchanthooks.OutcomeFenced}) {
+				t.Errorf("the held attempt was observed as %v, want [fenced]", got)
+			}
+			if state, attempts, _ := b.deliveryState(t, id); state != tc.state || attempts != tc.attempts {
+				t.Errorf("the delivery after the fenced %d: %s after %d attempts, want %s after %d (the outcome fenced)",
+					tc.held, state, attempts, tc.state, tc.attempts)
+			}
+			if tc.held == http.StatusGone {
+				b.assertDisabled(t, epID, merchanthooks.ReasonGone)
+			}
+			if since := b.failingSince(t, epID); (since != nil) != tc.failing {
+				t.Errorf("after the fenced %d the endpoint is failing since %v, want failing %v", tc.held, since, tc.failing)
+			}
+		})
+	}
+}
+
+// failingSince is the endpoint's failure clock: nil when it is not failing.
+func (b *bundle) failingSince(t *testing.T, epID string) *time.Time {
+	t.Helper()
+	var since *time.Time
+	if err := b.pool.QueryRow(context.Background(), "SELECT failing_since FROM webhook_endpoints WHERE id = $1", epID).Scan(&since); err != nil {
+		t.Fatalf("reading the failure clock of %s: %v", epID, err)
+	}
+	return since
 }

@@ -32,7 +32,7 @@ const maxEnabledEvents = 32
 
 // Service is webhooks out: the endpoints API, the deliveries' history,
 // resend and recovery (their HTTP adapter is merchanthookshttp), and the
-// dispatcher and workers (Dispatcher, Worker).
+// dispatcher and workers (Dispatch, Work, ExpandRecovery).
 type Service struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries

@@ -3,8 +3,9 @@
 // delivery per matching endpoint (dispatcher.go), the workers that send
 // them, signed as Standard Webhooks, and retry them on a schedule
 // (worker.go, sign.go), the HTTP client that refuses private addresses at
-// connection time (safeclient.go), and the deliveries' history, resend and
-// recovery (deliveries.go). Its HTTP adapter is merchanthookshttp.
+// connection time (safeclient.go), the deliveries' history and resend
+// (deliveries.go), and the recovery of an endpoint, which the workers
+// expand in chunks (recoveries.go). Its HTTP adapter is merchanthookshttp.
 //
 // The guarantees are I17's: every delivery carries its event's id as
 // webhook-id, unchanged across retries and resends; one object's events
@@ -92,6 +93,10 @@ type Config struct {
 	// Batch bounds the events one dispatcher pass reads. A pass that read
 	// fewer has caught up: the dispatcher pauses Interval before the next.
 	Batch int32
+	// RecoverChunk bounds the account's events one chunk of a recovery
+	// reads (one statement, ExpandRecovery): a recovery of any size is a
+	// series of transactions of at most this many events each.
+	RecoverChunk int
 	// Now is the workers' clock, and the one a recovery's window is
 	// checked by (nil: time.Now); tests move it.
 	Now func() time.Time
@@ -116,7 +121,7 @@ func DefaultSchedule() []time.Duration {
 func DefaultConfig() Config {
 	return Config{Schedule: DefaultSchedule(), Jitter: 0.1, Timeout: 15 * time.Second, Lease: 45 * time.Second,
 		DisableAfter: 5 * 24 * time.Hour, RotationOverlap: 24 * time.Hour, Interval: 500 * time.Millisecond,
-		Workers: 4, WorkerBatch: 32, Batch: 500}
+		Workers: 4, WorkerBatch: 32, Batch: 500, RecoverChunk: 1000}
 }
 
 func (c Config) now() time.Time {
@@ -135,7 +140,8 @@ const (
 	// OutcomeFenced: the attempt ran, but the worker's lease had run out
 	// and another worker owns the delivery, or a resend or a recovery
 	// started the delivery again meanwhile; its outcome is recorded as an
-	// attempt, and changes nothing else.
+	// attempt and leaves the delivery as it is. What the endpoint answered
+	// still counts for the endpoint (reached, failing or gone).
 	OutcomeFenced = "fenced"
 )
 

@@ -210,6 +210,21 @@ func (b *bundle) dispatch(t *testing.T) {
 	}
 }
 
+// expand runs recovery chunks until none is left to expand (the first
+// step of a worker pass, RunWorkers); it returns how many it ran.
+func (b *bundle) expand(t *testing.T) int {
+	t.Helper()
+	for n := 0; ; n++ {
+		ok, err := b.svc.ExpandRecovery(context.Background())
+		if err != nil {
+			t.Fatalf("expanding recoveries: %v", err)
+		}
+		if !ok {
+			return n
+		}
+	}
+}
+
 // work runs worker passes until one claims nothing; it returns how many
 // deliveries were claimed.
 func (b *bundle) work(t *testing.T) int {

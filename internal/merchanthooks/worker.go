@@ -40,9 +40,11 @@ const maxAnswerBytes = 4096
 const maxRetryAfter = 24 * time.Hour
 
 // RunWorkers sends deliveries until ctx is done: Config.Workers loops, each
-// claiming up to Config.WorkerBatch due deliveries at a time (Work). A
-// loop whose claim came back short of a full batch has caught up and
-// pauses Config.Interval; a full one goes again at once.
+// expanding a chunk of a pending recovery when there is one
+// (ExpandRecovery), then claiming up to Config.WorkerBatch due deliveries
+// (Work). A loop whose claim came back short of a full batch, and that
+// expanded nothing, has caught up and pauses Config.Interval; any other
+// goes again at once.
 func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 	if s.seal == nil {
 		s.log.WarnContext(ctx, "webhooks out: "+errNoSecretsKey.Error()+"; no delivery is sent")
@@ -53,11 +55,15 @@ func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 	for range max(1, s.cfg.Workers) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
+				expanded, err := s.ExpandRecovery(ctx)
+				if err != nil && ctx.Err() == nil {
+					s.log.WarnContext(ctx, "webhooks out: recovery chunk failed; retrying", "err", err)
+				}
 				n, err := s.Work(ctx, client, batch)
 				if err != nil && ctx.Err() == nil {
 					s.log.WarnContext(ctx, "webhooks out: worker pass failed; retrying", "err", err)
 				}
-				if n < batch && !sleep(ctx, s.cfg.Interval) {
+				if n < batch && !expanded && !sleep(ctx, s.cfg.Interval) {
 					return
 				}
 			}
@@ -277,8 +283,10 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 // every attempt; each delivery's outcome, fenced by its claim
 // (a worker whose lease ran out, and whose delivery another worker took,
 // or whose delivery a resend or a recovery started again meanwhile,
-// changes nothing but its attempt's row); the endpoints' failure clocks;
-// and the endpoints to disable, with their events.
+// changes nothing of the delivery but its attempt's row); the endpoints'
+// failure clocks; and the endpoints to disable, with their events. What
+// an endpoint answered counts for the endpoint whether or not its
+// delivery's outcome was fenced (endpointsAfter).
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
 	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
 	now := s.cfg.now()
@@ -324,7 +332,8 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 	}
 	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 		// The endpoints first, then the deliveries (WebhookEndpointsLock).
-		if err := s.q.WebhookEndpointsLock(ctx, tx, endpoints); err != nil {
+		locked, err := s.q.WebhookEndpointsLock(ctx, tx, endpoints)
+		if err != nil {
 			return struct{}{}, fmt.Errorf("locking the batch's endpoints: %w", err)
 		}
 		if len(back.Ids) > 0 {
@@ -342,7 +351,7 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 		if err := s.q.WebhookAttemptsInsert(ctx, tx, ins); err != nil {
 			return struct{}{}, fmt.Errorf("recording attempts: %w", err)
 		}
-		return struct{}{}, s.endpointsAfter(ctx, tx, claimed, outcomes, counted, now)
+		return struct{}{}, s.endpointsAfter(ctx, tx, locked, claimed, outcomes, counted, now)
 	})
 	if err != nil {
 		return err
@@ -355,19 +364,18 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 	return nil
 }
 
-// endpointsAfter applies a batch's counted outcomes to their endpoints, in
-// tx: an endpoint that accepted an attempt is no longer failing; one that
-// failed every attempt it had is failing since now, unless it already
-// was, and disabled once that is longer than Config.DisableAfter; one that
-// answered 410 is disabled. outcomes[i] becomes OutcomeFenced for each
-// delivery whose outcome did not count.
-func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
+// endpointsAfter applies a batch's attempts to their endpoints, in tx, by
+// what each endpoint answered, whatever became of the delivery (an answer
+// to an attempt whose outcome was fenced is still the endpoint's): an
+// endpoint that accepted an attempt is no longer failing; one that failed
+// every attempt it had is failing since now, unless it already was, and
+// disabled once that is longer than Config.DisableAfter; one that answered
+// 410 is disabled. locked are the batch's endpoints as their lock found
+// them. outcomes[i] becomes OutcomeFenced for each delivery whose outcome
+// did not count.
+func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc.WebhookEndpointsLockRow, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
 	var reached, failing, gone []string
 	for i, d := range claimed {
-		if !slices.Contains(counted, d.ID) {
-			outcomes[i] = OutcomeFenced
-			continue
-		}
 		switch outcomes[i] {
 		case OutcomeDelivered:
 			reached = appendOnce(reached, d.EndpointID)
@@ -376,12 +384,15 @@ func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, claimed []dbsql
 		default:
 			failing = appendOnce(failing, d.EndpointID)
 		}
+		if !slices.Contains(counted, d.ID) {
+			outcomes[i] = OutcomeFenced
+		}
 	}
 	failing = slices.DeleteFunc(failing, func(id string) bool { return slices.Contains(reached, id) })
-	// An endpoint that was not failing when claimed needs no write.
+	// An endpoint that is not failing needs no write.
 	wasFailing := slices.DeleteFunc(slices.Clone(reached), func(id string) bool {
-		return !slices.ContainsFunc(claimed, func(d dbsqlc.WebhookDeliveryClaimRow) bool {
-			return d.EndpointID == id && d.FailingSince != nil
+		return !slices.ContainsFunc(locked, func(e dbsqlc.WebhookEndpointsLockRow) bool {
+			return e.ID == id && e.FailingSince != nil
 		})
 	})
 	if len(wasFailing) > 0 {

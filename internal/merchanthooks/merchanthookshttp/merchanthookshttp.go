@@ -1,7 +1,7 @@
 // Package merchanthookshttp is the HTTP adapter of webhooks out: the
 // /v1/webhook_endpoints routes, the deliveries of an endpoint and of an
-// event, and an event's resend, scoped to the calling account like every
-// route. What they do is merchanthooks'.
+// event, an event's resend and an endpoint's recovery, scoped to the
+// calling account like every route. What they do is merchanthooks'.
 package merchanthookshttp
 
 import (
@@ -31,6 +31,7 @@ func (a *API) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 	g.DELETE("/webhook_endpoints/:id", a.delete, m...)
 	g.POST("/webhook_endpoints/:id/rotate_secret", a.rotate, m...)
 	g.POST("/webhook_endpoints/:id/recover", a.recover, m...)
+	g.GET("/webhook_endpoints/:id/recoveries/:recovery_id", a.recovery, m...)
 	g.GET("/webhook_endpoints/:id/deliveries", a.endpointDeliveries, m...)
 	g.GET("/events/:id/deliveries", a.eventDeliveries, m...)
 	g.POST("/events/:id/resend", a.resend, m...)
@@ -108,6 +109,14 @@ func (a *API) delete(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusOK, map[string]any{"id": id, "object": "webhook_endpoint", "deleted": true})
+}
+
+func (a *API) recovery(c echo.Context) error {
+	r, err := a.s.GetRecovery(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("id"), c.Param("recovery_id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, r)
 }
 
 func (a *API) endpointDeliveries(c echo.Context) error {
