@@ -331,9 +331,11 @@ SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id 
 -- it: a disabling that commits later pauses these deliveries, as it does
 -- the fan-out's). A delivery being sent keeps its worker's lease, and that
 -- worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
--- moves to the last event read; a chunk that came short read the
--- account's last event, and the recovery is done. No row when no recovery
--- was free.
+-- moves to the last event read. The recovery is done once a chunk reads
+-- past the window's end (the events after it are the fan-out's; on an
+-- account whose events come faster than a chunk a pass, the account's
+-- last event is never reached), or comes short, having read the account's
+-- last event. No row when no recovery was free.
 WITH r AS MATERIALIZED (
     SELECT r.id, r.account_id, r.endpoint_id, r.since, r.until, r.after_seq, w.enabled, w.enabled_events
     FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
@@ -360,7 +362,8 @@ WITH r AS MATERIALIZED (
 )
 UPDATE webhook_recoveries u
 SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
-    done_at = CASE WHEN (SELECT count(*) FROM chunk) < @max_rows::int THEN now() END
+    done_at = CASE WHEN (SELECT count(*) FROM chunk) < @max_rows::int
+                     OR (SELECT max(created_at) FROM chunk) > r.until THEN now() END
 FROM r
 WHERE u.id = r.id
 RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done;

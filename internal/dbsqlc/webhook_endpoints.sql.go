@@ -1070,7 +1070,8 @@ WITH r AS MATERIALIZED (
 )
 UPDATE webhook_recoveries u
 SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
-    done_at = CASE WHEN (SELECT count(*) FROM chunk) < $1::int THEN now() END
+    done_at = CASE WHEN (SELECT count(*) FROM chunk) < $1::int
+                     OR (SELECT max(created_at) FROM chunk) > r.until THEN now() END
 FROM r
 WHERE u.id = r.id
 RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done
@@ -1094,9 +1095,11 @@ type WebhookRecoveryExpandRow struct {
 // it: a disabling that commits later pauses these deliveries, as it does
 // the fan-out's). A delivery being sent keeps its worker's lease, and that
 // worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
-// moves to the last event read; a chunk that came short read the
-// account's last event, and the recovery is done. No row when no recovery
-// was free.
+// moves to the last event read. The recovery is done once a chunk reads
+// past the window's end (the events after it are the fan-out's; on an
+// account whose events come faster than a chunk a pass, the account's
+// last event is never reached), or comes short, having read the account's
+// last event. No row when no recovery was free.
 func (q *Queries) WebhookRecoveryExpand(ctx context.Context, db DBTX, maxRows int32) (WebhookRecoveryExpandRow, error) {
 	row := db.QueryRow(ctx, webhookRecoveryExpand, maxRows)
 	var i WebhookRecoveryExpandRow

@@ -435,3 +435,34 @@ func TestWorkersExpandRecoveries(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryStopsAtItsEnd: a recovery is done at the first chunk that
+// reaches past its window's end (the time of its request), not at the
+// account's last event: on an account whose events keep coming faster
+// than a chunk a pass, it would never be. The events after the window
+// are the fan-out's, and the recovery starts none of them.
+func TestRecoveryStopsAtItsEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	for i := range 4 {
+		b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_in%d", i), 1)
+	}
+	rec := b.recover(t, epID)
+	for i := range 10 {
+		b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_after%d", i), 1)
+	}
+	w := b.chunked(3)
+	for pass, want := range []struct {
+		pending int
+		done    bool
+	}{{3, false}, {4, true}} {
+		if ok, err := w.ExpandRecovery(context.Background()); !ok || err != nil {
+			t.Fatalf("pass %d: %v %v, want a chunk expanded", pass+1, ok, err)
+		}
+		got := b.pending(t, epID)
+		if _, done := b.cursor(t, rec.ID); got != want.pending || done != want.done {
+			t.Fatalf("after pass %d: %d deliveries started again, done %v; want %d, done %v", pass+1, got, done, want.pending, want.done)
+		}
+	}
+}
