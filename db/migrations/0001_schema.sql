@@ -451,28 +451,20 @@ CREATE TABLE webhook_attempts (
 -- A delivery's attempts in order.
 CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
--- A recovery of an endpoint (POST /v1/webhook_endpoints/{id}/recover):
--- every event of the account created from since to until that the
--- endpoint wants, sent again (docs/webhooks-out.md, "Recovery"). The
--- request records it and nothing more; the workers expand it into
--- deliveries a chunk of the account's events at a time, in seq order,
--- each chunk one statement that creates its deliveries and moves after_seq
--- past it (WebhookRecoveryExpand): a recovery of any size is a series of
--- short transactions, and one stopped resumes where its last commit left
--- it. It goes with its endpoint.
+-- A recovery of an endpoint (docs/webhooks-out.md, "Recovery"): recorded
+-- by its request, expanded by the workers a chunk of the account's events
+-- at a time, each chunk's deliveries and after_seq in one commit
+-- (WebhookRecoveryExpand). It goes with its endpoint.
 CREATE TABLE webhook_recoveries (
     id                 text PRIMARY KEY CHECK (char_length(id) <= 64),
     account_id         text NOT NULL REFERENCES accounts (id),
     endpoint_id        text NOT NULL REFERENCES webhook_endpoints (id) ON DELETE CASCADE,
     since              timestamptz NOT NULL,
-    -- The request's time (its transaction's, the clock of the events'
-    -- created_at): the later events are the fan-out's.
+    -- The request's transaction time, the events' clock: the later events
+    -- are the fan-out's.
     until              timestamptz NOT NULL DEFAULT now(),
-    -- Every event of the account up to this seq was expanded.
     after_seq          bigint NOT NULL DEFAULT 0,
-    -- When its last chunk was expanded; NULL until then.
     done_at            timestamptz,
-    -- The POST .../recover record that made it.
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL
 );
 

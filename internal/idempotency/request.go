@@ -124,8 +124,7 @@ func ReadBody(r io.Reader, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// CheckLength refuses a body of n bytes, read or announced by its
-// Content-Length, that is over limit: an *Error of kind ErrBodyTooLarge.
+// CheckLength refuses a body of n bytes (read, or its Content-Length) over limit.
 func CheckLength(n, limit int64) error {
 	if n > limit {
 		return refuse(ErrBodyTooLarge, fmt.Sprintf("The request body exceeds %d bytes.", limit))

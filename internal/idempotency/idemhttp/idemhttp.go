@@ -94,8 +94,10 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	if err := mediaType(r.Header); err != nil {
 		return idempotency.Request{}, err
 	}
-	if err := tooLarge(r); err != nil {
-		return idempotency.Request{}, err
+	// Refused unread: reading would answer Expect: 100-continue (curl's,
+	// over 1 MiB), and the reset of the body that follows can lose the 413.
+	if err := idempotency.CheckLength(r.ContentLength, MaxBodyBytes); err != nil {
+		return idempotency.Request{}, Problem(err)
 	}
 	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
 	if err != nil {
@@ -103,35 +105,6 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	}
 	Attach(c, &req)
 	return req, nil
-}
-
-// ReadBody reads the body of a POST that Read does not read (the Stripe
-// webhook's, whose key is in its body): refused over MaxBodyBytes, unread
-// when its Content-Length says so (tooLarge).
-func ReadBody(r *http.Request) ([]byte, error) {
-	if err := tooLarge(r); err != nil {
-		return nil, err
-	}
-	b, err := idempotency.ReadBody(r.Body, MaxBodyBytes)
-	if err != nil {
-		return nil, Problem(err)
-	}
-	return b, nil
-}
-
-// tooLarge refuses a body whose Content-Length is over MaxBodyBytes before
-// a byte of it is read. Reading the body is what makes net/http answer
-// Expect: 100-continue (which curl sends with every body over 1 MiB) with
-// 100 Continue: the client then sends a body the API refuses, the server
-// reads only the first MaxBodyBytes+1 bytes of it and closes the
-// connection while the rest arrives, and the TCP reset that those bytes
-// meet can discard the 413 before the client reads it. Refused unread,
-// the 413 is the client's first answer, and it sends no body at all.
-func tooLarge(r *http.Request) error {
-	if err := idempotency.CheckLength(r.ContentLength, MaxBodyBytes); err != nil {
-		return Problem(err)
-	}
-	return nil
 }
 
 // contextKeyCaller is the echo context key of SetCaller.

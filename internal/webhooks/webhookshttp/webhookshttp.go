@@ -8,6 +8,7 @@ package webhookshttp
 import (
 	"github.com/labstack/echo/v4"
 
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -25,9 +26,13 @@ func (h *Handler) Routes(e *echo.Echo) {
 
 func (h *Handler) receive(c echo.Context) error {
 	r := c.Request()
-	payload, err := idemhttp.ReadBody(r)
+	// Refused unread, as idemhttp refuses every other body over the limit.
+	if err := idempotency.CheckLength(r.ContentLength, idemhttp.MaxBodyBytes); err != nil {
+		return idemhttp.Problem(err)
+	}
+	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
 	if err != nil {
-		return err
+		return idemhttp.Problem(err)
 	}
 	resp, err := h.r.Receive(r.Context(), payload, r.Header.Get("Stripe-Signature"))
 	if err != nil {
