@@ -2,8 +2,6 @@ package merchanthooks
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -313,11 +311,7 @@ func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	} else if n >= MaxEndpoints {
 		return apierror.Newf(apierror.InvalidRequest, "The account has %d webhook endpoints, the most it may have; delete one first.", MaxEndpoints)
 	}
-	raw := make([]byte, 16)
-	if _, err := rand.Read(raw); err != nil {
-		return fmt.Errorf("generating an endpoint id: %w", err)
-	}
-	id := "we_" + hex.EncodeToString(raw)
+	id := newID("we_")
 	secret, err := newSecret()
 	if err != nil {
 		return err

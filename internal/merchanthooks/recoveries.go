@@ -2,8 +2,6 @@ package merchanthooks
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -149,11 +147,7 @@ func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if _, err := op.s.get(ctx, op.accountID, op.endpointID); err != nil {
 		return err
 	}
-	raw := make([]byte, 16)
-	if _, err := rand.Read(raw); err != nil {
-		return fmt.Errorf("generating a recovery id: %w", err)
-	}
-	op.row = dbsqlc.WebhookRecovery{ID: "whr_" + hex.EncodeToString(raw), AccountID: op.accountID, EndpointID: op.endpointID,
+	op.row = dbsqlc.WebhookRecovery{ID: newID("whr_"), AccountID: op.accountID, EndpointID: op.endpointID,
 		Since: op.since, IdempotencyKeyID: &rec.ID}
 	if err := op.s.q.WebhookRecoveryInsert(ctx, b, &dbsqlc.WebhookRecoveryInsertParams{ID: op.row.ID, AccountID: op.accountID,
 		EndpointID: op.endpointID, Since: op.since, IdempotencyKeyID: &rec.ID}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,6 +19,14 @@ import (
 const SecretPrefix = "whsec_"
 
 // newSecret makes a signing secret: 32 random bytes.
+// newID is a new object id: prefix and 128 random bits in hex
+// (crypto/rand.Read never fails: it ends the program instead).
+func newID(prefix string) string {
+	raw := make([]byte, 16)
+	_, _ = rand.Read(raw)
+	return prefix + hex.EncodeToString(raw)
+}
+
 func newSecret() (string, error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
