@@ -2,6 +2,7 @@ package charges
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -274,6 +275,40 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 		}
 	}
 	return true, nil
+}
+
+// IsRelease reports whether Stripe's refund sr is Stripe's own record of
+// an authorization it released, not a refund anyone asked for. At the API
+// version idempay speaks (2023-10-16), Stripe makes such a refund when it
+// releases the rest of a partial capture, and all of an uncaptured
+// PaymentIntent canceled, by idempay or by Stripe when the authorization
+// expires: "Starting with API version 2025-03-31.basil ... The following
+// flows no longer result in a refund object being created and linked to
+// the payment: Partial capture; Payment cancellation, both manual and
+// automated"
+// (support.stripe.com/questions/changes-to-balance-transaction-behavior-for-partial-capture-and-payment-cancellation-flows).
+// It carries none of idempay's metadata. It is one when it has no
+// idempay_record, its PaymentIntent is a charge of the ledger that was
+// canceled or captured for less than its amount, and its amount is what
+// that released: amount less amount_captured. The ledger holds the release
+// already, as the charge's status and amount captured (and charge.refunded
+// nets it out of amount_refunded), so there is nothing to follow.
+// Stripe's events about it are stale, and reconciliation counts it
+// released. Any other refund without idempay's metadata stays one idempay
+// never made.
+func (s *Service) IsRelease(ctx context.Context, sr *StripeRefund) (bool, error) {
+	if sr.Metadata[MetadataRecord] != "" || sr.IntentID == "" {
+		return false, nil
+	}
+	ch, err := s.st.chargeAtStripe(ctx, &sr.IntentID, nil, nil)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("finding the charge of refund %s: %w", sr.ID, err)
+	}
+	released := ch.Amount - ch.AmountCaptured
+	return (ch.Status == "canceled" || ch.Status == "succeeded") && released > 0 && sr.Amount == released, nil
 }
 
 // chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by

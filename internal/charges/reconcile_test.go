@@ -377,7 +377,11 @@ func TestReconcileFlagsASecondObject(t *testing.T) {
 	if want := map[string]int{charges.ReconcileDuplicate: 1, charges.ReconcileMatched: 2}; !maps.Equal(report.Counts, want) {
 		t.Errorf("reconciliation of %d PaymentIntents: %v, want %v", report.Listed, report.Counts, want)
 	}
-	if want := map[string]int{charges.ReconcileDuplicate: 1, charges.ReconcileMatched: 1}; !maps.Equal(report.RefundCounts, want) {
+	// The refunds: the second of one request, the one the ledger holds, and
+	// the refund Stripe makes of the first PaymentIntent's authorization,
+	// which expired (at 2023-10-16; the fake's release), without metadata
+	// and of a PaymentIntent that is no charge's in the ledger.
+	if want := map[string]int{charges.ReconcileDuplicate: 1, charges.ReconcileMatched: 1, charges.ReconcileUnknown: 1}; !maps.Equal(report.RefundCounts, want) {
 		t.Errorf("reconciliation of %d refunds: %v, want %v", report.RefundsListed, report.RefundCounts, want)
 	}
 	if row := getChargeRow(t, env.Pool, first.ID); row.Status != "requires_capture" || ptr(row.StripePaymentIntentID) != ptr(second.PaymentIntent) {
@@ -469,5 +473,106 @@ func TestReconcileRecreatesAFailedRefund(t *testing.T) {
 	}
 	if row := getChargeRow(t, env.Pool, ch.ID); row.AmountRefunded != 0 {
 		t.Errorf("the charge's amount_refunded is %d, want 0: the refund failed", row.AmountRefunded)
+	}
+}
+
+// At the API version idempay speaks (2023-10-16), Stripe makes a refund of
+// its own, without idempay's metadata, when it releases an authorization:
+// the rest of a partial capture, and all of one canceled, by idempay or by
+// Stripe when it expires ("Starting with API version 2025-03-31.basil ...
+// The following flows no longer result in a refund object being created
+// and linked to the payment: Partial capture; Payment cancellation, both
+// manual and automated":
+// support.stripe.com/questions/changes-to-balance-transaction-behavior-for-partial-capture-and-payment-cancellation-flows;
+// the fake makes them). Reconciliation counts each released, with no
+// warning and nothing written, on every pass that lists it: it is what
+// idempay asked for (or, for the expiry, what its PaymentIntent pass has
+// just settled). A refund without metadata that is no such release stays
+// unknown, with its warning: one of another amount than the rest released,
+// one of a charge captured in full, and Stripe's release of an
+// authorization idempay never made.
+func TestReconcileReleasedAuthorizations(t *testing.T) {
+	t.Parallel()
+	logs := &logLines{}
+	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})})
+	c := env.NewClient(t)
+
+	partial := authorize(t, c, 1000)
+	wantStatus(t, c.Post("/v1/charges/"+partial.ID+"/capture", apitest.NewKey(), map[string]any{"amount": 600}), http.StatusOK)
+	canceled := authorize(t, c, 700)
+	wantStatus(t, c.Post("/v1/charges/"+canceled.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusOK)
+	expired := authorize(t, c, 500)
+	if _, err := env.Stripe.Expire(*expired.PaymentIntent); err != nil { // its event is not delivered
+		t.Fatal(err)
+	}
+	captured := createCharge(t, c, 300)
+	post := func(path string, form url.Values) string {
+		t.Helper()
+		resp, err := http.PostForm(env.Stripe.URL()+path, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var obj struct {
+			ID string `json:"id"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&obj); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s: %d %v", path, resp.StatusCode, err)
+		}
+		return obj.ID
+	}
+	strangerPI := post("/v1/payment_intents", url.Values{"amount": {"900"}, "currency": {"usd"}, "confirm": {"true"},
+		"payment_method": {"pm_card_visa"}, "capture_method": {"manual"}})
+	post("/v1/payment_intents/"+strangerPI+"/cancel", nil)
+	strangers := []string{
+		post("/v1/refunds", url.Values{"payment_intent": {*partial.PaymentIntent}, "amount": {"50"}}),
+		post("/v1/refunds", url.Values{"payment_intent": {*captured.StripePaymentIntentID}, "amount": {"300"}}),
+	}
+	released := map[string]int64{*partial.PaymentIntent: 400, *canceled.PaymentIntent: 700, *expired.PaymentIntent: 500}
+	var releases []string
+	for _, r := range env.Stripe.Refunds() {
+		switch {
+		case r.PaymentIntent == strangerPI:
+			strangers = append(strangers, r.ID)
+		case len(r.Metadata) == 0 && released[r.PaymentIntent] == r.Amount:
+			releases = append(releases, r.ID)
+		}
+	}
+	if len(releases) != 3 || len(strangers) != 3 {
+		t.Fatalf("the premise does not hold: Stripe holds the releases %v and the strangers %v, want 3 of each", releases, strangers)
+	}
+
+	// The first pass settles the expired authorization, and then finds its
+	// release; the second finds all of it again.
+	for pass, intents := range []map[string]int{
+		{charges.ReconcileMatched: 3, charges.ReconcileSettled: 1, charges.ReconcileUnknown: 1},
+		{charges.ReconcileMatched: 4, charges.ReconcileUnknown: 1},
+	} {
+		report := reconcilePass(t, env, intents)
+		if want := map[string]int{charges.ReconcileReleased: 3, charges.ReconcileUnknown: 3}; !maps.Equal(report.RefundCounts, want) {
+			t.Fatalf("pass %d: reconciliation of %d refunds: %v, want %v", pass+1, report.RefundsListed, report.RefundCounts, want)
+		}
+	}
+	for _, id := range releases {
+		if n := logs.count(slog.LevelWarn, id) + logs.count(slog.LevelError, id); n != 0 {
+			t.Errorf("%d warnings or errors name Stripe's release %s, want none:\n%s", n, id, logs)
+		}
+		var written int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE key LIKE $1`, id+"%").
+			Scan(&written); err != nil || written != 0 {
+			t.Errorf("%d repairs of %s (%v), want none", written, id, err)
+		}
+	}
+	for _, id := range strangers {
+		if n := logs.count(slog.LevelWarn, id); n != 2 {
+			t.Errorf("%d warnings name the refund %s, want one a pass:\n%s", n, id, logs)
+		}
+	}
+	for _, ch := range []struct {
+		id, status string
+	}{{partial.ID, "succeeded"}, {canceled.ID, "canceled"}, {expired.ID, "canceled"}} {
+		if row := getChargeRow(t, env.Pool, ch.id); row.Status != ch.status || row.AmountRefunded != 0 {
+			t.Errorf("charge %s is %s, amount_refunded %d; want %s, 0", ch.id, row.Status, row.AmountRefunded, ch.status)
+		}
 	}
 }

@@ -29,6 +29,11 @@ const (
 	// ReconcileUnknown: an object that idempay never made (no
 	// idempay_record, or one its metadata do not derive), flagged only.
 	ReconcileUnknown = "unknown"
+	// ReconcileReleased: a refund that is Stripe's own record of an
+	// authorization it released (the rest of a partial capture, a
+	// canceled or expired authorization: IsRelease), which the ledger
+	// holds as the charge's state. Logged at debug level, nothing written.
+	ReconcileReleased = "released"
 	// ReconcileDuplicate: a second PaymentIntent or refund of one request,
 	// whose ledger row holds the other (ErrSecondObject): the request ran
 	// twice at Stripe. Flagged at error level, nothing written.
@@ -146,11 +151,22 @@ func requestOf(metadata map[string]string, recordID, route string) (req idempote
 // RepairRefund is RepairIntent for a refund: matched, settled forward the
 // way its refund.updated event would have moved it (a refund left
 // processing by a 409 downstream-key-conflict is settled here too),
-// re-created when the database lost it, or duplicate (its record's refund
-// holds another of Stripe's: refunded twice).
+// re-created when the database lost it, duplicate (its record's refund
+// holds another of Stripe's: refunded twice), released (Stripe's own
+// refund of an authorization it released, which idempay asked for by a
+// partial capture or a cancel, or which expired: IsRelease) or unknown.
 func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, error) {
 	recordID := sr.Metadata[MetadataRecord]
 	if recordID == "" {
+		release, err := s.IsRelease(ctx, sr)
+		switch {
+		case err != nil:
+			return "", err
+		case release:
+			s.log.DebugContext(ctx, "reconcile: Stripe's refund of an authorization it released",
+				"stripe_refund_id", sr.ID, "stripe_payment_intent_id", sr.IntentID, "amount", sr.Amount)
+			return ReconcileReleased, nil
+		}
 		s.log.WarnContext(ctx, "reconcile: a refund idempay did not make", "stripe_refund_id", sr.ID)
 		return ReconcileUnknown, nil
 	}

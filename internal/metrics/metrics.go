@@ -108,7 +108,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.webhookEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "events_total",
-		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), failed (an object that cannot be applied: recorded, acknowledged, not retried), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
+		Help: "Stripe webhook deliveries, by event type and outcome: applied, stale (older than the ledger's state, or about Stripe's own refund of an authorization it released), ignored (type not handled), unknown_object (an object idempay never created: flagged, not applied), failed (an object that cannot be applied: recorded, acknowledged, not retried), duplicate, pending (recorded, applied later), rejected_signature, rejected_payload.",
 	}, []string{"type", "outcome"})
 	m.webhookLag = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: "webhook", Name: "processing_lag_seconds",
@@ -144,7 +144,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 	}, []string{"outcome"})
 	m.reconcileRefunds = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "reconcile", Name: "refunds_total",
-		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
+		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), released (Stripe's own refund of an authorization it released: not a refund), unknown (idempay did not make it), failed (retried next pass).",
 	}, []string{"outcome"})
 
 	m.reg.MustRegister(

@@ -32,7 +32,9 @@ const (
 	// Applied: the event moved the ledger forward.
 	Applied Outcome = "applied"
 	// Stale: the ledger already holds this state or a later one (an older
-	// event arrived late); nothing changed.
+	// event arrived late; or the event is about Stripe's own refund of an
+	// authorization it released, which the ledger holds as the charge's
+	// state: charges.Service.IsRelease); nothing changed.
 	Stale Outcome = "stale"
 	// Ignored: a type idempay does not handle; recorded, acknowledged.
 	Ignored Outcome = "ignored"
@@ -110,6 +112,11 @@ func (a *Applier) Apply(ctx context.Context, b *idempotency.Batch, ev Event) (Ou
 	case ev.Charge != nil:
 		moved, err = a.payments.FollowCharge(ctx, b, ev.Charge, chargeEventStatus(ev.Type, ev.Charge), ev.Created)
 	case ev.Refund != nil:
+		if release, err := a.payments.IsRelease(ctx, ev.Refund); err != nil {
+			return "", err
+		} else if release {
+			return Stale, nil
+		}
 		moved, err = a.payments.FollowRefund(ctx, b, ev.Refund, ev.Created)
 	case ev.Dispute != nil:
 		return a.applyDispute(ctx, b, ev.Dispute, ev.Created)

@@ -160,6 +160,7 @@ func (s *Server) captureIntent(id string) func(url.Values, string) response {
 			return invalidRequest(http.StatusBadRequest, "amount_too_large", "amount_to_capture", fmt.Sprintf(
 				"The amount to capture (%d) is greater than the amount capturable (%d).", amount, c.AmountCapturable))
 		}
+		s.release(c, c.AmountCapturable-amount)
 		c.Status, c.AmountReceived, c.AmountCapturable = IntentSucceeded, amount, 0
 		c.Captures++
 		return response{status: http.StatusOK, body: intentBody(c, s.http.URL), store: true}
@@ -179,6 +180,7 @@ func (s *Server) cancelIntent(id string) func(url.Values, string) response {
 		if c.Status == IntentSucceeded || c.Status == IntentCanceled {
 			return s.unexpectedState(c, "canceled", "requires_payment_method, requires_capture, requires_confirmation, requires_action, processing")
 		}
+		s.release(c, c.AmountCapturable)
 		c.Status, c.AmountCapturable = IntentCanceled, 0
 		c.CancellationReason = form.Get("cancellation_reason")
 		return response{status: http.StatusOK, body: intentBody(c, s.http.URL), store: true}
@@ -329,8 +331,33 @@ func (s *Server) Expire(id string) ([]byte, error) {
 	if c == nil || c.Status != IntentRequiresCapture {
 		return nil, fmt.Errorf("stripefake: payment intent %q is not an authorization", id)
 	}
+	s.release(c, c.AmountCapturable)
 	c.Status, c.AmountCapturable, c.CancellationReason = IntentCanceled, 0, "automatic"
 	return intentBody(c, s.http.URL), nil
+}
+
+// release makes the refund Stripe itself makes when it releases amount of
+// the authorization c holds, as it does at the API version idempay speaks
+// (2023-10-16): on a partial capture (the rest) and on a cancellation of
+// an uncaptured PaymentIntent, manual or automatic (Expire). Stripe stopped
+// making it at 2025-03-31.basil: "Starting with API version
+// 2025-03-31.basil ... The following flows no longer result in a refund
+// object being created and linked to the payment: Partial capture; Payment
+// cancellation, both manual and automated"
+// (support.stripe.com/questions/changes-to-balance-transaction-behavior-for-partial-capture-and-payment-cancellation-flows).
+// The refund is Stripe's own: made under no Idempotency-Key, with no
+// metadata, succeeded, of the PaymentIntent and its charge; it is listed
+// and read like any other. It gives back nothing that was captured, so
+// c.AmountRefunded (what is left to refund) is not changed. Nothing is
+// made for amount 0 (all captured). s.mu must be held.
+func (s *Server) release(c *Charge, amount int64) {
+	if amount <= 0 {
+		return
+	}
+	rf := &Refund{ID: newID("re_fake_"), Charge: c.LatestCharge, PaymentIntent: c.ID, Amount: amount,
+		Currency: c.Currency, Status: "succeeded", Metadata: map[string]string{}, Created: time.Now()}
+	s.refunds = append(s.refunds, rf)
+	s.refundByID[rf.ID] = rf
 }
 
 // serveExpire is POST /_fake/expire/{payment_intent}: Expire over HTTP,
@@ -344,6 +371,18 @@ func (s *Server) serveExpire(w http.ResponseWriter, id string) {
 		return
 	}
 	s.write(w, "", false, response{status: http.StatusOK, body: body})
+}
+
+// RefundBody is the JSON of a refund as Stripe shows it (for an event's
+// data.object), or nil.
+func (s *Server) RefundBody(id string) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rf := s.refundByID[id]
+	if rf == nil {
+		return nil
+	}
+	return refundBody(rf)
 }
 
 // IntentBody is the JSON of a PaymentIntent as Stripe shows it (for an

@@ -2,6 +2,7 @@ package stripefake
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"testing"
 	"time"
@@ -237,5 +238,84 @@ func TestFailRefund(t *testing.T) {
 	again.SetIdempotencyKey("fr-1-refund-again")
 	if _, err := sc.Refunds.New(again); err != nil {
 		t.Fatalf("refunding again what the failed refund did not: %v", err)
+	}
+}
+
+// At the API version idempay speaks (2023-10-16), Stripe makes a refund of
+// its own when it releases part or all of an authorization: "Starting with
+// API version 2025-03-31.basil ... The following flows no longer result in
+// a refund object being created and linked to the payment: Partial
+// capture; Payment cancellation, both manual and automated"
+// (support.stripe.com/questions/changes-to-balance-transaction-behavior-for-partial-capture-and-payment-cancellation-flows).
+// The fake makes it on a partial capture (the rest), a cancel and an
+// expiry of an authorization: succeeded, of the amount released, without
+// metadata, listed and read like any refund; none for a capture of it all,
+// a replay, or a cancel of what was never authorized. It refunds nothing
+// that was captured: all of a partial capture can still be refunded.
+func TestReleaseMakesARefund(t *testing.T) {
+	t.Parallel()
+	fake, sc := newFake(t)
+	authorize := func(key string, amount int64, pm string) *stripe.PaymentIntent {
+		t.Helper()
+		pi, err := sc.PaymentIntents.New(intentParams(key, amount, pm, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pi
+	}
+	partial, whole, canceled, expired := authorize("rel-1", 5000, "pm_card_visa"), authorize("rel-2", 800, "pm_card_visa"),
+		authorize("rel-3", 700, "pm_card_visa"), authorize("rel-4", 400, "pm_card_visa")
+	unauthorized := authorize("rel-5", 300, "pm_card_threeDSecure2Required")
+	cp := &stripe.PaymentIntentCaptureParams{AmountToCapture: stripe.Int64(3000)}
+	cp.SetIdempotencyKey("rel-1-capture")
+	for range 2 { // the second is a replay
+		if _, err := sc.PaymentIntents.Capture(partial.ID, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := &stripe.PaymentIntentCaptureParams{}
+	all.SetIdempotencyKey("rel-2-capture")
+	if _, err := sc.PaymentIntents.Capture(whole.ID, all); err != nil {
+		t.Fatal(err)
+	}
+	for i, pi := range []*stripe.PaymentIntent{canceled, unauthorized} {
+		p := &stripe.PaymentIntentCancelParams{}
+		p.SetIdempotencyKey("rel-cancel-" + string(rune('a'+i)))
+		if _, err := sc.PaymentIntents.Cancel(pi.ID, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := fake.Expire(expired.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string]int64{partial.ID: 2000, canceled.ID: 700, expired.ID: 400}
+	it := sc.Refunds.List(&stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: time.Now().Add(-time.Hour).Unix()}})
+	listed := map[string]int64{}
+	for it.Next() {
+		r := it.Refund()
+		if r.PaymentIntent == nil || r.Charge == nil || r.Charge.ID == "" {
+			t.Fatalf("refund %s names PaymentIntent %v, charge %v; want both", r.ID, r.PaymentIntent, r.Charge)
+		}
+		if _, dup := listed[r.PaymentIntent.ID]; dup {
+			t.Errorf("a second refund of %s", r.PaymentIntent.ID)
+		}
+		listed[r.PaymentIntent.ID] = r.Amount
+		got, err := sc.Refunds.Get(r.ID, nil)
+		if err != nil || got.Status != stripe.RefundStatusSucceeded || len(got.Metadata) != 0 || got.Amount != r.Amount {
+			t.Errorf("refund %s read back: %v; status %s, metadata %v, amount %d; want succeeded, none, %d",
+				r.ID, err, got.Status, got.Metadata, got.Amount, r.Amount)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(listed, want) {
+		t.Errorf("Stripe's refunds of the released authorizations, by PaymentIntent: %v, want %v", listed, want)
+	}
+	rp := &stripe.RefundParams{PaymentIntent: stripe.String(partial.ID), Amount: stripe.Int64(3000)}
+	rp.SetIdempotencyKey("rel-1-refund")
+	if _, err := sc.Refunds.New(rp); err != nil {
+		t.Errorf("a refund of all that was captured: %v", err)
 	}
 }

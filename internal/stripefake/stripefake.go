@@ -2,7 +2,9 @@
 // API that idempay uses: PaymentIntents (created and confirmed at once,
 // captured now or later, partially, canceled, authenticated by the
 // customer, expired, listed) and their refunds (with their metadata,
-// listed too, failed after the fact). The legacy Charges API
+// listed too, failed after the fact; and the refund Stripe itself makes
+// of an authorization it releases, at the API version idempay speaks).
+// The legacy Charges API
 // (POST /v1/charges) is kept for its own tests.
 //
 // It exists because stripe-mock, Stripe's official mock, is stateless: it
@@ -127,8 +129,10 @@ type Charge struct {
 	// Status is a PaymentIntent's (succeeded, requires_capture,
 	// requires_action, requires_payment_method when declined, canceled),
 	// or a legacy charge's (succeeded, failed).
-	Status         string
-	DeclineCode    string // set when the card declined
+	Status      string
+	DeclineCode string // set when the card declined
+	// AmountRefunded is what refunds gave back of what was captured, not
+	// what Stripe released of an authorization (its own refund: release).
 	AmountRefunded int64
 	Created        time.Time
 
@@ -143,7 +147,9 @@ type Charge struct {
 	AuthFailed         bool // the customer failed authentication
 }
 
-// Refund is a refund the fake created, recorded for the same reason as Charge.
+// Refund is a refund the fake created, recorded for the same reason as
+// Charge: one a request made, or Stripe's own of an authorization it
+// released (no IdempotencyKey, no metadata: release).
 type Refund struct {
 	ID             string
 	IdempotencyKey string
