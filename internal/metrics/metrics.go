@@ -140,11 +140,11 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.reconcile = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "reconcile", Name: "payment_intents_total",
-		Help: "What reconciliation did with each PaymentIntent it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), failed (retried next pass).",
+		Help: "What reconciliation did with each PaymentIntent it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), unknown (idempay did not make it), duplicate (a second PaymentIntent of one request: charged twice, not followed), failed (retried next pass).",
 	}, []string{"outcome"})
 	m.reconcileRefunds = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "reconcile", Name: "refunds_total",
-		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), released (Stripe's own refund of an authorization it released: not a refund), unknown (idempay did not make it), failed (retried next pass).",
+		Help: "What reconciliation did with each refund it listed at Stripe: matched, settled (the ledger was behind), recreated (the database had lost its record), released (Stripe's own refund of an authorization it released: not a refund), unknown (idempay did not make it), duplicate (a second refund of one request, not followed), failed (retried next pass).",
 	}, []string{"outcome"})
 
 	m.reg.MustRegister(
