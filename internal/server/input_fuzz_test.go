@@ -284,7 +284,7 @@ func FuzzInput(f *testing.F) {
 			return
 		}
 		if err != nil {
-			t.Fatalf("exchanging %.200q: %v", req.Bytes(), err)
+			t.Fatalf("%s: exchanging %.200q (%d bytes): %v", what, req.Bytes(), req.Len(), err)
 		}
 		if status >= 500 {
 			t.Fatalf("%s: status %d, want no 5xx; body %.500s\nserver log:\n%s", what, status, respBody, logs.String())

@@ -26,6 +26,7 @@ import (
 	"github.com/idempay/idempay/internal/charges/chargeshttp"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/events/eventshttp"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
 	"github.com/idempay/idempay/internal/merchanthooks/merchanthookshttp"
 	"github.com/idempay/idempay/internal/metrics"
@@ -159,14 +160,38 @@ func headAsGet(e *echo.Echo) echo.HandlerFunc {
 // connection gives too): a 503 or a 500, logged at error level and counted
 // as a 5xx, for bytes the client controls (I14). Reading the body is the
 // client's side of the connection, whatever went wrong with it.
+//
+// A body over the API's limit whose client waits for 100 Continue before
+// sending it (Expect: 100-continue, which curl sends with every body over
+// 1 MiB) is refused unread, by every route that reads it (a 413, after the
+// checks each route makes before reading): reading it would answer 100
+// Continue, and the reset of the rest of the body, which the server never
+// reads, could lose the 413 before the client read it. Such a client then
+// sends nothing. A body sent without waiting is on its way anyway, and is
+// read as before, up to the limit: the less of it left unread when the
+// connection closes, the less likely that reset (drainReads).
 func clientBodyErrors(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if r := c.Request(); r.Body != nil && r.Body != http.NoBody {
-			r.Body = clientBody{r.Body}
+			// net/http answers 417 to any other Expect before a handler runs.
+			waits := r.Header.Get("Expect") != ""
+			if err := idempotency.CheckLength(r.ContentLength, idemhttp.MaxBodyBytes); err != nil && waits {
+				r.Body = refusedBody{r.Body, idemhttp.Problem(err)}
+			} else {
+				r.Body = clientBody{r.Body}
+			}
 		}
 		return next(c)
 	}
 }
+
+// refusedBody is a body refused unread: every Read is its refusal.
+type refusedBody struct {
+	io.ReadCloser
+	err error
+}
+
+func (b refusedBody) Read([]byte) (int, error) { return 0, b.err }
 
 type clientBody struct{ io.ReadCloser }
 
@@ -188,14 +213,11 @@ func (b clientBody) Read(p []byte) (int, error) {
 // body limit, before answering it. No such route reads a body, and net/http
 // closes a connection whose unread body is larger than it drains on its own,
 // which resets it and can cut off a large answer (GET /openapi.json) that the
-// client is still reading (I14). A body whose Content-Length is over the
-// limit is left unread: the connection is closed after the answer anyway,
-// and reading it would first answer the client's Expect: 100-continue with
-// 100 Continue, asking for a body no route reads.
+// client is still reading (I14). A body over the limit whose client waits
+// for 100 Continue is left unread (clientBodyErrors): it never comes.
 func drainReads(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil &&
-			r.ContentLength <= idemhttp.MaxBodyBytes {
+		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, idemhttp.MaxBodyBytes))
 		}
 		return next(c)

@@ -94,11 +94,6 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	if err := mediaType(r.Header); err != nil {
 		return idempotency.Request{}, err
 	}
-	// Refused unread: reading would answer Expect: 100-continue (curl's,
-	// over 1 MiB), and the reset of the body that follows can lose the 413.
-	if err := idempotency.CheckLength(r.ContentLength, MaxBodyBytes); err != nil {
-		return idempotency.Request{}, Problem(err)
-	}
 	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
 	if err != nil {
 		return idempotency.Request{}, Problem(err)

@@ -26,10 +26,6 @@ func (h *Handler) Routes(e *echo.Echo) {
 
 func (h *Handler) receive(c echo.Context) error {
 	r := c.Request()
-	// Refused unread, as idemhttp refuses every other body over the limit.
-	if err := idempotency.CheckLength(r.ContentLength, idemhttp.MaxBodyBytes); err != nil {
-		return idemhttp.Problem(err)
-	}
 	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
 	if err != nil {
 		return idemhttp.Problem(err)
