@@ -55,6 +55,11 @@ type Error struct {
 	// Header and Body are the answer's, exactly as received.
 	Header http.Header
 	Body   []byte
+
+	// retryAfterSent is true when the answer carried a Retry-After the
+	// client could read, even one that RetryAfter caps to 0 (WithBackoff
+	// with a max of 0): a 409 that carries one is retried.
+	retryAfterSent bool
 }
 
 // InvalidParam names one rejected request field and why.
@@ -101,7 +106,7 @@ var problemMembers = []string{"type", "title", "status", "detail", "instance", "
 func (c *Client) newError(r *request, a answer, n int) *Error {
 	e := &Error{Status: a.status, Header: a.header, Body: a.body, IdempotencyKey: r.key,
 		Replayed: a.header.Get("Idempotent-Replayed") == "true", Attempts: n}
-	e.RetryAfter, _ = c.parseRetryAfter(a.header.Get("Retry-After"))
+	e.RetryAfter, e.retryAfterSent = c.parseRetryAfter(a.header.Get("Retry-After"))
 	var doc struct {
 		Type          string         `json:"type"`
 		Title         string         `json:"title"`

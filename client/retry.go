@@ -229,7 +229,7 @@ func retryableTransport(err error) bool {
 func retryableStatus(e *Error) bool {
 	switch e.Status {
 	case http.StatusConflict:
-		return e.Code() == "request-in-progress" || e.RetryAfter > 0
+		return e.Code() == "request-in-progress" || e.retryAfterSent
 	case http.StatusRequestTimeout, http.StatusTooManyRequests:
 		return true
 	default:
