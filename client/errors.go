@@ -50,7 +50,8 @@ type Error struct {
 	// Replayed is true when the answer is a stored one (a decline replayed
 	// to a retry).
 	Replayed bool
-	// Attempts is how many requests the call had sent when this answer came.
+	// Attempts is how many attempts the call had made when this answer
+	// came (as Meta.Attempts counts them).
 	Attempts int
 	// Header and Body are the answer's, exactly as received.
 	Header http.Header

@@ -1,8 +1,12 @@
 package clientintegration_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/idempay/idempay/client"
@@ -56,5 +60,105 @@ func TestConflictWithRetryAfterIsRetriedWithoutBackoff(t *testing.T) {
 	}
 	if e != nil && e.RetryAfter != 0 {
 		t.Errorf("RetryAfter %s, want 0: the backoff caps it at 6·0", e.RetryAfter)
+	}
+}
+
+// http.Transport re-sends a request that carries an Idempotency-Key when
+// the reused keep-alive connection it was written on closes before the
+// answer (net/http's Request.isReplayable). The API ran the first one; the
+// re-send, inside the same attempt of the client, gets its stored answer.
+func TestTransportResendIsInsideOneAttempt(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	var (
+		mu      sync.Mutex
+		perConn = map[string]int{} // requests per client connection
+		dropped string             // the key whose answer the front lost
+	)
+	var f *front
+	f = newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		mu.Lock()
+		perConn[r.RemoteAddr]++
+		drop := r.Method == http.MethodPost && perConn[r.RemoteAddr] > 1 && dropped == ""
+		if drop {
+			dropped = r.Header.Get("Idempotency-Key")
+		}
+		mu.Unlock()
+		if !drop {
+			return false
+		}
+		// The API runs this request; its answer is lost with the connection.
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, a.env.Server.URL+r.URL.Path, bytes.NewReader(f.requests()[n-1].body))
+		if err != nil {
+			t.Error(err)
+			return true
+		}
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Errorf("front: the first POST: %v", err)
+			return true
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return true
+		}
+		conn.Close()
+		return true
+	})
+	var obs counter
+	cl := a.client(f.URL, client.WithMaxAttempts(1), client.WithObserver(obs.observe))
+	// A read leaves its connection idle in the pool for the charge that
+	// follows; the front drops the first charge that arrives on a reused
+	// connection (one that arrives on a new one, when the pool had not taken
+	// the connection back yet, is passed on, and the pair is made again).
+	var ch *client.Charge
+	var key string
+	for i := 0; i < 50 && key == ""; i++ {
+		if _, err := cl.Charges.List(t.Context(), client.ListParams{Limit: 1}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := cl.Charges.Create(t.Context(), visa(2600), client.WithIdempotencyKey(fmt.Sprintf("resent-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		key = dropped
+		mu.Unlock()
+		ch = c
+	}
+	if key == "" {
+		t.Fatal("no charge arrived on a reused connection in 50 tries")
+	}
+	var posts []seen
+	for _, r := range f.requests() {
+		if r.method == http.MethodPost && r.key == key {
+			posts = append(posts, r)
+		}
+	}
+	if len(posts) != 2 {
+		t.Fatalf("the front saw %d POSTs with key %s, want 2: the one whose answer was lost and the transport's re-send", len(posts), key)
+	}
+	sameKeyAndBytes(t, posts)
+	var created []client.Attempt
+	for _, at := range obs.all() {
+		if at.IdempotencyKey == key {
+			created = append(created, at)
+		}
+	}
+	// One attempt of the client, though two requests reached the API; its
+	// answer is the replay of the charge this very call made.
+	if ch.IdempotencyKey() != key || ch.Attempts() != 1 || len(created) != 1 {
+		t.Errorf("result of key %s after %d attempts, observer %s; want key %s after 1: the re-send is inside the attempt",
+			ch.IdempotencyKey(), ch.Attempts(), describeAttempts(created), key)
+	}
+	if !ch.Replayed() {
+		t.Error("result not replayed, want the stored answer of the first POST")
+	}
+	if got, want := len(a.env.Stripe.Charges()), len(obs.all())/2; got != want {
+		t.Errorf("the fake executed %d charges, want %d: one per call", got, want)
 	}
 }
