@@ -162,3 +162,32 @@ func TestTransportResendIsInsideOneAttempt(t *testing.T) {
 		t.Errorf("the fake executed %d charges, want %d: one per call", got, want)
 	}
 }
+
+// A final answer is returned as it is, and the last answer of a call that
+// gave up is wrapped: errors.As finds a 429 (or a 408) there too, which is
+// not final, so only err.(*client.Error) tells a final answer (the example
+// in docs/client.md).
+func TestGaveUpIsNotFinal(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n <= 2 {
+			problem(w, http.StatusTooManyRequests, "rate-limited", "0")
+			return true
+		}
+		return false
+	})
+	_, err := a.client(f.URL, client.WithMaxAttempts(2)).Charges.Create(t.Context(), visa(300), client.WithIdempotencyKey("gave-up"))
+	var e *client.Error
+	if !errors.As(err, &e) || e.Status != http.StatusTooManyRequests {
+		t.Fatalf("%v, want a call that gave up wrapping the 429", err)
+	}
+	if _, final := err.(*client.Error); final {
+		t.Errorf("%v is a bare *client.Error, want the 429 wrapped: it is not final", err)
+	}
+	// The same key, later, is the same request: it charges now.
+	ch, err := a.client(f.URL).Charges.Create(t.Context(), visa(300), client.WithIdempotencyKey("gave-up"))
+	if err != nil || ch.Status != "succeeded" {
+		t.Fatalf("the same call again: %v", err)
+	}
+}
