@@ -265,7 +265,8 @@ type callOptions struct {
 // restart of the caller or by hand, is then the same request and cannot
 // charge twice. An empty k means "make one"; GET calls ignore it. k is
 // 1 to 255 printable ASCII characters, not starting or ending with a
-// space; the call fails before sending anything otherwise.
+// space, nor starting with a double quote; the call fails before sending
+// anything otherwise.
 func WithIdempotencyKey(k string) CallOption {
 	return func(o *callOptions) { o.key = k }
 }
@@ -343,12 +344,18 @@ func printableASCII(s string) bool {
 // drops the spaces around a header's value (RFC 9110 §5.5), so the server
 // would hold " k" as "k", another key than the one the result and the
 // error report, which inspection (IdempotencyKeys.Get) then does not find.
+// Nor may it start with a double quote: the server reads such a key as a
+// Structured Field string (RFC 8941), and holds "k" (quotes included) as
+// k, so two keys of the caller would be one request to the server.
 func checkKey(k string) error {
 	if len(k) == 0 || len(k) > 255 || !printableASCII(k) {
 		return fmt.Errorf("idempay: Idempotency-Key %q: want 1 to 255 printable ASCII characters", k)
 	}
 	if k[0] == ' ' || k[len(k)-1] == ' ' {
 		return fmt.Errorf("idempay: Idempotency-Key %q: a key may not start or end with a space, which HTTP drops", k)
+	}
+	if k[0] == '"' {
+		return fmt.Errorf("idempay: Idempotency-Key %q: a key may not start with a double quote, which the server reads as a quoted key", k)
 	}
 	return nil
 }

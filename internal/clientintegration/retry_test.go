@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -189,5 +190,39 @@ func TestGaveUpIsNotFinal(t *testing.T) {
 	ch, err := a.client(f.URL).Charges.Create(t.Context(), visa(300), client.WithIdempotencyKey("gave-up"))
 	if err != nil || ch.Status != "succeeded" {
 		t.Fatalf("the same call again: %v", err)
+	}
+}
+
+// The server reads an Idempotency-Key that starts with a double quote as a
+// Structured Field string (docs/api.md, idempotency-key-invalid): it holds
+// "order-7" (quotes included) as order-7, so that key and order-7 would be
+// one request to the server and two to the caller. Such a key is refused
+// before anything is sent, like a key the server would refuse.
+func TestQuotedKeyIsRefusedBeforeSending(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	f := newFront(t, a.env.Server.URL, nil)
+	cl := a.client(f.URL)
+	for _, k := range []string{`"order-7"`, `"order-7`, `"`} {
+		ch, err := cl.Charges.Create(t.Context(), visa(700), client.WithIdempotencyKey(k))
+		if err == nil {
+			t.Errorf("key %s: charge %s made (replayed %v), want the key refused", k, ch.ID, ch.Replayed())
+		} else if !strings.Contains(err.Error(), "Idempotency-Key") {
+			t.Errorf("key %s: error %v, want one naming the Idempotency-Key", k, err)
+		}
+	}
+	if n := len(f.requests()); n != 0 {
+		t.Errorf("%d requests sent with a quoted key, want none", n)
+	}
+	ch, err := cl.Charges.Create(t.Context(), visa(700), client.WithIdempotencyKey("order-7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Replayed() {
+		t.Errorf("order-7: a replay of %s, want a new charge", ch.ID)
+	}
+	ik, err := cl.IdempotencyKeys.Get(t.Context(), "order-7")
+	if err != nil || ik.Charge == nil || *ik.Charge != ch.ID {
+		t.Errorf("key order-7: %v, want its record naming %s", err, ch.ID)
 	}
 }
