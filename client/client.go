@@ -151,7 +151,9 @@ type Option func(*Client)
 // WithHTTPClient sends every attempt through hc instead of a client with
 // DefaultTimeout, for callers that tune timeouts, proxies or connection
 // pools. hc's own Timeout bounds each attempt, not the whole call (the
-// context does that); a nil hc keeps the default.
+// context does that); a nil hc keeps the default. If hc follows redirects,
+// a call whose request was turned into a GET by a 301, 302 or 303 fails
+// (the API never redirects) rather than take the GET's answer for its own.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) {
 		if hc != nil {

@@ -166,6 +166,14 @@ func (c *Client) send(ctx context.Context, r *request, url string) (answer, erro
 		return answer{}, err
 	}
 	defer resp.Body.Close()
+	// A client that follows redirects (WithHTTPClient) answers a POST that
+	// got a 301, 302 or 303 with a GET of the Location, whose answer (a
+	// list, a page) is not this call's and would decode as an empty
+	// success. The API never redirects: the base URL is wrong.
+	if resp.Request != nil && resp.Request.Method != r.method {
+		return answer{}, permanentError{fmt.Errorf("redirected to %s %s: the API never redirects, check the base URL",
+			resp.Request.Method, resp.Request.URL.Redacted())}
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		// The status arrived but not all of the body: the answer is lost,

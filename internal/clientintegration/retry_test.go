@@ -226,3 +226,39 @@ func TestQuotedKeyIsRefusedBeforeSending(t *testing.T) {
 		t.Errorf("key order-7: %v, want its record naming %s", err, ch.ID)
 	}
 }
+
+// An http.Client of the caller's (WithHTTPClient) follows redirects by
+// default, and follows a 301, 302 or 303 answered to a POST with a GET of
+// the Location: here the charges list, whose 200 decoded as an empty charge
+// and made a payment that never happened look made. The answer to another
+// request than the call's is an error, which names the key.
+func TestRedirectIsNotTheAnswer(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	if _, err := a.cl.Charges.Create(t.Context(), visa(100)); err != nil {
+		t.Fatal(err)
+	}
+	// A front that moved: every POST is sent to the API's own URL.
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost {
+			return false
+		}
+		http.Redirect(w, r, a.env.Server.URL+r.URL.Path, http.StatusMovedPermanently)
+		return true
+	})
+	var obs counter
+	cl := a.client(f.URL, client.WithHTTPClient(&http.Client{Timeout: client.DefaultTimeout}), client.WithObserver(obs.observe))
+	ch, err := cl.Charges.Create(t.Context(), visa(555), client.WithIdempotencyKey("moved"))
+	if err == nil {
+		t.Fatalf("charge %q (object %q, status %d) made through a redirect, want an error", ch.ID, ch.Object, ch.StatusCode())
+	}
+	if !strings.Contains(err.Error(), "redirect") || !strings.Contains(err.Error(), `"moved"`) {
+		t.Errorf("error %v, want one that names the redirect and the key", err)
+	}
+	if atts := obs.all(); len(atts) != 1 {
+		t.Errorf("%d attempts (%s), want 1: a redirect answers every attempt the same", len(atts), describeAttempts(atts))
+	}
+	if n := len(a.env.Stripe.Charges()); n != 1 {
+		t.Errorf("the fake executed %d charges, want 1: the first, direct one", n)
+	}
+}
