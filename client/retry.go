@@ -250,12 +250,16 @@ func retryableStatus(e *Error) bool {
 func (c *Client) wait(n int, retryAfter time.Duration) time.Duration {
 	ceiling := c.base
 	for i := 1; i < n && ceiling < c.max; i++ {
-		ceiling *= 2
+		if ceiling > c.max/2 { // doubling would pass max, or overflow
+			ceiling = c.max
+		} else {
+			ceiling *= 2
+		}
 	}
 	ceiling = min(ceiling, c.max)
 	var d time.Duration
 	if ceiling > 0 {
-		d = mrand.N(ceiling + 1) //nolint:gosec // jitter spreads retries; it guards nothing
+		d = mrand.N(ceiling) //nolint:gosec // jitter spreads retries; it guards nothing
 	}
 	d = max(d, retryAfter)
 	return d

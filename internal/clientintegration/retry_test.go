@@ -2,13 +2,16 @@ package clientintegration_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -260,5 +263,56 @@ func TestRedirectIsNotTheAnswer(t *testing.T) {
 	}
 	if n := len(a.env.Stripe.Charges()); n != 1 {
 		t.Errorf("the fake executed %d charges, want 1: the first, direct one", n)
+	}
+}
+
+// The backoff's ceiling doubles up to its max without overflowing: a max
+// of the largest Duration (no cap) made the ceiling wrap negative, and
+// the waits 0, after 36 retries, and a base that large made the first
+// retry panic.
+func TestBackoffDoesNotOverflow(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const attempts = 40
+	f := newFront(t, a.env.Server.URL, func(n int, w http.ResponseWriter, r *http.Request) bool {
+		if n < attempts {
+			problem(w, http.StatusServiceUnavailable, "service-unavailable", "")
+			return true
+		}
+		return false
+	})
+	for _, base := range []time.Duration{200 * time.Millisecond, math.MaxInt64} {
+		var mu sync.Mutex
+		var waits []time.Duration
+		sleep := func(ctx context.Context, d time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			waits = append(waits, d)
+			return ctx.Err()
+		}
+		cl := a.client(f.URL, client.WithBackoff(base, math.MaxInt64), client.WithMaxAttempts(attempts), client.WithSleep(sleep))
+		var err error
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("panic: %v", p)
+				}
+			}()
+			_, err = cl.Charges.List(t.Context(), client.ListParams{Limit: 1})
+		}()
+		if err != nil {
+			t.Errorf("base %s: %v", base, err)
+			continue
+		}
+		for r, d := range waits {
+			// Full jitter can draw a short wait, but not one below a
+			// millisecond when the ceiling is 200 ms·2^20 or more.
+			if d < 0 || r >= 20 && d < time.Millisecond {
+				t.Errorf("base %s: retry %d waited %s, want within [0, max] and the ceiling still growing", base, r+1, d)
+			}
+		}
+		f.mu.Lock()
+		f.seen = nil
+		f.mu.Unlock()
 	}
 }
