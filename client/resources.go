@@ -265,9 +265,10 @@ func (s *ChargesService) Create(ctx context.Context, p ChargeParams, opts ...Cal
 // charge-not-capturable; more than it holds, a 400
 // capture-exceeds-authorization with Extensions["amount_capturable"]. A
 // charge still processing (its own request had no answer from Stripe) is
-// settled first by the server; while its own request is running elsewhere
-// the 409 carries Retry-After, nothing is stored, and this client makes
-// the same call again after it, like a 409 request-in-progress.
+// not captured blind: the server refuses with a 409 charge-not-settled that
+// carries Retry-After and stores nothing, until the charge's own request is
+// settled by its client's retry or the server's completer; this client
+// makes the same call again after it, like a 409 request-in-progress.
 func (s *ChargesService) Capture(ctx context.Context, id string, p CaptureParams, opts ...CallOption) (*Charge, error) {
 	if id == "" {
 		return nil, errors.New("idempay: capture: empty charge id")
