@@ -366,7 +366,10 @@ func (s *APIKeysService) List(ctx context.Context) (*APIKeyList, error) {
 
 // Delete revokes an API key, in every server process at once. It carries
 // an Idempotency-Key like every mutating call, so that a retry after a lost
-// answer replays the 204 instead of finding the key gone (404). The
+// answer replays the 204 instead of finding the key gone (404). That
+// replay needs a key that still authenticates: a client revoking the key
+// it calls with gets a final 401 on such a retry, though the revocation
+// was made, so revoke a key with another one, as a rotation does. The
 // account's last active key cannot be revoked: a final 409 last-api-key.
 func (s *APIKeysService) Delete(ctx context.Context, id string, opts ...CallOption) error {
 	if id == "" {
