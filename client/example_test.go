@@ -17,7 +17,7 @@ func ExampleChargesService_Create() {
 		client.WithIdempotencyKey("order-1042"))
 	// A final answer is returned as it is; the last answer of a call that
 	// gave up (a 503, or a 429 or 408 that is not final either) is wrapped.
-	e, final := err.(*client.Error)
+	e, final := err.(*client.Error) //nolint:errorlint // the point: only a final answer is a bare *client.Error
 	switch {
 	case err == nil:
 		fmt.Println("charged", ch.ID, "replayed:", ch.Replayed())

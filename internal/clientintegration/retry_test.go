@@ -59,7 +59,7 @@ func TestConflictWithRetryAfterIsRetriedWithoutBackoff(t *testing.T) {
 		t.Errorf("attempt 1: retry %v after %s, want a retry at once (the backoff caps the wait at 0)", atts[0].Retry, atts[0].Wait)
 	}
 	var e *client.Error
-	if _, final := err.(*client.Error); final || !errors.As(err, &e) || e.Code() != "charge-not-settled" {
+	if _, final := err.(*client.Error); final || !errors.As(err, &e) || e.Code() != "charge-not-settled" { //nolint:errorlint // the point: a call that gave up is not a bare *client.Error
 		t.Errorf("capture: %v, want the call to give up wrapping the last 409 charge-not-settled", err)
 	}
 	if e != nil && e.RetryAfter != 0 {
@@ -186,7 +186,7 @@ func TestGaveUpIsNotFinal(t *testing.T) {
 	if !errors.As(err, &e) || e.Status != http.StatusTooManyRequests {
 		t.Fatalf("%v, want a call that gave up wrapping the 429", err)
 	}
-	if _, final := err.(*client.Error); final {
+	if _, final := err.(*client.Error); final { //nolint:errorlint // the point: a call that gave up is not a bare *client.Error
 		t.Errorf("%v is a bare *client.Error, want the 429 wrapped: it is not final", err)
 	}
 	// The same key, later, is the same request: it charges now.
