@@ -229,7 +229,7 @@ func WithObserver(observe func(Attempt)) Option {
 }
 
 // Attempt describes one attempt of a call, as an Observer sees it: one HTTP
-// request, or two when http.Transport re-sent it on a new connection
+// request, or more when http.Transport re-sent it on another connection
 // (see "Retries below this package").
 type Attempt struct {
 	// N numbers the attempts of one call from 1.
