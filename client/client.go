@@ -75,7 +75,10 @@
 // connection that the server closed before answering, and it counts a
 // request carrying an Idempotency-Key header as safe to re-send. That is
 // harmless here: it re-sends the same key and the same bytes, exactly what
-// this package would do. Such a re-send is invisible to an Observer.
+// this package would do. Such a re-send happens inside one attempt: an
+// Observer does not see it, Attempts and WithMaxAttempts do not count it
+// (WithMaxAttempts(1) can still send a request twice), and its answer can
+// be the replay (Replayed) of the request it re-sent, which this call made.
 package client
 
 import (
@@ -148,7 +151,9 @@ type Option func(*Client)
 // WithHTTPClient sends every attempt through hc instead of a client with
 // DefaultTimeout, for callers that tune timeouts, proxies or connection
 // pools. hc's own Timeout bounds each attempt, not the whole call (the
-// context does that); a nil hc keeps the default.
+// context does that); a nil hc keeps the default. If hc follows redirects,
+// a call whose request was turned into a GET by a 301, 302 or 303 fails
+// (the API never redirects) rather than take the GET's answer for its own.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) {
 		if hc != nil {
@@ -158,7 +163,9 @@ func WithHTTPClient(hc *http.Client) Option {
 }
 
 // WithMaxAttempts bounds the attempts of one call, the first included
-// (default 8). 1 turns retries off; values below 1 are taken as 1.
+// (default 8). 1 turns this package's retries off, not http.Transport's
+// own re-send on a reused connection (see "Retries below this package");
+// values below 1 are taken as 1.
 func WithMaxAttempts(n int) Option {
 	return func(c *Client) { c.maxAttempts = max(n, 1) }
 }
@@ -221,7 +228,9 @@ func WithObserver(observe func(Attempt)) Option {
 	return func(c *Client) { c.observer = observe }
 }
 
-// Attempt describes one HTTP request of a call, as an Observer sees it.
+// Attempt describes one attempt of a call, as an Observer sees it: one HTTP
+// request, or more when http.Transport re-sent it on another connection
+// (see "Retries below this package").
 type Attempt struct {
 	// N numbers the attempts of one call from 1.
 	N int
@@ -258,7 +267,8 @@ type callOptions struct {
 // restart of the caller or by hand, is then the same request and cannot
 // charge twice. An empty k means "make one"; GET calls ignore it. k is
 // 1 to 255 printable ASCII characters, not starting or ending with a
-// space; the call fails before sending anything otherwise.
+// space, nor starting with a double quote; the call fails before sending
+// anything otherwise.
 func WithIdempotencyKey(k string) CallOption {
 	return func(o *callOptions) { o.key = k }
 }
@@ -336,12 +346,18 @@ func printableASCII(s string) bool {
 // drops the spaces around a header's value (RFC 9110 §5.5), so the server
 // would hold " k" as "k", another key than the one the result and the
 // error report, which inspection (IdempotencyKeys.Get) then does not find.
+// Nor may it start with a double quote: the server reads such a key as a
+// Structured Field string (RFC 8941), and holds "k" (quotes included) as
+// k, so two keys of the caller would be one request to the server.
 func checkKey(k string) error {
 	if len(k) == 0 || len(k) > 255 || !printableASCII(k) {
 		return fmt.Errorf("idempay: Idempotency-Key %q: want 1 to 255 printable ASCII characters", k)
 	}
 	if k[0] == ' ' || k[len(k)-1] == ' ' {
 		return fmt.Errorf("idempay: Idempotency-Key %q: a key may not start or end with a space, which HTTP drops", k)
+	}
+	if k[0] == '"' {
+		return fmt.Errorf("idempay: Idempotency-Key %q: a key may not start with a double quote, which the server reads as a quoted key", k)
 	}
 	return nil
 }
@@ -361,7 +377,11 @@ type Meta struct {
 
 // Replayed is true when the answer was the server's stored response to an
 // earlier request with the same key (Idempotent-Replayed: true): the
-// operation happened once, before this call, and this call changed nothing.
+// operation happened once, and this request changed nothing. The earlier
+// request may be this call's own, whose answer was lost (an attempt
+// dropped after the server ran it, when Attempts is above 1, or a re-send
+// by http.Transport), so Replayed does not tell whether this call made the
+// operation or an earlier call did.
 func (m *Meta) Replayed() bool { return m.replayed }
 
 // IdempotencyKey is the key a mutating call sent on every attempt ("" for
@@ -378,8 +398,9 @@ func (m *Meta) Header() http.Header { return m.header }
 // can store it or compare a replay with the original byte for byte (I2).
 func (m *Meta) RawBody() []byte { return m.body }
 
-// Attempts is how many requests the call sent (1 when the first answer was
-// final).
+// Attempts is how many attempts the call made (1 when the first answer was
+// final); http.Transport's re-send of a request is inside an attempt and
+// not counted (see "Retries below this package").
 func (m *Meta) Attempts() int { return m.attempts }
 
 // RequestID is the X-Request-Id of the final answer, which every server log

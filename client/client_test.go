@@ -111,19 +111,21 @@ func asError(t *testing.T, err error) *client.Error {
 func TestOtherStatusesAreFinal(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		status int
-		typ    string
+		status     int
+		typ        string
+		retryAfter string
 	}{
-		{http.StatusBadRequest, "invalid-json"},
-		{http.StatusUnprocessableEntity, "idempotency-key-reused"},
-		{http.StatusConflict, "charge-not-refundable"},
-		{http.StatusNotFound, "not-found"},
-		{http.StatusNotImplemented + 100, "weird"}, // 601: not a 5xx
+		{http.StatusBadRequest, "invalid-json", "0"},
+		{http.StatusUnprocessableEntity, "idempotency-key-reused", "0"},
+		// A 409 with Retry-After, even 0, is retried (TestConflictWithRetryAfterIsRetried).
+		{http.StatusConflict, "charge-not-refundable", ""},
+		{http.StatusNotFound, "not-found", "0"},
+		{http.StatusNotImplemented + 100, "weird", "0"}, // 601: not a 5xx
 	} {
 		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
 			t.Parallel()
 			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
-				problem(w, tc.status, tc.typ, "0")
+				problem(w, tc.status, tc.typ, tc.retryAfter)
 				return true
 			})
 			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))

@@ -50,11 +50,17 @@ type Error struct {
 	// Replayed is true when the answer is a stored one (a decline replayed
 	// to a retry).
 	Replayed bool
-	// Attempts is how many requests the call had sent when this answer came.
+	// Attempts is how many attempts the call had made when this answer
+	// came (as Meta.Attempts counts them).
 	Attempts int
 	// Header and Body are the answer's, exactly as received.
 	Header http.Header
 	Body   []byte
+
+	// retryAfterSent is true when the answer carried a Retry-After the
+	// client could read, even one that RetryAfter caps to 0 (WithBackoff
+	// with a max of 0): a 409 that carries one is retried.
+	retryAfterSent bool
 }
 
 // InvalidParam names one rejected request field and why.
@@ -101,7 +107,7 @@ var problemMembers = []string{"type", "title", "status", "detail", "instance", "
 func (c *Client) newError(r *request, a answer, n int) *Error {
 	e := &Error{Status: a.status, Header: a.header, Body: a.body, IdempotencyKey: r.key,
 		Replayed: a.header.Get("Idempotent-Replayed") == "true", Attempts: n}
-	e.RetryAfter, _ = c.parseRetryAfter(a.header.Get("Retry-After"))
+	e.RetryAfter, e.retryAfterSent = c.parseRetryAfter(a.header.Get("Retry-After"))
 	var doc struct {
 		Type          string         `json:"type"`
 		Title         string         `json:"title"`

@@ -265,9 +265,10 @@ func (s *ChargesService) Create(ctx context.Context, p ChargeParams, opts ...Cal
 // charge-not-capturable; more than it holds, a 400
 // capture-exceeds-authorization with Extensions["amount_capturable"]. A
 // charge still processing (its own request had no answer from Stripe) is
-// settled first by the server; while its own request is running elsewhere
-// the 409 carries Retry-After, nothing is stored, and this client makes
-// the same call again after it, like a 409 request-in-progress.
+// not captured blind: the server refuses with a 409 charge-not-settled that
+// carries Retry-After and stores nothing, until the charge's own request is
+// settled by its client's retry or the server's completer; this client
+// makes the same call again after it, like a 409 request-in-progress.
 func (s *ChargesService) Capture(ctx context.Context, id string, p CaptureParams, opts ...CallOption) (*Charge, error) {
 	if id == "" {
 		return nil, errors.New("idempay: capture: empty charge id")
@@ -365,7 +366,10 @@ func (s *APIKeysService) List(ctx context.Context) (*APIKeyList, error) {
 
 // Delete revokes an API key, in every server process at once. It carries
 // an Idempotency-Key like every mutating call, so that a retry after a lost
-// answer replays the 204 instead of finding the key gone (404). The
+// answer replays the 204 instead of finding the key gone (404). That
+// replay needs a key that still authenticates: a client revoking the key
+// it calls with gets a final 401 on such a retry, though the revocation
+// was made, so revoke a key with another one, as a rotation does. The
 // account's last active key cannot be revoked: a final 409 last-api-key.
 func (s *APIKeysService) Delete(ctx context.Context, id string, opts ...CallOption) error {
 	if id == "" {

@@ -166,6 +166,14 @@ func (c *Client) send(ctx context.Context, r *request, url string) (answer, erro
 		return answer{}, err
 	}
 	defer resp.Body.Close()
+	// A client that follows redirects (WithHTTPClient) answers a POST that
+	// got a 301, 302 or 303 with a GET of the Location, whose answer (a
+	// list, a page) is not this call's and would decode as an empty
+	// success. The API never redirects: the base URL is wrong.
+	if resp.Request != nil && resp.Request.Method != r.method {
+		return answer{}, permanentError{fmt.Errorf("redirected to %s %s: the API never redirects, check the base URL",
+			resp.Request.Method, resp.Request.URL.Redacted())}
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		// The status arrived but not all of the body: the answer is lost,
@@ -229,7 +237,7 @@ func retryableTransport(err error) bool {
 func retryableStatus(e *Error) bool {
 	switch e.Status {
 	case http.StatusConflict:
-		return e.Code() == "request-in-progress" || e.RetryAfter > 0
+		return e.Code() == "request-in-progress" || e.retryAfterSent
 	case http.StatusRequestTimeout, http.StatusTooManyRequests:
 		return true
 	default:
@@ -242,12 +250,16 @@ func retryableStatus(e *Error) bool {
 func (c *Client) wait(n int, retryAfter time.Duration) time.Duration {
 	ceiling := c.base
 	for i := 1; i < n && ceiling < c.max; i++ {
-		ceiling *= 2
+		if ceiling > c.max/2 { // doubling would pass max, or overflow
+			ceiling = c.max
+		} else {
+			ceiling *= 2
+		}
 	}
 	ceiling = min(ceiling, c.max)
 	var d time.Duration
 	if ceiling > 0 {
-		d = mrand.N(ceiling + 1) //nolint:gosec // jitter spreads retries; it guards nothing
+		d = mrand.N(ceiling) //nolint:gosec // jitter spreads retries; it guards nothing
 	}
 	d = max(d, retryAfter)
 	return d
