@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,6 +177,7 @@ const (
 
 	maxDeadLetterDetail   = 500
 	deadLetterMsgIDPrefix = "dlq-"
+	natsHeaderPrefix      = "Nats-"
 )
 
 // Consumer consumes order.paid messages.
@@ -427,9 +429,15 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	dl := nats.NewMsg(c.cfg.DLQSubject)
 	dl.Data = msg.Data()
 	for k, v := range msg.Headers() {
+		// Nats-* headers are the producer's instructions to JetStream for
+		// its own publish (Nats-Msg-Id, Nats-Expected-Last-Sequence,
+		// Nats-TTL ...): applied to the dead letter, an expectation that
+		// held then fails now, and the message would be nak'ed for ever.
+		if len(k) >= len(natsHeaderPrefix) && strings.EqualFold(k[:len(natsHeaderPrefix)], natsHeaderPrefix) {
+			continue
+		}
 		dl.Header[k] = v
 	}
-	dl.Header.Del(jetstream.MsgIDHeader)
 	seq := strconv.FormatUint(meta.Sequence.Stream, 10)
 	dl.Header.Set(HeaderReason, reason)
 	dl.Header.Set(HeaderDetail, detail)
