@@ -449,6 +449,14 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	dl.Header.Set(jetstream.MsgIDHeader, deadLetterMsgIDPrefix+meta.Stream+"-"+seq)
 	pctx, cancel := context.WithTimeout(ctx, brokerTimeout)
 	_, err := c.js.PublishMsg(pctx, dl)
+	if errors.Is(err, nats.ErrMaxPayload) && len(dl.Data) > 0 {
+		// A message near the broker's size limit leaves no room for the
+		// headers above: the dead letter goes without its body, which
+		// stays in the stream at HeaderStreamSequence (Replay reads it
+		// there), rather than failing on every delivery.
+		dl.Data = nil
+		_, err = c.js.PublishMsg(pctx, dl)
+	}
 	cancel()
 	if err != nil {
 		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)

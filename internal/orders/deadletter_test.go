@@ -1,7 +1,10 @@
 package orders_test
 
 import (
+	"bytes"
 	"crypto/rand"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -79,4 +82,54 @@ func TestDeadLetterLeavesJetStreamHeadersBehind(t *testing.T) {
 		t.Errorf("the dead letter carries %s: %q", jetstream.ExpectedLastSeqHeader, v)
 	}
 	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+}
+
+// A message so close to the broker's payload limit that the dead-letter
+// headers do not fit beside it is dead-lettered without its body (still in
+// the stream, under Idempay-Stream-Sequence), not nak'ed for ever; and
+// replaying that dead letter publishes the message itself again.
+func TestOversizedMessageIsDeadLetteredWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	acct := b.env.NewClient(t).Account.ID
+	head := `{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa","description":"`
+	tail := `"}`
+	// A description far over its limit, in a message 200 bytes under the
+	// broker's.
+	size := int(b.nc.MaxPayload()) - 200
+	data := []byte(head + strings.Repeat("a", size-len(head)-len(tail)) + tail)
+	seq := b.publishMsg(t, &nats.Msg{Subject: b.cfg.Subject, Data: data})
+
+	b.firstAnswer(t)
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Fatalf("the message was nak'ed %d times, want a dead letter at once (outcomes %v)", n, b.snapshot())
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonInvalid || dl[0].OriginalSequence != strconv.FormatUint(seq, 10) ||
+		!strings.Contains(dl[0].Detail, "description") {
+		t.Fatalf("dead letters %+v, want one with reason %s naming the description, from message %d", dl, orders.ReasonInvalid, seq)
+	}
+	if dl[0].Data != "" {
+		t.Errorf("the dead letter carries %d bytes of body, want none", len(dl[0].Data))
+	}
+
+	ctx, cancel := jsContext()
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := orders.Replay(ctx, b.js, s, b.cfg, dl[0].Sequence)
+	if err != nil {
+		t.Fatalf("replaying the dead letter: %v", err)
+	}
+	if m := b.rawMsg(t, ack.Sequence); m.Subject != b.cfg.Subject || !bytes.Equal(m.Data, data) {
+		t.Errorf("the replay published %d bytes to %s, want the original %d bytes to %s", len(m.Data), m.Subject, len(data), b.cfg.Subject)
+	}
+	b.waitFor(t, "the replay's dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) == 2 })
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.charges(t, acct); n != 0 {
+		t.Errorf("%d ledger rows, want 0", n)
+	}
 }
