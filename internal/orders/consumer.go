@@ -321,6 +321,14 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "idempotency_key: "+err.Error())
 		return
 	}
+	// No account id holds a control character, and a NUL, which no
+	// PostgreSQL text holds, would make the lookup fail as if the
+	// database were down: the message would be retried until its
+	// deliveries ran out.
+	if !pgtext.IsText(m.Account) {
+		c.deadLetter(ctx, log, msg, meta, ReasonUnknownAccount, fmt.Sprintf("no account %q", m.Account))
+		return
+	}
 	if _, err := accounts.Get(ctx, c.pool, m.Account); errors.Is(err, db.ErrNotFound) {
 		c.deadLetter(ctx, log, msg, meta, ReasonUnknownAccount, fmt.Sprintf("no account %q", m.Account))
 		return

@@ -133,3 +133,26 @@ func TestOversizedMessageIsDeadLetteredWithoutItsBody(t *testing.T) {
 		t.Errorf("%d ledger rows, want 0", n)
 	}
 }
+
+// An account that no id can be, with a NUL in it (which PostgreSQL text
+// cannot hold), is an unknown account, dead-lettered at once: not a
+// database refusing the lookup, retried as if it were down until the
+// message's deliveries ran out.
+func TestAccountWithNULIsUnknown(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	acct := b.env.NewClient(t).Account.ID
+	b.publish(t, []byte(`{"idempotency_key":"order-`+rand.Text()+`","account":"`+acct+`\u0000","amount":1000,"currency":"usd","payment_method":"tok_visa"}`), "")
+	b.firstAnswer(t)
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Fatalf("the message was nak'ed %d times, want a dead letter at once (outcomes %v)", n, b.snapshot())
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonUnknownAccount || dl[0].Deliveries != "1" {
+		t.Fatalf("dead letters %+v, want one with reason %s after 1 delivery", dl, orders.ReasonUnknownAccount)
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.charges(t, acct); n != 0 {
+		t.Errorf("%d ledger rows, want 0", n)
+	}
+}
