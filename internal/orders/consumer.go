@@ -113,12 +113,14 @@ type Message struct {
 
 // chargeBody is the HTTP body the message stands for: its fingerprint is the
 // one a POST /v1/charges with these fields (absent ones absent) would have.
+// An empty metadata object is kept (omitzero leaves out only an absent or
+// null one): over HTTP, {} and no metadata are two requests.
 type chargeBody struct {
 	Amount        *int64            `json:"amount"`
 	Currency      *string           `json:"currency"`
 	PaymentMethod *string           `json:"payment_method"`
 	Description   *string           `json:"description,omitempty"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitzero"`
 }
 
 // Dead-letter reasons, in the Idempay-Dlq-Reason header.
