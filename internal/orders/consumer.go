@@ -234,7 +234,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 // gets an error back from Run, and its message, unacknowledged, is
 // redelivered one ack wait after the process has exited (nothing keeps it
 // in progress then), which the charge's idempotency record makes safe (the
-// redelivery replays or resumes the same record).
+// redelivery replays or resumes the same record). If JetStream ends the
+// subscription first (its consumer was deleted), Run stops the same way and
+// returns an error.
 func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.Setup(ctx)
 	if err != nil {
@@ -248,6 +250,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		mu       sync.Mutex
 		stopping bool           // set under mu once ctx is done; no handler starts after
 		inHand   sync.WaitGroup // handlers started before stopping
+		lastErr  error          // the subscription's last error, under mu
 	)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		mu.Lock()
@@ -261,11 +264,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 		mu.Unlock()
 		defer inHand.Done()
 		c.Handle(ctx, msg)
-	}, jetstream.PullMaxMessages(1))
+	}, jetstream.PullMaxMessages(1), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		mu.Lock()
+		lastErr = err
+		mu.Unlock()
+	}))
 	if err != nil {
 		return fmt.Errorf("consuming: %w", err)
 	}
-	<-ctx.Done()
+	// The client ends the subscription by itself when JetStream deletes its
+	// consumer (an operator removed it, or the stream): the process then
+	// stops and says so, rather than stay up consuming nothing. Started
+	// again, it creates them again (Setup).
+	var ended bool
+	select {
+	case <-ctx.Done():
+	case <-cc.Closed():
+		ended = true
+	}
 	// Stop pulling at once (a drain would wait for the open pull request
 	// to expire), then wait for the handler in hand, if any, and for the
 	// subscription's delivery goroutine to have returned.
@@ -284,6 +300,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer t.Stop()
 	select {
 	case <-finished:
+		if ended {
+			mu.Lock()
+			defer mu.Unlock()
+			return fmt.Errorf("consuming ended: JetStream ended the subscription to %s (%v)", c.cfg.Durable, lastErr)
+		}
 		c.log.Info("consumer stopped")
 		return nil
 	case <-t.C:

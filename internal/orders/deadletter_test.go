@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -154,5 +155,35 @@ func TestAccountWithNULIsUnknown(t *testing.T) {
 	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
 	if n := b.charges(t, acct); n != 0 {
 		t.Errorf("%d ledger rows, want 0", n)
+	}
+}
+
+// A consumer whose durable JetStream consumer is deleted under it (an
+// operator's nats consumer rm) stops with an error, so that its process
+// exits and is started again (which creates the durable again), rather
+// than stay up consuming nothing, messages piling up unanswered.
+func TestConsumerDeletedEndsRun(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	// Run is consuming (it creates the durable first): a message charged.
+	acct := b.env.NewClient(t).Account.ID
+	b.publish(t, message(acct, "order-"+rand.Text(), 1000), "")
+	b.waitFor(t, "the charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	ctx, cancel := jsContext()
+	defer cancel()
+	if err := b.js.DeleteConsumer(ctx, b.cfg.Stream, b.cfg.Durable); err != nil {
+		t.Fatal(err)
+	}
+	// A bound for a busy machine, not a speed: JetStream tells the pull
+	// request at once.
+	select {
+	case <-b.done:
+		b.errTaken = true
+		if b.runErr == nil {
+			t.Fatal("Run returned nil after its consumer was deleted, want an error")
+		}
+		t.Logf("Run: %v", b.runErr)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Run still consuming 2m after its durable consumer was deleted")
 	}
 }
