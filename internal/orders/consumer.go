@@ -303,7 +303,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if ended {
 			mu.Lock()
 			defer mu.Unlock()
-			return fmt.Errorf("consuming ended: JetStream ended the subscription to %s (%v)", c.cfg.Durable, lastErr)
+			return fmt.Errorf("consuming ended: JetStream ended the subscription to %s: %w", c.cfg.Durable,
+				cmp.Or(lastErr, errors.New("no reason given")))
 		}
 		c.log.Info("consumer stopped")
 		return nil
