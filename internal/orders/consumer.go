@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,12 +113,14 @@ type Message struct {
 
 // chargeBody is the HTTP body the message stands for: its fingerprint is the
 // one a POST /v1/charges with these fields (absent ones absent) would have.
+// An empty metadata object is kept (omitzero leaves out only an absent or
+// null one): over HTTP, {} and no metadata are two requests.
 type chargeBody struct {
 	Amount        *int64            `json:"amount"`
 	Currency      *string           `json:"currency"`
 	PaymentMethod *string           `json:"payment_method"`
 	Description   *string           `json:"description,omitempty"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitzero"`
 }
 
 // Dead-letter reasons, in the Idempay-Dlq-Reason header.
@@ -176,6 +179,7 @@ const (
 
 	maxDeadLetterDetail   = 500
 	deadLetterMsgIDPrefix = "dlq-"
+	natsHeaderPrefix      = "Nats-"
 )
 
 // Consumer consumes order.paid messages.
@@ -230,7 +234,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jets
 // gets an error back from Run, and its message, unacknowledged, is
 // redelivered one ack wait after the process has exited (nothing keeps it
 // in progress then), which the charge's idempotency record makes safe (the
-// redelivery replays or resumes the same record).
+// redelivery replays or resumes the same record). If JetStream ends the
+// subscription first (its consumer was deleted), Run stops the same way and
+// returns an error.
 func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.Setup(ctx)
 	if err != nil {
@@ -244,6 +250,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		mu       sync.Mutex
 		stopping bool           // set under mu once ctx is done; no handler starts after
 		inHand   sync.WaitGroup // handlers started before stopping
+		lastErr  error          // the subscription's last error, under mu
 	)
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		mu.Lock()
@@ -257,11 +264,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 		mu.Unlock()
 		defer inHand.Done()
 		c.Handle(ctx, msg)
-	}, jetstream.PullMaxMessages(1))
+	}, jetstream.PullMaxMessages(1), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		mu.Lock()
+		lastErr = err
+		mu.Unlock()
+	}))
 	if err != nil {
 		return fmt.Errorf("consuming: %w", err)
 	}
-	<-ctx.Done()
+	// The client ends the subscription by itself when JetStream deletes its
+	// consumer (an operator removed it, or the stream): the process then
+	// stops and says so, rather than stay up consuming nothing. Started
+	// again, it creates them again (Setup).
+	var ended bool
+	select {
+	case <-ctx.Done():
+	case <-cc.Closed():
+		ended = true
+	}
 	// Stop pulling at once (a drain would wait for the open pull request
 	// to expire), then wait for the handler in hand, if any, and for the
 	// subscription's delivery goroutine to have returned.
@@ -280,6 +300,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer t.Stop()
 	select {
 	case <-finished:
+		if ended {
+			mu.Lock()
+			defer mu.Unlock()
+			return fmt.Errorf("consuming ended: JetStream ended the subscription to %s: %w", c.cfg.Durable,
+				cmp.Or(lastErr, errors.New("no reason given")))
+		}
 		c.log.Info("consumer stopped")
 		return nil
 	case <-t.C:
@@ -317,6 +343,14 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	key, err := idempotency.ParseKey(m.IdempotencyKey)
 	if err != nil {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "idempotency_key: "+err.Error())
+		return
+	}
+	// No account id holds a control character, and a NUL, which no
+	// PostgreSQL text holds, would make the lookup fail as if the
+	// database were down: the message would be retried until its
+	// deliveries ran out.
+	if !pgtext.IsText(m.Account) {
+		c.deadLetter(ctx, log, msg, meta, ReasonUnknownAccount, fmt.Sprintf("no account %q", m.Account))
 		return
 	}
 	if _, err := accounts.Get(ctx, c.pool, m.Account); errors.Is(err, db.ErrNotFound) {
@@ -427,9 +461,15 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	dl := nats.NewMsg(c.cfg.DLQSubject)
 	dl.Data = msg.Data()
 	for k, v := range msg.Headers() {
+		// Nats-* headers are the producer's instructions to JetStream for
+		// its own publish (Nats-Msg-Id, Nats-Expected-Last-Sequence,
+		// Nats-TTL ...): applied to the dead letter, an expectation that
+		// held then fails now, and the message would be nak'ed for ever.
+		if len(k) >= len(natsHeaderPrefix) && strings.EqualFold(k[:len(natsHeaderPrefix)], natsHeaderPrefix) {
+			continue
+		}
 		dl.Header[k] = v
 	}
-	dl.Header.Del(jetstream.MsgIDHeader)
 	seq := strconv.FormatUint(meta.Sequence.Stream, 10)
 	dl.Header.Set(HeaderReason, reason)
 	dl.Header.Set(HeaderDetail, detail)
@@ -441,6 +481,14 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	dl.Header.Set(jetstream.MsgIDHeader, deadLetterMsgIDPrefix+meta.Stream+"-"+seq)
 	pctx, cancel := context.WithTimeout(ctx, brokerTimeout)
 	_, err := c.js.PublishMsg(pctx, dl)
+	if errors.Is(err, nats.ErrMaxPayload) && len(dl.Data) > 0 {
+		// A message near the broker's size limit leaves no room for the
+		// headers above: the dead letter goes without its body, which
+		// stays in the stream at HeaderStreamSequence (Replay reads it
+		// there), rather than failing on every delivery.
+		dl.Data = nil
+		_, err = c.js.PublishMsg(pctx, dl)
+	}
 	cancel()
 	if err != nil {
 		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)

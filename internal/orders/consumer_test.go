@@ -322,6 +322,49 @@ func TestHTTPAndMessageAreOneCharge(t *testing.T) {
 	}
 }
 
+// A message is the same request as the POST /v1/charges with the same body,
+// field for field: with an empty metadata object in both, the second of
+// the two replays the first, whichever it is; with metadata in neither, too.
+func TestHTTPAndMessageWithEmptyMetadataAreOneCharge(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 5)
+	c := b.env.NewClient(t)
+	raw := func(key, extra string) []byte {
+		return []byte(`{"idempotency_key":"` + key + `","account":"` + c.Account.ID +
+			`","amount":1900,"currency":"usd","payment_method":"tok_visa"` + extra + `}`)
+	}
+	for i, tc := range []struct {
+		extra string
+		body  map[string]any
+	}{
+		{`,"metadata":{}`, map[string]any{"amount": 1900, "currency": "usd", "payment_method": "tok_visa", "metadata": map[string]string{}}},
+		{`,"metadata":null`, map[string]any{"amount": 1900, "currency": "usd", "payment_method": "tok_visa"}},
+		{``, map[string]any{"amount": 1900, "currency": "usd", "payment_method": "tok_visa", "metadata": nil}},
+	} {
+		key := "order-" + rand.Text()
+		if r := c.Post("/v1/charges", key, tc.body); r.Status != http.StatusCreated {
+			t.Fatalf("HTTP charge %v: %d %s", tc.body, r.Status, r.Body)
+		}
+		b.publish(t, raw(key, tc.extra), "")
+		b.waitFor(t, "the message's answer", func() bool {
+			return b.count(orders.OutcomeReplayed)+b.count(orders.OutcomeDeadLetter) == i+1
+		})
+		if n := b.count(orders.OutcomeDeadLetter); n != 0 {
+			t.Fatalf("message %s after HTTP %v: dead-lettered %+v, want a replay", raw(key, tc.extra), tc.body, b.deadLetters(t))
+		}
+	}
+	key := "order-" + rand.Text()
+	b.publish(t, raw(key, `,"metadata":{}`), "")
+	b.waitFor(t, "the message's charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	r := c.Post("/v1/charges", key, map[string]any{"amount": 1900, "currency": "usd", "payment_method": "tok_visa", "metadata": map[string]string{}})
+	if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("HTTP after the message: %d (replayed %q) %s, want a replayed 201", r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+	if n := b.charges(t, c.Account.ID); n != 4 {
+		t.Errorf("%d ledger rows for four keys, want 4", n)
+	}
+}
+
 // A message that can never succeed goes to the dead-letter subject with its
 // reason, charges nothing and is not redelivered.
 func TestDeadLetters(t *testing.T) {

@@ -59,8 +59,25 @@ func Replay(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream
 	if raw.Subject != cfg.DLQSubject {
 		return nil, fmt.Errorf("message %d is on %s, not a dead letter", seq, raw.Subject)
 	}
+	data := raw.Data
+	if len(data) == 0 && raw.Header.Get(HeaderStreamSequence) != "" {
+		// Dead-lettered without its body, which did not fit beside the
+		// headers: the message itself is still in the stream.
+		orig, err := strconv.ParseUint(raw.Header.Get(HeaderStreamSequence), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("dead letter %d: %s: %w", seq, HeaderStreamSequence, err)
+		}
+		m, err := stream.GetMsg(ctx, orig)
+		if err != nil {
+			return nil, fmt.Errorf("dead letter %d has no body, and its message %d: %w", seq, orig, err)
+		}
+		if m.Subject != cfg.Subject {
+			return nil, fmt.Errorf("dead letter %d has no body, and message %d is on %s, not %s", seq, orig, m.Subject, cfg.Subject)
+		}
+		data = m.Data
+	}
 	msg := nats.NewMsg(cfg.Subject)
-	msg.Data = raw.Data
+	msg.Data = data
 	msg.Header.Set("Idempay-Replayed-From", strconv.FormatUint(seq, 10))
 	return js.PublishMsg(ctx, msg)
 }

@@ -1,0 +1,189 @@
+package orders_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/orders"
+)
+
+// publishMsg publishes msg to the bench's stream and returns its sequence.
+func (b *bench) publishMsg(t *testing.T, msg *nats.Msg) uint64 {
+	t.Helper()
+	ctx, cancel := jsContext()
+	defer cancel()
+	ack, err := b.js.PublishMsg(ctx, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// rawMsg reads the stream's message at seq.
+func (b *bench) rawMsg(t *testing.T, seq uint64) *jetstream.RawStreamMsg {
+	t.Helper()
+	ctx, cancel := jsContext()
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatalf("reading message %d: %v", seq, err)
+	}
+	return m
+}
+
+// The first answer to a message, dead letter or nak, once there is one.
+func (b *bench) firstAnswer(t *testing.T) {
+	t.Helper()
+	b.waitFor(t, "a dead letter or a nak", func() bool {
+		return b.count(orders.OutcomeDeadLetter)+b.count(orders.OutcomeNak) > 0
+	})
+}
+
+// A producer may publish with JetStream's own headers: a message id, an
+// expectation on the stream (optimistic concurrency). They were
+// instructions for that publish, not part of the message: the dead letter
+// carries the producer's other headers, and its publish, made later into a
+// stream that has moved on, does not fail on an expectation that held for
+// the original (which would nak the message on every delivery, for ever).
+func TestDeadLetterLeavesJetStreamHeadersBehind(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	msg := nats.NewMsg(b.cfg.Subject)
+	msg.Data = []byte(`{"idempotency_key": "x", `) // not JSON
+	msg.Header.Set(jetstream.MsgIDHeader, "producer-"+rand.Text())
+	msg.Header.Set(jetstream.ExpectedStreamHeader, b.cfg.Stream)
+	msg.Header.Set(jetstream.ExpectedLastSeqHeader, "0") // the stream is empty: it holds
+	msg.Header.Set("Billing-Batch", "b-17")
+	b.publishMsg(t, msg)
+
+	b.firstAnswer(t)
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Fatalf("the message was nak'ed %d times, want a dead letter at once (outcomes %v)", n, b.snapshot())
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonInvalid {
+		t.Fatalf("dead letters %+v, want one with reason %s", dl, orders.ReasonInvalid)
+	}
+	got := b.rawMsg(t, dl[0].Sequence).Header
+	if v := got.Get("Billing-Batch"); v != "b-17" {
+		t.Errorf("the dead letter's Billing-Batch header is %q, want the producer's %q", v, "b-17")
+	}
+	if v := got.Get(jetstream.ExpectedLastSeqHeader); v != "" {
+		t.Errorf("the dead letter carries %s: %q", jetstream.ExpectedLastSeqHeader, v)
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+}
+
+// A message so close to the broker's payload limit that the dead-letter
+// headers do not fit beside it is dead-lettered without its body (still in
+// the stream, under Idempay-Stream-Sequence), not nak'ed for ever; and
+// replaying that dead letter publishes the message itself again.
+func TestOversizedMessageIsDeadLetteredWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	acct := b.env.NewClient(t).Account.ID
+	head := `{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa","description":"`
+	tail := `"}`
+	// A description far over its limit, in a message 200 bytes under the
+	// broker's.
+	size := int(b.nc.MaxPayload()) - 200
+	data := []byte(head + strings.Repeat("a", size-len(head)-len(tail)) + tail)
+	seq := b.publishMsg(t, &nats.Msg{Subject: b.cfg.Subject, Data: data})
+
+	b.firstAnswer(t)
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Fatalf("the message was nak'ed %d times, want a dead letter at once (outcomes %v)", n, b.snapshot())
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonInvalid || dl[0].OriginalSequence != strconv.FormatUint(seq, 10) ||
+		!strings.Contains(dl[0].Detail, "description") {
+		t.Fatalf("dead letters %+v, want one with reason %s naming the description, from message %d", dl, orders.ReasonInvalid, seq)
+	}
+	if dl[0].Data != "" {
+		t.Errorf("the dead letter carries %d bytes of body, want none", len(dl[0].Data))
+	}
+
+	ctx, cancel := jsContext()
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := orders.Replay(ctx, b.js, s, b.cfg, dl[0].Sequence)
+	if err != nil {
+		t.Fatalf("replaying the dead letter: %v", err)
+	}
+	if m := b.rawMsg(t, ack.Sequence); m.Subject != b.cfg.Subject || !bytes.Equal(m.Data, data) {
+		t.Errorf("the replay published %d bytes to %s, want the original %d bytes to %s", len(m.Data), m.Subject, len(data), b.cfg.Subject)
+	}
+	b.waitFor(t, "the replay's dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) == 2 })
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.charges(t, acct); n != 0 {
+		t.Errorf("%d ledger rows, want 0", n)
+	}
+}
+
+// An account that no id can be, with a NUL in it (which PostgreSQL text
+// cannot hold), is an unknown account, dead-lettered at once: not a
+// database refusing the lookup, retried as if it were down until the
+// message's deliveries ran out.
+func TestAccountWithNULIsUnknown(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	acct := b.env.NewClient(t).Account.ID
+	b.publish(t, []byte(`{"idempotency_key":"order-`+rand.Text()+`","account":"`+acct+`\u0000","amount":1000,"currency":"usd","payment_method":"tok_visa"}`), "")
+	b.firstAnswer(t)
+	if n := b.count(orders.OutcomeNak); n != 0 {
+		t.Fatalf("the message was nak'ed %d times, want a dead letter at once (outcomes %v)", n, b.snapshot())
+	}
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonUnknownAccount || dl[0].Deliveries != "1" {
+		t.Fatalf("dead letters %+v, want one with reason %s after 1 delivery", dl, orders.ReasonUnknownAccount)
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.charges(t, acct); n != 0 {
+		t.Errorf("%d ledger rows, want 0", n)
+	}
+}
+
+// A consumer whose durable JetStream consumer is deleted under it (an
+// operator's nats consumer rm) stops with an error, so that its process
+// exits and is started again (which creates the durable again), rather
+// than stay up consuming nothing, messages piling up unanswered.
+func TestConsumerDeletedEndsRun(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	// Run is consuming (it creates the durable first): a message charged.
+	acct := b.env.NewClient(t).Account.ID
+	b.publish(t, message(acct, "order-"+rand.Text(), 1000), "")
+	b.waitFor(t, "the charge", func() bool { return b.count(orders.OutcomeNew) == 1 })
+	ctx, cancel := jsContext()
+	defer cancel()
+	if err := b.js.DeleteConsumer(ctx, b.cfg.Stream, b.cfg.Durable); err != nil {
+		t.Fatal(err)
+	}
+	// A bound for a busy machine, not a speed: JetStream tells the pull
+	// request at once.
+	select {
+	case <-b.done:
+		b.errTaken = true
+		if b.runErr == nil {
+			t.Fatal("Run returned nil after its consumer was deleted, want an error")
+		}
+		t.Logf("Run: %v", b.runErr)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Run still consuming 2m after its durable consumer was deleted")
+	}
+}
