@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
@@ -33,6 +35,12 @@ func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Res
 	}); err != nil {
 		return fmt.Errorf("settling idempotency record %s: %w", recordID, err)
 	}
-	r.observe(OutcomeSettled)
+	// Counted once the batch commits, and only when it finished the record.
+	b.b.QueuedQueries[len(b.b.QueuedQueries)-1].Exec(func(ct pgconn.CommandTag) error {
+		if ct.RowsAffected() > 0 {
+			b.committed = append(b.committed, func() { r.observe(OutcomeSettled) })
+		}
+		return nil
+	})
 	return nil
 }

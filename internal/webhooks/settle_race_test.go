@@ -205,3 +205,46 @@ func TestEventSettlesWhileTheOwnerFinishes(t *testing.T) {
 		t.Errorf("the retry's 201 %s is not what is stored: %s", r.Body, again.Body)
 	}
 }
+
+// TestSettledCountsRecordsFinishedFromOutside: the settled outcome counts a
+// record that a Stripe event finished because its own finish never
+// committed, once, and not the charge of a record finished long before,
+// which the event moves on (a 3-D Secure payment, whose request answered
+// requires_action) while leaving its record as it is.
+func TestSettledCountsRecordsFinishedFromOutside(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	const settled = `idempay_idempotency_outcomes_total{outcome="settled"}`
+
+	// A charge whose answer was lost (the first request of the fake's
+	// first connection: Go's transport does not send it again).
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if r := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1500, "currency": "usd", "payment_method": "tok_visa"}); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
+	}
+	lost := env.Stripe.Charges()[0].ID
+
+	// A 3-D Secure payment, its request finished requires_action, which
+	// Stripe's event moves on to succeeded.
+	ch := threeDS(t, c, true)
+	page, err := http.Get(ch.NextAction.RedirectToURL.URL + "?result=succeed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, page.Body)
+	page.Body.Close()
+	wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.succeeded", env.Stripe.IntentBody(*ch.PaymentIntent), time.Now())), "applied")
+	if got := readCharge(t, c, ch.ID); got.Status != "succeeded" {
+		t.Fatalf("the 3-D Secure charge after its event: %s, want succeeded", got.Status)
+	}
+	if got := metric(t, env, settled); got != 0 {
+		t.Errorf("%s = %v after an event moved the charge of a finished record, want 0", settled, got)
+	}
+
+	// The lost charge's event finishes its record.
+	wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.succeeded", env.Stripe.IntentBody(lost), time.Now())), "applied")
+	if got := metric(t, env, settled); got != 1 {
+		t.Errorf("%s = %v after an event finished a record, want 1", settled, got)
+	}
+}
