@@ -8,11 +8,16 @@
 -- set) claims only under an API key that is still active and belongs to the
 -- scope's account: a revocation committed since the request's first
 -- statement read the key raises IDA01, and nothing of the batch commits
--- (I11). A plain read of the key: it takes no lock.
+-- (I11). A plain read of the key: it takes no lock. The lock, the creation
+-- (the retry ceiling's start) and the completer's schedule are stamped by
+-- one clock, the one every later statement of the record compares them with
+-- (docs/lifecycle.md, "One clock").
 INSERT INTO idempotency_keys (
-    id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
+    id, scope, account_id, key, request_method, request_route, request_fingerprint,
+    locked_at, created_at, next_attempt_at
 )
 SELECT @id, @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint,
+       coalesce(sqlc.narg(now)::timestamptz, now()), coalesce(sqlc.narg(now)::timestamptz, now()),
        coalesce(sqlc.narg(now)::timestamptz, now())
 WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys

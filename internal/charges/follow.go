@@ -89,20 +89,18 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 		updated.AmountCaptured = updated.Amount
 	}
 	updated.AmountRefunded = min(updated.AmountRefunded, updated.AmountCaptured)
-	if err := s.st.moveCharge(ctx, b, updated, ch.Version); err != nil {
-		return err
-	}
 	data, err := encode(chargeJSON(updated), updated.ID)
 	if err != nil {
 		return err
 	}
-	if err := chargeSettled(ctx, b, updated, data); err != nil {
-		return err
-	}
+	// The records first, then the charge: the order of the records' own
+	// finishes, so that this batch and a finish in flight never each hold
+	// what the other waits for (a deadlock, which PostgreSQL ends a second
+	// later by aborting one). A finished record is left as it is (Settle),
+	// and the guarded write below then fails, since that finish moved the charge.
 	if updated.IdempotencyKeyID != nil {
 		// What the charge's own request would have stored, had its
-		// finishing commit happened (chargeOp.Call). A finished record is
-		// left as it is (Settle).
+		// finishing commit happened (chargeOp.Call).
 		var resp idempotency.Response
 		if updated.Status == "failed" {
 			resp = failedResponse(&Refusal{Outcome: OutcomeDeclined,
@@ -129,7 +127,10 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 			return err
 		}
 	}
-	return nil
+	if err := s.st.moveCharge(ctx, b, updated, ch.Version); err != nil {
+		return err
+	}
+	return chargeSettled(ctx, b, updated, data)
 }
 
 var pastTense = map[string]string{actionCapture: "captured", actionCancel: "canceled"}
@@ -253,6 +254,18 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 	}
 	if status == "failed" {
 		updated.FailureCode = cmpOr(nonEmpty(failureCode(sr.FailureReason)), rf.FailureCode)
+	}
+	data, err := encode(refundJSON(updated), updated.ID)
+	if err != nil {
+		return false, err
+	}
+	// The record first, then the ledger, as in moveCharge.
+	if updated.IdempotencyKeyID != nil {
+		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
+			return false, err
+		}
+	}
+	if status == "failed" {
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all.
 		if err := s.st.releaseRefund(ctx, b, rf); err != nil {
@@ -262,19 +275,7 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 	if err := s.st.moveRefund(ctx, b, updated, rf.Version); err != nil {
 		return false, err
 	}
-	data, err := encode(refundJSON(updated), updated.ID)
-	if err != nil {
-		return false, err
-	}
-	if err := refundSettled(ctx, b, updated, data); err != nil {
-		return false, err
-	}
-	if updated.IdempotencyKeyID != nil {
-		if err := s.runner.Settle(ctx, b, *updated.IdempotencyKeyID, created(RouteRefunds+"/"+updated.ID, data)); err != nil {
-			return false, err
-		}
-	}
-	return true, nil
+	return true, refundSettled(ctx, b, updated, data)
 }
 
 // IsRelease reports whether Stripe's refund sr is Stripe's own record of

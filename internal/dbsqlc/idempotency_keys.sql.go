@@ -177,9 +177,11 @@ func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg 
 
 const idempotencyKeyInsert = `-- name: IdempotencyKeyInsert :exec
 INSERT INTO idempotency_keys (
-    id, scope, account_id, key, request_method, request_route, request_fingerprint, locked_at
+    id, scope, account_id, key, request_method, request_route, request_fingerprint,
+    locked_at, created_at, next_attempt_at
 )
 SELECT $1, $2, $3, $4, $5, $6, $7,
+       coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
        coalesce($8::timestamptz, now())
 WHERE CASE WHEN $9::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys
@@ -210,7 +212,10 @@ type IdempotencyKeyInsertParams struct {
 // set) claims only under an API key that is still active and belongs to the
 // scope's account: a revocation committed since the request's first
 // statement read the key raises IDA01, and nothing of the batch commits
-// (I11). A plain read of the key: it takes no lock.
+// (I11). A plain read of the key: it takes no lock. The lock, the creation
+// (the retry ceiling's start) and the completer's schedule are stamped by
+// one clock, the one every later statement of the record compares them with
+// (docs/lifecycle.md, "One clock").
 func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *IdempotencyKeyInsertParams) error {
 	_, err := db.Exec(ctx, idempotencyKeyInsert,
 		arg.ID,

@@ -32,6 +32,8 @@ type Batch struct {
 	// now is the transaction's time, filled in when a claim's batch has run
 	// (queueNow).
 	now time.Time
+	// committed runs once the batch has committed (send).
+	committed []func()
 }
 
 // queueNow queues SELECT now(), whose answer (the implicit transaction's
@@ -95,6 +97,9 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 	var pe *pgconn.PgError
 	switch {
 	case err == nil:
+		for _, f := range b.committed {
+			f()
+		}
 		return nil
 	case !errors.As(err, &pe):
 		return err

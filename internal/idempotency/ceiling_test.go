@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -132,10 +133,14 @@ func TestRetryPastCeilingParks(t *testing.T) {
 		t.Errorf("outcome parked counted %d times, want 1", got)
 	}
 
-	// Past the ceiling (by the test's clock, ahead of the database's, which
-	// set created_at) but locked by an owner now: in flight, not parked;
-	// parked once the owner let go.
+	// Past the ceiling but locked by an owner now (a retry that took the
+	// record over just before the ceiling): in flight, not parked; parked
+	// once the owner let go.
+	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling - cfg.LockTimeout/2)
 	release, result := stalledOwner(t, r, d, "in-flight")
+	clock.Advance(cfg.LockTimeout * 3 / 4)
 	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
 	_ = requireKind(t, err, idempotency.ErrInFlight)
 	release(func(*idempotency.Record) idempotency.Step { return idempotency.Unknown(errors.New("timed out")) })
@@ -191,5 +196,52 @@ func TestLocalRecordsAreNeverParked(t *testing.T) {
 	}
 	if got := seen.get(idempotency.OutcomeParked); got != 0 {
 		t.Errorf("outcome parked counted %d times, want 0", got)
+	}
+}
+
+// TestRunnersClockAlone: the runner's clock (Config.Now) alone decides
+// when a crashed owner's record is due for the completer and when a record
+// is past the retry ceiling, wherever it stands against the database's
+// clock: the claim stamps the record with it, as it stamps the lock. A
+// test's verdict then never rests on how much wall time passed between its
+// clock's start and the claim.
+func TestRunnersClockAlone(t *testing.T) {
+	t.Parallel()
+	for _, offset := range []time.Duration{-time.Hour, time.Hour} {
+		t.Run(fmt.Sprintf("%v from the database's clock", offset), func(t *testing.T) {
+			t.Parallel()
+			d, r, op, _, clock, cfg := ceilingSetup(t, unknownOp, false)
+			clock.Advance(offset)
+			ctx := context.Background()
+
+			// An owner that crashed after its claim: the completer resumes
+			// its record once its lock expired by the runner's clock.
+			release, result := stalledOwner(t, r, d, "crashed")
+			clock.Advance(cfg.LockTimeout + time.Second)
+			if _, err := r.CompleteDue(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c := op.calls.Load(); c != 1 {
+				t.Fatalf("the completer's calls after the crashed owner's lock expired: %d, want 1", c)
+			}
+			release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "crashed") })
+			_ = requireKind(t, awaitErr(t, result), idempotency.ErrFenced)
+
+			// A minute short of the ceiling a retry resumes; past it, it parks.
+			_, err := r.Run(ctx, request(d.AccountID, "k"), op)
+			_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+			clock.Advance(cfg.RetryCeiling - time.Minute)
+			_, err = r.Run(ctx, request(d.AccountID, "k"), op)
+			_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+			if c := op.calls.Load(); c != 3 {
+				t.Fatalf("calls a minute short of the ceiling: %d, want 3 (the crashed record's, the request's, its retry's)", c)
+			}
+			clock.Advance(2 * time.Minute)
+			_, err = r.Run(ctx, request(d.AccountID, "k"), op)
+			_ = requireKind(t, err, idempotency.ErrParked)
+			if c := op.calls.Load(); c != 3 {
+				t.Errorf("calls after the ceiling: %d, want still 3", c)
+			}
+		})
 	}
 }

@@ -45,7 +45,10 @@ type Service struct {
 }
 
 // New returns the service and registers the creation of an endpoint with
-// the runner, so that the completer finishes one that crashed. The other
+// the runner, so that the completer finishes one that crashed; as local
+// (RegisterLocal): its call reaches no one outside the database, and
+// nothing else could finish a parked record of it (Settle is for Stripe's
+// events and reconciliation), so it must never be parked. The other
 // POSTs are finished by the client's retry (their record names the
 // endpoint or event only in its path). Without a valid Config.SecretsKey
 // (CheckSecretsKey) webhooks out are off (Enabled).
@@ -57,7 +60,7 @@ func New(pool *pgxpool.Pool, runner *idempotency.Runner, cfg Config, log *slog.L
 			log.Error("webhooks out are off", "err", err)
 		}
 	}
-	runner.Register(http.MethodPost, RouteEndpoints, func() idempotency.Operation { return &createOp{s: s} })
+	runner.RegisterLocal(http.MethodPost, RouteEndpoints, func() idempotency.Operation { return &createOp{s: s} })
 	return s
 }
 
