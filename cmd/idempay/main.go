@@ -462,7 +462,7 @@ func purge(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	n, err := idempotency.NewRunner(pool, cfg.Idempotency, log).PurgeExpired(ctx, time.Now())
+	n, err := idempotency.NewRunner(pool, cfg.Idempotency, log).PurgeExpired(ctx)
 	if err != nil {
 		return err
 	}

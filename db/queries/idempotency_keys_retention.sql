@@ -1,11 +1,13 @@
 -- name: IdempotencyKeyDeleteFinishedBefore :execrows
--- One bounded retention batch: finished records created before the cutoff,
--- oldest first, through the partial index on created_at.
+-- One bounded retention batch: finished records created more than
+-- @keep_seconds ago by the database's clock (or the runner's, sqlc.narg(now),
+-- which stamped their creation), oldest first, through the partial index on
+-- created_at.
 DELETE FROM idempotency_keys
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point = 'finished'
-      AND ik.created_at < @created_before
+      AND ik.created_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @keep_seconds::float8)
     ORDER BY ik.created_at
     LIMIT @max_records
     FOR UPDATE SKIP LOCKED

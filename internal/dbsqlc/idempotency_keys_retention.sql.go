@@ -15,22 +15,25 @@ DELETE FROM idempotency_keys
 WHERE id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point = 'finished'
-      AND ik.created_at < $1
+      AND ik.created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
     ORDER BY ik.created_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type IdempotencyKeyDeleteFinishedBeforeParams struct {
-	CreatedBefore time.Time
-	MaxRecords    int32
+	Now         *time.Time
+	KeepSeconds float64
+	MaxRecords  int32
 }
 
-// One bounded retention batch: finished records created before the cutoff,
-// oldest first, through the partial index on created_at.
+// One bounded retention batch: finished records created more than
+// @keep_seconds ago by the database's clock (or the runner's, sqlc.narg(now),
+// which stamped their creation), oldest first, through the partial index on
+// created_at.
 func (q *Queries) IdempotencyKeyDeleteFinishedBefore(ctx context.Context, db DBTX, arg *IdempotencyKeyDeleteFinishedBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore, arg.CreatedBefore, arg.MaxRecords)
+	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore, arg.Now, arg.KeepSeconds, arg.MaxRecords)
 	if err != nil {
 		return 0, err
 	}

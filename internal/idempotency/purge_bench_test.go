@@ -71,7 +71,7 @@ func BenchmarkPurgeExpired(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				n, err := r.PurgeExpired(ctx, time.Now())
+				n, err := r.PurgeExpired(ctx)
 				b.StopTimer()
 				if err != nil {
 					b.Fatal(err)

@@ -9,21 +9,22 @@ import (
 )
 
 // PurgeExpired deletes finished records created more than Retention +
-// RetentionGrace ago, in batches of RetentionBatch, and returns how many it
-// deleted. Each batch is an index range scan on the partial index of
-// finished records, so its cost depends on the batch size, not on the size
-// of the table. Unfinished records are never deleted, and ledger rows stay
+// RetentionGrace ago, by the clock that stamped their creation (the
+// database's, or Config.Now; never this server's, which may be off), in
+// batches of RetentionBatch, and returns how many it deleted. Each batch is
+// an index range scan on the partial index of finished records, so its cost
+// depends on the batch size, not on the size of the table. Unfinished records are never deleted, and ledger rows stay
 // (their idempotency_key_id becomes NULL).
 //
 // Daily partitions were considered and rejected: the unique (scope,
 // key) index would have to include the partition column, and a retry that
 // crosses midnight would then not be deduplicated.
-func (r *Runner) PurgeExpired(ctx context.Context, now time.Time) (int64, error) {
-	cutoff := now.Add(-(r.cfg.Retention + r.cfg.RetentionGrace))
+func (r *Runner) PurgeExpired(ctx context.Context) (int64, error) {
+	keep := (r.cfg.Retention + r.cfg.RetentionGrace).Seconds()
 	var total int64
 	for {
 		n, err := r.q.IdempotencyKeyDeleteFinishedBefore(ctx, r.pool,
-			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{CreatedBefore: cutoff, MaxRecords: r.cfg.RetentionBatch})
+			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{Now: r.now(), KeepSeconds: keep, MaxRecords: r.cfg.RetentionBatch})
 		if err != nil {
 			return total, fmt.Errorf("purging idempotency records: %w", err)
 		}
@@ -39,7 +40,7 @@ func (r *Runner) RunRetention(ctx context.Context, interval time.Duration, onPur
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		n, err := r.PurgeExpired(ctx, time.Now())
+		n, err := r.PurgeExpired(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.ErrorContext(ctx, "retention pass failed", "err", err)

@@ -13,7 +13,7 @@ import (
 )
 
 // TestRetention checks the retention job's contract on a database of its
-// own, moving the clock with PurgeExpired's now instead of sleeping:
+// own, moving the runner's clock (Config.Now) instead of sleeping:
 // finished records are kept for the published window plus the grace, then
 // deleted in bounded batches; unfinished records are never deleted, however
 // old; ledger rows outlive their records with idempotency_key_id set to
@@ -26,6 +26,8 @@ func TestRetention(t *testing.T) {
 	ctx := context.Background()
 	cfg := idempotency.DefaultConfig() // 24 h window + 1 h grace
 	cfg.RetentionBatch = 2             // several batches for 5 records
+	clock := newTestClock()
+	cfg.Now = clock.Now
 	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
 
 	finish := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
@@ -61,7 +63,7 @@ func TestRetention(t *testing.T) {
 	}
 
 	// Age them: "old" records were created 2 h ago, "ancient" 40 days ago.
-	t0 := time.Now()
+	t0 := clock.Now()
 	age := func(pattern string, d2 time.Duration) {
 		t.Helper()
 		if _, err := d.Pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = $3::timestamptz, locked_at = CASE WHEN locked_at IS NULL THEN NULL ELSE $3::timestamptz END
@@ -91,7 +93,8 @@ func TestRetention(t *testing.T) {
 	}
 	purge := func(now time.Time, want int64) {
 		t.Helper()
-		n, err := r.PurgeExpired(ctx, now)
+		clock.Advance(now.Sub(clock.Now()))
+		n, err := r.PurgeExpired(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,5 +171,33 @@ func TestRetention(t *testing.T) {
 	resp, err := r.Run(ctx, other, again)
 	if err != nil || resp.Replayed || again.calls.Load() != 1 {
 		t.Errorf("another request under a purged key: %v replayed=%v executed %d times; want a new operation", err, resp.Replayed, again.calls.Load())
+	}
+}
+
+// TestRetentionKeepsTheRunnersClock: a record's age is read by the clock
+// that stamped its creation (the database's, or Config.Now), never by the
+// server's: a server whose clock runs a day and a half ahead of the
+// database's must not purge a record its window still covers.
+func TestRetentionKeepsTheRunnersClock(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	ctx := context.Background()
+	clock := newTestClock()
+	clock.Advance(-36 * time.Hour) // the clock the record is stamped and judged by; the server's is 36 h ahead
+	cfg := idempotency.DefaultConfig()
+	cfg.Now = clock.Now
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	op := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "first")
+	}}
+	if _, err := r.Run(ctx, request(d.AccountID, "k"), op); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PurgeExpired(ctx); err != nil || n != 0 {
+		t.Fatalf("a purge a moment after the record's claim, by the runner's clock: deleted %d (%v), want 0", n, err)
+	}
+	clock.Advance(cfg.Retention + cfg.RetentionGrace + time.Minute)
+	if n, err := r.PurgeExpired(ctx); err != nil || n != 1 {
+		t.Fatalf("a purge past the window and the grace, by the runner's clock: deleted %d (%v), want 1", n, err)
 	}
 }
