@@ -322,6 +322,52 @@ func TestRelayLockOnDirectConnection(t *testing.T) {
 	}
 }
 
+// TestRelayOnAPoolOfOne: without Relay.Direct the relay's session lock
+// takes a connection out of the pool for as long as the relay leads, and
+// the relay publishes on that connection: with a pool of one
+// (DB_MAX_CONNS=1) it publishes, rather than waiting forever for a second
+// connection while it holds the only one.
+func TestRelayOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
+	// A database of its own: the relay lock is one per database, and
+	// another test's relay must not hold it.
+	dbURL, pool := dbtest.NewDatabase(t)
+	env := apitest.New(t, apitest.Options{Pool: pool})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
+	c := env.NewClient(t)
+	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", r.Status, r.Body)
+	}
+	pc, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	cfg := relay.DefaultConfig()
+	cfg.Stream = "EVENTS_" + rand.Text()[:8]
+	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
+	cfg.Interval = 20 * time.Millisecond
+	relay := relay.New(one, js, cfg, slog.New(slog.DiscardHandler))
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { relay.Run(rctx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	for deadline := time.Now().Add(patience); len(publishedIDs(t, env, []*apitest.Client{c})) != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			st := one.Stat()
+			t.Fatalf("the relay published nothing in %s; its pool of %d has %d connection(s) acquired", patience, st.MaxConns(), st.AcquiredConns())
+		}
+	}
+}
+
 // The schema's enum event_type holds exactly the types idempay emits
 // (events.Types): a type added on one side only fails here, not in a
 // settling batch.

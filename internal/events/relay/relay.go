@@ -106,7 +106,7 @@ func (r *Relay) Run(ctx context.Context) {
 			break
 		}
 		r.log.WarnContext(ctx, "relay: the broker is not reachable yet; events wait in the outbox", "err", err)
-		r.observe(0, err)
+		r.observe(r.pool, 0, err)
 		if !sleep(ctx, 5*r.cfg.Interval) {
 			return
 		}
@@ -114,7 +114,7 @@ func (r *Relay) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if err := r.lead(ctx); err != nil && ctx.Err() == nil {
 			r.log.ErrorContext(ctx, "relay: lost its connection; starting over", "err", err)
-			r.observe(0, err)
+			r.observe(r.pool, 0, err)
 			sleep(ctx, r.cfg.Interval)
 		}
 	}
@@ -122,7 +122,7 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lead holds the relay lock on one connection and publishes while it can.
 func (r *Relay) lead(ctx context.Context) error {
-	conn, done, err := r.lockConn(ctx)
+	conn, db, done, err := r.lockConn(ctx)
 	if err != nil {
 		return err
 	}
@@ -146,8 +146,8 @@ func (r *Relay) lead(ctx context.Context) error {
 		if err := conn.Ping(ctx); err != nil {
 			return fmt.Errorf("relay lock connection: %w", err)
 		}
-		n, err := r.PublishPending(ctx)
-		r.observe(n, err)
+		n, err := r.publish(ctx, db)
+		r.observe(db, n, err)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -171,26 +171,35 @@ type sessionConn interface {
 }
 
 // lockConn opens the connection that holds the relay lock (Direct) or
-// takes one from the pool, and returns how to give it back.
-func (r *Relay) lockConn(ctx context.Context) (sessionConn, func(), error) {
+// takes one from the pool, and returns it, what to read and mark the
+// outbox through, and how to give it back. A connection taken from the
+// pool is also the one the outbox goes through: a second one, asked of
+// the pool while this one holds the lock, never comes from a pool of one
+// (DB_MAX_CONNS=1).
+func (r *Relay) lockConn(ctx context.Context) (sessionConn, dbsqlc.DBTX, func(), error) {
 	if r.Direct != nil {
 		conn, err := r.Direct(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
+			return nil, nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
 		}
-		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
+		return conn, r.pool, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("acquiring a connection: %w", err)
+		return nil, nil, nil, fmt.Errorf("acquiring a connection: %w", err)
 	}
-	return conn, conn.Release, nil
+	return conn, conn, conn.Release, nil
 }
 
 // PublishPending publishes one batch of pending events, in order, and marks
 // them published. It returns how many it published.
 func (r *Relay) PublishPending(ctx context.Context) (int, error) {
-	rows, err := r.q.EventListUnpublished(ctx, r.pool, r.cfg.Batch)
+	return r.publish(ctx, r.pool)
+}
+
+// publish is PublishPending through db.
+func (r *Relay) publish(ctx context.Context, db dbsqlc.DBTX) (int, error) {
+	rows, err := r.q.EventListUnpublished(ctx, db, r.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("reading the outbox: %w", err)
 	}
@@ -209,34 +218,35 @@ func (r *Relay) PublishPending(ctx context.Context) (int, error) {
 		if err != nil {
 			// The ones before are published; marking them now saves
 			// the duplicate window some work.
-			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, ids))
+			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, db, ids))
 		}
 		ids = append(ids, row.ID)
 	}
 	faultpoint.Hit(faultpoint.AfterPublish)
-	if err := r.mark(ctx, ids); err != nil {
+	if err := r.mark(ctx, db, ids); err != nil {
 		return 0, err
 	}
 	return len(ids), nil
 }
 
-func (r *Relay) mark(ctx context.Context, ids []string) error {
+func (r *Relay) mark(ctx context.Context, db dbsqlc.DBTX, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if err := r.q.EventMarkPublished(ctx, r.pool, ids); err != nil {
+	if err := r.q.EventMarkPublished(ctx, db, ids); err != nil {
 		return fmt.Errorf("marking %d events published: %w", len(ids), err)
 	}
 	return nil
 }
 
-func (r *Relay) observe(n int, err error) {
+// observe reports a pass and reads the outbox lag through db.
+func (r *Relay) observe(db dbsqlc.DBTX, n int, err error) {
 	if r.cfg.Observe == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	oldest, lerr := r.q.EventOldestUnpublished(ctx, r.pool)
+	oldest, lerr := r.q.EventOldestUnpublished(ctx, db)
 	lag := time.Duration(0)
 	if lerr == nil {
 		lag = max(0, time.Since(oldest))
