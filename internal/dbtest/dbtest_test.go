@@ -2,7 +2,13 @@ package dbtest
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestPoolIsMigrated(t *testing.T) {
@@ -31,5 +37,76 @@ func TestNewDatabaseIsPrivateAndMigrated(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM accounts").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("fresh database has %d accounts, err %v", n, err)
+	}
+}
+
+// recorder is a testing.TB whose Fatal ends only the goroutine that calls
+// it, and records why: a helper under test runs in a goroutine of its own.
+type recorder struct {
+	testing.TB
+	mu     sync.Mutex
+	failed string
+}
+
+func (r *recorder) Fatal(args ...any) { r.fail(fmt.Sprint(args...)) }
+
+func (r *recorder) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
+
+func (r *recorder) fail(s string) {
+	r.mu.Lock()
+	r.failed = s
+	r.mu.Unlock()
+	runtime.Goexit()
+}
+
+// TestWaitBlockedWithThePoolFull: WaitBlocked sees a statement that waits
+// for the holder's lock when the statement and the holder hold every
+// connection of the pool between them, as requests the test makes wait do
+// on a small pool: it asks on a connection of its own, not the pool's.
+func TestWaitBlockedWithThePoolFull(t *testing.T) {
+	t.Parallel()
+	_, full := NewDatabase(t)
+	cfg := full.Config()
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const lock = 7_146_000_001
+	r := &recorder{TB: t}
+	h := Hold(r, pool)
+	if _, err := h.Tx.Exec(context.Background(), "SELECT pg_advisory_xact_lock($1)", int64(lock)); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(context.Background(), "SELECT pg_advisory_xact_lock($1)", int64(lock))
+		waiting <- err
+	}()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.WaitBlocked(1, "statement")
+	}()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		st := pool.Stat()
+		t.Fatalf("WaitBlocked did not return in 3 minutes: the pool has %d of its %d connections in use (the holder's and the waiting statement's)",
+			st.AcquiredConns(), st.MaxConns())
+	}
+	r.mu.Lock()
+	failed := r.failed
+	r.mu.Unlock()
+	if failed != "" {
+		t.Fatalf("WaitBlocked failed: %s", failed)
+	}
+	if err := h.Tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; err != nil {
+		t.Fatalf("the waiting statement: %v", err)
 	}
 }
