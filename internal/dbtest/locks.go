@@ -54,11 +54,11 @@ func (h *Holder) WaitBlocked(n int, what string) {
 	h.tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for blocked := 0; blocked < n; {
+	most := 0
+	for blocked := 0; blocked < n; most = max(most, blocked) {
 		if ctx.Err() != nil {
-			st := h.pool.Stat()
-			h.tb.Fatalf("%d of %d %s waited for the test's locks in 2 minutes (the pool has %d of its %d connections in use)",
-				blocked, n, what, st.AcquiredConns(), st.MaxConns())
+			h.tb.Fatalf("%d of %d %s waited for the test's locks in 2 minutes, at most %d at once (the pool has %d connections, one of them the holder's)",
+				blocked, n, what, most, h.pool.Config().MaxConns)
 		}
 		if err := h.watch.QueryRow(ctx, `WITH RECURSIVE waiting(pid) AS (
 				SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
