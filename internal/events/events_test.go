@@ -322,24 +322,18 @@ func TestRelayLockOnDirectConnection(t *testing.T) {
 	}
 }
 
-// TestRelayOnAPoolOfOne: without Relay.Direct the relay's session lock
-// takes a connection out of the pool for as long as the relay leads, and
-// the relay publishes on that connection: with a pool of one
-// (DB_MAX_CONNS=1) it publishes, rather than waiting forever for a second
-// connection while it holds the only one.
+// TestRelayOnAPoolOfOne: the relay's session lock is held on a
+// connection of its own, never one of the pool's, even without
+// Relay.Direct: with a pool of one (DB_MAX_CONNS=1) that the API shares,
+// as in idempay serve, the API answers while the relay leads, and the
+// relay publishes the charge's event through the pool.
 func TestRelayOnAPoolOfOne(t *testing.T) {
 	t.Parallel()
 	// A database of its own: the relay lock is one per database, and
 	// another test's relay must not hold it.
-	dbURL, pool := dbtest.NewDatabase(t)
-	env := apitest.New(t, apitest.Options{Pool: pool})
-	_, js := natstest.Connect(t, natstest.Server(t))
+	dbURL, watch := dbtest.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
 	defer cancel()
-	c := env.NewClient(t)
-	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
-		t.Fatalf("charge: %d %s", r.Status, r.Body)
-	}
 	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -350,6 +344,9 @@ func TestRelayOnAPoolOfOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer one.Close()
+	env := apitest.New(t, apitest.Options{Pool: one})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	c := env.NewClient(t)
 	cfg := relay.DefaultConfig()
 	cfg.Stream = "EVENTS_" + rand.Text()[:8]
 	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
@@ -360,10 +357,32 @@ func TestRelayOnAPoolOfOne(t *testing.T) {
 	go func() { relay.Run(rctx); close(done) }()
 	defer func() { stop(); <-done }()
 
-	for deadline := time.Now().Add(patience); len(publishedIDs(t, env, []*apitest.Client{c})) != 1; time.Sleep(20 * time.Millisecond) {
+	// Asked on a pool of the test's own, which the relay cannot fill.
+	var holder int32
+	for deadline := time.Now().Add(patience); holder == 0; time.Sleep(20 * time.Millisecond) {
+		if err := watch.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, int64(7_146_153_210)).Scan(&holder); err != nil {
+			t.Fatal(err)
+		}
+		if holder == 0 && time.Now().After(deadline) {
+			t.Fatalf("the relay did not take its lock in %s", patience)
+		}
+	}
+	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
+		st := one.Stat()
+		t.Fatalf("a charge while the relay leads: %d %s; the pool of %d has %d connection(s) acquired", r.Status, r.Body, st.MaxConns(), st.AcquiredConns())
+	}
+	for deadline := time.Now().Add(patience); ; time.Sleep(20 * time.Millisecond) {
+		var published int
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM events WHERE account_id = $1 AND published_at IS NOT NULL`, c.Account.ID).Scan(&published); err != nil {
+			t.Fatal(err)
+		}
+		if published == 1 {
+			break
+		}
 		if time.Now().After(deadline) {
 			st := one.Stat()
-			t.Fatalf("the relay published nothing in %s; its pool of %d has %d connection(s) acquired", patience, st.MaxConns(), st.AcquiredConns())
+			t.Fatalf("the relay published nothing in %s; the pool of %d has %d connection(s) acquired", patience, st.MaxConns(), st.AcquiredConns())
 		}
 	}
 }

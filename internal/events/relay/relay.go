@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,8 +72,11 @@ type Relay struct {
 	// behind a pooler in transaction mode, the session it was taken in is
 	// a server connection that other clients' transactions borrow next,
 	// so it would neither stay with this relay nor end when the relay
-	// dies. Nil takes it out of the pool, which is right when the pool is
-	// direct.
+	// dies. Nil opens it with the pool's settings, which is right when the
+	// pool is direct. Either way it is a session of its own and never one
+	// of the pool's: the relay holds it for as long as it leads or waits
+	// to, which would leave the pool one connection short for the rest of
+	// the process, and none at all with DB_MAX_CONNS=1.
 	Direct func(ctx context.Context) (*pgx.Conn, error)
 }
 
@@ -106,7 +108,7 @@ func (r *Relay) Run(ctx context.Context) {
 			break
 		}
 		r.log.WarnContext(ctx, "relay: the broker is not reachable yet; events wait in the outbox", "err", err)
-		r.observe(r.pool, 0, err)
+		r.observe(0, err)
 		if !sleep(ctx, 5*r.cfg.Interval) {
 			return
 		}
@@ -114,7 +116,7 @@ func (r *Relay) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if err := r.lead(ctx); err != nil && ctx.Err() == nil {
 			r.log.ErrorContext(ctx, "relay: lost its connection; starting over", "err", err)
-			r.observe(r.pool, 0, err)
+			r.observe(0, err)
 			sleep(ctx, r.cfg.Interval)
 		}
 	}
@@ -122,11 +124,17 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lead holds the relay lock on one connection and publishes while it can.
 func (r *Relay) lead(ctx context.Context) error {
-	conn, db, done, err := r.lockConn(ctx)
-	if err != nil {
-		return err
+	connect := r.Direct
+	if connect == nil {
+		connect = func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig)
+		}
 	}
-	defer done()
+	conn, err := connect(ctx)
+	if err != nil {
+		return fmt.Errorf("connecting for the relay lock: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }() // the lock ends with the session
 	for {
 		var got bool
 		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", relayLockID).Scan(&got); err != nil {
@@ -146,8 +154,8 @@ func (r *Relay) lead(ctx context.Context) error {
 		if err := conn.Ping(ctx); err != nil {
 			return fmt.Errorf("relay lock connection: %w", err)
 		}
-		n, err := r.publish(ctx, db)
-		r.observe(db, n, err)
+		n, err := r.PublishPending(ctx)
+		r.observe(n, err)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -162,44 +170,10 @@ func (r *Relay) lead(ctx context.Context) error {
 	}
 }
 
-// sessionConn is what lead does on the connection that holds the lock: a
-// pooled connection or a direct one.
-type sessionConn interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Ping(ctx context.Context) error
-}
-
-// lockConn opens the connection that holds the relay lock (Direct) or
-// takes one from the pool, and returns it, what to read and mark the
-// outbox through, and how to give it back. A connection taken from the
-// pool is also the one the outbox goes through: a second one, asked of
-// the pool while this one holds the lock, never comes from a pool of one
-// (DB_MAX_CONNS=1).
-func (r *Relay) lockConn(ctx context.Context) (sessionConn, dbsqlc.DBTX, func(), error) {
-	if r.Direct != nil {
-		conn, err := r.Direct(ctx)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
-		}
-		return conn, r.pool, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
-	}
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("acquiring a connection: %w", err)
-	}
-	return conn, conn, conn.Release, nil
-}
-
 // PublishPending publishes one batch of pending events, in order, and marks
 // them published. It returns how many it published.
 func (r *Relay) PublishPending(ctx context.Context) (int, error) {
-	return r.publish(ctx, r.pool)
-}
-
-// publish is PublishPending through db.
-func (r *Relay) publish(ctx context.Context, db dbsqlc.DBTX) (int, error) {
-	rows, err := r.q.EventListUnpublished(ctx, db, r.cfg.Batch)
+	rows, err := r.q.EventListUnpublished(ctx, r.pool, r.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("reading the outbox: %w", err)
 	}
@@ -218,35 +192,34 @@ func (r *Relay) publish(ctx context.Context, db dbsqlc.DBTX) (int, error) {
 		if err != nil {
 			// The ones before are published; marking them now saves
 			// the duplicate window some work.
-			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, db, ids))
+			return 0, errors.Join(fmt.Errorf("publishing event %s: %w", row.ID, err), r.mark(ctx, ids))
 		}
 		ids = append(ids, row.ID)
 	}
 	faultpoint.Hit(faultpoint.AfterPublish)
-	if err := r.mark(ctx, db, ids); err != nil {
+	if err := r.mark(ctx, ids); err != nil {
 		return 0, err
 	}
 	return len(ids), nil
 }
 
-func (r *Relay) mark(ctx context.Context, db dbsqlc.DBTX, ids []string) error {
+func (r *Relay) mark(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if err := r.q.EventMarkPublished(ctx, db, ids); err != nil {
+	if err := r.q.EventMarkPublished(ctx, r.pool, ids); err != nil {
 		return fmt.Errorf("marking %d events published: %w", len(ids), err)
 	}
 	return nil
 }
 
-// observe reports a pass and reads the outbox lag through db.
-func (r *Relay) observe(db dbsqlc.DBTX, n int, err error) {
+func (r *Relay) observe(n int, err error) {
 	if r.cfg.Observe == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	oldest, lerr := r.q.EventOldestUnpublished(ctx, db)
+	oldest, lerr := r.q.EventOldestUnpublished(ctx, r.pool)
 	lag := time.Duration(0)
 	if lerr == nil {
 		lag = max(0, time.Since(oldest))
