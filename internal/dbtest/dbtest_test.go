@@ -40,12 +40,14 @@ func TestNewDatabaseIsPrivateAndMigrated(t *testing.T) {
 	}
 }
 
-// recorder is a testing.TB whose Fatal ends only the goroutine that calls
-// it, and records why: a helper under test runs in a goroutine of its own.
+// recorder is a testing.TB whose Fatal fails the test and ends only the
+// goroutine that calls it, as FailNow may not from another goroutine: a
+// helper under test runs in a goroutine of its own. A failure after the
+// test ended is dropped.
 type recorder struct {
 	testing.TB
-	mu     sync.Mutex
-	failed string
+	mu    sync.Mutex
+	ended bool
 }
 
 func (r *recorder) Fatal(args ...any) { r.fail(fmt.Sprint(args...)) }
@@ -54,7 +56,9 @@ func (r *recorder) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(forma
 
 func (r *recorder) fail(s string) {
 	r.mu.Lock()
-	r.failed = s
+	if !r.ended {
+		r.Errorf("%s", s)
+	}
 	r.mu.Unlock()
 	runtime.Goexit()
 }
@@ -75,6 +79,7 @@ func TestWaitBlockedWithThePoolFull(t *testing.T) {
 	t.Cleanup(pool.Close)
 	const lock = 7_146_000_001
 	r := &recorder{TB: t}
+	t.Cleanup(func() { r.mu.Lock(); r.ended = true; r.mu.Unlock() }) // after Hold's cleanups, registered later
 	h := Hold(r, pool)
 	if _, err := h.Tx.Exec(context.Background(), "SELECT pg_advisory_xact_lock($1)", int64(lock)); err != nil {
 		t.Fatal(err)
@@ -97,11 +102,8 @@ func TestWaitBlockedWithThePoolFull(t *testing.T) {
 		t.Fatalf("WaitBlocked did not return in 3 minutes: the pool has %d of its %d connections in use (the holder's and the waiting statement's)",
 			st.AcquiredConns(), st.MaxConns())
 	}
-	r.mu.Lock()
-	failed := r.failed
-	r.mu.Unlock()
-	if failed != "" {
-		t.Fatalf("WaitBlocked failed: %s", failed)
+	if t.Failed() {
+		t.FailNow()
 	}
 	if err := h.Tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
