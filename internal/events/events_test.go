@@ -322,6 +322,71 @@ func TestRelayLockOnDirectConnection(t *testing.T) {
 	}
 }
 
+// TestRelayOnAPoolOfOne: the relay's session lock is held on a
+// connection of its own, never one of the pool's, even without
+// Relay.Direct: with a pool of one (DB_MAX_CONNS=1) that the API shares,
+// as in idempay serve, the API answers while the relay leads, and the
+// relay publishes the charge's event through the pool.
+func TestRelayOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
+	// A database of its own: the relay lock is one per database, and
+	// another test's relay must not hold it.
+	dbURL, watch := dbtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
+	pc, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	env := apitest.New(t, apitest.Options{Pool: one})
+	_, js := natstest.Connect(t, natstest.Server(t))
+	c := env.NewClient(t)
+	cfg := relay.DefaultConfig()
+	cfg.Stream = "EVENTS_" + rand.Text()[:8]
+	cfg.SubjectPrefix = "test." + rand.Text()[:8] + "."
+	cfg.Interval = 20 * time.Millisecond
+	relay := relay.New(one, js, cfg, slog.New(slog.DiscardHandler))
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { relay.Run(rctx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	// Asked on a pool of the test's own, which the relay cannot fill.
+	var holder int32
+	for deadline := time.Now().Add(patience); holder == 0; time.Sleep(20 * time.Millisecond) {
+		if err := watch.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, int64(7_146_153_210)).Scan(&holder); err != nil {
+			t.Fatal(err)
+		}
+		if holder == 0 && time.Now().After(deadline) {
+			t.Fatalf("the relay did not take its lock in %s", patience)
+		}
+	}
+	if r := charge(t, c, 700, "tok_visa"); r.Status != http.StatusCreated {
+		st := one.Stat()
+		t.Fatalf("a charge while the relay leads: %d %s; the pool of %d has %d connection(s) acquired", r.Status, r.Body, st.MaxConns(), st.AcquiredConns())
+	}
+	for deadline := time.Now().Add(patience); ; time.Sleep(20 * time.Millisecond) {
+		var published int
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM events WHERE account_id = $1 AND published_at IS NOT NULL`, c.Account.ID).Scan(&published); err != nil {
+			t.Fatal(err)
+		}
+		if published == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			st := one.Stat()
+			t.Fatalf("the relay published nothing in %s; the pool of %d has %d connection(s) acquired", patience, st.MaxConns(), st.AcquiredConns())
+		}
+	}
+}
+
 // The schema's enum event_type holds exactly the types idempay emits
 // (events.Types): a type added on one side only fails here, not in a
 // settling batch.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -73,8 +72,11 @@ type Relay struct {
 	// behind a pooler in transaction mode, the session it was taken in is
 	// a server connection that other clients' transactions borrow next,
 	// so it would neither stay with this relay nor end when the relay
-	// dies. Nil takes it out of the pool, which is right when the pool is
-	// direct.
+	// dies. Nil opens it with the pool's settings, which is right when the
+	// pool is direct. Either way it is a session of its own and never one
+	// of the pool's: the relay holds it for as long as it leads or waits
+	// to, which would leave the pool one connection short for the rest of
+	// the process, and none at all with DB_MAX_CONNS=1.
 	Direct func(ctx context.Context) (*pgx.Conn, error)
 }
 
@@ -122,11 +124,17 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lead holds the relay lock on one connection and publishes while it can.
 func (r *Relay) lead(ctx context.Context) error {
-	conn, done, err := r.lockConn(ctx)
-	if err != nil {
-		return err
+	connect := r.Direct
+	if connect == nil {
+		connect = func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig)
+		}
 	}
-	defer done()
+	conn, err := connect(ctx)
+	if err != nil {
+		return fmt.Errorf("connecting for the relay lock: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }() // the lock ends with the session
 	for {
 		var got bool
 		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", relayLockID).Scan(&got); err != nil {
@@ -160,31 +168,6 @@ func (r *Relay) lead(ctx context.Context) error {
 			}
 		}
 	}
-}
-
-// sessionConn is what lead does on the connection that holds the lock: a
-// pooled connection or a direct one.
-type sessionConn interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Ping(ctx context.Context) error
-}
-
-// lockConn opens the connection that holds the relay lock (Direct) or
-// takes one from the pool, and returns how to give it back.
-func (r *Relay) lockConn(ctx context.Context) (sessionConn, func(), error) {
-	if r.Direct != nil {
-		conn, err := r.Direct(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("connecting directly for the relay lock: %w", err)
-		}
-		return conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }, nil // the lock ends with the session
-	}
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("acquiring a connection: %w", err)
-	}
-	return conn, conn.Release, nil
 }
 
 // PublishPending publishes one batch of pending events, in order, and marks
