@@ -162,6 +162,7 @@ func TestStorm(t *testing.T) {
 			if err != nil {
 				return false
 			}
+			defer rows.Close()
 			for rows.Next() {
 				var id string
 				_ = rows.Scan(&id)

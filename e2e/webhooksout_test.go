@@ -278,6 +278,7 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	ids := map[string]bool{}
 	for rows.Next() {
 		var id string
@@ -437,6 +438,7 @@ func logUnapplied(t *testing.T, pool *pgxpool.Pool, accountID string, applied ma
 		t.Errorf("reading the events: %v", err)
 		return
 	}
+	defer rows.Close()
 	type event struct {
 		id, object string
 		version    int64

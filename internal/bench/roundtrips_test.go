@@ -313,6 +313,7 @@ func TestReplayReadIsIndexScan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	var plan []string
 	for rows.Next() {
 		var line string

@@ -247,6 +247,7 @@ func (b *bundle) states(t *testing.T, epID string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	out := map[string]string{}
 	for rows.Next() {
 		var id, state string
@@ -890,6 +891,7 @@ func TestDispatchOrderAcrossCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var v int64
 		_ = rows.Scan(&v)

@@ -267,6 +267,7 @@ func (b *bundle) claims(t *testing.T) map[string]int64 {
 	if err != nil {
 		t.Fatalf("reading the deliveries' claims: %v", err)
 	}
+	defer rows.Close()
 	out := map[string]int64{}
 	for rows.Next() {
 		var id string
@@ -290,6 +291,7 @@ func (b *bundle) describeDeliveries(t *testing.T) string {
 	if err != nil {
 		return fmt.Sprintf("(reading them failed: %v)", err)
 	}
+	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var id, event, state string

@@ -75,6 +75,7 @@ func eventTypes(t testing.TB, env *apitest.Env, id string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var typ string
