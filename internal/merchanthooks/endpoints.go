@@ -214,7 +214,12 @@ func checkEvents(types []string) []jsonbody.Param {
 }
 
 func (s *Service) checkURL(ctx context.Context, u string) error {
-	if reason := checkURL(ctx, s.cfg, u); reason != "" {
+	reason, err := checkURL(ctx, s.cfg, u)
+	switch {
+	case err != nil:
+		return &apierror.Error{Type: apierror.ServiceUnavailable, RetryAfter: 1, Cause: err,
+			Detail: "The URL's host could not be resolved just now (no answer from DNS). Retry shortly."}
+	case reason != "":
 		return apierror.Invalid(apierror.InvalidParam{Name: "url", Reason: reason})
 	}
 	return nil

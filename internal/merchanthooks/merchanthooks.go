@@ -20,6 +20,7 @@
 package merchanthooks
 
 import (
+	"net"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -61,6 +62,9 @@ type Config struct {
 	AllowPrivate bool
 	// AllowHTTP accepts http:// endpoint URLs (WEBHOOK_ALLOW_HTTP).
 	AllowHTTP bool
+	// Resolver resolves an endpoint's host when it is registered; nil is
+	// net.DefaultResolver.
+	Resolver *net.Resolver
 	// Schedule is the delay before each retry: after the first failed
 	// attempt Schedule[0], after the second Schedule[1], ...; the delivery
 	// fails once it is spent.

@@ -1,6 +1,7 @@
 package merchanthooks
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,60 +92,67 @@ func NewHTTPClient(cfg Config) *http.Client {
 // (http only with Config.AllowHTTP), no user information, a port (if any)
 // from 1 to 65535, and a host whose every address is public (unless
 // Config.AllowPrivate). It returns the reason it refuses, "" when it
-// accepts. The connection is checked again when each delivery dials
+// accepts, or an error when the host's resolver gave no answer. The connection is checked again when each delivery dials
 // (NewHTTPClient).
-func checkURL(ctx context.Context, cfg Config, raw string) string {
+func checkURL(ctx context.Context, cfg Config, raw string) (string, error) {
 	if utf8.RuneCountInString(raw) > 2048 { // characters, as the column's CHECK counts them
-		return "must be at most 2048 characters"
+		return "must be at most 2048 characters", nil
 	}
 	u, err := url.Parse(raw)
 	if err != nil || !u.IsAbs() || u.Host == "" || u.Opaque != "" {
-		return "must be an absolute URL such as https://example.com/webhooks"
+		return "must be an absolute URL such as https://example.com/webhooks", nil
 	}
 	switch u.Scheme {
 	case "https":
 	case "http":
 		if !cfg.AllowHTTP {
-			return "must use https"
+			return "must use https", nil
 		}
 	default:
-		return "must use https"
+		return "must use https", nil
 	}
 	if u.User != nil {
-		return "must not carry user information"
+		return "must not carry user information", nil
 	}
 	if u.Fragment != "" {
-		return "must not carry a fragment"
+		return "must not carry a fragment", nil
 	}
 	// url.Parse takes any digits for a port; no connection could be made
 	// to one outside 1..65535.
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return "must have a port from 1 to 65535, or none"
+			return "must have a port from 1 to 65535, or none", nil
 		}
 	}
 	if cfg.AllowPrivate {
-		return ""
+		return "", nil
 	}
 	host := u.Hostname()
 	if a, err := netip.ParseAddr(host); err == nil {
 		if !publicAddress(a) {
-			return "must not be a loopback, private, link-local or other non-public address"
+			return "must not be a loopback, private, link-local or other non-public address", nil
 		}
-		return ""
+		return "", nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	resolver := cmp.Or(cfg.Resolver, net.DefaultResolver)
+	addrs, err := resolver.LookupNetIP(ctx, "ip", host)
+	var dns *net.DNSError
+	if err != nil && !(errors.As(err, &dns) && dns.IsNotFound) {
+		// The resolver gave no answer (a timeout, a server failure): not
+		// the URL's fault, and not a refusal of it.
+		return "", fmt.Errorf("resolving %s: %s", host, attemptError(err))
+	}
 	if err != nil || len(addrs) == 0 {
-		return "must name a host that resolves"
+		return "must name a host that resolves", nil
 	}
 	for _, a := range addrs {
 		if !publicAddress(a) {
-			return "must not resolve to a loopback, private, link-local or other non-public address"
+			return "must not resolve to a loopback, private, link-local or other non-public address", nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // attemptError is an attempt's error as the merchant reads it in the
