@@ -234,7 +234,8 @@ func WithObserver(observe func(Attempt)) Option {
 type Attempt struct {
 	// N numbers the attempts of one call from 1.
 	N int
-	// Method and URL are the request's; URL includes the query.
+	// Method and URL are the request's; URL includes the query, and not a
+	// password of the base URL's user information (url.URL.Redacted).
 	Method string
 	URL    string
 	// IdempotencyKey is the key sent ("" for a GET). It is the same for

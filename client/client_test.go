@@ -479,3 +479,29 @@ func TestBadKeyIsRefusedBeforeSending(t *testing.T) {
 }
 
 func noSleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+
+// TestAttemptURLCarriesNoPassword: an Observer's Attempt is for logs, so
+// the password of a base URL's user information never shows in it, as
+// net/http's own errors leave it out.
+func TestAttemptURLCarriesNoPassword(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"ch_1","object":"charge","status":"succeeded"}`))
+	}))
+	t.Cleanup(srv.Close)
+	base, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.User = url.UserPassword("ops", "s3cret-password")
+	var seen []string
+	cl := client.New(base.String(), "k", client.WithObserver(func(a client.Attempt) { seen = append(seen, a.URL) }))
+	if _, err := cl.Charges.Create(t.Context(), visa(1)); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || strings.Contains(seen[0], "s3cret-password") || !strings.Contains(seen[0], "/v1/charges") {
+		t.Errorf("the attempts' URLs %q: want one, to /v1/charges, without the password", seen)
+	}
+}

@@ -90,7 +90,7 @@ func (c *Client) do(ctx context.Context, r *request, out metaSetter) error {
 		}
 		url := c.url(r, n)
 		a, err := c.send(ctx, r, url)
-		at := Attempt{N: n, Method: r.method, URL: url, IdempotencyKey: r.key}
+		at := Attempt{N: n, Method: r.method, URL: redacted(url), IdempotencyKey: r.key}
 		var retryAfter time.Duration // the answer's, already capped
 		switch {
 		case err != nil:
@@ -193,6 +193,16 @@ func (c *Client) url(r *request, n int) string {
 		u += "?" + r.query.Encode()
 	}
 	return u
+}
+
+// redacted is rawURL with any password in its user information replaced by
+// "xxxxx", as net/http's errors show it: an Observer's Attempt is for logs.
+func redacted(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	return u.Redacted()
 }
 
 func (c *Client) observe(a Attempt) {
