@@ -139,7 +139,7 @@ func checkURL(ctx context.Context, cfg Config, raw string) (string, error) {
 	resolver := cmp.Or(cfg.Resolver, net.DefaultResolver)
 	addrs, err := resolver.LookupNetIP(ctx, "ip", host)
 	var dns *net.DNSError
-	if err != nil && !(errors.As(err, &dns) && dns.IsNotFound) {
+	if notFound := errors.As(err, &dns) && dns.IsNotFound; err != nil && !notFound {
 		// The resolver gave no answer (a timeout, a server failure): not
 		// the URL's fault, and not a refusal of it.
 		return "", fmt.Errorf("resolving %s: %s", host, attemptError(err))
