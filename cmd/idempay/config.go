@@ -22,8 +22,8 @@ import (
 )
 
 // direct opens the connection that holds the relay's session lock:
-// DATABASE_DIRECT_URL when set, else (nil) the relay takes one out of the
-// pool. A multi-host URL with target_session_attrs=read-write follows the
+// DATABASE_DIRECT_URL when set, else (nil) the relay opens one of its own
+// with the pool's settings, never one of the pool's. A multi-host URL with target_session_attrs=read-write follows the
 // primary across a failover like the pool's.
 func (c Config) direct() (func(context.Context) (*pgx.Conn, error), error) {
 	if c.DatabaseDirectURL == "" {

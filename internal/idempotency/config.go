@@ -35,10 +35,13 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
-	// Now, when set, is the clock that decides lock expiry and the
-	// completer's schedule instead of the database's now(). Production
-	// leaves it nil, so one clock (the database's) decides for every server
-	// process; tests move it forward instead of sleeping.
+	// Now, when set, is the clock that decides lock expiry, the
+	// completer's schedule, the retry ceiling and retention's age instead
+	// of the database's now(), and the one the claim stamps a record's
+	// lock, creation and first due time with (docs/lifecycle.md, "One
+	// clock"). Production leaves it nil, so one clock (the database's)
+	// decides for every server process; tests move it forward instead of
+	// sleeping.
 	Now func() time.Time
 }
 

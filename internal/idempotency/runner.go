@@ -190,7 +190,7 @@ func NewRunner(pool *pgxpool.Pool, cfg Config, log *slog.Logger) *Runner {
 		local: map[string]bool{}}
 }
 
-// now is the clock of lock expiry passed to the queries: nil, the
+// now is the clock passed to the queries (Config.Now): nil, the
 // database's now(), unless a test set Config.Now.
 func (r *Runner) now() *time.Time {
 	if r.cfg.Now == nil {
