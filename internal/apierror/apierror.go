@@ -255,7 +255,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"Stripe refused this request's downstream idempotency key because the key was first used with other parameters (Stripe's idempotency_error). idempay sends every attempt of a request with the same parameters, so this means they changed between attempts (a defect, or a configuration change such as the return URL); it is logged and counted for the operator. No retry under the key can succeed, so the answer is final: stored and replayed. The charge or refund the body names is left as it was: Stripe holds the outcome of the key's first request, and Stripe's events and reconciliation settle the charge or refund from it.",
 		"Do not retry with this key, and do not send the payment again under a new key before the charge or refund named in the body has settled: read it (GET /v1/charges/{id} or /v1/refunds/{id}) until it leaves processing; it may well have succeeded."},
 	ServiceUnavailable: {
-		"The database is unreachable for the moment, or failing over (this server's connection reached a read-only standby, or a server shutting down). This answer is not stored.",
+		"Something the request needs is unavailable for the moment: the database (unreachable, or failing over: this server's connection reached a read-only standby, or a server shutting down), the DNS answer for a webhook endpoint's host, or webhooks out, on a server without its secrets key. This answer is not stored.",
 		"Retry after Retry-After, with the same Idempotency-Key and body: that is always safe."},
 	Internal: {
 		"The server failed while handling the request: a bug. The cause is logged under the request id (X-Request-Id), never shown. This answer is not stored.",
