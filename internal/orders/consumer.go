@@ -10,7 +10,8 @@
 // outcome or a record in flight elsewhere is redelivered later (nak with
 // backoff); and a message that can never succeed (its key used for another
 // request, or for this same request longer ago than the retention window,
-// invalid, an unknown account, or out of deliveries) is published to the
+// invalid, an unknown account, parked past the retry ceiling, or out of
+// deliveries) is published to the
 // dead-letter subject with the reason in its headers and then terminated:
 // never dropped, never redelivered.
 //
