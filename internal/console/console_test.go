@@ -692,3 +692,56 @@ func secondKey(t *testing.T, env *apitest.Env) (*apitest.Client, apiKey) {
 	}
 	return api, second
 }
+
+// TestCookiesSecureBehindTLS: the console serves plain HTTP and is put
+// behind a proxy that terminates TLS (docs/configuration.md), which says
+// so in X-Forwarded-Proto. Served over TLS that way, the session and CSRF
+// cookies are Secure, so that the browser never sends them over plain
+// HTTP; on plain HTTP (loopback) they are not, or the browser would drop
+// them.
+func TestCookiesSecureBehindTLS(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	cookies := func(proto string) []*http.Cookie {
+		t.Helper()
+		get, _ := http.NewRequest(http.MethodGet, base+"/login", nil)
+		if proto != "" {
+			get.Header.Set("X-Forwarded-Proto", proto)
+		}
+		res, err := http.DefaultClient.Do(get)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		out := res.Cookies()
+		m := csrfRE.FindStringSubmatch(string(body))
+		if len(out) != 1 || m == nil {
+			t.Fatalf("GET /login: cookies %v and a token %v, want the CSRF cookie and its token", out, m)
+		}
+		post, _ := http.NewRequest(http.MethodPost, base+"/login", strings.NewReader(url.Values{"csrf_token": {m[1]}, "api_key": {acct.APIKey}}.Encode()))
+		post.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		post.AddCookie(out[0])
+		if proto != "" {
+			post.Header.Set("X-Forwarded-Proto", proto)
+		}
+		res, err = http.DefaultTransport.RoundTrip(post)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("signing in (X-Forwarded-Proto %q): %d, want 303", proto, res.StatusCode)
+		}
+		return append(out, res.Cookies()...)
+	}
+	for _, proto := range []string{"https", "http", ""} {
+		for _, c := range cookies(proto) {
+			if c.Secure != (proto == "https") {
+				t.Errorf("X-Forwarded-Proto %q: cookie %s has Secure %v, want %v", proto, c.Name, c.Secure, proto == "https")
+			}
+		}
+	}
+}
