@@ -10,8 +10,16 @@
   if (!ms) {
     return;
   }
-  let last = main.innerHTML;
   let busy = false;
+  // same tells whether html is what the page shows: both as the browser
+  // writes them out again, since the server's text differs from the DOM's
+  // in its escapes and whitespace even when nothing changed. A swap
+  // replaces every node, and with them what the reader selected.
+  const parsed = document.createElement("template");
+  function same(html) {
+    parsed.innerHTML = html;
+    return parsed.innerHTML.trim() === main.innerHTML.trim();
+  }
   async function refresh() {
     if (busy || document.hidden) {
       return;
@@ -31,9 +39,8 @@
         return; // a passing failure: the next poll tries again
       }
       const html = await res.text();
-      if (html !== last) {
+      if (!same(html)) {
         main.innerHTML = html;
-        last = main.innerHTML;
         main.dataset.refreshedAt = String(Date.now());
       }
     } catch (e) {
