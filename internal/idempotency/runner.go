@@ -494,6 +494,9 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 		RetryInSeconds: retryIn.Seconds(),
 		Now:            r.now(),
 	})
+	if err == nil && n > 0 && called {
+		rec.RecoveryPoint = PointDownstreamCalled // what the request's span reports
+	}
 	switch {
 	case err != nil:
 		// The lock stays until it expires; the completer resumes then.

@@ -17,6 +17,7 @@ import (
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/telemetry"
 )
 
@@ -243,4 +244,65 @@ func find(s tracetest.SpanStub, secret string) string {
 		return "its status"
 	}
 	return ""
+}
+
+// A request whose finish fails on a route that calls no one downstream (a
+// new API key) leaves its record where it was, started, for a retry or the
+// completer to resume: its span's idempay.recovery_point says so, as the
+// database does, and not downstream_called, which would tell whoever reads
+// the trace that something outside was called. The finish is made to fail
+// by a trigger of the test's own account, in the real database.
+func TestUnfinishedLocalRecordTrace(t *testing.T) {
+	t.Parallel()
+	env, exp, _ := tracedEnv(t)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	fn := "refuse_finish_" + strings.ToLower(strings.ReplaceAll(acct.ID, "-", "_"))
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
+		_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
+	})
+
+	key := apitest.NewKey()
+	if res := api.Post("/v1/api_keys", key, map[string]any{}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a new API key whose finish fails: %d %s, want 503", res.Status, res.Body)
+	}
+	var point string
+	if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+		acct.ID, key).Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	srv := only(t, byName(exp.GetSpans(), "POST /v1/api_keys"))
+	if got := attr(srv, "idempay.outcome"); got != "unknown" {
+		t.Errorf("idempay.outcome %q, want unknown", got)
+	}
+	if got := attr(srv, "idempay.recovery_point"); got != point {
+		t.Errorf("idempay.recovery_point %q, but the record is %s in the database", got, point)
+	}
+
+	// A charge whose Stripe call has an unknown outcome: downstream_called,
+	// in the span as in the database.
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	key = apitest.NewKey()
+	if res := api.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a charge whose Stripe call failed: %d %s, want 503", res.Status, res.Body)
+	}
+	if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+		acct.ID, key).Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	srv = only(t, byName(exp.GetSpans(), "POST /v1/charges"))
+	if got := attr(srv, "idempay.recovery_point"); got != point || point != idempotency.PointDownstreamCalled {
+		t.Errorf("a charge's unknown outcome: idempay.recovery_point %q, the record %s in the database; want both %s",
+			got, point, idempotency.PointDownstreamCalled)
+	}
 }
