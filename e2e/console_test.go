@@ -370,3 +370,46 @@ func TestConsoleLiveSwapsOnlyChanges(t *testing.T) {
 		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
 	}
 }
+
+// TestConsoleShowsWhenLiveStops: a page whose live refresh gets no answer
+// (the console's server killed with SIGKILL) says that it is no longer
+// live, instead of showing its last content as the present (a record in
+// flight that may have finished since); once the server is back, the
+// notice goes and the refresh goes on. A record that is gone (removed, as
+// retention removes it) is shown gone, as a reload would show it.
+func TestConsoleShowsWhenLiveStops(t *testing.T) {
+	t.Parallel()
+	br := newChrome(t)
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "Acme Books")
+	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(),
+		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
+	consoleURL = "http://" + consoleURL
+	res, err := do(context.Background(), newHTTPClient(), http.MethodPost, web.URL+"/v1/charges", acct.APIKey, "order-1046",
+		[]byte(`{"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`))
+	if err != nil || res.Status != http.StatusCreated {
+		t.Fatalf("creating the charge: %v %+v", err, res)
+	}
+	br.signIn(consoleURL, acct.APIKey)
+	rec := `tr[data-key="order-1046"]`
+	br.do(pageBound, "opening the record", chromedp.Click(chromedp.CSS(rec+" a")), chromedp.WaitVisible(chromedp.CSS(`#record`)))
+
+	web.kill9()
+	br.do(pageBound, "waiting for the page to say it is no longer live", chromedp.WaitVisible(chromedp.CSS("#live-stale")))
+	web.start()
+	web.waitReady(pageBound)
+	br.do(pageBound, "waiting for the page to be live again", chromedp.WaitNotVisible(chromedp.CSS("#live-stale")))
+
+	if _, err := d.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = 'order-1046'`, acct.ID); err != nil {
+		t.Fatal(err)
+	}
+	br.do(pageBound, "waiting for the removed record to be shown gone", chromedp.WaitNotPresent(chromedp.CSS(`#record`)))
+	if text := br.eval(`document.getElementById("content").textContent`); !strings.Contains(text, "No such idempotency record") {
+		t.Errorf("the removed record's page says %q, want that there is no such record", text)
+	}
+	if errs := br.consoleErrors(); len(errs) > 0 {
+		t.Logf("console errors (the killed server's refused fetches among them):\n%s", strings.Join(errs, "\n"))
+	}
+}
