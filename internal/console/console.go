@@ -124,7 +124,22 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return secureHeaders(textOnly(mux))
+	return secureHeaders(textOnly(smallBodies(mux)))
+}
+
+// maxFormBytes bounds what the console reads of a POST's body: its forms
+// hold a CSRF token, an API key or an Idempotency-Key, a few hundred bytes.
+const maxFormBytes = 64 << 10
+
+// smallBodies reads a request's body only up to maxFormBytes, so that
+// nobody (a CSRF cookie is anyone's for a GET) makes the console read a
+// large body, which net/http spools to disk as a multipart file; a form
+// cut short is refused as one without its token.
+func smallBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // textOnly refuses, before any page runs, an address whose path or query

@@ -745,3 +745,69 @@ func TestCookiesSecureBehindTLS(t *testing.T) {
 		}
 	}
 }
+
+// countingReader is a request body of n zero bytes that counts what was
+// read of it.
+type countingReader struct {
+	mu      sync.Mutex
+	n, read int64
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.read >= r.n {
+		return 0, io.EOF
+	}
+	k := min(int64(len(p)), r.n-r.read)
+	clear(p[:k])
+	r.read += k
+	return int(k), nil
+}
+
+func (r *countingReader) total() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.read
+}
+
+// TestLargeFormBody: the console's forms are a few hundred bytes, and a
+// POST's body is read only that far: a visitor, signed in or not, cannot
+// make it read (and spool to disk, as net/http does with a multipart
+// file) a body of 256 MiB before it answers.
+func TestLargeFormBody(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	const size = 256 << 20
+	// Anyone gets a CSRF cookie from the sign-in page.
+	res, err := http.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	cookies := res.Cookies()
+	for _, path := range []string{"/login", "/logout"} {
+		body := &countingReader{n: size}
+		head := "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+		req, _ := http.NewRequest(http.MethodPost, base+path, io.MultiReader(strings.NewReader(head), body))
+		req.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+		for _, c := range cookies {
+			req.AddCookie(c)
+		}
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode < 400 || res.StatusCode >= 500 {
+				t.Errorf("POST %s with a body of 256 MiB: %d, want a 4xx", path, res.StatusCode)
+			}
+		}
+		// What the client sent beyond what the server read sits in the
+		// sockets' buffers: a few MiB at most.
+		if got := body.total(); got > 32<<20 {
+			t.Errorf("POST %s: the server read %d MiB of a body of 256 MiB before answering (%v), want it to stop at the forms' size",
+				path, got>>20, err)
+		}
+	}
+}
