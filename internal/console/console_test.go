@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"context"
 	"encoding/base64"
 	"html"
 	"io"
@@ -35,7 +36,8 @@ type browser struct {
 
 func newConsole(t testing.TB, env *apitest.Env) string {
 	t.Helper()
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout,
+		RetryCeiling: idempotency.DefaultConfig().RetryCeiling, LocalRoutes: env.Runner.LocalRoutes()}, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +364,88 @@ func TestParkedRecord(t *testing.T) {
 		if ids := recordKeys(b.get("/records?state=" + s).Body); len(ids) != 0 {
 			t.Errorf("filter %s: %v, want none (the only record is parked)", s, ids)
 		}
+	}
+}
+
+// TestRecordPastTheCeiling: an unfinished record past the retry ceiling
+// (I16), not parked yet (the completer parks such records on its next pass,
+// a retry when it finds one), is shown parked, as a retry would find it,
+// and not waiting for a retry that would be refused. A record of a route
+// that calls no one downstream (a new API key) is never parked, at any age.
+// Their age is moved past the ceiling in the database, as time would.
+func TestRecordPastTheCeiling(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+
+	env.Stripe.FailNext(stripefake.Fail500, 1) // an unknown outcome: the record waits
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); res.Status < 500 {
+		t.Fatalf("a charge whose Stripe call failed: %d, want 5xx", res.Status)
+	}
+	if got := stateOf(t, b, key); got != console.StateWaiting {
+		t.Fatalf("a charge's record after an unknown outcome: state %q, want %q", got, console.StateWaiting)
+	}
+	ceiling := idempotency.DefaultConfig().RetryCeiling
+	if _, err := env.Pool.Exec(t.Context(), `UPDATE idempotency_keys SET created_at = created_at - make_interval(secs => $3)
+		WHERE scope = $1 AND key = $2`, acct.ID, key, (ceiling + time.Minute).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateOf(t, b, key); got != console.StateParked {
+		t.Errorf("a charge's unfinished record past the retry ceiling: state %q, want %q", got, console.StateParked)
+	}
+	if ids := recordKeys(b.get("/records?state=parked").Body); len(ids) != 1 || ids[0] != key {
+		t.Errorf("filter parked: %v, want [%s]", ids, key)
+	}
+	if ids := recordKeys(b.get("/records?state=waiting").Body); len(ids) != 0 {
+		t.Errorf("filter waiting: %v, want none", ids)
+	}
+	id := recordIDs(b.get("/records?state=parked").Body)
+	if len(id) == 1 {
+		if p := b.get("/records/" + id[0]); !strings.Contains(p.Body, `data-state="parked"`) {
+			t.Errorf("the record's page does not show it parked")
+		}
+	}
+	// What the console said: a retry finds the record parked.
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); !strings.Contains(string(res.Body), "idempotency-key-parked") {
+		t.Errorf("a retry of the record past the ceiling: %d %s, want it refused as parked", res.Status, res.Body)
+	}
+
+	// A new API key whose finish failed stays resumable at any age.
+	fn := "refuse_finish_" + strings.ToLower(acct.ID)
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped := false
+	drop := func() {
+		if !dropped {
+			dropped = true
+			_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
+			_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
+		}
+	}
+	t.Cleanup(drop)
+	local := apitest.NewKey()
+	if res := api.Post("/v1/api_keys", local, map[string]any{}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a new API key whose finish fails: %d %s, want 503", res.Status, res.Body)
+	}
+	drop()
+	if _, err := env.Pool.Exec(t.Context(), `UPDATE idempotency_keys SET created_at = created_at - make_interval(secs => $3)
+		WHERE scope = $1 AND key = $2`, acct.ID, local, (ceiling + time.Minute).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateOf(t, b, local); got != console.StateWaiting {
+		t.Errorf("a new API key's unfinished record past the ceiling: state %q, want %q (never parked)", got, console.StateWaiting)
 	}
 }
 

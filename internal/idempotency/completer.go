@@ -104,6 +104,16 @@ func (r *Runner) RunCompleter(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// LocalRoutes are the routes of RegisterLocal, as "METHOD route": their
+// records are never parked (the console tells parked records by them).
+func (r *Runner) LocalRoutes() []string {
+	routes := make([]string, 0, len(r.local))
+	for route := range r.local {
+		routes = append(routes, route)
+	}
+	return routes
+}
+
 // ceilingRoutes are the registered routes whose records are parked past the
 // ceiling, as the completer's queries name them.
 func (r *Runner) ceilingRoutes() []string {
