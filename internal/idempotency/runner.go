@@ -435,7 +435,11 @@ func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.BeforeDownstream)
 	cctx, end := r.span(ctx, "idempotency.call")
 	step := op.Call(cctx, rec)
-	end(step.unknown)
+	var err error
+	if step.unknown != nil {
+		err = &Error{Kind: ErrUnknownOutcome, Cause: step.unknown} // its kind on the span, never its text
+	}
+	end(err)
 	faultpoint.Hit(faultpoint.AfterDownstream)
 	return step
 }

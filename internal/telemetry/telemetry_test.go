@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -304,5 +305,12 @@ func TestUnfinishedLocalRecordTrace(t *testing.T) {
 	if got := attr(srv, "idempay.recovery_point"); got != point || point != idempotency.PointDownstreamCalled {
 		t.Errorf("a charge's unknown outcome: idempay.recovery_point %q, the record %s in the database; want both %s",
 			got, point, idempotency.PointDownstreamCalled)
+	}
+	// The call's span: the error status with the error's kind, as every
+	// failed phase's (docs/tracing.md).
+	call := only(t, inTrace(byName(exp.GetSpans(), "idempotency.call"), srv))
+	if call.Status.Code != codes.Error || call.Status.Description != idempotency.ErrUnknownOutcome.Error() {
+		t.Errorf("the call with an unknown outcome: status %v %q, want Error %q", call.Status.Code, call.Status.Description,
+			idempotency.ErrUnknownOutcome.Error())
 	}
 }
