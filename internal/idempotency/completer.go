@@ -67,7 +67,13 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := r.complete(context.WithoutCancel(ctx), rec, resume())
+			// One trace per resumption, its call and finish under a span
+			// with the record's attributes, as a request's are under its
+			// server span.
+			cctx, end := r.span(context.WithoutCancel(ctx), "idempotency.complete")
+			resp, err := r.complete(cctx, rec, resume())
+			r.annotate(cctx, Request{Scope: rec.Scope, Key: rec.Key}, rec, "", err)
+			end(err)
 			if err != nil {
 				log.WarnContext(ctx, "completer: record not finished yet",
 					"attempts", rec.Attempts+1, "err", err)

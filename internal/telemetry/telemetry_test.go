@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
@@ -312,5 +313,78 @@ func TestUnfinishedLocalRecordTrace(t *testing.T) {
 	if call.Status.Code != codes.Error || call.Status.Description != idempotency.ErrUnknownOutcome.Error() {
 		t.Errorf("the call with an unknown outcome: status %v %q, want Error %q", call.Status.Code, call.Status.Description,
 			idempotency.ErrUnknownOutcome.Error())
+	}
+}
+
+// The completer's resumption of a record is one trace too: its call (with
+// Stripe's client span) and its finish under an idempotency.complete span
+// that carries the record's attributes, outcome resumed, as a retry's
+// server span does; not a call and a finish in two traces of their own
+// that name no record. Not parallel: the completer takes every due record
+// of the package's database, and the other tests leave some.
+func TestCompleterTrace(t *testing.T) {
+	env, exp, _ := tracedEnv(t)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a charge whose Stripe call failed: %d %s, want 503", res.Status, res.Body)
+	}
+	var id string
+	if err := env.Pool.QueryRow(t.Context(), `SELECT id FROM idempotency_keys WHERE scope = $1 AND key = $2`, acct.ID, key).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	exp.Reset()
+	// The completer's backoff after the first unknown outcome is 1 s: run
+	// passes until the record is due and finished. The bound only stops a
+	// broken completer; a loaded machine just takes more passes.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := env.Runner.CompleteDue(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var point string
+		if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE id = $1`, id).Scan(&point); err != nil {
+			t.Fatal(err)
+		}
+		if point == idempotency.PointFinished {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the completer did not finish the record in 2 minutes: %s", point)
+		}
+	}
+	// The record's trace: the completer may have resumed others of the
+	// database too.
+	var root tracetest.SpanStub
+	var spans []tracetest.SpanStub
+	for _, s := range byName(exp.GetSpans(), "idempotency.complete") {
+		if attr(s, "idempay.record_id") == id {
+			root = s
+		}
+	}
+	if !root.SpanContext.IsValid() {
+		t.Fatalf("no idempotency.complete span names the record %s; spans: %v", id, names(exp.GetSpans()))
+	}
+	spans = inTrace(exp.GetSpans(), root)
+	if root.Parent.IsValid() {
+		t.Errorf("idempotency.complete has a parent %s, want the root of its trace", root.Parent.SpanID())
+	}
+	for _, name := range []string{"idempotency.call", "idempotency.finish"} {
+		if phase := only(t, byName(spans, name)); phase.Parent.SpanID() != root.SpanContext.SpanID() {
+			t.Errorf("%s's parent is %s, want idempotency.complete %s", name, phase.Parent.SpanID(), root.SpanContext.SpanID())
+		}
+	}
+	want := map[string]string{"idempay.outcome": "resumed", "idempay.recovery_point": idempotency.PointFinished,
+		"idempay.key_hash": idempotency.KeyHash(idempotency.AccountScope(acct.ID), key)}
+	for k, v := range want {
+		if got := attr(root, k); got != v {
+			t.Errorf("idempotency.complete %s = %q, want %q", k, got, v)
+		}
+	}
+	for _, s := range spans {
+		if where := find(s, key); where != "" {
+			t.Errorf("span %q holds the key in %s", s.Name, where)
+		}
 	}
 }
