@@ -309,3 +309,107 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	br.do(pageBound, "still signed in", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS("table#records")))
 }
+
+// TestConsoleLiveSwapsOnlyChanges: a live refresh swaps the page's content
+// in only when it changed, as docs/console.md says, so that a reader can
+// select and copy what a page shows (a downstream key, a stored answer)
+// between two changes. The page's fetch is counted: once the third refresh
+// has ended (a fourth started: one refresh runs at a time), the content of
+// a record that did not change must not have been swapped; a change to the
+// records page must still come in.
+func TestConsoleLiveSwapsOnlyChanges(t *testing.T) {
+	t.Parallel()
+	br := newChrome(t)
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "Acme Books")
+	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(),
+		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
+	consoleURL = "http://" + consoleURL
+	c := newHTTPClient()
+	charge := func(key string) {
+		t.Helper()
+		res, err := do(context.Background(), c, http.MethodPost, web.URL+"/v1/charges", acct.APIKey, key,
+			[]byte(`{"amount":1500,"currency":"usd","payment_method":"pm_card_visa","description":"order \"1044\" & <more>"}`))
+		if err != nil || res.Status != http.StatusCreated {
+			t.Fatalf("creating the charge %s: %v %+v", key, err, res)
+		}
+	}
+	charge("order-1044")
+	br.signIn(consoleURL, acct.APIKey)
+
+	// countFetches counts the page's refreshes from now on; refreshed
+	// waits until n of them have ended and tells whether the content was
+	// swapped in since countFetches.
+	const countFetches = `(() => { window.fetches = 0; delete document.getElementById("content").dataset.refreshedAt;
+		const f = window.fetch; window.fetch = (...a) => { window.fetches++; return f(...a); }; return "ok"; })()`
+	refreshed := func(what string, n int) bool {
+		t.Helper()
+		br.do(pageBound, what, chromedp.Poll[chromedp.Void](fmt.Sprintf(`window.fetches > %d`, n),
+			chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(pageBound)))
+		return br.eval(`String(document.getElementById("content").dataset.refreshedAt !== undefined)`) == "true"
+	}
+
+	rec := `tr[data-key="order-1044"]`
+	br.do(pageBound, "opening the record", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS(rec)),
+		chromedp.Click(chromedp.CSS(rec+" a")), chromedp.WaitVisible(chromedp.CSS(`#response-body`)))
+	br.eval(countFetches)
+	if refreshed("three refreshes of a finished record", 3) {
+		t.Errorf("a finished record's page, which did not change, was swapped in again by a live refresh")
+	}
+
+	br.do(pageBound, "opening the records page", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS(rec)))
+	br.eval(countFetches)
+	if refreshed("three refreshes of the records page", 3) {
+		t.Errorf("the records page, which did not change, was swapped in again by a live refresh")
+	}
+	charge("order-1045")
+	br.do(pageBound, "waiting for the new record", chromedp.WaitVisible(chromedp.CSS(`tr[data-key="order-1045"]`)))
+	if errs := br.consoleErrors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+// TestConsoleShowsWhenLiveStops: a page whose live refresh gets no answer
+// (the console's server killed with SIGKILL) says that it is no longer
+// live, instead of showing its last content as the present (a record in
+// flight that may have finished since); once the server is back, the
+// notice goes and the refresh goes on. A record that is gone (removed, as
+// retention removes it) is shown gone, as a reload would show it.
+func TestConsoleShowsWhenLiveStops(t *testing.T) {
+	t.Parallel()
+	br := newChrome(t)
+	d := newDB(t)
+	fake := newFake(t)
+	acct := newAccount(t, d.Pool, "Acme Books")
+	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(),
+		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
+	consoleURL = "http://" + consoleURL
+	res, err := do(context.Background(), newHTTPClient(), http.MethodPost, web.URL+"/v1/charges", acct.APIKey, "order-1046",
+		[]byte(`{"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`))
+	if err != nil || res.Status != http.StatusCreated {
+		t.Fatalf("creating the charge: %v %+v", err, res)
+	}
+	br.signIn(consoleURL, acct.APIKey)
+	rec := `tr[data-key="order-1046"]`
+	br.do(pageBound, "opening the record", chromedp.Click(chromedp.CSS(rec+" a")), chromedp.WaitVisible(chromedp.CSS(`#record`)))
+
+	web.kill9()
+	br.do(pageBound, "waiting for the page to say it is no longer live", chromedp.WaitVisible(chromedp.CSS("#live-stale")))
+	web.start()
+	web.waitReady(pageBound)
+	br.do(pageBound, "waiting for the page to be live again", chromedp.WaitNotVisible(chromedp.CSS("#live-stale")))
+
+	if _, err := d.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = 'order-1046'`, acct.ID); err != nil {
+		t.Fatal(err)
+	}
+	br.do(pageBound, "waiting for the removed record to be shown gone", chromedp.WaitNotPresent(chromedp.CSS(`#record`)))
+	if text := br.eval(`document.getElementById("content").textContent`); !strings.Contains(text, "No such idempotency record") {
+		t.Errorf("the removed record's page says %q, want that there is no such record", text)
+	}
+	if errs := br.consoleErrors(); len(errs) > 0 {
+		t.Logf("console errors (the killed server's refused fetches among them):\n%s", strings.Join(errs, "\n"))
+	}
+}

@@ -18,6 +18,7 @@ import (
 func startConsole(cfg Config, a *app.App, log *slog.Logger) (stop func(context.Context), err error) {
 	c, err := console.New(a.Pool, a.Auth, a.MerchantHooks, console.Config{
 		Secret: []byte(cfg.ConsoleSecret), LockTimeout: cfg.Idempotency.LockTimeout,
+		RetryCeiling: cfg.Idempotency.RetryCeiling, LocalRoutes: a.Runner.LocalRoutes(),
 	}, log)
 	if err != nil {
 		return nil, err

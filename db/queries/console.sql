@@ -16,44 +16,53 @@ WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL;
 
 -- name: ConsoleRecordList :many
 -- The account's idempotency records, newest first, in one state or all
--- (an empty state for all). in_flight: unfinished, its lock fresh (by the claim's
--- clock: the database's, and the lock timeout); waiting: unfinished, its
--- lock free or expired, so a retry or the completer may take it over;
--- finished: it has its stored answer; parked: unfinished past the retry
--- ceiling (I16), never called downstream again, waiting for Stripe's event
--- or reconciliation to settle it.
-SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
-       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
-       ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
-       (ik.locked_at IS NOT NULL
-        AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
-       c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
-       k.id AS api_key_id
-FROM idempotency_keys ik
-LEFT JOIN charges c ON c.idempotency_key_id = ik.id
-LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
-LEFT JOIN charges p ON p.pending_record_id = ik.id
-LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
-WHERE ik.scope = @account_id
-  AND CASE @state::text
-        WHEN 'finished' THEN ik.recovery_point = 'finished'
-        WHEN 'parked' THEN ik.recovery_point = 'parked'
-        WHEN 'in_flight' THEN ik.recovery_point NOT IN ('finished', 'parked') AND ik.locked_at IS NOT NULL
-             AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8)
-        WHEN 'waiting' THEN ik.recovery_point NOT IN ('finished', 'parked') AND (ik.locked_at IS NULL
-             OR ik.locked_at < now() - make_interval(secs => @lock_timeout_seconds::float8))
+-- (an empty state for all), each state as the claim's judgement of a retry
+-- would find it (its clock: the database's, the lock timeout and the retry
+-- ceiling). in_flight: unfinished, its lock fresh (a retry gets 409);
+-- waiting: unfinished, its lock free or expired, under the ceiling, so a
+-- retry or the completer takes it over; parked: parked, or unfinished past
+-- the retry ceiling (I16) on a route that calls downstream, with its lock
+-- free or expired, which a retry or the completer's next pass parks: never
+-- called downstream again, it waits for Stripe's event or reconciliation;
+-- finished: it has its stored answer.
+SELECT * FROM (
+    SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+           ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
+           ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
+           (ik.locked_at IS NOT NULL
+            AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+           coalesce(ik.created_at < now() - make_interval(secs => @retry_ceiling_seconds::float8)
+                    AND NOT (ik.request_method || ' ' || ik.request_route) = ANY (@local_routes::text[]), false)::boolean AS past_ceiling,
+           c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
+           k.id AS api_key_id
+    FROM idempotency_keys ik
+    LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+    LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+    LEFT JOIN charges p ON p.pending_record_id = ik.id
+    LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
+    WHERE ik.scope = @account_id
+) rec
+WHERE CASE @state::text
+        WHEN 'finished' THEN rec.recovery_point = 'finished'
+        WHEN 'parked' THEN rec.recovery_point = 'parked'
+             OR (rec.recovery_point <> 'finished' AND NOT rec.lock_fresh AND rec.past_ceiling)
+        WHEN 'in_flight' THEN rec.recovery_point NOT IN ('finished', 'parked') AND rec.lock_fresh
+        WHEN 'waiting' THEN rec.recovery_point NOT IN ('finished', 'parked') AND NOT rec.lock_fresh AND NOT rec.past_ceiling
         ELSE true
       END
-ORDER BY ik.created_at DESC, ik.id DESC
+ORDER BY rec.created_at DESC, rec.id DESC
 LIMIT @max_rows;
 
 -- name: ConsoleRecordGet :one
--- One of the account's records, with its fingerprint and stored answer.
+-- One of the account's records, with its fingerprint and stored answer;
+-- lock_fresh and past_ceiling as ConsoleRecordList reads them.
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
        ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
        (ik.locked_at IS NOT NULL
         AND ik.locked_at >= now() - make_interval(secs => @lock_timeout_seconds::float8))::boolean AS lock_fresh,
+       coalesce(ik.created_at < now() - make_interval(secs => @retry_ceiling_seconds::float8)
+                AND NOT (ik.request_method || ' ' || ik.request_route) = ANY (@local_routes::text[]), false)::boolean AS past_ceiling,
        ik.request_fingerprint, ik.response_headers, ik.response_body,
        c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
        k.id AS api_key_id

@@ -31,6 +31,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/pgtext"
 )
@@ -47,6 +48,14 @@ type Config struct {
 	// LockTimeout is the idempotency runner's: a record whose lock is
 	// younger is in flight, an older one waits for a retry or the completer.
 	LockTimeout time.Duration
+	// RetryCeiling is the idempotency runner's (I16): an unfinished record
+	// older, on a route not in LocalRoutes, is parked, or will be by the
+	// retry or completer pass that finds it (idempotency.DefaultConfig's
+	// when 0).
+	RetryCeiling time.Duration
+	// LocalRoutes are the runner's routes whose records are never parked
+	// (idempotency.Runner.LocalRoutes), as "METHOD route".
+	LocalRoutes []string
 	// PollInterval is how often an open page refreshes its content
 	// (DefaultPollInterval when 0).
 	PollInterval time.Duration
@@ -82,6 +91,12 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 	}
 	if len(cfg.Secret) < 32 {
 		return nil, errors.New("console: the session secret must be at least 32 bytes")
+	}
+	if cfg.RetryCeiling <= 0 {
+		cfg.RetryCeiling = idempotency.DefaultConfig().RetryCeiling
+	}
+	if cfg.LocalRoutes == nil {
+		cfg.LocalRoutes = []string{} // an array, never NULL, in the query
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
@@ -124,7 +139,22 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return secureHeaders(textOnly(mux))
+	return secureHeaders(textOnly(smallBodies(mux)))
+}
+
+// maxFormBytes bounds what the console reads of a POST's body: its forms
+// hold a CSRF token, an API key or an Idempotency-Key, a few hundred bytes.
+const maxFormBytes = 64 << 10
+
+// smallBodies reads a request's body only up to maxFormBytes, so that
+// nobody (a CSRF cookie is anyone's for a GET) makes the console read a
+// large body, which net/http spools to disk as a multipart file; a form
+// cut short is refused as one without its token.
+func smallBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // textOnly refuses, before any page runs, an address whose path or query

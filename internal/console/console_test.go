@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"context"
 	"encoding/base64"
 	"html"
 	"io"
@@ -35,7 +36,8 @@ type browser struct {
 
 func newConsole(t testing.TB, env *apitest.Env) string {
 	t.Helper()
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout,
+		RetryCeiling: idempotency.DefaultConfig().RetryCeiling, LocalRoutes: env.Runner.LocalRoutes()}, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,6 +367,88 @@ func TestParkedRecord(t *testing.T) {
 	}
 }
 
+// TestRecordPastTheCeiling: an unfinished record past the retry ceiling
+// (I16), not parked yet (the completer parks such records on its next pass,
+// a retry when it finds one), is shown parked, as a retry would find it,
+// and not waiting for a retry that would be refused. A record of a route
+// that calls no one downstream (a new API key) is never parked, at any age.
+// Their age is moved past the ceiling in the database, as time would.
+func TestRecordPastTheCeiling(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+
+	env.Stripe.FailNext(stripefake.Fail500, 1) // an unknown outcome: the record waits
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); res.Status < 500 {
+		t.Fatalf("a charge whose Stripe call failed: %d, want 5xx", res.Status)
+	}
+	if got := stateOf(t, b, key); got != console.StateWaiting {
+		t.Fatalf("a charge's record after an unknown outcome: state %q, want %q", got, console.StateWaiting)
+	}
+	ceiling := idempotency.DefaultConfig().RetryCeiling
+	if _, err := env.Pool.Exec(t.Context(), `UPDATE idempotency_keys SET created_at = created_at - make_interval(secs => $3)
+		WHERE scope = $1 AND key = $2`, acct.ID, key, (ceiling + time.Minute).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateOf(t, b, key); got != console.StateParked {
+		t.Errorf("a charge's unfinished record past the retry ceiling: state %q, want %q", got, console.StateParked)
+	}
+	if ids := recordKeys(b.get("/records?state=parked").Body); len(ids) != 1 || ids[0] != key {
+		t.Errorf("filter parked: %v, want [%s]", ids, key)
+	}
+	if ids := recordKeys(b.get("/records?state=waiting").Body); len(ids) != 0 {
+		t.Errorf("filter waiting: %v, want none", ids)
+	}
+	id := recordIDs(b.get("/records?state=parked").Body)
+	if len(id) == 1 {
+		if p := b.get("/records/" + id[0]); !strings.Contains(p.Body, `data-state="parked"`) {
+			t.Errorf("the record's page does not show it parked")
+		}
+	}
+	// What the console said: a retry finds the record parked.
+	if res := api.Post("/v1/charges", key, chargeBody(4000)); !strings.Contains(string(res.Body), "idempotency-key-parked") {
+		t.Errorf("a retry of the record past the ceiling: %d %s, want it refused as parked", res.Status, res.Body)
+	}
+
+	// A new API key whose finish failed stays resumable at any age.
+	fn := "refuse_finish_" + strings.ToLower(acct.ID)
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped := false
+	drop := func() {
+		if !dropped {
+			dropped = true
+			_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
+			_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
+		}
+	}
+	t.Cleanup(drop)
+	local := apitest.NewKey()
+	if res := api.Post("/v1/api_keys", local, map[string]any{}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a new API key whose finish fails: %d %s, want 503", res.Status, res.Body)
+	}
+	drop()
+	if _, err := env.Pool.Exec(t.Context(), `UPDATE idempotency_keys SET created_at = created_at - make_interval(secs => $3)
+		WHERE scope = $1 AND key = $2`, acct.ID, local, (ceiling + time.Minute).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateOf(t, b, local); got != console.StateWaiting {
+		t.Errorf("a new API key's unfinished record past the ceiling: state %q, want %q (never parked)", got, console.StateWaiting)
+	}
+}
+
 // The charge page shows its status history: its events in version order.
 func TestChargeHistory(t *testing.T) {
 	t.Parallel()
@@ -691,4 +775,123 @@ func secondKey(t *testing.T, env *apitest.Env) (*apitest.Client, apiKey) {
 		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
 	}
 	return api, second
+}
+
+// TestCookiesSecureBehindTLS: the console serves plain HTTP and is put
+// behind a proxy that terminates TLS (docs/configuration.md), which says
+// so in X-Forwarded-Proto. Served over TLS that way, the session and CSRF
+// cookies are Secure, so that the browser never sends them over plain
+// HTTP; on plain HTTP (loopback) they are not, or the browser would drop
+// them.
+func TestCookiesSecureBehindTLS(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	cookies := func(proto string) []*http.Cookie {
+		t.Helper()
+		get, _ := http.NewRequest(http.MethodGet, base+"/login", nil)
+		if proto != "" {
+			get.Header.Set("X-Forwarded-Proto", proto)
+		}
+		res, err := http.DefaultClient.Do(get)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		out := res.Cookies()
+		m := csrfRE.FindStringSubmatch(string(body))
+		if len(out) != 1 || m == nil {
+			t.Fatalf("GET /login: cookies %v and a token %v, want the CSRF cookie and its token", out, m)
+		}
+		post, _ := http.NewRequest(http.MethodPost, base+"/login", strings.NewReader(url.Values{"csrf_token": {m[1]}, "api_key": {acct.APIKey}}.Encode()))
+		post.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		post.AddCookie(out[0])
+		if proto != "" {
+			post.Header.Set("X-Forwarded-Proto", proto)
+		}
+		res, err = http.DefaultTransport.RoundTrip(post)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("signing in (X-Forwarded-Proto %q): %d, want 303", proto, res.StatusCode)
+		}
+		return append(out, res.Cookies()...)
+	}
+	for _, proto := range []string{"https", "http", ""} {
+		for _, c := range cookies(proto) {
+			if c.Secure != (proto == "https") {
+				t.Errorf("X-Forwarded-Proto %q: cookie %s has Secure %v, want %v", proto, c.Name, c.Secure, proto == "https")
+			}
+		}
+	}
+}
+
+// countingReader is a request body of n zero bytes that counts what was
+// read of it.
+type countingReader struct {
+	mu      sync.Mutex
+	n, read int64
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.read >= r.n {
+		return 0, io.EOF
+	}
+	k := min(int64(len(p)), r.n-r.read)
+	clear(p[:k])
+	r.read += k
+	return int(k), nil
+}
+
+func (r *countingReader) total() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.read
+}
+
+// TestLargeFormBody: the console's forms are a few hundred bytes, and a
+// POST's body is read only that far: a visitor, signed in or not, cannot
+// make it read (and spool to disk, as net/http does with a multipart
+// file) a body of 256 MiB before it answers.
+func TestLargeFormBody(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	const size = 256 << 20
+	// Anyone gets a CSRF cookie from the sign-in page.
+	res, err := http.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	cookies := res.Cookies()
+	for _, path := range []string{"/login", "/logout"} {
+		body := &countingReader{n: size}
+		head := "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+		req, _ := http.NewRequest(http.MethodPost, base+path, io.MultiReader(strings.NewReader(head), body))
+		req.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+		for _, c := range cookies {
+			req.AddCookie(c)
+		}
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode < 400 || res.StatusCode >= 500 {
+				t.Errorf("POST %s with a body of 256 MiB: %d, want a 4xx", path, res.StatusCode)
+			}
+		}
+		// What the client sent beyond what the server read sits in the
+		// sockets' buffers: a few MiB at most.
+		if got := body.total(); got > 32<<20 {
+			t.Errorf("POST %s: the server read %d MiB of a body of 256 MiB before answering (%v), want it to stop at the forms' size",
+				path, got>>20, err)
+		}
+	}
 }

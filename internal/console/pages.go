@@ -67,7 +67,11 @@ func downstreamKey(id, route string) string {
 	return idempotency.DownstreamKey(id, step)
 }
 
-func stateOf(point string, lockFresh bool) string {
+// stateOf is the state a retry would find the record in, as the claim
+// judges it: finished, in flight while its lock is fresh, parked once past
+// the retry ceiling (a retry or the completer's next pass parks it), else
+// waiting.
+func stateOf(point string, lockFresh, pastCeiling bool) string {
 	switch {
 	case point == idempotency.PointFinished:
 		return StateFinished
@@ -75,6 +79,8 @@ func stateOf(point string, lockFresh bool) string {
 		return StateParked
 	case lockFresh:
 		return StateInFlight
+	case pastCeiling:
+		return StateParked
 	default:
 		return StateWaiting
 	}
@@ -84,7 +90,7 @@ func stateOf(point string, lockFresh bool) string {
 // more) at the seam, once.
 func recordOf(r dbsqlc.ConsoleRecordListRow) recordView {
 	v := recordView{ID: r.ID, Key: r.Key, Method: r.RequestMethod, Route: r.RequestRoute,
-		RecoveryPoint: r.RecoveryPoint, State: stateOf(r.RecoveryPoint, r.LockFresh),
+		RecoveryPoint: r.RecoveryPoint, State: stateOf(r.RecoveryPoint, r.LockFresh, r.PastCeiling),
 		Generation: r.LockGeneration, Attempts: r.Attempts, Status: r.ResponseStatus,
 		Created: r.CreatedAt, Updated: r.UpdatedAt, Finished: r.FinishedAt,
 		DownstreamKey: downstreamKey(r.ID, r.RequestRoute)}
@@ -110,6 +116,8 @@ func recordOf(r dbsqlc.ConsoleRecordListRow) recordView {
 
 func (c *Console) lockTimeout() float64 { return c.cfg.LockTimeout.Seconds() }
 
+func (c *Console) retryCeiling() float64 { return c.cfg.RetryCeiling.Seconds() }
+
 type recordsView struct {
 	State   string
 	States  []string
@@ -123,7 +131,8 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, v viewer) {
 		return
 	}
 	rows, err := c.q.ConsoleRecordList(r.Context(), c.db, &dbsqlc.ConsoleRecordListParams{
-		AccountID: v.AccountID, State: state, LockTimeoutSeconds: c.lockTimeout(), MaxRows: pageSize})
+		AccountID: v.AccountID, State: state, LockTimeoutSeconds: c.lockTimeout(), MaxRows: pageSize,
+		RetryCeilingSeconds: c.retryCeiling(), LocalRoutes: c.cfg.LocalRoutes})
 	if err != nil {
 		c.fail(w, r, fmt.Errorf("listing records: %w", err))
 		return
@@ -146,7 +155,8 @@ type recordDetail struct {
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, v viewer) {
 	row, err := c.q.ConsoleRecordGet(r.Context(), c.db, &dbsqlc.ConsoleRecordGetParams{
-		AccountID: v.AccountID, ID: r.PathValue("id"), LockTimeoutSeconds: c.lockTimeout()})
+		AccountID: v.AccountID, ID: r.PathValue("id"), LockTimeoutSeconds: c.lockTimeout(),
+		RetryCeilingSeconds: c.retryCeiling(), LocalRoutes: c.cfg.LocalRoutes})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		c.notFound(w, r, v, "idempotency record")
 		return
@@ -159,7 +169,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, v viewer) {
 			RequestRoute: row.RequestRoute, RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration,
 			LockedAt: row.LockedAt, Attempts: row.Attempts, NextAttemptAt: row.NextAttemptAt, LastError: row.LastError,
 			ResponseStatus: row.ResponseStatus, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, FinishedAt: row.FinishedAt,
-			LockFresh: row.LockFresh, ChargeID: row.ChargeID, RefundID: row.RefundID, RefundChargeID: row.RefundChargeID,
+			LockFresh: row.LockFresh, PastCeiling: row.PastCeiling, ChargeID: row.ChargeID, RefundID: row.RefundID, RefundChargeID: row.RefundChargeID,
 			PendingChargeID: row.PendingChargeID, ApiKeyID: row.ApiKeyID}),
 		Fingerprint:     hex.EncodeToString(row.RequestFingerprint),
 		ResponseHeaders: pretty(row.ResponseHeaders),

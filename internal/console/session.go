@@ -99,8 +99,17 @@ func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value 
 	http.SetCookie(w, &http.Cookie{
 		Name: name, Value: value, Path: "/", MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: r.TLS != nil, // plain HTTP on loopback by default; Secure whenever served over TLS
+		Secure: overTLS(r),
 	})
+}
+
+// overTLS tells whether the browser reached the console over TLS: directly,
+// or through the proxy that terminates TLS in front of it (the console
+// serves plain HTTP), which says so in X-Forwarded-Proto. A client that
+// sends the header over plain HTTP only gets Secure cookies its browser
+// will not keep.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
 // csrfToken returns the token of the request's CSRF cookie, setting a new

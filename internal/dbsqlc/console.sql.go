@@ -201,6 +201,8 @@ SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
        (ik.locked_at IS NOT NULL
         AND ik.locked_at >= now() - make_interval(secs => $1::float8))::boolean AS lock_fresh,
+       coalesce(ik.created_at < now() - make_interval(secs => $2::float8)
+                AND NOT (ik.request_method || ' ' || ik.request_route) = ANY ($3::text[]), false)::boolean AS past_ceiling,
        ik.request_fingerprint, ik.response_headers, ik.response_body,
        c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
        k.id AS api_key_id
@@ -209,13 +211,15 @@ LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
 LEFT JOIN charges p ON p.pending_record_id = ik.id
 LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
-WHERE ik.scope = $2 AND ik.id = $3
+WHERE ik.scope = $4 AND ik.id = $5
 `
 
 type ConsoleRecordGetParams struct {
-	LockTimeoutSeconds float64
-	AccountID          string
-	ID                 string
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	LocalRoutes         []string
+	AccountID           string
+	ID                  string
 }
 
 type ConsoleRecordGetRow struct {
@@ -234,6 +238,7 @@ type ConsoleRecordGetRow struct {
 	UpdatedAt          time.Time
 	FinishedAt         *time.Time
 	LockFresh          bool
+	PastCeiling        bool
 	RequestFingerprint []byte
 	ResponseHeaders    []byte
 	ResponseBody       []byte
@@ -244,9 +249,16 @@ type ConsoleRecordGetRow struct {
 	ApiKeyID           *string
 }
 
-// One of the account's records, with its fingerprint and stored answer.
+// One of the account's records, with its fingerprint and stored answer;
+// lock_fresh and past_ceiling as ConsoleRecordList reads them.
 func (q *Queries) ConsoleRecordGet(ctx context.Context, db DBTX, arg *ConsoleRecordGetParams) (ConsoleRecordGetRow, error) {
-	row := db.QueryRow(ctx, consoleRecordGet, arg.LockTimeoutSeconds, arg.AccountID, arg.ID)
+	row := db.QueryRow(ctx, consoleRecordGet,
+		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
+		arg.LocalRoutes,
+		arg.AccountID,
+		arg.ID,
+	)
 	var i ConsoleRecordGetRow
 	err := row.Scan(
 		&i.ID,
@@ -264,6 +276,7 @@ func (q *Queries) ConsoleRecordGet(ctx context.Context, db DBTX, arg *ConsoleRec
 		&i.UpdatedAt,
 		&i.FinishedAt,
 		&i.LockFresh,
+		&i.PastCeiling,
 		&i.RequestFingerprint,
 		&i.ResponseHeaders,
 		&i.ResponseBody,
@@ -277,37 +290,42 @@ func (q *Queries) ConsoleRecordGet(ctx context.Context, db DBTX, arg *ConsoleRec
 }
 
 const consoleRecordList = `-- name: ConsoleRecordList :many
-SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
-       ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
-       ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
-       (ik.locked_at IS NOT NULL
-        AND ik.locked_at >= now() - make_interval(secs => $1::float8))::boolean AS lock_fresh,
-       c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
-       k.id AS api_key_id
-FROM idempotency_keys ik
-LEFT JOIN charges c ON c.idempotency_key_id = ik.id
-LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
-LEFT JOIN charges p ON p.pending_record_id = ik.id
-LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
-WHERE ik.scope = $2
-  AND CASE $3::text
-        WHEN 'finished' THEN ik.recovery_point = 'finished'
-        WHEN 'parked' THEN ik.recovery_point = 'parked'
-        WHEN 'in_flight' THEN ik.recovery_point NOT IN ('finished', 'parked') AND ik.locked_at IS NOT NULL
-             AND ik.locked_at >= now() - make_interval(secs => $1::float8)
-        WHEN 'waiting' THEN ik.recovery_point NOT IN ('finished', 'parked') AND (ik.locked_at IS NULL
-             OR ik.locked_at < now() - make_interval(secs => $1::float8))
+SELECT id, key, request_method, request_route, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, created_at, updated_at, finished_at, lock_fresh, past_ceiling, charge_id, refund_id, refund_charge_id, pending_charge_id, api_key_id FROM (
+    SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
+           ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at, ik.last_error,
+           ik.response_status, ik.created_at, ik.updated_at, ik.finished_at,
+           (ik.locked_at IS NOT NULL
+            AND ik.locked_at >= now() - make_interval(secs => $1::float8))::boolean AS lock_fresh,
+           coalesce(ik.created_at < now() - make_interval(secs => $2::float8)
+                    AND NOT (ik.request_method || ' ' || ik.request_route) = ANY ($3::text[]), false)::boolean AS past_ceiling,
+           c.id AS charge_id, r.id AS refund_id, r.charge_id AS refund_charge_id, p.id AS pending_charge_id,
+           k.id AS api_key_id
+    FROM idempotency_keys ik
+    LEFT JOIN charges c ON c.idempotency_key_id = ik.id
+    LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
+    LEFT JOIN charges p ON p.pending_record_id = ik.id
+    LEFT JOIN api_keys k ON k.idempotency_key_id = ik.id
+    WHERE ik.scope = $4
+) rec
+WHERE CASE $5::text
+        WHEN 'finished' THEN rec.recovery_point = 'finished'
+        WHEN 'parked' THEN rec.recovery_point = 'parked'
+             OR (rec.recovery_point <> 'finished' AND NOT rec.lock_fresh AND rec.past_ceiling)
+        WHEN 'in_flight' THEN rec.recovery_point NOT IN ('finished', 'parked') AND rec.lock_fresh
+        WHEN 'waiting' THEN rec.recovery_point NOT IN ('finished', 'parked') AND NOT rec.lock_fresh AND NOT rec.past_ceiling
         ELSE true
       END
-ORDER BY ik.created_at DESC, ik.id DESC
-LIMIT $4
+ORDER BY rec.created_at DESC, rec.id DESC
+LIMIT $6
 `
 
 type ConsoleRecordListParams struct {
-	LockTimeoutSeconds float64
-	AccountID          string
-	State              string
-	MaxRows            int32
+	LockTimeoutSeconds  float64
+	RetryCeilingSeconds float64
+	LocalRoutes         []string
+	AccountID           string
+	State               string
+	MaxRows             int32
 }
 
 type ConsoleRecordListRow struct {
@@ -326,6 +344,7 @@ type ConsoleRecordListRow struct {
 	UpdatedAt       time.Time
 	FinishedAt      *time.Time
 	LockFresh       bool
+	PastCeiling     bool
 	ChargeID        *string
 	RefundID        *string
 	RefundChargeID  *string
@@ -334,15 +353,20 @@ type ConsoleRecordListRow struct {
 }
 
 // The account's idempotency records, newest first, in one state or all
-// (an empty state for all). in_flight: unfinished, its lock fresh (by the claim's
-// clock: the database's, and the lock timeout); waiting: unfinished, its
-// lock free or expired, so a retry or the completer may take it over;
-// finished: it has its stored answer; parked: unfinished past the retry
-// ceiling (I16), never called downstream again, waiting for Stripe's event
-// or reconciliation to settle it.
+// (an empty state for all), each state as the claim's judgement of a retry
+// would find it (its clock: the database's, the lock timeout and the retry
+// ceiling). in_flight: unfinished, its lock fresh (a retry gets 409);
+// waiting: unfinished, its lock free or expired, under the ceiling, so a
+// retry or the completer takes it over; parked: parked, or unfinished past
+// the retry ceiling (I16) on a route that calls downstream, with its lock
+// free or expired, which a retry or the completer's next pass parks: never
+// called downstream again, it waits for Stripe's event or reconciliation;
+// finished: it has its stored answer.
 func (q *Queries) ConsoleRecordList(ctx context.Context, db DBTX, arg *ConsoleRecordListParams) ([]ConsoleRecordListRow, error) {
 	rows, err := db.Query(ctx, consoleRecordList,
 		arg.LockTimeoutSeconds,
+		arg.RetryCeilingSeconds,
+		arg.LocalRoutes,
 		arg.AccountID,
 		arg.State,
 		arg.MaxRows,
@@ -370,6 +394,7 @@ func (q *Queries) ConsoleRecordList(ctx context.Context, db DBTX, arg *ConsoleRe
 			&i.UpdatedAt,
 			&i.FinishedAt,
 			&i.LockFresh,
+			&i.PastCeiling,
 			&i.ChargeID,
 			&i.RefundID,
 			&i.RefundChargeID,

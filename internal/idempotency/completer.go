@@ -67,7 +67,13 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := r.complete(context.WithoutCancel(ctx), rec, resume())
+			// One trace per resumption, its call and finish under a span
+			// with the record's attributes, as a request's are under its
+			// server span.
+			cctx, end := r.span(context.WithoutCancel(ctx), "idempotency.complete")
+			resp, err := r.complete(cctx, rec, resume())
+			r.annotate(cctx, Request{Scope: rec.Scope, Key: rec.Key}, rec, "", err)
+			end(err)
 			if err != nil {
 				log.WarnContext(ctx, "completer: record not finished yet",
 					"attempts", rec.Attempts+1, "err", err)
@@ -102,6 +108,16 @@ func (r *Runner) RunCompleter(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 	}
+}
+
+// LocalRoutes are the routes of RegisterLocal, as "METHOD route": their
+// records are never parked (the console tells parked records by them).
+func (r *Runner) LocalRoutes() []string {
+	routes := make([]string, 0, len(r.local))
+	for route := range r.local {
+		routes = append(routes, route)
+	}
+	return routes
 }
 
 // ceilingRoutes are the registered routes whose records are parked past the

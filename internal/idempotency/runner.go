@@ -435,7 +435,11 @@ func (r *Runner) call(ctx context.Context, rec *Record, op Operation) Step {
 	faultpoint.Hit(faultpoint.BeforeDownstream)
 	cctx, end := r.span(ctx, "idempotency.call")
 	step := op.Call(cctx, rec)
-	end(step.unknown)
+	var err error
+	if step.unknown != nil {
+		err = &Error{Kind: ErrUnknownOutcome, Cause: step.unknown} // its kind on the span, never its text
+	}
+	end(err)
 	faultpoint.Hit(faultpoint.AfterDownstream)
 	return step
 }
@@ -494,6 +498,9 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 		RetryInSeconds: retryIn.Seconds(),
 		Now:            r.now(),
 	})
+	if err == nil && n > 0 && called {
+		rec.RecoveryPoint = PointDownstreamCalled // what the request's span reports
+	}
 	switch {
 	case err != nil:
 		// The lock stays until it expires; the completer resumes then.

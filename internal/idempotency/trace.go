@@ -76,11 +76,7 @@ func (r *Runner) annotate(ctx context.Context, req Request, rec *Record, recordI
 	}
 	if rec != nil {
 		recordID = rec.ID
-		point := rec.RecoveryPoint
-		if errors.Is(err, ErrUnknownOutcome) {
-			point = PointDownstreamCalled // what release wrote
-		}
-		attrs = append(attrs, AttrRecoveryPoint.String(point))
+		attrs = append(attrs, AttrRecoveryPoint.String(rec.RecoveryPoint)) // as finish or release left it
 	}
 	if recordID != "" {
 		attrs = append(attrs, AttrRecordID.String(recordID))

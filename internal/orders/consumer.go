@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/db"
@@ -450,6 +451,9 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 	if err := msg.NakWithDelay(delay); err != nil {
 		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
 	}
+	// The delivery's span says it did not finish, with the reason only, as
+	// a request's 503 marks its server span.
+	trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reason)
 	c.observe(OutcomeNak, reason)
 	log.WarnContext(ctx, "order.paid: not finished; redelivery later", "reason", reason, "delay", delay.String(), "err", cause)
 }
@@ -494,6 +498,7 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	if err != nil {
 		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)
 		_ = msg.NakWithDelay(c.cfg.Backoff)
+		trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reasonUnavailable)
 		c.observe(OutcomeNak, reasonUnavailable)
 		return
 	}

@@ -6,11 +6,13 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idempay/idempay/internal/orders"
+	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/telemetry"
 )
 
@@ -56,5 +58,41 @@ func TestMessageTraceContinues(t *testing.T) {
 	if s.SpanContext.TraceID() != pub.SpanContext().TraceID() || s.Parent.SpanID() != pub.SpanContext().SpanID() {
 		t.Fatalf("the consumer's span is in trace %s under %s; want the publisher's trace %s under its span %s",
 			s.SpanContext.TraceID(), s.Parent.SpanID(), pub.SpanContext().TraceID(), pub.SpanContext().SpanID())
+	}
+}
+
+// A delivery whose charge's outcome is unknown (Stripe answers 500) is
+// nak'ed for a later delivery: its consumer span has the error status,
+// with the reason only, as the HTTP server span of the same charge has
+// for its 503; it does not read as a message handled.
+func TestUnfinishedMessageSpanIsAnError(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	b := newBenchConfig(t, 3, func(c *orders.Config) { c.TracerProvider = tp })
+	acct := b.env.NewClient(t).Account.ID
+	b.env.Stripe.FailNext(stripefake.Fail500, 1)
+
+	msg := nats.NewMsg(b.cfg.Subject)
+	msg.Data = message(acct, "order-"+rand.Text(), 1200)
+	pubCtx, cancel := context.WithTimeout(context.Background(), jsTimeout)
+	defer cancel()
+	if _, err := b.js.PublishMsg(pubCtx, msg); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, "the nak of the unknown outcome", func() bool { return b.count(orders.OutcomeNak+"/unknown_outcome") == 1 })
+	var first tracetest.SpanStub
+	b.waitFor(t, "the consumer's span", func() bool {
+		for _, s := range exp.GetSpans() {
+			if s.Name == "process "+b.cfg.Subject {
+				first = s
+				return true
+			}
+		}
+		return false
+	})
+	if first.Status.Code != codes.Error || first.Status.Description != "not finished: unknown_outcome" {
+		t.Errorf("the consumer span of a delivery nak'ed after an unknown outcome: status %v %q, want Error \"not finished: unknown_outcome\"",
+			first.Status.Code, first.Status.Description)
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -17,6 +19,7 @@ import (
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/stripefake"
 	"github.com/idempay/idempay/internal/telemetry"
 )
 
@@ -243,4 +246,145 @@ func find(s tracetest.SpanStub, secret string) string {
 		return "its status"
 	}
 	return ""
+}
+
+// A request whose finish fails on a route that calls no one downstream (a
+// new API key) leaves its record where it was, started, for a retry or the
+// completer to resume: its span's idempay.recovery_point says so, as the
+// database does, and not downstream_called, which would tell whoever reads
+// the trace that something outside was called. The finish is made to fail
+// by a trigger of the test's own account, in the real database.
+func TestUnfinishedLocalRecordTrace(t *testing.T) {
+	t.Parallel()
+	env, exp, _ := tracedEnv(t)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	fn := "refuse_finish_" + strings.ToLower(strings.ReplaceAll(acct.ID, "-", "_"))
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
+		_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
+	})
+
+	key := apitest.NewKey()
+	if res := api.Post("/v1/api_keys", key, map[string]any{}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a new API key whose finish fails: %d %s, want 503", res.Status, res.Body)
+	}
+	var point string
+	if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+		acct.ID, key).Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	srv := only(t, byName(exp.GetSpans(), "POST /v1/api_keys"))
+	if got := attr(srv, "idempay.outcome"); got != "unknown" {
+		t.Errorf("idempay.outcome %q, want unknown", got)
+	}
+	if got := attr(srv, "idempay.recovery_point"); got != point {
+		t.Errorf("idempay.recovery_point %q, but the record is %s in the database", got, point)
+	}
+
+	// A charge whose Stripe call has an unknown outcome: downstream_called,
+	// in the span as in the database.
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	key = apitest.NewKey()
+	if res := api.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a charge whose Stripe call failed: %d %s, want 503", res.Status, res.Body)
+	}
+	if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+		acct.ID, key).Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	srv = only(t, byName(exp.GetSpans(), "POST /v1/charges"))
+	if got := attr(srv, "idempay.recovery_point"); got != point || point != idempotency.PointDownstreamCalled {
+		t.Errorf("a charge's unknown outcome: idempay.recovery_point %q, the record %s in the database; want both %s",
+			got, point, idempotency.PointDownstreamCalled)
+	}
+	// The call's span: the error status with the error's kind, as every
+	// failed phase's (docs/tracing.md).
+	call := only(t, inTrace(byName(exp.GetSpans(), "idempotency.call"), srv))
+	if call.Status.Code != codes.Error || call.Status.Description != idempotency.ErrUnknownOutcome.Error() {
+		t.Errorf("the call with an unknown outcome: status %v %q, want Error %q", call.Status.Code, call.Status.Description,
+			idempotency.ErrUnknownOutcome.Error())
+	}
+}
+
+// The completer's resumption of a record is one trace too: its call (with
+// Stripe's client span) and its finish under an idempotency.complete span
+// that carries the record's attributes, outcome resumed, as a retry's
+// server span does; not a call and a finish in two traces of their own
+// that name no record. Not parallel: the completer takes every due record
+// of the package's database, and the other tests leave some.
+func TestCompleterTrace(t *testing.T) {
+	env, exp, _ := tracedEnv(t)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	env.Stripe.FailNext(stripefake.Fail500, 1)
+	key := apitest.NewKey()
+	if res := api.Post("/v1/charges", key, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}); res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a charge whose Stripe call failed: %d %s, want 503", res.Status, res.Body)
+	}
+	var id string
+	if err := env.Pool.QueryRow(t.Context(), `SELECT id FROM idempotency_keys WHERE scope = $1 AND key = $2`, acct.ID, key).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	exp.Reset()
+	// The completer's backoff after the first unknown outcome is 1 s: run
+	// passes until the record is due and finished. The bound only stops a
+	// broken completer; a loaded machine just takes more passes.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := env.Runner.CompleteDue(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var point string
+		if err := env.Pool.QueryRow(t.Context(), `SELECT recovery_point FROM idempotency_keys WHERE id = $1`, id).Scan(&point); err != nil {
+			t.Fatal(err)
+		}
+		if point == idempotency.PointFinished {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the completer did not finish the record in 2 minutes: %s", point)
+		}
+	}
+	// The record's trace: the completer may have resumed others of the
+	// database too.
+	var root tracetest.SpanStub
+	var spans []tracetest.SpanStub
+	for _, s := range byName(exp.GetSpans(), "idempotency.complete") {
+		if attr(s, "idempay.record_id") == id {
+			root = s
+		}
+	}
+	if !root.SpanContext.IsValid() {
+		t.Fatalf("no idempotency.complete span names the record %s; spans: %v", id, names(exp.GetSpans()))
+	}
+	spans = inTrace(exp.GetSpans(), root)
+	if root.Parent.IsValid() {
+		t.Errorf("idempotency.complete has a parent %s, want the root of its trace", root.Parent.SpanID())
+	}
+	for _, name := range []string{"idempotency.call", "idempotency.finish"} {
+		if phase := only(t, byName(spans, name)); phase.Parent.SpanID() != root.SpanContext.SpanID() {
+			t.Errorf("%s's parent is %s, want idempotency.complete %s", name, phase.Parent.SpanID(), root.SpanContext.SpanID())
+		}
+	}
+	want := map[string]string{"idempay.outcome": "resumed", "idempay.recovery_point": idempotency.PointFinished,
+		"idempay.key_hash": idempotency.KeyHash(idempotency.AccountScope(acct.ID), key)}
+	for k, v := range want {
+		if got := attr(root, k); got != v {
+			t.Errorf("idempotency.complete %s = %q, want %q", k, got, v)
+		}
+	}
+	for _, s := range spans {
+		if where := find(s, key); where != "" {
+			t.Errorf("span %q holds the key in %s", s.Name, where)
+		}
+	}
 }

@@ -2,7 +2,10 @@
 // server for its content again (header X-Console-Live: 1, which renders the
 // content alone) and swaps it in when it changed. No build step, no
 // library: the server renders everything. A 401 means the session ended
-// (signed out, or its API key revoked): go to the sign-in page.
+// (signed out, or its API key revoked): go to the sign-in page. A refresh
+// that gets no page (the server down, or failing) shows the notice that
+// the page is not live, until one does: the content left in place is no
+// longer the present. A 404 is a page: what was shown is gone.
 "use strict";
 (function () {
   const main = document.getElementById("content");
@@ -10,8 +13,17 @@
   if (!ms) {
     return;
   }
-  let last = main.innerHTML;
+  const stale = document.getElementById("live-stale");
   let busy = false;
+  // same tells whether html is what the page shows: both as the browser
+  // writes them out again, since the server's text differs from the DOM's
+  // in its escapes and whitespace even when nothing changed. A swap
+  // replaces every node, and with them what the reader selected.
+  const parsed = document.createElement("template");
+  function same(html) {
+    parsed.innerHTML = html;
+    return parsed.innerHTML.trim() === main.innerHTML.trim();
+  }
   async function refresh() {
     if (busy || document.hidden) {
       return;
@@ -27,17 +39,18 @@
         window.location.assign("/login");
         return;
       }
-      if (!res.ok) {
-        return; // a passing failure: the next poll tries again
+      if (!res.ok && res.status !== 404) {
+        stale.hidden = false; // the next poll tries again
+        return;
       }
       const html = await res.text();
-      if (html !== last) {
+      stale.hidden = true;
+      if (!same(html)) {
         main.innerHTML = html;
-        last = main.innerHTML;
         main.dataset.refreshedAt = String(Date.now());
       }
     } catch (e) {
-      // the server restarting: the next poll tries again
+      stale.hidden = false; // the server restarting: the next poll tries again
     } finally {
       busy = false;
     }
