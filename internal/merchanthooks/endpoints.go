@@ -113,6 +113,17 @@ func endpointOf(row dbsqlc.WebhookEndpoint, now time.Time) Endpoint {
 
 func notFound() error { return apierror.New(apierror.NotFound, "No such webhook endpoint.") }
 
+// goneStep finishes a record whose endpoint was deleted before the record
+// finished (its server died after the claim, then a DELETE came): a stored
+// 404, final, where a Load that could not find the endpoint would fail on
+// every retry of the key, and on every pass of the completer.
+func goneStep() idempotency.Step {
+	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
+		pe := apierror.New(apierror.NotFound, "The webhook endpoint of this request was deleted before the request's answer was recorded.")
+		return idempotency.Response{Status: pe.Status(), Headers: idempotency.Headers{ContentType: apierror.ContentType}, Body: pe.Body()}, nil
+	})
+}
+
 // get reads the account's endpoint id; another account's is not found.
 func (s *Service) get(ctx context.Context, accountID, id string) (dbsqlc.WebhookEndpoint, error) {
 	row, err := s.q.WebhookEndpointGetByID(ctx, s.pool, &dbsqlc.WebhookEndpointGetByIDParams{AccountID: accountID, ID: id})
@@ -298,6 +309,7 @@ type createOp struct {
 	p         CreateParams
 	row       dbsqlc.WebhookEndpoint
 	secret    string // known only to the process that made it
+	gone      bool   // Load found the endpoint deleted (goneStep)
 }
 
 // MaxEndpoints is how many endpoints an account may have, as on Stripe:
@@ -344,13 +356,19 @@ func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 func (op *createOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	var err error
 	op.row, err = op.s.q.WebhookEndpointGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
-	if err != nil {
+	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+		op.gone = true // the claim inserted it with the record: deleted since
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("reading the webhook endpoint of %s: %w", rec.ID, err)
 	}
 	return nil
 }
 
 func (op *createOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.gone {
+		return goneStep()
+	}
 	if op.row.CreatedAt.IsZero() { // inserted by this process, in the claim's batch
 		op.row.CreatedAt = rec.CreatedAt
 	}
@@ -490,6 +508,7 @@ type changeOp struct {
 	note      string
 	change    func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error
 	row       dbsqlc.WebhookEndpoint
+	gone      bool // Load found the endpoint deleted (goneStep)
 }
 
 func (op *changeOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
@@ -507,10 +526,16 @@ func (op *changeOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempote
 func (op *changeOp) Load(ctx context.Context, _ *idempotency.Record) error {
 	var err error
 	op.row, err = op.s.get(ctx, op.accountID, op.id)
+	if pe := (*apierror.Error)(nil); errors.As(err, &pe) && pe.Type == apierror.NotFound {
+		op.gone, err = true, nil
+	}
 	return err
 }
 
 func (op *changeOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.gone {
+		return goneStep()
+	}
 	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
 		return storedResponse(http.StatusOK, endpointOf(op.row, rec.CreatedAt), op.note)
 	})

@@ -138,6 +138,7 @@ type recoverOp struct {
 	endpointID string
 	since      time.Time
 	row        dbsqlc.WebhookRecovery
+	gone       bool // Load found the recovery deleted with its endpoint (goneStep)
 }
 
 func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
@@ -159,13 +160,19 @@ func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 func (op *recoverOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	var err error
 	op.row, err = op.s.q.WebhookRecoveryGetByIdempotencyKeyID(ctx, op.s.pool, &rec.ID)
-	if err != nil {
+	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
+		op.gone = true // inserted with the record: gone with its endpoint since
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("reading the webhook recovery of %s: %w", rec.ID, err)
 	}
 	return nil
 }
 
 func (op *recoverOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
+	if op.gone {
+		return goneStep()
+	}
 	if op.row.Until.IsZero() { // inserted by this process, in the claim's batch
 		op.row.Until = rec.CreatedAt
 	}
