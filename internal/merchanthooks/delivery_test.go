@@ -1019,10 +1019,13 @@ func TestRecoverAndEndpointDeliveries(t *testing.T) {
 // TestDeliveryTraced: with a tracer provider, each delivery attempt is a
 // client span, and the request carries its trace context (traceparent), so
 // a merchant's tracing continues idempay's; without one, nothing is sent.
+// The span names the endpoint's URL without its query, where a merchant
+// may keep a token, which the request still carries.
 func TestDeliveryTraced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.endpoint(t, "", "*")
+	const token = "token=s3cret-endpoint-token"
+	b.endpoint(t, "/hooks?"+token, "*")
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -1050,6 +1053,25 @@ func TestDeliveryTraced(t *testing.T) {
 	want := "00-" + client.SpanContext.TraceID().String() + "-" + client.SpanContext.SpanID().String() + "-01"
 	if got[0].TraceParent != want {
 		t.Fatalf("traceparent %q, want %q (the attempt's span)", got[0].TraceParent, want)
+	}
+	if got[0].Query != token {
+		t.Fatalf("the endpoint received the query %q, want %q", got[0].Query, token)
+	}
+	var fullURL string
+	for _, a := range client.Attributes {
+		if a.Key == "url.full" {
+			fullURL = a.Value.Emit()
+		}
+	}
+	if fullURL != b.recv.URL+"/hooks" {
+		t.Errorf("the attempt's url.full %q, want %q (no query)", fullURL, b.recv.URL+"/hooks")
+	}
+	for _, s := range exp.GetSpans() {
+		for _, a := range s.Attributes {
+			if strings.Contains(a.Value.Emit(), "s3cret-endpoint-token") {
+				t.Errorf("span %q attribute %s holds the endpoint's token: %q", s.Name, a.Key, a.Value.Emit())
+			}
+		}
 	}
 
 	// Without a tracer provider: no header.

@@ -67,6 +67,7 @@ type delivery struct {
 	ID, Signature string
 	Timestamp     string
 	TraceParent   string
+	Query         string // the URL's query, as the endpoint received it
 	Body          []byte
 	Event         events.Event
 }
@@ -85,7 +86,7 @@ func newReceiver(t *testing.T) *receiver {
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		var d delivery
 		d.ID, d.Signature, d.Timestamp = req.Header.Get("webhook-id"), req.Header.Get("webhook-signature"), req.Header.Get("webhook-timestamp")
-		d.TraceParent = req.Header.Get("traceparent")
+		d.TraceParent, d.Query = req.Header.Get("traceparent"), req.URL.RawQuery
 		d.Body, _ = io.ReadAll(req.Body)
 		_ = json.Unmarshal(d.Body, &d.Event)
 		r.mu.Lock()

@@ -13,8 +13,6 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
-
-	"github.com/idempay/idempay/internal/telemetry"
 )
 
 // ErrPrivateAddress is a connection refused because the endpoint's address
@@ -84,7 +82,7 @@ func NewHTTPClient(cfg Config) *http.Client {
 		Proxy: nil, DialContext: dialer.DialContext, ForceAttemptHTTP2: true,
 		TLSHandshakeTimeout: 5 * time.Second, MaxIdleConns: idle, MaxIdleConnsPerHost: idle, IdleConnTimeout: 60 * time.Second,
 	}
-	return &http.Client{Transport: telemetry.HTTPTransport(tr, cfg.TracerProvider), Timeout: cfg.Timeout,
+	return &http.Client{Transport: tracedTransport(tr, cfg.TracerProvider), Timeout: cfg.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
