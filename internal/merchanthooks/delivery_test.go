@@ -1060,7 +1060,7 @@ func TestDeliveryTraced(t *testing.T) {
 	var fullURL string
 	for _, a := range client.Attributes {
 		if a.Key == "url.full" {
-			fullURL = a.Value.Emit()
+			fullURL = a.Value.String()
 		}
 	}
 	if fullURL != b.recv.URL+"/hooks" {
@@ -1068,8 +1068,8 @@ func TestDeliveryTraced(t *testing.T) {
 	}
 	for _, s := range exp.GetSpans() {
 		for _, a := range s.Attributes {
-			if strings.Contains(a.Value.Emit(), "s3cret-endpoint-token") {
-				t.Errorf("span %q attribute %s holds the endpoint's token: %q", s.Name, a.Key, a.Value.Emit())
+			if strings.Contains(a.Value.String(), "s3cret-endpoint-token") {
+				t.Errorf("span %q attribute %s holds the endpoint's token: %q", s.Name, a.Key, a.Value.String())
 			}
 		}
 	}
