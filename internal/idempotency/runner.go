@@ -522,7 +522,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 func (r *Runner) fenced(ctx context.Context, log *slog.Logger, what string, args ...any) error {
 	r.observe(OutcomeFenced)
 	log.WarnContext(ctx, "fenced: record was taken over; "+what, args...)
-	return refuse(ErrFenced, "The request with this key was taken over by a retry. Retry to get its outcome.")
+	return refuse(ErrFenced, "The request with this key was taken over elsewhere (by a retry, or finished from Stripe's own answer). Retry to get its outcome.")
 }
 
 // backoff is the completer's delay after the given number of earlier

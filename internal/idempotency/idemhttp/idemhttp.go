@@ -170,7 +170,7 @@ var httpDetails = map[error]string{
 	idempotency.ErrMismatch: "This Idempotency-Key was already used with a different request (method, path or body). " +
 		"Use a new key for a new request.",
 	idempotency.ErrInFlight: "A request with this Idempotency-Key is still being processed. Retry after the delay in Retry-After.",
-	idempotency.ErrFenced:   "The request with this Idempotency-Key was taken over by a retry. Retry to get its outcome.",
+	idempotency.ErrFenced:   "The request with this Idempotency-Key was taken over elsewhere (by a retry, or finished from Stripe's own answer). Retry to get its outcome.",
 	idempotency.ErrParked: "Stripe gave no definite answer to the request with this Idempotency-Key before the key grew too old " +
 		"to be sent to Stripe again safely, so it is not retried. Stripe's events and reconciliation settle it; " +
 		"read GET /v1/idempotency_keys/{key} until it is finished, then a retry with this key gets its outcome. " +
