@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/db"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -390,6 +391,12 @@ func (e *Error) Body() []byte {
 	}
 	out := append(b[:len(b)-1:len(b)-1], ',')
 	return append(out, ext[1:]...)
+}
+
+// Stored is e as an operation stores it for replay (a decline, a refusal
+// that is the request's final answer): the very bytes of its HTTP answer.
+func (e *Error) Stored() idempotency.Response {
+	return idempotency.Response{Status: e.Status(), Headers: idempotency.Headers{ContentType: ContentType}, Body: e.Body()}
 }
 
 // From turns any error into a problem: an *Error as is, a database outage

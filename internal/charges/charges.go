@@ -7,7 +7,7 @@
 // It knows nothing of HTTP nor of stripe-go: every entry point (chargeshttp,
 // the order consumer, webhooks, reconciliation) calls the same methods and
 // maps the same errors its own way, so a request means the same whichever way
-// it came. A refusal stored for replay goes through apierror (storedProblem).
+// it came. A refusal stored for replay goes through apierror (Error.Stored).
 package charges
 
 import (
@@ -102,7 +102,7 @@ func failedResponse(se *Refusal, object, id string) idempotency.Response {
 			pe.Extensions["decline_code"] = code
 		}
 	}
-	return storedProblem(pe)
+	return pe.Stored()
 }
 
 // keyConflict is the stored 409 downstream-key-conflict of OutcomeConflict. It
@@ -116,16 +116,7 @@ func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step
 	pe := &apierror.Error{Type: apierror.DownstreamKeyConflict,
 		Detail:     fmt.Sprintf("Stripe holds another request under this request's key; the outcome of %s %s is what Stripe holds, and it settles from there. Read it; do not send this payment again under a new key before it has settled.", object, id),
 		Extensions: map[string]any{object: id}}
-	return storedProblem(pe)
-}
-
-// storedProblem is pe as a stored response, the very bytes of the HTTP answer.
-func storedProblem(pe *apierror.Error) idempotency.Response {
-	return idempotency.Response{
-		Status:  pe.Status(),
-		Headers: idempotency.Headers{ContentType: apierror.ContentType},
-		Body:    pe.Body(),
-	}
+	return pe.Stored()
 }
 
 // encode is the JSON of v, the API representation of the object id.

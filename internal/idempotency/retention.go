@@ -13,8 +13,9 @@ import (
 // database's, or Config.Now; never this server's, which may be off), in
 // batches of RetentionBatch, and returns how many it deleted. Each batch is
 // an index range scan on the partial index of finished records, so its cost
-// depends on the batch size, not on the size of the table. Unfinished records are never deleted, and ledger rows stay
-// (their idempotency_key_id becomes NULL).
+// depends on the batch size, not on the size of the table. Unfinished
+// records are never deleted, and ledger rows stay (their
+// idempotency_key_id becomes NULL).
 //
 // Daily partitions were considered and rejected: the unique (scope,
 // key) index would have to include the partition column, and a retry that

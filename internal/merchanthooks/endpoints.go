@@ -119,8 +119,7 @@ func notFound() error { return apierror.New(apierror.NotFound, "No such webhook 
 // every retry of the key, and on every pass of the completer.
 func goneStep() idempotency.Step {
 	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
-		pe := apierror.New(apierror.NotFound, "The webhook endpoint of this request was deleted before the request's answer was recorded.")
-		return idempotency.Response{Status: pe.Status(), Headers: idempotency.Headers{ContentType: apierror.ContentType}, Body: pe.Body()}, nil
+		return apierror.New(apierror.NotFound, "The webhook endpoint of this request was deleted before the request's answer was recorded.").Stored(), nil
 	})
 }
 
