@@ -96,8 +96,8 @@ CREATE TABLE accounts (
 );
 
 -- The idempotency record: one per (scope, Idempotency-Key). The scope is an
--- account (scope = account_id) or a named source (account_id NULL, scope
--- 'source:stripe-webhooks', keyed by Stripe's event ids). The id is a pure
+-- account's id or a named source ('source:stripe-webhooks', keyed by Stripe's
+-- event ids); account_id is the scope's account, NULL for a source. The id is a pure
 -- function of the request (idempotency.RecordID), so a record the database
 -- lost is re-created with the id Stripe's metadata carries (I13). UNIQUE
 -- (scope, key) makes the claim atomic: the claim inserts and the index
@@ -112,7 +112,8 @@ CREATE TABLE accounts (
 CREATE TABLE idempotency_keys (
     id                  varchar(64) PRIMARY KEY DEFAULT 'ik_' || replace(gen_random_uuid()::text, '-', ''),
     scope               varchar(100) NOT NULL,
-    account_id          text,  -- no foreign key: see the rules above
+    account_id          text GENERATED ALWAYS AS (  -- no foreign key: see the rules above
+                            CASE WHEN scope LIKE 'source:%' THEN NULL ELSE scope END) STORED,
     key                 varchar(255) NOT NULL,
     request_method      varchar(16) NOT NULL,
     request_route       varchar(200) NOT NULL,
@@ -131,9 +132,6 @@ CREATE TABLE idempotency_keys (
     finished_at         timestamptz,
     CONSTRAINT idempotency_keys_scope_key_unique UNIQUE (scope, key),
     CONSTRAINT idempotency_keys_not_empty CHECK (key <> '' AND scope <> ''),
-    CONSTRAINT idempotency_keys_scope_is_account_or_source CHECK (
-        (account_id IS NOT NULL AND scope = account_id)
-        OR (account_id IS NULL AND scope LIKE 'source:%')),
     CONSTRAINT idempotency_keys_finished_has_response
         CHECK ((recovery_point = 'finished') = (response_status IS NOT NULL AND finished_at IS NOT NULL))
 ) WITH (fillfactor = 80);

@@ -13,15 +13,15 @@
 -- one clock, the one every later statement of the record compares them with
 -- (docs/lifecycle.md, "One clock").
 INSERT INTO idempotency_keys (
-    id, scope, account_id, key, request_method, request_route, request_fingerprint,
+    id, scope, key, request_method, request_route, request_fingerprint,
     locked_at, created_at, next_attempt_at
 )
-SELECT @id, @scope, sqlc.narg(account_id), @key, @request_method, @request_route, @request_fingerprint,
+SELECT @id, @scope::text, @key, @request_method, @request_route, @request_fingerprint,
        coalesce(sqlc.narg(now)::timestamptz, now()), coalesce(sqlc.narg(now)::timestamptz, now()),
        coalesce(sqlc.narg(now)::timestamptz, now())
 WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys
-                                WHERE key_hash = sqlc.narg(key_hash) AND account_id = sqlc.narg(account_id)
+                                WHERE key_hash = sqlc.narg(key_hash) AND account_id = @scope::text
                                   AND revoked_at IS NULL),
                                'IDA01', 'the API key is not active') > 0
       END;

@@ -62,7 +62,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	claim := &rawBatch{}
 	hash := sha256.Sum256([]byte(strings.TrimPrefix(a.auth, "Bearer ")))
 	_ = q.IdempotencyKeyInsert(ctx, claim, &dbsqlc.IdempotencyKeyInsertParams{
-		ID: recordID, Scope: a.id, AccountID: &a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
+		ID: recordID, Scope: a.id, Key: key, RequestMethod: http.MethodPost, RequestRoute: "/v1/charges",
 		RequestFingerprint: fp[:], KeyHash: hash[:],
 	})
 	amount := 1000 + int64(i%9000)

@@ -177,15 +177,15 @@ func (q *Queries) IdempotencyKeyGetByScopeKey(ctx context.Context, db DBTX, arg 
 
 const idempotencyKeyInsert = `-- name: IdempotencyKeyInsert :exec
 INSERT INTO idempotency_keys (
-    id, scope, account_id, key, request_method, request_route, request_fingerprint,
+    id, scope, key, request_method, request_route, request_fingerprint,
     locked_at, created_at, next_attempt_at
 )
-SELECT $1, $2, $3, $4, $5, $6, $7,
-       coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
-       coalesce($8::timestamptz, now())
-WHERE CASE WHEN $9::bytea IS NULL THEN true
+SELECT $1, $2::text, $3, $4, $5, $6,
+       coalesce($7::timestamptz, now()), coalesce($7::timestamptz, now()),
+       coalesce($7::timestamptz, now())
+WHERE CASE WHEN $8::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys
-                                WHERE key_hash = $9 AND account_id = $3
+                                WHERE key_hash = $8 AND account_id = $2::text
                                   AND revoked_at IS NULL),
                                'IDA01', 'the API key is not active') > 0
       END
@@ -194,7 +194,6 @@ WHERE CASE WHEN $9::bytea IS NULL THEN true
 type IdempotencyKeyInsertParams struct {
 	ID                 string
 	Scope              string
-	AccountID          *string
 	Key                string
 	RequestMethod      string
 	RequestRoute       string
@@ -220,7 +219,6 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *Idempo
 	_, err := db.Exec(ctx, idempotencyKeyInsert,
 		arg.ID,
 		arg.Scope,
-		arg.AccountID,
 		arg.Key,
 		arg.RequestMethod,
 		arg.RequestRoute,

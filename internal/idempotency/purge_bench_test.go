@@ -41,9 +41,9 @@ func BenchmarkPurgeExpired(b *testing.B) {
 		for have < size {
 			n := min(size-have, 200_000)
 			if _, err := pool.Exec(ctx, `
-				INSERT INTO idempotency_keys (scope, account_id, key, request_method, request_route, request_fingerprint,
+				INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint,
 					recovery_point, response_status, response_headers, response_body, finished_at)
-				SELECT $1::text, $1::text, 'seed-' || ($2::int + i), 'POST', '/v1/charges', sha256(i::text::bytea),
+				SELECT $1::text, 'seed-' || ($2::int + i), 'POST', '/v1/charges', sha256(i::text::bytea),
 					'finished', 201, '{}', '{"id":"ch_x"}', now()
 				FROM generate_series(1, $3::int) AS i`, acct.ID, have, n); err != nil {
 				b.Fatal(err)
@@ -63,9 +63,9 @@ func BenchmarkPurgeExpired(b *testing.B) {
 				b.StopTimer()
 				// Expired: created 30 days ago, finished.
 				if _, err := pool.Exec(ctx, `
-					INSERT INTO idempotency_keys (scope, account_id, key, request_method, request_route, request_fingerprint,
+					INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint,
 						recovery_point, response_status, response_headers, response_body, finished_at, created_at)
-					SELECT $1::text, $1::text, 'expired-' || $2::text || '-' || i, 'POST', '/v1/charges', sha256(i::text::bytea),
+					SELECT $1::text, 'expired-' || $2::text || '-' || i, 'POST', '/v1/charges', sha256(i::text::bytea),
 						'finished', 201, '{}', '{"id":"ch_x"}', now() - interval '30 days', now() - interval '30 days'
 					FROM generate_series(1, $3::int) AS i`, acct.ID, fmt.Sprint(time.Now().UnixNano()), expiredPerOp); err != nil {
 					b.Fatal(err)

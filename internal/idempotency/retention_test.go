@@ -54,8 +54,8 @@ func TestRetention(t *testing.T) {
 	// A record whose owner crashed in phase one: started, locked, 40 days old.
 	if _, err := d.Pool.Exec(ctx, `
 		WITH ik AS (
-			INSERT INTO idempotency_keys (scope, account_id, key, request_method, request_route, request_fingerprint, locked_at)
-			VALUES ($1::text, $1::text, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
+			INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint, locked_at)
+			VALUES ($1::text, 'ancient-started', 'POST', $2, $3, now()) RETURNING id, account_id)
 		INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method)
 		SELECT account_id, id, 100, 'usd', 'tok_visa' FROM ik`,
 		d.AccountID, testRoute, request(d.AccountID, "x").Fingerprint); err != nil {

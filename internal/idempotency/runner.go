@@ -69,7 +69,6 @@ type Record struct {
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
-		// The schema's CHECK keeps account_id equal to the scope's account.
 		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key,
 		Fingerprint: row.RequestFingerprint, Method: row.RequestMethod, Route: row.RequestRoute,
 		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
@@ -324,18 +323,13 @@ func (r *Runner) takeover(ctx context.Context, id string, generation int64, cred
 // begin is the claim phase of a new key: the record's INSERT and the
 // operation's ledger rows, one batch. Begin's own refusal stores nothing.
 func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
-	accountID := req.Scope.AccountID()
 	rec := &Record{
-		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: accountID, Key: req.Key, Fingerprint: req.Fingerprint,
-		Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
+		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: req.Scope.AccountID(), Key: req.Key,
+		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
-	var account *string
-	if accountID != "" {
-		account = &accountID
-	}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
-		ID: rec.ID, Scope: string(req.Scope), AccountID: account, Key: req.Key, RequestMethod: req.Method,
+		ID: rec.ID, Scope: string(req.Scope), Key: req.Key, RequestMethod: req.Method,
 		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,
 	}); err != nil {
 		return nil, err
