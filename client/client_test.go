@@ -143,7 +143,8 @@ func TestOtherStatusesAreFinal(t *testing.T) {
 
 func TestRetryableStatuses(t *testing.T) {
 	t.Parallel()
-	for _, status := range []int{408, 429, 500, 502, 503, 504} {
+	// 520 is not defined by RFC 9110 (a CDN's "unknown error"): read as a 500.
+	for _, status := range []int{408, 429, 500, 502, 503, 504, 520} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			t.Parallel()
 			f := newFront(t, "", func(n int, w http.ResponseWriter, _ *http.Request) bool {
@@ -162,6 +163,72 @@ func TestRetryableStatuses(t *testing.T) {
 			}
 			if ch.ID != "ch_front" || ch.Attempts() != 3 || len(f.requests()) != 3 {
 				t.Errorf("charge %s after %d attempts (front %d), want ch_front after 3", ch.ID, ch.Attempts(), len(f.requests()))
+			}
+		})
+	}
+}
+
+// refusal is what Go's own HTTP server answers to the raw request req
+// before any handler runs: a real server's answer, byte for byte.
+func refusal(t *testing.T, req string) []byte {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Errorf("the handler ran for %q", req)
+	}))
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c) // the refusal closes the connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// 501 and 505 say that the request itself is not supported (a feature it
+// uses, its HTTP version): the same request gets the same answer, so the
+// client returns it at once. The answers are net/http's own, as a Go proxy
+// in front of the API would send them.
+func TestUnsupportedRequestIsFinal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		req    string
+	}{
+		{http.StatusNotImplemented, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"},
+		{http.StatusHTTPVersionNotSupported, "GET / HTTP/2.0\r\nHost: x\r\n\r\n"},
+	} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			t.Parallel()
+			answer := refusal(t, tc.req)
+			if !bytes.HasPrefix(answer, fmt.Appendf(nil, "HTTP/1.1 %d ", tc.status)) {
+				t.Fatalf("net/http answered %q to %q, want a %d", answer, tc.req, tc.status)
+			}
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Errorf("front: %v", err)
+					return true
+				}
+				defer conn.Close()
+				if _, err := conn.Write(answer); err != nil {
+					t.Errorf("front: %v", err)
+				}
+				return true
+			})
+			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))
+			e, final := err.(*client.Error) //nolint:errorlint // the point: a final answer is a bare *client.Error
+			if !final || e.Status != tc.status {
+				t.Errorf("error %v (%T), want the %d as a final *client.Error", err, err, tc.status)
+			}
+			if n := len(f.requests()); n != 1 {
+				t.Errorf("%d attempts, want 1", n)
 			}
 		})
 	}
