@@ -141,6 +141,36 @@ func TestOtherStatusesAreFinal(t *testing.T) {
 	}
 }
 
+// A problem of type about:blank, or of no type (RFC 9457 reads it as
+// about:blank), means no more than its status: a proxy's or a framework's
+// 404, say. Code is "" then, so that a caller switching on it does not take
+// it for one of the API's types, and reads Status.
+func TestAboutBlankHasNoCode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, body, wantType string }{
+		{"about:blank", `{"type":"about:blank","title":"Not Found","status":404,"detail":"No route."}`, "about:blank"},
+		{"no type", `{"title":"Not Found","status":404,"detail":"No route."}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprint(w, tc.body)
+				return true
+			})
+			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Get(t.Context(), "ch_1")
+			e := asError(t, err)
+			if e.Code() != "" || e.Type != tc.wantType || e.Status != http.StatusNotFound {
+				t.Errorf("code %q, type %q, status %d; want code \"\", type %q, status 404", e.Code(), e.Type, e.Status, tc.wantType)
+			}
+			if want := "idempay: 404: Not Found: No route."; err.Error() != want {
+				t.Errorf("error %q, want %q", err, want)
+			}
+		})
+	}
+}
+
 func TestRetryableStatuses(t *testing.T) {
 	t.Parallel()
 	// 520 is not defined by RFC 9110 (a CDN's "unknown error"): read as a 500.
