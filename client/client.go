@@ -20,8 +20,9 @@
 // # When a call is retried
 //
 // The rule is the server's (docs/failure-behaviour.md: send the same request with
-// the same key until the answer is neither 409 nor 5xx), with the 409s told
-// apart by their problem type, since some are final. This package retries
+// the same key while the answer is a 5xx other than 501 and 505, or a 409
+// that asks for it), with the 409s told apart by their problem type, since
+// some are final. This package retries
 //
 //   - a transport error, whether or not the request was written (refused
 //     or reset connection, EOF before the answer, an attempt's timeout): the
@@ -35,14 +36,18 @@
 //     last-api-key, a capture of a charge that is not capturable);
 //   - 408 request-timeout (the body did not reach the server in time:
 //     nothing ran);
-//   - 429, and every 5xx (503 downstream-unavailable or
-//     service-unavailable, 500, 502, 504): the outcome is unknown or the
-//     server is briefly unable, and a retry with the same key never charges
-//     twice.
+//   - 429, and every 5xx but 501 and 505 (503 downstream-unavailable or
+//     service-unavailable, 500, 502, 504, and any 5xx that RFC 9110 does
+//     not define, which it says to read as a 500): the outcome is unknown
+//     or the server is briefly unable, and a retry with the same key never
+//     charges twice.
 //
 // Every other answer is final and returned at once: 2xx as the result, any
 // other 4xx as an *Error (a 402 decline or a 422 mismatch does not change by
-// asking again). GET calls are retried by the same rules; they carry no key
+// asking again), and 501 Not Implemented and 505 HTTP Version Not Supported
+// as an *Error too: the API never sends them, and from a proxy in between
+// they say the request's method, a feature it uses or its HTTP version is
+// not supported, which the same request meets again. GET calls are retried by the same rules; they carry no key
 // because reading twice is harmless.
 //
 // Between attempts the client sleeps a capped exponential backoff with full

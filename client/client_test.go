@@ -141,9 +141,40 @@ func TestOtherStatusesAreFinal(t *testing.T) {
 	}
 }
 
+// A problem of type about:blank, or of no type (RFC 9457 reads it as
+// about:blank), means no more than its status: a proxy's or a framework's
+// 404, say. Code is "" then, so that a caller switching on it does not take
+// it for one of the API's types, and reads Status.
+func TestAboutBlankHasNoCode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, body, wantType string }{
+		{"about:blank", `{"type":"about:blank","title":"Not Found","status":404,"detail":"No route."}`, "about:blank"},
+		{"no type", `{"title":"Not Found","status":404,"detail":"No route."}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprint(w, tc.body)
+				return true
+			})
+			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Get(t.Context(), "ch_1")
+			e := asError(t, err)
+			if e.Code() != "" || e.Type != tc.wantType || e.Status != http.StatusNotFound {
+				t.Errorf("code %q, type %q, status %d; want code \"\", type %q, status 404", e.Code(), e.Type, e.Status, tc.wantType)
+			}
+			if want := "idempay: 404: Not Found: No route."; err.Error() != want {
+				t.Errorf("error %q, want %q", err, want)
+			}
+		})
+	}
+}
+
 func TestRetryableStatuses(t *testing.T) {
 	t.Parallel()
-	for _, status := range []int{408, 429, 500, 502, 503, 504} {
+	// 520 is not defined by RFC 9110 (a CDN's "unknown error"): read as a 500.
+	for _, status := range []int{408, 429, 500, 502, 503, 504, 520} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			t.Parallel()
 			f := newFront(t, "", func(n int, w http.ResponseWriter, _ *http.Request) bool {
@@ -162,6 +193,72 @@ func TestRetryableStatuses(t *testing.T) {
 			}
 			if ch.ID != "ch_front" || ch.Attempts() != 3 || len(f.requests()) != 3 {
 				t.Errorf("charge %s after %d attempts (front %d), want ch_front after 3", ch.ID, ch.Attempts(), len(f.requests()))
+			}
+		})
+	}
+}
+
+// refusal is what Go's own HTTP server answers to the raw request req
+// before any handler runs: a real server's answer, byte for byte.
+func refusal(t *testing.T, req string) []byte {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Errorf("the handler ran for %q", req)
+	}))
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c) // the refusal closes the connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// 501 and 505 say that the request itself is not supported (a feature it
+// uses, its HTTP version): the same request gets the same answer, so the
+// client returns it at once. The answers are net/http's own, as a Go proxy
+// in front of the API would send them.
+func TestUnsupportedRequestIsFinal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		req    string
+	}{
+		{http.StatusNotImplemented, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"},
+		{http.StatusHTTPVersionNotSupported, "GET / HTTP/2.0\r\nHost: x\r\n\r\n"},
+	} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			t.Parallel()
+			answer := refusal(t, tc.req)
+			if !bytes.HasPrefix(answer, fmt.Appendf(nil, "HTTP/1.1 %d ", tc.status)) {
+				t.Fatalf("net/http answered %q to %q, want a %d", answer, tc.req, tc.status)
+			}
+			f := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Errorf("front: %v", err)
+					return true
+				}
+				defer conn.Close()
+				if _, err := conn.Write(answer); err != nil {
+					t.Errorf("front: %v", err)
+				}
+				return true
+			})
+			_, err := client.New(f.URL, "k", client.WithSleep(noSleep)).Charges.Create(t.Context(), visa(1))
+			e, final := err.(*client.Error) //nolint:errorlint // the point: a final answer is a bare *client.Error
+			if !final || e.Status != tc.status {
+				t.Errorf("error %v (%T), want the %d as a final *client.Error", err, err, tc.status)
+			}
+			if n := len(f.requests()); n != 1 {
+				t.Errorf("%d attempts, want 1", n)
 			}
 		})
 	}

@@ -23,7 +23,8 @@ import (
 type Error struct {
 	// Type is the problem type, a URI reference such as
 	// "/problems/card-declined"; Code gives its last segment. It is "" when
-	// the body was not a problem document (a proxy's error page).
+	// the body was not a problem document (a proxy's error page) or had no
+	// type.
 	Type string
 	// Title is the short, fixed summary of Type.
 	Title string
@@ -71,16 +72,22 @@ type InvalidParam struct {
 
 // Code is the problem type's short name, the part after "/problems/"
 // ("card-declined"), which is what callers switch on. It is "" when the
-// answer was not a problem document.
+// answer was not a problem document, and when its type is absent or
+// "about:blank" (a proxy's or a framework's problem): RFC 9457 gives such a
+// problem no meaning beyond its HTTP status, so the caller reads Status.
 func (e *Error) Code() string {
+	if e.Type == "about:blank" {
+		return ""
+	}
 	if i := strings.LastIndex(e.Type, "/problems/"); i >= 0 {
 		return e.Type[i+len("/problems/"):]
 	}
 	return e.Type
 }
 
-// Error is "idempay: <status> <code>: <title>: <detail>", shortened for
-// answers that are not problem documents.
+// Error is "idempay: <status> <code>: <title>: <detail>", without the parts
+// the answer lacks (no code for a problem of type about:blank, nor for an
+// answer that is not a problem document).
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "idempay: %d", e.Status)

@@ -243,13 +243,20 @@ func retryableTransport(err error) bool {
 // (the server sends one only with a refusal that stored nothing and ends by
 // itself, such as a capture of a charge whose own request is still being
 // settled), 408 (the body did not reach the server in time, so nothing
-// ran), 429 and every 5xx.
+// ran), 429 and every 5xx but 501 and 505. Those two (RFC 9110 §15.6.2,
+// §15.6.6) say the request itself is not supported, its method or a
+// feature it uses, or its HTTP version: the same bytes get the same answer,
+// so they are final. Every other 5xx tells of the server's or a gateway's
+// state, which passes (500, 502, 503, 504), and a 5xx that RFC 9110 does
+// not define is read as a 500, as §15 says to.
 func retryableStatus(e *Error) bool {
 	switch e.Status {
 	case http.StatusConflict:
 		return e.Code() == "request-in-progress" || e.retryAfterSent
 	case http.StatusRequestTimeout, http.StatusTooManyRequests:
 		return true
+	case http.StatusNotImplemented, http.StatusHTTPVersionNotSupported:
+		return false
 	default:
 		return e.Status >= 500 && e.Status <= 599
 	}

@@ -51,6 +51,12 @@ var (
 	ErrWebhookBody = errors.New("idempay: webhook: the body is not the event named by webhook-id")
 )
 
+// ErrWebhookTooLarge is the error a WebhookHandler gives Observe for a
+// delivery whose body is over 1 MiB, which it refuses with 413 without
+// verifying it: cut to 1 MiB, the body would fail the signature for a
+// reason that is not the real one, or pass it had the prefix been signed.
+var ErrWebhookTooLarge = errors.New("idempay: webhook: the body is over 1 MiB")
+
 // webhookSecretPrefix starts an endpoint's signing secret; the rest is the
 // base64 of the key's bytes.
 const webhookSecretPrefix = "whsec_"
@@ -157,13 +163,15 @@ const (
 	// acknowledged (200), ignored.
 	WebhookStale WebhookVerdict = "stale"
 	// WebhookRejected: verification failed (400; idempay retries it on its
-	// schedule, in case the receiver's secret is what is wrong).
+	// schedule, in case the receiver's secret is what is wrong), or the
+	// body is over 1 MiB (413, with ErrWebhookTooLarge).
 	WebhookRejected WebhookVerdict = "rejected"
 	// WebhookFailed: Apply returned an error (500: idempay retries).
 	WebhookFailed WebhookVerdict = "failed"
 )
 
-// maxWebhookBody bounds the body a WebhookHandler reads.
+// maxWebhookBody bounds the body a WebhookHandler reads; a larger one is
+// refused whole (ErrWebhookTooLarge), never verified cut short.
 const maxWebhookBody = 1 << 20
 
 // WebhookHandler is an example receiver, an http.Handler for the
@@ -196,7 +204,11 @@ type WebhookHandler struct {
 // ServeHTTP handles one delivery.
 func (wh *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(HeaderWebhookID)
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxWebhookBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		err = ErrWebhookTooLarge
+	}
 	var ev *Event
 	if err == nil {
 		ev, err = wh.Verifier.Verify(r.Header, body)
@@ -210,7 +222,11 @@ func (wh *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch v {
 	case WebhookRejected:
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		status := http.StatusBadRequest
+		if errors.Is(err, ErrWebhookTooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		http.Error(w, err.Error(), status)
 	case WebhookFailed:
 		http.Error(w, "applying the event failed", http.StatusInternalServerError)
 	default:

@@ -1,9 +1,11 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -220,5 +222,57 @@ func TestWebhookHandler(t *testing.T) {
 	want := "evt_1:applied evt_1:duplicate evt_2:applied evt_1:duplicate evt_0:stale evt_3:rejected evt_f:failed evt_f:applied"
 	if got := strings.Join(verdicts, " "); got != want {
 		t.Errorf("verdicts\n %s\nwant\n %s", got, want)
+	}
+}
+
+// TestWebhookHandlerBodyLimit: a body of 1 MiB is verified and applied; a
+// larger one is refused with 413 and ErrWebhookTooLarge, unverified and
+// unapplied, whether its signature covers the whole body or only its first
+// 1 MiB (which a handler reading 1 MiB of it would take for the delivery).
+func TestWebhookHandlerBodyLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 1 << 20
+	secret := newSecret(t)
+	padded := func(id string, n int) []byte { // the event, then spaces up to n bytes
+		b := eventBody(id, "ch_"+id, 1)
+		return append(b, strings.Repeat(" ", n-len(b))...)
+	}
+	for _, tc := range []struct {
+		name       string
+		body       []byte
+		signed     int // how many bytes of the body the signature covers
+		wantStatus int
+		wantErr    error
+	}{
+		{"1 MiB", padded("evt_fits", limit), limit, http.StatusOK, nil},
+		{"1 MiB and 1 byte", padded("evt_over", limit+1), limit + 1, http.StatusRequestEntityTooLarge, client.ErrWebhookTooLarge},
+		{"1 MiB signed, 1 byte more", padded("evt_tail", limit+1), limit, http.StatusRequestEntityTooLarge, client.ErrWebhookTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var applied []string
+			var gotErr error
+			var verdict client.WebhookVerdict
+			h := &client.WebhookHandler{Verifier: verifier(t, time.Now(), secret),
+				Apply: func(_ context.Context, ev *client.Event) error {
+					applied = append(applied, ev.ID)
+					return nil
+				},
+				Observe: func(_ string, _ *client.Event, v client.WebhookVerdict, err error) { verdict, gotErr = v, err },
+			}
+			var ev struct{ ID string }
+			if err := json.Unmarshal(tc.body, &ev); err != nil {
+				t.Fatal(err)
+			}
+			req := httptest.NewRequest(http.MethodPost, "/hooks", bytes.NewReader(tc.body))
+			now := time.Now()
+			req.Header = headers(ev.ID, now, sign(t, ev.ID, now, tc.body[:tc.signed], secret))
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code != tc.wantStatus || !errors.Is(gotErr, tc.wantErr) || (tc.wantErr == nil) != (len(applied) == 1) {
+				t.Errorf("%d %q, verdict %s, error %v, applied %v; want %d with error %v, applied only if accepted",
+					w.Code, strings.TrimSpace(w.Body.String()), verdict, gotErr, applied, tc.wantStatus, tc.wantErr)
+			}
+		})
 	}
 }

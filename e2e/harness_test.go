@@ -549,10 +549,15 @@ func newHTTPClient() *http.Client {
 	}
 }
 
-// do sends one request, once: for reads, and for tests that need exactly
-// one attempt (a POST to a server about to die, a single answer to check).
-// Retries go through the client (newAPIClient). A transport error is
-// returned, not reported.
+// do sends one request with no retry of its own and reads its answer: for
+// reads, and for tests that check a single answer. It goes out through c:
+// newHTTPClient's transport re-sends a request on a new connection when the
+// reused keep-alive one it was written on closes before any answer, a POST
+// too, since it carries an Idempotency-Key; the re-send has the same key
+// and bytes, so at worst it gets the answer stored for the first. A test
+// whose POST must reach the server exactly once (a process about to die)
+// passes newOnceClient, which never reuses a connection. Retries go through
+// the client (newAPIClient). A transport error is returned, not reported.
 func do(ctx context.Context, c *http.Client, method, u, apiKey, idemKey string, body []byte) (*apiResponse, error) {
 	var rd io.Reader
 	if body != nil {
