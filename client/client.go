@@ -47,8 +47,8 @@
 // asking again), and 501 Not Implemented and 505 HTTP Version Not Supported
 // as an *Error too: the API never sends them, and from a proxy in between
 // they say the request's method, a feature it uses or its HTTP version is
-// not supported, which the same request meets again. GET calls are retried by the same rules; they carry no key
-// because reading twice is harmless.
+// not supported, which the same request meets again. GET calls are retried
+// by the same rules; they carry no key because reading twice is harmless.
 //
 // Between attempts the client sleeps a capped exponential backoff with full
 // jitter, rand(0, min(max, base·2^retry)), so that clients that failed
