@@ -342,9 +342,9 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log = log.With("account_id", m.Account, "order_id", m.OrderID)
-	key, err := idempotency.ParseKey(m.IdempotencyKey)
-	if err != nil {
-		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "idempotency_key: "+err.Error())
+	key, refused := messageKey(m.IdempotencyKey)
+	if refused != "" {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, refused)
 		return
 	}
 	// No account id holds a control character, and a NUL, which no
@@ -430,6 +430,29 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
 	default:
 		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
+	}
+}
+
+// messageKey returns the message's idempotency_key, or why it is refused.
+// A key is taken exactly as written, and must be in the plain form that
+// the Idempotency-Key header gives for it (idempotency.ParseKey): the
+// header trims spaces and accepts a quoted Structured Field string, so
+// that "k" (quoted) and " k " are k over HTTP; a JSON field has no quoted
+// form, and such a key is refused rather than merged with k's record.
+func messageKey(raw string) (key, refused string) {
+	parsed, err := idempotency.ParseKey(raw)
+	switch {
+	case err == nil && parsed == raw:
+		return raw, ""
+	case errors.Is(err, idempotency.ErrKeyMissing):
+		return "", fmt.Sprintf("the message has no idempotency_key (or a blank one): every order.paid message carries "+
+			"its producer's key for the payment, 1 to %d printable ASCII characters", idempotency.MaxKeyLength)
+	case strings.TrimSpace(raw) != raw:
+		return "", "idempotency_key has white space around it: send the key as it is, without it"
+	case raw[0] == '"':
+		return "", "idempotency_key is quoted: a message's key has no quoted form; send the key as it is, without the quotes"
+	default:
+		return "", fmt.Sprintf("idempotency_key must be 1 to %d printable ASCII characters", idempotency.MaxKeyLength)
 	}
 }
 
