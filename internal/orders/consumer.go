@@ -38,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -180,6 +181,7 @@ const (
 	brokerTimeout = 10 * time.Second
 
 	maxDeadLetterDetail   = 500
+	maxLoggedField        = 200
 	deadLetterMsgIDPrefix = "dlq-"
 	natsHeaderPrefix      = "Nats-"
 )
@@ -341,7 +343,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "not an order.paid message: "+err.Error())
 		return
 	}
-	log = log.With("account_id", m.Account, "order_id", m.OrderID)
+	log = log.With("account_id", logged(m.Account), "order_id", logged(m.OrderID))
 	key, refused := messageKey(m.IdempotencyKey)
 	if refused != "" {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, refused)
@@ -607,6 +609,18 @@ func (c *Consumer) observe(outcome, reason string) {
 	if c.cfg.Observe != nil {
 		c.cfg.Observe(outcome, reason)
 	}
+}
+
+// logged is a message's field as its log lines show it: cut to
+// maxLoggedField characters, with a marker saying how long it was, so
+// that a producer's huge order_id or account does not make every line
+// of its deliveries as long. Only the log is cut: the dead letter carries
+// the message as it came.
+func logged(s string) string {
+	if utf8.RuneCountInString(s) <= maxLoggedField {
+		return s
+	}
+	return pgtext.Truncate(s, maxLoggedField) + fmt.Sprintf("…[cut, %d bytes in all]", len(s))
 }
 
 // detailOf is the client-facing detail of a refusal: the payment

@@ -99,6 +99,13 @@ func benchConfig(maxDeliver int, configure func(*orders.Config)) orders.Config {
 func startConsumer(t *testing.T, env *apitest.Env, url string, cfg orders.Config,
 	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream) *bench {
 	t.Helper()
+	return startConsumerLog(t, env, url, cfg, wrap, slog.New(slog.DiscardHandler))
+}
+
+// startConsumerLog is startConsumer with the consumer's logger.
+func startConsumerLog(t *testing.T, env *apitest.Env, url string, cfg orders.Config,
+	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream, log *slog.Logger) *bench {
+	t.Helper()
 	nc, js := natstest.Connect(t, url)
 	b := &bench{env: env, url: url, nc: nc, js: js, cfg: cfg, outcomes: map[string]int{}}
 	b.cfg.Observe = func(outcome, reason string) {
@@ -115,7 +122,7 @@ func startConsumer(t *testing.T, env *apitest.Env, url string, cfg orders.Config
 	if wrap != nil {
 		cjs = wrap(nc, js)
 	}
-	c := orders.New(env.Pool, cjs, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
+	c := orders.New(env.Pool, cjs, env.Charges, b.cfg, log)
 	setupCtx, setupDone := context.WithTimeout(ctx, jsTimeout)
 	_, err := c.Setup(setupCtx)
 	setupDone()

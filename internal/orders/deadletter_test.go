@@ -3,14 +3,19 @@ package orders_test
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/json"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -185,5 +190,73 @@ func TestConsumerDeletedEndsRun(t *testing.T) {
 		t.Logf("Run: %v", b.runErr)
 	case <-time.After(2 * time.Minute):
 		t.Fatal("Run still consuming 2m after its durable consumer was deleted")
+	}
+}
+
+// syncBuffer is a log's output, written by the consumer's goroutines and
+// read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A message's huge fields (an order_id, an account of 100 000 characters)
+// are cut in the consumer's log lines, with a marker saying so, and only
+// there: the charge is made, and the dead letter carries the message
+// whole.
+func TestHugeFieldsAreCutInTheLog(t *testing.T) {
+	t.Parallel()
+	var out syncBuffer
+	env := apitest.New(t, apitest.Options{})
+	b := startConsumerLog(t, env, natstest.Server(t), benchConfig(3, nil), nil,
+		slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	acct := env.NewClient(t).Account.ID
+	huge := strings.Repeat("x", 100_000)
+	charged := []byte(`{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct + `","order_id":"` + huge +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa"}`)
+	unknown := []byte(`{"idempotency_key":"order-` + rand.Text() + `","account":"acct_` + huge + `","order_id":"` + huge +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa"}`)
+	b.publish(t, charged, "")
+	b.publish(t, unknown, "")
+	b.waitFor(t, "a charge and a dead letter", func() bool {
+		return b.count(orders.OutcomeNew) == 1 && b.count(orders.OutcomeDeadLetter) == 1
+	})
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+
+	if dl := b.deadLetters(t); len(dl) != 1 || dl[0].Reason != orders.ReasonUnknownAccount || dl[0].Data != string(unknown) {
+		t.Errorf("dead letters: %d, want one with reason %s carrying the message whole", len(dl), orders.ReasonUnknownAccount)
+	}
+	var cut int
+	for line := range strings.Lines(out.String()) {
+		if len(line) > 2048 {
+			t.Errorf("a log line of %d bytes: %.300s…", len(line), line)
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %.300s: %v", line, err)
+		}
+		for _, field := range []string{"order_id", "account_id"} {
+			if v, ok := rec[field].(string); ok && (strings.HasPrefix(v, "x") || strings.HasPrefix(v, "acct_x")) {
+				if !strings.Contains(v, "[cut, ") {
+					t.Errorf("log line %.300s: %s %.300s… without a marker", line, field, v)
+				}
+				cut++
+			}
+		}
+	}
+	if cut == 0 {
+		t.Errorf("no log line showed the huge order_id or account, cut:\n%.2000s", out.String())
 	}
 }
