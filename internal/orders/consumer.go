@@ -469,10 +469,7 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 		c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, reason+": "+cause.Error())
 		return
 	}
-	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
-	if delay > c.cfg.MaxBackoff || delay <= 0 {
-		delay = c.cfg.MaxBackoff
-	}
+	delay := c.backoff(meta)
 	if err := msg.NakWithDelay(delay); err != nil {
 		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
 	}
@@ -485,7 +482,8 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 
 // deadLetter publishes the message to the dead-letter subject with headers
 // naming why and where it came from, then terminates it. If the publish
-// fails, the message is nak'ed instead: it is never dropped.
+// fails, the message is nak'ed instead, with the backoff of any nak: it
+// is never dropped.
 func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason, detail string) {
 	detail = pgtext.Truncate(detail, maxDeadLetterDetail)
 	dl := nats.NewMsg(c.cfg.DLQSubject)
@@ -521,8 +519,13 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	cancel()
 	if err != nil {
-		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)
-		_ = msg.NakWithDelay(c.cfg.Backoff)
+		// Nak'ed, with the delay of any nak: a broker that refuses dead
+		// letters for a while is not asked again every Backoff.
+		delay := c.backoff(meta)
+		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
+		if err := msg.NakWithDelay(delay); err != nil {
+			log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
+		}
 		trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reasonUnavailable)
 		c.observe(OutcomeNak, reasonUnavailable)
 		return
@@ -532,6 +535,16 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	c.observe(OutcomeDeadLetter, reason)
 	log.WarnContext(ctx, "order.paid: dead-lettered", "reason", reason, "detail", detail, "dlq", c.cfg.DLQSubject)
+}
+
+// backoff is the delay of a nak of this delivery: Config.Backoff, doubled
+// per delivery before it, at most Config.MaxBackoff.
+func (c *Consumer) backoff(meta *jetstream.MsgMetadata) time.Duration {
+	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
+	if delay > c.cfg.MaxBackoff || delay <= 0 {
+		delay = c.cfg.MaxBackoff
+	}
+	return delay
 }
 
 // pastLimit is true for a delivery after the last one Config.MaxDeliver

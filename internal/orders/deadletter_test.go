@@ -2,9 +2,12 @@ package orders_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,5 +261,73 @@ func TestHugeFieldsAreCutInTheLog(t *testing.T) {
 	}
 	if cut == 0 {
 		t.Errorf("no log line showed the huge order_id or account, cut:\n%.2000s", out.String())
+	}
+}
+
+// refusedDeadLetters is a JetStream client whose publishes to the
+// dead-letter subject fail, as they do while the broker refuses them.
+type refusedDeadLetters struct {
+	jetstream.JetStream
+	subject string
+}
+
+func (r refusedDeadLetters) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if msg.Subject == r.subject {
+		return nil, errors.New("dead letters refused")
+	}
+	return r.JetStream.PublishMsg(ctx, msg, opts...)
+}
+
+// A message whose dead letter cannot be published is nak'ed (never
+// dropped), with the backoff of any nak: the delay it asks of JetStream
+// doubles per delivery from Backoff and stays at MaxBackoff, rather than
+// asking again every Backoff for as long as the broker refuses. The test
+// reads the delays from the naks on the consumer's ack subject.
+func TestFailedDeadLetterBacksOff(t *testing.T) {
+	t.Parallel()
+	const backoff, maxBackoff = 50 * time.Millisecond, 200 * time.Millisecond
+	b := startBenchJS(t, apitest.Options{}, 10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff },
+		func(_ *nats.Conn, js jetstream.JetStream) jetstream.JetStream {
+			return refusedDeadLetters{JetStream: js, subject: orders.DefaultConfig().DLQSubject}
+		})
+
+	nc, _ := natstest.Connect(t, b.url)
+	naks := make(chan string, 100)
+	sub, err := nc.Subscribe("$JS.ACK."+b.cfg.Stream+"."+b.cfg.Durable+".>", func(m *nats.Msg) {
+		if bytes.HasPrefix(m.Data, []byte("-NAK")) {
+			naks <- string(m.Data)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, []byte(`{"idempotency_key": "x", `), "") // not JSON: a dead letter on every delivery
+
+	want := []time.Duration{backoff, 2 * backoff, maxBackoff, maxBackoff, maxBackoff}
+	var got []time.Duration
+	for len(got) < len(want) {
+		select {
+		case nak := <-naks:
+			var body struct {
+				Delay time.Duration `json:"delay"` // nanoseconds
+			}
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(nak, "-NAK")), &body); err != nil {
+				t.Fatalf("nak %q: %v", nak, err)
+			}
+			got = append(got, body.Delay)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%d naks after 2m (delays %v), want %d (outcomes %v, dead letters %+v)",
+				len(got), got, len(want), b.snapshot(), b.deadLetters(t))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the naks asked for delays %v, want %v", got, want)
+	}
+	if n := len(b.deadLetters(t)); n != 0 {
+		t.Errorf("%d dead letters published through a refusing client", n)
 	}
 }
