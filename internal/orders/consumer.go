@@ -52,6 +52,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsstream"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -83,7 +84,8 @@ type Config struct {
 	// Backoff is the first delay of a nak; it doubles per delivery up to
 	// MaxBackoff.
 	Backoff, MaxBackoff time.Duration
-	// Replicas of the stream (3 on a three-node cluster).
+	// Replicas of the stream when it is created (3 on a three-node
+	// cluster); an existing stream keeps its own (EnsureStream).
 	Replicas int
 	// ShutdownTimeout bounds how long Run waits, once its context is done,
 	// for the message in hand to finish; 0 means AckWait.
@@ -201,7 +203,8 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, svc *charges.Service, cfg C
 	return &Consumer{pool: pool, js: js, charges: svc, cfg: cfg, log: log}
 }
 
-// Setup creates (or updates) the stream and the durable consumer.
+// Setup creates the stream if it does not exist (EnsureStream), and
+// creates or updates the durable consumer.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if _, err := EnsureStream(ctx, c.js, c.cfg); err != nil {
 		return nil, err
@@ -216,17 +219,15 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
-// EnsureStream creates (or updates) the stream of order.paid messages and
-// their dead letters.
+// EnsureStream returns the stream of order.paid messages and their dead
+// letters, creating it when it does not exist. An existing stream is left
+// as its operator configured it (its limits, replicas, duplicate window):
+// it must hold the two subjects, or EnsureStream refuses it (jsstream).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	return jsstream.Ensure(ctx, js, jetstream.StreamConfig{
 		Name: cfg.Stream, Subjects: []string{cfg.Subject, cfg.DLQSubject},
 		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Duplicates: 10 * time.Minute,
 	})
-	if err != nil {
-		return nil, fmt.Errorf("creating stream %s: %w", cfg.Stream, err)
-	}
-	return s, nil
 }
 
 // Run consumes until ctx is done, then stops taking messages and returns
