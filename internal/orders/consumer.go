@@ -22,9 +22,10 @@
 // acknowledged or dead-lettered (I9). A delivery past the limit finishes
 // what the interrupted one left: it waits for a charge in flight, resumes
 // or replays one that was claimed, and dead-letters the message
-// (max_deliveries) only if no charge was ever started, or if its own
-// attempt ends as the last delivery's would have (an unknown outcome,
-// the database unavailable).
+// (max_deliveries) only if it finds no record under the key (no charge
+// was ever started, or its record is gone), or if its own attempt ends
+// as the last delivery's would have (an unknown outcome, the database
+// unavailable).
 package orders
 
 import (
@@ -38,6 +39,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,6 +52,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsstream"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -81,7 +84,8 @@ type Config struct {
 	// Backoff is the first delay of a nak; it doubles per delivery up to
 	// MaxBackoff.
 	Backoff, MaxBackoff time.Duration
-	// Replicas of the stream (3 on a three-node cluster).
+	// Replicas of the stream when it is created (3 on a three-node
+	// cluster); an existing stream keeps its own (EnsureStream).
 	Replicas int
 	// ShutdownTimeout bounds how long Run waits, once its context is done,
 	// for the message in hand to finish; 0 means AckWait.
@@ -180,6 +184,7 @@ const (
 	brokerTimeout = 10 * time.Second
 
 	maxDeadLetterDetail   = 500
+	maxLoggedField        = 200
 	deadLetterMsgIDPrefix = "dlq-"
 	natsHeaderPrefix      = "Nats-"
 )
@@ -198,7 +203,8 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, svc *charges.Service, cfg C
 	return &Consumer{pool: pool, js: js, charges: svc, cfg: cfg, log: log}
 }
 
-// Setup creates (or updates) the stream and the durable consumer.
+// Setup creates the stream if it does not exist (EnsureStream), and
+// creates or updates the durable consumer.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if _, err := EnsureStream(ctx, c.js, c.cfg); err != nil {
 		return nil, err
@@ -213,17 +219,15 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
-// EnsureStream creates (or updates) the stream of order.paid messages and
-// their dead letters.
+// EnsureStream returns the stream of order.paid messages and their dead
+// letters, creating it when it does not exist. An existing stream is left
+// as its operator configured it (its limits, replicas, duplicate window):
+// it must hold the two subjects, or EnsureStream refuses it (jsstream).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	return jsstream.Ensure(ctx, js, jetstream.StreamConfig{
 		Name: cfg.Stream, Subjects: []string{cfg.Subject, cfg.DLQSubject},
 		Replicas: cfg.Replicas, Storage: jetstream.FileStorage, Duplicates: 10 * time.Minute,
 	})
-	if err != nil {
-		return nil, fmt.Errorf("creating stream %s: %w", cfg.Stream, err)
-	}
-	return s, nil
 }
 
 // Run consumes until ctx is done, then stops taking messages and returns
@@ -341,10 +345,10 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "not an order.paid message: "+err.Error())
 		return
 	}
-	log = log.With("account_id", m.Account, "order_id", m.OrderID)
-	key, err := idempotency.ParseKey(m.IdempotencyKey)
-	if err != nil {
-		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "idempotency_key: "+err.Error())
+	log = log.With("account_id", logged(m.Account), "order_id", logged(m.OrderID))
+	key, refused := messageKey(m.IdempotencyKey)
+	if refused != "" {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, refused)
 		return
 	}
 	// No account id holds a control character, and a NUL, which no
@@ -376,16 +380,22 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		// letter could not be published. If it or an earlier delivery
 		// claimed the key, the charge is in flight or done: the runner
 		// below waits for it (in_flight), resumes or replays it, as for
-		// any redelivery. If no charge was ever started, none is started
-		// now: the message is out of deliveries. A database that does not
-		// answer is the limit's unavailable, as on the last delivery.
+		// any redelivery. If there is no record under the key, no charge
+		// is started now: the message is out of deliveries. That is the
+		// case when no charge was ever started, and also when one was and
+		// its record is gone (expired after the retention window, or lost
+		// in a restore), which this delivery cannot tell apart: its dead
+		// letter says both. A database that does not answer is the limit's
+		// unavailable, as on the last delivery.
 		switch outcome, perr := c.charges.Peek(ctx, cmd.Request); {
 		case perr != nil:
 			c.retry(ctx, log, msg, meta, reasonUnavailable, perr)
 			return
 		case outcome == idempotency.OutcomeNew:
 			c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, fmt.Sprintf(
-				"delivery %d, past the limit of %d; no charge was started under the idempotency_key",
+				"delivery %d, past the limit of %d: no record under the idempotency_key, and no charge started now; "+
+					"either none was ever started, or its record is gone (expired after the retention window, "+
+					"or lost in a restore) and the charge made under the key stands",
 				meta.NumDelivered, c.cfg.MaxDeliver))
 			return
 		}
@@ -433,6 +443,29 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
+// messageKey returns the message's idempotency_key, or why it is refused.
+// A key is taken exactly as written, and must be in the plain form that
+// the Idempotency-Key header gives for it (idempotency.ParseKey): the
+// header trims spaces and accepts a quoted Structured Field string, so
+// that "k" (quoted) and " k " are k over HTTP; a JSON field has no quoted
+// form, and such a key is refused rather than merged with k's record.
+func messageKey(raw string) (key, refused string) {
+	parsed, err := idempotency.ParseKey(raw)
+	switch {
+	case err == nil && parsed == raw:
+		return raw, ""
+	case errors.Is(err, idempotency.ErrKeyMissing):
+		return "", fmt.Sprintf("the message has no idempotency_key (or a blank one): every order.paid message carries "+
+			"its producer's key for the payment, 1 to %d printable ASCII characters", idempotency.MaxKeyLength)
+	case strings.TrimSpace(raw) != raw:
+		return "", "idempotency_key has white space around it: send the key as it is, without it"
+	case raw[0] == '"':
+		return "", "idempotency_key is quoted: a message's key has no quoted form; send the key as it is, without the quotes"
+	default:
+		return "", fmt.Sprintf("idempotency_key must be 1 to %d printable ASCII characters", idempotency.MaxKeyLength)
+	}
+}
+
 // retry naks the message with a delay that doubles per delivery, unless
 // this was its last delivery (or one past it): then it is dead-lettered.
 // A charge in flight in another owner (in_flight) is never dead-lettered,
@@ -444,10 +477,7 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 		c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, reason+": "+cause.Error())
 		return
 	}
-	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
-	if delay > c.cfg.MaxBackoff || delay <= 0 {
-		delay = c.cfg.MaxBackoff
-	}
+	delay := c.backoff(meta)
 	if err := msg.NakWithDelay(delay); err != nil {
 		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
 	}
@@ -460,7 +490,8 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 
 // deadLetter publishes the message to the dead-letter subject with headers
 // naming why and where it came from, then terminates it. If the publish
-// fails, the message is nak'ed instead: it is never dropped.
+// fails, the message is nak'ed instead, with the backoff of any nak: it
+// is never dropped.
 func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason, detail string) {
 	detail = pgtext.Truncate(detail, maxDeadLetterDetail)
 	dl := nats.NewMsg(c.cfg.DLQSubject)
@@ -496,8 +527,13 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	cancel()
 	if err != nil {
-		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "err", err)
-		_ = msg.NakWithDelay(c.cfg.Backoff)
+		// Nak'ed, with the delay of any nak: a broker that refuses dead
+		// letters for a while is not asked again every Backoff.
+		delay := c.backoff(meta)
+		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
+		if err := msg.NakWithDelay(delay); err != nil {
+			log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
+		}
 		trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reasonUnavailable)
 		c.observe(OutcomeNak, reasonUnavailable)
 		return
@@ -507,6 +543,16 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	c.observe(OutcomeDeadLetter, reason)
 	log.WarnContext(ctx, "order.paid: dead-lettered", "reason", reason, "detail", detail, "dlq", c.cfg.DLQSubject)
+}
+
+// backoff is the delay of a nak of this delivery: Config.Backoff, doubled
+// per delivery before it, at most Config.MaxBackoff.
+func (c *Consumer) backoff(meta *jetstream.MsgMetadata) time.Duration {
+	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
+	if delay > c.cfg.MaxBackoff || delay <= 0 {
+		delay = c.cfg.MaxBackoff
+	}
+	return delay
 }
 
 // pastLimit is true for a delivery after the last one Config.MaxDeliver
@@ -584,6 +630,18 @@ func (c *Consumer) observe(outcome, reason string) {
 	if c.cfg.Observe != nil {
 		c.cfg.Observe(outcome, reason)
 	}
+}
+
+// logged is a message's field as its log lines show it: cut to
+// maxLoggedField characters, with a marker saying how long it was, so
+// that a producer's huge order_id or account does not make every line
+// of its deliveries as long. Only the log is cut: the dead letter carries
+// the message as it came.
+func logged(s string) string {
+	if utf8.RuneCountInString(s) <= maxLoggedField {
+		return s
+	}
+	return pgtext.Truncate(s, maxLoggedField) + fmt.Sprintf("…[cut, %d bytes in all]", len(s))
 }
 
 // detailOf is the client-facing detail of a refusal: the payment

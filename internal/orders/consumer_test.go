@@ -99,6 +99,13 @@ func benchConfig(maxDeliver int, configure func(*orders.Config)) orders.Config {
 func startConsumer(t *testing.T, env *apitest.Env, url string, cfg orders.Config,
 	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream) *bench {
 	t.Helper()
+	return startConsumerLog(t, env, url, cfg, wrap, slog.New(slog.DiscardHandler))
+}
+
+// startConsumerLog is startConsumer with the consumer's logger.
+func startConsumerLog(t *testing.T, env *apitest.Env, url string, cfg orders.Config,
+	wrap func(*nats.Conn, jetstream.JetStream) jetstream.JetStream, log *slog.Logger) *bench {
+	t.Helper()
 	nc, js := natstest.Connect(t, url)
 	b := &bench{env: env, url: url, nc: nc, js: js, cfg: cfg, outcomes: map[string]int{}}
 	b.cfg.Observe = func(outcome, reason string) {
@@ -115,7 +122,7 @@ func startConsumer(t *testing.T, env *apitest.Env, url string, cfg orders.Config
 	if wrap != nil {
 		cjs = wrap(nc, js)
 	}
-	c := orders.New(env.Pool, cjs, env.Charges, b.cfg, slog.New(slog.DiscardHandler))
+	c := orders.New(env.Pool, cjs, env.Charges, b.cfg, log)
 	setupCtx, setupDone := context.WithTimeout(ctx, jsTimeout)
 	_, err := c.Setup(setupCtx)
 	setupDone()
@@ -735,5 +742,84 @@ func TestShutdownIsBounded(t *testing.T) {
 	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
 	if n := b.charges(t, acct); n != 1 {
 		t.Errorf("%d ledger rows, want 1", n)
+	}
+}
+
+// A message's idempotency_key is taken exactly as written: it must be in
+// the plain form that the Idempotency-Key header gives for it. Over HTTP,
+// the quoted Structured Field form "k" and a header with spaces around k
+// are k; a JSON field has no quoted form, so a message whose key is quoted
+// or has spaces around it is dead-lettered as invalid (the detail says
+// why), not charged under k's record. The plain form is one key on both
+// routes: an HTTP charge under the quoted header "k" and a message under
+// k are one charge.
+func TestMessageKeyIsTakenAsWritten(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	c := b.env.NewClient(t)
+	key := "order-" + rand.Text()
+	body := map[string]any{"amount": 1800, "currency": "usd", "payment_method": "tok_visa"}
+	if r := c.Post("/v1/charges", `"`+key+`"`, body); r.Status != http.StatusCreated {
+		t.Fatalf("HTTP charge under the quoted header: %d %s", r.Status, r.Body)
+	}
+	b.publish(t, message(c.Account.ID, key, 1800), "")
+	b.waitFor(t, "the plain key's replay", func() bool {
+		return b.count(orders.OutcomeReplayed)+b.count(orders.OutcomeDeadLetter) == 1
+	})
+	if n := b.count(orders.OutcomeReplayed); n != 1 {
+		t.Fatalf("the message under the plain key was not a replay of the HTTP charge (outcomes %v, dead letters %+v)", b.snapshot(), b.deadLetters(t))
+	}
+
+	for i, tc := range []struct{ key, detail string }{
+		{`"` + key + `"`, "quoted"},
+		{" " + key + " ", "white space"},
+		{key + "\t", "white space"},
+	} {
+		b.publish(t, message(c.Account.ID, tc.key, 1800), "")
+		b.waitFor(t, "the answer to "+tc.key, func() bool {
+			return b.count(orders.OutcomeReplayed)+b.count(orders.OutcomeDeadLetter) == i+2
+		})
+		dl := b.deadLetters(t)
+		if n := len(dl); n != i+1 || dl[i].Reason != orders.ReasonInvalid || !strings.Contains(dl[i].Detail, "idempotency_key") ||
+			!strings.Contains(dl[i].Detail, tc.detail) {
+			t.Fatalf("a message under the key %q: dead letters %+v, want a new one with reason %s whose detail names idempotency_key and says %q (outcomes %v)",
+				tc.key, dl, orders.ReasonInvalid, tc.detail, b.snapshot())
+		}
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	if n := b.count(orders.OutcomeReplayed); n != 1 {
+		t.Errorf("%d replays, want 1 (outcomes %v)", n, b.snapshot())
+	}
+	if n := b.charges(t, c.Account.ID); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+	if n := len(b.env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
+	}
+}
+
+// A message without an idempotency_key, or with an empty or blank one, is
+// dead-lettered as invalid with a detail that names the field: a message
+// has no header.
+func TestMessageWithoutKeyNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	acct := b.env.NewClient(t).Account.ID
+	for i, data := range []string{
+		`{"account":"` + acct + `","amount":1000,"currency":"usd","payment_method":"tok_visa"}`,
+		`{"idempotency_key":"","account":"` + acct + `","amount":1000,"currency":"usd","payment_method":"tok_visa"}`,
+		`{"idempotency_key":"  ","account":"` + acct + `","amount":1000,"currency":"usd","payment_method":"tok_visa"}`,
+	} {
+		b.publish(t, []byte(data), "")
+		b.waitFor(t, "the dead letter of "+data, func() bool { return b.count(orders.OutcomeDeadLetter) == i+1 })
+		dl := b.deadLetters(t)
+		if d := dl[i].Detail; dl[i].Reason != orders.ReasonInvalid || !strings.Contains(d, "idempotency_key") ||
+			strings.Contains(strings.ToLower(d), "header") {
+			t.Errorf("message %s: dead letter with reason %q and detail %q; want reason %s and a detail naming idempotency_key, not a header",
+				data, dl[i].Reason, d, orders.ReasonInvalid)
+		}
+	}
+	if n := b.charges(t, acct); n != 0 {
+		t.Errorf("%d ledger rows, want 0", n)
 	}
 }

@@ -2,15 +2,23 @@ package orders_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/natstest"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -185,5 +193,141 @@ func TestConsumerDeletedEndsRun(t *testing.T) {
 		t.Logf("Run: %v", b.runErr)
 	case <-time.After(2 * time.Minute):
 		t.Fatal("Run still consuming 2m after its durable consumer was deleted")
+	}
+}
+
+// syncBuffer is a log's output, written by the consumer's goroutines and
+// read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A message's huge fields (an order_id, an account of 100 000 characters)
+// are cut in the consumer's log lines, with a marker saying so, and only
+// there: the charge is made, and the dead letter carries the message
+// whole.
+func TestHugeFieldsAreCutInTheLog(t *testing.T) {
+	t.Parallel()
+	var out syncBuffer
+	env := apitest.New(t, apitest.Options{})
+	b := startConsumerLog(t, env, natstest.Server(t), benchConfig(3, nil), nil,
+		slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	acct := env.NewClient(t).Account.ID
+	huge := strings.Repeat("x", 100_000)
+	charged := []byte(`{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct + `","order_id":"` + huge +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa"}`)
+	unknown := []byte(`{"idempotency_key":"order-` + rand.Text() + `","account":"acct_` + huge + `","order_id":"` + huge +
+		`","amount":1000,"currency":"usd","payment_method":"tok_visa"}`)
+	b.publish(t, charged, "")
+	b.publish(t, unknown, "")
+	b.waitFor(t, "a charge and a dead letter", func() bool {
+		return b.count(orders.OutcomeNew) == 1 && b.count(orders.OutcomeDeadLetter) == 1
+	})
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+
+	if dl := b.deadLetters(t); len(dl) != 1 || dl[0].Reason != orders.ReasonUnknownAccount || dl[0].Data != string(unknown) {
+		t.Errorf("dead letters: %d, want one with reason %s carrying the message whole", len(dl), orders.ReasonUnknownAccount)
+	}
+	var cut int
+	for line := range strings.Lines(out.String()) {
+		if len(line) > 2048 {
+			t.Errorf("a log line of %d bytes: %.300s…", len(line), line)
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %.300s: %v", line, err)
+		}
+		for _, field := range []string{"order_id", "account_id"} {
+			if v, ok := rec[field].(string); ok && (strings.HasPrefix(v, "x") || strings.HasPrefix(v, "acct_x")) {
+				if !strings.Contains(v, "[cut, ") {
+					t.Errorf("log line %.300s: %s %.300s… without a marker", line, field, v)
+				}
+				cut++
+			}
+		}
+	}
+	if cut == 0 {
+		t.Errorf("no log line showed the huge order_id or account, cut:\n%.2000s", out.String())
+	}
+}
+
+// refusedDeadLetters is a JetStream client whose publishes to the
+// dead-letter subject fail, as they do while the broker refuses them.
+type refusedDeadLetters struct {
+	jetstream.JetStream
+	subject string
+}
+
+func (r refusedDeadLetters) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if msg.Subject == r.subject {
+		return nil, errors.New("dead letters refused")
+	}
+	return r.JetStream.PublishMsg(ctx, msg, opts...)
+}
+
+// A message whose dead letter cannot be published is nak'ed (never
+// dropped), with the backoff of any nak: the delay it asks of JetStream
+// doubles per delivery from Backoff and stays at MaxBackoff, rather than
+// asking again every Backoff for as long as the broker refuses. The test
+// reads the delays from the naks on the consumer's ack subject.
+func TestFailedDeadLetterBacksOff(t *testing.T) {
+	t.Parallel()
+	const backoff, maxBackoff = 50 * time.Millisecond, 200 * time.Millisecond
+	b := startBenchJS(t, apitest.Options{}, 10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff },
+		func(_ *nats.Conn, js jetstream.JetStream) jetstream.JetStream {
+			return refusedDeadLetters{JetStream: js, subject: orders.DefaultConfig().DLQSubject}
+		})
+
+	nc, _ := natstest.Connect(t, b.url)
+	naks := make(chan string, 100)
+	sub, err := nc.Subscribe("$JS.ACK."+b.cfg.Stream+"."+b.cfg.Durable+".>", func(m *nats.Msg) {
+		if bytes.HasPrefix(m.Data, []byte("-NAK")) {
+			naks <- string(m.Data)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, []byte(`{"idempotency_key": "x", `), "") // not JSON: a dead letter on every delivery
+
+	want := []time.Duration{backoff, 2 * backoff, maxBackoff, maxBackoff, maxBackoff}
+	var got []time.Duration
+	for len(got) < len(want) {
+		select {
+		case nak := <-naks:
+			var body struct {
+				Delay time.Duration `json:"delay"` // nanoseconds
+			}
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(nak, "-NAK")), &body); err != nil {
+				t.Fatalf("nak %q: %v", nak, err)
+			}
+			got = append(got, body.Delay)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%d naks after 2m (delays %v), want %d (outcomes %v, dead letters %+v)",
+				len(got), got, len(want), b.snapshot(), b.deadLetters(t))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the naks asked for delays %v, want %v", got, want)
+	}
+	if n := len(b.deadLetters(t)); n != 0 {
+		t.Errorf("%d dead letters published through a refusing client", n)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -294,5 +296,71 @@ func TestSlowHandlerKeepsItsMessageInProgress(t *testing.T) {
 	}
 	if n := first.charges(t, acct); n != 1 {
 		t.Errorf("%d ledger rows, want 1", n)
+	}
+}
+
+// A delivery past the limit that finds no record under its key starts no
+// charge and dead-letters the message (max_deliveries); but a missing
+// record does not mean that no charge was started: the key's charge may
+// have been made and its record expired since (retention deletes finished
+// records; the charge stays). Its dead letter says what the delivery
+// knows, not that no charge was started. Here the charge is made over
+// HTTP, its record deleted as retention would, and the message's first
+// delivery (MaxDeliver 1) nak'ed unhandled, so that the consumer gets
+// the second.
+func TestPastLimitDeliveryAfterItsRecordExpired(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	url := natstest.Server(t)
+	cfg := benchConfig(1, nil)
+	c := env.NewClient(t)
+	key := "order-" + rand.Text()
+	if r := c.Post("/v1/charges", key, map[string]any{"amount": 4400, "currency": "usd", "payment_method": "tok_visa"}); r.Status != http.StatusCreated {
+		t.Fatalf("HTTP charge: %d %s", r.Status, r.Body)
+	}
+	if _, err := env.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key); err != nil {
+		t.Fatal(err)
+	}
+
+	_, js := natstest.Connect(t, url)
+	ctx, cancel := jsContext()
+	defer cancel()
+	cons, err := orders.New(env.Pool, js, env.Charges, cfg, slog.New(slog.DiscardHandler)).Setup(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, cfg.Subject, message(c.Account.ID, key, 4400)); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msg jetstream.Msg
+	for m := range batch.Messages() {
+		msg = m
+	}
+	if msg == nil {
+		t.Fatalf("no message pulled within 2m: %v", batch.Error())
+	}
+	if err := msg.Nak(); err != nil {
+		t.Fatal(err)
+	}
+
+	b := startConsumer(t, env, url, cfg, nil)
+	b.waitFor(t, "a dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) >= 1 })
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+	dl := b.deadLetters(t)
+	if len(dl) != 1 || dl[0].Reason != orders.ReasonMaxDeliveries || dl[0].Deliveries != "2" {
+		t.Fatalf("dead letters %+v, want one with reason %s after 2 deliveries (outcomes %v)", dl, orders.ReasonMaxDeliveries, b.snapshot())
+	}
+	if d := dl[0].Detail; strings.Contains(d, "no charge was started") || !strings.Contains(d, "expired") {
+		t.Errorf("the dead letter's detail is %q: it must not say that no charge was started (one was, and its record expired), and must say that a record may have expired", d)
+	}
+	if n := b.charges(t, c.Account.ID); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Errorf("Stripe holds %d charges, want 1", n)
 	}
 }

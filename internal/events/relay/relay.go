@@ -18,6 +18,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/faultpoint"
+	"github.com/idempay/idempay/internal/jsstream"
 )
 
 // Config configures the outbox relay.
@@ -28,11 +29,13 @@ type Config struct {
 	// SubjectPrefix starts every event's subject: "idempay.events." gives
 	// idempay.events.charge.succeeded.
 	SubjectPrefix string
-	// Replicas of the stream (3 on a three-node cluster).
+	// Replicas of the stream when it is created (3 on a three-node
+	// cluster); an existing stream keeps its own (EnsureStream).
 	Replicas int
-	// Duplicates is the stream's duplicate window: a publish repeated
-	// within it (the relay died between publishing and marking) is dropped
-	// by its Nats-Msg-Id.
+	// Duplicates is the duplicate window of the stream when it is
+	// created (an existing stream keeps its own): a publish repeated
+	// within it (the relay died between publishing and marking) is
+	// dropped by its Nats-Msg-Id.
 	Duplicates time.Duration
 	// Batch bounds the events published in one pass.
 	Batch int32
@@ -85,16 +88,16 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, log *slog.Logge
 	return &Relay{pool: pool, js: js, q: dbsqlc.New(), cfg: cfg, log: log}
 }
 
-// EnsureStream creates the events stream, or updates it to the config.
+// EnsureStream creates the events stream when it does not exist. An
+// existing stream is left as its operator configured it (its limits,
+// replicas, duplicate window): it must hold SubjectPrefix + ">", or
+// EnsureStream refuses it (jsstream).
 func (r *Relay) EnsureStream(ctx context.Context) error {
-	_, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err := jsstream.Ensure(ctx, r.js, jetstream.StreamConfig{
 		Name: r.cfg.Stream, Subjects: []string{r.cfg.SubjectPrefix + ">"},
 		Replicas: r.cfg.Replicas, Duplicates: r.cfg.Duplicates, Storage: jetstream.FileStorage,
 	})
-	if err != nil {
-		return fmt.Errorf("creating stream %s: %w", r.cfg.Stream, err)
-	}
-	return nil
+	return err
 }
 
 // Run publishes until ctx is done. It first waits to be the one publisher
@@ -107,7 +110,7 @@ func (r *Relay) Run(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		r.log.WarnContext(ctx, "relay: the broker is not reachable yet; events wait in the outbox", "err", err)
+		r.log.WarnContext(ctx, "relay: the events stream is not usable yet (the broker unreachable, or the stream without the events' subjects); events wait in the outbox", "err", err)
 		r.observe(0, err)
 		if !sleep(ctx, 5*r.cfg.Interval) {
 			return
