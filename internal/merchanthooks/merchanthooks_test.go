@@ -132,7 +132,15 @@ type bundle struct {
 // the test's clock, which stands still until the test moves it.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	_, pool := dbtest.NewDatabase(t)
+	return setupConns(t, 0)
+}
+
+// setupConns is setup with a pool of maxConns connections (0: the
+// default, 4 on a 2-core machine), for a test that keeps more busy at once:
+// requests waiting for a lock the test holds hold one each.
+func setupConns(t *testing.T, maxConns int32) *bundle {
+	t.Helper()
+	_, pool := dbtest.NewDatabaseConns(t, maxConns)
 	b := &bundle{pool: pool, clock: newClock()}
 	b.cfg = apitest.MerchantHooksConfig()
 	b.cfg.Schedule = []time.Duration{time.Second, 10 * time.Second, time.Minute}
