@@ -482,7 +482,7 @@ func TestRotation(t *testing.T) {
 	b.event(t, events.ChargeSucceeded, "ch_rot1", 1)
 	b.dispatch(t)
 	b.work(t)
-	d := b.recv.deliveries()[0]
+	d := b.nth(t, 0)
 	if n := len(strings.Fields(d.Signature)); n != 2 {
 		t.Fatalf("signature %q: %d signatures, want 2", d.Signature, n)
 	}
@@ -496,13 +496,24 @@ func TestRotation(t *testing.T) {
 	b.event(t, events.ChargeSucceeded, "ch_rot2", 1)
 	b.dispatch(t)
 	b.work(t)
-	d = b.recv.deliveries()[1]
+	d = b.nth(t, 1)
 	if err := verify(t, newSecret, d); err != nil {
 		t.Fatalf("after the overlap, new secret: %v", err)
 	}
 	if err := verify(t, oldSecret, d); err == nil {
 		t.Fatal("after the overlap, the old secret still verifies")
 	}
+}
+
+// nth is the receiver's i-th delivery; it fails the test, saying what the
+// deliveries are, when there are not that many.
+func (b *bundle) nth(t *testing.T, i int) delivery {
+	t.Helper()
+	got := b.recv.deliveries()
+	if len(got) <= i {
+		t.Fatalf("the receiver got %d deliveries, want at least %d; deliveries: %s", len(got), i+1, b.describeDeliveries(t))
+	}
+	return got[i]
 }
 
 // TestLeaseTakeover: a worker that outlives its lease (as one killed mid
