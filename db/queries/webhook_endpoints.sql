@@ -180,9 +180,10 @@ RETURNING g.seq;
 -- disabled after this commits, and its pause then finds these deliveries
 -- (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
 -- Locked in id order (the lock is taken above the sort), as a batch's
--- recording locks them (WebhookEndpointsLock).
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+-- recording locks them (WebhookEndpointsLock). Each is due at once: at
+-- @now, the database's now() unless a test passes its clock (Config.Now).
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, next_attempt_at)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, coalesce(sqlc.narg(now)::timestamptz, now())
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.seq BETWEEN @lo::bigint AND @hi::bigint AND e.seq = ANY (@seqs::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
@@ -293,17 +294,17 @@ SELECT * FROM webhook_attempts WHERE delivery_id = ANY (@delivery_ids::text[]) O
 -- fences that worker's finish (WebhookDeliveriesFinish): its attempt is
 -- recorded, but its outcome (a failure that spent the schedule, a retry
 -- hours away) does not overwrite the new schedule; the delivery goes again
--- once the lease has run out. The endpoints are locked as by the fan-out
--- (WebhookDeliveriesFanOut).
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+-- once the lease has run out. The endpoints are locked, and each delivery
+-- is due, as by the fan-out (WebhookDeliveriesFanOut).
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, next_attempt_at)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, coalesce(sqlc.narg(now)::timestamptz, now())
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
 WHERE e.account_id = @account_id AND e.id = @event_id AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1;
+SET state = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at, claims = webhook_deliveries.claims + 1;
 
 -- name: WebhookRecoveryInsert :exec
 -- A recovery, in the claim's batch of its request, until its time (the
@@ -327,9 +328,9 @@ SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id 
 -- cursor are read in seq order (events_account_seq), so that an object's
 -- events are recovered in order across chunks; each one created within
 -- the window that the endpoint wants is sent again under its own id:
--- pending, or paused while the endpoint is disabled (as the lock found
--- it: a disabling that commits later pauses these deliveries, as it does
--- the fan-out's). A delivery being sent keeps its worker's lease, and that
+-- pending (due as the fan-out's are), or paused while the endpoint is
+-- disabled (as the lock found it: a disabling that commits later pauses
+-- these deliveries, as it does the fan-out's). A delivery being sent keeps its worker's lease, and that
 -- worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
 -- moves to the last event read. The recovery is done once a chunk reads
 -- past the window's end (the events after it are the fan-out's; on an
@@ -351,14 +352,15 @@ WITH r AS MATERIALIZED (
     ORDER BY e.seq
     LIMIT @max_rows::int
 ), recovered AS (
-    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
-    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END
+    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state, next_attempt_at)
+    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END,
+           coalesce(sqlc.narg(now)::timestamptz, now())
     FROM chunk c, r
     WHERE c.created_at BETWEEN r.since AND r.until
       AND (c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events))
     ORDER BY c.seq
     ON CONFLICT (event_id, endpoint_id) DO UPDATE
-    SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
+    SET state = excluded.state, attempts = 0, next_attempt_at = excluded.next_attempt_at, claims = webhook_deliveries.claims + 1
 )
 UPDATE webhook_recoveries u
 SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),

@@ -83,10 +83,10 @@ func (q *Queries) WebhookAttemptsInsert(ctx context.Context, db DBTX, arg *Webho
 }
 
 const webhookDeliveriesFanOut = `-- name: WebhookDeliveriesFanOut :execrows
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, next_attempt_at)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, coalesce($1::timestamptz, now())
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
-WHERE e.seq BETWEEN $1::bigint AND $2::bigint AND e.seq = ANY ($3::bigint[])
+WHERE e.seq BETWEEN $2::bigint AND $3::bigint AND e.seq = ANY ($4::bigint[])
   AND w.enabled AND w.created_at <= e.created_at
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ORDER BY w.id
@@ -95,6 +95,7 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING
 `
 
 type WebhookDeliveriesFanOutParams struct {
+	Now  *time.Time
 	Lo   int64
 	Hi   int64
 	Seqs []int64
@@ -107,9 +108,15 @@ type WebhookDeliveriesFanOutParams struct {
 // disabled after this commits, and its pause then finds these deliveries
 // (WebhookDeliveriesPause): none is left pending for a disabled endpoint.
 // Locked in id order (the lock is taken above the sort), as a batch's
-// recording locks them (WebhookEndpointsLock).
+// recording locks them (WebhookEndpointsLock). Each is due at once: at
+// @now, the database's now() unless a test passes its clock (Config.Now).
 func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *WebhookDeliveriesFanOutParams) (int64, error) {
-	result, err := db.Exec(ctx, webhookDeliveriesFanOut, arg.Lo, arg.Hi, arg.Seqs)
+	result, err := db.Exec(ctx, webhookDeliveriesFanOut,
+		arg.Now,
+		arg.Lo,
+		arg.Hi,
+		arg.Seqs,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -211,18 +218,19 @@ func (q *Queries) WebhookDeliveriesPause(ctx context.Context, db DBTX, endpointI
 }
 
 const webhookDeliveriesResend = `-- name: WebhookDeliveriesResend :exec
-INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version)
-SELECT e.id, w.id, e.account_id, e.object_id, e.object_version
+INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, next_attempt_at)
+SELECT e.id, w.id, e.account_id, e.object_id, e.object_version, coalesce($1::timestamptz, now())
 FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id
-WHERE e.account_id = $1 AND e.id = $2 AND w.enabled
+WHERE e.account_id = $2 AND e.id = $3 AND w.enabled
   AND (e.type::text = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ORDER BY w.id
 FOR SHARE OF w
 ON CONFLICT (event_id, endpoint_id) DO UPDATE
-SET state = 'pending', attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
+SET state = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at, claims = webhook_deliveries.claims + 1
 `
 
 type WebhookDeliveriesResendParams struct {
+	Now       *time.Time
 	AccountID string
 	EventID   string
 }
@@ -234,10 +242,10 @@ type WebhookDeliveriesResendParams struct {
 // fences that worker's finish (WebhookDeliveriesFinish): its attempt is
 // recorded, but its outcome (a failure that spent the schedule, a retry
 // hours away) does not overwrite the new schedule; the delivery goes again
-// once the lease has run out. The endpoints are locked as by the fan-out
-// (WebhookDeliveriesFanOut).
+// once the lease has run out. The endpoints are locked, and each delivery
+// is due, as by the fan-out (WebhookDeliveriesFanOut).
 func (q *Queries) WebhookDeliveriesResend(ctx context.Context, db DBTX, arg *WebhookDeliveriesResendParams) error {
-	_, err := db.Exec(ctx, webhookDeliveriesResend, arg.AccountID, arg.EventID)
+	_, err := db.Exec(ctx, webhookDeliveriesResend, arg.Now, arg.AccountID, arg.EventID)
 	return err
 }
 
@@ -1059,14 +1067,15 @@ WITH r AS MATERIALIZED (
     ORDER BY e.seq
     LIMIT $1::int
 ), recovered AS (
-    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state)
-    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END
+    INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state, next_attempt_at)
+    SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END,
+           coalesce($2::timestamptz, now())
     FROM chunk c, r
     WHERE c.created_at BETWEEN r.since AND r.until
       AND (c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events))
     ORDER BY c.seq
     ON CONFLICT (event_id, endpoint_id) DO UPDATE
-    SET state = excluded.state, attempts = 0, next_attempt_at = now(), claims = webhook_deliveries.claims + 1
+    SET state = excluded.state, attempts = 0, next_attempt_at = excluded.next_attempt_at, claims = webhook_deliveries.claims + 1
 )
 UPDATE webhook_recoveries u
 SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
@@ -1076,6 +1085,11 @@ FROM r
 WHERE u.id = r.id
 RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done
 `
+
+type WebhookRecoveryExpandParams struct {
+	MaxRows int32
+	Now     *time.Time
+}
 
 type WebhookRecoveryExpandRow struct {
 	ID   string
@@ -1091,17 +1105,17 @@ type WebhookRecoveryExpandRow struct {
 // cursor are read in seq order (events_account_seq), so that an object's
 // events are recovered in order across chunks; each one created within
 // the window that the endpoint wants is sent again under its own id:
-// pending, or paused while the endpoint is disabled (as the lock found
-// it: a disabling that commits later pauses these deliveries, as it does
-// the fan-out's). A delivery being sent keeps its worker's lease, and that
+// pending (due as the fan-out's are), or paused while the endpoint is
+// disabled (as the lock found it: a disabling that commits later pauses
+// these deliveries, as it does the fan-out's). A delivery being sent keeps its worker's lease, and that
 // worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
 // moves to the last event read. The recovery is done once a chunk reads
 // past the window's end (the events after it are the fan-out's; on an
 // account whose events come faster than a chunk a pass, the account's
 // last event is never reached), or comes short, having read the account's
 // last event. No row when no recovery was free.
-func (q *Queries) WebhookRecoveryExpand(ctx context.Context, db DBTX, maxRows int32) (WebhookRecoveryExpandRow, error) {
-	row := db.QueryRow(ctx, webhookRecoveryExpand, maxRows)
+func (q *Queries) WebhookRecoveryExpand(ctx context.Context, db DBTX, arg *WebhookRecoveryExpandParams) (WebhookRecoveryExpandRow, error) {
+	row := db.QueryRow(ctx, webhookRecoveryExpand, arg.MaxRows, arg.Now)
 	var i WebhookRecoveryExpandRow
 	err := row.Scan(&i.ID, &i.Done)
 	return i, err

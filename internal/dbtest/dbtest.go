@@ -72,10 +72,20 @@ func binaryName() string {
 }
 
 // NewDatabase creates a fresh, migrated database for one test and drops it in
-// Cleanup. It returns its URL and a pool. Use it where a test runs something
+// Cleanup. It returns its URL and a pool of pgxpool's default size (the
+// larger of 4 and the number of CPUs). Use it where a test runs something
 // that acts on every row of a table (the completer, retention) or starts
 // server processes, which must not touch other tests' rows.
 func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
+	tb.Helper()
+	return NewDatabaseConns(tb, 0)
+}
+
+// NewDatabaseConns is NewDatabase with a pool of maxConns connections (0:
+// the default), for a test that holds more connections at once than the
+// default pool has, whatever the machine: a Holder and each request that
+// waits for its locks hold one each.
+func NewDatabaseConns(tb testing.TB, maxConns int32) (string, *pgxpool.Pool) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), setupLimit)
 	defer cancel()
@@ -106,7 +116,14 @@ func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
 			tb.Logf("dropping database %s: %v", name, err)
 		}
 	})
-	pool, err := pgxpool.New(ctx, u.String())
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		tb.Fatalf("parsing the URL of %s: %v", name, err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("opening pool: %v", err)
 	}

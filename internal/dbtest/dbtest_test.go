@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestPoolIsMigrated(t *testing.T) {
@@ -69,14 +67,10 @@ func (r *recorder) fail(s string) {
 // on a small pool: it asks on a connection of its own, not the pool's.
 func TestWaitBlockedWithThePoolFull(t *testing.T) {
 	t.Parallel()
-	_, full := NewDatabase(t)
-	cfg := full.Config()
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
+	_, pool := NewDatabaseConns(t, 2)
+	if n := pool.Config().MaxConns; n != 2 {
+		t.Fatalf("NewDatabaseConns(t, 2) made a pool of %d connections", n)
 	}
-	t.Cleanup(pool.Close)
 	const lock = 7_146_000_001
 	r := &recorder{TB: t}
 	t.Cleanup(func() { r.mu.Lock(); r.ended = true; r.mu.Unlock() }) // after Hold's cleanups, registered later

@@ -140,7 +140,7 @@ func (s *Service) Get(ctx context.Context, accountID, id string) (Endpoint, erro
 	if err != nil {
 		return Endpoint{}, err
 	}
-	return endpointOf(row, time.Now()), nil
+	return endpointOf(row, s.cfg.now()), nil
 }
 
 // List is the account's endpoints, oldest first.
@@ -151,7 +151,7 @@ func (s *Service) List(ctx context.Context, accountID string) ([]Endpoint, error
 	}
 	out := make([]Endpoint, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, endpointOf(r, time.Now()))
+		out = append(out, endpointOf(r, s.cfg.now()))
 	}
 	return out, nil
 }
@@ -237,11 +237,11 @@ func (s *Service) checkURL(ctx context.Context, u string) error {
 
 // showSecret replaces the stored answer's body with one that shows the
 // secret, when this process made it (not on a replay or a resumed record).
-func showSecret(resp idempotency.Response, row dbsqlc.WebhookEndpoint, secret string) (idempotency.Response, error) {
+func (s *Service) showSecret(resp idempotency.Response, row dbsqlc.WebhookEndpoint, secret string) (idempotency.Response, error) {
 	if resp.Replayed || secret == "" {
 		return resp, nil
 	}
-	shown := endpointOf(row, time.Now())
+	shown := endpointOf(row, s.cfg.now())
 	shown.Secret = &secret
 	body, err := json.Marshal(shown)
 	if err != nil {
@@ -297,7 +297,7 @@ func (s *Service) Create(ctx context.Context, accountID string, req idempotency.
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	return showSecret(resp, op.row, op.secret)
+	return s.showSecret(resp, op.row, op.secret)
 }
 
 // createOp inserts the endpoint in the claim's batch; there is no
@@ -486,7 +486,7 @@ func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempote
 		if err != nil {
 			return err
 		}
-		expires := time.Now().Add(overlap)
+		expires := s.cfg.now().Add(overlap)
 		row.PreviousExpiresAt = &expires
 		return s.q.WebhookEndpointRotate(ctx, b, &dbsqlc.WebhookEndpointRotateParams{AccountID: accountID, ID: id,
 			Secret: sealed, PreviousExpiresAt: &expires, Version: row.Version})
@@ -495,7 +495,7 @@ func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempote
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	return showSecret(resp, op.row, secret)
+	return s.showSecret(resp, op.row, secret)
 }
 
 // changeOp applies change to the endpoint in the claim's batch, guarded by

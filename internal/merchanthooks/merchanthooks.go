@@ -101,8 +101,12 @@ type Config struct {
 	// reads (one statement, ExpandRecovery): a recovery of any size is a
 	// series of transactions of at most this many events each.
 	RecoverChunk int
-	// Now is the workers' clock, and the one a recovery's window is
-	// checked by (nil: time.Now); tests move it.
+	// Now is the workers' clock, and the one a recovery's window and a
+	// rotation's overlap are checked by (nil: time.Now); tests move it.
+	// When set, it also stamps when a delivery that the fan-out, a resend
+	// or a recovery makes is due (at once), which is otherwise the
+	// database's now(): a test's deliveries are then due by its clock
+	// alone, as its idempotency records are (idempotency.Config.Now).
 	Now func() time.Time
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
@@ -133,6 +137,17 @@ func (c Config) now() time.Time {
 		return c.Now()
 	}
 	return time.Now()
+}
+
+// dueNow is the time a new or restarted delivery is due, passed to the
+// queries that make one: nil, the database's now(), unless a test set
+// Now.
+func (c Config) dueNow() *time.Time {
+	if c.Now == nil {
+		return nil
+	}
+	t := c.Now()
+	return &t
 }
 
 // Attempt outcomes, as Observe is told.

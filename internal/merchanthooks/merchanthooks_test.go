@@ -26,28 +26,24 @@ import (
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
 
-// clock is the workers' clock: a fake that only the test moves, so that a
-// loaded machine's pauses never make a retry or a lease's end come early.
-// It starts an hour ahead of the real time (clockLead): the database stamps
-// the deliveries it creates, resends and recovers with its own now(), due
-// at once, and those are due on this clock too for as long as any test
-// runs, while every time the workers set themselves (a retry, a lease, a
-// failure clock) is on this clock alone.
+// clock is the service's clock (merchanthooks.Config.Now): a fake that
+// only the test moves, so that a loaded machine's pauses never make a
+// retry or a lease's end come early. It starts at the real time and stands
+// still. It is the one clock of every verdict on time: the deliveries the
+// fan-out, a resend or a recovery makes are due at its time, as they are
+// at the database's now() in production, and every time the service sets
+// itself (a retry, a lease, a failure clock, a rotation's overlap) is on
+// it too.
 type clock struct {
 	mu     sync.Mutex
 	base   time.Time
 	offset time.Duration
 }
 
-// clockLead is how far ahead of the real time a test's clock starts:
-// longer than any test runs (go test's timeout), no longer than the
-// overlap a test asks of a rotation (TestRotation).
-const clockLead = time.Hour
-
 func newClock() *clock {
 	// Truncated as PostgreSQL stores it, so that a time read back compares
 	// equal.
-	return &clock{base: time.Now().Add(clockLead).Truncate(time.Microsecond)}
+	return &clock{base: time.Now().Truncate(time.Microsecond)}
 }
 
 func (c *clock) Now() time.Time {
@@ -136,7 +132,15 @@ type bundle struct {
 // the test's clock, which stands still until the test moves it.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	_, pool := dbtest.NewDatabase(t)
+	return setupConns(t, 0)
+}
+
+// setupConns is setup with a pool of maxConns connections (0: the
+// default, 4 on a 2-core machine), for a test that keeps more busy at once:
+// requests waiting for a lock the test holds hold one each.
+func setupConns(t *testing.T, maxConns int32) *bundle {
+	t.Helper()
+	_, pool := dbtest.NewDatabaseConns(t, maxConns)
 	b := &bundle{pool: pool, clock: newClock()}
 	b.cfg = apitest.MerchantHooksConfig()
 	b.cfg.Schedule = []time.Duration{time.Second, 10 * time.Second, time.Minute}

@@ -206,7 +206,8 @@ func (s *Service) GetRecovery(ctx context.Context, accountID, endpointID, id str
 // returns false when no recovery was free to expand. Each worker pass
 // runs it before claiming deliveries (RunWorkers).
 func (s *Service) ExpandRecovery(ctx context.Context) (bool, error) {
-	row, err := s.q.WebhookRecoveryExpand(ctx, s.pool, int32(max(1, s.cfg.RecoverChunk)))
+	row, err := s.q.WebhookRecoveryExpand(ctx, s.pool, &dbsqlc.WebhookRecoveryExpandParams{
+		MaxRows: int32(max(1, s.cfg.RecoverChunk)), Now: s.cfg.dueNow()})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return false, nil
 	} else if err != nil {

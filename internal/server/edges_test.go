@@ -471,3 +471,35 @@ func TestBodyMediaType(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTP2PrefaceOnCleartext: a client that opens with HTTP/2's
+// connection preface over cleartext (prior knowledge, h2c), as
+// `curl --http2-prior-knowledge` does, gets a 400 malformed-request
+// problem saying that the server speaks HTTP/1.1, and the connection
+// closes. net/http hands the preface to the handler as a request PRI *
+// (for handlers that take h2c over themselves), which was a 404 "no such
+// route". Another HTTP/2.0 request line is net/http's own 505, answered
+// 400 by ProblemListener: no bytes get a 5xx (I14).
+func TestHTTP2PrefaceOnCleartext(t *testing.T) {
+	t.Parallel()
+	_, _, addr, logs := newWireServer(t)
+	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+	const settings = "\x00\x00\x00\x04\x00\x00\x00\x00\x00" // an empty SETTINGS frame, a client's first
+	for what, raw := range map[string]string{
+		"the preface":                     preface,
+		"the preface and SETTINGS":        preface + settings,
+		"a GET whose version is HTTP/2.0": "GET /healthz HTTP/2.0\r\nHost: idempay\r\n\r\n",
+	} {
+		logs.reset()
+		status, ct, body := exchange(t, addr, "PRI", []byte(raw), false)
+		wantProblem(t, what, status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
+		if what != "a GET whose version is HTTP/2.0" && !strings.Contains(string(body), "HTTP/1.1") {
+			t.Errorf("%s: the problem does not say what the server speaks: %s", what, body)
+		}
+	}
+	resp := firstAnswer(t, addr, preface)
+	resp.Body.Close()
+	if !resp.Close {
+		t.Errorf("the answer to the preface keeps the connection open: %d %v", resp.StatusCode, resp.Header)
+	}
+}

@@ -86,6 +86,7 @@ func New(d Deps) *echo.Echo {
 	}))
 	e.Use(requestLogger(log, m, routes))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true}))
+	e.Use(refuseHTTP2Preface)
 	e.Use(checkInput) // after routing: it checks the route's path parameters
 	e.Use(clientBodyErrors)
 	e.Use(drainReads)
@@ -137,6 +138,25 @@ func New(d Deps) *echo.Echo {
 		routes[r.Path] = true
 	}
 	return e
+}
+
+// refuseHTTP2Preface answers HTTP/2's connection preface over cleartext
+// (a client with prior knowledge, h2c) with a 400 malformed-request that
+// says the server speaks HTTP/1.1. net/http hands the preface's first line
+// to the handler as a request "PRI *" of HTTP/2.0, so that a handler may
+// take the connection over for h2c, and closes the connection after the
+// answer; no route matches "*", and a 404 "no route matches this path"
+// would tell the client nothing of what went wrong. A 400, not a 505: no
+// bytes get a 5xx (I14), and ProblemListener answers net/http's own 505,
+// to any other HTTP/2.0 request line, as a 400 too.
+func refuseHTTP2Preface(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if r := c.Request(); r.ProtoMajor == 2 && r.Method == "PRI" && r.RequestURI == "*" {
+			return apierror.New(apierror.MalformedRequest,
+				"This server speaks HTTP/1.1 only: HTTP/2 over cleartext (h2c, the PRI * preface) is not supported.")
+		}
+		return next(c)
+	}
 }
 
 // headAsGet is the handler of a HEAD route: the handler (with its route's
