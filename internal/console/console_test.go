@@ -36,8 +36,15 @@ type browser struct {
 
 func newConsole(t testing.TB, env *apitest.Env) string {
 	t.Helper()
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout,
-		RetryCeiling: idempotency.DefaultConfig().RetryCeiling, LocalRoutes: env.Runner.LocalRoutes()}, env.Log)
+	return newConsoleWith(t, env, console.Config{})
+}
+
+// newConsoleWith is newConsole with cfg's clock and tracer provider.
+func newConsoleWith(t testing.TB, env *apitest.Env, cfg console.Config) string {
+	t.Helper()
+	cfg.LockTimeout, cfg.RetryCeiling = idempotency.DefaultConfig().LockTimeout, idempotency.DefaultConfig().RetryCeiling
+	cfg.LocalRoutes = env.Runner.LocalRoutes()
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +223,72 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 	}
 	if p := b.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
 		t.Fatalf("a live refresh after the key's revocation: %d, want 401", p.Status)
+	}
+}
+
+// Signing out ends the session in the database, not only in the browser: a
+// copy of the session cookie taken before (another browser, a stolen
+// cookie) is refused after it, and so is every other console session of
+// the key, while a session of the account's other key goes on; signing in
+// again works. The console's clock is the test's.
+func TestSignOutEndsCopiedSessions(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	tick := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(time.Second)
+	}
+	base := newConsoleWith(t, env, console.Config{Now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}})
+	acct := dbtest.NewAccount(t)
+	res := env.ClientFor(t, acct).Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
+	var second apiKey
+	res.JSON(t, &second)
+	if res.Status != http.StatusCreated || second.Secret == "" {
+		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
+	}
+
+	b, other, otherKey := newBrowser(t, base), newBrowser(t, base), newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	other.signIn(acct.APIKey) // another session of the same key
+	otherKey.signIn(second.Secret)
+	thief := newBrowser(t, base)
+	u, _ := url.Parse(base)
+	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: b.cookie("idempay_console")}})
+	for name, br := range map[string]*browser{"the browser": b, "the copied cookie": thief, "another session": other, "the other key's session": otherKey} {
+		if p := br.get("/records"); p.Status != http.StatusOK {
+			t.Fatalf("GET /records before signing out, %s: %d, want 200", name, p.Status)
+		}
+	}
+
+	tick()
+	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	for name, br := range map[string]*browser{"the copied cookie": thief, "another session of the key": other} {
+		if p := br.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("GET /records after signing out, %s: %d to %q, want 303 to /login", name, p.Status, p.Location)
+		}
+	}
+	if p := thief.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+		t.Errorf("a live refresh with the copied cookie after signing out: %d, want 401", p.Status)
+	}
+	if p := otherKey.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records after signing out, the account's other key's session: %d, want 200", p.Status)
+	}
+
+	tick()
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
+		t.Fatalf("signing in again: %d to %q, want 303 to /records", p.Status, p.Location)
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records signed in again after the sign-out: %d, want 200", p.Status)
 	}
 }
 
