@@ -662,6 +662,65 @@ func TestEventDeliveriesAndResend(t *testing.T) {
 	}
 }
 
+// A capture's or cancel's record links to the charge it acted on, once
+// finished too: its finish clears the charge's pending mark, the only link
+// the ledger has, so the record's page reads the charge from the stored
+// answer, the charge itself or a refusal that names it.
+func TestFinishedActionLinksItsCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	authorize := func() (id, intent string) {
+		t.Helper()
+		var ch struct {
+			ID     string `json:"id"`
+			Intent string `json:"stripe_payment_intent_id"`
+		}
+		res := api.Post("/v1/charges", apitest.NewKey(), map[string]any{
+			"amount": 5000, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+		res.JSON(t, &ch)
+		if res.Status != http.StatusCreated || ch.ID == "" {
+			t.Fatalf("authorizing: %d %s", res.Status, res.Body)
+		}
+		return ch.ID, ch.Intent
+	}
+	captured, _ := authorize()
+	canceled, _ := authorize()
+	expired, intent := authorize()
+	if _, err := env.Stripe.Expire(intent); err != nil { // Stripe refuses its capture
+		t.Fatal(err)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	holdsRE := regexp.MustCompile(`<dt>Holds</dt><dd><a href="/charges/([^"]+)">`)
+	for _, c := range []struct {
+		name, charge, action string
+		status               int
+	}{
+		{"a capture", captured, "capture", http.StatusOK}, {"a cancel", canceled, "cancel", http.StatusOK},
+		{"a capture Stripe refused", expired, "capture", http.StatusUnprocessableEntity},
+	} {
+		key := apitest.NewKey()
+		res := api.Post("/v1/charges/"+c.charge+"/"+c.action, key, map[string]any{})
+		if res.Status != c.status {
+			t.Fatalf("%s: %d %s", c.name, res.Status, res.Body)
+		}
+		m := regexp.MustCompile(`data-record="([^"]+)" data-key="` + regexp.QuoteMeta(key) + `"`).FindStringSubmatch(b.get("/records").Body)
+		if m == nil {
+			t.Fatalf("%s: no record of its key on the records page", c.name)
+		}
+		p := b.get("/records/" + m[1])
+		if got := holdsRE.FindStringSubmatch(p.Body); p.Status != http.StatusOK || got == nil || got[1] != c.charge {
+			t.Errorf("%s, its finished record's page: %d, holds %v; want a link to /charges/%s", c.name, p.Status, got, c.charge)
+		}
+		if !strings.Contains(p.Body, `<dt>Charge</dt><dd><a href="/charges/`+c.charge+`">`) {
+			t.Errorf("%s, its finished record's page shows no charge %s under Stripe object", c.name, c.charge)
+		}
+	}
+}
+
 func chargeBody(amount int64) map[string]any {
 	return map[string]any{"amount": amount, "currency": "usd", "payment_method": "pm_card_visa"}
 }
