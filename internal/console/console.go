@@ -29,12 +29,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/pgtext"
+	"github.com/idempay/idempay/internal/telemetry"
 )
 
 // DefaultPollInterval is how often an open page asks for its content again.
@@ -62,6 +65,9 @@ type Config struct {
 	PollInterval time.Duration
 	// SessionLifetime bounds a sign-in (DefaultSessionLifetime when 0).
 	SessionLifetime time.Duration
+	// TracerProvider, when set, makes each request a server span, under
+	// which its queries and a resend's phases are (nil: no traces).
+	TracerProvider trace.TracerProvider
 	// Now is the clock of session ages and sign-outs (time.Now when nil).
 	// Every process serving one console address should agree on it (NTP):
 	// a sign-out ends the sessions issued before it by this clock.
@@ -123,7 +129,10 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 
 func (c *Console) now() time.Time { return c.cfg.Now() }
 
-// Handler is the console's HTTP handler.
+// Handler is the console's HTTP handler: with a TracerProvider, each
+// request a server span named by its route, as the API's are, so that what
+// the request does (its queries, a resend's claim and finish) is in its
+// trace, under it.
 func (c *Console) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static") // a constant directory: cannot fail
@@ -142,7 +151,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return secureHeaders(textOnly(smallBodies(mux)))
+	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(mux))), c.cfg.TracerProvider)
 }
 
 // maxFormBytes bounds what the console reads of a POST's body: its forms

@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -719,6 +723,83 @@ func TestFinishedActionLinksItsCharge(t *testing.T) {
 			t.Errorf("%s, its finished record's page shows no charge %s under Stripe object", c.name, c.charge)
 		}
 	}
+}
+
+// A console request is a server span named by its route, and a Resend's
+// claim and finish are its children, in its trace, as an API request's
+// are; the span carries the record's attributes. They were roots: the
+// console's requests had no span.
+func TestResendTrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	env := apitest.New(t, apitest.Options{TracerProvider: tp})
+	base := newConsoleWith(t, env, console.Config{TracerProvider: tp})
+	acct := dbtest.NewAccount(t)
+	if res := env.ClientFor(t, acct).Post("/v1/charges", apitest.NewKey(), chargeBody(2500)); res.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", res.Status, res.Body)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	p := b.get("/events/" + evID[1])
+	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
+	if key == nil {
+		t.Fatal("the event's page has no Resend form")
+	}
+	exp.Reset()
+	form := url.Values{"csrf_token": {csrfRE.FindStringSubmatch(p.Body)[1]}, "idempotency_key": {key[1]}}
+	if r := b.post("/events/"+evID[1]+"/resend", form); r.Status != http.StatusSeeOther {
+		t.Fatalf("resend: %d, want 303; body:\n%s", r.Status, r.Body)
+	}
+
+	spans := exp.GetSpans()
+	var server *tracetest.SpanStub
+	for i, s := range spans {
+		if s.Name == "POST /events/{id}/resend" && s.SpanKind == trace.SpanKindServer {
+			server = &spans[i]
+		}
+	}
+	if server == nil {
+		t.Fatalf("no server span POST /events/{id}/resend among %v", spanNames(spans))
+	}
+	for _, name := range []string{"idempotency.claim", "idempotency.finish"} {
+		n := 0
+		for _, s := range spans {
+			if s.Name != name {
+				continue
+			}
+			n++
+			if s.Parent.SpanID() != server.SpanContext.SpanID() || s.SpanContext.TraceID() != server.SpanContext.TraceID() {
+				t.Errorf("%s: trace %s, parent %s; want a child of the console request's span (trace %s, span %s)",
+					name, s.SpanContext.TraceID(), s.Parent.SpanID(), server.SpanContext.TraceID(), server.SpanContext.SpanID())
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d %s spans, want 1, among %v", n, name, spanNames(spans))
+		}
+	}
+	outcome := ""
+	for _, a := range server.Attributes {
+		if a.Key == idempotency.AttrOutcome {
+			outcome = a.Value.AsString()
+		}
+	}
+	if outcome != "new" {
+		t.Errorf("the console request's span: idempay.outcome %q, want new", outcome)
+	}
+}
+
+func spanNames(spans tracetest.SpanStubs) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 func chargeBody(amount int64) map[string]any {
