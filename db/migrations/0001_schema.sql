@@ -160,7 +160,9 @@ CREATE TABLE api_keys (
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL,
     created_at         timestamptz NOT NULL DEFAULT now(),
     last_used_at       timestamptz,
-    revoked_at         timestamptz
+    revoked_at         timestamptz,
+    -- The console's last "Sign out": its sessions issued before are refused.
+    signed_out_at      timestamptz
 );
 
 -- An account's keys in use, for its listing.

@@ -1,18 +1,27 @@
--- The console's reads (internal/console). Every query names the account it
--- reads for, so an account never sees another's rows (I5). The console
--- adds no index: an index costs every first request a write, and these
--- reads are one person's. The records list walks the account's records
+-- The console's reads, and its sign-out (internal/console). Every query
+-- names the account it reads for, so an account never sees another's rows
+-- (I5). The console adds no index: an index costs every first request a
+-- write, and these reads are one person's. The records list walks the account's records
 -- through the (scope, key) index, which retention keeps to a day's worth;
 -- the refunds list reads the account's refunds.
 
 -- name: ConsoleSessionAccount :one
 -- The account a console session belongs to, read at every request from the
--- session's key id: a revoked key ends the session at once (I11, I15). The
+-- session's key id: a revoked key ends the session at once (I11, I15), and
+-- so does a sign-out after the session was issued (ConsoleSignOut). The
 -- key's hash is the credential of the request's one write (a resend), whose
 -- claim checks the key again as an API request's claim does.
 SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
-WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL;
+WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL
+  AND (k.signed_out_at IS NULL OR k.signed_out_at < @issued::timestamptz);
+
+-- name: ConsoleSignOut :exec
+-- "Sign out": ends every console session of the key issued until
+-- signed_out_at, in every process, at its next request. GREATEST (which
+-- skips a NULL): a process whose clock is behind never moves it back.
+UPDATE api_keys SET signed_out_at = GREATEST(signed_out_at, @signed_out_at::timestamptz)
+WHERE id = @key_id AND account_id = @account_id;
 
 -- name: ConsoleRecordList :many
 -- The account's idempotency records, newest first, in one state or all

@@ -7,11 +7,12 @@
 // It is served by `idempay serve` on an address of its own (CONSOLE_ADDR),
 // rendered on the server from Go templates and embedded static files. It
 // reads what the API reads, scoped to the signed-in account (I5); its one
-// write, an event's resend, is the API's own call through the idempotency
-// core. It keeps no copy of what decides an answer (I15): its session
-// cookie is signed and holds the key's id, which every request looks up,
-// so a revoked key ends the session at once. Every POST carries a CSRF token. docs/console.md
-// tells how to use it.
+// write of the account's data, an event's resend, is the API's own call
+// through the idempotency core. It keeps no copy of what decides an answer
+// (I15): its session cookie is signed and holds the key's id, which every
+// request looks up, so a revoked key ends the session at once, and so does
+// a sign-out, which the key's row records. Every POST carries a CSRF token.
+// docs/console.md tells how to use it.
 package console
 
 import (
@@ -28,12 +29,15 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/pgtext"
+	"github.com/idempay/idempay/internal/telemetry"
 )
 
 // DefaultPollInterval is how often an open page asks for its content again.
@@ -61,7 +65,12 @@ type Config struct {
 	PollInterval time.Duration
 	// SessionLifetime bounds a sign-in (DefaultSessionLifetime when 0).
 	SessionLifetime time.Duration
-	// Now is the clock of session ages (time.Now when nil).
+	// TracerProvider, when set, makes each request a server span, under
+	// which its queries and a resend's phases are (nil: no traces).
+	TracerProvider trace.TracerProvider
+	// Now is the clock of session ages and sign-outs (time.Now when nil).
+	// Every process serving one console address should agree on it (NTP):
+	// a sign-out ends the sessions issued before it by this clock.
 	Now func() time.Time
 }
 
@@ -120,7 +129,10 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 
 func (c *Console) now() time.Time { return c.cfg.Now() }
 
-// Handler is the console's HTTP handler.
+// Handler is the console's HTTP handler: with a TracerProvider, each
+// request a server span named by its route, as the API's are, so that what
+// the request does (its queries, a resend's claim and finish) is in its
+// trace, under it.
 func (c *Console) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static") // a constant directory: cannot fail
@@ -139,7 +151,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return secureHeaders(textOnly(smallBodies(mux)))
+	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(mux))), c.cfg.TracerProvider)
 }
 
 // maxFormBytes bounds what the console reads of a POST's body: its forms
@@ -232,15 +244,17 @@ func (c *Console) signedIn(h func(http.ResponseWriter, *http.Request, viewer)) h
 	})
 }
 
-// account is the session's account, if its key is still active.
+// account is the session's account, if its key is still active and was not
+// signed out since the session was issued.
 func (c *Console) account(r *http.Request) (viewer, error) {
 	s, err := c.decodeSession(r)
 	if err != nil {
 		return viewer{}, err
 	}
-	row, err := c.q.ConsoleSessionAccount(r.Context(), c.db, &dbsqlc.ConsoleSessionAccountParams{KeyID: s.KeyID, AccountID: s.AccountID})
+	row, err := c.q.ConsoleSessionAccount(r.Context(), c.db, &dbsqlc.ConsoleSessionAccountParams{
+		KeyID: s.KeyID, AccountID: s.AccountID, Issued: time.UnixMicro(s.Issued)})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		return viewer{}, errNoSession // revoked (or never this account's)
+		return viewer{}, errNoSession // revoked, signed out (or never this account's)
 	} else if err != nil {
 		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
 	}
@@ -273,16 +287,27 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, fmt.Errorf("authenticating: %w", err))
 		return
 	}
-	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().Unix()}),
+	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().UnixMicro()}),
 		int(c.cfg.SessionLifetime/time.Second))
 	c.setCookie(w, r, csrfCookie, rand.Text(), 0) // a new token once signed in
 	http.Redirect(w, r, "/records", http.StatusSeeOther)
 }
 
+// logout ends, in the database, every console session of the session's
+// key issued until now, in every process: a copy of the cookie is refused
+// from now on, as the browser's own is (ConsoleSignOut). Then it deletes
+// the browser's cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if !c.checkCSRF(r) {
 		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
 		return
+	}
+	if s, err := c.decodeSession(r); err == nil {
+		if err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
+			SignedOutAt: c.now(), KeyID: s.KeyID, AccountID: s.AccountID}); err != nil {
+			c.fail(w, r, fmt.Errorf("signing out: %w", err))
+			return
+		}
 	}
 	c.setCookie(w, r, sessionCookie, "", -1)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)

@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -36,8 +40,15 @@ type browser struct {
 
 func newConsole(t testing.TB, env *apitest.Env) string {
 	t.Helper()
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout,
-		RetryCeiling: idempotency.DefaultConfig().RetryCeiling, LocalRoutes: env.Runner.LocalRoutes()}, env.Log)
+	return newConsoleWith(t, env, console.Config{})
+}
+
+// newConsoleWith is newConsole with cfg's clock and tracer provider.
+func newConsoleWith(t testing.TB, env *apitest.Env, cfg console.Config) string {
+	t.Helper()
+	cfg.LockTimeout, cfg.RetryCeiling = idempotency.DefaultConfig().LockTimeout, idempotency.DefaultConfig().RetryCeiling
+	cfg.LocalRoutes = env.Runner.LocalRoutes()
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +227,72 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 	}
 	if p := b.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
 		t.Fatalf("a live refresh after the key's revocation: %d, want 401", p.Status)
+	}
+}
+
+// Signing out ends the session in the database, not only in the browser: a
+// copy of the session cookie taken before (another browser, a stolen
+// cookie) is refused after it, and so is every other console session of
+// the key, while a session of the account's other key goes on; signing in
+// again works. The console's clock is the test's.
+func TestSignOutEndsCopiedSessions(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	tick := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(time.Second)
+	}
+	base := newConsoleWith(t, env, console.Config{Now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}})
+	acct := dbtest.NewAccount(t)
+	res := env.ClientFor(t, acct).Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
+	var second apiKey
+	res.JSON(t, &second)
+	if res.Status != http.StatusCreated || second.Secret == "" {
+		t.Fatalf("creating a second key: %d %s", res.Status, res.Body)
+	}
+
+	b, other, otherKey := newBrowser(t, base), newBrowser(t, base), newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	other.signIn(acct.APIKey) // another session of the same key
+	otherKey.signIn(second.Secret)
+	thief := newBrowser(t, base)
+	u, _ := url.Parse(base)
+	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: b.cookie("idempay_console")}})
+	for name, br := range map[string]*browser{"the browser": b, "the copied cookie": thief, "another session": other, "the other key's session": otherKey} {
+		if p := br.get("/records"); p.Status != http.StatusOK {
+			t.Fatalf("GET /records before signing out, %s: %d, want 200", name, p.Status)
+		}
+	}
+
+	tick()
+	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	for name, br := range map[string]*browser{"the copied cookie": thief, "another session of the key": other} {
+		if p := br.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("GET /records after signing out, %s: %d to %q, want 303 to /login", name, p.Status, p.Location)
+		}
+	}
+	if p := thief.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+		t.Errorf("a live refresh with the copied cookie after signing out: %d, want 401", p.Status)
+	}
+	if p := otherKey.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records after signing out, the account's other key's session: %d, want 200", p.Status)
+	}
+
+	tick()
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
+		t.Fatalf("signing in again: %d to %q, want 303 to /records", p.Status, p.Location)
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records signed in again after the sign-out: %d, want 200", p.Status)
 	}
 }
 
@@ -587,6 +664,142 @@ func TestEventDeliveriesAndResend(t *testing.T) {
 	if r := other.post("/events/"+id+"/resend", url.Values{"csrf_token": {other.csrf("/records")}, "idempotency_key": {apitest.NewKey()}}); r.Status != http.StatusNotFound {
 		t.Errorf("a resend of another account's event: %d, want 404", r.Status)
 	}
+}
+
+// A capture's or cancel's record links to the charge it acted on, once
+// finished too: its finish clears the charge's pending mark, the only link
+// the ledger has, so the record's page reads the charge from the stored
+// answer, the charge itself or a refusal that names it.
+func TestFinishedActionLinksItsCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	authorize := func() (id, intent string) {
+		t.Helper()
+		var ch struct {
+			ID     string `json:"id"`
+			Intent string `json:"stripe_payment_intent_id"`
+		}
+		res := api.Post("/v1/charges", apitest.NewKey(), map[string]any{
+			"amount": 5000, "currency": "usd", "payment_method": "pm_card_visa", "capture": false})
+		res.JSON(t, &ch)
+		if res.Status != http.StatusCreated || ch.ID == "" {
+			t.Fatalf("authorizing: %d %s", res.Status, res.Body)
+		}
+		return ch.ID, ch.Intent
+	}
+	captured, _ := authorize()
+	canceled, _ := authorize()
+	expired, intent := authorize()
+	if _, err := env.Stripe.Expire(intent); err != nil { // Stripe refuses its capture
+		t.Fatal(err)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	holdsRE := regexp.MustCompile(`<dt>Holds</dt><dd><a href="/charges/([^"]+)">`)
+	for _, c := range []struct {
+		name, charge, action string
+		status               int
+	}{
+		{"a capture", captured, "capture", http.StatusOK}, {"a cancel", canceled, "cancel", http.StatusOK},
+		{"a capture Stripe refused", expired, "capture", http.StatusUnprocessableEntity},
+	} {
+		key := apitest.NewKey()
+		res := api.Post("/v1/charges/"+c.charge+"/"+c.action, key, map[string]any{})
+		if res.Status != c.status {
+			t.Fatalf("%s: %d %s", c.name, res.Status, res.Body)
+		}
+		m := regexp.MustCompile(`data-record="([^"]+)" data-key="` + regexp.QuoteMeta(key) + `"`).FindStringSubmatch(b.get("/records").Body)
+		if m == nil {
+			t.Fatalf("%s: no record of its key on the records page", c.name)
+		}
+		p := b.get("/records/" + m[1])
+		if got := holdsRE.FindStringSubmatch(p.Body); p.Status != http.StatusOK || got == nil || got[1] != c.charge {
+			t.Errorf("%s, its finished record's page: %d, holds %v; want a link to /charges/%s", c.name, p.Status, got, c.charge)
+		}
+		if !strings.Contains(p.Body, `<dt>Charge</dt><dd><a href="/charges/`+c.charge+`">`) {
+			t.Errorf("%s, its finished record's page shows no charge %s under Stripe object", c.name, c.charge)
+		}
+	}
+}
+
+// A console request is a server span named by its route, and a Resend's
+// claim and finish are its children, in its trace, as an API request's
+// are; the span carries the record's attributes. They were roots: the
+// console's requests had no span.
+func TestResendTrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	env := apitest.New(t, apitest.Options{TracerProvider: tp})
+	base := newConsoleWith(t, env, console.Config{TracerProvider: tp})
+	acct := dbtest.NewAccount(t)
+	if res := env.ClientFor(t, acct).Post("/v1/charges", apitest.NewKey(), chargeBody(2500)); res.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", res.Status, res.Body)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	p := b.get("/events/" + evID[1])
+	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
+	if key == nil {
+		t.Fatal("the event's page has no Resend form")
+	}
+	exp.Reset()
+	form := url.Values{"csrf_token": {csrfRE.FindStringSubmatch(p.Body)[1]}, "idempotency_key": {key[1]}}
+	if r := b.post("/events/"+evID[1]+"/resend", form); r.Status != http.StatusSeeOther {
+		t.Fatalf("resend: %d, want 303; body:\n%s", r.Status, r.Body)
+	}
+
+	spans := exp.GetSpans()
+	var server *tracetest.SpanStub
+	for i, s := range spans {
+		if s.Name == "POST /events/{id}/resend" && s.SpanKind == trace.SpanKindServer {
+			server = &spans[i]
+		}
+	}
+	if server == nil {
+		t.Fatalf("no server span POST /events/{id}/resend among %v", spanNames(spans))
+	}
+	for _, name := range []string{"idempotency.claim", "idempotency.finish"} {
+		n := 0
+		for _, s := range spans {
+			if s.Name != name {
+				continue
+			}
+			n++
+			if s.Parent.SpanID() != server.SpanContext.SpanID() || s.SpanContext.TraceID() != server.SpanContext.TraceID() {
+				t.Errorf("%s: trace %s, parent %s; want a child of the console request's span (trace %s, span %s)",
+					name, s.SpanContext.TraceID(), s.Parent.SpanID(), server.SpanContext.TraceID(), server.SpanContext.SpanID())
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d %s spans, want 1, among %v", n, name, spanNames(spans))
+		}
+	}
+	outcome := ""
+	for _, a := range server.Attributes {
+		if a.Key == idempotency.AttrOutcome {
+			outcome = a.Value.AsString()
+		}
+	}
+	if outcome != "new" {
+		t.Errorf("the console request's span: idempay.outcome %q, want new", outcome)
+	}
+}
+
+func spanNames(spans tracetest.SpanStubs) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 func chargeBody(amount int64) map[string]any {

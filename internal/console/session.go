@@ -31,8 +31,9 @@ const (
 )
 
 // DefaultSessionLifetime is how long a sign-in lasts at most. The key is
-// checked again at every request, so a revocation ends a session at once;
-// the lifetime only bounds a session whose key stays valid.
+// checked again at every request, so a revocation, or a sign-out with the
+// key, ends a session at once; the lifetime only bounds a session whose key
+// stays valid and is not signed out.
 const DefaultSessionLifetime = 12 * time.Hour
 
 // session is what the signed cookie holds. It decides nothing by itself:
@@ -41,7 +42,9 @@ const DefaultSessionLifetime = 12 * time.Hour
 type session struct {
 	KeyID     string `json:"k"`
 	AccountID string `json:"a"`
-	// Issued is when the account signed in (Unix seconds).
+	// Issued is when the account signed in (Unix microseconds, the
+	// database's precision: a sign-out refuses the sessions issued before
+	// it, and a new sign-in right after it is not one of them).
 	Issued int64 `json:"t"`
 }
 
@@ -89,7 +92,7 @@ func (c *Console) decodeSession(r *http.Request) (session, error) {
 	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" {
 		return session{}, errNoSession
 	}
-	if age := c.now().Sub(time.Unix(s.Issued, 0)); age < 0 || age > c.cfg.SessionLifetime {
+	if age := c.now().Sub(time.UnixMicro(s.Issued)); age < 0 || age > c.cfg.SessionLifetime {
 		return session{}, errNoSession
 	}
 	return s, nil

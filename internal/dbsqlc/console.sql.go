@@ -473,11 +473,13 @@ const consoleSessionAccount = `-- name: ConsoleSessionAccount :one
 SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = $1 AND k.account_id = $2 AND k.revoked_at IS NULL
+  AND (k.signed_out_at IS NULL OR k.signed_out_at < $3::timestamptz)
 `
 
 type ConsoleSessionAccountParams struct {
 	KeyID     string
 	AccountID string
+	Issued    time.Time
 }
 
 type ConsoleSessionAccountRow struct {
@@ -487,18 +489,19 @@ type ConsoleSessionAccountRow struct {
 	KeyHash []byte
 }
 
-// The console's reads (internal/console). Every query names the account it
-// reads for, so an account never sees another's rows (I5). The console
-// adds no index: an index costs every first request a write, and these
-// reads are one person's. The records list walks the account's records
+// The console's reads, and its sign-out (internal/console). Every query
+// names the account it reads for, so an account never sees another's rows
+// (I5). The console adds no index: an index costs every first request a
+// write, and these reads are one person's. The records list walks the account's records
 // through the (scope, key) index, which retention keeps to a day's worth;
 // the refunds list reads the account's refunds.
 // The account a console session belongs to, read at every request from the
-// session's key id: a revoked key ends the session at once (I11, I15). The
+// session's key id: a revoked key ends the session at once (I11, I15), and
+// so does a sign-out after the session was issued (ConsoleSignOut). The
 // key's hash is the credential of the request's one write (a resend), whose
 // claim checks the key again as an API request's claim does.
 func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *ConsoleSessionAccountParams) (ConsoleSessionAccountRow, error) {
-	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID)
+	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID, arg.Issued)
 	var i ConsoleSessionAccountRow
 	err := row.Scan(
 		&i.ID,
@@ -507,4 +510,23 @@ func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *Conso
 		&i.KeyHash,
 	)
 	return i, err
+}
+
+const consoleSignOut = `-- name: ConsoleSignOut :exec
+UPDATE api_keys SET signed_out_at = GREATEST(signed_out_at, $1::timestamptz)
+WHERE id = $2 AND account_id = $3
+`
+
+type ConsoleSignOutParams struct {
+	SignedOutAt time.Time
+	KeyID       string
+	AccountID   string
+}
+
+// "Sign out": ends every console session of the key issued until
+// signed_out_at, in every process, at its next request. GREATEST (which
+// skips a NULL): a process whose clock is behind never moves it back.
+func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignOutParams) error {
+	_, err := db.Exec(ctx, consoleSignOut, arg.SignedOutAt, arg.KeyID, arg.AccountID)
+	return err
 }

@@ -24,6 +24,7 @@ type ApiKey struct {
 	CreatedAt        time.Time
 	LastUsedAt       *time.Time
 	RevokedAt        *time.Time
+	SignedOutAt      *time.Time
 }
 
 type Charge struct {

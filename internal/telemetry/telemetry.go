@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -61,13 +62,20 @@ func Setup(ctx context.Context, service string) (trace.TracerProvider, func(cont
 // HTTPHandler wraps h so that each request is a server span (the stable
 // HTTP semantic conventions), continuing the caller's trace from its
 // traceparent. The route is named on the span once routing knows it
-// (NameRoute). h itself when tp is nil.
+// (NameRoute), or, behind an http.ServeMux (the console's), by the pattern
+// it matched, which otelhttp names the span with again after routing.
+// h itself when tp is nil.
 func HTTPHandler(h http.Handler, tp trace.TracerProvider) http.Handler {
 	if tp == nil {
 		return h
 	}
 	return otelhttp.NewHandler(h, "http.server", otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(Propagator),
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }))
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			if _, route, ok := strings.Cut(r.Pattern, " "); ok {
+				return r.Method + " " + route
+			}
+			return r.Method
+		}))
 }
 
 // NameRoute names the request's server span after its route, as the HTTP
