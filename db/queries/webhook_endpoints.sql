@@ -88,10 +88,13 @@ UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) 
 
 -- name: WebhookEndpointsFailed :many
 -- The endpoints every attempt of a batch failed at: failing since now
--- unless they were already; returns since when each has been failing.
-UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, @now::timestamptz)
+-- unless they were already; returns whether each has been failing for
+-- @disable_after_seconds (it is to be disabled). Now is the database's
+-- now() unless a test passes its clock (Config.Now).
+UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, coalesce(sqlc.narg(now)::timestamptz, now()))
 WHERE id = ANY (@ids::text[])
-RETURNING id, failing_since::timestamptz;
+RETURNING id, (failing_since <= coalesce(sqlc.narg(now)::timestamptz, now())
+                                - make_interval(secs => @disable_after_seconds::float8))::boolean AS disable;
 
 -- name: WebhookEndpointDisable :one
 -- idempay disables the endpoint (reason 'gone' or 'failing'); no row when
@@ -213,11 +216,17 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING;
 -- which names pending as webhook_deliveries_object's predicate does
 -- (neither delivered nor failed) so that only that index can answer it,
 -- in one probe, lowest version first.
+--
+-- Due, leased and the lease's end are by one clock, the database's
+-- now() (a test passes its own, Config.Now), never the worker's: a
+-- worker whose clock runs ahead does not take a lease before it ends, nor
+-- one behind send a delivery late. claimed_at is that now, which the
+-- worker stamps its attempts' times from.
 WITH due AS (
     SELECT d.id FROM webhook_deliveries d
     JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
-    WHERE d.state = 'pending' AND d.next_attempt_at <= @now::timestamptz
-      AND (d.lease_until IS NULL OR d.lease_until <= @now::timestamptz)
+    WHERE d.state = 'pending' AND d.next_attempt_at <= coalesce(sqlc.narg(now)::timestamptz, now())
+      AND (d.lease_until IS NULL OR d.lease_until <= coalesce(sqlc.narg(now)::timestamptz, now()))
       AND d.object_version = (
           SELECT p.object_version FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
@@ -227,10 +236,13 @@ WITH due AS (
     LIMIT @max_rows
     FOR UPDATE OF d SKIP LOCKED
 )
-UPDATE webhook_deliveries d SET lease_until = @lease_until::timestamptz, claims = d.claims + 1
+UPDATE webhook_deliveries d
+SET lease_until = coalesce(sqlc.narg(now)::timestamptz, now()) + make_interval(secs => @lease_seconds::float8),
+    claims = d.claims + 1
 FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
+    coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS claimed_at,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
     w.url, w.secret, w.previous_secret, w.previous_expires_at;
 
@@ -241,14 +253,17 @@ RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
 -- started again meanwhile (WebhookDeliveriesResend), changes nothing. A
 -- delivery paused while it was being sent (its endpoint disabled
 -- meanwhile) stays paused unless it was delivered. The ids it returns are
--- the outcomes that counted.
+-- the outcomes that counted. Each is due next @retry_in_seconds after now
+-- (0 for one delivered, failed or gone), on the claim's clock: the
+-- database's now() unless a test passes its own (WebhookDeliveryClaim).
 UPDATE webhook_deliveries d
 SET state = CASE WHEN d.state = 'paused' AND u.state = 'pending' THEN 'paused' ELSE u.state END,
-    attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+    attempts = d.attempts + 1, lease_until = NULL,
+    next_attempt_at = coalesce(sqlc.narg(now)::timestamptz, now()) + make_interval(secs => u.retry_in_seconds),
     last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
-    delivered_at = CASE WHEN u.state = 'delivered' THEN @now::timestamptz ELSE d.delivered_at END
+    delivered_at = CASE WHEN u.state = 'delivered' THEN coalesce(sqlc.narg(now)::timestamptz, now()) ELSE d.delivered_at END
 FROM (SELECT unnest(@ids::text[]) AS id, unnest(@claims::bigint[]) AS claims, unnest(@states::text[]) AS state,
-             unnest(@next_attempt_ats::timestamptz[]) AS next_attempt_at, unnest(@statuses::int[]) AS status,
+             unnest(@retry_in_seconds::float8[]) AS retry_in_seconds, unnest(@statuses::int[]) AS status,
              unnest(@errors::text[]) AS error) u
 WHERE d.id = u.id AND d.claims = u.claims AND d.state IN ('pending', 'paused')
 RETURNING d.id;

@@ -126,22 +126,23 @@ func (q *Queries) WebhookDeliveriesFanOut(ctx context.Context, db DBTX, arg *Web
 const webhookDeliveriesFinish = `-- name: WebhookDeliveriesFinish :many
 UPDATE webhook_deliveries d
 SET state = CASE WHEN d.state = 'paused' AND u.state = 'pending' THEN 'paused' ELSE u.state END,
-    attempts = d.attempts + 1, next_attempt_at = u.next_attempt_at, lease_until = NULL,
+    attempts = d.attempts + 1, lease_until = NULL,
+    next_attempt_at = coalesce($1::timestamptz, now()) + make_interval(secs => u.retry_in_seconds),
     last_status = NULLIF(u.status, 0), last_error = NULLIF(u.error, ''),
-    delivered_at = CASE WHEN u.state = 'delivered' THEN $1::timestamptz ELSE d.delivered_at END
+    delivered_at = CASE WHEN u.state = 'delivered' THEN coalesce($1::timestamptz, now()) ELSE d.delivered_at END
 FROM (SELECT unnest($2::text[]) AS id, unnest($3::bigint[]) AS claims, unnest($4::text[]) AS state,
-             unnest($5::timestamptz[]) AS next_attempt_at, unnest($6::int[]) AS status,
+             unnest($5::float8[]) AS retry_in_seconds, unnest($6::int[]) AS status,
              unnest($7::text[]) AS error) u
 WHERE d.id = u.id AND d.claims = u.claims AND d.state IN ('pending', 'paused')
 RETURNING d.id
 `
 
 type WebhookDeliveriesFinishParams struct {
-	Now            time.Time
+	Now            *time.Time
 	Ids            []string
 	Claims         []int64
 	States         []string
-	NextAttemptAts []time.Time
+	RetryInSeconds []float64
 	Statuses       []int32
 	Errors         []string
 }
@@ -152,14 +153,16 @@ type WebhookDeliveriesFinishParams struct {
 // started again meanwhile (WebhookDeliveriesResend), changes nothing. A
 // delivery paused while it was being sent (its endpoint disabled
 // meanwhile) stays paused unless it was delivered. The ids it returns are
-// the outcomes that counted.
+// the outcomes that counted. Each is due next @retry_in_seconds after now
+// (0 for one delivered, failed or gone), on the claim's clock: the
+// database's now() unless a test passes its own (WebhookDeliveryClaim).
 func (q *Queries) WebhookDeliveriesFinish(ctx context.Context, db DBTX, arg *WebhookDeliveriesFinishParams) ([]string, error) {
 	rows, err := db.Query(ctx, webhookDeliveriesFinish,
 		arg.Now,
 		arg.Ids,
 		arg.Claims,
 		arg.States,
-		arg.NextAttemptAts,
+		arg.RetryInSeconds,
 		arg.Statuses,
 		arg.Errors,
 	)
@@ -265,8 +268,8 @@ const webhookDeliveryClaim = `-- name: WebhookDeliveryClaim :many
 WITH due AS (
     SELECT d.id FROM webhook_deliveries d
     JOIN webhook_endpoints w ON w.id = d.endpoint_id AND w.enabled
-    WHERE d.state = 'pending' AND d.next_attempt_at <= $2::timestamptz
-      AND (d.lease_until IS NULL OR d.lease_until <= $2::timestamptz)
+    WHERE d.state = 'pending' AND d.next_attempt_at <= coalesce($1::timestamptz, now())
+      AND (d.lease_until IS NULL OR d.lease_until <= coalesce($1::timestamptz, now()))
       AND d.object_version = (
           SELECT p.object_version FROM webhook_deliveries p
           WHERE p.endpoint_id = d.endpoint_id AND p.object_id = d.object_id
@@ -276,18 +279,21 @@ WITH due AS (
     LIMIT $3
     FOR UPDATE OF d SKIP LOCKED
 )
-UPDATE webhook_deliveries d SET lease_until = $1::timestamptz, claims = d.claims + 1
+UPDATE webhook_deliveries d
+SET lease_until = coalesce($1::timestamptz, now()) + make_interval(secs => $2::float8),
+    claims = d.claims + 1
 FROM due, events e, webhook_endpoints w
 WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
 RETURNING d.id, d.endpoint_id, d.next_attempt_at, d.attempts, d.claims,
+    coalesce($1::timestamptz, now())::timestamptz AS claimed_at,
     e.id AS event_id, e.account_id, e.type, e.object_id, e.object_version, e.data, e.created_at AS event_created_at,
     w.url, w.secret, w.previous_secret, w.previous_expires_at
 `
 
 type WebhookDeliveryClaimParams struct {
-	LeaseUntil time.Time
-	Now        time.Time
-	MaxRows    int32
+	Now          *time.Time
+	LeaseSeconds float64
+	MaxRows      int32
 }
 
 type WebhookDeliveryClaimRow struct {
@@ -296,6 +302,7 @@ type WebhookDeliveryClaimRow struct {
 	NextAttemptAt     time.Time
 	Attempts          int32
 	Claims            int64
+	ClaimedAt         time.Time
 	EventID           string
 	AccountID         string
 	Type              string
@@ -329,8 +336,14 @@ type WebhookDeliveryClaimRow struct {
 // which names pending as webhook_deliveries_object's predicate does
 // (neither delivered nor failed) so that only that index can answer it,
 // in one probe, lowest version first.
+//
+// Due, leased and the lease's end are by one clock, the database's
+// now() (a test passes its own, Config.Now), never the worker's: a
+// worker whose clock runs ahead does not take a lease before it ends, nor
+// one behind send a delivery late. claimed_at is that now, which the
+// worker stamps its attempts' times from.
 func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *WebhookDeliveryClaimParams) ([]WebhookDeliveryClaimRow, error) {
-	rows, err := db.Query(ctx, webhookDeliveryClaim, arg.LeaseUntil, arg.Now, arg.MaxRows)
+	rows, err := db.Query(ctx, webhookDeliveryClaim, arg.Now, arg.LeaseSeconds, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -344,6 +357,7 @@ func (q *Queries) WebhookDeliveryClaim(ctx context.Context, db DBTX, arg *Webhoo
 			&i.NextAttemptAt,
 			&i.Attempts,
 			&i.Claims,
+			&i.ClaimedAt,
 			&i.EventID,
 			&i.AccountID,
 			&i.Type,
@@ -913,25 +927,29 @@ func (q *Queries) WebhookEndpointsDisabled(ctx context.Context, db DBTX) (int64,
 }
 
 const webhookEndpointsFailed = `-- name: WebhookEndpointsFailed :many
-UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, $1::timestamptz)
+UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, coalesce($1::timestamptz, now()))
 WHERE id = ANY ($2::text[])
-RETURNING id, failing_since::timestamptz
+RETURNING id, (failing_since <= coalesce($1::timestamptz, now())
+                                - make_interval(secs => $3::float8))::boolean AS disable
 `
 
 type WebhookEndpointsFailedParams struct {
-	Now time.Time
-	Ids []string
+	Now                 *time.Time
+	Ids                 []string
+	DisableAfterSeconds float64
 }
 
 type WebhookEndpointsFailedRow struct {
-	ID           string
-	FailingSince time.Time
+	ID      string
+	Disable bool
 }
 
 // The endpoints every attempt of a batch failed at: failing since now
-// unless they were already; returns since when each has been failing.
+// unless they were already; returns whether each has been failing for
+// @disable_after_seconds (it is to be disabled). Now is the database's
+// now() unless a test passes its clock (Config.Now).
 func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *WebhookEndpointsFailedParams) ([]WebhookEndpointsFailedRow, error) {
-	rows, err := db.Query(ctx, webhookEndpointsFailed, arg.Now, arg.Ids)
+	rows, err := db.Query(ctx, webhookEndpointsFailed, arg.Now, arg.Ids, arg.DisableAfterSeconds)
 	if err != nil {
 		return nil, err
 	}
@@ -939,7 +957,7 @@ func (q *Queries) WebhookEndpointsFailed(ctx context.Context, db DBTX, arg *Webh
 	var items []WebhookEndpointsFailedRow
 	for rows.Next() {
 		var i WebhookEndpointsFailedRow
-		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+		if err := rows.Scan(&i.ID, &i.Disable); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -139,7 +139,7 @@ func (s *Service) Resend(ctx context.Context, accountID, eventID string, req ide
 		if _, err := s.events.Event(ctx, accountID, eventID); err != nil {
 			return err
 		}
-		return s.q.WebhookDeliveriesResend(ctx, b, &dbsqlc.WebhookDeliveriesResendParams{AccountID: accountID, EventID: eventID, Now: s.cfg.dueNow()})
+		return s.q.WebhookDeliveriesResend(ctx, b, &dbsqlc.WebhookDeliveriesResendParams{AccountID: accountID, EventID: eventID, Now: s.cfg.dbNow()})
 	}, answer: map[string]any{"object": "event_resend", "event": eventID}})
 }
 

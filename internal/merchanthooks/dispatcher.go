@@ -85,7 +85,7 @@ func (s *Service) fanOut(ctx context.Context, tx pgx.Tx, seqs []int64) error {
 	for _, q := range seqs {
 		lo, hi = min(lo, q), max(hi, q)
 	}
-	if _, err := s.q.WebhookDeliveriesFanOut(ctx, tx, &dbsqlc.WebhookDeliveriesFanOutParams{Lo: lo, Hi: hi, Seqs: seqs, Now: s.cfg.dueNow()}); err != nil {
+	if _, err := s.q.WebhookDeliveriesFanOut(ctx, tx, &dbsqlc.WebhookDeliveriesFanOutParams{Lo: lo, Hi: hi, Seqs: seqs, Now: s.cfg.dbNow()}); err != nil {
 		return fmt.Errorf("creating deliveries: %w", err)
 	}
 	return nil

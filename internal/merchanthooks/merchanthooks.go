@@ -101,12 +101,15 @@ type Config struct {
 	// reads (one statement, ExpandRecovery): a recovery of any size is a
 	// series of transactions of at most this many events each.
 	RecoverChunk int
-	// Now is the workers' clock, and the one a recovery's window and a
-	// rotation's overlap are checked by (nil: time.Now); tests move it.
-	// When set, it also stamps when a delivery that the fan-out, a resend
-	// or a recovery makes is due (at once), which is otherwise the
-	// database's now(): a test's deliveries are then due by its clock
-	// alone, as its idempotency records are (idempotency.Config.Now).
+	// Now, when set, replaces the database's now() in every query that
+	// stamps or compares a delivery's or a lease's time (when a delivery
+	// is due, whether a lease holds and when it ends, when a retry is due,
+	// since when an endpoint fails): tests move it, as they move the
+	// idempotency records' (idempotency.Config.Now). nil, as in
+	// production, leaves those to the database's clock, which every
+	// process shares. It is also the clock a recovery's window and a
+	// rotation's overlap are checked by, and a worker measures how long
+	// it has held its claims by (nil: time.Now).
 	Now func() time.Time
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
@@ -139,10 +142,10 @@ func (c Config) now() time.Time {
 	return time.Now()
 }
 
-// dueNow is the time a new or restarted delivery is due, passed to the
-// queries that make one: nil, the database's now(), unless a test set
-// Now.
-func (c Config) dueNow() *time.Time {
+// dbNow is the now passed to the queries that stamp or compare a
+// delivery's or a lease's time: nil, the database's now(), unless a test
+// set Now.
+func (c Config) dbNow() *time.Time {
 	if c.Now == nil {
 		return nil
 	}

@@ -207,7 +207,7 @@ func (s *Service) GetRecovery(ctx context.Context, accountID, endpointID, id str
 // runs it before claiming deliveries (RunWorkers).
 func (s *Service) ExpandRecovery(ctx context.Context) (bool, error) {
 	row, err := s.q.WebhookRecoveryExpand(ctx, s.pool, &dbsqlc.WebhookRecoveryExpandParams{
-		MaxRows: int32(max(1, s.cfg.RecoverChunk)), Now: s.cfg.dueNow()})
+		MaxRows: int32(max(1, s.cfg.RecoverChunk)), Now: s.cfg.dbNow()})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return false, nil
 	} else if err != nil {

@@ -86,11 +86,17 @@ func (s *Service) RunWorkers(ctx context.Context, client *http.Client) {
 // sent but given back, due again at once: another worker may have taken
 // it, and sent it and the object's next version. A stall once the POST
 // has started cannot be undone; its outcome is fenced (finish).
+//
+// Whether a delivery is due and whether a lease holds are decided, and a
+// lease's end and a retry's time stamped, by the database's clock
+// (Config.dbNow), never by this process's: the worker only measures how
+// long it has held its claim, on its own clock, from just before the
+// claim (so never less than it has), and its attempts' times are the
+// claim's time plus that.
 func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, error) {
-	now := s.cfg.now()
-	leaseUntil := now.Add(s.cfg.Lease)
+	held := s.cfg.now()
 	claimed, err := s.q.WebhookDeliveryClaim(ctx, s.pool, &dbsqlc.WebhookDeliveryClaimParams{
-		Now: now, LeaseUntil: leaseUntil, MaxRows: int32(n)})
+		Now: s.cfg.dbNow(), LeaseSeconds: s.cfg.Lease.Seconds(), MaxRows: int32(n)})
 	if err != nil {
 		return 0, fmt.Errorf("claiming deliveries: %w", err)
 	}
@@ -108,7 +114,7 @@ func (s *Service) Work(ctx context.Context, client *http.Client, n int) (int, er
 	atts := make([]attempt, len(claimed))
 	var wg sync.WaitGroup
 	for i, d := range claimed {
-		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID], leaseUntil) })
+		wg.Go(func() { atts[i] = s.send(ctx, client, d, bodies[d.EventID], held) })
 	}
 	wg.Wait()
 	if err := s.finish(ctx, claimed, atts); err != nil {
@@ -143,22 +149,26 @@ func (s *Service) sendWindow() time.Duration {
 // is a failed attempt like any other, recorded with its error: the
 // delivery follows the schedule and the endpoint its failure clock,
 // instead of being claimed again and again. A delivery whose lease ends
-// within sendWindow is given back unsent (Work).
-func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte, leaseUntil time.Time) attempt {
+// within sendWindow is given back unsent (Work): the lease is counted from
+// held, the worker's time just before its claim. The attempt's time is
+// the claim's on the database's clock plus the time held since (Work).
+func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte, held time.Time) attempt {
 	if s.beforeSend != nil {
 		s.beforeSend()
 	}
-	if leaseUntil.Sub(s.cfg.now()) < s.sendWindow() {
+	since := s.cfg.now().Sub(held)
+	if s.cfg.Lease-since < s.sendWindow() {
 		return attempt{givenBack: true}
 	}
+	started := d.ClaimedAt.Add(since)
 	if body == nil { // the stored event's data is not JSON
-		return attempt{started: s.cfg.now(), err: "encoding the event failed"}
+		return attempt{started: started, err: "encoding the event failed"}
 	}
 	secrets, err := s.secrets(d.EndpointID, d.Secret, d.PreviousSecret, d.PreviousExpiresAt, s.cfg.now())
 	if err != nil {
-		return attempt{started: s.cfg.now(), err: "opening the endpoint's signing secret: " + err.Error()}
+		return attempt{started: started, err: "opening the endpoint's signing secret: " + err.Error()}
 	}
-	return s.post(ctx, client, d.Url, d.EventID, body, secrets)
+	return s.post(ctx, client, d.Url, d.EventID, body, secrets, started)
 }
 
 // secrets are the endpoint's signing secrets: the current one, and the
@@ -180,10 +190,10 @@ func (s *Service) secrets(endpointID string, secret, previous []byte, previousEx
 }
 
 // post sends the event: POST, the JSON of the event, webhook-id (the
-// event's id, the same on every attempt and resend), webhook-timestamp and
-// webhook-signature.
-func (s *Service) post(ctx context.Context, client *http.Client, url, id string, body []byte, secrets []string) (a attempt) {
-	a = attempt{started: s.cfg.now()}
+// event's id, the same on every attempt and resend), webhook-timestamp
+// (started, the attempt's time as it is recorded) and webhook-signature.
+func (s *Service) post(ctx context.Context, client *http.Client, url, id string, body []byte, secrets []string, started time.Time) (a attempt) {
+	a = attempt{started: started}
 	start := time.Now()
 	defer func() { a.duration = time.Since(start) }()
 	sig, err := Sign(secrets, id, a.started, body)
@@ -259,22 +269,23 @@ func (s *Service) nextDelay(attempts int) (time.Duration, bool) {
 	return d, true
 }
 
-// outcome is what attempt a of delivery d makes of it: its state, when it
-// is due next, and the outcome Observe is told.
-func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.Time) (state string, next time.Time, outcome string) {
+// outcome is what attempt a of delivery d makes of it: its state, how
+// long after the attempt is recorded it is due next (WebhookDeliveriesFinish
+// adds it to the database's now()), and the outcome Observe is told.
+func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt) (state string, retryIn time.Duration, outcome string) {
 	switch {
 	case a.status >= 200 && a.status < 300:
-		return StateDelivered, now, OutcomeDelivered
+		return StateDelivered, 0, OutcomeDelivered
 	case a.status == http.StatusGone:
 		// Pending still, and paused with the endpoint's others when it is
 		// disabled: it goes out if the merchant enables the endpoint again.
-		return StatePending, now, OutcomeGone
+		return StatePending, 0, OutcomeGone
 	}
 	delay, ok := s.nextDelay(int(d.Attempts) + 1)
 	if !ok {
-		return StateFailed, now, OutcomeFailed
+		return StateFailed, 0, OutcomeFailed
 	}
-	return StatePending, now.Add(max(delay, a.retryIn)), OutcomeRetrying
+	return StatePending, max(delay, a.retryIn), OutcomeRetrying
 }
 
 // finish records a batch's attempts and their outcomes in one
@@ -289,7 +300,8 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt, now time.
 // delivery's outcome was fenced (endpointsAfter).
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
 	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
-	now := s.cfg.now()
+	// nil: the database's now(), in the statements that record the batch.
+	now := s.cfg.dbNow()
 	// The deliveries given back unsent have no attempt to record.
 	var claimed []dbsqlc.WebhookDeliveryClaimRow
 	var atts []attempt
@@ -317,11 +329,11 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 		ins.Statuses = append(ins.Statuses, int32(a.status))
 		ins.ResponseBodies = append(ins.ResponseBodies, truncate(a.answer, maxAnswerBytes))
 		ins.Errors = append(ins.Errors, errText)
-		state, next, outcome := s.outcome(d, a, now)
+		state, retryIn, outcome := s.outcome(d, a)
 		fin.Ids = append(fin.Ids, d.ID)
 		fin.Claims = append(fin.Claims, d.Claims)
 		fin.States = append(fin.States, state)
-		fin.NextAttemptAts = append(fin.NextAttemptAts, next)
+		fin.RetryInSeconds = append(fin.RetryInSeconds, retryIn.Seconds())
 		fin.Statuses = append(fin.Statuses, int32(a.status))
 		fin.Errors = append(fin.Errors, errText)
 		outcomes[i] = outcome
@@ -372,8 +384,8 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 // disabled once that is longer than Config.DisableAfter; one that answered
 // 410 is disabled. locked are the batch's endpoints as their lock found
 // them. outcomes[i] becomes OutcomeFenced for each delivery whose outcome
-// did not count.
-func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc.WebhookEndpointsLockRow, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now time.Time) error {
+// did not count. now is the database's clock's (nil) or a test's.
+func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc.WebhookEndpointsLockRow, claimed []dbsqlc.WebhookDeliveryClaimRow, outcomes, counted []string, now *time.Time) error {
 	var reached, failing, gone []string
 	for i, d := range claimed {
 		switch outcomes[i] {
@@ -401,12 +413,13 @@ func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc
 		}
 	}
 	if len(failing) > 0 {
-		rows, err := s.q.WebhookEndpointsFailed(ctx, tx, &dbsqlc.WebhookEndpointsFailedParams{Ids: failing, Now: now})
+		rows, err := s.q.WebhookEndpointsFailed(ctx, tx, &dbsqlc.WebhookEndpointsFailedParams{Ids: failing, Now: now,
+			DisableAfterSeconds: s.cfg.DisableAfter.Seconds()})
 		if err != nil {
 			return fmt.Errorf("noting endpoints failing: %w", err)
 		}
 		for _, r := range rows {
-			if now.Sub(r.FailingSince) >= s.cfg.DisableAfter {
+			if r.Disable {
 				if err := s.disable(ctx, tx, r.ID, ReasonFailing); err != nil {
 					return err
 				}

@@ -1,0 +1,148 @@
+package merchanthooks_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/internal/events"
+	"github.com/idempay/idempay/internal/merchanthooks"
+)
+
+// dbClock is a database clock the test sets, for the sessions of the pool
+// it returns (on the test's database): their now() is a function in a
+// schema of their own that reads the one time the test stores (setDBClock).
+// PostgreSQL looks pg_catalog up first unless the search_path names it, so
+// theirs names it after that schema. The schema's defaults (created_at)
+// and the test's own pool keep the real now().
+func (b *bundle) dbClock(t *testing.T, at time.Time) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `CREATE SCHEMA dbclock;
+		CREATE TABLE dbclock.now (t timestamptz NOT NULL);
+		INSERT INTO dbclock.now VALUES (now());
+		CREATE FUNCTION dbclock.now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT t FROM dbclock.now'`); err != nil {
+		t.Fatalf("creating the database clock: %v", err)
+	}
+	b.setDBClock(t, at)
+	cfg := b.pool.Config()
+	cfg.ConnConfig.RuntimeParams["search_path"] = "dbclock, pg_catalog, public"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil || !now.Equal(at) {
+		t.Fatalf("the database clock reads %v (%v), want %v", now, err, at)
+	}
+	return pool
+}
+
+func (b *bundle) setDBClock(t *testing.T, at time.Time) {
+	t.Helper()
+	if _, err := b.pool.Exec(context.Background(), "UPDATE dbclock.now SET t = $1", at); err != nil {
+		t.Fatalf("setting the database clock: %v", err)
+	}
+}
+
+// TestWorkersOnTheDatabasesClock: a worker as in production (no
+// Config.Now) whose process's clock is an hour off the database's decides
+// by the database's clock, which every process shares. An hour ahead of
+// it, it does not take a lease another worker holds before the lease ends
+// by the database's clock, and takes it once it has. An hour behind it, it
+// sends a new delivery at once, and stamps the retry, the endpoint's
+// failure clock and the delivery's time on the database's clock.
+func TestWorkersOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	epID, _ := b.endpoint(t, "", "*")
+	// The worker's own clock is time.Now, which the test only keeps an
+	// hour away from the database's.
+	ahead := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	pool := b.dbClock(t, ahead)
+	cfg := b.cfg
+	cfg.Now = nil
+	prod := merchanthooks.New(pool, b.env.Runner, cfg, quiet)
+
+	// The worker's clock an hour ahead of the database's. The test's
+	// service, its clock on the database's, claims the delivery; while it
+	// holds the lease, the other worker claims.
+	b.clock.Advance(ahead.Sub(b.clock.Now()))
+	first := b.event(t, events.ChargeSucceeded, "ch_ahead", 1)
+	if _, err := prod.Dispatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	whileHeld, afterLease := -1, -1
+	b.svc.SetBeforeSend(func() {
+		b.svc.SetBeforeSend(nil)
+		var err error
+		if whileHeld, err = prod.Work(ctx, b.http, 10); err != nil {
+			t.Errorf("work: %v", err)
+		}
+		b.setDBClock(t, ahead.Add(b.cfg.Lease+time.Second))
+		if afterLease, err = prod.Work(ctx, b.http, 10); err != nil {
+			t.Errorf("work: %v", err)
+		}
+	})
+	if n, err := b.svc.Work(ctx, b.http, 10); n != 1 || err != nil {
+		t.Fatalf("the worker on the database's clock claimed %d (%v), want the delivery", n, err)
+	}
+	if whileHeld != 0 || afterLease != 1 {
+		t.Errorf("a worker an hour ahead of the database claimed %d while another's lease held by the database's clock, "+
+			"and %d once it had ended; want 0 and 1", whileHeld, afterLease)
+	}
+	if got := len(b.recv.deliveries()); got != 2 {
+		t.Errorf("the receiver got %d requests, want 2: the taken-over lease's and the late one", got)
+	}
+	if state, attempts, _ := b.deliveryState(t, first); state != merchanthooks.StateDelivered || attempts != 1 {
+		t.Errorf("%s after %d attempts, want delivered once (the late outcome fenced)", state, attempts)
+	}
+
+	// The worker's clock an hour behind the database's: the new delivery
+	// is due at once by the database's clock, its retry one Schedule[0]
+	// after the failed attempt by that clock.
+	behind := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	b.setDBClock(t, behind)
+	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
+	second := b.event(t, events.ChargeSucceeded, "ch_behind", 1)
+	if _, err := prod.Dispatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := prod.Work(ctx, b.http, 10); n != 1 || err != nil {
+		t.Fatalf("a worker an hour behind the database claimed %d (%v) of a delivery due by the database's clock, want 1: %s",
+			n, err, b.describeDeliveries(t))
+	}
+	if _, attempts, next := b.deliveryState(t, second); attempts != 1 || !next.Equal(behind.Add(b.cfg.Schedule[0])) {
+		t.Errorf("after a failed attempt at %v by the database's clock: %d attempts, next at %v; want 1, next at %v",
+			behind, attempts, next, behind.Add(b.cfg.Schedule[0]))
+	}
+	if since := b.failingSince(t, epID); since == nil || !since.Equal(behind) {
+		t.Errorf("the endpoint is failing since %v, want %v (the database's clock)", since, behind)
+	}
+	var scheduled, started time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT a.scheduled_at, a.started_at FROM webhook_attempts a
+		JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1`, second).Scan(&scheduled, &started); err != nil {
+		t.Fatal(err)
+	}
+	if started.Before(scheduled) || started.After(behind.Add(time.Minute)) {
+		t.Errorf("the attempt scheduled at %v started at %v, want by the database's clock (%v)", scheduled, started, behind)
+	}
+	b.recv.setAnswer(nil)
+	b.setDBClock(t, behind.Add(b.cfg.Schedule[0]))
+	if n, err := prod.Work(ctx, b.http, 10); n != 1 || err != nil {
+		t.Fatalf("the retry due by the database's clock: claimed %d (%v), want 1: %s", n, err, b.describeDeliveries(t))
+	}
+	var delivered time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT delivered_at FROM webhook_deliveries WHERE event_id = $1", second).Scan(&delivered); err != nil {
+		t.Fatal(err)
+	}
+	if !delivered.Equal(behind.Add(b.cfg.Schedule[0])) || b.failingSince(t, epID) != nil {
+		t.Errorf("delivered at %v, failing since %v; want delivered at %v by the database's clock, not failing",
+			delivered, b.failingSince(t, epID), behind.Add(b.cfg.Schedule[0]))
+	}
+}
