@@ -379,7 +379,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		// any redelivery. If no charge was ever started, none is started
 		// now: the message is out of deliveries. A database that does not
 		// answer is the limit's unavailable, as on the last delivery.
-		switch outcome, perr := c.charges.Peek(ctx, cmd.Request); {
+		switch outcome, perr := c.charges.Peek(ctx, cmd); {
 		case perr != nil:
 			c.retry(ctx, log, msg, meta, reasonUnavailable, perr)
 			return
