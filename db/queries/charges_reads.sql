@@ -14,3 +14,11 @@ LIMIT @max_rows;
 -- name: ChargeGet :one
 -- A charge of any account, for operator commands (idempay webhooks trigger).
 SELECT * FROM charges WHERE id = @id;
+
+-- name: LedgerRowOfRecordExists :one
+-- Whether the request of a record made its charge or refund: their ids
+-- derive from the record's (ledgerID), so a row exists only when this same
+-- request ran before, and Peek says what the claim would (IDE01) after
+-- retention deleted the record.
+SELECT (EXISTS (SELECT 1 FROM charges c WHERE c.id = @charge_id::text)
+        OR EXISTS (SELECT 1 FROM refunds r WHERE r.id = @refund_id::text))::boolean AS made;

@@ -27,12 +27,12 @@ WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
       END;
 
 -- name: IdempotencyKeyTakeover :one
--- Takes over a resumable record (lock free or older than the lock timeout)
--- at the generation the read saw, with a new generation that fences the old
--- owner's late writes. For an API request (key_hash set) the API key must
--- still be active and own the record, as in the claim's INSERT. No row: the
--- record changed since the read, or the key was revoked; the runner's next
--- read tells which.
+-- Takes over a resumable record (lock free or older than the lock timeout;
+-- of a @bounded route, under the retry ceiling, I16) at the generation the
+-- read saw, with a new generation that fences the old owner's late writes.
+-- An API request's key (key_hash) must still be active and own the record,
+-- as in the claim's INSERT. No row: the record changed or crossed the
+-- ceiling since the read, or the key was revoked; the next read tells which.
 UPDATE idempotency_keys ik
 SET locked_at = coalesce(sqlc.narg(now)::timestamptz, now()),
     lock_generation = ik.lock_generation + 1,
@@ -42,6 +42,8 @@ WHERE ik.id = @id
   AND ik.recovery_point IN ('started', 'downstream_called')
   AND (ik.locked_at IS NULL
        OR ik.locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
+  AND (NOT @bounded::boolean
+       OR ik.created_at >= coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @retry_ceiling_seconds::float8))
   AND (sqlc.narg(key_hash)::bytea IS NULL
        OR EXISTS (SELECT 1 FROM api_keys k
                   WHERE k.key_hash = sqlc.narg(key_hash) AND k.account_id = ik.account_id AND k.revoked_at IS NULL))

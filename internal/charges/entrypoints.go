@@ -3,7 +3,9 @@ package charges
 import (
 	"bytes"
 	"context"
+	"fmt"
 
+	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -40,8 +42,25 @@ func (s *Service) PrepareCharge(accountID, key string, body []byte) (*Command, e
 }
 
 // Peek tells, without claiming or writing anything, what Run would do with
-// req (idempotency.Runner.Peek): for a rollout's shadow mode, which counts
-// what enforcing would change.
-func (s *Service) Peek(ctx context.Context, req idempotency.Request) (idempotency.Outcome, error) {
-	return s.runner.Peek(ctx, req)
+// cmd: idempotency.Runner.Peek's answer, or for a key with no record
+// OutcomeExpired when this same request's charge or refund exists (its
+// record expired, and Run's claim refuses it: ErrKeyExpired). For a
+// rollout's shadow mode, which counts what enforcing would change, and a
+// broker message past its deliveries.
+func (s *Service) Peek(ctx context.Context, cmd *Command) (idempotency.Outcome, error) {
+	would, err := s.runner.Peek(ctx, cmd.Request)
+	if err != nil || would != idempotency.OutcomeNew {
+		return would, err
+	}
+	req := cmd.Request
+	rec := &idempotency.Record{ID: idempotency.RecordID(req.Scope, req.Key, req.Fingerprint)}
+	made, err := s.st.q.LedgerRowOfRecordExists(ctx, s.st.pool, &dbsqlc.LedgerRowOfRecordExistsParams{
+		ChargeID: ledgerID("ch_", rec), RefundID: ledgerID("re_", rec)})
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("reading the ledger row of a key with no record: %w", err)
+	case made:
+		return idempotency.OutcomeExpired, nil
+	}
+	return idempotency.OutcomeNew, nil
 }

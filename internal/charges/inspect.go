@@ -113,11 +113,15 @@ func utc(t *time.Time) *time.Time {
 }
 
 // IdempotencyKey is GET /v1/idempotency_keys/{key}: the state of the
-// account's record under key. Another account's key is not found, exactly
-// like an unknown one (I5); so is a key that no request could have sent
-// (empty or too long), without a look-up.
+// account's record under key, read as the Idempotency-Key header is
+// (idempotency.ParseKey), so that the quoted Structured-Field form and the
+// bare form name the same record, whichever the POST sent. Another
+// account's key is not found, exactly like an unknown one (I5); so is a
+// key that no request could have sent (empty, too long, a malformed
+// quoted form), without a look-up.
 func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (IdempotencyKey, error) {
-	if key == "" || len(key) > idempotency.MaxKeyLength {
+	key, err := idempotency.ParseKey(key)
+	if err != nil {
 		return IdempotencyKey{}, readErr(ErrNotFound, "idempotency key")
 	}
 	row, err := s.st.keyState(ctx, accountID, key)

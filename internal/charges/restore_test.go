@@ -509,6 +509,57 @@ func TestKeyReusedAfterRetention(t *testing.T) {
 	}
 }
 
+// TestPeekAfterRetention: Peek says what Run does with a key whose record
+// expired: OutcomeExpired for the same charge or refund again (Run refuses
+// it, ErrKeyExpired), OutcomeNew for another request under the key.
+func TestPeekAfterRetention(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ctx := context.Background()
+	ch := createCharge(t, c, 100)
+	chargeKey, refundKey := apitest.NewKey(), apitest.NewKey()
+	chargeBody := `{"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`
+	wantStatus(t, c.Post("/v1/charges", chargeKey, map[string]any{"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa"}), http.StatusCreated)
+	wantStatus(t, c.Post("/v1/refunds", refundKey, map[string]any{"charge": ch.ID, "amount": 100}), http.StatusCreated)
+	expireRecord(t, env.Pool, c.Account.ID, chargeKey)
+	expireRecord(t, env.Pool, c.Account.ID, refundKey)
+
+	refund := func(key, body string) *charges.Command {
+		req, err := idempotency.PrepareBody(idempotency.AccountScope(c.Account.ID), key, http.MethodPost, charges.RouteRefunds,
+			charges.RouteRefunds, strings.NewReader(body), idempotency.MaxBodyBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := env.Charges.NewRefund(c.Account.ID, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	charge := func(key, body string) *charges.Command {
+		cmd, err := env.Charges.PrepareCharge(c.Account.ID, key, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	for _, tc := range []struct {
+		name string
+		cmd  *charges.Command
+		want idempotency.Outcome
+	}{
+		{"the same charge", charge(chargeKey, chargeBody), idempotency.OutcomeExpired},
+		{"another charge", charge(chargeKey, `{"amount":1600,"currency":"usd","payment_method":"pm_card_visa"}`), idempotency.OutcomeNew},
+		{"the same refund", refund(refundKey, `{"charge":"`+ch.ID+`","amount":100}`), idempotency.OutcomeExpired},
+		{"another refund", refund(refundKey, `{"charge":"`+ch.ID+`","amount":50}`), idempotency.OutcomeNew},
+	} {
+		if got, err := env.Charges.Peek(ctx, tc.cmd); err != nil || got != tc.want {
+			t.Errorf("Peek of %s after retention: %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+}
+
 // TestRefundKeyReusedAfterRetention: a refund sent again after its record
 // expired means what a charge does (422 idempotency-key-expired naming the
 // refund), even when the charge it refunded has nothing left to refund, a

@@ -158,3 +158,24 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 	}
 	return items, nil
 }
+
+const ledgerRowOfRecordExists = `-- name: LedgerRowOfRecordExists :one
+SELECT (EXISTS (SELECT 1 FROM charges c WHERE c.id = $1::text)
+        OR EXISTS (SELECT 1 FROM refunds r WHERE r.id = $2::text))::boolean AS made
+`
+
+type LedgerRowOfRecordExistsParams struct {
+	ChargeID string
+	RefundID string
+}
+
+// Whether the request of a record made its charge or refund: their ids
+// derive from the record's (ledgerID), so a row exists only when this same
+// request ran before, and Peek says what the claim would (IDE01) after
+// retention deleted the record.
+func (q *Queries) LedgerRowOfRecordExists(ctx context.Context, db DBTX, arg *LedgerRowOfRecordExistsParams) (bool, error) {
+	row := db.QueryRow(ctx, ledgerRowOfRecordExists, arg.ChargeID, arg.RefundID)
+	var made bool
+	err := row.Scan(&made)
+	return made, err
+}

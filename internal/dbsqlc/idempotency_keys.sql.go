@@ -317,32 +317,38 @@ WHERE ik.id = $2
   AND ik.recovery_point IN ('started', 'downstream_called')
   AND (ik.locked_at IS NULL
        OR ik.locked_at < coalesce($1::timestamptz, now()) - make_interval(secs => $4::float8))
-  AND ($5::bytea IS NULL
+  AND (NOT $5::boolean
+       OR ik.created_at >= coalesce($1::timestamptz, now()) - make_interval(secs => $6::float8))
+  AND ($7::bytea IS NULL
        OR EXISTS (SELECT 1 FROM api_keys k
-                  WHERE k.key_hash = $5 AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
+                  WHERE k.key_hash = $7 AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
 RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
 type IdempotencyKeyTakeoverParams struct {
-	Now                *time.Time
-	ID                 string
-	LockGeneration     int64
-	LockTimeoutSeconds float64
-	KeyHash            []byte
+	Now                 *time.Time
+	ID                  string
+	LockGeneration      int64
+	LockTimeoutSeconds  float64
+	Bounded             bool
+	RetryCeilingSeconds float64
+	KeyHash             []byte
 }
 
-// Takes over a resumable record (lock free or older than the lock timeout)
-// at the generation the read saw, with a new generation that fences the old
-// owner's late writes. For an API request (key_hash set) the API key must
-// still be active and own the record, as in the claim's INSERT. No row: the
-// record changed since the read, or the key was revoked; the runner's next
-// read tells which.
+// Takes over a resumable record (lock free or older than the lock timeout;
+// of a @bounded route, under the retry ceiling, I16) at the generation the
+// read saw, with a new generation that fences the old owner's late writes.
+// An API request's key (key_hash) must still be active and own the record,
+// as in the claim's INSERT. No row: the record changed or crossed the
+// ceiling since the read, or the key was revoked; the next read tells which.
 func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *IdempotencyKeyTakeoverParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, idempotencyKeyTakeover,
 		arg.Now,
 		arg.ID,
 		arg.LockGeneration,
 		arg.LockTimeoutSeconds,
+		arg.Bounded,
+		arg.RetryCeilingSeconds,
 		arg.KeyHash,
 	)
 	var i IdempotencyKey

@@ -245,3 +245,39 @@ func TestRunnersClockAlone(t *testing.T) {
 		})
 	}
 }
+
+// I16: the retry ceiling is checked by the takeover's own statement, not
+// only by the read before it. A retry whose first statement found its
+// record resumable just short of the ceiling, and whose takeover comes
+// after the ceiling (its body arrived slowly), parks the record and calls
+// nothing downstream.
+func TestTakeoverRechecksTheCeiling(t *testing.T) {
+	t.Parallel()
+	d, r, clock, credential, _ := credentialSetup(t)
+	ctx := context.Background()
+	cfg := idempotency.DefaultConfig()
+
+	if _, err := r.Run(ctx, request(d.AccountID, "k"), unknownOp(d)); !errors.Is(err, idempotency.ErrUnknownOutcome) {
+		t.Fatalf("first attempt: %v, want ErrUnknownOutcome", err)
+	}
+	clock.Advance(cfg.RetryCeiling - 10*time.Second)
+	caller, err := r.Authenticate(ctx, credential, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request(d.AccountID, "k")
+	caller.Attach(&req)
+	clock.Advance(20 * time.Second)
+
+	op := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "past the ceiling")
+	}}
+	_, err = r.Run(ctx, req, op)
+	_ = requireKind(t, err, idempotency.ErrParked)
+	if c := op.calls.Load(); c != 0 {
+		t.Errorf("downstream calls of the retry past the ceiling: %d, want 0", c)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointParked {
+		t.Errorf("record after the retry past the ceiling: %q, want parked", rec.RecoveryPoint)
+	}
+}

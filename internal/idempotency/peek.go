@@ -12,6 +12,9 @@ import (
 // req now: OutcomeNew (no record), OutcomeReplayed, OutcomeMismatch,
 // OutcomeConflict (in flight), OutcomeParked or OutcomeTakeover (resumable). An account in
 // shadow mode uses it to count what enforcing idempotency would change.
+// With no record, only the operation's ledger tells whether this same
+// request ran before its record expired (Run: ErrKeyExpired, from Begin's
+// insert): its caller asks it, as charges.Service.Peek does.
 func (r *Runner) Peek(ctx context.Context, req Request) (Outcome, error) {
 	if err := req.fingerprinted(); err != nil {
 		return "", err

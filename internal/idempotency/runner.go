@@ -285,7 +285,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 			}
 			continue // changed since the read
 		}
-		if rec, err := r.takeover(ctx, row.ID, row.LockGeneration, req.Credential); rec != nil || err != nil {
+		if rec, err := r.takeover(ctx, row.ID, row.LockGeneration, req); rec != nil || err != nil {
 			return rec, nil, err
 		}
 		// changed since the read: read again
@@ -301,12 +301,12 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 }
 
 // takeover takes the resumable record id at the generation a read saw, with
-// a new one that fences the old owner. It returns nil, nil when the record
-// changed or credential is no longer active: the caller's next read tells which.
-func (r *Runner) takeover(ctx context.Context, id string, generation int64, credential []byte) (*Record, error) {
+// a new one that fences the old owner. nil, nil: the record changed, crossed
+// the retry ceiling, or req's API key was revoked; the next read tells which.
+func (r *Runner) takeover(ctx context.Context, id string, generation int64, req Request) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
-		KeyHash: credential,
+		Bounded: r.bounded(req.Method, req.Route), RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(), KeyHash: req.Credential,
 	})
 	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
 		return nil, nil

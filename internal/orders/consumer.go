@@ -22,10 +22,11 @@
 // acknowledged or dead-lettered (I9). A delivery past the limit finishes
 // what the interrupted one left: it waits for a charge in flight, resumes
 // or replays one that was claimed, and dead-letters the message
-// (max_deliveries) only if it finds no record under the key (no charge
-// was ever started, or its record is gone), or if its own attempt ends
-// as the last delivery's would have (an unknown outcome, the database
-// unavailable).
+// (max_deliveries) only if it finds neither a record under the key nor a
+// charge of the message (none was ever started, or a restore lost both),
+// or if its own attempt ends as the last delivery's would have (an unknown
+// outcome, the database unavailable). A charge whose record expired is
+// key_expired, as on any delivery.
 package orders
 
 import (
@@ -380,22 +381,23 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		// letter could not be published. If it or an earlier delivery
 		// claimed the key, the charge is in flight or done: the runner
 		// below waits for it (in_flight), resumes or replays it, as for
-		// any redelivery. If there is no record under the key, no charge
-		// is started now: the message is out of deliveries. That is the
-		// case when no charge was ever started, and also when one was and
-		// its record is gone (expired after the retention window, or lost
-		// in a restore), which this delivery cannot tell apart: its dead
-		// letter says both. A database that does not answer is the limit's
+		// any redelivery. A charge this request made whose record has
+		// expired is refused as expired, as on any delivery. If there is
+		// neither a record nor a charge, no charge is started now: the
+		// message is out of deliveries. That is the case when no charge was
+		// ever started, and also when one was and a restore lost it with its
+		// record, which this delivery cannot tell apart: its dead letter
+		// says both. A database that does not answer is the limit's
 		// unavailable, as on the last delivery.
-		switch outcome, perr := c.charges.Peek(ctx, cmd.Request); {
+		switch outcome, perr := c.charges.Peek(ctx, cmd); {
 		case perr != nil:
 			c.retry(ctx, log, msg, meta, reasonUnavailable, perr)
 			return
 		case outcome == idempotency.OutcomeNew:
 			c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, fmt.Sprintf(
-				"delivery %d, past the limit of %d: no record under the idempotency_key, and no charge started now; "+
-					"either none was ever started, or its record is gone (expired after the retention window, "+
-					"or lost in a restore) and the charge made under the key stands",
+				"delivery %d, past the limit of %d: no record under the idempotency_key and no charge of this message, "+
+					"and none started now; either none was ever started, or a restore lost it with its record "+
+					"(Stripe's may stand: reconciliation finds it)",
 				meta.NumDelivered, c.cfg.MaxDeliver))
 			return
 		}

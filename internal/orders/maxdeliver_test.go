@@ -300,16 +300,32 @@ func TestSlowHandlerKeepsItsMessageInProgress(t *testing.T) {
 }
 
 // A delivery past the limit that finds no record under its key starts no
-// charge and dead-letters the message (max_deliveries); but a missing
-// record does not mean that no charge was started: the key's charge may
-// have been made and its record expired since (retention deletes finished
-// records; the charge stays). Its dead letter says what the delivery
-// knows, not that no charge was started. Here the charge is made over
-// HTTP, its record deleted as retention would, and the message's first
-// delivery (MaxDeliver 1) nak'ed unhandled, so that the consumer gets
-// the second.
+// charge; but a missing record does not mean that no charge was started.
+// The key's charge may have been made and its record expired since
+// (retention deletes finished records; the charge stays): the delivery
+// finds that charge and dead-letters the message as key_expired, as any
+// delivery would. Only with neither a record nor a charge (a restore lost
+// both) is it max_deliveries, and its dead letter says what the delivery
+// knows, not that no charge was ever started. Each case makes its charge
+// over HTTP, deletes what it lost, and nak's the message's first delivery
+// (MaxDeliver 1) unhandled, so that the consumer gets the second.
 func TestPastLimitDeliveryAfterItsRecordExpired(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name, lost, reason, detail string
+	}{
+		{"record expired", `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, orders.ReasonKeyExpired, "expired"},
+		{"record and charge lost", `WITH ik AS (DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 RETURNING id)
+			DELETE FROM charges WHERE id = 'ch_' || substr((SELECT id FROM ik), 4)`, orders.ReasonMaxDeliveries, "restore"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pastLimitAfterLoss(t, tc.lost, tc.reason, tc.detail)
+		})
+	}
+}
+
+func pastLimitAfterLoss(t *testing.T, lost, reason, detail string) {
 	env := apitest.New(t, apitest.Options{})
 	url := natstest.Server(t)
 	cfg := benchConfig(1, nil)
@@ -318,8 +334,8 @@ func TestPastLimitDeliveryAfterItsRecordExpired(t *testing.T) {
 	if r := c.Post("/v1/charges", key, map[string]any{"amount": 4400, "currency": "usd", "payment_method": "tok_visa"}); r.Status != http.StatusCreated {
 		t.Fatalf("HTTP charge: %d %s", r.Status, r.Body)
 	}
-	if _, err := env.Pool.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, c.Account.ID, key); err != nil {
-		t.Fatal(err)
+	if tag, err := env.Pool.Exec(context.Background(), lost, c.Account.ID, key); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("deleting what was lost: %v (%d rows)", err, tag.RowsAffected())
 	}
 
 	_, js := natstest.Connect(t, url)
@@ -351,14 +367,11 @@ func TestPastLimitDeliveryAfterItsRecordExpired(t *testing.T) {
 	b.waitFor(t, "a dead letter", func() bool { return b.count(orders.OutcomeDeadLetter) >= 1 })
 	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
 	dl := b.deadLetters(t)
-	if len(dl) != 1 || dl[0].Reason != orders.ReasonMaxDeliveries || dl[0].Deliveries != "2" {
-		t.Fatalf("dead letters %+v, want one with reason %s after 2 deliveries (outcomes %v)", dl, orders.ReasonMaxDeliveries, b.snapshot())
+	if len(dl) != 1 || dl[0].Reason != reason || dl[0].Deliveries != "2" {
+		t.Fatalf("dead letters %+v, want one with reason %s after 2 deliveries (outcomes %v)", dl, reason, b.snapshot())
 	}
-	if d := dl[0].Detail; strings.Contains(d, "no charge was started") || !strings.Contains(d, "expired") {
-		t.Errorf("the dead letter's detail is %q: it must not say that no charge was started (one was, and its record expired), and must say that a record may have expired", d)
-	}
-	if n := b.charges(t, c.Account.ID); n != 1 {
-		t.Errorf("%d ledger rows, want 1", n)
+	if d := dl[0].Detail; strings.Contains(d, "no charge was started") || !strings.Contains(d, detail) {
+		t.Errorf("the dead letter's detail is %q: it must not say that no charge was started (one was), and must say %q", d, detail)
 	}
 	if n := len(env.Stripe.Charges()); n != 1 {
 		t.Errorf("Stripe holds %d charges, want 1", n)

@@ -164,6 +164,39 @@ func TestInspectKey(t *testing.T) {
 	}
 }
 
+// The key in the inspection's path is read as the Idempotency-Key header
+// is: the quoted Structured-Field form ("k", with \" and \\ escapes) and
+// the bare form name the same record, whichever form its POST sent. A form
+// that no header could have sent is not found.
+func TestInspectKeyQuotedForm(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	body := map[string]any{"amount": 900, "currency": "usd", "payment_method": "tok_visa"}
+	for _, sent := range []string{`"sf order 1"`, `"sf \"quoted\" \\ 2"`, "bare order 3"} {
+		if r := c.Post("/v1/charges", sent, body); r.Status != http.StatusCreated {
+			t.Fatalf("charge with Idempotency-Key %s: %d %s", sent, r.Status, r.Body)
+		}
+	}
+	for form, want := range map[string]string{
+		`"sf order 1"`:         "sf order 1",
+		"sf order 1":           "sf order 1",
+		`"sf \"quoted\" \\ 2"`: `sf "quoted" \ 2`,
+		`sf "quoted" \ 2`:      `sf "quoted" \ 2`,
+		`"bare order 3"`:       "bare order 3",
+		"bare order 3":         "bare order 3",
+	} {
+		if r, st := inspect(t, c, form); r.Status != http.StatusOK || st.Key != want {
+			t.Errorf("GET /v1/idempotency_keys/ of %s: %d key %q, want 200 and the record of %q (%s)", form, r.Status, st.Key, want, r.Body)
+		}
+	}
+	for _, form := range []string{`"sf order 1`, `""`, `"a\b"`} {
+		if r, _ := inspect(t, c, form); r.Status != http.StatusNotFound {
+			t.Errorf("GET /v1/idempotency_keys/ of %s, a form no header could send: %d %s, want 404", form, r.Status, r.Body)
+		}
+	}
+}
+
 // deref shows a nullable member in a failure message.
 func deref(s *string) string {
 	if s == nil {

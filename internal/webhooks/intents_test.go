@@ -394,3 +394,52 @@ func TestReleaseRefundEventsAreStale(t *testing.T) {
 	}
 	wantOutcome(t, deliver(t, env, intentEvent(t, "charge.refund.updated", stranger, time.Now())), "unknown_object")
 }
+
+// A decline whose answer was lost (the charge left processing) and that
+// Stripe's payment_intent.payment_failed settles stores what the decline's
+// own answer stores: Stripe's decline code from last_payment_error
+// (insufficient_funds), as failure_code and in the stored 402.
+func TestDeclineSettledByEventKeepsTheDeclineCode(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	body := map[string]any{"amount": 700, "currency": "usd", "payment_method": "pm_card_chargeDeclinedInsufficientFunds"}
+
+	// First, on a new connection to Stripe: Go's transport would send a
+	// request with an Idempotency-Key again, by itself, when a reused
+	// connection closed without an answer.
+	key := apitest.NewKey()
+	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
+	if lost := c.Post("/v1/charges", key, body); lost.Status != http.StatusServiceUnavailable {
+		t.Fatalf("the decline whose answer was lost: %d %s, want 503", lost.Status, lost.Body)
+	}
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Fatalf("Stripe holds %d PaymentIntents, want 1", n)
+	}
+	pi := env.Stripe.Charges()[0]
+
+	sync := c.Post("/v1/charges", apitest.NewKey(), body)
+	var answered struct {
+		Charge      string `json:"charge"`
+		DeclineCode string `json:"decline_code"`
+	}
+	sync.JSON(t, &answered)
+	want := readCharge(t, c, answered.Charge).FailureCode
+	if sync.Status != http.StatusPaymentRequired || answered.DeclineCode != "insufficient_funds" || want == nil || *want != "insufficient_funds" {
+		t.Fatalf("the decline answered at once: %d, decline_code %q, failure_code %v; want 402, insufficient_funds for both",
+			sync.Status, answered.DeclineCode, want)
+	}
+
+	wantOutcome(t, deliver(t, env, intentEvent(t, "payment_intent.payment_failed", env.Stripe.IntentBody(pi.ID), time.Now())), "applied")
+	replay := c.Post("/v1/charges", key, body)
+	var settled struct {
+		Charge      string `json:"charge"`
+		DeclineCode string `json:"decline_code"`
+	}
+	replay.JSON(t, &settled)
+	got := readCharge(t, c, settled.Charge)
+	if replay.Status != http.StatusPaymentRequired || settled.DeclineCode != *want || got.FailureCode == nil || *got.FailureCode != *want {
+		t.Fatalf("settled by the event: the replay %d %s, the charge's failure_code %v; want 402 with decline_code %s, the same failure_code",
+			replay.Status, replay.Body, got.FailureCode, *want)
+	}
+}

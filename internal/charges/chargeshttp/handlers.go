@@ -63,8 +63,9 @@ func (h *Handler) getRefund(c echo.Context) error {
 }
 
 // getIdempotencyKey serves GET /v1/idempotency_keys/{key}. The key is sent
-// URL-path-escaped (a key may hold '/', '?', '%' or spaces); the server
-// decodes path parameters before any handler runs.
+// URL-path-escaped (a key may hold '/', '?', '%' or spaces), bare or quoted
+// as the header takes it; the server decodes path parameters before any
+// handler runs.
 func (h *Handler) getIdempotencyKey(c echo.Context) error {
 	ik, err := h.svc.IdempotencyKey(c.Request().Context(), accountshttp.FromContext(c).ID, c.Param("key"))
 	if err != nil {

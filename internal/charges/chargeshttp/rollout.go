@@ -55,17 +55,17 @@ func (h *Handler) rollout(c echo.Context, route string, command command) error {
 
 // shadow is command, then the shadow mode's part: a key is recorded the
 // first time; a request that would have been replayed, refused as a
-// mismatch or as in flight runs again as before, under a key of its own,
-// and is counted and logged as what enforcing would have changed. It
-// peeks after the command because the fingerprint that tells a replay from
-// a mismatch covers the validated, normalised body.
+// mismatch, as in flight or as expired runs again as before, under a key
+// of its own, and is counted and logged as what enforcing would have
+// changed. It peeks after the command because the fingerprint that tells a
+// replay from a mismatch covers the validated, normalised body.
 func (h *Handler) shadow(ctx context.Context, acct accounts.Account, command command) command {
 	return func(accountID string, req idempotency.Request) (*charges.Command, error) {
 		cmd, err := command(accountID, req)
 		if err != nil {
 			return nil, err
 		}
-		would, err := h.svc.Peek(ctx, cmd.Request)
+		would, err := h.svc.Peek(ctx, cmd)
 		if err != nil {
 			return nil, err
 		}

@@ -201,3 +201,33 @@ func TestRolloutModes(t *testing.T) {
 		t.Error("an unknown mode was accepted")
 	}
 }
+
+// Shadow mode after retention: a keyed request sent again after its
+// record expired (retention deleted it; the charge stays) is what
+// enforcing refuses, 422 idempotency-key-expired. Shadow mode's peek says
+// so too, so the request runs again as before, under a key of its own,
+// and is counted as would_expired, instead of being refused.
+func TestShadowAfterRetention(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	ctx := context.Background()
+	shadow := env.NewClient(t)
+	if err := accounts.SetMode(ctx, env.Pool, shadow.Account.ID, accounts.ModeShadow); err != nil {
+		t.Fatal(err)
+	}
+	headers := map[string]string{"Idempotency-Key": "expiring-1"}
+	wantStatus(t, postWith(t, shadow, headers), http.StatusCreated)
+	tag, err := env.Pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2`, shadow.Account.ID, "expiring-1")
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("expiring the record: %v (%d rows)", err, tag.RowsAffected())
+	}
+	again := postWith(t, shadow, headers)
+	wantStatus(t, again, http.StatusCreated)
+	if n := countRows(t, env.Pool, shadow.Account.ID); n.Charges != 2 {
+		t.Errorf("shadow after retention: %d charges, want 2 (the request ran again, as before)", n.Charges)
+	}
+	metrics := string(env.NewClient(t).Get("/metrics").Body)
+	if line := `idempay_idempotency_rollout_total{mode="shadow",outcome="would_expired"} 1`; !strings.Contains(metrics, line) {
+		t.Errorf("/metrics lacks %s", line)
+	}
+}
