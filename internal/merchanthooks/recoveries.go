@@ -145,7 +145,7 @@ func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	if err := op.s.checkWindow(op.since); err != nil {
 		return err
 	}
-	if _, err := op.s.get(ctx, op.accountID, op.endpointID); err != nil {
+	if _, _, err := op.s.get(ctx, op.accountID, op.endpointID); err != nil {
 		return err
 	}
 	op.row = dbsqlc.WebhookRecovery{ID: newID("whr_"), AccountID: op.accountID, EndpointID: op.endpointID,
