@@ -242,3 +242,41 @@ func TestRotationOnTheDatabasesClock(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoverWindowOnTheDatabasesClock: a recovery's since is checked
+// against the 31 days before the database's now, the clock the events and
+// the recovery's end are stamped by, whatever the server's own clock
+// reads. On a server an hour ahead of the database, a since half an hour
+// inside the window by the database's clock is taken; on one an hour
+// behind it, a since half an hour outside is refused, and one half an
+// hour ago by the database's clock (in the server's future) is taken.
+func TestRecoverWindowOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	pool := b.dbClock(t, time.Now().Truncate(time.Microsecond))
+	client, _ := b.onDBClock(t, pool)
+	path := "/v1/webhook_endpoints/" + epID + "/recover"
+	const window = 31 * 24 * time.Hour
+	for _, tc := range []struct {
+		off   time.Duration // the database's clock off the server's
+		since time.Duration // since, from the database's now
+		taken bool
+		why   string
+	}{
+		{-time.Hour, -window + 30*time.Minute, true, ""},
+		{time.Hour, -window - 30*time.Minute, false, "must be within the last 31 days"},
+		{time.Hour, -30 * time.Minute, true, ""},
+	} {
+		at := time.Now().Add(tc.off).Truncate(time.Microsecond)
+		b.setDBClock(t, at)
+		since := at.Add(tc.since).UTC().Format(time.RFC3339)
+		r := client.Post(path, apitest.NewKey(), map[string]any{"since": since})
+		what := fmt.Sprintf("the database's clock %v off the server's: a recovery since %v, %v from the database's now", tc.off, since, tc.since)
+		if !tc.taken {
+			wantRefusal(t, what, r, "invalid-request", []param{{"since", tc.why}})
+		} else if r.Status != http.StatusAccepted {
+			t.Errorf("%s: %d %s, want 202", what, r.Status, r.Body)
+		}
+	}
+}

@@ -105,7 +105,8 @@ type Config struct {
 	// stamps or compares a time of webhooks out (when a delivery is due,
 	// whether a lease holds and when it ends, when a retry is due, since
 	// when an endpoint fails, when a rotated-out secret stops signing, the
-	// now an endpoint is shown at): tests move it, as they move the idempotency records'
+	// now an endpoint is shown at and a recovery's window is checked
+	// against): tests move it, as they move the idempotency records'
 	// (idempotency.Config.Now). nil, as in production, leaves those to the
 	// database's clock, which every process shares. It is also the clock a
 	// worker measures how long it has held its claims by (nil: time.Now),
