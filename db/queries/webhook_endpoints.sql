@@ -23,13 +23,20 @@ WITH w AS (
 SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the account''s endpoints changed since they were counted');
 
 -- name: WebhookEndpointGetByID :one
-SELECT * FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
+-- The endpoint, and now: the database's now() unless a test passes its
+-- clock (Config.Now), by which a request judges the times the endpoint's
+-- answer shows (whether the previous secret still signs) and a recovery's
+-- window, in the read it makes anyway.
+SELECT sqlc.embed(webhook_endpoints), coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now
+FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
 -- name: WebhookEndpointGetByIdempotencyKeyID :one
 SELECT * FROM webhook_endpoints WHERE idempotency_key_id = @idempotency_key_id;
 
 -- name: WebhookEndpointList :many
-SELECT * FROM webhook_endpoints WHERE account_id = @account_id ORDER BY created_at, id;
+-- The account's endpoints, each with now as WebhookEndpointGetByID has it.
+SELECT sqlc.embed(webhook_endpoints), coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now
+FROM webhook_endpoints WHERE account_id = @account_id ORDER BY created_at, id;
 
 -- name: WebhookEndpointUpdate :exec
 -- The merchant's change, guarded by the version read before the phase
@@ -47,10 +54,16 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint c
 
 -- name: WebhookEndpointRotate :exec
 -- A new secret; the one before stays valid (signed with as well) until
--- previous_expires_at. Guarded like WebhookEndpointUpdate.
+-- previous_expires_at, @overlap_seconds after now: the database's now()
+-- (the transaction's time, which the claim's batch reads as the record's
+-- created_at) unless a test passes its clock (Config.Now), the clock the
+-- workers judge it by (WebhookDeliveryClaim's claimed_at). Guarded like
+-- WebhookEndpointUpdate.
 WITH w AS (
     UPDATE webhook_endpoints
-    SET previous_secret = secret, previous_expires_at = @previous_expires_at, secret = @secret,
+    SET previous_secret = secret,
+        previous_expires_at = coalesce(sqlc.narg(now)::timestamptz, now()) + make_interval(secs => @overlap_seconds::float8),
+        secret = @secret,
         version = version + 1, updated_at = now()
     WHERE account_id = @account_id AND id = @id AND version = @version
     RETURNING 1
@@ -98,11 +111,11 @@ RETURNING id, (failing_since <= coalesce(sqlc.narg(now)::timestamptz, now())
 
 -- name: WebhookEndpointDisable :one
 -- idempay disables the endpoint (reason 'gone' or 'failing'); no row when
--- it is disabled already.
+-- it is disabled already. now is as WebhookEndpointGetByID has it.
 UPDATE webhook_endpoints
 SET enabled = false, disabled_reason = @reason, version = version + 1, updated_at = now()
 WHERE id = @id AND enabled
-RETURNING *;
+RETURNING sqlc.embed(webhook_endpoints), coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now;
 
 -- name: WebhookDeliveriesPause :exec
 -- The endpoint is disabled: its pending deliveries leave the workers' due

@@ -668,65 +668,84 @@ const webhookEndpointDisable = `-- name: WebhookEndpointDisable :one
 UPDATE webhook_endpoints
 SET enabled = false, disabled_reason = $1, version = version + 1, updated_at = now()
 WHERE id = $2 AND enabled
-RETURNING id, account_id, url, enabled_events, enabled, disabled_reason, secret, previous_secret, previous_expires_at, failing_since, version, idempotency_key_id, created_at, updated_at
+RETURNING webhook_endpoints.id, webhook_endpoints.account_id, webhook_endpoints.url, webhook_endpoints.enabled_events, webhook_endpoints.enabled, webhook_endpoints.disabled_reason, webhook_endpoints.secret, webhook_endpoints.previous_secret, webhook_endpoints.previous_expires_at, webhook_endpoints.failing_since, webhook_endpoints.version, webhook_endpoints.idempotency_key_id, webhook_endpoints.created_at, webhook_endpoints.updated_at, coalesce($3::timestamptz, now())::timestamptz AS now
 `
 
 type WebhookEndpointDisableParams struct {
 	Reason *string
 	ID     string
+	Now    *time.Time
+}
+
+type WebhookEndpointDisableRow struct {
+	WebhookEndpoint WebhookEndpoint
+	Now             time.Time
 }
 
 // idempay disables the endpoint (reason 'gone' or 'failing'); no row when
-// it is disabled already.
-func (q *Queries) WebhookEndpointDisable(ctx context.Context, db DBTX, arg *WebhookEndpointDisableParams) (WebhookEndpoint, error) {
-	row := db.QueryRow(ctx, webhookEndpointDisable, arg.Reason, arg.ID)
-	var i WebhookEndpoint
+// it is disabled already. now is as WebhookEndpointGetByID has it.
+func (q *Queries) WebhookEndpointDisable(ctx context.Context, db DBTX, arg *WebhookEndpointDisableParams) (WebhookEndpointDisableRow, error) {
+	row := db.QueryRow(ctx, webhookEndpointDisable, arg.Reason, arg.ID, arg.Now)
+	var i WebhookEndpointDisableRow
 	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.Url,
-		&i.EnabledEvents,
-		&i.Enabled,
-		&i.DisabledReason,
-		&i.Secret,
-		&i.PreviousSecret,
-		&i.PreviousExpiresAt,
-		&i.FailingSince,
-		&i.Version,
-		&i.IdempotencyKeyID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
+		&i.WebhookEndpoint.ID,
+		&i.WebhookEndpoint.AccountID,
+		&i.WebhookEndpoint.Url,
+		&i.WebhookEndpoint.EnabledEvents,
+		&i.WebhookEndpoint.Enabled,
+		&i.WebhookEndpoint.DisabledReason,
+		&i.WebhookEndpoint.Secret,
+		&i.WebhookEndpoint.PreviousSecret,
+		&i.WebhookEndpoint.PreviousExpiresAt,
+		&i.WebhookEndpoint.FailingSince,
+		&i.WebhookEndpoint.Version,
+		&i.WebhookEndpoint.IdempotencyKeyID,
+		&i.WebhookEndpoint.CreatedAt,
+		&i.WebhookEndpoint.UpdatedAt,
+		&i.Now,
 	)
 	return i, err
 }
 
 const webhookEndpointGetByID = `-- name: WebhookEndpointGetByID :one
-SELECT id, account_id, url, enabled_events, enabled, disabled_reason, secret, previous_secret, previous_expires_at, failing_since, version, idempotency_key_id, created_at, updated_at FROM webhook_endpoints WHERE account_id = $1 AND id = $2
+SELECT webhook_endpoints.id, webhook_endpoints.account_id, webhook_endpoints.url, webhook_endpoints.enabled_events, webhook_endpoints.enabled, webhook_endpoints.disabled_reason, webhook_endpoints.secret, webhook_endpoints.previous_secret, webhook_endpoints.previous_expires_at, webhook_endpoints.failing_since, webhook_endpoints.version, webhook_endpoints.idempotency_key_id, webhook_endpoints.created_at, webhook_endpoints.updated_at, coalesce($1::timestamptz, now())::timestamptz AS now
+FROM webhook_endpoints WHERE account_id = $2 AND id = $3
 `
 
 type WebhookEndpointGetByIDParams struct {
+	Now       *time.Time
 	AccountID string
 	ID        string
 }
 
-func (q *Queries) WebhookEndpointGetByID(ctx context.Context, db DBTX, arg *WebhookEndpointGetByIDParams) (WebhookEndpoint, error) {
-	row := db.QueryRow(ctx, webhookEndpointGetByID, arg.AccountID, arg.ID)
-	var i WebhookEndpoint
+type WebhookEndpointGetByIDRow struct {
+	WebhookEndpoint WebhookEndpoint
+	Now             time.Time
+}
+
+// The endpoint, and now: the database's now() unless a test passes its
+// clock (Config.Now), by which a request judges the times the endpoint's
+// answer shows (whether the previous secret still signs) and a recovery's
+// window, in the read it makes anyway.
+func (q *Queries) WebhookEndpointGetByID(ctx context.Context, db DBTX, arg *WebhookEndpointGetByIDParams) (WebhookEndpointGetByIDRow, error) {
+	row := db.QueryRow(ctx, webhookEndpointGetByID, arg.Now, arg.AccountID, arg.ID)
+	var i WebhookEndpointGetByIDRow
 	err := row.Scan(
-		&i.ID,
-		&i.AccountID,
-		&i.Url,
-		&i.EnabledEvents,
-		&i.Enabled,
-		&i.DisabledReason,
-		&i.Secret,
-		&i.PreviousSecret,
-		&i.PreviousExpiresAt,
-		&i.FailingSince,
-		&i.Version,
-		&i.IdempotencyKeyID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
+		&i.WebhookEndpoint.ID,
+		&i.WebhookEndpoint.AccountID,
+		&i.WebhookEndpoint.Url,
+		&i.WebhookEndpoint.EnabledEvents,
+		&i.WebhookEndpoint.Enabled,
+		&i.WebhookEndpoint.DisabledReason,
+		&i.WebhookEndpoint.Secret,
+		&i.WebhookEndpoint.PreviousSecret,
+		&i.WebhookEndpoint.PreviousExpiresAt,
+		&i.WebhookEndpoint.FailingSince,
+		&i.WebhookEndpoint.Version,
+		&i.WebhookEndpoint.IdempotencyKeyID,
+		&i.WebhookEndpoint.CreatedAt,
+		&i.WebhookEndpoint.UpdatedAt,
+		&i.Now,
 	)
 	return i, err
 }
@@ -796,33 +815,46 @@ func (q *Queries) WebhookEndpointInsert(ctx context.Context, db DBTX, arg *Webho
 }
 
 const webhookEndpointList = `-- name: WebhookEndpointList :many
-SELECT id, account_id, url, enabled_events, enabled, disabled_reason, secret, previous_secret, previous_expires_at, failing_since, version, idempotency_key_id, created_at, updated_at FROM webhook_endpoints WHERE account_id = $1 ORDER BY created_at, id
+SELECT webhook_endpoints.id, webhook_endpoints.account_id, webhook_endpoints.url, webhook_endpoints.enabled_events, webhook_endpoints.enabled, webhook_endpoints.disabled_reason, webhook_endpoints.secret, webhook_endpoints.previous_secret, webhook_endpoints.previous_expires_at, webhook_endpoints.failing_since, webhook_endpoints.version, webhook_endpoints.idempotency_key_id, webhook_endpoints.created_at, webhook_endpoints.updated_at, coalesce($1::timestamptz, now())::timestamptz AS now
+FROM webhook_endpoints WHERE account_id = $2 ORDER BY created_at, id
 `
 
-func (q *Queries) WebhookEndpointList(ctx context.Context, db DBTX, accountID string) ([]WebhookEndpoint, error) {
-	rows, err := db.Query(ctx, webhookEndpointList, accountID)
+type WebhookEndpointListParams struct {
+	Now       *time.Time
+	AccountID string
+}
+
+type WebhookEndpointListRow struct {
+	WebhookEndpoint WebhookEndpoint
+	Now             time.Time
+}
+
+// The account's endpoints, each with now as WebhookEndpointGetByID has it.
+func (q *Queries) WebhookEndpointList(ctx context.Context, db DBTX, arg *WebhookEndpointListParams) ([]WebhookEndpointListRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointList, arg.Now, arg.AccountID)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []WebhookEndpoint
+	var items []WebhookEndpointListRow
 	for rows.Next() {
-		var i WebhookEndpoint
+		var i WebhookEndpointListRow
 		if err := rows.Scan(
-			&i.ID,
-			&i.AccountID,
-			&i.Url,
-			&i.EnabledEvents,
-			&i.Enabled,
-			&i.DisabledReason,
-			&i.Secret,
-			&i.PreviousSecret,
-			&i.PreviousExpiresAt,
-			&i.FailingSince,
-			&i.Version,
-			&i.IdempotencyKeyID,
-			&i.CreatedAt,
-			&i.UpdatedAt,
+			&i.WebhookEndpoint.ID,
+			&i.WebhookEndpoint.AccountID,
+			&i.WebhookEndpoint.Url,
+			&i.WebhookEndpoint.EnabledEvents,
+			&i.WebhookEndpoint.Enabled,
+			&i.WebhookEndpoint.DisabledReason,
+			&i.WebhookEndpoint.Secret,
+			&i.WebhookEndpoint.PreviousSecret,
+			&i.WebhookEndpoint.PreviousExpiresAt,
+			&i.WebhookEndpoint.FailingSince,
+			&i.WebhookEndpoint.Version,
+			&i.WebhookEndpoint.IdempotencyKeyID,
+			&i.WebhookEndpoint.CreatedAt,
+			&i.WebhookEndpoint.UpdatedAt,
+			&i.Now,
 		); err != nil {
 			return nil, err
 		}
@@ -850,27 +882,35 @@ func (q *Queries) WebhookEndpointLockAccount(ctx context.Context, db DBTX, accou
 const webhookEndpointRotate = `-- name: WebhookEndpointRotate :exec
 WITH w AS (
     UPDATE webhook_endpoints
-    SET previous_secret = secret, previous_expires_at = $1, secret = $2,
+    SET previous_secret = secret,
+        previous_expires_at = coalesce($1::timestamptz, now()) + make_interval(secs => $2::float8),
+        secret = $3,
         version = version + 1, updated_at = now()
-    WHERE account_id = $3 AND id = $4 AND version = $5
+    WHERE account_id = $4 AND id = $5 AND version = $6
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the webhook endpoint changed since it was read')
 `
 
 type WebhookEndpointRotateParams struct {
-	PreviousExpiresAt *time.Time
-	Secret            []byte
-	AccountID         string
-	ID                string
-	Version           int64
+	Now            *time.Time
+	OverlapSeconds float64
+	Secret         []byte
+	AccountID      string
+	ID             string
+	Version        int64
 }
 
 // A new secret; the one before stays valid (signed with as well) until
-// previous_expires_at. Guarded like WebhookEndpointUpdate.
+// previous_expires_at, @overlap_seconds after now: the database's now()
+// (the transaction's time, which the claim's batch reads as the record's
+// created_at) unless a test passes its clock (Config.Now), the clock the
+// workers judge it by (WebhookDeliveryClaim's claimed_at). Guarded like
+// WebhookEndpointUpdate.
 func (q *Queries) WebhookEndpointRotate(ctx context.Context, db DBTX, arg *WebhookEndpointRotateParams) error {
 	_, err := db.Exec(ctx, webhookEndpointRotate,
-		arg.PreviousExpiresAt,
+		arg.Now,
+		arg.OverlapSeconds,
 		arg.Secret,
 		arg.AccountID,
 		arg.ID,

@@ -2,12 +2,15 @@ package merchanthooks_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
@@ -144,5 +147,136 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 	if !delivered.Equal(behind.Add(b.cfg.Schedule[0])) || b.failingSince(t, epID) != nil {
 		t.Errorf("delivered at %v, failing since %v; want delivered at %v by the database's clock, not failing",
 			delivered, b.failingSince(t, epID), behind.Add(b.cfg.Schedule[0]))
+	}
+}
+
+// onDBClock is the API as a server runs it (no Config.Now) on pool, a
+// pool on the database's clock the test sets (dbClock), and a client of
+// the test's account: the server's own clock is time.Now. It returns the
+// client and the API's service (its dispatcher and workers).
+func (b *bundle) onDBClock(t *testing.T, pool *pgxpool.Pool) (*apitest.Client, *merchanthooks.Service) {
+	t.Helper()
+	cfg := b.cfg
+	cfg.Now = nil
+	env := apitest.New(t, apitest.Options{Pool: pool, MerchantHooks: &cfg})
+	return env.ClientFor(t, b.client.Account), env.MerchantHooks
+}
+
+// TestRotationOnTheDatabasesClock: a rotation's overlap is stamped, shown
+// and ended by the database's clock, whatever the server's own clock
+// reads. On a server an hour ahead of the database, then on one an hour
+// behind it: the rotation's answer says the previous secret stops signing
+// expires_in after the database's now, as stored (and replayed); the
+// endpoint shows that until then, and its deliveries carry both
+// signatures until then and only the new secret's after, by the
+// database's clock. (By the server's clock, the one ahead stopped
+// signing with the previous secret an hour early, and a merchant that
+// had not switched refused the deliveries; the one behind signed with it
+// an hour longer.)
+func TestRotationOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	epID, current := b.endpoint(t, "", "*")
+	pool := b.dbClock(t, time.Now().Truncate(time.Microsecond))
+	client, svc := b.onDBClock(t, pool)
+	const expiresIn = 600
+	for i, off := range []time.Duration{-time.Hour, time.Hour} {
+		at := time.Now().Add(off).Truncate(time.Microsecond)
+		b.setDBClock(t, at)
+		want := at.Add(expiresIn * time.Second)
+		path, key := "/v1/webhook_endpoints/"+epID+"/rotate_secret", apitest.NewKey()
+		r := client.Post(path, key, map[string]any{"expires_in": expiresIn})
+		var ep merchanthooks.Endpoint
+		r.JSON(t, &ep)
+		if r.Status != http.StatusOK || ep.Secret == nil {
+			t.Fatalf("rotate: %d %s", r.Status, r.Body)
+		}
+		previous := current
+		current = *ep.Secret
+		var stored time.Time
+		if err := b.pool.QueryRow(ctx, "SELECT previous_expires_at FROM webhook_endpoints WHERE id = $1", epID).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if ep.PreviousSecretExpiresAt == nil || !ep.PreviousSecretExpiresAt.Equal(want) || !stored.Equal(want) {
+			t.Errorf("the database's clock %v off the server's: the rotation answered previous_secret_expires_at %v and stored %v, "+
+				"want %v (the database's now plus expires_in)", off, ep.PreviousSecretExpiresAt, stored, want)
+		}
+		var replayed merchanthooks.Endpoint
+		if rr := client.Post(path, key, map[string]any{"expires_in": expiresIn}); rr.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the rotation's retry: %d %v %s, want its answer replayed", rr.Status, rr.Header, rr.Body)
+		} else if rr.JSON(t, &replayed); replayed.PreviousSecretExpiresAt == nil || !replayed.PreviousSecretExpiresAt.Equal(want) {
+			t.Errorf("the rotation's stored answer: %s, want previous_secret_expires_at %v", rr.Body, want)
+		}
+
+		// During the overlap by the database's clock, and after it.
+		for _, during := range []bool{true, false} {
+			now, signatures := at, 2
+			if !during {
+				now, signatures = want.Add(time.Second), 1
+				b.setDBClock(t, now)
+			}
+			var shown merchanthooks.Endpoint
+			client.Get("/v1/webhook_endpoints/"+epID).JSON(t, &shown)
+			if (shown.PreviousSecretExpiresAt != nil) != during {
+				t.Errorf("the database's clock %v off the server's, at %v by it: the endpoint shows previous_secret_expires_at %v; want it shown: %v",
+					off, now, shown.PreviousSecretExpiresAt, during)
+			}
+			b.event(t, events.ChargeSucceeded, fmt.Sprintf("ch_rot%d_%v", i, during), 1)
+			if _, err := svc.Dispatch(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := svc.Work(ctx, b.http, 10); n != 1 || err != nil {
+				t.Fatalf("work: claimed %d (%v), want 1: %s", n, err, b.describeDeliveries(t))
+			}
+			got := b.recv.deliveries()
+			d := got[len(got)-1]
+			if err := verify(t, current, d); err != nil {
+				t.Errorf("the new secret: %v", err)
+			}
+			if err := verify(t, previous, d); (err == nil) != during || len(strings.Fields(d.Signature)) != signatures {
+				t.Errorf("the database's clock %v off the server's, at %v by it (the previous secret expires at %v): "+
+					"signature %q, the previous secret verifies it: %v (%v); want %d signatures, the previous secret's: %v",
+					off, now, want, d.Signature, err == nil, err, signatures, during)
+			}
+		}
+	}
+}
+
+// TestRecoverWindowOnTheDatabasesClock: a recovery's since is checked
+// against the 31 days before the database's now, the clock the events and
+// the recovery's end are stamped by, whatever the server's own clock
+// reads. On a server an hour ahead of the database, a since half an hour
+// inside the window by the database's clock is taken; on one an hour
+// behind it, a since half an hour outside is refused, and one half an
+// hour ago by the database's clock (in the server's future) is taken.
+func TestRecoverWindowOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	pool := b.dbClock(t, time.Now().Truncate(time.Microsecond))
+	client, _ := b.onDBClock(t, pool)
+	path := "/v1/webhook_endpoints/" + epID + "/recover"
+	const window = 31 * 24 * time.Hour
+	for _, tc := range []struct {
+		off   time.Duration // the database's clock off the server's
+		since time.Duration // since, from the database's now
+		taken bool
+		why   string
+	}{
+		{-time.Hour, -window + 30*time.Minute, true, ""},
+		{time.Hour, -window - 30*time.Minute, false, "must be within the last 31 days"},
+		{time.Hour, -30 * time.Minute, true, ""},
+	} {
+		at := time.Now().Add(tc.off).Truncate(time.Microsecond)
+		b.setDBClock(t, at)
+		since := at.Add(tc.since).UTC().Format(time.RFC3339)
+		r := client.Post(path, apitest.NewKey(), map[string]any{"since": since})
+		what := fmt.Sprintf("the database's clock %v off the server's: a recovery since %v, %v from the database's now", tc.off, since, tc.since)
+		if !tc.taken {
+			wantRefusal(t, what, r, "invalid-request", []param{{"since", tc.why}})
+		} else if r.Status != http.StatusAccepted {
+			t.Errorf("%s: %d %s, want 202", what, r.Status, r.Body)
+		}
 	}
 }

@@ -84,7 +84,7 @@ func (s *Service) withAttempts(ctx context.Context, rows []dbsqlc.WebhookDeliver
 // other lists refuse theirs: the page after an id that was never listed
 // would be a page of whatever ids sort below that text, or none.
 func (s *Service) EndpointDeliveries(ctx context.Context, accountID, endpointID string, limit int, startingAfter string) (DeliveryList, error) {
-	if _, err := s.get(ctx, accountID, endpointID); err != nil {
+	if _, _, err := s.get(ctx, accountID, endpointID); err != nil {
 		return DeliveryList{}, err
 	}
 	p := &dbsqlc.WebhookDeliveryListByEndpointParams{AccountID: accountID, EndpointID: endpointID, MaxRows: int32(limit + 1)}

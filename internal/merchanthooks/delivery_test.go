@@ -466,8 +466,8 @@ func TestObjectOrder(t *testing.T) {
 
 // TestRotation: after a rotation, deliveries carry two signatures, each
 // verified by the reference library with its secret, until the old
-// secret's overlap (ten minutes) ends by the service's clock, the one that
-// set it; then only the new one.
+// secret's overlap (ten minutes) ends by the clock that stamped it (the
+// test's, Config.Now, in place of the database's); then only the new one.
 func TestRotation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

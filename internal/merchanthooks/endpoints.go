@@ -101,6 +101,9 @@ type Endpoint struct {
 	CreatedAt               time.Time  `json:"created_at"`
 }
 
+// endpointOf is row as the API shows it at now, a time on the database's
+// clock (the read's, or the claim's: never this process's), which says
+// whether the previous secret still signs.
 func endpointOf(row dbsqlc.WebhookEndpoint, now time.Time) Endpoint {
 	e := Endpoint{ID: row.ID, Object: "webhook_endpoint", URL: row.Url, EnabledEvents: row.EnabledEvents,
 		Enabled: row.Enabled, DisabledReason: row.DisabledReason, CreatedAt: row.CreatedAt.UTC()}
@@ -123,35 +126,37 @@ func goneStep() idempotency.Step {
 	})
 }
 
-// get reads the account's endpoint id; another account's is not found.
-func (s *Service) get(ctx context.Context, accountID, id string) (dbsqlc.WebhookEndpoint, error) {
-	row, err := s.q.WebhookEndpointGetByID(ctx, s.pool, &dbsqlc.WebhookEndpointGetByIDParams{AccountID: accountID, ID: id})
+// get reads the account's endpoint id, and the database's now as of the
+// read (Config.Now in a test); another account's is not found.
+func (s *Service) get(ctx context.Context, accountID, id string) (dbsqlc.WebhookEndpoint, time.Time, error) {
+	row, err := s.q.WebhookEndpointGetByID(ctx, s.pool, &dbsqlc.WebhookEndpointGetByIDParams{
+		AccountID: accountID, ID: id, Now: s.cfg.dbNow()})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		return row, notFound()
+		return row.WebhookEndpoint, row.Now, notFound()
 	} else if err != nil {
-		return row, fmt.Errorf("reading webhook endpoint: %w", err)
+		return row.WebhookEndpoint, row.Now, fmt.Errorf("reading webhook endpoint: %w", err)
 	}
-	return row, nil
+	return row.WebhookEndpoint, row.Now, nil
 }
 
 // Get is the account's endpoint id.
 func (s *Service) Get(ctx context.Context, accountID, id string) (Endpoint, error) {
-	row, err := s.get(ctx, accountID, id)
+	row, now, err := s.get(ctx, accountID, id)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	return endpointOf(row, s.cfg.now()), nil
+	return endpointOf(row, now), nil
 }
 
 // List is the account's endpoints, oldest first.
 func (s *Service) List(ctx context.Context, accountID string) ([]Endpoint, error) {
-	rows, err := s.q.WebhookEndpointList(ctx, s.pool, accountID)
+	rows, err := s.q.WebhookEndpointList(ctx, s.pool, &dbsqlc.WebhookEndpointListParams{AccountID: accountID, Now: s.cfg.dbNow()})
 	if err != nil {
 		return nil, fmt.Errorf("listing webhook endpoints: %w", err)
 	}
 	out := make([]Endpoint, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, endpointOf(r, s.cfg.now()))
+		out = append(out, endpointOf(r.WebhookEndpoint, r.Now))
 	}
 	return out, nil
 }
@@ -236,13 +241,18 @@ func (s *Service) checkURL(ctx context.Context, u string) error {
 }
 
 // showSecret replaces the stored answer's body with one that shows the
-// secret, when this process made it (not on a replay or a resumed record).
-func (s *Service) showSecret(resp idempotency.Response, row dbsqlc.WebhookEndpoint, secret string) (idempotency.Response, error) {
-	if resp.Replayed || secret == "" {
+// secret in place of the note, when this process made the secret and the
+// answer is the endpoint (not on a replay, a resumed record, or a
+// refusal): the first answer is the stored one, secret and all.
+func showSecret(resp idempotency.Response, secret string) (idempotency.Response, error) {
+	if resp.Replayed || secret == "" || resp.Status >= http.StatusMultipleChoices {
 		return resp, nil
 	}
-	shown := endpointOf(row, s.cfg.now())
-	shown.Secret = &secret
+	var shown Endpoint
+	if err := json.Unmarshal(resp.Body, &shown); err != nil {
+		return idempotency.Response{}, fmt.Errorf("reading the stored answer: %w", err)
+	}
+	shown.Secret, shown.Note = &secret, ""
 	body, err := json.Marshal(shown)
 	if err != nil {
 		return idempotency.Response{}, err
@@ -297,7 +307,7 @@ func (s *Service) Create(ctx context.Context, accountID string, req idempotency.
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	return s.showSecret(resp, op.row, op.secret)
+	return showSecret(resp, op.secret)
 }
 
 // createOp inserts the endpoint in the claim's batch; there is no
@@ -477,6 +487,7 @@ func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempote
 		overlap = time.Duration(*p.ExpiresIn) * time.Second
 	}
 	var secret string
+	var now *time.Time
 	op := &changeOp{s: s, accountID: accountID, id: id, note: secretNote, change: func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error {
 		var err error
 		if secret, err = newSecret(); err != nil {
@@ -486,16 +497,23 @@ func (s *Service) Rotate(ctx context.Context, accountID, id string, req idempote
 		if err != nil {
 			return err
 		}
-		expires := s.cfg.now().Add(overlap)
-		row.PreviousExpiresAt = &expires
+		// The expiry is stamped by the database's clock, in the claim's
+		// batch; stamped gives the answer the same time.
+		now = s.cfg.dbNow()
 		return s.q.WebhookEndpointRotate(ctx, b, &dbsqlc.WebhookEndpointRotateParams{AccountID: accountID, ID: id,
-			Secret: sealed, PreviousExpiresAt: &expires, Version: row.Version})
+			Secret: sealed, Now: now, OverlapSeconds: overlap.Seconds(), Version: row.Version})
+	}, stamped: func(row *dbsqlc.WebhookEndpoint, claimedAt time.Time) {
+		expires := claimedAt.Add(overlap)
+		if now != nil {
+			expires = now.Add(overlap)
+		}
+		row.PreviousExpiresAt = &expires
 	}}
 	resp, err := s.runner.Run(ctx, req, op)
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	return s.showSecret(resp, op.row, secret)
+	return showSecret(resp, secret)
 }
 
 // changeOp applies change to the endpoint in the claim's batch, guarded by
@@ -506,25 +524,32 @@ type changeOp struct {
 	id        string
 	note      string
 	change    func(ctx context.Context, b *idempotency.Batch, row *dbsqlc.WebhookEndpoint) error
-	row       dbsqlc.WebhookEndpoint
-	gone      bool // Load found the endpoint deleted (goneStep)
+	// stamped, when set, puts in the row what change's statement stamped
+	// by the claim's clock, which a batch does not return: claimedAt is
+	// the claim's transaction's now() (the record's CreatedAt), which the
+	// statement read too.
+	stamped func(row *dbsqlc.WebhookEndpoint, claimedAt time.Time)
+	row     dbsqlc.WebhookEndpoint
+	begun   bool // the row is Begin's (stamped), not Load's
+	gone    bool // Load found the endpoint deleted (goneStep)
 }
 
 func (op *changeOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
-	row, err := op.s.get(ctx, op.accountID, op.id)
+	row, _, err := op.s.get(ctx, op.accountID, op.id)
 	if err != nil {
 		return err
 	}
 	if err := op.change(ctx, b, &row); err != nil {
 		return err
 	}
-	op.row = row
+	op.row, op.begun = row, true
 	return nil
 }
 
 func (op *changeOp) Load(ctx context.Context, _ *idempotency.Record) error {
 	var err error
-	op.row, err = op.s.get(ctx, op.accountID, op.id)
+	op.row, _, err = op.s.get(ctx, op.accountID, op.id)
+	op.begun = false
 	if pe := (*apierror.Error)(nil); errors.As(err, &pe) && pe.Type == apierror.NotFound {
 		op.gone, err = true, nil
 	}
@@ -534,6 +559,9 @@ func (op *changeOp) Load(ctx context.Context, _ *idempotency.Record) error {
 func (op *changeOp) Call(_ context.Context, rec *idempotency.Record) idempotency.Step {
 	if op.gone {
 		return goneStep()
+	}
+	if op.begun && op.stamped != nil {
+		op.stamped(&op.row, rec.CreatedAt)
 	}
 	return idempotency.Finish(func(context.Context, *idempotency.Batch) (idempotency.Response, error) {
 		return storedResponse(http.StatusOK, endpointOf(op.row, rec.CreatedAt), op.note)

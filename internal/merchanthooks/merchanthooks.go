@@ -102,14 +102,15 @@ type Config struct {
 	// series of transactions of at most this many events each.
 	RecoverChunk int
 	// Now, when set, replaces the database's now() in every query that
-	// stamps or compares a delivery's or a lease's time (when a delivery
-	// is due, whether a lease holds and when it ends, when a retry is due,
-	// since when an endpoint fails): tests move it, as they move the
-	// idempotency records' (idempotency.Config.Now). nil, as in
-	// production, leaves those to the database's clock, which every
-	// process shares. It is also the clock a recovery's window and a
-	// rotation's overlap are checked by, and a worker measures how long
-	// it has held its claims by (nil: time.Now).
+	// stamps or compares a time of webhooks out (when a delivery is due,
+	// whether a lease holds and when it ends, when a retry is due, since
+	// when an endpoint fails, when a rotated-out secret stops signing, the
+	// now an endpoint is shown at and a recovery's window is checked
+	// against): tests move it, as they move the idempotency records'
+	// (idempotency.Config.Now). nil, as in production, leaves those to the
+	// database's clock, which every process shares. It is also the clock a
+	// worker measures how long it has held its claims by (nil: time.Now),
+	// the one use of a process's clock: a duration, never a verdict.
 	Now func() time.Time
 	// Observe, when set, is told the outcome of each attempt (delivered,
 	// failed, retrying, gone) and its duration (metrics).
@@ -135,6 +136,8 @@ func DefaultConfig() Config {
 		Workers: 4, WorkerBatch: 32, Batch: 500, RecoverChunk: 1000}
 }
 
+// now is the clock a worker measures how long it has held its claims by
+// (Now, or time.Now): only ever a difference of two of its readings.
 func (c Config) now() time.Time {
 	if c.Now != nil {
 		return c.Now()
@@ -142,9 +145,8 @@ func (c Config) now() time.Time {
 	return time.Now()
 }
 
-// dbNow is the now passed to the queries that stamp or compare a
-// delivery's or a lease's time: nil, the database's now(), unless a test
-// set Now.
+// dbNow is the now passed to the queries that stamp or compare a time
+// (Now): nil, the database's now(), unless a test set Now.
 func (c Config) dbNow() *time.Time {
 	if c.Now == nil {
 		return nil

@@ -102,12 +102,17 @@ func parseRFC3339(s string) (time.Time, bool) {
 	return t, true
 }
 
-// checkWindow checks that since is within the last 31 days by the
-// service's clock: neither older, nor in the future, where no event is yet
-// (a time the client got wrong, not a window to wait for).
-func (s *Service) checkWindow(since time.Time) error {
+// checkWindow checks that since is within the 31 days before now, a time
+// on the database's clock (read with the endpoint, WebhookEndpointGetByID):
+// neither older, nor in the future, where no event is yet (a time the
+// client got wrong, not a window to wait for). The window ends at the
+// recovery's until, the claim's time by the same clock, and the events it
+// recovers are stamped by it too; a server whose own clock is off by a
+// day neither refuses a since the database has within the window nor
+// takes one it has not.
+func checkWindow(since, now time.Time) error {
 	reason := ""
-	if now := s.cfg.now(); since.After(now) {
+	if since.After(now) {
 		reason = "must not be in the future: a time (RFC 3339) within the last 31 days"
 	} else if now.Sub(since) > maxRecoverWindow {
 		reason = "must be within the last 31 days"
@@ -142,10 +147,11 @@ type recoverOp struct {
 }
 
 func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
-	if err := op.s.checkWindow(op.since); err != nil {
+	_, now, err := op.s.get(ctx, op.accountID, op.endpointID)
+	if err != nil {
 		return err
 	}
-	if _, err := op.s.get(ctx, op.accountID, op.endpointID); err != nil {
+	if err := checkWindow(op.since, now); err != nil {
 		return err
 	}
 	op.row = dbsqlc.WebhookRecovery{ID: newID("whr_"), AccountID: op.accountID, EndpointID: op.endpointID,

@@ -151,7 +151,10 @@ func (s *Service) sendWindow() time.Duration {
 // instead of being claimed again and again. A delivery whose lease ends
 // within sendWindow is given back unsent (Work): the lease is counted from
 // held, the worker's time just before its claim. The attempt's time is
-// the claim's on the database's clock plus the time held since (Work).
+// the claim's on the database's clock plus the time held since (Work); it
+// is also the time the previous secret of a rotation is judged by (it
+// signs an attempt before its previous_expires_at, stamped by the same
+// clock), so that every worker stops signing with it at the same moment.
 func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.WebhookDeliveryClaimRow, body []byte, held time.Time) attempt {
 	if s.beforeSend != nil {
 		s.beforeSend()
@@ -164,7 +167,7 @@ func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.Webhoo
 	if body == nil { // the stored event's data is not JSON
 		return attempt{started: started, err: "encoding the event failed"}
 	}
-	secrets, err := s.secrets(d.EndpointID, d.Secret, d.PreviousSecret, d.PreviousExpiresAt, s.cfg.now())
+	secrets, err := s.secrets(d.EndpointID, d.Secret, d.PreviousSecret, d.PreviousExpiresAt, started)
 	if err != nil {
 		return attempt{started: started, err: "opening the endpoint's signing secret: " + err.Error()}
 	}
@@ -172,7 +175,8 @@ func (s *Service) send(ctx context.Context, client *http.Client, d dbsqlc.Webhoo
 }
 
 // secrets are the endpoint's signing secrets: the current one, and the
-// previous one while its rotation's overlap lasts.
+// previous one while its rotation's overlap lasts at now, the attempt's
+// time on the database's clock.
 func (s *Service) secrets(endpointID string, secret, previous []byte, previousExpires *time.Time, now time.Time) ([]string, error) {
 	cur, err := s.seal.open(endpointID, secret)
 	if err != nil {
@@ -420,14 +424,14 @@ func (s *Service) endpointsAfter(ctx context.Context, tx pgx.Tx, locked []dbsqlc
 		}
 		for _, r := range rows {
 			if r.Disable {
-				if err := s.disable(ctx, tx, r.ID, ReasonFailing); err != nil {
+				if err := s.disable(ctx, tx, r.ID, ReasonFailing, now); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	for _, id := range gone {
-		if err := s.disable(ctx, tx, id, ReasonGone); err != nil {
+		if err := s.disable(ctx, tx, id, ReasonGone, now); err != nil {
 			return err
 		}
 	}
@@ -444,9 +448,10 @@ func appendOnce(list []string, s string) []string {
 // disable disables the endpoint, pauses its pending deliveries (they go
 // when the merchant enables it again) and records its
 // webhook_endpoint.disabled event, in tx; nothing when it is disabled
-// already.
-func (s *Service) disable(ctx context.Context, tx pgx.Tx, id, reason string) error {
-	row, err := s.q.WebhookEndpointDisable(ctx, tx, &dbsqlc.WebhookEndpointDisableParams{ID: id, Reason: &reason})
+// already. The event shows the endpoint as of now: the database's now()
+// (nil) or a test's.
+func (s *Service) disable(ctx context.Context, tx pgx.Tx, id, reason string, now *time.Time) error {
+	row, err := s.q.WebhookEndpointDisable(ctx, tx, &dbsqlc.WebhookEndpointDisableParams{ID: id, Reason: &reason, Now: now})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return nil
 	} else if err != nil {
@@ -455,12 +460,13 @@ func (s *Service) disable(ctx context.Context, tx pgx.Tx, id, reason string) err
 	if err := s.q.WebhookDeliveriesPause(ctx, tx, id); err != nil {
 		return fmt.Errorf("pausing the deliveries of endpoint %s: %w", id, err)
 	}
-	data, err := json.Marshal(endpointOf(row, s.cfg.now()))
+	data, err := json.Marshal(endpointOf(row.WebhookEndpoint, row.Now))
 	if err != nil {
 		return err
 	}
-	s.log.WarnContext(ctx, "webhooks out: endpoint disabled", "endpoint", id, "account_id", row.AccountID, "reason", reason)
-	return events.Record(ctx, tx, row.AccountID, EventEndpointDisabled, id, row.Version, data)
+	ep := row.WebhookEndpoint
+	s.log.WarnContext(ctx, "webhooks out: endpoint disabled", "endpoint", id, "account_id", ep.AccountID, "reason", reason)
+	return events.Record(ctx, tx, ep.AccountID, EventEndpointDisabled, id, ep.Version, data)
 }
 
 // truncate cuts s to at most n characters, on a rune boundary.
