@@ -107,3 +107,47 @@ func TestOperationsDocListsEverySeries(t *testing.T) {
 		}
 	}
 }
+
+// TestRolloutHelpNamesEveryOutcome: the Help of
+// idempay_idempotency_rollout_total, which a scrape shows, names every
+// outcome that docs/operations.md's row lists for it (what the rollout
+// counts, docs/api.md's "Rollout"), so that an outcome added to one is
+// added to the other.
+func TestRolloutHelpNamesEveryOutcome(t *testing.T) {
+	t.Parallel()
+	const name = "idempay_idempotency_rollout_total"
+	m := metrics.New(nil)
+	m.ObserveRollout("shadow", "x")
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := ""
+	for _, f := range families {
+		if f.GetName() == name {
+			help = f.GetHelp()
+		}
+	}
+	text, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []string
+	for line := range strings.Lines(string(text)) {
+		if !strings.HasPrefix(line, "| `"+name+"`") {
+			continue
+		}
+		cells := strings.Split(line, "|")
+		for _, w := range backticked.FindAllStringSubmatch(cells[4], -1) {
+			outcomes = append(outcomes, w[1])
+		}
+	}
+	if help == "" || len(outcomes) < 2 {
+		t.Fatalf("%s: Help %q, outcomes in docs/operations.md %v; the test no longer finds them", name, help, outcomes)
+	}
+	for _, o := range outcomes {
+		if !regexp.MustCompile(`\b` + regexp.QuoteMeta(o) + `\b`).MatchString(help) {
+			t.Errorf("the Help of %s does not name the outcome %s, which docs/operations.md lists: %q", name, o, help)
+		}
+	}
+}

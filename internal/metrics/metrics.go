@@ -135,7 +135,7 @@ func New(pool *pgxpool.Pool) *Metrics {
 
 	m.rollout = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "idempotency", Name: "rollout_total",
-		Help: "What an account's idempotency mode changed, by mode and outcome: unkeyed (optional or shadow: a request without a key ran unprotected), would_replayed, would_mismatch, would_conflict, would_takeover, would_parked (shadow: what enforcing would have done to a request that ran as before).",
+		Help: "What an account's idempotency mode changed, by mode and outcome: unkeyed (optional or shadow: a request without a key ran unprotected), would_replayed, would_mismatch, would_conflict, would_takeover, would_parked, would_expired (shadow: what enforcing would have done to a request that ran as before).",
 	}, []string{"mode", "outcome"})
 
 	m.reconcile = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -479,14 +479,7 @@ func (c *Consumer) retry(ctx context.Context, log *slog.Logger, msg jetstream.Ms
 		c.deadLetter(ctx, log, msg, meta, ReasonMaxDeliveries, reason+": "+cause.Error())
 		return
 	}
-	delay := c.backoff(meta)
-	if err := msg.NakWithDelay(delay); err != nil {
-		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
-	}
-	// The delivery's span says it did not finish, with the reason only, as
-	// a request's 503 marks its server span.
-	trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reason)
-	c.observe(OutcomeNak, reason)
+	delay := c.nak(ctx, log, msg, meta, reason)
 	log.WarnContext(ctx, "order.paid: not finished; redelivery later", "reason", reason, "delay", delay.String(), "err", cause)
 }
 
@@ -529,15 +522,10 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	}
 	cancel()
 	if err != nil {
-		// Nak'ed, with the delay of any nak: a broker that refuses dead
-		// letters for a while is not asked again every Backoff.
-		delay := c.backoff(meta)
+		// Nak'ed as any nak is: a broker that refuses dead letters for a
+		// while is not asked again every Backoff.
+		delay := c.nak(ctx, log, msg, meta, reasonUnavailable)
 		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
-		if err := msg.NakWithDelay(delay); err != nil {
-			log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
-		}
-		trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reasonUnavailable)
-		c.observe(OutcomeNak, reasonUnavailable)
 		return
 	}
 	if err := msg.Term(); err != nil {
@@ -547,13 +535,21 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	log.WarnContext(ctx, "order.paid: dead-lettered", "reason", reason, "detail", detail, "dlq", c.cfg.DLQSubject)
 }
 
-// backoff is the delay of a nak of this delivery: Config.Backoff, doubled
-// per delivery before it, at most Config.MaxBackoff.
-func (c *Consumer) backoff(meta *jetstream.MsgMetadata) time.Duration {
+// nak naks the delivery, not finished for reason, with a delay of
+// Config.Backoff doubled per delivery before it, at most
+// Config.MaxBackoff, and returns the delay. The delivery's span says it did
+// not finish, with the reason only, as a request's 503 marks its server
+// span.
+func (c *Consumer) nak(ctx context.Context, log *slog.Logger, msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string) time.Duration {
 	delay := c.cfg.Backoff << min(meta.NumDelivered-1, 20)
 	if delay > c.cfg.MaxBackoff || delay <= 0 {
 		delay = c.cfg.MaxBackoff
 	}
+	if err := msg.NakWithDelay(delay); err != nil {
+		log.WarnContext(ctx, "order.paid: nak failed; JetStream redelivers after the ack wait", "err", err)
+	}
+	trace.SpanFromContext(ctx).SetStatus(codes.Error, "not finished: "+reason)
+	c.observe(OutcomeNak, reason)
 	return delay
 }
 
