@@ -161,8 +161,8 @@ CREATE TABLE api_keys (
     created_at         timestamptz NOT NULL DEFAULT now(),
     last_used_at       timestamptz,
     revoked_at         timestamptz,
-    -- The console's last "Sign out": its sessions issued before are refused.
-    signed_out_at      timestamptz
+    -- The console's "Sign out"s: a session names the count it signed in under.
+    console_sign_outs  integer NOT NULL DEFAULT 0
 );
 
 -- An account's keys in use, for its listing.

@@ -8,19 +8,24 @@
 -- name: ConsoleSessionAccount :one
 -- The account a console session belongs to, read at every request from the
 -- session's key id: a revoked key ends the session at once (I11, I15), and
--- so does a sign-out after the session was issued (ConsoleSignOut). The
--- key's hash is the credential of the request's one write (a resend), whose
--- claim checks the key again as an API request's claim does.
+-- so does a sign-out since the session was issued (ConsoleSignOut): the
+-- session names the key's count of sign-outs it signed in under. The key's
+-- hash is the credential of the request's one write (a resend), whose claim
+-- checks the key again as an API request's claim does.
 SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL
-  AND (k.signed_out_at IS NULL OR k.signed_out_at < @issued::timestamptz);
+  AND k.console_sign_outs = @sign_outs;
+
+-- name: ConsoleSignIn :one
+-- The count of sign-outs a new session signs in under (ConsoleSignOut).
+SELECT console_sign_outs FROM api_keys WHERE id = @key_id AND account_id = @account_id AND revoked_at IS NULL;
 
 -- name: ConsoleSignOut :exec
--- "Sign out": ends every console session of the key issued until
--- signed_out_at, in every process, at its next request. GREATEST (which
--- skips a NULL): a process whose clock is behind never moves it back.
-UPDATE api_keys SET signed_out_at = GREATEST(signed_out_at, @signed_out_at::timestamptz)
+-- "Sign out": ends every console session of the key issued until now, in
+-- every process, at its next request. A count, not a time: no process's
+-- clock decides which sessions it ends.
+UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
 WHERE id = @key_id AND account_id = @account_id;
 
 -- name: ConsoleRecordList :many

@@ -68,9 +68,7 @@ type Config struct {
 	// TracerProvider, when set, makes each request a server span, under
 	// which its queries and a resend's phases are (nil: no traces).
 	TracerProvider trace.TracerProvider
-	// Now is the clock of session ages and sign-outs (time.Now when nil).
-	// Every process serving one console address should agree on it (NTP):
-	// a sign-out ends the sessions issued before it by this clock.
+	// Now is the clock of session ages (time.Now when nil).
 	Now func() time.Time
 }
 
@@ -252,7 +250,7 @@ func (c *Console) account(r *http.Request) (viewer, error) {
 		return viewer{}, err
 	}
 	row, err := c.q.ConsoleSessionAccount(r.Context(), c.db, &dbsqlc.ConsoleSessionAccountParams{
-		KeyID: s.KeyID, AccountID: s.AccountID, Issued: time.UnixMicro(s.Issued)})
+		KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return viewer{}, errNoSession // revoked, signed out (or never this account's)
 	} else if err != nil {
@@ -287,7 +285,15 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, fmt.Errorf("authenticating: %w", err))
 		return
 	}
-	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().UnixMicro()}),
+	signOuts, err := c.q.ConsoleSignIn(r.Context(), c.db, &dbsqlc.ConsoleSignInParams{KeyID: acct.KeyID, AccountID: acct.ID})
+	if errors.Is(db.NotFound(err), db.ErrNotFound) { // revoked since Authenticate
+		c.render(w, r, http.StatusUnauthorized, "login", viewer{}, loginView{Error: "That API key is unknown or revoked."})
+		return
+	} else if err != nil {
+		c.fail(w, r, fmt.Errorf("signing in: %w", err))
+		return
+	}
+	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().Unix(), SignOuts: signOuts}),
 		int(c.cfg.SessionLifetime/time.Second))
 	c.setCookie(w, r, csrfCookie, rand.Text(), 0) // a new token once signed in
 	http.Redirect(w, r, "/records", http.StatusSeeOther)
@@ -295,8 +301,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 
 // logout ends, in the database, every console session of the session's
 // key issued until now, in every process: a copy of the cookie is refused
-// from now on, as the browser's own is (ConsoleSignOut). Then it deletes
-// the browser's cookie.
+// from now on, as the browser's own is (ConsoleSignOut counts the
+// sign-outs, and a session names the count it began under). Then it
+// deletes the browser's cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if !c.checkCSRF(r) {
 		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
@@ -304,7 +311,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	}
 	if s, err := c.decodeSession(r); err == nil {
 		if err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
-			SignedOutAt: c.now(), KeyID: s.KeyID, AccountID: s.AccountID}); err != nil {
+			KeyID: s.KeyID, AccountID: s.AccountID}); err != nil {
 			c.fail(w, r, fmt.Errorf("signing out: %w", err))
 			return
 		}

@@ -234,22 +234,11 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 // copy of the session cookie taken before (another browser, a stolen
 // cookie) is refused after it, and so is every other console session of
 // the key, while a session of the account's other key goes on; signing in
-// again works. The console's clock is the test's.
+// again at once works.
 func TestSignOutEndsCopiedSessions(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
-	var mu sync.Mutex
-	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
-	tick := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		now = now.Add(time.Second)
-	}
-	base := newConsoleWith(t, env, console.Config{Now: func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}})
+	base := newConsole(t, env)
 	acct := dbtest.NewAccount(t)
 	res := env.ClientFor(t, acct).Post("/v1/api_keys", apitest.NewKey(), map[string]any{})
 	var second apiKey
@@ -271,7 +260,6 @@ func TestSignOutEndsCopiedSessions(t *testing.T) {
 		}
 	}
 
-	tick()
 	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
@@ -287,12 +275,48 @@ func TestSignOutEndsCopiedSessions(t *testing.T) {
 		t.Errorf("GET /records after signing out, the account's other key's session: %d, want 200", p.Status)
 	}
 
-	tick()
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
 		t.Fatalf("signing in again: %d to %q, want 303 to /records", p.Status, p.Location)
 	}
 	if p := b.get("/records"); p.Status != http.StatusOK {
 		t.Errorf("GET /records signed in again after the sign-out: %d, want 200", p.Status)
+	}
+}
+
+// Two processes serve one console, and one's clock runs ten minutes ahead
+// of the other's: a sign-out at the one ahead ends the sessions begun at
+// the other, and a sign-in there right after the sign-out stands. A count
+// of sign-outs tells them apart, where a time would be one process's clock.
+func TestSignOutAcrossClocks(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	secret := []byte(strings.Repeat("s", 32)) // one console: one secret
+	behind := newConsoleWith(t, env, console.Config{Secret: secret})
+	ahead := newConsoleWith(t, env, console.Config{Secret: secret,
+		Now: func() time.Time { return time.Now().Add(10 * time.Minute) }})
+	acct := dbtest.NewAccount(t)
+
+	b := newBrowser(t, behind) // cookies are the host's, whatever the port
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+		t.Fatalf("signing in: %d", p.Status)
+	}
+	copied := b.cookie("idempay_console")
+	b.base = ahead
+	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout at the process ahead: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	b.base = behind
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
+		t.Fatalf("signing in again at the process behind: %d to %q, want 303 to /records", p.Status, p.Location)
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records at the process behind, signed in again after the sign-out: %d to %q, want 200", p.Status, p.Location)
+	}
+	thief := newBrowser(t, behind)
+	u, _ := url.Parse(behind)
+	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: copied}})
+	if p := thief.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Errorf("GET /records with a copy of the session from before the sign-out: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
 }
 

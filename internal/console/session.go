@@ -42,10 +42,11 @@ const DefaultSessionLifetime = 12 * time.Hour
 type session struct {
 	KeyID     string `json:"k"`
 	AccountID string `json:"a"`
-	// Issued is when the account signed in (Unix microseconds, the
-	// database's precision: a sign-out refuses the sessions issued before
-	// it, and a new sign-in right after it is not one of them).
+	// Issued is when the account signed in (Unix seconds).
 	Issued int64 `json:"t"`
+	// SignOuts is the key's count of sign-outs when the session began
+	// (api_keys.console_sign_outs): a sign-out since ends the session.
+	SignOuts int32 `json:"o,omitempty"`
 }
 
 // mac is HMAC-SHA256 under the console's secret of a purpose and a value,
@@ -92,7 +93,7 @@ func (c *Console) decodeSession(r *http.Request) (session, error) {
 	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" {
 		return session{}, errNoSession
 	}
-	if age := c.now().Sub(time.UnixMicro(s.Issued)); age < 0 || age > c.cfg.SessionLifetime {
+	if age := c.now().Sub(time.Unix(s.Issued, 0)); age < 0 || age > c.cfg.SessionLifetime {
 		return session{}, errNoSession
 	}
 	return s, nil

@@ -10,7 +10,7 @@ import (
 )
 
 const aPIKeyGetByID = `-- name: APIKeyGetByID :one
-SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, signed_out_at FROM api_keys WHERE account_id = $1 AND id = $2
+SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, console_sign_outs FROM api_keys WHERE account_id = $1 AND id = $2
 `
 
 type APIKeyGetByIDParams struct {
@@ -30,13 +30,13 @@ func (q *Queries) APIKeyGetByID(ctx context.Context, db DBTX, arg *APIKeyGetByID
 		&i.CreatedAt,
 		&i.LastUsedAt,
 		&i.RevokedAt,
-		&i.SignedOutAt,
+		&i.ConsoleSignOuts,
 	)
 	return i, err
 }
 
 const aPIKeyGetByIdempotencyKeyID = `-- name: APIKeyGetByIdempotencyKeyID :one
-SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, signed_out_at FROM api_keys WHERE idempotency_key_id = $1
+SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, console_sign_outs FROM api_keys WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) APIKeyGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (ApiKey, error) {
@@ -51,7 +51,7 @@ func (q *Queries) APIKeyGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.CreatedAt,
 		&i.LastUsedAt,
 		&i.RevokedAt,
-		&i.SignedOutAt,
+		&i.ConsoleSignOuts,
 	)
 	return i, err
 }
@@ -82,7 +82,7 @@ func (q *Queries) APIKeyInsert(ctx context.Context, db DBTX, arg *APIKeyInsertPa
 }
 
 const aPIKeyList = `-- name: APIKeyList :many
-SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, signed_out_at FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL ORDER BY created_at, id
+SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, console_sign_outs FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL ORDER BY created_at, id
 `
 
 func (q *Queries) APIKeyList(ctx context.Context, db DBTX, accountID string) ([]ApiKey, error) {
@@ -103,7 +103,7 @@ func (q *Queries) APIKeyList(ctx context.Context, db DBTX, accountID string) ([]
 			&i.CreatedAt,
 			&i.LastUsedAt,
 			&i.RevokedAt,
-			&i.SignedOutAt,
+			&i.ConsoleSignOuts,
 		); err != nil {
 			return nil, err
 		}

@@ -473,13 +473,13 @@ const consoleSessionAccount = `-- name: ConsoleSessionAccount :one
 SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = $1 AND k.account_id = $2 AND k.revoked_at IS NULL
-  AND (k.signed_out_at IS NULL OR k.signed_out_at < $3::timestamptz)
+  AND k.console_sign_outs = $3
 `
 
 type ConsoleSessionAccountParams struct {
 	KeyID     string
 	AccountID string
-	Issued    time.Time
+	SignOuts  int32
 }
 
 type ConsoleSessionAccountRow struct {
@@ -497,11 +497,12 @@ type ConsoleSessionAccountRow struct {
 // the refunds list reads the account's refunds.
 // The account a console session belongs to, read at every request from the
 // session's key id: a revoked key ends the session at once (I11, I15), and
-// so does a sign-out after the session was issued (ConsoleSignOut). The
-// key's hash is the credential of the request's one write (a resend), whose
-// claim checks the key again as an API request's claim does.
+// so does a sign-out since the session was issued (ConsoleSignOut): the
+// session names the key's count of sign-outs it signed in under. The key's
+// hash is the credential of the request's one write (a resend), whose claim
+// checks the key again as an API request's claim does.
 func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *ConsoleSessionAccountParams) (ConsoleSessionAccountRow, error) {
-	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID, arg.Issued)
+	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID, arg.SignOuts)
 	var i ConsoleSessionAccountRow
 	err := row.Scan(
 		&i.ID,
@@ -512,21 +513,37 @@ func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *Conso
 	return i, err
 }
 
+const consoleSignIn = `-- name: ConsoleSignIn :one
+SELECT console_sign_outs FROM api_keys WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL
+`
+
+type ConsoleSignInParams struct {
+	KeyID     string
+	AccountID string
+}
+
+// The count of sign-outs a new session signs in under (ConsoleSignOut).
+func (q *Queries) ConsoleSignIn(ctx context.Context, db DBTX, arg *ConsoleSignInParams) (int32, error) {
+	row := db.QueryRow(ctx, consoleSignIn, arg.KeyID, arg.AccountID)
+	var console_sign_outs int32
+	err := row.Scan(&console_sign_outs)
+	return console_sign_outs, err
+}
+
 const consoleSignOut = `-- name: ConsoleSignOut :exec
-UPDATE api_keys SET signed_out_at = GREATEST(signed_out_at, $1::timestamptz)
-WHERE id = $2 AND account_id = $3
+UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
+WHERE id = $1 AND account_id = $2
 `
 
 type ConsoleSignOutParams struct {
-	SignedOutAt time.Time
-	KeyID       string
-	AccountID   string
+	KeyID     string
+	AccountID string
 }
 
-// "Sign out": ends every console session of the key issued until
-// signed_out_at, in every process, at its next request. GREATEST (which
-// skips a NULL): a process whose clock is behind never moves it back.
+// "Sign out": ends every console session of the key issued until now, in
+// every process, at its next request. A count, not a time: no process's
+// clock decides which sessions it ends.
 func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignOutParams) error {
-	_, err := db.Exec(ctx, consoleSignOut, arg.SignedOutAt, arg.KeyID, arg.AccountID)
+	_, err := db.Exec(ctx, consoleSignOut, arg.KeyID, arg.AccountID)
 	return err
 }

@@ -24,7 +24,7 @@ type ApiKey struct {
 	CreatedAt        time.Time
 	LastUsedAt       *time.Time
 	RevokedAt        *time.Time
-	SignedOutAt      *time.Time
+	ConsoleSignOuts  int32
 }
 
 type Charge struct {
