@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,4 +320,38 @@ func ChargeObject(c stripefake.Charge, status string) webhooks.ChargeObject {
 		obj.ID, obj.PaymentIntent = c.LatestCharge, c.ID
 	}
 	return obj
+}
+
+// Logs is a log handler's output shared by concurrent writers (a server's
+// handlers, a consumer's goroutines) and read by the test.
+type Logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *Logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// String is everything written so far.
+func (l *Logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// Len is how many bytes were written so far.
+func (l *Logs) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Len()
+}
+
+// Reset empties the buffer (a long fuzz run need not keep every line).
+func (l *Logs) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Reset()
 }

@@ -1,7 +1,6 @@
 package charges_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -317,7 +315,7 @@ func TestReconcilerFirstPassIsSoon(t *testing.T) {
 // at error level): the customer was charged, or refunded, twice.
 func TestReconcileFlagsASecondObject(t *testing.T) {
 	t.Parallel()
-	logs := &logLines{}
+	logs := &apitest.Logs{}
 	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
 	c := env.NewClient(t)
 
@@ -394,7 +392,7 @@ func TestReconcileFlagsASecondObject(t *testing.T) {
 		t.Errorf("the refund holds Stripe refund %q (%v), want the second, %s", refundStripeID, err, *secondRefund.StripeRefundID)
 	}
 	for _, id := range []string{firstPI.ID, *firstRefund.StripeRefundID} {
-		if n := logs.count(slog.LevelError, id); n != 1 {
+		if n := count(logs, slog.LevelError, id); n != 1 {
 			t.Errorf("%d error lines name %s, want 1 flagging it:\n%s", n, id, logs)
 		}
 	}
@@ -402,27 +400,8 @@ func TestReconcileFlagsASecondObject(t *testing.T) {
 	wantStatus(t, c.Post("/v1/charges/"+first.ID+"/capture", apitest.NewKey(), map[string]any{}), http.StatusOK)
 }
 
-// logLines collects the JSON log lines of an API, safe for concurrent
-// writers.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// count is how many lines at level name s.
-func (l *logLines) count(level slog.Level, s string) int {
+// count is how many of the JSON lines in l are at level and hold s.
+func count(l *apitest.Logs, level slog.Level, s string) int {
 	n := 0
 	for _, line := range strings.Split(l.String(), "\n") {
 		var v struct {
@@ -493,7 +472,7 @@ func TestReconcileRecreatesAFailedRefund(t *testing.T) {
 // authorization idempay never made.
 func TestReconcileReleasedAuthorizations(t *testing.T) {
 	t.Parallel()
-	logs := &logLines{}
+	logs := &apitest.Logs{}
 	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})})
 	c := env.NewClient(t)
 
@@ -554,7 +533,7 @@ func TestReconcileReleasedAuthorizations(t *testing.T) {
 		}
 	}
 	for _, id := range releases {
-		if n := logs.count(slog.LevelWarn, id) + logs.count(slog.LevelError, id); n != 0 {
+		if n := count(logs, slog.LevelWarn, id) + count(logs, slog.LevelError, id); n != 0 {
 			t.Errorf("%d warnings or errors name Stripe's release %s, want none:\n%s", n, id, logs)
 		}
 		var written int
@@ -564,7 +543,7 @@ func TestReconcileReleasedAuthorizations(t *testing.T) {
 		}
 	}
 	for _, id := range strangers {
-		if n := logs.count(slog.LevelWarn, id); n != 2 {
+		if n := count(logs, slog.LevelWarn, id); n != 2 {
 			t.Errorf("%d warnings name the refund %s, want one a pass:\n%s", n, id, logs)
 		}
 	}

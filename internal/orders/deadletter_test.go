@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -196,32 +195,13 @@ func TestConsumerDeletedEndsRun(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log's output, written by the consumer's goroutines and
-// read by the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A message's huge fields (an order_id, an account of 100 000 characters)
 // are cut in the consumer's log lines, with a marker saying so, and only
 // there: the charge is made, and the dead letter carries the message
 // whole.
 func TestHugeFieldsAreCutInTheLog(t *testing.T) {
 	t.Parallel()
-	var out syncBuffer
+	var out apitest.Logs
 	env := apitest.New(t, apitest.Options{})
 	b := startConsumerLog(t, env, natstest.Server(t), benchConfig(3, nil), nil,
 		slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))

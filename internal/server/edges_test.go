@@ -24,7 +24,7 @@ import (
 
 // wantProblem fails t unless the answer is a problem of the status and
 // type, and the server logged no error for it.
-func wantProblem(t *testing.T, what string, status int, ct string, body []byte, wantStatus int, typ apierror.Type, logs *syncBuffer) {
+func wantProblem(t *testing.T, what string, status int, ct string, body []byte, wantStatus int, typ apierror.Type, logs *apitest.Logs) {
 	t.Helper()
 	var p struct {
 		Type   string `json:"type"`
@@ -64,7 +64,7 @@ func TestBodyErrorsAreTheClients(t *testing.T) {
 		{"a body shorter than its Content-Length", post("/v1/charges", "Content-Length: 100\r\n") + `{"amount":100`, true},
 		{"a Stripe event shorter than its Content-Length", post(webhooks.Route, "Content-Length: 100\r\n") + `{"id":"evt_1"`, true},
 	} {
-		logs.reset()
+		logs.Reset()
 		status, ct, body := exchange(t, addr, http.MethodPost, []byte(tc.request), tc.closeWrite)
 		wantProblem(t, tc.name, status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
 	}
@@ -139,7 +139,7 @@ func TestExpectOtherThanContinue(t *testing.T) {
 			fmt.Sprintf("\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 	}
 	for _, expect := range []string{"foo", "100-continu", strings.Repeat("e", 1000)} {
-		logs.reset()
+		logs.Reset()
 		status, ct, body := roundTrip(t, addr, request(expect))
 		wantProblem(t, "Expect: "+expect[:min(len(expect), 20)], status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
 	}
@@ -176,7 +176,7 @@ func TestOversizedBodyIsRefusedBeforeContinue(t *testing.T) {
 		if tc.auth {
 			headers += "Authorization: Bearer " + client.Account.APIKey + "\r\nIdempotency-Key: " + apitest.NewKey() + "\r\n"
 		}
-		logs.reset()
+		logs.Reset()
 		resp := firstAnswer(t, addr, headers+"\r\n")
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -355,7 +355,7 @@ func TestClientThatLeavesIsNotAServerFailure(t *testing.T) {
 	t.Parallel()
 	_, client, addr, logs := newWireServer(t)
 	for _, path := range []string{"/readyz", "/v1/charges", "/v1/events"} {
-		logs.reset()
+		logs.Reset()
 		request := "GET " + path + " HTTP/1.1\r\nHost: idempay\r\nConnection: close\r\nAuthorization: Bearer " + client.Account.APIKey +
 			"\r\nContent-Length: 10\r\n\r\nhalf"
 		status, ct, body := exchange(t, addr, http.MethodGet, []byte(request), true)
@@ -490,7 +490,7 @@ func TestHTTP2PrefaceOnCleartext(t *testing.T) {
 		"the preface and SETTINGS":        preface + settings,
 		"a GET whose version is HTTP/2.0": "GET /healthz HTTP/2.0\r\nHost: idempay\r\n\r\n",
 	} {
-		logs.reset()
+		logs.Reset()
 		status, ct, body := exchange(t, addr, "PRI", []byte(raw), false)
 		wantProblem(t, what, status, ct, body, http.StatusBadRequest, apierror.MalformedRequest, logs)
 		if what != "a GET whose version is HTTP/2.0" && !strings.Contains(string(body), "HTTP/1.1") {

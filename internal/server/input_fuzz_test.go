@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -267,7 +266,7 @@ func FuzzInput(f *testing.F) {
 			req.Write(body)
 		}
 
-		logs.reset()
+		logs.Reset()
 		what := fmt.Sprintf("%.100q %.200q (framing %d)", r.method, target, framing%framings)
 		status, ct, respBody, err := tryExchange(addr, r.method, req.Bytes(), closeWrite)
 		if errors.Is(err, syscall.ECONNRESET) {
@@ -354,7 +353,7 @@ func checkMethodLabels(t *testing.T, what string, env *apitest.Env) {
 // (from INFO, so the request lines too) into logs, which a test reads and
 // shows when it fails: inside a fuzz target, logging through f (apitest's
 // default) would panic.
-func newWireServer(t testing.TB) (env *apitest.Env, client *apitest.Client, addr string, logs *syncBuffer) {
+func newWireServer(t testing.TB) (env *apitest.Env, client *apitest.Client, addr string, logs *apitest.Logs) {
 	t.Helper()
 	return newWireServerWith(t, func(*httptest.Server) {})
 }
@@ -362,9 +361,9 @@ func newWireServer(t testing.TB) (env *apitest.Env, client *apitest.Client, addr
 // newWireServerWith is newWireServer with the server adjusted by configure
 // before it starts (a shorter timeout, for a test that waits for it; a
 // listener of the test's own).
-func newWireServerWith(t testing.TB, configure func(*httptest.Server)) (env *apitest.Env, client *apitest.Client, addr string, logs *syncBuffer) {
+func newWireServerWith(t testing.TB, configure func(*httptest.Server)) (env *apitest.Env, client *apitest.Client, addr string, logs *apitest.Logs) {
 	t.Helper()
-	logs = &syncBuffer{}
+	logs = &apitest.Logs{}
 	env = apitest.New(t, apitest.Options{LogHandler: slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
 	srv := httptest.NewUnstartedServer(env.Server.Config.Handler)
 	srv.Config = server.NewHTTPServer("", env.Server.Config.Handler)
@@ -481,51 +480,11 @@ func exchangeOnce(addr, method string, raw []byte, closeWrite bool) (status int,
 	return resp.StatusCode, resp.Header.Get("Content-Type"), body, nil
 }
 
-// syncBuffer is a bytes.Buffer that the server's goroutines may write to.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Len()
-}
-
-// since is what was written after the buffer held n bytes.
-func (b *syncBuffer) since(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()[n:]
-}
-
-// String is everything written since the last reset.
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// reset empties the buffer, so that a long fuzz run does not keep every
-// line it logged.
-func (b *syncBuffer) reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
-}
-
 // TestLoggedStatus reads the status from request lines as the server's
 // text handler writes them, so FuzzInput's fallback cannot pass on a log
 // it cannot read.
 func TestLoggedStatus(t *testing.T) {
-	var buf syncBuffer
+	var buf apitest.Logs
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	if got := loggedStatus(buf.String()); got != 0 {
 		t.Fatalf("no request line: got %d, want 0", got)

@@ -60,7 +60,7 @@ func TestInputRefusals(t *testing.T) {
 			`{"amount":100,"charge":"ch_` + "\xff" + `"}`, 400, apierror.InvalidRequest, "charge"},
 		{"a control character in the request line", "GET /v1/charges/\x01 HTTP/1.1\r\n" + auth, "", 400, apierror.MalformedRequest, ""},
 	} {
-		logged := logs.len()
+		logged := logs.Len()
 		status, ct, body := roundTrip(t, addr, []byte(fmt.Sprintf("%sHost: idempay\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", tc.request, len(tc.body), tc.body)))
 		var p struct {
 			Type          string                  `json:"type"`
@@ -74,7 +74,7 @@ func TestInputRefusals(t *testing.T) {
 		}
 		if status != tc.status || ct != apierror.ContentType || p.Type != tc.typ.URI() || p.Status != status || p.Detail == "" {
 			t.Errorf("%s: status %d, content type %q, type %q, status member %d, detail %q; want %d %s %s with a detail\nserver log:\n%s",
-				tc.name, status, ct, p.Type, p.Status, p.Detail, tc.status, apierror.ContentType, tc.typ.URI(), logs.since(logged))
+				tc.name, status, ct, p.Type, p.Status, p.Detail, tc.status, apierror.ContentType, tc.typ.URI(), logs.String()[logged:])
 		}
 		var names []string
 		for _, ip := range p.InvalidParams {

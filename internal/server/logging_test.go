@@ -6,30 +6,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/stripefake"
 )
-
-// logBuffer collects JSON log lines from concurrent handlers.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestLogs checks the two promises of the logs: every line a request
 // writes carries its request_id (and the lines about an idempotency record
@@ -37,7 +18,7 @@ func (b *logBuffer) String() string {
 // that authenticated, not a wrong one that did not, not the Stripe key.
 func TestLogs(t *testing.T) {
 	t.Parallel()
-	var logs logBuffer
+	var logs apitest.Logs
 	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})})
 	c := env.NewClient(t)
 	body := map[string]any{"amount": 700, "currency": "eur", "payment_method": "tok_visa"}
@@ -139,7 +120,7 @@ func TestLogs(t *testing.T) {
 // id, as GET /v1/idempotency_keys shows it) to the requests it answered.
 func TestRequestLineNamesRecord(t *testing.T) {
 	t.Parallel()
-	var logs logBuffer
+	var logs apitest.Logs
 	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(&logs, nil)})
 	c := env.NewClient(t)
 	body := map[string]any{"amount": 1200, "currency": "usd", "payment_method": "tok_visa"}

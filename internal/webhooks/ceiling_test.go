@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 // ownEnv is an API on a database of its own, so that the completer, which
 // takes over every due record of its database, sees only this test's; with
 // the runner's clock clk and, when logs is set, its log lines there.
-func ownEnv(t *testing.T, clk *clock, logs *lineBuffer) (*apitest.Env, *apitest.Client) {
+func ownEnv(t *testing.T, clk *clock, logs *apitest.Logs) (*apitest.Env, *apitest.Client) {
 	t.Helper()
 	_, pool := dbtest.NewDatabase(t)
 	acct, apiKey, err := accounts.Create(context.Background(), pool, "ceiling")
@@ -284,25 +283,11 @@ func parkedCharge(t *testing.T, env *apitest.Env, clk *clock, c *apitest.Client,
 	return key, body, posts
 }
 
-// lineBuffer collects JSON log lines, safe for concurrent writers.
-type lineBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lineBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // lines are the log lines at or above level, decoded.
-func (b *lineBuffer) lines(t *testing.T, level slog.Level) []map[string]any {
+func lines(t *testing.T, b *apitest.Logs, level slog.Level) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	for _, l := range bytes.Split(b.buf.Bytes(), []byte("\n")) {
+	for _, l := range bytes.Split([]byte(b.String()), []byte("\n")) {
 		if len(l) == 0 {
 			continue
 		}
@@ -345,7 +330,7 @@ func TestUnappliableEventEndsFailed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			clk := newClock()
-			logs := &lineBuffer{}
+			logs := &apitest.Logs{}
 			env, _ := ownEnv(t, clk, logs)
 			ev, err := webhooks.NewEvent("", tc.typ, tc.object, time.Time{})
 			if err != nil {
@@ -384,17 +369,17 @@ func TestUnappliableEventEndsFailed(t *testing.T) {
 				t.Errorf("redelivery: %d (replayed %v) %s; want the stored receipt %s", again.Status, again.Replayed, again.Body, first.Body)
 			}
 
-			if errs := logs.lines(t, slog.LevelError); len(errs) != 0 {
+			if errs := lines(t, logs, slog.LevelError); len(errs) != 0 {
 				t.Errorf("ERROR lines for an event Stripe controls: %v", errs)
 			}
 			var warned int
-			for _, l := range logs.lines(t, slog.LevelWarn) {
+			for _, l := range lines(t, logs, slog.LevelWarn) {
 				if l["event_id"] == ev.ID && strings.Contains(l["msg"].(string), "cannot be applied") {
 					warned++
 				}
 			}
 			if warned != 1 {
-				t.Errorf("%d WARN lines about the failed event, want 1:\n%v", warned, logs.lines(t, slog.LevelWarn))
+				t.Errorf("%d WARN lines about the failed event, want 1:\n%v", warned, lines(t, logs, slog.LevelWarn))
 			}
 		})
 	}

@@ -21,7 +21,7 @@ import (
 // of it, with an ERROR line each time) while the ledger stays behind Stripe.
 func TestOverlongFailureCodeIsCut(t *testing.T) {
 	t.Parallel()
-	logs := &lineBuffer{}
+	logs := &apitest.Logs{}
 	// The default Stripe timeout: the charge and the refund below are
 	// single attempts that must succeed, and the unfinished charge's
 	// unknown outcome comes from a fault, not from a timeout.
@@ -32,7 +32,7 @@ func TestOverlongFailureCodeIsCut(t *testing.T) {
 
 	// A charge whose outcome Stripe's event gives: charge.failed.
 	id, _, fc := lostCharge(t, env, c, 1500)
-	errorsBefore := len(logs.lines(t, slog.LevelError))
+	errorsBefore := len(lines(t, logs, slog.LevelError))
 	obj := apitest.ChargeObject(fc, "failed")
 	obj.FailureCode, obj.FailureMessage = long, "Your card was declined."
 	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.failed", obj, time.Now())), "applied")
@@ -60,7 +60,7 @@ func TestOverlongFailureCodeIsCut(t *testing.T) {
 			len(long), status, len(code))
 	}
 
-	if errs := logs.lines(t, slog.LevelError); len(errs) != errorsBefore {
+	if errs := lines(t, logs, slog.LevelError); len(errs) != errorsBefore {
 		t.Errorf("ERROR lines for events Stripe signed: %v", errs[errorsBefore:])
 	}
 }

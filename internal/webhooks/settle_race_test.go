@@ -94,7 +94,7 @@ func TestEventSettlesWhileTheOwnerFinishes(t *testing.T) {
 		}
 	})
 	_, pool := dbtest.NewDatabase(t) // no other test's completer takes this one's records
-	logs := &lineBuffer{}
+	logs := &apitest.Logs{}
 	env := apitest.New(t, apitest.Options{Pool: pool, StripeURL: proxy.URL,
 		LogHandler: slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})})
 	acct, apiKey, err := accounts.Create(ctx, pool, "settle race")
@@ -185,7 +185,7 @@ func TestEventSettlesWhileTheOwnerFinishes(t *testing.T) {
 	case <-time.After(raceLimit):
 		t.Fatalf("the retry got no answer within %s", raceLimit)
 	}
-	for _, l := range logs.lines(t, slog.LevelDebug) {
+	for _, l := range lines(t, logs, slog.LevelDebug) {
 		if line := fmt.Sprint(l); strings.Contains(line, "40P01") || strings.Contains(line, "deadlock") {
 			t.Errorf("a deadlock: %s", line)
 		}
