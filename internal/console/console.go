@@ -8,7 +8,8 @@
 // rendered on the server from Go templates and embedded static files. It
 // reads what the API reads, scoped to the signed-in account (I5); its one
 // write of the account's data, an event's resend, is the API's own call
-// through the idempotency core. It keeps no copy of what decides an answer
+// through the idempotency core, and a sign-out adds one to a count on the
+// key's row. It keeps no copy of what decides an answer
 // (I15): its session cookie is signed and holds the key's id, which every
 // request looks up, so a revoked key ends the session at once, and so does
 // a sign-out, which the key's row records. Every POST carries a CSRF token.

@@ -4,7 +4,9 @@
 // created if missing and migrated once, with a shared pool. Tests isolate
 // themselves with their own accounts (NewAccount) and unique keys, never by
 // truncating tables. Tests of table-wide jobs (the completer, retention) or
-// of a whole server process use NewDatabase: a fresh database of their own.
+// of a whole server process use NewDatabase: a fresh database of their own
+// (NewDatabaseConns when they hold more connections at once than its
+// default pool has).
 package dbtest
 
 import (

@@ -17,6 +17,11 @@
 // not see yet (webhook_dispatch_gaps) until they are settled. Nothing of it
 // runs on the request path: a settling transaction writes its event as
 // before, and nothing more.
+//
+// Every time it decides by (a delivery due, a lease held, a retry, an
+// endpoint failing, a rotated-out secret's end, a recovery's window) is
+// stamped and compared in SQL by the database's now(), so its processes'
+// clocks need not agree; Config.Now replaces it only in tests.
 package merchanthooks
 
 import (

@@ -13,7 +13,10 @@
 // invalid, an unknown account, parked past the retry ceiling, or out of
 // deliveries) is published to the
 // dead-letter subject with the reason in its headers and then terminated:
-// never dropped, never redelivered.
+// never dropped, never redelivered. A dead letter the broker refuses is
+// nak'ed with the same backoff, and a later delivery handles the message
+// again. A message's idempotency_key is taken as written: it must be the
+// plain key, since a JSON field has no quoted form.
 //
 // The limit on deliveries is the consumer's own (Config.MaxDeliver), not
 // JetStream's: JetStream redelivers without limit, so that a delivery
