@@ -124,7 +124,11 @@ func (l *listener) print(id string, ev *client.Event, v client.WebhookVerdict, e
 	case client.WebhookStale:
 		what = "200 older version ignored"
 	case client.WebhookRejected:
-		what = "400 rejected: " + strings.TrimPrefix(err.Error(), "idempay: webhook: ")
+		status := "400"
+		if errors.Is(err, client.ErrWebhookTooLarge) {
+			status = "413"
+		}
+		what = status + " rejected: " + strings.TrimPrefix(err.Error(), "idempay: webhook: ")
 	default:
 		what = fmt.Sprintf("500 %s: %v", v, err)
 	}

@@ -67,10 +67,11 @@ func TestWebhooksListen(t *testing.T) {
 	}
 
 	hc := &http.Client{Timeout: 2 * time.Minute} // bounds a listener that never answers
-	send := func(id, object string, version int64, sig string) int {
+	send := func(id, object string, version int64, sig string, pad int) int {
 		t.Helper()
 		body := fmt.Appendf(nil, `{"id":%q,"object":"event","type":"charge.succeeded","object_id":%q,"object_version":%d,"data":{"object":{}}}`,
 			id, object, version)
+		body = append(body, bytes.Repeat([]byte(" "), pad)...) // white space after the JSON value
 		now := time.Now()
 		if sig == "" {
 			if sig, err = merchanthooks.Sign([]string{secret}, id, now, body); err != nil {
@@ -92,16 +93,18 @@ func TestWebhooksListen(t *testing.T) {
 		id, object string
 		version    int64
 		sig        string
+		pad        int
 		status     int
 		line       string
 	}{
-		{"evt_1", "ch_1", 1, "", 500, "evt_1  charge.succeeded ch_1 v1  -> 500 (told to fail; signature valid)"},
-		{"evt_1", "ch_1", 1, "", 200, "evt_1  charge.succeeded ch_1 v1  -> 200 applied (signature valid)"},
-		{"evt_1", "ch_1", 1, "", 200, "evt_1  charge.succeeded ch_1 v1  -> 200 duplicate id"},
-		{"evt_0", "ch_1", 1, "", 200, "evt_0  charge.succeeded ch_1 v1  -> 200 older version ignored"},
-		{"evt_2", "ch_2", 1, "v1,c2lnbmVkIGJ5IHNvbWVvbmUgZWxzZQ==", 400, "evt_2  -  -> 400 rejected: no signature matches"},
+		{"evt_1", "ch_1", 1, "", 0, 500, "evt_1  charge.succeeded ch_1 v1  -> 500 (told to fail; signature valid)"},
+		{"evt_1", "ch_1", 1, "", 0, 200, "evt_1  charge.succeeded ch_1 v1  -> 200 applied (signature valid)"},
+		{"evt_1", "ch_1", 1, "", 0, 200, "evt_1  charge.succeeded ch_1 v1  -> 200 duplicate id"},
+		{"evt_0", "ch_1", 1, "", 0, 200, "evt_0  charge.succeeded ch_1 v1  -> 200 older version ignored"},
+		{"evt_2", "ch_2", 1, "v1,c2lnbmVkIGJ5IHNvbWVvbmUgZWxzZQ==", 0, 400, "evt_2  -  -> 400 rejected: no signature matches"},
+		{"evt_3", "ch_3", 1, "", 1 << 20, 413, "evt_3  -  -> 413 rejected: the body is over 1 MiB"},
 	} {
-		if got := send(tc.id, tc.object, tc.version, tc.sig); got != tc.status {
+		if got := send(tc.id, tc.object, tc.version, tc.sig, tc.pad); got != tc.status {
 			t.Errorf("%s: answered %d, want %d", tc.id, got, tc.status)
 		}
 		if l := next(tc.id); !strings.Contains(l, tc.line) {
