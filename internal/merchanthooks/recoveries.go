@@ -76,7 +76,10 @@ func (p *RecoverParams) Validate() error {
 	} else if t, ok := parseRFC3339(*p.Since); !ok {
 		reason = "must be a time in RFC 3339 form, such as 2026-01-31T09:00:00Z"
 	} else {
-		p.since = t
+		// The database keeps microseconds: a finer since (a Go client's
+		// time.Now() has nine digits) is the one the recovery has, in its
+		// answer as in its GET.
+		p.since = t.Truncate(time.Microsecond)
 	}
 	if reason != "" {
 		return jsonbody.Invalid(jsonbody.Param{Name: "since", Reason: reason})

@@ -466,3 +466,39 @@ func TestRecoveryStopsAtItsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoverySinceAsStored: a since finer than a microsecond (what a Go
+// client sends for time.Now(), nine digits of fraction) is the since the
+// recovery has, the database's microseconds, in the 202 and in its replay
+// as in the recovery's GET. The 202 showed the nanoseconds as sent, a time
+// that the recovery, and its GET, did not have.
+func TestRecoverySinceAsStored(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	recv := newReceiver(t)
+	created := c.Post("/v1/webhook_endpoints", apitest.NewKey(), map[string]any{"url": recv.URL + "/hooks", "enabled_events": []string{"*"}})
+	var ep merchanthooks.Endpoint
+	created.JSON(t, &ep)
+	if created.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", created.Status, created.Body)
+	}
+	since := time.Now().Add(-time.Hour).UTC().Truncate(time.Second).Add(123456789 * time.Nanosecond)
+	key := apitest.NewKey()
+	for _, what := range []string{"the answer", "its replay"} {
+		r := c.Post("/v1/webhook_endpoints/"+ep.ID+"/recover", key, `{"since":"`+since.Format(time.RFC3339Nano)+`"}`)
+		var rec merchanthooks.Recovery
+		r.JSON(t, &rec)
+		if r.Status != http.StatusAccepted {
+			t.Fatalf("%s: %d %s, want 202", what, r.Status, r.Body)
+		}
+		g := c.Get("/v1/webhook_endpoints/" + ep.ID + "/recoveries/" + rec.ID)
+		var stored merchanthooks.Recovery
+		g.JSON(t, &stored)
+		if want := since.Truncate(time.Microsecond); !rec.Since.Equal(want) || !stored.Since.Equal(want) {
+			t.Errorf("%s: since %s, its GET %s; want both %s, the microseconds the recovery has (sent %s)",
+				what, rec.Since.Format(time.RFC3339Nano), stored.Since.Format(time.RFC3339Nano),
+				want.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
+		}
+	}
+}
