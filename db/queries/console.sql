@@ -24,9 +24,12 @@ SELECT console_sign_outs FROM api_keys WHERE id = @key_id AND account_id = @acco
 -- name: ConsoleSignOut :exec
 -- "Sign out": ends every console session of the key issued until now, in
 -- every process, at its next request. A count, not a time: no process's
--- clock decides which sessions it ends.
+-- clock decides which sessions it ends. Only a session still current
+-- counts (its count is the key's): one that a sign-out has ended already
+-- ends nothing, so a kept copy of its cookie cannot sign the key's later
+-- sessions out.
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
-WHERE id = @key_id AND account_id = @account_id;
+WHERE id = @key_id AND account_id = @account_id AND console_sign_outs = @sign_outs;
 
 -- name: ConsoleRecordList :many
 -- The account's idempotency records, newest first, in one state or all

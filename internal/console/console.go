@@ -303,8 +303,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 // logout ends, in the database, every console session of the session's
 // key issued until now, in every process: a copy of the cookie is refused
 // from now on, as the browser's own is (ConsoleSignOut counts the
-// sign-outs, and a session names the count it began under). Then it
-// deletes the browser's cookie.
+// sign-outs, and a session names the count it began under). A session
+// already ended ends nothing. Then it deletes the browser's cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if !c.checkCSRF(r) {
 		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
@@ -312,7 +312,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	}
 	if s, err := c.decodeSession(r); err == nil {
 		if err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
-			KeyID: s.KeyID, AccountID: s.AccountID}); err != nil {
+			KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts}); err != nil {
 			c.fail(w, r, fmt.Errorf("signing out: %w", err))
 			return
 		}

@@ -320,6 +320,42 @@ func TestSignOutAcrossClocks(t *testing.T) {
 	}
 }
 
+// A session that has ended (signed out, here by its own browser, a copy
+// kept) signs nobody out: its POST /logout, with a CSRF token of its own,
+// leaves the key's later sessions signed in. The sign-out counted for any
+// cookie with a valid signature, so the holder of a cookie from before a
+// sign-out (the very copy the sign-out ends) could end every new session of
+// the key, again and again.
+func TestEndedSessionSignsNobodyOut(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+
+	b := newBrowser(t, base)
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+		t.Fatalf("signing in: %d", p.Status)
+	}
+	ended := b.cookie("idempay_console")
+	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
+		t.Fatalf("signing in again: %d to %q, want 303 to /records", p.Status, p.Location)
+	}
+
+	thief := newBrowser(t, base)
+	token := thief.csrf("/login")
+	u, _ := url.Parse(base)
+	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: ended}})
+	if p := thief.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout with the ended session: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records, signed in after the sign-out, once the ended session posted /logout: %d to %q, want 200", p.Status, p.Location)
+	}
+}
+
 // I5: the same Idempotency-Key in two accounts is two records, and each
 // account's console shows only its own; another's record, charge or event
 // is not found, like an unknown one.

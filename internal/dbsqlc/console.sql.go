@@ -532,18 +532,22 @@ func (q *Queries) ConsoleSignIn(ctx context.Context, db DBTX, arg *ConsoleSignIn
 
 const consoleSignOut = `-- name: ConsoleSignOut :exec
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
-WHERE id = $1 AND account_id = $2
+WHERE id = $1 AND account_id = $2 AND console_sign_outs = $3
 `
 
 type ConsoleSignOutParams struct {
 	KeyID     string
 	AccountID string
+	SignOuts  int32
 }
 
 // "Sign out": ends every console session of the key issued until now, in
 // every process, at its next request. A count, not a time: no process's
-// clock decides which sessions it ends.
+// clock decides which sessions it ends. Only a session still current
+// counts (its count is the key's): one that a sign-out has ended already
+// ends nothing, so a kept copy of its cookie cannot sign the key's later
+// sessions out.
 func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignOutParams) error {
-	_, err := db.Exec(ctx, consoleSignOut, arg.KeyID, arg.AccountID)
+	_, err := db.Exec(ctx, consoleSignOut, arg.KeyID, arg.AccountID, arg.SignOuts)
 	return err
 }
