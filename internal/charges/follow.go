@@ -291,7 +291,9 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 // It carries none of idempay's metadata. It is one when it has no
 // idempay_record, its PaymentIntent is a charge of the ledger that was
 // canceled or captured for less than its amount, and its amount is what
-// that released: amount less amount_captured. The ledger holds the release
+// that released: amount less amount_captured; or a charge whose cancel,
+// or capture for less, is in flight, and its amount is what that action
+// releases (Stripe's event may come before the action's answer). The ledger holds the release
 // already, as the charge's status and amount captured (and charge.refunded
 // nets it out of amount_refunded), so there is nothing to follow.
 // Stripe's events about it are stale, and reconciliation counts it
@@ -309,7 +311,21 @@ func (s *Service) IsRelease(ctx context.Context, sr *StripeRefund) (bool, error)
 		return false, fmt.Errorf("finding the charge of refund %s: %w", sr.ID, err)
 	}
 	released := ch.Amount - ch.AmountCaptured
-	return (ch.Status == "canceled" || ch.Status == "succeeded") && released > 0 && sr.Amount == released, nil
+	ended := ch.Status == "canceled" || ch.Status == "succeeded"
+	if ch.PendingAction != nil && !ended {
+		// A capture or cancel in flight: Stripe made the release when it
+		// did the action, and its events may come before the action's
+		// answer reaches the ledger. The release is what the action
+		// leaves uncaptured: the rest of a partial capture, all of a cancel.
+		ended, released = true, ch.Amount
+		if *ch.PendingAction == actionCapture {
+			released = 0 // a capture of all that is capturable releases nothing
+			if ch.PendingAmount != nil {
+				released = ch.Amount - *ch.PendingAmount
+			}
+		}
+	}
+	return ended && released > 0 && sr.Amount == released, nil
 }
 
 // chargeOfIntent finds the charge of the PaymentIntent pi, by its id or by

@@ -37,7 +37,7 @@ func Event(ev *stripe.Event) (stripeevents.Event, error) {
 			err = idsFit(sc.ID, out.Charge.IntentID)
 		}
 		err = unappliable(ev, "charge", err)
-	case "charge.refund.updated", "refund.updated":
+	case "refund.created", "charge.refund.updated", "refund.updated":
 		var sr stripe.Refund
 		if err = json.Unmarshal(ev.Data.Raw, &sr); err == nil {
 			out.Refund = Refund(&sr)

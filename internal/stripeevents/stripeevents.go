@@ -61,7 +61,7 @@ var HandledTypes = []string{
 	"payment_intent.succeeded", "payment_intent.payment_failed", "payment_intent.canceled",
 	"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing",
 	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
-	"charge.refund.updated", "refund.updated",
+	"refund.created", "charge.refund.updated", "refund.updated",
 	"charge.dispute.created", "charge.dispute.closed",
 }
 

@@ -322,7 +322,8 @@ func TestReleasedAuthorizationIsNotARefund(t *testing.T) {
 // cancellation, both manual and automated":
 // support.stripe.com/questions/changes-to-balance-transaction-behavior-for-partial-capture-and-payment-cancellation-flows),
 // carries none of idempay's metadata; Stripe's events about it
-// (charge.refund.updated, refund.updated) find no refund of idempay's.
+// (refund.created, charge.refund.updated, refund.updated) find no refund of
+// idempay's.
 // When the ledger holds the release (the charge captured for less, or
 // canceled) and the refund is of what was released, they are stale: no
 // unknown_object, which operations alert on, for what idempay asked for.
@@ -363,7 +364,7 @@ func TestReleaseRefundEventsAreStale(t *testing.T) {
 		t.Fatalf("the premise does not hold: Stripe holds the releases %v, want 3", releases)
 	}
 	for _, id := range releases {
-		for _, typ := range []string{"charge.refund.updated", "refund.updated"} {
+		for _, typ := range []string{"refund.created", "charge.refund.updated", "refund.updated"} {
 			ev := intentEvent(t, typ, env.Stripe.RefundBody(id), time.Now())
 			d := deliver(t, env, ev)
 			if d.Status != http.StatusOK || d.Receipt.Outcome != "stale" {

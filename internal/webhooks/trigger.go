@@ -67,7 +67,7 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 	case "charge.refunded":
 		obj.AmountRefunded = ch.Amount
 		return NewChargeEvent(o.Type, obj, now)
-	case "charge.refund.updated", "refund.updated":
+	case "refund.created", "charge.refund.updated", "refund.updated":
 		if o.RefundID == "" {
 			return Event{}, fmt.Errorf("%s needs --refund re_...", o.Type) //nolint:staticcheck // a usage hint that ends with an example id
 		}
