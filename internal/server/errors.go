@@ -15,7 +15,8 @@ import (
 
 // ErrorHandler is echo's HTTPErrorHandler for idempay: every error becomes
 // problem+json (echo's own errors mapped here, the rest by apierror.From),
-// and internal errors are logged with their cause.
+// and internal errors are logged with their cause, at error level (a
+// downstream's 503, an unknown outcome the client retries, at warn).
 //
 // A request whose client has gone (net/http cancels its context when the
 // connection closes, or when the client closes its sending side) fails
@@ -33,7 +34,14 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 				Detail: "The client closed the connection before the answer; the request was abandoned."}
 		}
 		if pe.Status() >= 500 {
-			log.ErrorContext(c.Request().Context(), "request failed",
+			// A downstream that gave no definite answer is its state, not
+			// the server's failure: the client retries, and the runner's
+			// warning says why.
+			level := slog.LevelError
+			if pe.Type == apierror.DownstreamUnavailable {
+				level = slog.LevelWarn
+			}
+			log.Log(c.Request().Context(), level, "request failed",
 				"type", string(pe.Type), "status", pe.Status(), "err", err,
 				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 		}

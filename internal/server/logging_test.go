@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -187,5 +188,38 @@ func TestRequestLineNamesRecord(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s: request line idempotency_key_id %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A charge whose Stripe call gets no definite answer is a 503
+// downstream-unavailable that the client retries: a downstream's state,
+// not the server's failure. Its lines are warnings (the runner's, which
+// says why, and the request's), and nothing is logged at error level.
+func TestUnknownOutcomeIsNoErrorLine(t *testing.T) {
+	t.Parallel()
+	var logs apitest.Logs
+	env := apitest.New(t, apitest.Options{LogHandler: slog.NewJSONHandler(&logs, nil)})
+	c := env.NewClient(t)
+	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+	r := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 700, "currency": "usd", "payment_method": "tok_visa"})
+	env.Stripe.ClearFaults()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503; body %s", r.Status, r.Body)
+	}
+	warned := false
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		switch {
+		case rec.Level == "ERROR":
+			t.Errorf("an ERROR line for an unknown downstream outcome: %s", line)
+		case rec.Level == "WARN" && rec.Msg == "request failed":
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no WARN request line for the 503; logs:\n%s", logs.String())
 	}
 }
