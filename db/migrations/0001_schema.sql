@@ -176,7 +176,19 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 --
 -- capture_method manual: the request only authorized ("capture": false).
 -- The amounts' CHECKs forbid over-capturing and over-refunding (refunds in
--- flight count) whatever the code does. A capture's or cancel's claim sets
+-- flight count) whatever the code does.
+--
+-- Two figures of what was refunded, kept apart: amount_refunded is
+-- idempay's own refunds (reserved in a refund's claim, released when it
+-- fails); stripe_amount_refunded is Stripe's charge.amount_refunded as the
+-- newest charge event reported it, at stripe_refunded_at (the event's
+-- time; a refund's failure moves it too, taking the refund out when the
+-- figure counted it). An event older than stripe_refunded_at leaves it
+-- (I8), so a late charge.refunded never brings back a refund that failed.
+-- What is left to refund is amount_captured less the larger of the two;
+-- a refund re-created from Stripe (after a restore) is one Stripe's figure
+-- counts already, so only amount_refunded limits its reservation. The
+-- API's amount_refunded is the larger of the two. A capture's or cancel's claim sets
 -- pending_action, its record and a capture's amount (NULL: all capturable),
 -- guarded by version, so of a capture and a cancel racing exactly one begins.
 --
@@ -205,6 +217,8 @@ CREATE TABLE charges (
     amount_capturable        bigint NOT NULL DEFAULT 0,
     amount_captured          bigint NOT NULL DEFAULT 0,
     amount_refunded          bigint NOT NULL DEFAULT 0,
+    stripe_amount_refunded   bigint NOT NULL DEFAULT 0,
+    stripe_refunded_at       timestamptz,
     stripe_payment_intent_id varchar(255),
     stripe_charge_id         varchar(255),
     -- The customer's next step when requires_action (3-D Secure's redirect).
@@ -222,6 +236,7 @@ CREATE TABLE charges (
     CONSTRAINT charges_capturable_check CHECK (amount_capturable >= 0 AND amount_capturable <= amount),
     CONSTRAINT charges_captured_check CHECK (amount_captured >= 0 AND amount_captured <= amount),
     CONSTRAINT charges_amount_refunded_check CHECK (amount_refunded >= 0 AND amount_refunded <= amount_captured),
+    CONSTRAINT charges_stripe_amount_refunded_check CHECK (stripe_amount_refunded >= 0 AND stripe_amount_refunded <= amount_captured),
     CONSTRAINT charges_pending_amount_check CHECK (pending_amount > 0 AND pending_amount <= amount)
 ) WITH (fillfactor = 80);
 

@@ -11,7 +11,9 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 -- charge as it is now, not on the version the refund's checks read: the
 -- charge succeeded, has no open or lost dispute, and still has the amount
--- left to refund. When one of them no longer holds it raises IDS01, and the
+-- left to refund: of what was captured, less idempay's reservations and
+-- less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
+-- re-created from Stripe, which Stripe's figure counts already). When one of them no longer holds it raises IDS01, and the
 -- runner reads and checks again, which answers with what changed (for
 -- example refund-exceeds-charge). The table's CHECK rejects any amount that
 -- would exceed the charge whatever the checks said.
@@ -21,6 +23,7 @@ WITH c AS (
     WHERE charges.id = @id
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= @amount
+      AND (@counted::boolean OR charges.amount_captured - charges.stripe_amount_refunded >= @amount)
       AND NOT EXISTS (SELECT 1 FROM disputes d
                       WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
     RETURNING 1
@@ -29,10 +32,22 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no long
 
 -- name: ChargeReleaseRefunded :exec
 -- Releases a refund that failed at Stripe after it was reserved (or
--- succeeded). It never goes below zero: amount_refunded may have been raised
--- to Stripe's own figure by an event (ChargeApplyEvent).
+-- succeeded), or that Stripe refused. A failure Stripe reported at
+-- @failed_at (NULL when Stripe refused it: it never counted it) also moves
+-- Stripe's figure, when that is older: the figure loses the refund's
+-- amount if it was reported at or after the refund began (in whole
+-- seconds, as Stripe stamps its events), so it counted the refund; and
+-- stripe_refunded_at becomes @failed_at, so that an older charge event,
+-- delivered late, no longer counts it again.
 UPDATE charges
-SET amount_refunded = GREATEST(0, amount_refunded - @amount::bigint), version = version + 1, updated_at = now()
+SET amount_refunded = GREATEST(0, amount_refunded - @amount::bigint),
+    stripe_amount_refunded = CASE
+        WHEN stripe_refunded_at < sqlc.narg(failed_at)::timestamptz
+         AND stripe_refunded_at >= date_trunc('second', @refund_created_at::timestamptz)
+        THEN GREATEST(0, stripe_amount_refunded - @amount::bigint)
+        ELSE stripe_amount_refunded END,
+    stripe_refunded_at = GREATEST(stripe_refunded_at, sqlc.narg(failed_at)::timestamptz),
+    version = version + 1, updated_at = now()
 WHERE id = @id;
 
 -- name: ChargeGetForRefund :one

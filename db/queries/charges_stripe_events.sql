@@ -15,9 +15,9 @@ LIMIT 1;
 
 -- name: ChargeApplyEvent :exec
 -- Applies a Stripe event's view of the charge, as the caller computed it
--- from the row at @version (states only move forward; amount_refunded only
--- grows, so an event applied late cannot undo a refund). Guarded: IDS01
--- when the charge changed since it was read.
+-- from the row at @version (states only move forward; Stripe's figure of
+-- what was refunded is a newer event's, by stripe_refunded_at). Guarded:
+-- IDS01 when the charge changed since it was read.
 WITH c AS (
     UPDATE charges
     SET status = @status,
@@ -26,6 +26,8 @@ WITH c AS (
         failure_code = sqlc.narg(failure_code),
         failure_message = sqlc.narg(failure_message),
         amount_refunded = @amount_refunded,
+        stripe_amount_refunded = @stripe_amount_refunded,
+        stripe_refunded_at = sqlc.narg(stripe_refunded_at),
         amount_capturable = @amount_capturable,
         amount_captured = @amount_captured,
         next_action_url = sqlc.narg(next_action_url),

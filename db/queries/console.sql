@@ -92,7 +92,7 @@ WHERE ik.scope = @account_id AND ik.id = @id;
 
 -- name: ConsoleChargeList :many
 -- The account's charges, newest first (the API's index).
-SELECT id, amount, currency, status, amount_refunded, amount_captured, capture_method,
+SELECT id, amount, currency, status, GREATEST(amount_refunded, stripe_amount_refunded)::bigint AS amount_refunded, amount_captured, capture_method,
        stripe_payment_intent_id, idempotency_key_id, version, created_at, updated_at
 FROM charges WHERE account_id = @account_id
 ORDER BY created_at DESC, id DESC

@@ -220,7 +220,7 @@ type RedirectToURL struct {
 
 func chargeJSON(ch chargeRow) Charge {
 	c := Charge{
-		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: ch.AmountRefunded,
+		ID: ch.ID, Object: "charge", Amount: ch.Amount, AmountRefunded: max(ch.AmountRefunded, ch.StripeAmountRefunded),
 		Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
 		Metadata: ch.Metadata, Status: ch.Status, AmountCapturable: ch.AmountCapturable,
 		AmountCaptured: ch.AmountCaptured, StripePaymentIntentID: ch.StripePaymentIntentID,

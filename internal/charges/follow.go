@@ -89,6 +89,7 @@ func (s *Service) moveCharge(ctx context.Context, b *idempotency.Batch, ch, upda
 		updated.AmountCaptured = updated.Amount
 	}
 	updated.AmountRefunded = min(updated.AmountRefunded, updated.AmountCaptured)
+	updated.StripeAmountRefunded = min(updated.StripeAmountRefunded, updated.AmountCaptured)
 	data, err := encode(chargeJSON(updated), updated.ID)
 	if err != nil {
 		return err
@@ -145,7 +146,11 @@ func deref(s *string) string {
 // FollowCharge moves the charge of Stripe's charge sc forward to status,
 // as Stripe reported it at at, like FollowIntent; when its status is not
 // ahead, it takes the amounts captured and refunded that Stripe's charge
-// holds (a charge.refunded event), never adding to them. moved is false
+// holds (a charge.refunded event), never adding to them. Stripe's amount
+// refunded is kept apart from idempay's own reservations
+// (stripe_amount_refunded), and taken only from an event newer than the
+// one it holds (stripe_refunded_at; a refund's failure moves it too,
+// FollowRefund), so a late event never counts again a refund that failed. moved is false
 // when the ledger holds all of it already; ErrNotFound: idempay has no
 // charge of sc, or (ErrSecondObject) the charge of sc's record holds
 // another PaymentIntent.
@@ -164,7 +169,11 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 	if sc.Captured {
 		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
 	}
-	if !forward && sc.AmountRefunded <= ch.AmountRefunded && captured == ch.AmountCaptured {
+	stripeRefunded, stripeRefundedAt := ch.StripeAmountRefunded, ch.StripeRefundedAt
+	if (stripeRefundedAt == nil || at.After(*stripeRefundedAt)) && sc.AmountRefunded != stripeRefunded {
+		stripeRefunded, stripeRefundedAt = sc.AmountRefunded, &at
+	}
+	if !forward && stripeRefunded == ch.StripeAmountRefunded && captured == ch.AmountCaptured {
 		return false, nil
 	}
 	// The row as the guarded update below leaves it.
@@ -179,7 +188,9 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 	if forward && status == "succeeded" && updated.AmountCaptured == 0 {
 		updated.AmountCaptured = ch.Amount
 	}
-	updated.AmountRefunded = min(updated.AmountCaptured, max(ch.AmountRefunded, sc.AmountRefunded))
+	updated.StripeAmountRefunded = min(updated.AmountCaptured, max(stripeRefunded, 0))
+	updated.StripeRefundedAt = stripeRefundedAt
+	updated.AmountRefunded = min(updated.AmountCaptured, ch.AmountRefunded)
 	if !forward {
 		updated.Version++
 		if updated.LastEventAt == nil || at.After(*updated.LastEventAt) {
@@ -267,8 +278,9 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 	}
 	if status == "failed" {
 		// The amount was reserved on the charge when the refund began;
-		// Stripe did not refund it after all.
-		if err := s.st.releaseRefund(ctx, b, rf); err != nil {
+		// Stripe did not refund it after all, and its figure of what was
+		// refunded, as of at, no longer counts it.
+		if err := s.st.releaseRefund(ctx, b, rf, &at); err != nil {
 			return false, fmt.Errorf("releasing refund amount: %w", err)
 		}
 	}

@@ -2,6 +2,7 @@ package charges
 
 import (
 	"context"
+	"time"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
@@ -17,18 +18,22 @@ func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID str
 
 // reserveRefund locks the charge row, then reserves amount of it for a
 // refund (amount_refunded), checking again there what the refund's read
-// checked.
-func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
+// checked; counted: Stripe's figure counts the refund already (one
+// re-created from Stripe), so only idempay's reservations limit it.
+func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64, counted bool) error {
 	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
 		return err
 	}
-	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount})
+	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount, Counted: counted})
 }
 
 // releaseRefund gives back the reservation of a refund that refunded
-// nothing.
-func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow) error {
-	return st.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID})
+// nothing. failedAt is when Stripe reported the refund failed (nil when
+// Stripe refused it, and so never counted it): Stripe's figure of what was
+// refunded, if older, no longer counts it (ChargeReleaseRefunded).
+func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow, failedAt *time.Time) error {
+	return st.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID,
+		FailedAt: failedAt, RefundCreatedAt: rf.CreatedAt})
 }
 
 // refundOfRecord is the refund that the record recordID created.

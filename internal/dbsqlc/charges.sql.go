@@ -10,7 +10,7 @@ import (
 )
 
 const chargeGetByIdempotencyKeyID = `-- name: ChargeGetByIdempotencyKeyID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE idempotency_key_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE idempotency_key_id = $1
 `
 
 func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idempotencyKeyID *string) (Charge, error) {
@@ -30,6 +30,8 @@ func (q *Queries) ChargeGetByIdempotencyKeyID(ctx context.Context, db DBTX, idem
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,

@@ -45,7 +45,7 @@ func (q *Queries) ChargeBeginPending(ctx context.Context, db DBTX, arg *ChargeBe
 }
 
 const chargeGetByPendingRecord = `-- name: ChargeGetByPendingRecord :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE pending_record_id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE pending_record_id = $1
 `
 
 // The charge of a capture or cancel in flight, by its idempotency record.
@@ -66,6 +66,8 @@ func (q *Queries) ChargeGetByPendingRecord(ctx context.Context, db DBTX, pending
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,

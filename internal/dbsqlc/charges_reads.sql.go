@@ -11,7 +11,7 @@ import (
 )
 
 const chargeGet = `-- name: ChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE id = $1
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE id = $1
 `
 
 // A charge of any account, for operator commands (idempay webhooks trigger).
@@ -32,6 +32,8 @@ func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, er
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,
@@ -49,7 +51,7 @@ func (q *Queries) ChargeGet(ctx context.Context, db DBTX, id string) (Charge, er
 }
 
 const chargeGetByID = `-- name: ChargeGetByID :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
 `
 
 type ChargeGetByIDParams struct {
@@ -74,6 +76,8 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, arg *ChargeGetByID
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,
@@ -91,7 +95,7 @@ func (q *Queries) ChargeGetByID(ctx context.Context, db DBTX, arg *ChargeGetByID
 }
 
 const chargeList = `-- name: ChargeList :many
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
 WHERE account_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::text))
@@ -136,6 +140,8 @@ func (q *Queries) ChargeList(ctx context.Context, db DBTX, arg *ChargeListParams
 			&i.AmountCapturable,
 			&i.AmountCaptured,
 			&i.AmountRefunded,
+			&i.StripeAmountRefunded,
+			&i.StripeRefundedAt,
 			&i.StripePaymentIntentID,
 			&i.StripeChargeID,
 			&i.NextActionUrl,

@@ -7,10 +7,11 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
 const chargeGetForRefund = `-- name: ChargeGetForRefund :one
-SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.capture_method, charges.status, charges.amount_capturable, charges.amount_captured, charges.amount_refunded, charges.stripe_payment_intent_id, charges.stripe_charge_id, charges.next_action_url, charges.failure_code, charges.failure_message, charges.pending_action, charges.pending_record_id, charges.pending_amount, charges.version, charges.last_event_at, charges.created_at, charges.updated_at,
+SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.capture_method, charges.status, charges.amount_capturable, charges.amount_captured, charges.amount_refunded, charges.stripe_amount_refunded, charges.stripe_refunded_at, charges.stripe_payment_intent_id, charges.stripe_charge_id, charges.next_action_url, charges.failure_code, charges.failure_message, charges.pending_action, charges.pending_record_id, charges.pending_amount, charges.version, charges.last_event_at, charges.created_at, charges.updated_at,
        (SELECT count(*) FROM disputes d
         WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
        EXISTS (SELECT 1 FROM refunds r WHERE r.id = $1) AS refund_exists
@@ -50,6 +51,8 @@ func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGe
 		&i.Charge.AmountCapturable,
 		&i.Charge.AmountCaptured,
 		&i.Charge.AmountRefunded,
+		&i.Charge.StripeAmountRefunded,
+		&i.Charge.StripeRefundedAt,
 		&i.Charge.StripePaymentIntentID,
 		&i.Charge.StripeChargeID,
 		&i.Charge.NextActionUrl,
@@ -84,20 +87,39 @@ func (q *Queries) ChargeLockForRefund(ctx context.Context, db DBTX, id string) e
 
 const chargeReleaseRefunded = `-- name: ChargeReleaseRefunded :exec
 UPDATE charges
-SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint), version = version + 1, updated_at = now()
-WHERE id = $2
+SET amount_refunded = GREATEST(0, amount_refunded - $1::bigint),
+    stripe_amount_refunded = CASE
+        WHEN stripe_refunded_at < $2::timestamptz
+         AND stripe_refunded_at >= date_trunc('second', $3::timestamptz)
+        THEN GREATEST(0, stripe_amount_refunded - $1::bigint)
+        ELSE stripe_amount_refunded END,
+    stripe_refunded_at = GREATEST(stripe_refunded_at, $2::timestamptz),
+    version = version + 1, updated_at = now()
+WHERE id = $4
 `
 
 type ChargeReleaseRefundedParams struct {
-	Amount int64
-	ID     string
+	Amount          int64
+	FailedAt        *time.Time
+	RefundCreatedAt time.Time
+	ID              string
 }
 
 // Releases a refund that failed at Stripe after it was reserved (or
-// succeeded). It never goes below zero: amount_refunded may have been raised
-// to Stripe's own figure by an event (ChargeApplyEvent).
+// succeeded), or that Stripe refused. A failure Stripe reported at
+// @failed_at (NULL when Stripe refused it: it never counted it) also moves
+// Stripe's figure, when that is older: the figure loses the refund's
+// amount if it was reported at or after the refund began (in whole
+// seconds, as Stripe stamps its events), so it counted the refund; and
+// stripe_refunded_at becomes @failed_at, so that an older charge event,
+// delivered late, no longer counts it again.
 func (q *Queries) ChargeReleaseRefunded(ctx context.Context, db DBTX, arg *ChargeReleaseRefundedParams) error {
-	_, err := db.Exec(ctx, chargeReleaseRefunded, arg.Amount, arg.ID)
+	_, err := db.Exec(ctx, chargeReleaseRefunded,
+		arg.Amount,
+		arg.FailedAt,
+		arg.RefundCreatedAt,
+		arg.ID,
+	)
 	return err
 }
 
@@ -108,6 +130,7 @@ WITH c AS (
     WHERE charges.id = $2
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= $1
+      AND ($3::boolean OR charges.amount_captured - charges.stripe_amount_refunded >= $1)
       AND NOT EXISTS (SELECT 1 FROM disputes d
                       WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
     RETURNING 1
@@ -116,19 +139,22 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no long
 `
 
 type ChargeReserveRefundParams struct {
-	Amount int64
-	ID     string
+	Amount  int64
+	ID      string
+	Counted bool
 }
 
 // Reserves a refund's amount on the charge, in the refund's claim batch,
 // after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 // charge as it is now, not on the version the refund's checks read: the
 // charge succeeded, has no open or lost dispute, and still has the amount
-// left to refund. When one of them no longer holds it raises IDS01, and the
+// left to refund: of what was captured, less idempay's reservations and
+// less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
+// re-created from Stripe, which Stripe's figure counts already). When one of them no longer holds it raises IDS01, and the
 // runner reads and checks again, which answers with what changed (for
 // example refund-exceeds-charge). The table's CHECK rejects any amount that
 // would exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
-	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID)
+	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.Counted)
 	return err
 }

@@ -19,16 +19,18 @@ WITH c AS (
         failure_code = $4,
         failure_message = $5,
         amount_refunded = $6,
-        amount_capturable = $7,
-        amount_captured = $8,
-        next_action_url = $9,
-        pending_action = $10,
-        pending_record_id = $11,
-        pending_amount = $12,
-        last_event_at = $13,
+        stripe_amount_refunded = $7,
+        stripe_refunded_at = $8,
+        amount_capturable = $9,
+        amount_captured = $10,
+        next_action_url = $11,
+        pending_action = $12,
+        pending_record_id = $13,
+        pending_amount = $14,
+        last_event_at = $15,
         version = version + 1,
         updated_at = now()
-    WHERE id = $14 AND version = $15
+    WHERE id = $16 AND version = $17
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge changed since it was read')
@@ -41,6 +43,8 @@ type ChargeApplyEventParams struct {
 	FailureCode           *string
 	FailureMessage        *string
 	AmountRefunded        int64
+	StripeAmountRefunded  int64
+	StripeRefundedAt      *time.Time
 	AmountCapturable      int64
 	AmountCaptured        int64
 	NextActionUrl         *string
@@ -53,9 +57,9 @@ type ChargeApplyEventParams struct {
 }
 
 // Applies a Stripe event's view of the charge, as the caller computed it
-// from the row at @version (states only move forward; amount_refunded only
-// grows, so an event applied late cannot undo a refund). Guarded: IDS01
-// when the charge changed since it was read.
+// from the row at @version (states only move forward; Stripe's figure of
+// what was refunded is a newer event's, by stripe_refunded_at). Guarded:
+// IDS01 when the charge changed since it was read.
 func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeApplyEventParams) error {
 	_, err := db.Exec(ctx, chargeApplyEvent,
 		arg.Status,
@@ -64,6 +68,8 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 		arg.FailureCode,
 		arg.FailureMessage,
 		arg.AmountRefunded,
+		arg.StripeAmountRefunded,
+		arg.StripeRefundedAt,
 		arg.AmountCapturable,
 		arg.AmountCaptured,
 		arg.NextActionUrl,
@@ -78,7 +84,7 @@ func (q *Queries) ChargeApplyEvent(ctx context.Context, db DBTX, arg *ChargeAppl
 }
 
 const chargeFindForEvent = `-- name: ChargeFindForEvent :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges
 WHERE stripe_payment_intent_id = $1
    OR stripe_charge_id = $2
    OR idempotency_key_id = $3
@@ -116,6 +122,8 @@ func (q *Queries) ChargeFindForEvent(ctx context.Context, db DBTX, arg *ChargeFi
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,

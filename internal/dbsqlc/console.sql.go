@@ -11,7 +11,7 @@ import (
 )
 
 const consoleChargeGet = `-- name: ConsoleChargeGet :one
-SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
+SELECT id, account_id, idempotency_key_id, amount, currency, payment_method, description, metadata, capture_method, status, amount_capturable, amount_captured, amount_refunded, stripe_amount_refunded, stripe_refunded_at, stripe_payment_intent_id, stripe_charge_id, next_action_url, failure_code, failure_message, pending_action, pending_record_id, pending_amount, version, last_event_at, created_at, updated_at FROM charges WHERE account_id = $1 AND id = $2
 `
 
 type ConsoleChargeGetParams struct {
@@ -36,6 +36,8 @@ func (q *Queries) ConsoleChargeGet(ctx context.Context, db DBTX, arg *ConsoleCha
 		&i.AmountCapturable,
 		&i.AmountCaptured,
 		&i.AmountRefunded,
+		&i.StripeAmountRefunded,
+		&i.StripeRefundedAt,
 		&i.StripePaymentIntentID,
 		&i.StripeChargeID,
 		&i.NextActionUrl,
@@ -53,7 +55,7 @@ func (q *Queries) ConsoleChargeGet(ctx context.Context, db DBTX, arg *ConsoleCha
 }
 
 const consoleChargeList = `-- name: ConsoleChargeList :many
-SELECT id, amount, currency, status, amount_refunded, amount_captured, capture_method,
+SELECT id, amount, currency, status, GREATEST(amount_refunded, stripe_amount_refunded)::bigint AS amount_refunded, amount_captured, capture_method,
        stripe_payment_intent_id, idempotency_key_id, version, created_at, updated_at
 FROM charges WHERE account_id = $1
 ORDER BY created_at DESC, id DESC

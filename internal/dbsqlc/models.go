@@ -41,6 +41,8 @@ type Charge struct {
 	AmountCapturable      int64
 	AmountCaptured        int64
 	AmountRefunded        int64
+	StripeAmountRefunded  int64
+	StripeRefundedAt      *time.Time
 	StripePaymentIntentID *string
 	StripeChargeID        *string
 	NextActionUrl         *string

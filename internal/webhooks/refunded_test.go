@@ -1,0 +1,134 @@
+package webhooks_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// A refund fails at Stripe after Stripe's charge.refunded counted it: the
+// failure releases the refund's amount and takes it out of Stripe's figure,
+// whether the charge.refunded (older) was delivered before the failure or
+// arrives after it, late; all of the charge is refundable again (I8: an
+// older event never overwrites a newer state).
+func TestChargeRefundedThenTheRefundFailed(t *testing.T) {
+	t.Parallel()
+	for _, late := range []bool{true, false} {
+		name := "charge.refunded delivered first"
+		if late {
+			name = "charge.refunded delivered late"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{})
+			c := env.NewClient(t)
+			ch, _ := createCharge(t, env, c, 2000)
+			rf := createRefund(t, c, ch.ID, 500)
+			fc := stripeChargeOf(t, env, ch.ID)
+			if fc.AmountRefunded != 500 {
+				t.Fatalf("Stripe's amount_refunded after a refund of 500: %d", fc.AmountRefunded)
+			}
+			t1 := time.Now() // after the refund began, as Stripe stamps it
+			refunded := chargeEvent(t, "charge.refunded", apitest.ChargeObject(fc, "succeeded"), t1)
+			if !late {
+				wantOutcome(t, deliver(t, env, refunded), "applied")
+			}
+
+			if _, err := env.Stripe.FailRefund(rf.StripeRefundID, "expired_or_canceled_card"); err != nil {
+				t.Fatal(err)
+			}
+			failed, err := webhooks.NewRefundEvent("refund.updated", webhooks.RefundObject{ID: rf.StripeRefundID, Charge: fc.ID,
+				Amount: 500, Currency: "usd", Status: "failed", FailureReason: "expired_or_canceled_card"}, t1.Add(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOutcome(t, deliver(t, env, failed), "applied")
+			if late {
+				if d := deliver(t, env, refunded); d.Status != http.StatusOK {
+					t.Fatalf("the late charge.refunded: %d %s", d.Status, d.Body)
+				}
+			}
+			if got := getCharge(t, c, ch.ID).AmountRefunded; got != 0 {
+				t.Errorf("amount_refunded after the refund failed: %d, want 0 (Stripe holds 0 refunded)", got)
+			}
+			if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 2000}); r.Status != http.StatusCreated {
+				t.Errorf("a refund of all the charge after its only refund failed: %d %s, want 201", r.Status, r.Body)
+			}
+		})
+	}
+}
+
+// A refund is lost to a restore (its record, its ledger row and its
+// reservation), and Stripe's charge.refunded, which counts it, is
+// delivered again: reconciliation re-creates the refund, which Stripe's
+// figure already counts, without refusing it or counting it twice, and the
+// client's retry replays its 201 (I13).
+func TestRefundLostToARestoreAfterChargeRefunded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		amount int64
+	}{{"all of the charge", 2000}, {"part of the charge", 500}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			env := apitest.New(t, apitest.Options{})
+			c := env.NewClient(t)
+			ch, _ := createCharge(t, env, c, 2000)
+			key := apitest.NewKey()
+			body := map[string]any{"charge": ch.ID, "amount": tc.amount}
+			first := c.Post("/v1/refunds", key, body)
+			if first.Status != http.StatusCreated {
+				t.Fatalf("refund: %d %s", first.Status, first.Body)
+			}
+			var was refund
+			first.JSON(t, &was)
+
+			// The restore: the refund's record, ledger row, event and
+			// reservation are gone; the charge is not.
+			for _, q := range []string{
+				`UPDATE charges SET amount_refunded = amount_refunded - r.amount FROM refunds r WHERE r.id = $1 AND charges.id = r.charge_id`,
+				`DELETE FROM events WHERE object_id = $1`,
+				`DELETE FROM idempotency_keys WHERE id = (SELECT idempotency_key_id FROM refunds WHERE id = $1)`,
+				`DELETE FROM refunds WHERE id = $1`,
+			} {
+				if _, err := env.Pool.Exec(ctx, q, was.ID); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			fc := stripeChargeOf(t, env, ch.ID)
+			wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.refunded", apitest.ChargeObject(fc, "succeeded"), time.Now())), "applied")
+
+			report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if report.RefundCounts[charges.ReconcileRecreated] != 1 {
+				t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
+			}
+			retry := c.Post("/v1/refunds", key, body)
+			if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("the client's retry after reconciliation: %d (replayed %q) %s; want a replayed 201",
+					retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
+			}
+			var is refund
+			retry.JSON(t, &is)
+			if is.ID != was.ID || is.StripeRefundID != was.StripeRefundID {
+				t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)", is.ID, is.StripeRefundID, was.ID, was.StripeRefundID)
+			}
+			if got := getCharge(t, c, ch.ID).AmountRefunded; got != tc.amount {
+				t.Errorf("amount_refunded after reconciliation: %d, want %d (counted once)", got, tc.amount)
+			}
+			if left := 2000 - tc.amount; left > 0 {
+				if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": left}); r.Status != http.StatusCreated {
+					t.Errorf("a refund of the %d left: %d %s, want 201", left, r.Status, r.Body)
+				}
+			}
+		})
+	}
+}
