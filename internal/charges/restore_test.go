@@ -19,6 +19,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/reconcile"
 	"github.com/idempay/idempay/internal/stripefake"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // TestRestoredDatabaseChargesOnce is I13 against a real restore: the
@@ -588,5 +589,75 @@ func TestRefundKeyReusedAfterRetention(t *testing.T) {
 	}
 	if row := getChargeRow(t, env.Pool, ch.ID); row.AmountRefunded != 100 {
 		t.Errorf("the charge's amount_refunded is %d, want 100", row.AmountRefunded)
+	}
+}
+
+// TestRestoredRefundAfterChargeRefunded is I13 for a refund that a
+// restore loses after Stripe refunded all of the charge: Stripe's
+// charge.refunded, delivered again after the restore, counts the refund,
+// and reconciliation re-creates it all the same (Stripe's figure counts the
+// refund it re-creates); the client's retry then replays its 201.
+func TestRestoredRefundAfterChargeRefunded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newRestorableDB(t)
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+
+	c, p := d.client(stripe)
+	ch := createCharge(t, c, 2000)
+	p.Close()
+	d.snapshot()
+
+	body := map[string]any{"charge": ch.ID, "amount": 2000}
+	c, p = d.client(stripe)
+	first := c.Post("/v1/refunds", "refund-90", body)
+	wantStatus(t, first, http.StatusCreated)
+	var was refund
+	first.JSON(t, &was)
+	p.Close()
+
+	d.restore()
+
+	env := d.env(stripe)
+	defer env.Pool.Close()
+	c = env.ClientFor(t, d.account)
+	fcs := stripe.Charges()
+	if len(fcs) != 1 || fcs[0].AmountRefunded != 2000 {
+		t.Fatalf("Stripe holds %+v, want one charge, all of it refunded", fcs)
+	}
+	ev, err := webhooks.NewChargeEvent("charge.refunded", apitest.ChargeObject(fcs[0], "succeeded"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _, answer, err := webhooks.Send(ctx, http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
+		webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
+	if err != nil || status != http.StatusOK || !strings.Contains(string(answer), `"applied"`) {
+		t.Fatalf("the charge.refunded delivered again: %d %s %v, want it applied", status, answer, err)
+	}
+
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
+		t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
+	}
+	retry := c.Post("/v1/refunds", "refund-90", body)
+	wantStatus(t, retry, http.StatusCreated)
+	if retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry after reconciliation was not replayed: %s", retry.Body)
+	}
+	var is refund
+	retry.JSON(t, &is)
+	if is.ID != was.ID || ptr(is.StripeRefundID) != ptr(was.StripeRefundID) {
+		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)",
+			is.ID, ptr(is.StripeRefundID), was.ID, ptr(was.StripeRefundID))
+	}
+	if n := len(stripe.Refunds()); n != 1 {
+		t.Errorf("Stripe holds %d refunds, want 1", n)
+	}
+	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 2000 {
+		t.Errorf("the charge's amount_refunded after reconciliation is %d, want 2000 (counted once)", got)
 	}
 }
