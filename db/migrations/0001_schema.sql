@@ -178,19 +178,18 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 -- The amounts' CHECKs forbid over-capturing and over-refunding (refunds in
 -- flight count) whatever the code does.
 --
--- Two figures of what was refunded, kept apart: amount_refunded is
--- idempay's own refunds (reserved in a refund's claim, released when it
--- fails); stripe_amount_refunded is Stripe's charge.amount_refunded as the
--- newest charge event reported it, at stripe_refunded_at (the event's
--- time; a refund's failure moves it too, taking the refund out when the
--- figure counted it). An event older than stripe_refunded_at leaves it
--- (I8), so a late charge.refunded never brings back a refund that failed.
--- What is left to refund is amount_captured less the larger of the two;
--- a refund re-created from Stripe (after a restore) is one Stripe's figure
--- counts already, so only amount_refunded limits its reservation. The
--- API's amount_refunded is the larger of the two. A capture's or cancel's claim sets
--- pending_action, its record and a capture's amount (NULL: all capturable),
--- guarded by version, so of a capture and a cancel racing exactly one begins.
+-- Two figures of what was refunded: amount_refunded, idempay's own
+-- refunds (reserved by a refund's claim, released if it fails), and
+-- stripe_amount_refunded, Stripe's as of the newest charge event
+-- (stripe_refunded_at; a refund's failure moves it too), which an older
+-- event never changes (I8). What is left to refund is amount_captured less
+-- the larger; a refund re-created from Stripe after a restore, which
+-- Stripe's figure counts already, is limited by amount_refunded alone. The
+-- API shows the larger.
+--
+-- A capture's or cancel's claim sets pending_action, its record and a
+-- capture's amount (NULL: all capturable), guarded by version, so of a
+-- capture and a cancel racing exactly one begins.
 --
 -- version increases with every change: a write names the version it read
 -- (IDS01 when it moved), an event carries it. last_event_at: an older

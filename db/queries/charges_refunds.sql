@@ -13,10 +13,11 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- charge succeeded, has no open or lost dispute, and still has the amount
 -- left to refund: of what was captured, less idempay's reservations and
 -- less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
--- re-created from Stripe, which Stripe's figure counts already). When one of them no longer holds it raises IDS01, and the
--- runner reads and checks again, which answers with what changed (for
--- example refund-exceeds-charge). The table's CHECK rejects any amount that
--- would exceed the charge whatever the checks said.
+-- re-created from Stripe, which Stripe's figure counts already). When one
+-- of them no longer holds it raises IDS01, and the runner reads and checks
+-- again, which answers with what changed (for example
+-- refund-exceeds-charge). The table's CHECK rejects any amount that would
+-- exceed the charge whatever the checks said.
 WITH c AS (
     UPDATE charges
     SET amount_refunded = amount_refunded + @amount, version = version + 1, updated_at = now()

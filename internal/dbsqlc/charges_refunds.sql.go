@@ -150,10 +150,11 @@ type ChargeReserveRefundParams struct {
 // charge succeeded, has no open or lost dispute, and still has the amount
 // left to refund: of what was captured, less idempay's reservations and
 // less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
-// re-created from Stripe, which Stripe's figure counts already). When one of them no longer holds it raises IDS01, and the
-// runner reads and checks again, which answers with what changed (for
-// example refund-exceeds-charge). The table's CHECK rejects any amount that
-// would exceed the charge whatever the checks said.
+// re-created from Stripe, which Stripe's figure counts already). When one
+// of them no longer holds it raises IDS01, and the runner reads and checks
+// again, which answers with what changed (for example
+// refund-exceeds-charge). The table's CHECK rejects any amount that would
+// exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
 	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.Counted)
 	return err
