@@ -169,8 +169,12 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 	if sc.Captured {
 		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
 	}
+	// Stripe's figure: a newer event's; of two in one second (Stripe stamps
+	// whole seconds, so their order is unknown), the larger.
 	stripeRefunded, stripeRefundedAt := ch.StripeAmountRefunded, ch.StripeRefundedAt
-	if (stripeRefundedAt == nil || at.After(*stripeRefundedAt)) && sc.AmountRefunded != stripeRefunded {
+	newer := stripeRefundedAt == nil || at.After(*stripeRefundedAt)
+	tie := stripeRefundedAt != nil && at.Equal(*stripeRefundedAt) && sc.AmountRefunded > stripeRefunded
+	if (newer && sc.AmountRefunded != stripeRefunded) || tie {
 		stripeRefunded, stripeRefundedAt = sc.AmountRefunded, &at
 	}
 	if !forward && stripeRefunded == ch.StripeAmountRefunded && captured == ch.AmountCaptured {

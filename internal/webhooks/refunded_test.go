@@ -132,3 +132,35 @@ func TestRefundLostToARestoreAfterChargeRefunded(t *testing.T) {
 		})
 	}
 }
+
+// Two charge.refunded events stamped in one second (Stripe stamps whole
+// seconds, so which came first is unknown), each counting refunds made
+// outside idempay: the ledger keeps the larger figure, whichever is
+// delivered first, so that nothing is refunded twice.
+func TestTwoChargeRefundedInOneSecond(t *testing.T) {
+	t.Parallel()
+	for _, order := range [][2]int64{{500, 800}, {800, 500}} {
+		t.Run("", func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{})
+			c := env.NewClient(t)
+			ch, _ := createCharge(t, env, c, 2000)
+			fc := stripeChargeOf(t, env, ch.ID)
+			at := time.Now().Truncate(time.Second)
+			for _, n := range order {
+				obj := apitest.ChargeObject(fc, "succeeded")
+				obj.AmountRefunded = n
+				d := deliver(t, env, chargeEvent(t, "charge.refunded", obj, at))
+				if d.Status != http.StatusOK {
+					t.Fatalf("charge.refunded of %d: %d %s", n, d.Status, d.Body)
+				}
+			}
+			if got := getCharge(t, c, ch.ID).AmountRefunded; got != 800 {
+				t.Errorf("amount_refunded after charge.refunded of %d then %d in one second: %d, want 800", order[0], order[1], got)
+			}
+			if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 1201}); r.Status != http.StatusBadRequest {
+				t.Errorf("a refund of 1201 with 1200 left: %d %s, want 400", r.Status, r.Body)
+			}
+		})
+	}
+}
