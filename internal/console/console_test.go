@@ -114,6 +114,18 @@ func (b *browser) signIn(key string) page {
 	return b.post("/login", url.Values{"csrf_token": {b.csrf("/login")}, "api_key": {key}})
 }
 
+// signOut posts the sign-out form, as the page's button does.
+func (b *browser) signOut() page {
+	b.t.Helper()
+	return b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}})
+}
+
+// setCookie puts a cookie in b's jar, as a browser holding a copy would.
+func (b *browser) setCookie(name, value string) {
+	u, _ := url.Parse(b.base)
+	b.http.Jar.SetCookies(u, []*http.Cookie{{Name: name, Value: value}})
+}
+
 func (b *browser) cookie(name string) string {
 	u, _ := url.Parse(b.base)
 	for _, c := range b.http.Jar.Cookies(u) {
@@ -168,7 +180,7 @@ func TestSignIn(t *testing.T) {
 	if p := b.post("/logout", url.Values{}); p.Status != http.StatusForbidden {
 		t.Fatalf("POST /logout without a CSRF token: %d, want 403", p.Status)
 	}
-	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther {
+	if p := b.signOut(); p.Status != http.StatusSeeOther {
 		t.Fatalf("POST /logout: %d, want 303", p.Status)
 	}
 	if p := b.get("/records"); p.Status != http.StatusSeeOther {
@@ -188,8 +200,7 @@ func TestForgedSession(t *testing.T) {
 	payload, sig, _ := strings.Cut(b.cookie("idempay_console"), ".")
 	raw, _ := base64URL.DecodeString(payload)
 	forged := strings.Replace(string(raw), a.ID, victim.ID, 1)
-	u, _ := url.Parse(base)
-	b.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: base64URL.EncodeToString([]byte(forged)) + "." + sig}})
+	b.setCookie("idempay_console", base64URL.EncodeToString([]byte(forged))+"."+sig)
 	if p := b.get("/records"); p.Status != http.StatusSeeOther {
 		t.Fatalf("a session changed to another account: %d, want 303 to /login", p.Status)
 	}
@@ -198,8 +209,7 @@ func TestForgedSession(t *testing.T) {
 	b2 := newBrowser(t, base)
 	b2.signIn(a.APIKey)
 	b3 := newBrowser(t, newConsole(t, env))
-	u3, _ := url.Parse(b3.base)
-	b3.http.Jar.SetCookies(u3, []*http.Cookie{{Name: "idempay_console", Value: b2.cookie("idempay_console")}})
+	b3.setCookie("idempay_console", b2.cookie("idempay_console"))
 	if p := b3.get("/records"); p.Status != http.StatusSeeOther {
 		t.Fatalf("a session of another secret: %d, want 303 to /login", p.Status)
 	}
@@ -252,15 +262,14 @@ func TestSignOutEndsCopiedSessions(t *testing.T) {
 	other.signIn(acct.APIKey) // another session of the same key
 	otherKey.signIn(second.Secret)
 	thief := newBrowser(t, base)
-	u, _ := url.Parse(base)
-	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: b.cookie("idempay_console")}})
+	thief.setCookie("idempay_console", b.cookie("idempay_console"))
 	for name, br := range map[string]*browser{"the browser": b, "the copied cookie": thief, "another session": other, "the other key's session": otherKey} {
 		if p := br.get("/records"); p.Status != http.StatusOK {
 			t.Fatalf("GET /records before signing out, %s: %d, want 200", name, p.Status)
 		}
 	}
 
-	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+	if p := b.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
 	for name, br := range map[string]*browser{"the copied cookie": thief, "another session of the key": other} {
@@ -302,7 +311,7 @@ func TestSignOutAcrossClocks(t *testing.T) {
 	}
 	copied := b.cookie("idempay_console")
 	b.base = ahead
-	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+	if p := b.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Fatalf("POST /logout at the process ahead: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
 	b.base = behind
@@ -313,8 +322,7 @@ func TestSignOutAcrossClocks(t *testing.T) {
 		t.Errorf("GET /records at the process behind, signed in again after the sign-out: %d to %q, want 200", p.Status, p.Location)
 	}
 	thief := newBrowser(t, behind)
-	u, _ := url.Parse(behind)
-	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: copied}})
+	thief.setCookie("idempay_console", copied)
 	if p := thief.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Errorf("GET /records with a copy of the session from before the sign-out: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
@@ -337,7 +345,7 @@ func TestEndedSessionSignsNobodyOut(t *testing.T) {
 		t.Fatalf("signing in: %d", p.Status)
 	}
 	ended := b.cookie("idempay_console")
-	if p := b.post("/logout", url.Values{"csrf_token": {b.csrf("/records")}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+	if p := b.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Fatalf("POST /logout: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
@@ -346,8 +354,7 @@ func TestEndedSessionSignsNobodyOut(t *testing.T) {
 
 	thief := newBrowser(t, base)
 	token := thief.csrf("/login")
-	u, _ := url.Parse(base)
-	thief.http.Jar.SetCookies(u, []*http.Cookie{{Name: "idempay_console", Value: ended}})
+	thief.setCookie("idempay_console", ended)
 	if p := thief.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Fatalf("POST /logout with the ended session: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
