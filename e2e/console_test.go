@@ -22,6 +22,15 @@ import (
 // consoleSecret is the CONSOLE_SESSION_SECRET of the console's server.
 const consoleSecret = "e2e-console-session-secret-0123456789"
 
+// startWithConsole starts a server as opts say that also serves the
+// console, on a port of its own, and returns it with the console's URL.
+func startWithConsole(t *testing.T, opts serverOpts) (*server, string) {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	opts.Env = append(opts.Env, "CONSOLE_ADDR="+addr, "CONSOLE_SESSION_SECRET="+consoleSecret)
+	return startServer(t, opts), "http://" + addr
+}
+
 // screenshotDir is where the tests write the README's screenshots when
 // IDEMPAY_WRITE_SCREENSHOTS=1 asks them to.
 const screenshotDir = "../docs/screenshots"
@@ -165,10 +174,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// that the held call is still in flight, and shown so, when its server
 	// is killed, however slowly a loaded machine runs the browser.
 	const lock, stripeTimeout = 30 * time.Second, 25 * time.Second
-	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout,
-		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
-	consoleURL = "http://" + consoleURL
+	web, consoleURL := startWithConsole(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(), Lock: lock, Stripe: stripeTimeout})
 	c := newHTTPClient()
 
 	br.signIn(consoleURL, acct.APIKey)
@@ -323,10 +329,7 @@ func TestConsoleLiveSwapsOnlyChanges(t *testing.T) {
 	d := newDB(t)
 	fake := newFake(t)
 	acct := newAccount(t, d.Pool, "Acme Books")
-	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(),
-		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
-	consoleURL = "http://" + consoleURL
+	web, consoleURL := startWithConsole(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL()})
 	c := newHTTPClient()
 	charge := func(key string) {
 		t.Helper()
@@ -383,10 +386,7 @@ func TestConsoleShowsWhenLiveStops(t *testing.T) {
 	d := newDB(t)
 	fake := newFake(t)
 	acct := newAccount(t, d.Pool, "Acme Books")
-	consoleURL := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	web := startServer(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL(),
-		Env: []string{"CONSOLE_ADDR=" + consoleURL, "CONSOLE_SESSION_SECRET=" + consoleSecret}})
-	consoleURL = "http://" + consoleURL
+	web, consoleURL := startWithConsole(t, serverOpts{Name: "web", DBURL: d.URL, StripeURL: fake.URL()})
 	res, err := do(context.Background(), newHTTPClient(), http.MethodPost, web.URL+"/v1/charges", acct.APIKey, "order-1046",
 		[]byte(`{"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`))
 	if err != nil || res.Status != http.StatusCreated {
