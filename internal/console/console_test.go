@@ -560,25 +560,7 @@ func TestRecordPastTheCeiling(t *testing.T) {
 	}
 
 	// A new API key whose finish failed stays resumable at any age.
-	fn := "refuse_finish_" + strings.ToLower(acct.ID)
-	for _, stmt := range []string{
-		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
-		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
-			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
-	} {
-		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dropped := false
-	drop := func() {
-		if !dropped {
-			dropped = true
-			_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
-			_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
-		}
-	}
-	t.Cleanup(drop)
+	drop := dbtest.RefuseFinish(t, env.Pool, acct.ID)
 	local := apitest.NewKey()
 	if res := api.Post("/v1/api_keys", local, map[string]any{}); res.Status != http.StatusServiceUnavailable {
 		t.Fatalf("a new API key whose finish fails: %d %s, want 503", res.Status, res.Body)

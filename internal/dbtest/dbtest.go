@@ -243,3 +243,29 @@ func NewAccount(tb testing.TB) Account {
 	}
 	return Account{ID: acct.ID, APIKey: key}
 }
+
+// RefuseFinish makes every finish of the account's idempotency records
+// fail in the database (a trigger of the test's own, raising on the update
+// to finished), until allow is called or the test ends.
+func RefuseFinish(tb testing.TB, pool *pgxpool.Pool, accountID string) (allow func()) {
+	tb.Helper()
+	fn := "refuse_finish_" + strings.ToLower(strings.ReplaceAll(accountID, "-", "_"))
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + accountID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := pool.Exec(context.Background(), stmt); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	var once sync.Once
+	allow = func() {
+		once.Do(func() {
+			_, _ = pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
+			_, _ = pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
+		})
+	}
+	tb.Cleanup(allow)
+	return allow
+}

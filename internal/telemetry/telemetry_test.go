@@ -259,20 +259,7 @@ func TestUnfinishedLocalRecordTrace(t *testing.T) {
 	env, exp, _ := tracedEnv(t)
 	acct := dbtest.NewAccount(t)
 	api := env.ClientFor(t, acct)
-	fn := "refuse_finish_" + strings.ToLower(strings.ReplaceAll(acct.ID, "-", "_"))
-	for _, stmt := range []string{
-		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
-		`CREATE TRIGGER ` + fn + ` BEFORE UPDATE ON idempotency_keys FOR EACH ROW
-			WHEN (NEW.scope = '` + acct.ID + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION ` + fn + `()`,
-	} {
-		if _, err := env.Pool.Exec(t.Context(), stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = env.Pool.Exec(context.Background(), `DROP TRIGGER `+fn+` ON idempotency_keys`)
-		_, _ = env.Pool.Exec(context.Background(), `DROP FUNCTION `+fn+`()`)
-	})
+	dbtest.RefuseFinish(t, env.Pool, acct.ID)
 
 	key := apitest.NewKey()
 	if res := api.Post("/v1/api_keys", key, map[string]any{}); res.Status != http.StatusServiceUnavailable {
