@@ -48,10 +48,8 @@ const (
 // Record is a claimed idempotency record, held at LockGeneration. It is the
 // core's own type: the generated row stays in this package.
 type Record struct {
-	ID    string
-	Scope Scope
-	// AccountID is the account of an account scope, "" for a source.
-	AccountID      string
+	ID             string
+	Scope          Scope
 	Key            string
 	Fingerprint    []byte
 	Method, Route  string
@@ -69,7 +67,7 @@ type Record struct {
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
-		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key,
+		ID: row.ID, Scope: Scope(row.Scope), Key: row.Key,
 		Fingerprint: row.RequestFingerprint, Method: row.RequestMethod, Route: row.RequestRoute,
 		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
@@ -324,7 +322,7 @@ func (r *Runner) takeover(ctx context.Context, id string, generation int64, req 
 // operation's ledger rows, one batch. Begin's own refusal stores nothing.
 func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
 	rec := &Record{
-		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: req.Scope.AccountID(), Key: req.Key,
+		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, Key: req.Key,
 		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
