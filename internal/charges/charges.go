@@ -112,7 +112,7 @@ func failedResponse(se *Refusal, object, id string) idempotency.Response {
 // I13 broke somewhere: logged at error level (and counted, result "conflict").
 func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step, object, id string, se *Refusal) idempotency.Response {
 	s.log.ErrorContext(ctx, "stripe: the downstream key was used with other parameters; answered 409 downstream-key-conflict, the ledger row left for Stripe's events and reconciliation",
-		"idempotency_key_id", rec.ID, "downstream_key", rec.DownstreamKey(step), object+"_id", id, "stripe_error", se.Message)
+		"idempotency_key_id", rec.ID, "downstream_key", idempotency.DownstreamKey(rec.ID, step), object+"_id", id, "stripe_error", se.Message)
 	pe := &apierror.Error{Type: apierror.DownstreamKeyConflict,
 		Detail:     fmt.Sprintf("Stripe holds another request under this request's key; the outcome of %s %s is what Stripe holds, and it settles from there. Read it; do not send this payment again under a new key before it has settled.", object, id),
 		Extensions: map[string]any{object: id}}

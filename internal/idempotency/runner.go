@@ -88,12 +88,9 @@ func RecordID(scope Scope, key string, fingerprint []byte) string {
 	return "ik_" + recordIDEncoding.EncodeToString(sum[:20])
 }
 
-// DownstreamKey is the Idempotency-Key sent to Stripe for one step of this
-// record (charge, refund, capture ...), never the client's raw key: every
+// DownstreamKey is the Idempotency-Key sent to Stripe for one step (charge,
+// refund, capture ...) of the record recordID, never the client's raw key: every
 // attempt of the step sends the same key, and no two records share one (I1, I5, I13).
-func (r *Record) DownstreamKey(step string) string { return DownstreamKey(r.ID, step) }
-
-// DownstreamKey is the downstream key of one step of the record with this id.
 func DownstreamKey(recordID, step string) string { return "idempay_" + recordID + "_" + step }
 
 // Response is the outcome of an operation as stored for replay (I2).
@@ -139,7 +136,7 @@ type Operation interface {
 	// Load reads the state of a record begun elsewhere (a takeover), or
 	// afresh after a stale finish.
 	Load(ctx context.Context, rec *Record) error
-	// Call makes the downstream call with rec.DownstreamKey(step). It may
+	// Call makes the downstream call with DownstreamKey(rec.ID, step). It may
 	// run again for the record, and sends the same key and parameters.
 	Call(ctx context.Context, rec *Record) Step
 }
