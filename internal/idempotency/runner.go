@@ -144,7 +144,6 @@ type Operation interface {
 // Outcome names what happened to one request, for metrics and logs.
 type Outcome string
 
-// The outcomes.
 const (
 	OutcomeNew        Outcome = "new"
 	OutcomeReplayed   Outcome = "replayed"
