@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -366,8 +367,7 @@ func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, bounded bool
 func storedResponse(id string, status *int32, headers, body []byte) (*Response, error) {
 	var h Headers
 	if len(headers) > 0 {
-		var err error
-		if h, err = decodeHeaders(headers); err != nil {
+		if err := jsonv2.Unmarshal(headers, &h); err != nil {
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", id, err)
 		}
 	}
@@ -442,7 +442,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	headers, err := encodeHeaders(resp.Headers)
+	headers, err := jsonv2.Marshal(&resp.Headers)
 	if err != nil {
 		return Response{}, err
 	}
