@@ -69,18 +69,13 @@ func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, 
 	return s.runner.Run(ctx, cmd.Request, cmd.op)
 }
 
-// validate decodes the body into params; the fingerprint covers them normalised.
+// validate decodes the body strictly into params and validates them
+// (jsonbody.Decode; every refusal is an *Error); the fingerprint covers them normalised.
 func validate(req *idempotency.Request, params jsonbody.Body) error {
-	if err := decodeParams(req.Body, params); err != nil {
+	if err := bodyRefusal(jsonbody.Decode(req.Body, params, fmt.Sprintf("an integer between 1 and %d", MaxAmount))); err != nil {
 		return err
 	}
 	return req.Normalize(params)
-}
-
-// decodeParams decodes raw strictly into dst and validates it
-// (jsonbody.Decode); every refusal is an *Error.
-func decodeParams(raw []byte, dst jsonbody.Body) error {
-	return bodyRefusal(jsonbody.Decode(raw, dst, fmt.Sprintf("an integer between 1 and %d", MaxAmount)))
 }
 
 // ledgerID is the id of a record's ledger row, a pure function of the request
