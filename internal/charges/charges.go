@@ -69,8 +69,8 @@ func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, 
 	return s.runner.Run(ctx, cmd.Request, cmd.op)
 }
 
-// validate decodes the body strictly into params and validates them
-// (jsonbody.Decode; every refusal is an *Error); the fingerprint covers them normalised.
+// validate decodes the body strictly into params, which it checks
+// (jsonbody.Decode; a refusal is an *Error), and fingerprints them normalised.
 func validate(req *idempotency.Request, params jsonbody.Body) error {
 	if err := bodyRefusal(jsonbody.Decode(req.Body, params, fmt.Sprintf("an integer between 1 and %d", MaxAmount))); err != nil {
 		return err
