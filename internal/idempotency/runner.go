@@ -295,8 +295,8 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
 }
 
-// takeover takes the record id over at the generation a read saw
-// (IdempotencyKeyTakeover); nil, nil when its UPDATE matched no row.
+// takeover takes the record id over at the generation a read saw, fencing
+// its old owner (IdempotencyKeyTakeover); nil, nil when no row matched.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, req Request) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
