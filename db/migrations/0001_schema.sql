@@ -64,7 +64,6 @@ $$;
 -- gives (webhook endpoints and deliveries): an insert lands at the primary
 -- key's right edge, not on a random page. Ledger ids derive from the request
 -- (docs/lifecycle.md, section 3): their default serves rows made by hand.
--- Event ids derive from the event (events.ID) and have no default.
 CREATE FUNCTION idempay_ordered_id(prefix text) RETURNS text
 LANGUAGE sql VOLATILE AS $$
     SELECT prefix
@@ -97,13 +96,12 @@ CREATE TABLE accounts (
 
 -- The idempotency record: one per (scope, Idempotency-Key). The scope is an
 -- account's id or a named source ('source:stripe-webhooks', keyed by Stripe's
--- event ids); account_id is the scope's account, NULL for a source. The id is a pure
--- function of the request (idempotency.RecordID), so a record the database
--- lost is re-created with the id Stripe's metadata carries (I13). UNIQUE
--- (scope, key) makes the claim atomic: the claim inserts and the index
--- refuses a taken key; never check-then-insert. recovery_point and the
--- fence, lock_generation (IDF01): docs/lifecycle.md, section 2; attempts,
--- next_attempt_at and last_error pace the completer.
+-- event ids). The id is a pure function of the request (idempotency.RecordID),
+-- so a record the database lost is re-created with the id Stripe's metadata
+-- carries (I13). UNIQUE (scope, key) makes the claim atomic: the claim
+-- inserts and the index refuses a taken key; never check-then-insert.
+-- recovery_point and the fence, lock_generation (IDF01): docs/lifecycle.md,
+-- section 2; attempts, next_attempt_at and last_error pace the completer.
 --
 -- Row shape: inserted by its claim, updated once by its finish, which
 -- stores the response; fillfactor 80 keeps that version on its page. It is
@@ -170,9 +168,8 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 
 -- The ledger: a charge, backed by a Stripe PaymentIntent, written in the
 -- same batch as its idempotency record at every phase; it outlives the
--- record. Its id derives from the record's (charges.ledgerID).
--- stripe_charge_id is the PaymentIntent's latest charge, which Stripe's
--- charge and dispute events name; the finish sets both Stripe ids.
+-- record. stripe_charge_id is the PaymentIntent's latest charge, which
+-- Stripe's charge and dispute events name; the finish sets both Stripe ids.
 --
 -- capture_method manual: the request only authorized ("capture": false).
 -- The amounts' CHECKs forbid over-capturing and over-refunding (refunds in
@@ -448,7 +445,6 @@ CREATE INDEX webhook_deliveries_object ON webhook_deliveries (endpoint_id, objec
 -- GET /v1/webhook_endpoints/{id}/deliveries, newest first.
 CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, id DESC);
 
--- Every attempt of a delivery.
 CREATE TABLE webhook_attempts (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     delivery_id   text NOT NULL REFERENCES webhook_deliveries (id) ON DELETE CASCADE,

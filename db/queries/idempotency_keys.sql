@@ -2,16 +2,13 @@
 -- The claim of a new key, first in the claim's batch. A plain INSERT, not
 -- ON CONFLICT: when another request holds (scope, key), or inserted it a
 -- moment ago, the unique index raises and nothing of the batch commits; the
--- runner reads the record again. The id is derived from the request
--- (Record.ID), so the record a retry re-creates after the database lost it
--- has the same id and sends Stripe the same key. An API request (key_hash
--- set) claims only under an API key that is still active and belongs to the
--- scope's account: a revocation committed since the request's first
--- statement read the key raises IDA01, and nothing of the batch commits
--- (I11). A plain read of the key: it takes no lock. The lock, the creation
--- (the retry ceiling's start) and the completer's schedule are stamped by
--- one clock, the one every later statement of the record compares them with
--- (docs/lifecycle.md, "One clock").
+-- runner reads the record again. An API request (key_hash set) claims only
+-- under an API key that is still active and belongs to the scope's account:
+-- a revocation committed since the request's first statement read the key
+-- raises IDA01, and nothing of the batch commits (I11). A plain read of the
+-- key: it takes no lock. The lock, the creation (the retry ceiling's start)
+-- and the completer's schedule are stamped by one clock, the one every later
+-- statement of the record compares them with (docs/lifecycle.md, "One clock").
 INSERT INTO idempotency_keys (
     id, scope, key, request_method, request_route, request_fingerprint,
     locked_at, created_at, next_attempt_at
@@ -101,11 +98,10 @@ WITH k AS (
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over');
 
 -- name: IdempotencyKeyRelease :execrows
--- Frees the lock of a record whose phase did not finish (an unknown outcome,
--- a finishing write that failed, a ledger row that could not be loaded),
--- moving it to downstream_called if a call was made (@called) and recording
--- the attempt and its error; the completer resumes it after next_attempt_at,
--- a client retry at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
+-- Frees the lock of a record whose phase did not finish (the runner's
+-- release), with its attempt and error; the completer resumes it after
+-- next_attempt_at, a client retry at once. Fenced like IdempotencyKeyFinish
+-- (0 rows: taken over).
 UPDATE idempotency_keys
 SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,

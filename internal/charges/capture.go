@@ -125,9 +125,9 @@ func (op *pendingOp) Call(ctx context.Context, rec *idempotency.Record) idempote
 	var pi *PaymentIntent
 	var err error
 	if op.action == actionCapture {
-		pi, err = op.s.stripe.CaptureIntent(ctx, rec.DownstreamKey(StepCapture), *ch.StripePaymentIntentID, op.amount)
+		pi, err = op.s.stripe.CaptureIntent(ctx, idempotency.DownstreamKey(rec.ID, StepCapture), *ch.StripePaymentIntentID, op.amount)
 	} else {
-		pi, err = op.s.stripe.CancelIntent(ctx, rec.DownstreamKey(StepCancel), *ch.StripePaymentIntentID)
+		pi, err = op.s.stripe.CancelIntent(ctx, idempotency.DownstreamKey(rec.ID, StepCancel), *ch.StripePaymentIntentID)
 	}
 	kind, se := classify(err)
 	if kind == OutcomeUnknown {

@@ -65,7 +65,7 @@ func (op *chargeOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // its metadata naming the record for Stripe's events (requestMetadata).
 func (op *chargeOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
 	ch := op.charge
-	pi, err := op.s.stripe.CreateIntent(ctx, IntentRequest{Key: rec.DownstreamKey(StepCharge),
+	pi, err := op.s.stripe.CreateIntent(ctx, IntentRequest{Key: idempotency.DownstreamKey(rec.ID, StepCharge),
 		Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod, Description: ch.Description,
 		Capture: ch.CaptureMethod == captureAutomatic, Metadata: requestMetadata(rec, op.metadata)})
 	return op.answer(rec, pi, err)

@@ -69,18 +69,13 @@ func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, 
 	return s.runner.Run(ctx, cmd.Request, cmd.op)
 }
 
-// validate decodes the body into params; the fingerprint covers them normalised.
+// validate decodes the body strictly into params, which it checks
+// (jsonbody.Decode; a refusal is an *Error), and fingerprints them normalised.
 func validate(req *idempotency.Request, params jsonbody.Body) error {
-	if err := decodeParams(req.Body, params); err != nil {
+	if err := bodyRefusal(jsonbody.Decode(req.Body, params, fmt.Sprintf("an integer between 1 and %d", MaxAmount))); err != nil {
 		return err
 	}
 	return req.Normalize(params)
-}
-
-// decodeParams decodes raw strictly into dst and validates it
-// (jsonbody.Decode); every refusal is an *Error.
-func decodeParams(raw []byte, dst jsonbody.Body) error {
-	return bodyRefusal(jsonbody.Decode(raw, dst, fmt.Sprintf("an integer between 1 and %d", MaxAmount)))
 }
 
 // ledgerID is the id of a record's ledger row, a pure function of the request
@@ -112,7 +107,7 @@ func failedResponse(se *Refusal, object, id string) idempotency.Response {
 // I13 broke somewhere: logged at error level (and counted, result "conflict").
 func (s *Service) keyConflict(ctx context.Context, rec *idempotency.Record, step, object, id string, se *Refusal) idempotency.Response {
 	s.log.ErrorContext(ctx, "stripe: the downstream key was used with other parameters; answered 409 downstream-key-conflict, the ledger row left for Stripe's events and reconciliation",
-		"idempotency_key_id", rec.ID, "downstream_key", rec.DownstreamKey(step), object+"_id", id, "stripe_error", se.Message)
+		"idempotency_key_id", rec.ID, "downstream_key", idempotency.DownstreamKey(rec.ID, step), object+"_id", id, "stripe_error", se.Message)
 	pe := &apierror.Error{Type: apierror.DownstreamKeyConflict,
 		Detail:     fmt.Sprintf("Stripe holds another request under this request's key; the outcome of %s %s is what Stripe holds, and it settles from there. Read it; do not send this payment again under a new key before it has settled.", object, id),
 		Extensions: map[string]any{object: id}}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/jsonbody"
 )
 
@@ -38,7 +39,7 @@ func TestInvalidText(t *testing.T) {
 		{"an unknown field's name", `{` + base + `,"x` + "\xff" + `":1}`, &chargeParams{}, []string{"body"}},
 		{"before a name given twice", `{` + base + `,"description":"` + "\xff" + `","amount":1}`, &chargeParams{}, []string{"description"}},
 	} {
-		err := decodeParams([]byte(tc.body), tc.dst)
+		err := validate(&idempotency.Request{Body: []byte(tc.body)}, tc.dst)
 		if tc.want == nil {
 			if err != nil {
 				t.Errorf("%s: %v, want it accepted", tc.name, err)

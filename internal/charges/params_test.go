@@ -109,7 +109,7 @@ func TestDecodeParamsRefuses(t *testing.T) {
 		{"an array", `[{` + ok + `}]`, ErrInvalid, nil},
 		{"null", ` null `, ErrInvalid, nil}, // not an object of no fields
 	} {
-		err := decodeParams([]byte(tc.body), &chargeParams{})
+		err := validate(&idempotency.Request{Body: []byte(tc.body)}, &chargeParams{})
 		var ce *Error
 		if !errors.As(err, &ce) || !errors.Is(err, tc.kind) {
 			t.Errorf("%s: error %v, want a refusal of kind %v", tc.name, err, tc.kind)
@@ -127,7 +127,7 @@ func TestDecodeParamsRefuses(t *testing.T) {
 	}
 }
 
-// decodeParams never panics, and answers any bytes with nil or a refusal
+// validate never panics, and answers any bytes with nil or a refusal
 // of the body (ErrInvalid or ErrInvalidJSON, both a 400 over HTTP); what
 // it accepts is valid JSON and valid UTF-8.
 func FuzzDecodeParams(f *testing.F) {
@@ -136,14 +136,14 @@ func FuzzDecodeParams(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		err := decodeParams(raw, &chargeParams{})
+		err := validate(&idempotency.Request{Body: raw}, &chargeParams{})
 		switch {
 		case err == nil:
 			if !json.Valid(raw) || !utf8.Valid(raw) {
-				t.Fatalf("decodeParams(%q) accepted it", raw)
+				t.Fatalf("validate(%q) accepted it", raw)
 			}
 		case !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrInvalidJSON):
-			t.Fatalf("decodeParams(%q) = %v, want nil or a refusal of the body", raw, err)
+			t.Fatalf("validate(%q) = %v, want nil or a refusal of the body", raw, err)
 		}
 	})
 }

@@ -116,7 +116,7 @@ func (op *refundOp) Load(ctx context.Context, rec *idempotency.Record) error {
 // it), never what is left by the ledger's count, so that a retry after the
 // database lost the refund sends the same parameters (I13).
 func (op *refundOp) Call(ctx context.Context, rec *idempotency.Record) idempotency.Step {
-	sr, err := op.s.stripe.CreateRefund(ctx, RefundRequest{Key: rec.DownstreamKey(StepRefund),
+	sr, err := op.s.stripe.CreateRefund(ctx, RefundRequest{Key: idempotency.DownstreamKey(rec.ID, StepRefund),
 		IntentID: op.intentID, Amount: op.refund.Amount, Metadata: requestMetadata(rec, nil)})
 	return op.answer(rec, sr, err)
 }

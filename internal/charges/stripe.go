@@ -33,7 +33,7 @@ func requestMetadata(rec *idempotency.Record, client map[string]string) map[stri
 	maps.Copy(md, client)
 	md[MetadataRecord] = rec.ID
 	md[MetadataKey] = rec.Key
-	md[MetadataAccount] = rec.AccountID
+	md[MetadataAccount] = rec.Scope.AccountID()
 	md[MetadataFingerprint] = hex.EncodeToString(rec.Fingerprint)
 	return md
 }

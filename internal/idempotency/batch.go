@@ -73,11 +73,9 @@ const (
 	// request (IdempotencyKeyInsert): the key was revoked since the request's
 	// first statement read it.
 	sqlstateUnauthenticated = "IDA01"
-	// sqlstateExpired is raised by an operation's guarded ledger INSERT
-	// (ChargeInsert, RefundInsert, StripeEventInsert) when the row exists:
-	// its id derives from the request, so only this same request made it,
-	// under a record that retention has since deleted. Its message names
-	// the row.
+	// sqlstateExpired: an operation's guarded ledger INSERT (ChargeInsert ...)
+	// found its row, whose id derives from the request: this same request
+	// made it before its record expired. Its message names the row.
 	sqlstateExpired = "IDE01"
 )
 
@@ -86,12 +84,8 @@ const (
 // operation's step again from a fresh read (a bounded number of times).
 var ErrStale = errors.New("a row changed since it was read")
 
-// send runs b as one implicit transaction, and tells what PostgreSQL
-// raised: ErrFenced for the core's fence, ErrStale for an operation's
-// guard, ErrUnauthenticated (an *Error) for the claim's check of the API
-// key (in its INSERT), ErrKeyExpired (an *Error) for a ledger row that the same request
-// made before its record expired, errTaken when the claim's INSERT found
-// the key taken, or the error as it is.
+// send runs b as one implicit transaction, and turns what PostgreSQL raised
+// (the SQLSTATEs above, a taken key) into the core's errors.
 func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 	err := pool.SendBatch(ctx, &b.b).Close()
 	var pe *pgconn.PgError

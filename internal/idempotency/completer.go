@@ -81,7 +81,7 @@ func (r *Runner) CompleteDue(ctx context.Context) (int, error) {
 			}
 			r.observe(OutcomeRecovered)
 			log.InfoContext(ctx, "completer: finished record",
-				"account_id", rec.AccountID,
+				"account_id", rec.Scope.AccountID(),
 				"recovery_point", rec.RecoveryPoint, "status", resp.Status)
 			mu.Lock()
 			finished++

@@ -127,7 +127,7 @@ func finishFor(rec *idempotency.Record, owner string) idempotency.Step {
 			return idempotency.Response{}, fmt.Errorf("updating ledger row: %w", err)
 		}
 		if _, err := b.Exec(ctx, `INSERT INTO charges (account_id, amount, currency, payment_method, description)
-			VALUES ($1, 1, 'usd', 'tok_visa', $2)`, rec.AccountID, "written by "+owner); err != nil {
+			VALUES ($1, 1, 'usd', 'tok_visa', $2)`, rec.Scope.AccountID(), "written by "+owner); err != nil {
 			return idempotency.Response{}, fmt.Errorf("inserting marker row: %w", err)
 		}
 		return idempotency.Response{Status: http.StatusCreated,

@@ -28,15 +28,13 @@ import (
 //
 // The core knows the API key only by its SHA-256, the Request's Credential.
 
-// Caller is what the first statement of an API request read
-// (Runner.Authenticate): the account its API key names, and the record
-// stored under the request's key in that account's scope, if any. Of the
-// account it holds what a request uses: its id, and its idempotency mode,
-// the accounts package's to interpret (read here so that the request needs
-// no other statement).
+// Caller is what the first statement of an API request read (Authenticate):
+// of the account, what a request uses (read here so that the request needs
+// no other statement), and the record under the request's key, if any.
 type Caller struct {
 	AccountID string
-	// Mode is the account's idempotency mode (accounts.ModeRequired ...).
+	// Mode is the account's idempotency mode, the accounts package's to
+	// interpret (accounts.ModeRequired ...).
 	Mode string
 	// KeyID is the id of the API key that authenticated the request.
 	KeyID string
@@ -53,11 +51,9 @@ type found struct {
 	row   *dbsqlc.IdempotencyKeyGetByScopeKeyRow
 }
 
-// Authenticate is the first statement of an API request: it reads the
-// account of the active API key whose SHA-256 is credential and, in the same
-// statement, the record stored under key in that account's scope (key ""
-// reads no record: a request that sent none). An unknown or revoked API key
-// is an *Error of kind ErrUnauthenticated.
+// Authenticate is an API request's first statement (above) for the API key
+// whose SHA-256 is credential; key "" reads no record. An unknown or revoked
+// API key is an *Error of kind ErrUnauthenticated.
 func (r *Runner) Authenticate(ctx context.Context, credential []byte, key string) (Caller, error) {
 	row, err := r.q.IdempotencyKeyGetByCredential(ctx, r.pool, &dbsqlc.IdempotencyKeyGetByCredentialParams{
 		KeyHash: credential, Key: key, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),

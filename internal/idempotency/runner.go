@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -48,10 +49,8 @@ const (
 // Record is a claimed idempotency record, held at LockGeneration. It is the
 // core's own type: the generated row stays in this package.
 type Record struct {
-	ID    string
-	Scope Scope
-	// AccountID is the account of an account scope, "" for a source.
-	AccountID      string
+	ID             string
+	Scope          Scope
 	Key            string
 	Fingerprint    []byte
 	Method, Route  string
@@ -69,7 +68,7 @@ type Record struct {
 
 func recordOf(row dbsqlc.IdempotencyKey) *Record {
 	return &Record{
-		ID: row.ID, Scope: Scope(row.Scope), AccountID: Scope(row.Scope).AccountID(), Key: row.Key,
+		ID: row.ID, Scope: Scope(row.Scope), Key: row.Key,
 		Fingerprint: row.RequestFingerprint, Method: row.RequestMethod, Route: row.RequestRoute,
 		RecoveryPoint: row.RecoveryPoint, LockGeneration: row.LockGeneration, Attempts: row.Attempts, CreatedAt: row.CreatedAt,
 	}
@@ -90,12 +89,9 @@ func RecordID(scope Scope, key string, fingerprint []byte) string {
 	return "ik_" + recordIDEncoding.EncodeToString(sum[:20])
 }
 
-// DownstreamKey is the Idempotency-Key sent to Stripe for one step of this
-// record (charge, refund, capture ...), never the client's raw key: every
+// DownstreamKey is the Idempotency-Key sent to Stripe for one step (charge,
+// refund, capture ...) of the record recordID, never the client's raw key: every
 // attempt of the step sends the same key, and no two records share one (I1, I5, I13).
-func (r *Record) DownstreamKey(step string) string { return DownstreamKey(r.ID, step) }
-
-// DownstreamKey is the downstream key of one step of the record with this id.
 func DownstreamKey(recordID, step string) string { return "idempay_" + recordID + "_" + step }
 
 // Response is the outcome of an operation as stored for replay (I2).
@@ -141,7 +137,7 @@ type Operation interface {
 	// Load reads the state of a record begun elsewhere (a takeover), or
 	// afresh after a stale finish.
 	Load(ctx context.Context, rec *Record) error
-	// Call makes the downstream call with rec.DownstreamKey(step). It may
+	// Call makes the downstream call with DownstreamKey(rec.ID, step). It may
 	// run again for the record, and sends the same key and parameters.
 	Call(ctx context.Context, rec *Record) Step
 }
@@ -149,7 +145,6 @@ type Operation interface {
 // Outcome names what happened to one request, for metrics and logs.
 type Outcome string
 
-// The outcomes.
 const (
 	OutcomeNew        Outcome = "new"
 	OutcomeReplayed   Outcome = "replayed"
@@ -300,9 +295,8 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 	return nil, nil, refuse(ErrInFlight, "The request with this key is changing hands. Retry shortly.")
 }
 
-// takeover takes the resumable record id at the generation a read saw, with
-// a new one that fences the old owner. nil, nil: the record changed, crossed
-// the retry ceiling, or req's API key was revoked; the next read tells which.
+// takeover takes the record id over at the generation a read saw, fencing
+// its old owner (IdempotencyKeyTakeover); nil, nil when no row matched.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, req Request) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
 		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
@@ -324,7 +318,7 @@ func (r *Runner) takeover(ctx context.Context, id string, generation int64, req 
 // operation's ledger rows, one batch. Begin's own refusal stores nothing.
 func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record, error) {
 	rec := &Record{
-		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, AccountID: req.Scope.AccountID(), Key: req.Key,
+		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, Key: req.Key,
 		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
@@ -372,8 +366,7 @@ func judge(row *dbsqlc.IdempotencyKeyGetByScopeKeyRow, req Request, bounded bool
 func storedResponse(id string, status *int32, headers, body []byte) (*Response, error) {
 	var h Headers
 	if len(headers) > 0 {
-		var err error
-		if h, err = decodeHeaders(headers); err != nil {
+		if err := jsonv2.Unmarshal(headers, &h); err != nil {
 			return nil, fmt.Errorf("decoding stored response headers of %s: %w", id, err)
 		}
 	}
@@ -448,7 +441,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	headers, err := encodeHeaders(resp.Headers)
+	headers, err := jsonv2.Marshal(&resp.Headers)
 	if err != nil {
 		return Response{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -25,7 +26,7 @@ import (
 // since the owner's finish changed the ledger row). The record's own finish,
 // in flight at once, waits for the settle's batch and is then fenced.
 func (r *Runner) Settle(ctx context.Context, b *Batch, recordID string, resp Response) error {
-	headers, err := encodeHeaders(resp.Headers)
+	headers, err := jsonv2.Marshal(&resp.Headers)
 	if err != nil {
 		return err
 	}

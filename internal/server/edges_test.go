@@ -17,7 +17,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
-	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/server"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -172,7 +172,7 @@ func TestOversizedBodyIsRefusedBeforeContinue(t *testing.T) {
 	} {
 		what := tc.method + " " + tc.path
 		headers := tc.method + " " + tc.path + " HTTP/1.1\r\nHost: idempay\r\nContent-Type: application/json\r\n" +
-			"Expect: 100-continue\r\nContent-Length: " + fmt.Sprint(idemhttp.MaxBodyBytes+1) + "\r\n"
+			"Expect: 100-continue\r\nContent-Length: " + fmt.Sprint(idempotency.MaxBodyBytes+1) + "\r\n"
 		if tc.auth {
 			headers += "Authorization: Bearer " + client.Account.APIKey + "\r\nIdempotency-Key: " + apitest.NewKey() + "\r\n"
 		}

@@ -195,7 +195,7 @@ func clientBodyErrors(next echo.HandlerFunc) echo.HandlerFunc {
 		if r := c.Request(); r.Body != nil && r.Body != http.NoBody {
 			// net/http answers 417 to any other Expect before a handler runs.
 			waits := r.Header.Get("Expect") != ""
-			if err := idempotency.CheckLength(r.ContentLength, idemhttp.MaxBodyBytes); err != nil && waits {
+			if err := idempotency.CheckLength(r.ContentLength, idempotency.MaxBodyBytes); err != nil && waits {
 				r.Body = refusedBody{r.Body, idemhttp.Problem(err)}
 			} else {
 				r.Body = clientBody{r.Body}
@@ -238,7 +238,7 @@ func (b clientBody) Read(p []byte) (int, error) {
 func drainReads(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if r := c.Request(); (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body != nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, idemhttp.MaxBodyBytes))
+			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, idempotency.MaxBodyBytes))
 		}
 		return next(c)
 	}

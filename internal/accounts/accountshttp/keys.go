@@ -60,7 +60,7 @@ func (h *Keys) revoke(c echo.Context) error {
 		// method and the concrete path (a key used for key A and then key
 		// B is a mismatch, not a replay).
 		r, err := idempotency.Prepare(idempotency.AccountScope(acct.ID), key, http.MethodDelete, accounts.RouteKey,
-			c.Request().URL.Path, strings.NewReader("{}"), idemhttp.MaxBodyBytes)
+			c.Request().URL.Path, strings.NewReader("{}"), idempotency.MaxBodyBytes)
 		if err != nil {
 			return idemhttp.Problem(err)
 		}

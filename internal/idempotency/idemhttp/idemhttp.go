@@ -60,9 +60,6 @@ func oneValue(h http.Header, name string, parse func(string) (string, error)) (s
 	return key, nil
 }
 
-// MaxBodyBytes bounds every request body the API reads.
-const MaxBodyBytes = idempotency.MaxBodyBytes
-
 // retryAfter is the Retry-After, in seconds, of every retryable refusal: an
 // in-flight request normally finishes within one Stripe round trip.
 const retryAfter = 1
@@ -94,7 +91,7 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	if err := mediaType(r.Header); err != nil {
 		return idempotency.Request{}, err
 	}
-	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, MaxBodyBytes)
+	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, idempotency.MaxBodyBytes)
 	if err != nil {
 		return idempotency.Request{}, Problem(err)
 	}

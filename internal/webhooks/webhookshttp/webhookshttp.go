@@ -26,7 +26,7 @@ func (h *Handler) Routes(e *echo.Echo) {
 
 func (h *Handler) receive(c echo.Context) error {
 	r := c.Request()
-	payload, err := idempotency.ReadBody(r.Body, idemhttp.MaxBodyBytes)
+	payload, err := idempotency.ReadBody(r.Body, idempotency.MaxBodyBytes)
 	if err != nil {
 		return idemhttp.Problem(err)
 	}
