@@ -58,6 +58,17 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		// state is now (fully refunded, say).
 		return op.s.st.insertRefund(ctx, b, rf)
 	}
+	// A charge whose own request has no definite answer from Stripe yet
+	// will settle (its client's retry or the completer): refused as a
+	// capture is, with Retry-After, never as a refund that cannot be. A
+	// payment still pending at Stripe is refused as its capture is too.
+	switch ch.Status {
+	case "processing":
+		return notSettled(ch.ID, "refund")
+	case "pending":
+		return refuse(ErrNotRefundable,
+			fmt.Sprintf("The payment of charge %s is still pending at Stripe; retry once it has succeeded.", ch.ID))
+	}
 	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
 		return refuse(ErrNotRefundable,
 			fmt.Sprintf("Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID))
