@@ -232,7 +232,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The refund is larger than what is left to refund on the charge (refunds in flight included); refundable_amount says how much is left. Nothing was stored.",
 		"Lower the amount to at most refundable_amount (which is all that is left); the same Idempotency-Key is fine."},
 	ChargeNotRefundable: {
-		"The charge cannot be refunded: it did not succeed (it failed or was canceled), it is not captured yet, its payment is still pending at Stripe, or it has an open or lost dispute. Nothing was stored.",
+		"The charge cannot be refunded: it did not succeed (it failed or was canceled), it is not captured yet, its payment is still pending at Stripe, or it has an open or lost dispute (a chargeback; an inquiry, a dispute whose status is warning_*, does not forbid a refund). Nothing was stored.",
 		"Do not retry blindly: read the charge (GET /v1/charges/{id}). A charge that failed or was canceled can never be refunded; a dispute is settled through Stripe; a pending payment can be refunded once it has succeeded (the same Idempotency-Key is fine, since this refusal stored nothing)."},
 	ChargeNotCapturable: {
 		"The charge cannot be captured now: it is not an authorization waiting for its capture (requires_capture; it failed, was captured or canceled), its authorization is still pending at Stripe, or another capture or cancel of it is in progress. Refused before anything ran: nothing was stored, and nothing reached Stripe. (Stripe's own refusal of a capture, an authorization that expired or was canceled at Stripe, is 422 payment-rejected.)",

@@ -14,7 +14,8 @@ var (
 	// ErrInvalidJSON: the request's body is not one JSON value.
 	ErrInvalidJSON = errors.New("body is not JSON")
 	// ErrNotRefundable: the charge did not succeed, is not captured, is
-	// still pending at Stripe, or has an open or lost dispute.
+	// still pending at Stripe, or has an open or lost dispute (a
+	// chargeback; an inquiry does not forbid a refund).
 	ErrNotRefundable = errors.New("charge cannot be refunded")
 	// ErrRefundExceedsCharge: more than is left to refund.
 	ErrRefundExceedsCharge = errors.New("refund exceeds the refundable amount")
