@@ -30,9 +30,9 @@
 //     finding out safe;
 //   - 409 whose problem type is /problems/request-in-progress (the first
 //     request with this key is still running), and any other 409 that
-//     carries a Retry-After (a capture or cancel of a charge whose own
-//     request is being settled elsewhere: nothing was stored, and it ends
-//     by itself); a 409 without one is final (charge-not-refundable,
+//     carries a Retry-After (a capture, cancel or refund of a charge whose
+//     own request is being settled elsewhere: nothing was stored, and it
+//     ends by itself); a 409 without one is final (charge-not-refundable,
 //     last-api-key, a capture of a charge that is not capturable);
 //   - 408 request-timeout (the body did not reach the server in time:
 //     nothing ran);

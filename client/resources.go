@@ -307,7 +307,11 @@ type RefundsService struct{ c *Client }
 // Create refunds all or part of a succeeded charge, exactly once per
 // Idempotency-Key. A charge that cannot be refunded is a final 409
 // charge-not-refundable, never retried; too large an amount is a 400
-// refund-exceeds-charge with Extensions["refundable_amount"].
+// refund-exceeds-charge with Extensions["refundable_amount"]. A charge
+// still processing (its own request had no answer from Stripe) is not
+// refunded blind: the server answers 409 charge-not-settled with
+// Retry-After, and this client makes the same call again after it, as
+// for a capture.
 func (s *RefundsService) Create(ctx context.Context, p RefundParams, opts ...CallOption) (*Refund, error) {
 	var out Refund
 	return result(&out, s.c.call(ctx, http.MethodPost, "/v1/refunds", nil, p, opts, &out))

@@ -10,7 +10,8 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- Reserves a refund's amount on the charge, in the refund's claim batch,
 -- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 -- charge as it is now, not on the version the refund's checks read: the
--- charge succeeded, has no open or lost dispute, and still has the amount
+-- charge succeeded, has no chargeback (a dispute open or lost; an inquiry,
+-- warning_*, does not forbid a refund: ChargeGetForRefund), and still has the amount
 -- left to refund: of what was captured, less idempay's reservations and
 -- less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
 -- re-created from Stripe, which Stripe's figure counts already). When one
@@ -26,7 +27,8 @@ WITH c AS (
       AND charges.amount_captured - charges.amount_refunded >= @amount
       AND (@counted::boolean OR charges.amount_captured - charges.stripe_amount_refunded >= @amount)
       AND NOT EXISTS (SELECT 1 FROM disputes d
-                      WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed'))
+                      WHERE d.charge_id = charges.id
+                        AND d.status NOT IN ('won', 'warning_needs_response', 'warning_under_review', 'warning_closed'))
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount');
@@ -53,11 +55,17 @@ WHERE id = @id;
 
 -- name: ChargeGetForRefund :one
 -- What a refund checks, in one read before its claim: the charge, how many
--- of its disputes forbid a refund (open, or lost), and whether the refund's
--- own ledger row exists (the same request ran before its record expired:
--- RefundInsert refuses it, whatever the charge's state is now).
+-- of its disputes forbid a refund, and whether the refund's own ledger row
+-- exists (the same request ran before its record expired: RefundInsert
+-- refuses it, whatever the charge's state is now). A chargeback forbids it,
+-- open (needs_response, under_review) or lost; an inquiry (warning_*) does
+-- not: "Unlike a formal dispute, no funds have been withdrawn and the
+-- payment it relates to can still be refunded ... To avoid it becoming a
+-- formal dispute, you should submit any required evidence or refund the
+-- payment in full" (stripe.com/docs/disputes, "Inquiries and retrievals").
 SELECT sqlc.embed(charges),
        (SELECT count(*) FROM disputes d
-        WHERE d.charge_id = charges.id AND d.status NOT IN ('won', 'warning_closed')) AS blocking_disputes,
+        WHERE d.charge_id = charges.id
+          AND d.status NOT IN ('won', 'warning_needs_response', 'warning_under_review', 'warning_closed')) AS blocking_disputes,
        EXISTS (SELECT 1 FROM refunds r WHERE r.id = @refund_id) AS refund_exists
 FROM charges WHERE charges.account_id = @account_id AND charges.id = @id;

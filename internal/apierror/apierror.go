@@ -56,8 +56,8 @@ const (
 	ChargeNotRefundable   Type = "charge-not-refundable"
 	ChargeNotCapturable   Type = "charge-not-capturable"
 	ChargeNotCancelable   Type = "charge-not-cancelable"
-	// ChargeNotSettled: a capture or cancel of a charge whose own request
-	// has no definite answer from Stripe yet; refused, retried later.
+	// ChargeNotSettled: a capture, cancel or refund of a charge whose own
+	// request has no definite answer from Stripe yet; refused, retried later.
 	ChargeNotSettled Type = "charge-not-settled"
 	// CaptureExceedsAuthorization: a capture of more than is capturable.
 	CaptureExceedsAuthorization Type = "capture-exceeds-authorization"
@@ -232,8 +232,8 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The refund is larger than what is left to refund on the charge (refunds in flight included); refundable_amount says how much is left. Nothing was stored.",
 		"Lower the amount to at most refundable_amount (which is all that is left); the same Idempotency-Key is fine."},
 	ChargeNotRefundable: {
-		"The charge cannot be refunded: it did not succeed, or it has an open or lost dispute. Nothing was stored.",
-		"Do not retry: the refund is not possible for this charge. A dispute is settled through Stripe."},
+		"The charge cannot be refunded: it did not succeed (it failed or was canceled), it is not captured yet, its payment is still pending at Stripe, or it has an open or lost dispute (a chargeback; an inquiry, a dispute whose status is warning_*, does not forbid a refund). Nothing was stored.",
+		"Do not retry blindly: read the charge (GET /v1/charges/{id}). A charge that failed or was canceled can never be refunded; a dispute is settled through Stripe; a pending payment can be refunded once it has succeeded (the same Idempotency-Key is fine, since this refusal stored nothing)."},
 	ChargeNotCapturable: {
 		"The charge cannot be captured now: it is not an authorization waiting for its capture (requires_capture; it failed, was captured or canceled), its authorization is still pending at Stripe, or another capture or cancel of it is in progress. Refused before anything ran: nothing was stored, and nothing reached Stripe. (Stripe's own refusal of a capture, an authorization that expired or was canceled at Stripe, is 422 payment-rejected.)",
 		"Read the charge (GET /v1/charges/{id}); the same Idempotency-Key is fine, since this refusal stored nothing. A charge that failed, or was captured or canceled, cannot be captured again."},
@@ -241,8 +241,8 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The charge cannot be canceled now: it was captured (refund it instead), it already ended, or another capture or cancel of it is in progress. Refused before anything ran: nothing was stored, and nothing reached Stripe.",
 		"Read the charge (GET /v1/charges/{id}); to give back a captured charge, refund it (POST /v1/refunds). The same Idempotency-Key is fine, since this refusal stored nothing."},
 	ChargeNotSettled: {
-		"A capture or cancel of a charge whose own request (POST /v1/charges) has no definite answer from Stripe yet: the charge is still processing, and capturing or canceling it blind could act on an authorization that does not exist. That request is settled by its client's retry or by the background completer, under its own downstream key. Refused before anything ran: nothing was stored, and nothing reached Stripe.",
-		"Retry after the Retry-After delay with the same Idempotency-Key and body: once the charge's request is settled, the capture or cancel runs (or is refused in the charge's new state). A charge parked past the retry ceiling is settled by Stripe's events and reconciliation; read it (GET /v1/charges/{id}) until it leaves processing."},
+		"A capture, cancel or refund of a charge whose own request (POST /v1/charges) has no definite answer from Stripe yet: the charge is still processing, and capturing, canceling or refunding it blind could act on a payment that does not exist. That request is settled by its client's retry or by the background completer, under its own downstream key. Refused before anything ran: nothing was stored, and nothing reached Stripe.",
+		"Retry after the Retry-After delay with the same Idempotency-Key and body: once the charge's request is settled, the capture, cancel or refund runs (or is refused in the charge's new state). A charge parked past the retry ceiling is settled by Stripe's events and reconciliation; read it (GET /v1/charges/{id}) until it leaves processing."},
 	CaptureExceedsAuthorization: {
 		"The capture asks for more than the authorization holds; amount_capturable says how much it holds. Nothing was stored.",
 		"Lower the amount to at most amount_capturable, or leave it out to capture all of it; the same Idempotency-Key is fine."},

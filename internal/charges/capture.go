@@ -86,12 +86,12 @@ func (op *pendingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	return op.s.st.beginPending(ctx, b, ch, read)
 }
 
-// notSettled is the refusal of a capture or cancel of a charge still
-// processing: its own request has no definite answer from Stripe yet. It
-// stores nothing (Begin has queued nothing), and tells the client to send
-// the same request again (over HTTP, after Retry-After) once that request
-// is settled, by its client's retry or the completer, under its own
-// downstream key.
+// notSettled is the refusal of a capture, cancel or refund (action) of a
+// charge still processing: its own request has no definite answer from
+// Stripe yet. It stores nothing (Begin has queued nothing), and tells the
+// client to send the same request again (over HTTP, after Retry-After)
+// once that request is settled, by its client's retry or the completer,
+// under its own downstream key.
 func notSettled(chargeID, action string) *Error {
 	return &Error{Kind: ErrNotSettled,
 		Detail: fmt.Sprintf("The request that created charge %s has no definite answer from Stripe yet, and is being settled; "+

@@ -521,6 +521,99 @@ func TestCaptureOfUnsettledAuthorization(t *testing.T) {
 	})
 }
 
+// A refund of a charge whose own request has no definite answer from
+// Stripe yet (processing) is refused as its capture is: 409
+// charge-not-settled with Retry-After, storing nothing and calling
+// nothing, since the charge will settle. Once the charge's request is
+// settled, the same refund key runs: it refunds a charge that succeeded,
+// and is refused for good (409 charge-not-refundable, no Retry-After) for
+// a charge that failed or was canceled.
+func TestRefundOfUnsettledCharge(t *testing.T) {
+	t.Parallel()
+	// unsettled makes a charge whose PaymentIntent create failed with a
+	// 500 (the charge stays processing), then lets the fake answer again.
+	unsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, pm string) (string, map[string]any, string) {
+		t.Helper()
+		env.Stripe.FailFor(stripefake.Fail500, time.Minute)
+		key := apitest.NewKey()
+		body := map[string]any{"amount": 1000, "currency": "usd", "payment_method": pm}
+		wantStatus(t, c.Post("/v1/charges", key, body), http.StatusServiceUnavailable)
+		env.Stripe.ClearFaults()
+		return processingCharge(t, env, c), body, key
+	}
+	refund := func(c *apitest.Client, id, key string) *apitest.Response {
+		return c.Post("/v1/refunds", key, map[string]any{"charge": id, "amount": 400})
+	}
+	refusedUnsettled := func(t *testing.T, env *apitest.Env, c *apitest.Client, id, key string) {
+		t.Helper()
+		before := len(env.Stripe.Requests())
+		resp := refund(c, id, key)
+		wantProblem(t, resp, http.StatusConflict, "charge-not-settled")
+		if resp.Header.Get("Retry-After") == "" {
+			t.Error("the 409 of a refund of an unsettled charge has no Retry-After")
+		}
+		var n int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND key = $2`,
+			c.Account.ID, key).Scan(&n); err != nil || n != 0 {
+			t.Errorf("the refused refund stored %d records (%v), want none", n, err)
+		}
+		if after := len(env.Stripe.Requests()); after != before {
+			t.Errorf("the refused refund made %d Stripe requests, want none", after-before)
+		}
+		if got := getChargeRow(t, env.Pool, id); got.Status != "processing" || got.AmountRefunded != 0 {
+			t.Errorf("the refused refund left the charge %s with %d refunded, want processing with 0", got.Status, got.AmountRefunded)
+		}
+	}
+	refusedForGood := func(t *testing.T, resp *apitest.Response, why string) {
+		t.Helper()
+		p := wantProblem(t, resp, http.StatusConflict, "charge-not-refundable")
+		if !strings.Contains(p.Detail, why) {
+			t.Errorf("detail %q does not say %q", p.Detail, why)
+		}
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			t.Errorf("the final 409 of a refund carries Retry-After %q", ra)
+		}
+	}
+
+	t.Run("succeeded", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, body, chargeKey := unsettled(t, env, c, "pm_card_visa")
+		key := apitest.NewKey()
+		refusedUnsettled(t, env, c, id, key)
+		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusCreated)
+		// The refusal stored nothing: the same refund key now refunds.
+		wantStatus(t, refund(c, id, key), http.StatusCreated)
+		if n := len(env.Stripe.Refunds()); n != 1 {
+			t.Fatalf("Stripe holds %d refunds, want 1", n)
+		}
+	})
+
+	t.Run("declined", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		id, body, chargeKey := unsettled(t, env, c, "pm_card_chargeDeclined")
+		key := apitest.NewKey()
+		refusedUnsettled(t, env, c, id, key)
+		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusPaymentRequired)
+		refusedForGood(t, refund(c, id, key), "failed")
+		if n := len(env.Stripe.Refunds()); n != 0 {
+			t.Fatalf("Stripe holds %d refunds, want none", n)
+		}
+	})
+
+	t.Run("canceled", func(t *testing.T) {
+		t.Parallel()
+		env := apitest.New(t, apitest.Options{})
+		c := env.NewClient(t)
+		ch := authorize(t, c, 1000)
+		wantStatus(t, c.Post("/v1/charges/"+ch.ID+"/cancel", apitest.NewKey(), map[string]any{}), http.StatusOK)
+		refusedForGood(t, refund(c, ch.ID, apitest.NewKey()), "canceled")
+	})
+}
+
 // processingCharge is the id of c's one charge that is still processing.
 func processingCharge(t testing.TB, env *apitest.Env, c *apitest.Client) string {
 	t.Helper()

@@ -13,15 +13,17 @@ var (
 	ErrInvalid = errors.New("invalid parameters")
 	// ErrInvalidJSON: the request's body is not one JSON value.
 	ErrInvalidJSON = errors.New("body is not JSON")
-	// ErrNotRefundable: the charge did not succeed, is not captured, or
-	// has an open or lost dispute.
+	// ErrNotRefundable: the charge did not succeed, is not captured, is
+	// still pending at Stripe, or has an open or lost dispute (a
+	// chargeback; an inquiry does not forbid a refund).
 	ErrNotRefundable = errors.New("charge cannot be refunded")
 	// ErrRefundExceedsCharge: more than is left to refund.
 	ErrRefundExceedsCharge = errors.New("refund exceeds the refundable amount")
 	// ErrNotCapturable, ErrNotCancelable: not in such a state, or another action runs.
 	ErrNotCapturable = errors.New("charge cannot be captured")
 	ErrNotCancelable = errors.New("charge cannot be canceled")
-	// ErrNotSettled: the charge has no definite answer from Stripe yet.
+	// ErrNotSettled: the charge has no definite answer from Stripe yet (a
+	// capture, cancel or refund of it waits until it has).
 	ErrNotSettled = errors.New("charge is not settled yet")
 	// ErrCaptureExceedsAuthorization: more than the authorization holds.
 	ErrCaptureExceedsAuthorization = errors.New("capture exceeds the capturable amount")

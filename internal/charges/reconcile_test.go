@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/reconcile"
 )
 
@@ -553,5 +556,70 @@ func TestReconcileReleasedAuthorizations(t *testing.T) {
 		if row := getChargeRow(t, env.Pool, ch.id); row.Status != ch.status || row.AmountRefunded != 0 {
 			t.Errorf("charge %s is %s, amount_refunded %d; want %s, 0", ch.id, row.Status, row.AmountRefunded, ch.status)
 		}
+	}
+}
+
+// A repair whose process died before its finish is resumed by the
+// completer, which reads the object afresh from Stripe by the id in the
+// repair's key. Stripe's refund ids are not all re_ (the refunds of some
+// payment methods are pyr_): such a refund is read as a refund, not as a
+// PaymentIntent, and its repair finishes. The repair's finish is refused by
+// a trigger of the test's own database (the pass's process failed there);
+// the runner's clock, not the wall's, makes the record due.
+func TestRepairOfRefundResumedWhateverItsIDForm(t *testing.T) {
+	t.Parallel()
+	_, pool := dbtest.NewDatabase(t) // the completer takes every due record of its database
+	var offset atomic.Int64
+	base := time.Now()
+	env := apitest.New(t, apitest.Options{Pool: pool, Now: func() time.Time { return base.Add(time.Duration(offset.Load())) }})
+	acct, apiKey, err := accounts.Create(context.Background(), pool, "repair of a pyr_ refund")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	env.Stripe.SetRefundPrefix("pyr_fake_")
+	ch := createCharge(t, c, 5000)
+	resp := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300})
+	wantStatus(t, resp, http.StatusCreated)
+	var rf refund
+	resp.JSON(t, &rf)
+	if rf.StripeRefundID == nil || !strings.HasPrefix(*rf.StripeRefundID, "pyr_") {
+		t.Fatalf("the refund's Stripe id is %s, want pyr_...", ptr(rf.StripeRefundID))
+	}
+	// The ledger is behind Stripe: the refund's refund.updated was lost.
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `UPDATE refunds SET status = 'pending' WHERE id = $1`, rf.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, stmt := range []string{
+		`CREATE FUNCTION refuse_repair_finish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the test refuses the finish'; END $$`,
+		`CREATE TRIGGER refuse_repair_finish BEFORE UPDATE ON idempotency_keys FOR EACH ROW
+			WHEN (NEW.scope = '` + string(charges.ReconcileScope) + `' AND NEW.recovery_point = 'finished') EXECUTE FUNCTION refuse_repair_finish()`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{charges.ReconcileFailed: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("the pass over refunds: %v, want %v", report.RefundCounts, want)
+	}
+	if _, err := pool.Exec(ctx, `DROP TRIGGER refuse_repair_finish ON idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+
+	offset.Store(int64(time.Hour)) // past the lock and the retry's backoff
+	if n, err := env.Runner.CompleteDue(ctx); err != nil || n != 1 {
+		var last *string
+		_ = pool.QueryRow(ctx, `SELECT last_error FROM idempotency_keys WHERE scope = $1`, string(charges.ReconcileScope)).Scan(&last)
+		t.Fatalf("the completer finished %d records (%v), want the repair (its last error: %s)", n, err, ptr(last))
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM refunds WHERE id = $1`, rf.ID).Scan(&status); err != nil || status != "succeeded" {
+		t.Errorf("the refund is %s (%v) after the resumed repair, want succeeded", status, err)
 	}
 }

@@ -58,6 +58,17 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		// state is now (fully refunded, say).
 		return op.s.st.insertRefund(ctx, b, rf)
 	}
+	// A charge whose own request has no definite answer from Stripe yet
+	// will settle (its client's retry or the completer): refused as a
+	// capture is, with Retry-After, never as a refund that cannot be. A
+	// payment still pending at Stripe is refused as its capture is too.
+	switch ch.Status {
+	case "processing":
+		return notSettled(ch.ID, "refund")
+	case "pending":
+		return refuse(ErrNotRefundable,
+			fmt.Sprintf("The payment of charge %s is still pending at Stripe; retry once it has succeeded.", ch.ID))
+	}
 	if ch.Status == "requires_capture" || ch.Status == "requires_action" {
 		return refuse(ErrNotRefundable,
 			fmt.Sprintf("Charge %s is not captured (%s); release it with POST /v1/charges/%s/cancel instead.", ch.ID, ch.Status, ch.ID))
@@ -65,12 +76,15 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if ch.Status != "succeeded" || ch.StripePaymentIntentID == nil {
 		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status))
 	}
-	// Stripe refuses to refund a disputed charge: the dispute decides. A
-	// dispute that lands after this read is seen by the reservation, which
-	// checks for one with the charge row locked (package stripeevents
-	// writes the row with its dispute).
+	// Stripe refuses to refund a charged-back charge: the dispute decides.
+	// An inquiry (warning_needs_response, warning_under_review) is no
+	// chargeback: Stripe refunds it, and a refund in full is how a merchant
+	// resolves it (ChargeGetForRefund cites Stripe's page). A dispute that
+	// lands after this read is seen by the reservation, which checks for
+	// one with the charge row locked (package stripeevents writes the row
+	// with its dispute).
 	if blockingDisputes > 0 {
-		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute; it cannot be refunded.", ch.ID))
+		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute (a chargeback); it cannot be refunded.", ch.ID))
 	}
 	// What is left: what was captured less the larger of idempay's own
 	// refunds (reserved) and Stripe's figure, which counts refunds made

@@ -328,20 +328,26 @@ func (*repairOp) Begin(context.Context, *idempotency.Batch, *idempotency.Record)
 
 // Load reads the object from Stripe, when the repair was begun by a
 // process that died (the completer resumes it): what Stripe holds now,
-// which is the same state or a later one. A read, safe at any age.
+// which is the same state or a later one. A read, safe at any age. The
+// key names a PaymentIntent (pi_, its one form) or a refund, whose ids
+// Stripe writes in more than one form (re_, and pyr_ for the refunds of
+// some payment methods): anything but a PaymentIntent is a refund.
 func (op *repairOp) Load(ctx context.Context, rec *idempotency.Record) error {
 	if op.pi != nil || op.sr != nil {
 		return nil
 	}
 	id, _, _ := strings.Cut(rec.Key, "@")
 	var err error
-	if strings.HasPrefix(id, "re_") {
-		op.sr, err = op.s.stripe.GetRefund(ctx, id)
-	} else {
+	if strings.HasPrefix(id, intentIDPrefix) {
 		op.pi, err = op.s.stripe.GetIntent(ctx, id)
+	} else {
+		op.sr, err = op.s.stripe.GetRefund(ctx, id)
 	}
 	return err
 }
+
+// intentIDPrefix begins every PaymentIntent's id at Stripe.
+const intentIDPrefix = "pi_"
 
 // Call calls no one: the repair's answer is the object in hand.
 func (op *repairOp) Call(context.Context, *idempotency.Record) idempotency.Step {

@@ -196,6 +196,9 @@ type Server struct {
 	chargeByID map[string]*Charge
 	refunds    []*Refund
 	refundByID map[string]*Refund
+	// refundPrefix begins the ids of the refunds createRefund makes
+	// (SetRefundPrefix); "re_fake_" unless set.
+	refundPrefix string
 
 	nextFault   Fault
 	nextN       int
@@ -248,13 +251,26 @@ func NewListener(l net.Listener) *Server {
 
 func newServer() *Server {
 	return &Server{
-		closing:    make(chan struct{}),
-		keyCounts:  make(map[string]int),
-		idem:       make(map[string]*idemEntry),
-		chargeByID: make(map[string]*Charge),
-		refundByID: make(map[string]*Refund),
-		faultDelay: defaultFaultDelay,
+		closing:      make(chan struct{}),
+		keyCounts:    make(map[string]int),
+		idem:         make(map[string]*idemEntry),
+		chargeByID:   make(map[string]*Charge),
+		refundByID:   make(map[string]*Refund),
+		refundPrefix: "re_fake_",
+		faultDelay:   defaultFaultDelay,
 	}
+}
+
+// SetRefundPrefix makes the refunds created from now on have ids that
+// begin with prefix. Stripe's refund ids are not all re_: the refunds of
+// some payment methods are pyr_, and the API reference documents a
+// refund's id only as "Unique identifier for the object"
+// (docs.stripe.com/api/refunds/object), so that idempay must not take an
+// id that is not re_ for some other object.
+func (s *Server) SetRefundPrefix(prefix string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refundPrefix = prefix
 }
 
 // URL returns the base URL, such as http://127.0.0.1:PORT, to hand to
@@ -795,7 +811,7 @@ func (s *Server) createRefund(form url.Values, key string) response {
 	}
 
 	rf := &Refund{
-		ID:             newID("re_fake_"),
+		ID:             newID(s.refundPrefix),
 		IdempotencyKey: key,
 		Charge:         cmp.Or(c.LatestCharge, c.ID),
 		PaymentIntent:  intentID,

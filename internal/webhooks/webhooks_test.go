@@ -649,3 +649,58 @@ func TestSecretRotation(t *testing.T) {
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+// An inquiry (a dispute whose status is warning_*) is no chargeback: the
+// issuer asks about the payment before it decides, no funds were
+// withdrawn, and a refund in full is how the merchant resolves it, so a
+// charge under one is refunded. A chargeback (needs_response) still
+// forbids it, for good: 409 charge-not-refundable without Retry-After.
+// The fake refunds a charge whatever its disputes; for an inquiry that is
+// Stripe's documented behaviour: "Unlike a formal dispute, no funds have
+// been withdrawn and the payment it relates to can still be refunded ...
+// To avoid it becoming a formal dispute, you should submit any required
+// evidence or refund the payment in full" (stripe.com/docs/disputes,
+// "Inquiries and retrievals").
+func TestRefundUnderAnInquiry(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	now := time.Now()
+	disputed := func(t *testing.T, status string) chargeDetail {
+		t.Helper()
+		ch, fc := createCharge(t, env, c, 3000)
+		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
+			Reason: "fraudulent", Status: status}
+		created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, created), "applied")
+		if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != status {
+			t.Fatalf("charge disputes after charge.dispute.created(%s): %s", status, mustJSON(got.Disputes))
+		}
+		return ch
+	}
+	for _, status := range []string{"warning_needs_response", "warning_under_review"} {
+		t.Run(status, func(t *testing.T) {
+			ch := disputed(t, status)
+			r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+			if r.Status != http.StatusCreated {
+				t.Fatalf("refund of a charge under an inquiry (%s): %d %s, want 201", status, r.Status, r.Body)
+			}
+			if got := getCharge(t, c, ch.ID).AmountRefunded; got != 3000 {
+				t.Errorf("amount_refunded %d after the refund, want 3000", got)
+			}
+		})
+	}
+	t.Run("needs_response", func(t *testing.T) {
+		ch := disputed(t, "needs_response")
+		r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+		var p struct{ Type string }
+		if err := json.Unmarshal(r.Body, &p); err != nil || r.Status != http.StatusConflict ||
+			p.Type != "/problems/charge-not-refundable" || r.Header.Get("Retry-After") != "" {
+			t.Fatalf("refund of a charged-back charge: %d (Retry-After %q) %s, want a final 409 charge-not-refundable",
+				r.Status, r.Header.Get("Retry-After"), r.Body)
+		}
+	})
+}
