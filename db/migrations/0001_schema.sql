@@ -278,7 +278,8 @@ CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe
 
 -- Disputes of a charge, known only from Stripe's events. A dispute does not
 -- change amount_refunded (Stripe does not count it as a refund), but a
--- charge with an open or lost dispute can no longer be refunded.
+-- charge with an open or lost chargeback can no longer be refunded (an
+-- inquiry, warning_*, does not stop a refund).
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
