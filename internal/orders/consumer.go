@@ -539,9 +539,11 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	cancel()
 	if err != nil {
 		// Nak'ed as any nak is: a broker that refuses dead letters for a
-		// while is not asked again every Backoff.
+		// while is not asked again every Backoff. A warning, as a nak for
+		// Stripe or the database is: the message comes back, and the
+		// broker's state is not idempay's to fix (an error is).
 		delay := c.nak(ctx, log, msg, meta, reasonUnavailable)
-		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
+		log.WarnContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
 		return
 	}
 	if err := msg.Term(); err != nil {

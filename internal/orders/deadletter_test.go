@@ -262,14 +262,18 @@ func (r refusedDeadLetters) PublishMsg(ctx context.Context, msg *nats.Msg, opts 
 // dropped), with the backoff of any nak: the delay it asks of JetStream
 // doubles per delivery from Backoff and stays at MaxBackoff, rather than
 // asking again every Backoff for as long as the broker refuses. The test
-// reads the delays from the naks on the consumer's ack subject.
+// reads the delays from the naks on the consumer's ack subject. Each is
+// logged as a warning, never an error: the broker refuses for a while, and
+// the message comes back.
 func TestFailedDeadLetterBacksOff(t *testing.T) {
 	t.Parallel()
 	const backoff, maxBackoff = 50 * time.Millisecond, 200 * time.Millisecond
-	b := startBenchJS(t, apitest.Options{}, 10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff },
+	var out apitest.Logs
+	b := startConsumerLog(t, apitest.New(t, apitest.Options{}), natstest.Server(t),
+		benchConfig(10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff }),
 		func(_ *nats.Conn, js jetstream.JetStream) jetstream.JetStream {
 			return refusedDeadLetters{JetStream: js, subject: orders.DefaultConfig().DLQSubject}
-		})
+		}, slog.New(slog.NewJSONHandler(&out, nil)))
 
 	nc, _ := natstest.Connect(t, b.url)
 	naks := make(chan string, 100)
@@ -310,4 +314,24 @@ func TestFailedDeadLetterBacksOff(t *testing.T) {
 	if n := len(b.deadLetters(t)); n != 0 {
 		t.Errorf("%d dead letters published through a refusing client", n)
 	}
+	// The broker's state, like a 503 downstream-unavailable: a warning
+	// that says when the message comes back, never an error (which asks
+	// an operator to act on idempay itself). Each line is written just
+	// after its nak.
+	warnings := func() (warned int) {
+		for line := range strings.Lines(out.String()) {
+			var rec struct{ Level, Msg, Delay string }
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %.300s: %v", line, err)
+			}
+			switch {
+			case rec.Level == slog.LevelError.String():
+				t.Fatalf("an ERROR line: %s", line)
+			case rec.Level == slog.LevelWarn.String() && strings.Contains(rec.Msg, "dead-lettering failed") && rec.Delay != "":
+				warned++
+			}
+		}
+		return warned
+	}
+	b.waitFor(t, "a warning of each failed dead letter, with its delay", func() bool { return warnings() >= len(want) })
 }
