@@ -335,3 +335,51 @@ func TestFailedDeadLetterBacksOff(t *testing.T) {
 	}
 	b.waitFor(t, "a warning of each failed dead letter, with its delay", func() bool { return warnings() >= len(want) })
 }
+
+// Dead letters are read a page at a time, as every list is
+// (internal/listing): at most limit of them, oldest first, whether more
+// follow, and the next page after the last one's sequence, whatever
+// messages of orders.paid sit between them in the stream.
+func TestDeadLetterPages(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	const n = 5
+	for i := range n {
+		b.publish(t, []byte(`{"idempotency_key": "x`+strconv.Itoa(i)+`", `), "") // not JSON
+	}
+	b.waitFor(t, "the dead letters", func() bool { return b.count(orders.OutcomeDeadLetter) == n })
+	all := b.deadLetters(t)
+	if len(all) != n {
+		t.Fatalf("%d dead letters, want %d", len(all), n)
+	}
+	ctx, cancel := jsContext()
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []orders.DeadLetter
+	var pages []int
+	var after uint64
+	for more := true; more; {
+		page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if page.Object != "list" || len(page.Data) == 0 || len(pages) > n {
+			t.Fatalf("page after %d: %+v", after, page)
+		}
+		got = append(got, page.Data...)
+		pages = append(pages, len(page.Data))
+		after, more = page.Data[len(page.Data)-1].Sequence, page.HasMore
+	}
+	if !slices.Equal(pages, []int{2, 2, 1}) {
+		t.Errorf("pages of %v dead letters, want [2 2 1]", pages)
+	}
+	if !slices.EqualFunc(got, all, func(a, b orders.DeadLetter) bool { return a.Sequence == b.Sequence }) {
+		t.Errorf("the pages hold %+v, want every dead letter once, oldest first: %+v", got, all)
+	}
+	if page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, after); err != nil || len(page.Data) != 0 || page.HasMore {
+		t.Errorf("the page after the last dead letter: %+v, %v; want an empty one", page, err)
+	}
+}
