@@ -61,12 +61,11 @@ func Invalid(params ...Param) *Error {
 // one (NotJSON), even if it also gives a name twice or has invalid text
 // before the break; a body that is JSON but gives a name twice or has
 // invalid text is refused at its first such place, which invalid_params
-// names. Otherwise every
-// problem is reported at once, in one invalid-request: every unknown field
-// and every field of the wrong type (in the order of the body), then every
-// failed check of the other fields (dst.Validate), so a client that sends
-// a typo and a bad amount learns of both. A body that is not a JSON
-// object is refused as such.
+// names. Otherwise every problem is reported at once, in one
+// invalid-request: every unknown field and every field of the wrong type
+// (in the order of the body), then every failed check of the other fields
+// (dst.Validate), so a client that sends a typo and a bad amount learns
+// of both. A body that is not a JSON object is refused as such.
 func Decode(raw []byte, dst Body, integer string) error {
 	// The usual body is a valid one: one decode, and the walk member by
 	// member below only when that fails, to name every problem. The decode
