@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Body is a request body type: a struct whose json tags name its fields,
@@ -194,11 +196,11 @@ func syntaxReason(err error) string {
 		}
 	case errors.Is(se.Err, jsontext.ErrDuplicateName):
 		// The pointer names the member given twice; its object is where.
-		what = fmt.Sprintf("the name %q is given more than once", in.LastToken())
+		what = fmt.Sprintf("the name %q is given more than once", cut(in.LastToken()))
 		in = in.Parent()
 	}
 	if in != "" {
-		what += " in " + paramName(in)
+		what += " in " + cut(paramName(in))
 	}
 	switch {
 	case offset == 1:
@@ -207,6 +209,19 @@ func syntaxReason(err error) string {
 		what += fmt.Sprintf(", after %d bytes", offset)
 	}
 	return what
+}
+
+// maxNamed bounds, in characters, a name or a place in a syntax error's
+// detail: a body nested thousands deep, or with a name of a megabyte,
+// must not make its refusal as large.
+const maxNamed = 100
+
+// cut is s, cut to maxNamed characters with a mark where it was cut.
+func cut(s string) string {
+	if t := pgtext.Truncate(s, maxNamed); t != s {
+		return t + "…"
+	}
+	return s
 }
 
 // paramName is the invalid_params name of the value at p: "amount",

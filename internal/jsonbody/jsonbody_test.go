@@ -25,7 +25,8 @@ func TestNotJSONSaysEachErrorInPlainWords(t *testing.T) {
 		{"{\"a\":\"\xff\"}", "invalid UTF-8 in a, after 6 bytes"},
 		{`{"a":"\q"}`, "invalid escape sequence `\\q` in string in a, after 6 bytes"},
 		{`{"a":1]`, "invalid character ']' after object value (expecting ',' or '}'), after 6 bytes"},
-		{strings.Repeat("[", 20000), "exceeded max depth"},
+		{strings.Repeat("[", 20000), "exceeded max depth in 0[0][0]"},
+		{`{"` + strings.Repeat("n", 5000) + `":1,"` + strings.Repeat("n", 5000) + `":2}`, `the name "nnn`},
 	}
 	for _, tc := range cases {
 		err := json.Unmarshal([]byte(tc.body), new(jsontext.Value))
@@ -35,6 +36,10 @@ func TestNotJSONSaysEachErrorInPlainWords(t *testing.T) {
 		got := jsonbody.NotJSON(err)
 		if !got.Syntax || !strings.HasPrefix(got.Detail, "The body is not valid JSON: "+tc.want) {
 			t.Errorf("%.40q: %q; want %q", tc.body, got.Detail, "The body is not valid JSON: "+tc.want+"…")
+		}
+		// However deep or long the body, its refusal stays small.
+		if len(got.Detail) > 500 {
+			t.Errorf("%.40q: a detail of %d bytes: %.300s…", tc.body, len(got.Detail), got.Detail)
 		}
 		if strings.Contains(got.Detail, "jsontext") || strings.Contains(got.Detail, "EOF") {
 			t.Errorf("%.40q: %q names the decoder", tc.body, got.Detail)
