@@ -16,6 +16,7 @@ import (
 
 	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/events/relay"
+	"github.com/idempay/idempay/internal/listing"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -121,8 +122,10 @@ const ordersUsage = `usage:
   idempay orders publish --account ACCT --amount N [--currency usd] [--payment-method pm_card_visa]
                          [--order-id ID] [--idempotency-key K] [--description D] [--msg-id ID]
       publish one order.paid message (the key defaults to "order-" + the order id)
-  idempay orders dlq [--limit N]
-      print the dead letters (orders.paid.dlq), one JSON object a line
+  idempay orders dlq [--limit N] [--starting-after SEQ]
+      print a page of the dead letters (orders.paid.dlq), oldest first, as a list
+      ({"object":"list","data":[...],"has_more":...}) of at most N (1 to 100, default 10);
+      the next page starts after the last one's sequence
   idempay orders replay SEQ
       publish the dead letter at stream sequence SEQ to orders.paid again`
 
@@ -147,22 +150,21 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	case "publish":
 		return ordersPublish(ctx, cfg, js, args[1:])
 	case "dlq":
+		// Paged as every list is (internal/listing), by stream sequence.
 		fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
-		limit := fs.Int("limit", 100, "print at most this many")
+		limit := fs.Int("limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
+		after := fs.Uint64("starting-after", 0, "a dead letter's sequence: the page starts after it")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
-		letters, err := orders.DeadLetters(ctx, stream, cfg.Orders, *limit)
+		if fs.NArg() > 0 || *limit < 1 || *limit > listing.MaxLimit {
+			return errors.New(ordersUsage)
+		}
+		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, *limit, *after)
 		if err != nil {
 			return err
 		}
-		enc := json.NewEncoder(os.Stdout)
-		for _, l := range letters {
-			if err := enc.Encode(l); err != nil {
-				return err
-			}
-		}
-		return nil
+		return json.NewEncoder(os.Stdout).Encode(page)
 	case "replay":
 		if len(args) != 2 {
 			return errors.New(ordersUsage)

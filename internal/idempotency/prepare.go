@@ -1,8 +1,9 @@
 package idempotency
 
 import (
-	"fmt"
 	"io"
+
+	"github.com/idempay/idempay/internal/jsonbody"
 )
 
 // Prepare is the front half of an entry point whose fingerprint covers the
@@ -17,7 +18,8 @@ func Prepare(scope Scope, key, method, route, path string, body io.Reader, limit
 	}
 	canonical, err := canonicalize(raw)
 	if err != nil {
-		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: fmt.Sprintf("The request body is not valid JSON: %v.", err)}
+		// Said as every body's refusal is, in plain words (jsonbody).
+		return Request{}, &Error{Kind: ErrInvalidJSON, Detail: jsonbody.NotJSON(err).Detail}
 	}
 	return Request{
 		Scope: scope, Key: key, Method: method, Route: route, Path: path,

@@ -1,17 +1,22 @@
-// Package jsonbody decodes a request's JSON body strictly into a struct
-// and names every problem of it at once (Error), in its own terms: the
-// caller says it to its client (an RFC 9457 invalid-request over HTTP).
+// Package jsonbody decodes a JSON body strictly into a struct and names
+// every problem of it at once (Error), in the body's own terms (its fields,
+// what each takes, where the JSON breaks), never in the decoder's: the
+// caller says it to whoever sent the body (an RFC 9457 invalid-request or
+// invalid-json over HTTP, a dead letter's detail for a broker message).
 package jsonbody
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strings"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // Body is a request body type: a struct whose json tags name its fields,
@@ -55,13 +60,14 @@ func Invalid(params ...Param) *Error {
 // not be silently ignored in a payment.
 //
 // Every refusal is an *Error. A body that breaks the grammar is a Syntax
-// one; one that gives a name twice or has invalid text is refused
-// at its first such place, which invalid_params names. Otherwise every
-// problem is reported at once, in one invalid-request: every unknown field
-// and every field of the wrong type (in the order of the body), then every
-// failed check of the other fields (dst.Validate), so a client that sends
-// a typo and a bad amount learns of both. A body that is not a JSON
-// object is refused as such.
+// one (NotJSON), even if it also gives a name twice or has invalid text
+// before the break; a body that is JSON but gives a name twice or has
+// invalid text is refused at its first such place, which invalid_params
+// names. Otherwise every problem is reported at once, in one
+// invalid-request: every unknown field and every field of the wrong type
+// (in the order of the body), then every failed check of the other fields
+// (dst.Validate), so a client that sends a typo and a bad amount learns
+// of both. A body that is not a JSON object is refused as such.
 func Decode(raw []byte, dst Body, integer string) error {
 	// The usual body is a valid one: one decode, and the walk member by
 	// member below only when that fails, to name every problem. The decode
@@ -78,7 +84,7 @@ func Decode(raw []byte, dst Body, integer string) error {
 	}
 	dec := jsontext.NewDecoder(bytes.NewReader(raw))
 	if dec.PeekKind() != jsontext.KindBeginObject {
-		return &Error{Detail: "The request body must be a JSON object."}
+		return &Error{Detail: "The body must be a JSON object."}
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return undecodable(err)
@@ -131,29 +137,91 @@ func Decode(raw []byte, dst Body, integer string) error {
 
 // checkForm refuses raw unless it is one JSON value in the form RFC 7493
 // (I-JSON) asks: no name twice in an object, valid Unicode text. A body
-// that is JSON but for that is an invalid-request naming the first place
-// at fault; any other is a Syntax one.
+// that breaks the grammar is a Syntax one, said for where the grammar
+// breaks, whatever else is wrong before that: a name given twice and
+// invalid text are JSON all the same (RFC 8259), and a client told of them
+// would fix them to find its body still broken. A body that is JSON but
+// for its form is an invalid-request naming the first place at fault.
 func checkForm(raw []byte) error {
 	err := json.Unmarshal(raw, new(jsontext.Value))
+	if err == nil {
+		return nil
+	}
+	if err := json.Unmarshal(raw, new(jsontext.Value),
+		jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)); err != nil {
+		return undecodable(err)
+	}
 	var se *jsontext.SyntacticError
 	switch {
-	case err == nil:
-		return nil
 	case !errors.As(err, &se):
 		return undecodable(err)
 	case errors.Is(err, jsontext.ErrDuplicateName):
 		return Invalid(Param{Name: paramName(se.JSONPointer), Reason: "is given more than once"})
-	case jsontext.Value(raw).IsValid(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)):
-		// JSON, but for its text: the error is about the value at the
-		// pointer, or about a name of the object there.
-		return Invalid(Param{Name: paramName(se.JSONPointer),
-			Reason: "must be valid UTF-8 text, and so must its keys (it has bytes that are not UTF-8, or an unpaired surrogate escape)"})
 	}
-	return undecodable(err)
+	// The error is about the value at the pointer, or about a name of the
+	// object there.
+	return Invalid(Param{Name: paramName(se.JSONPointer),
+		Reason: "must be valid UTF-8 text, and so must its keys (it has bytes that are not UTF-8, or an unpaired surrogate escape)"})
 }
 
-func undecodable(err error) error {
-	return &Error{Syntax: true, Detail: fmt.Sprintf("The request body could not be decoded: %v.", err)}
+func undecodable(err error) error { return NotJSON(err) }
+
+// NotJSON is the refusal of a body that is not one JSON value, given the
+// decoder's error (github.com/go-json-experiment/json's): a Syntax *Error
+// whose detail says why in plain words, where, and how far into the body
+// ("The body is not valid JSON: unexpected end of input in amount, after 11
+// bytes."), without the decoder's package name or its Go terms.
+func NotJSON(err error) *Error {
+	return &Error{Syntax: true, Detail: "The body is not valid JSON: " + syntaxReason(err) + "."}
+}
+
+// syntaxReason is why a body is not JSON, from the decoder's error: every
+// syntactic error it reports is a *jsontext.SyntacticError, whose Err says
+// what (an invalid character, escape or surrogate pair, invalid UTF-8, a
+// name given twice, the end of the input, too deep a nesting), whose
+// JSONPointer says in which value, and whose ByteOffset says how far in.
+// Only its Error method adds the package's name ("jsontext: "), so what
+// is taken from Err, in words of its own for the two that read as Go's.
+func syntaxReason(err error) string {
+	var se *jsontext.SyntacticError
+	if !errors.As(err, &se) || se.Err == nil {
+		return "it could not be read as JSON"
+	}
+	what, in, offset := se.Err.Error(), se.JSONPointer, se.ByteOffset
+	switch {
+	case errors.Is(se.Err, io.ErrUnexpectedEOF), errors.Is(se.Err, io.EOF):
+		what = "unexpected end of input"
+		if offset == 0 {
+			return "it is empty"
+		}
+	case errors.Is(se.Err, jsontext.ErrDuplicateName):
+		// The pointer names the member given twice; its object is where.
+		what = fmt.Sprintf("the name %q is given more than once", cut(in.LastToken()))
+		in = in.Parent()
+	}
+	if in != "" {
+		what += " in " + cut(paramName(in))
+	}
+	switch {
+	case offset == 1:
+		what += ", after 1 byte"
+	case offset > 1:
+		what += fmt.Sprintf(", after %d bytes", offset)
+	}
+	return what
+}
+
+// maxNamed bounds, in characters, a name or a place in a syntax error's
+// detail: a body nested thousands deep, or with a name of a megabyte,
+// must not make its refusal as large.
+const maxNamed = 100
+
+// cut is s, cut to maxNamed characters with a mark where it was cut.
+func cut(s string) string {
+	if t := pgtext.Truncate(s, maxNamed); t != s {
+		return t + "…"
+	}
+	return s
 }
 
 // paramName is the invalid_params name of the value at p: "amount",

@@ -45,7 +45,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,6 +55,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/jsstream"
 	"github.com/idempay/idempay/internal/pgtext"
 )
@@ -120,6 +120,17 @@ type Message struct {
 	Description    *string           `json:"description,omitempty"`
 	Metadata       map[string]string `json:"metadata,omitempty"`
 }
+
+// Validate checks nothing of its own: a message's charge fields are
+// checked as POST /v1/charges checks its body (charges.PrepareCharge), its
+// key by messageKey and its account by the lookup. It makes a Message a
+// jsonbody.Body, decoded by the rules of every body and refused in their
+// words.
+func (Message) Validate() error { return nil }
+
+// amountRange is what a message's amount takes, for the detail of one that
+// is not an integer: what POST /v1/charges says of its body's.
+var amountRange = fmt.Sprintf("an integer between 1 and %d", charges.MaxAmount)
 
 // chargeBody is the HTTP body the message stands for: its fingerprint is the
 // one a POST /v1/charges with these fields (absent ones absent) would have.
@@ -339,14 +350,16 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	msg, stop := c.keepInProgress(ctx, log, msg)
 	defer stop()
 
-	// Decoded strictly, as POST /v1/charges decodes its body: an unknown
-	// field, a name given twice and text that is not valid Unicode (bytes
-	// that are not UTF-8, an unpaired surrogate escape) make a dead letter
-	// whose detail names the place, never a charge of something the
-	// producer did not send.
+	// Decoded strictly, by the rules and in the words of POST /v1/charges'
+	// body (jsonbody): a body that is not JSON or not an object, an unknown
+	// field, a field of the wrong type, a name given twice and text that
+	// is not valid Unicode (bytes that are not UTF-8, an unpaired surrogate
+	// escape) make a dead letter whose detail names each field at fault
+	// and what it takes, in the message's terms and never the decoder's,
+	// and never a charge of something the producer did not send.
 	var m Message
-	if err := jsonv2.Unmarshal(msg.Data(), &m, jsonv2.RejectUnknownMembers(true)); err != nil {
-		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, "not an order.paid message: "+err.Error())
+	if err := jsonbody.Decode(msg.Data(), &m, amountRange); err != nil {
+		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
 		return
 	}
 	log = log.With("account_id", logged(m.Account), "order_id", logged(m.OrderID))
@@ -526,9 +539,11 @@ func (c *Consumer) deadLetter(ctx context.Context, log *slog.Logger, msg jetstre
 	cancel()
 	if err != nil {
 		// Nak'ed as any nak is: a broker that refuses dead letters for a
-		// while is not asked again every Backoff.
+		// while is not asked again every Backoff. A warning, as a nak for
+		// Stripe or the database is: the message comes back, and the
+		// broker's state is not idempay's to fix (an error is).
 		delay := c.nak(ctx, log, msg, meta, reasonUnavailable)
-		log.ErrorContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
+		log.WarnContext(ctx, "order.paid: dead-lettering failed; redelivery later", "reason", reason, "delay", delay.String(), "err", err)
 		return
 	}
 	if err := msg.Term(); err != nil {
@@ -645,20 +660,37 @@ func logged(s string) string {
 	return pgtext.Truncate(s, maxLoggedField) + fmt.Sprintf("…[cut, %d bytes in all]", len(s))
 }
 
-// detailOf is the client-facing detail of a refusal: the payment
-// domain's (its detail, and the fields at fault), or the core's.
+// detailOf is a refusal in a dead letter's words: a body's (jsonbody's)
+// or the payment domain's, its detail or each field at fault and why
+// (fieldsDetail); or the core's.
 func detailOf(err error) string {
+	var je *jsonbody.Error
+	if errors.As(err, &je) {
+		return fieldsDetail(je.Detail, je.Params)
+	}
 	var ce *charges.Error
 	if errors.As(err, &ce) {
-		b, _ := json.Marshal(ce.Params)
-		if len(ce.Params) > 0 {
-			return ce.Detail + " " + string(b)
-		}
-		return ce.Detail
+		return fieldsDetail(ce.Detail, ce.Params)
 	}
 	var ie *idempotency.Error
 	if errors.As(err, &ie) {
 		return ie.Detail
 	}
 	return err.Error()
+}
+
+// fieldsDetail is detail, or when fields are named, each of them and why,
+// as the message's producer wrote them: "invalid fields: amount must be an
+// integer between 1 and 99999999, not a JSON string; colour is not a known
+// parameter". A field inside metadata is named metadata[key], and the
+// message as a whole "body".
+func fieldsDetail(detail string, params []jsonbody.Param) string {
+	if len(params) == 0 {
+		return detail
+	}
+	each := make([]string, len(params))
+	for i, p := range params {
+		each[i] = p.Name + " " + p.Reason
+	}
+	return "invalid fields: " + strings.Join(each, "; ")
 }

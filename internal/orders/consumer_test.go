@@ -479,6 +479,59 @@ func TestKeyExpiredIsDeadLetteredAtOnce(t *testing.T) {
 	}
 }
 
+// A malformed message's dead letter says what is wrong in the message's
+// own terms, as POST /v1/charges' 400s do: each field at fault and what it
+// takes, where the JSON breaks, that the body is not an object; never in
+// the decoder's Go words ("cannot unmarshal JSON string into Go
+// orders.Message", "jsontext: unexpected EOF").
+func TestDeadLetterDetailIsInTheMessagesTerms(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 2)
+	acct := b.env.NewClient(t).Account.ID
+	msg := func(fields string) string {
+		return `{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct + `",` + fields + `}`
+	}
+	cases := []struct{ data, want string }{
+		{msg(`"amount":"1000","currency":"usd","payment_method":"tok_visa"`),
+			"invalid fields: amount must be an integer between 1 and 99999999, not a JSON string"},
+		{msg(`"amount":1000,"currency":"usd","payment_method":"tok_visa","colour":"red"`),
+			"invalid fields: colour is not a known parameter"},
+		{msg(`"amount":10.5,"currency":7,"payment_method":"tok_visa","metadata":{"sku":1},"colour":"red"`),
+			"invalid fields: amount must be an integer between 1 and 99999999; currency must be a string; " +
+				"metadata[sku] must be a string; colour is not a known parameter"},
+		{msg(`"amount":0,"currency":"usd","payment_method":"tok_visa"`), // the charge's own check
+			"invalid fields: amount must be an integer between 1 and 99999999"},
+		{`{"idempotency_key": "x", `, "The body is not valid JSON: unexpected end of input, after 25 bytes."},
+		{`{"idempotency_key": "x", "amount": 10O}`, "The body is not valid JSON: invalid character 'O' after object value (expecting ',' or '}'), after 37 bytes."},
+		{`[{"idempotency_key": "x"}]`, "The body must be a JSON object."},
+		{`"order-1"`, "The body must be a JSON object."},
+	}
+	for _, tc := range cases {
+		b.publish(t, []byte(tc.data), "")
+	}
+	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(cases) })
+	got := map[string]orders.DeadLetter{}
+	for _, dl := range b.deadLetters(t) {
+		got[dl.Data] = dl
+	}
+	for _, tc := range cases {
+		dl, ok := got[tc.data]
+		if !ok {
+			t.Errorf("no dead letter of %s", tc.data)
+			continue
+		}
+		if dl.Reason != orders.ReasonInvalid || dl.Detail != tc.want {
+			t.Errorf("dead letter of %s: %s %q; want %s %q", tc.data, dl.Reason, dl.Detail, orders.ReasonInvalid, tc.want)
+		}
+		for _, goWords := range []string{"Go ", "orders.Message", "unmarshal", "jsontext", "json:", "EOF", "int64"} {
+			if strings.Contains(dl.Detail, goWords) {
+				t.Errorf("dead letter of %s: detail %q in Go's words (%q)", tc.data, dl.Detail, goWords)
+			}
+		}
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
+}
+
 // A message is decoded as strictly as POST /v1/charges decodes its body:
 // text that is not valid Unicode (bytes that are not UTF-8, an unpaired
 // surrogate escape), a name given twice and an unknown field each make a
@@ -496,11 +549,11 @@ func TestMalformedMessageIsDeadLettered(t *testing.T) {
 	cases := []struct {
 		extra, field string // field: how the detail names the place
 	}{
-		{`"description":"caf` + "\xe9" + `"`, `"/description"`},
-		{`"metadata":{"sku":"\ud800"}`, `"/metadata/sku"`},
-		{`"metadata":{"k` + "\xfe" + `":"v"}`, `"/metadata"`},
-		{`"amount":1`, `name "amount"`},
-		{`"Currency":"eur"`, `name "Currency"`},
+		{`"description":"caf` + "\xe9" + `"`, `description must be valid UTF-8`},
+		{`"metadata":{"sku":"\ud800"}`, `metadata[sku] must be valid UTF-8`},
+		{`"metadata":{"k` + "\xfe" + `":"v"}`, `metadata must be valid UTF-8`},
+		{`"amount":1`, `amount is given more than once`},
+		{`"Currency":"eur"`, `Currency is not a known parameter`},
 	}
 	for _, tc := range cases {
 		b.publish(t, raw("order-"+rand.Text(), tc.extra), "")

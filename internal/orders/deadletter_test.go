@@ -262,14 +262,18 @@ func (r refusedDeadLetters) PublishMsg(ctx context.Context, msg *nats.Msg, opts 
 // dropped), with the backoff of any nak: the delay it asks of JetStream
 // doubles per delivery from Backoff and stays at MaxBackoff, rather than
 // asking again every Backoff for as long as the broker refuses. The test
-// reads the delays from the naks on the consumer's ack subject.
+// reads the delays from the naks on the consumer's ack subject. Each is
+// logged as a warning, never an error: the broker refuses for a while, and
+// the message comes back.
 func TestFailedDeadLetterBacksOff(t *testing.T) {
 	t.Parallel()
 	const backoff, maxBackoff = 50 * time.Millisecond, 200 * time.Millisecond
-	b := startBenchJS(t, apitest.Options{}, 10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff },
+	var out apitest.Logs
+	b := startConsumerLog(t, apitest.New(t, apitest.Options{}), natstest.Server(t),
+		benchConfig(10, func(c *orders.Config) { c.Backoff, c.MaxBackoff = backoff, maxBackoff }),
 		func(_ *nats.Conn, js jetstream.JetStream) jetstream.JetStream {
 			return refusedDeadLetters{JetStream: js, subject: orders.DefaultConfig().DLQSubject}
-		})
+		}, slog.New(slog.NewJSONHandler(&out, nil)))
 
 	nc, _ := natstest.Connect(t, b.url)
 	naks := make(chan string, 100)
@@ -309,5 +313,73 @@ func TestFailedDeadLetterBacksOff(t *testing.T) {
 	}
 	if n := len(b.deadLetters(t)); n != 0 {
 		t.Errorf("%d dead letters published through a refusing client", n)
+	}
+	// The broker's state, like a 503 downstream-unavailable: a warning
+	// that says when the message comes back, never an error (which asks
+	// an operator to act on idempay itself). Each line is written just
+	// after its nak.
+	warnings := func() (warned int) {
+		for line := range strings.Lines(out.String()) {
+			var rec struct{ Level, Msg, Delay string }
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %.300s: %v", line, err)
+			}
+			switch {
+			case rec.Level == slog.LevelError.String():
+				t.Fatalf("an ERROR line: %s", line)
+			case rec.Level == slog.LevelWarn.String() && strings.Contains(rec.Msg, "dead-lettering failed") && rec.Delay != "":
+				warned++
+			}
+		}
+		return warned
+	}
+	b.waitFor(t, "a warning of each failed dead letter, with its delay", func() bool { return warnings() >= len(want) })
+}
+
+// Dead letters are read a page at a time, as every list is
+// (internal/listing): at most limit of them, oldest first, whether more
+// follow, and the next page after the last one's sequence, whatever
+// messages of orders.paid sit between them in the stream.
+func TestDeadLetterPages(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 3)
+	const n = 5
+	for i := range n {
+		b.publish(t, []byte(`{"idempotency_key": "x`+strconv.Itoa(i)+`", `), "") // not JSON
+	}
+	b.waitFor(t, "the dead letters", func() bool { return b.count(orders.OutcomeDeadLetter) == n })
+	all := b.deadLetters(t)
+	if len(all) != n {
+		t.Fatalf("%d dead letters, want %d", len(all), n)
+	}
+	ctx, cancel := jsContext()
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []orders.DeadLetter
+	var pages []int
+	var after uint64
+	for more := true; more; {
+		page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if page.Object != "list" || len(page.Data) == 0 || len(pages) > n {
+			t.Fatalf("page after %d: %+v", after, page)
+		}
+		got = append(got, page.Data...)
+		pages = append(pages, len(page.Data))
+		after, more = page.Data[len(page.Data)-1].Sequence, page.HasMore
+	}
+	if !slices.Equal(pages, []int{2, 2, 1}) {
+		t.Errorf("pages of %v dead letters, want [2 2 1]", pages)
+	}
+	if !slices.EqualFunc(got, all, func(a, b orders.DeadLetter) bool { return a.Sequence == b.Sequence }) {
+		t.Errorf("the pages hold %+v, want every dead letter once, oldest first: %+v", got, all)
+	}
+	if page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, after); err != nil || len(page.Data) != 0 || page.HasMore {
+		t.Errorf("the page after the last dead letter: %+v, %v; want an empty one", page, err)
 	}
 }

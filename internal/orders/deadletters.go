@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempay/idempay/internal/listing"
 )
 
 // DeadLetter is one message of the dead-letter subject, as an operator
@@ -26,12 +28,30 @@ type DeadLetter struct {
 
 // DeadLetters reads up to limit dead letters, oldest first.
 func DeadLetters(ctx context.Context, stream jetstream.Stream, cfg Config, limit int) ([]DeadLetter, error) {
+	return readDeadLetters(ctx, stream, cfg, limit, 0)
+}
+
+// DeadLetterPage is one page of the dead letters, oldest first, as every
+// list of idempay is paged (internal/listing): at most limit of them, those
+// after the dead letter at stream sequence after (0: from the first), and
+// whether more follow. The next page starts after the last one's Sequence.
+func DeadLetterPage(ctx context.Context, stream jetstream.Stream, cfg Config, limit int, after uint64) (listing.List[DeadLetter], error) {
+	letters, err := readDeadLetters(ctx, stream, cfg, limit+1, after)
+	if err != nil {
+		return listing.List[DeadLetter]{}, err
+	}
+	return listing.Page(letters, limit, func(l DeadLetter) DeadLetter { return l }), nil
+}
+
+// readDeadLetters reads up to limit dead letters after the stream sequence
+// after, oldest first.
+func readDeadLetters(ctx context.Context, stream jetstream.Stream, cfg Config, limit int, after uint64) ([]DeadLetter, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading stream %s: %w", cfg.Stream, err)
 	}
 	var out []DeadLetter
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0 && len(out) < limit; {
+	for seq := max(info.State.FirstSeq, after+1); seq <= info.State.LastSeq && seq > 0 && len(out) < limit; {
 		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(cfg.DLQSubject)) // the next one from seq on
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break

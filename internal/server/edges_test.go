@@ -503,3 +503,49 @@ func TestHTTP2PrefaceOnCleartext(t *testing.T) {
 		t.Errorf("the answer to the preface keeps the connection open: %d %v", resp.StatusCode, resp.Header)
 	}
 }
+
+// A body that is not JSON is an invalid-json whose detail says why in
+// plain words, where, and how far in: never the decoder's package name or
+// its Go terms ("jsontext: unexpected EOF"), for each kind of error the
+// decoder reports, on a route that decodes its parameters (POST
+// /v1/charges) and on one whose body is fingerprinted as sent (POST
+// /v1/webhook_endpoints). A body with a name given twice or bytes that are
+// not UTF-8 in a string, and broken after them, is not JSON for where it
+// breaks: an invalid-json saying so, not an invalid-request naming the
+// name or the text (which are JSON all the same).
+func TestInvalidJSONIsSaidInPlainWords(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	cases := []struct {
+		name, body string
+		want       string // in the detail, after "The body is not valid JSON: "
+	}{
+		{"truncated", `{"amount":`, "unexpected end of input in amount, after 10 bytes."},
+		{"empty", ``, "it is empty."},
+		{"bad token", `{"amount":tru}`, "invalid character '}' in literal true (expecting 'e') in amount, after 13 bytes."},
+		{"trailing garbage", `{"amount":1} x`, "invalid character 'x' after top-level value, after 13 bytes."},
+		{"invalid UTF-8", "\xff{}", `invalid character '\xff' at start of value.`},
+		{"invalid UTF-8, then broken", "{\"description\":\"caf\xe9\",", "unexpected end of input, after 22 bytes."},
+		{"repeated name, then broken", `{"metadata":{"k":"a","k":"b"`, "unexpected end of input in metadata, after 28 bytes."},
+	}
+	for _, path := range []string{"/v1/charges", "/v1/webhook_endpoints"} {
+		for _, tc := range cases {
+			r := c.Post(path, apitest.NewKey(), tc.body)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("POST %s, %s: %d %s; want 400", path, tc.name, r.Status, r.Body)
+				continue
+			}
+			p := r.Problem(t)
+			if p.Type != apierror.InvalidJSON.URI() || p.Detail != "The body is not valid JSON: "+tc.want {
+				t.Errorf("POST %s, %s: %s %q; want %s %q", path, tc.name, p.Type, p.Detail,
+					apierror.InvalidJSON.URI(), "The body is not valid JSON: "+tc.want)
+			}
+			for _, goWords := range []string{"jsontext", "json:", "EOF", "Go "} {
+				if strings.Contains(p.Detail, goWords) {
+					t.Errorf("POST %s, %s: detail %q names the decoder (%q)", path, tc.name, p.Detail, goWords)
+				}
+			}
+		}
+	}
+}

@@ -41,6 +41,14 @@ type Config struct {
 	Batch int32
 	// Interval is the pause between passes when there is nothing to publish.
 	Interval time.Duration
+	// MaxBackoff bounds the pause after a failure (the broker unreachable,
+	// the events stream without idempay's subjects, the database down): the
+	// first pause is Interval, each failure in a row doubles it up to
+	// MaxBackoff, and a success starts over from Interval. A refusal that
+	// lasts (an operator must change the stream) is logged once per pause,
+	// each line saying when the relay tries again (retry_in), rather than
+	// every Interval for as long as it lasts.
+	MaxBackoff time.Duration
 	// Observe, when set, receives each pass's count of published events,
 	// its error (nil when none) and the outbox lag (metrics).
 	Observe func(published int, err error, lag time.Duration)
@@ -52,7 +60,7 @@ type Config struct {
 // DefaultConfig is the documented default.
 func DefaultConfig() Config {
 	return Config{Stream: "IDEMPAY_EVENTS", SubjectPrefix: "idempay.events.", Replicas: 1,
-		Duplicates: 10 * time.Minute, Batch: 100, Interval: 500 * time.Millisecond}
+		Duplicates: 10 * time.Minute, Batch: 100, Interval: 500 * time.Millisecond, MaxBackoff: time.Minute}
 }
 
 // relayLockID is the advisory lock that makes one relay (of all the
@@ -102,31 +110,38 @@ func (r *Relay) EnsureStream(ctx context.Context) error {
 
 // Run publishes until ctx is done. It first waits to be the one publisher
 // (a PostgreSQL session lock, released when its connection ends, so a relay
-// that dies hands over at once).
+// that dies hands over at once). After a failure it pauses for longer each
+// time it fails again (backoff), and says in its log line for how long.
 func (r *Relay) Run(ctx context.Context) {
 	r.log.InfoContext(ctx, "relay started", "stream", r.cfg.Stream)
+	b := r.backoff()
 	for {
 		err := r.EnsureStream(ctx)
 		if err == nil {
 			break
 		}
-		r.log.WarnContext(ctx, "relay: the events stream is not usable yet (the broker unreachable, or the stream without the events' subjects); events wait in the outbox", "err", err)
+		delay := b.next()
+		r.log.WarnContext(ctx, "relay: the events stream is not usable yet (the broker unreachable, or the stream without the events' subjects); events wait in the outbox",
+			"retry_in", delay.String(), "err", err)
 		r.observe(0, err)
-		if !sleep(ctx, 5*r.cfg.Interval) {
+		if !sleep(ctx, delay) {
 			return
 		}
 	}
+	b.reset()
 	for ctx.Err() == nil {
-		if err := r.lead(ctx); err != nil && ctx.Err() == nil {
-			r.log.ErrorContext(ctx, "relay: lost its connection; starting over", "err", err)
+		if err := r.lead(ctx, b); err != nil && ctx.Err() == nil {
+			delay := b.next()
+			r.log.ErrorContext(ctx, "relay: lost its connection; starting over", "retry_in", delay.String(), "err", err)
 			r.observe(0, err)
-			sleep(ctx, r.cfg.Interval)
+			sleep(ctx, delay)
 		}
 	}
 }
 
 // lead holds the relay lock on one connection and publishes while it can.
-func (r *Relay) lead(ctx context.Context) error {
+// A pass that fails pauses as b says; one that succeeds resets b.
+func (r *Relay) lead(ctx context.Context, b *backoff) error {
 	connect := r.Direct
 	if connect == nil {
 		connect = func(ctx context.Context) (*pgx.Conn, error) {
@@ -159,19 +174,47 @@ func (r *Relay) lead(ctx context.Context) error {
 		}
 		n, err := r.PublishPending(ctx)
 		r.observe(n, err)
+		pause := r.cfg.Interval
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.log.WarnContext(ctx, "relay: publishing failed; retrying", "err", err)
+			pause = b.next()
+			r.log.WarnContext(ctx, "relay: publishing failed; events wait in the outbox", "retry_in", pause.String(), "err", err)
+		} else {
+			b.reset()
 		}
 		if n == 0 || err != nil {
-			if !sleep(ctx, r.cfg.Interval) {
+			if !sleep(ctx, pause) {
 				return nil
 			}
 		}
 	}
 }
+
+// backoff is the relay's pause after failures in a row: Config.Interval
+// after the first, doubled after each next one, at most Config.MaxBackoff.
+type backoff struct {
+	first, most, last time.Duration
+}
+
+func (r *Relay) backoff() *backoff {
+	first := max(r.cfg.Interval, time.Millisecond)
+	return &backoff{first: first, most: max(r.cfg.MaxBackoff, first)}
+}
+
+// next is the pause after one more failure.
+func (b *backoff) next() time.Duration {
+	if b.last == 0 {
+		b.last = b.first
+	} else {
+		b.last = min(2*b.last, b.most)
+	}
+	return b.last
+}
+
+// reset starts over after a success.
+func (b *backoff) reset() { b.last = 0 }
 
 // PublishPending publishes one batch of pending events, in order, and marks
 // them published. It returns how many it published.
