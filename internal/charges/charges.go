@@ -77,10 +77,14 @@ func validate(req *idempotency.Request, params jsonbody.Body) error {
 	return req.Normalize(params)
 }
 
+// amountInteger is what a body's integer fields (amounts) take, said in
+// the reason for a value that is not one (jsonbody.Decode).
+var amountInteger = fmt.Sprintf("an integer between 1 and %d", MaxAmount)
+
 // decodeParams decodes raw strictly into dst and validates it
 // (jsonbody.Decode); every refusal is an *Error.
 func decodeParams(raw []byte, dst jsonbody.Body) error {
-	return bodyRefusal(jsonbody.Decode(raw, dst, fmt.Sprintf("an integer between 1 and %d", MaxAmount)))
+	return bodyRefusal(jsonbody.Decode(raw, dst, amountInteger))
 }
 
 // ledgerID is the id of a record's ledger row, a pure function of the request
