@@ -79,8 +79,8 @@ func (r *Request) Normalize(v any) error {
 	if err != nil {
 		return fmt.Errorf("encoding the normalised request: %w", err)
 	}
-	canonical, err := canonicalize(b)
-	if err != nil {
+	canonical := jsontext.Value(b) // no one else holds b: put in canonical form in place
+	if err := canonical.Canonicalize(); err != nil {
 		return fmt.Errorf("canonicalising the normalised request: %w", err)
 	}
 	r.Canonical, r.Fingerprint = canonical, Fingerprint(r.Method, r.Path, canonical)

@@ -32,19 +32,16 @@ var guid = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 // nor a valid key is a 401.
 func Alias(auth echo.MiddlewareFunc) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		read := auth(next)
+		authed := auth(next)
 		return func(c echo.Context) error {
 			r := c.Request()
 			if r.Method == http.MethodGet || r.Method == http.MethodHead {
-				return read(c) // a read sends no key
+				return authed(c) // a read sends no key
 			}
-			refused := rewriteToken(r.Header)
-			return auth(func(c echo.Context) error {
-				if refused != nil {
-					return refused
-				}
-				return next(c)
-			})(c)
+			if refused := rewriteToken(r.Header); refused != nil {
+				return auth(func(echo.Context) error { return refused })(c)
+			}
+			return authed(c)
 		}
 	}
 }

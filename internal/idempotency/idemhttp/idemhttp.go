@@ -30,7 +30,10 @@ const HeaderKey = "Idempotency-Key"
 func Key(h http.Header) (key string, present bool, err error) {
 	key, err = oneValue(h, HeaderKey, func(v string) (string, error) {
 		k, err := idempotency.ParseKey(v)
-		return k, Problem(err)
+		if err != nil {
+			return "", Problem(err)
+		}
+		return k, nil
 	})
 	if err != nil {
 		return "", true, err
