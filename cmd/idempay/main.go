@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -223,7 +222,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer a.Pool.Close()
 	startPprof(ctx, log) // PPROF_ADDR, off by default
-	tuneGC(log, serveGCPercent, serveMemoryLimit)
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -468,34 +466,4 @@ func purge(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("purged expired idempotency records", "deleted", n)
 	return nil
-}
-
-// serveGCPercent is the GC target of `serve` unless GOGC is set. The
-// server's live heap is small (caches and buffers) while every request
-// allocates, so at the default target the collector runs often, and each
-// cycle (a stop of the world, then marking on a quarter of the CPU) delays
-// the requests in flight: on a small machine, collections are behind much
-// of the replay tail latency. At 1600 the heap may grow to 17x the live
-// heap, still small in absolute terms, and the collector runs a quarter as
-// often as at 400, which shortens the tail (see BENCHMARKS.md for the
-// figures); serveMemoryLimit bounds what that costs.
-const serveGCPercent = 1600
-
-// serveMemoryLimit is the soft memory limit of `serve` unless GOMEMLIMIT is
-// set. It bounds what the high GC target can cost if the live heap grows
-// (large bodies, many connections): from about 30 MB of live heap on, the
-// collector runs to stay under it instead of letting the heap reach 17x.
-const serveMemoryLimit = 512 << 20
-
-// tuneGC sets the GC target to percent unless GOGC is set, and the soft
-// memory limit to limit (if not 0) unless GOMEMLIMIT is set.
-func tuneGC(log *slog.Logger, percent int, limit int64) {
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(percent)
-		log.Debug("GC target set", "gogc", percent)
-	}
-	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && limit > 0 {
-		debug.SetMemoryLimit(limit)
-		log.Debug("soft memory limit set", "bytes", limit)
-	}
 }
