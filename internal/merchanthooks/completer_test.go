@@ -92,6 +92,9 @@ func TestRecordWhoseEndpointWasDeleted(t *testing.T) {
 	create := func(key string) *apitest.Response {
 		return client.Post("/v1/webhook_endpoints", key, map[string]any{"url": recv.URL, "enabled_events": []string{"*"}})
 	}
+	// One since for every post of the recovery: a retry carries the body it
+	// first sent, and a since formatted at each post changes with the second.
+	since := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339) // the service's clock
 	for _, tc := range []struct {
 		name string
 		post func(id, key string) *apitest.Response // the request left unfinished; id is its endpoint
@@ -101,7 +104,7 @@ func TestRecordWhoseEndpointWasDeleted(t *testing.T) {
 			return client.Post("/v1/webhook_endpoints/"+id, key, map[string]any{"enabled": false})
 		}},
 		{"recovery", func(id, key string) *apitest.Response {
-			return client.Post("/v1/webhook_endpoints/"+id+"/recover", key, map[string]any{"since": time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)}) // the service's clock
+			return client.Post("/v1/webhook_endpoints/"+id+"/recover", key, map[string]any{"since": since})
 		}},
 	} {
 		key := apitest.NewKey()
