@@ -44,7 +44,7 @@ func Event(ev *stripe.Event) (stripeevents.Event, error) {
 			err = idsFit(sr.ID, out.Refund.IntentID)
 		}
 		err = unappliable(ev, "refund", err)
-	case "charge.dispute.created", "charge.dispute.closed":
+	case "charge.dispute.created", "charge.dispute.updated", "charge.dispute.closed":
 		var sd stripe.Dispute
 		if err = json.Unmarshal(ev.Data.Raw, &sd); err == nil {
 			out.Dispute = dispute(&sd)

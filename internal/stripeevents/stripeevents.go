@@ -62,7 +62,7 @@ var HandledTypes = []string{
 	"payment_intent.amount_capturable_updated", "payment_intent.requires_action", "payment_intent.processing",
 	"charge.succeeded", "charge.failed", "charge.pending", "charge.refunded",
 	"refund.created", "charge.refund.updated", "refund.updated",
-	"charge.dispute.created", "charge.dispute.closed",
+	"charge.dispute.created", "charge.dispute.updated", "charge.dispute.closed",
 }
 
 // Event is a verified Stripe event, its object read into the domain's
