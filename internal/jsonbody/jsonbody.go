@@ -172,17 +172,17 @@ func undecodable(err error) error { return NotJSON(err) }
 // ("The body is not valid JSON: unexpected end of input in amount, after 11
 // bytes."), without the decoder's package name or its Go terms.
 func NotJSON(err error) *Error {
-	return &Error{Syntax: true, Detail: "The body is not valid JSON: " + syntaxReason(err) + "."}
+	return &Error{Syntax: true, Detail: "The body is not valid JSON: " + SyntaxReason(err) + "."}
 }
 
-// syntaxReason is why a body is not JSON, from the decoder's error: every
+// SyntaxReason is why a body is not JSON, from the decoder's error: every
 // syntactic error it reports is a *jsontext.SyntacticError, whose Err says
 // what (an invalid character, escape or surrogate pair, invalid UTF-8, a
 // name given twice, the end of the input, too deep a nesting), whose
 // JSONPointer says in which value, and whose ByteOffset says how far in.
 // Only its Error method adds the package's name ("jsontext: "), so what
 // is taken from Err, in words of its own for the two that read as Go's.
-func syntaxReason(err error) string {
+func SyntaxReason(err error) string {
 	var se *jsontext.SyntacticError
 	if !errors.As(err, &se) || se.Err == nil {
 		return "it could not be read as JSON"

@@ -35,6 +35,7 @@ import (
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/pgtext"
 	"github.com/idempay/idempay/internal/stripeapi"
 	"github.com/idempay/idempay/internal/stripeevents"
@@ -255,7 +256,7 @@ func storable(payload []byte) error {
 			break
 		} else if err != nil {
 			return apierror.Newf(apierror.WebhookPayloadInvalid,
-				"The event holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape): %s.", pgtext.Truncate(err.Error(), 200))
+				"The event holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape): %s.", jsonbody.SyntaxReason(err))
 		}
 	}
 	if escapedNUL(payload) {
