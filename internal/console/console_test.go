@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"html"
 	"io"
 	"net/http"
@@ -15,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -292,39 +295,125 @@ func TestSignOutEndsCopiedSessions(t *testing.T) {
 	}
 }
 
-// Two processes serve one console, and one's clock runs ten minutes ahead
-// of the other's: a sign-out at the one ahead ends the sessions begun at
-// the other, and a sign-in there right after the sign-out stands. A count
-// of sign-outs tells them apart, where a time would be one process's clock.
+// A sign-out, then a sign-in at another process after the database's clock
+// stepped back ten minutes (a failover to a standby whose clock is
+// behind): the sign-in stands, and a copy of the session from before the
+// sign-out is still refused. A count of sign-outs tells them apart, where
+// a sign-out's time would be compared with a sign-in's stamped by another
+// clock.
 func TestSignOutAcrossClocks(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
+	_, pool := dbtest.NewDatabase(t)
+	at := time.Now().Truncate(time.Second)
+	clock := dbtest.NewClock(t, pool, at)
+	env := apitest.New(t, apitest.Options{Pool: clock.Pool})
 	secret := []byte(strings.Repeat("s", 32)) // one console: one secret
-	behind := newConsoleWith(t, env, console.Config{Secret: secret})
-	ahead := newConsoleWith(t, env, console.Config{Secret: secret,
-		Now: func() time.Time { return time.Now().Add(10 * time.Minute) }})
-	acct := dbtest.NewAccount(t)
+	one := newConsoleWith(t, env, console.Config{Secret: secret})
+	other := newConsoleWith(t, env, console.Config{Secret: secret})
+	acct := newAccountIn(t, pool)
 
-	b := newBrowser(t, behind) // cookies are the host's, whatever the port
+	b := newBrowser(t, one) // cookies are the host's, whatever the port
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
 		t.Fatalf("signing in: %d", p.Status)
 	}
 	copied := b.cookie("idempay_console")
-	b.base = ahead
+	b.base = other
 	if p := b.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
-		t.Fatalf("POST /logout at the process ahead: %d to %q, want 303 to /login", p.Status, p.Location)
+		t.Fatalf("POST /logout at the other process: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
-	b.base = behind
+	clock.Set(at.Add(-10 * time.Minute))
+	b.base = one
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
-		t.Fatalf("signing in again at the process behind: %d to %q, want 303 to /records", p.Status, p.Location)
+		t.Fatalf("signing in again, the database's clock ten minutes back: %d to %q, want 303 to /records", p.Status, p.Location)
 	}
 	if p := b.get("/records"); p.Status != http.StatusOK {
-		t.Errorf("GET /records at the process behind, signed in again after the sign-out: %d to %q, want 200", p.Status, p.Location)
+		t.Errorf("GET /records, signed in again after the sign-out, the database's clock ten minutes back: %d to %q, want 200", p.Status, p.Location)
 	}
-	thief := newBrowser(t, behind)
+	thief := newBrowser(t, one)
 	thief.setCookie("idempay_console", copied)
 	if p := thief.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Errorf("GET /records with a copy of the session from before the sign-out: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+}
+
+// newAccountIn is dbtest.NewAccount in pool's database (a test's own).
+func newAccountIn(t *testing.T, pool *pgxpool.Pool) dbtest.Account {
+	t.Helper()
+	acct, key, err := accounts.Create(context.Background(), pool, "console "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dbtest.Account{ID: acct.ID, APIKey: key}
+}
+
+// sessionIssued is the issue time a session cookie holds (Unix seconds).
+func sessionIssued(t *testing.T, cookie string) int64 {
+	t.Helper()
+	payload, _, _ := strings.Cut(cookie, ".")
+	raw, err := base64URL.DecodeString(payload)
+	var s struct {
+		Issued int64 `json:"t"`
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, &s)
+	}
+	if err != nil {
+		t.Fatalf("the session cookie %q: %v", cookie, err)
+	}
+	return s.Issued
+}
+
+// TestSessionOnTheDatabasesClock: a session's lifetime is the database's,
+// the clock every process shares, whatever the console process's own
+// clock reads (time.Now, which the test keeps 13 hours off the
+// database's, ahead, then behind): its issue is stamped by the database's
+// clock, and it ends 12 hours after that by the database's clock, not
+// before, and no later. A session that has ended signs nobody out. (By
+// the process's clock, a session issued at a process ahead was refused at
+// one in time, or lasted hours longer, and here never ended.)
+func TestSessionOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	_, pool := dbtest.NewDatabase(t)
+	clock := dbtest.NewClock(t, pool, time.Now().Truncate(time.Second))
+	env := apitest.New(t, apitest.Options{Pool: clock.Pool})
+	base := newConsole(t, env)
+	acct := newAccountIn(t, pool)
+	for _, off := range []time.Duration{-13 * time.Hour, 13 * time.Hour} {
+		at := time.Now().Add(off).Truncate(time.Second)
+		clock.Set(at)
+		b := newBrowser(t, base)
+		if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+			t.Fatalf("signing in: %d", p.Status)
+		}
+		session := b.cookie("idempay_console")
+		if got := sessionIssued(t, session); got != at.Unix() {
+			t.Errorf("the database's clock %v off the process's: the session was issued at %v, want %v (the database's now)",
+				off, time.Unix(got, 0).UTC(), at.UTC())
+		}
+		clock.Set(at.Add(console.DefaultSessionLifetime - time.Second))
+		if p := b.get("/records"); p.Status != http.StatusOK {
+			t.Errorf("the database's clock %v off the process's, a second before the session's 12 hours end by it: %d to %q, want 200",
+				off, p.Status, p.Location)
+		}
+		other := newBrowser(t, base) // another session of the key, begun a second before
+		if p := other.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+			t.Fatalf("signing in: %d", p.Status)
+		}
+		clock.Set(at.Add(console.DefaultSessionLifetime))
+		if p := b.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("the database's clock %v off the process's, the session's 12 hours over by it: %d to %q, want 303 to /login",
+				off, p.Status, p.Location)
+		}
+		// The ended session's "Sign out" ends nothing.
+		token := b.csrf("/login")
+		b.setCookie("idempay_console", session)
+		if p := b.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Fatalf("POST /logout with the ended session: %d to %q, want 303 to /login", p.Status, p.Location)
+		}
+		if p := other.get("/records"); p.Status != http.StatusOK {
+			t.Errorf("the database's clock %v off the process's: the key's other session, once an ended one posted /logout: %d to %q, want 200",
+				off, p.Status, p.Location)
+		}
 	}
 }
 
