@@ -2,10 +2,14 @@ package console_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"html"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -449,6 +453,83 @@ func TestEndedSessionSignsNobodyOut(t *testing.T) {
 	}
 	if p := b.get("/records"); p.Status != http.StatusOK {
 		t.Errorf("GET /records, signed in after the sign-out, once the ended session posted /logout: %d to %q, want 200", p.Status, p.Location)
+	}
+}
+
+// TestSessionIdsNotText: a cookie signed with the console's own secret
+// whose key or account id holds a NUL, which PostgreSQL refuses in text,
+// is no session, as a forged one is: a page goes to the sign-in form, a
+// live refresh gets 401, and a "Sign out" with it ends nothing; never a
+// 500 and an ERROR line, which the statement PostgreSQL refused made of
+// it. Only the console signs cookies, so the test signs these with the
+// secret it gave the console, as the console does (session.go: an
+// HMAC-SHA256 of "session", a NUL and the payload).
+func TestSessionIdsNotText(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	secret := []byte(strings.Repeat("n", 32))
+	var logs apitest.Logs
+	cfg := console.Config{Secret: secret, LockTimeout: idempotency.DefaultConfig().LockTimeout}
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	acct := dbtest.NewAccount(t)
+	b := newBrowser(t, srv.URL)
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+		t.Fatalf("signing in: %d", p.Status)
+	}
+	payload, _, _ := strings.Cut(b.cookie("idempay_console"), ".")
+	raw, _ := base64URL.DecodeString(payload)
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatalf("the session cookie's payload %q: %v", raw, err)
+	}
+	sign := func(p string) string {
+		h := hmac.New(sha256.New, secret)
+		h.Write([]byte("session\x00" + p))
+		return base64URL.EncodeToString(h.Sum(nil))
+	}
+	if want := payload + "." + sign(payload); b.cookie("idempay_console") != want {
+		t.Fatalf("the console's own cookie %q is not signed as the test signs: %q", b.cookie("idempay_console"), want)
+	}
+	for _, tc := range []struct{ field, value string }{
+		{"k", fields["k"].(string) + "\x00"},
+		{"k", "\x00"},
+		{"a", fields["a"].(string) + "\x00"},
+	} {
+		changed := map[string]any{}
+		for k, v := range fields {
+			changed[k] = v
+		}
+		changed[tc.field] = tc.value
+		j, _ := json.Marshal(changed)
+		p := base64URL.EncodeToString(j)
+		cookie := p + "." + sign(p)
+		what := fmt.Sprintf("a session whose %q is %q", tc.field, tc.value)
+
+		other := newBrowser(t, srv.URL)
+		other.setCookie("idempay_console", cookie)
+		if p := other.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("GET /records with %s: %d to %q, want 303 to /login", what, p.Status, p.Location)
+		}
+		other.setCookie("idempay_console", cookie)
+		if p := other.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+			t.Errorf("a live refresh with %s: %d, want 401", what, p.Status)
+		}
+		token := other.csrf("/login")
+		other.setCookie("idempay_console", cookie)
+		if p := other.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("POST /logout with %s: %d to %q, want 303 to /login", what, p.Status, p.Location)
+		}
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records with the session the test's cookies were made from: %d to %q, want 200", p.Status, p.Location)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("the console logged an error:\n%s", logs.String())
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // The console's two cookies. Both are HttpOnly and SameSite=Strict: no
@@ -78,7 +80,11 @@ var errNoSession = errors.New("no valid console session")
 
 // decodeSession checks the cookie's signature and form; its key, its
 // count of sign-outs and its age are checked by the caller, against the
-// database.
+// database. Ids that are not text (pgtext.IsText: a NUL, which PostgreSQL
+// refuses in text, or another control character), which no key or account
+// has, make no session, as a bad signature does: only this server signs
+// cookies, but a statement PostgreSQL refuses would make a 500 and an
+// ERROR line of a cookie that simply matches nothing.
 func (c *Console) decodeSession(r *http.Request) (session, error) {
 	ck, err := r.Cookie(sessionCookie)
 	if err != nil {
@@ -97,7 +103,8 @@ func (c *Console) decodeSession(r *http.Request) (session, error) {
 		return session{}, errNoSession
 	}
 	var s session
-	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" {
+	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" ||
+		!pgtext.IsText(s.KeyID) || !pgtext.IsText(s.AccountID) {
 		return session{}, errNoSession
 	}
 	return s, nil
