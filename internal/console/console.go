@@ -210,6 +210,11 @@ type viewer struct {
 	// account at this request, for the claim of the request's write
 	// (idempotency.Request.Credential). Not exported: no page shows it.
 	credential []byte
+	// signOuts is the key's count of sign-outs the session began under,
+	// which the claim of the request's write checks with the credential
+	// (idempotency.Request.SignOuts): a sign-out since the session's
+	// look-up refuses the write.
+	signOuts int32
 }
 
 // signedIn runs h for a signed-in account: a session cookie with a valid
@@ -252,7 +257,7 @@ func (c *Console) account(r *http.Request) (viewer, error) {
 	} else if err != nil {
 		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
 	}
-	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash}, nil
+	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash, signOuts: s.SignOuts}, nil
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {

@@ -1069,6 +1069,49 @@ var base64URL = base64.RawURLEncoding
 // committed between them, as if another process revoked the key then.
 func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	t.Parallel()
+	endBetweenSessionAndResend(t, func(s signedIn) {
+		del := s.api.NewRequest(http.MethodDelete, "/v1/api_keys/"+s.key.ID, nil)
+		del.Header.Set("Idempotency-Key", apitest.NewKey())
+		if res := s.api.Do(del); res == nil || res.Status != http.StatusNoContent {
+			t.Fatalf("revoking the signed-in key: %+v", res)
+		}
+	})
+}
+
+// A sign-out committed after the console's session check of a Resend and
+// before its claim is refused by the claim too: the resend carries the
+// session's count of sign-outs with its credential, and the claim's INSERT
+// checks it against the key's. The sign-out is another browser's, holding
+// a copy of the session, committed between the two steps, as if another
+// process signed the key out then; the resend answers 401 and writes
+// nothing. (The claim checked the key alone, and the resend went out after
+// the sign-out had ended the session.)
+func TestSignedOutBetweenSessionAndResend(t *testing.T) {
+	t.Parallel()
+	endBetweenSessionAndResend(t, func(s signedIn) {
+		other := newBrowser(t, s.console)
+		other.setCookie("idempay_console", s.cookie)
+		if p := other.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Fatalf("signing out with a copy of the session: %d to %q, want 303 to /login", p.Status, p.Location)
+		}
+	})
+}
+
+// signedIn is a console session, for a test to end: the account's client
+// (under its first key), the key signed in with, the console's address
+// and the session's cookie.
+type signedIn struct {
+	api             *apitest.Client
+	key             apiKey
+	console, cookie string
+}
+
+// endBetweenSessionAndResend serves a Resend form's POST in the console's
+// two steps (the session check, then the resend and its claim) and runs
+// end between them; it checks that the resend answered 401 and wrote
+// nothing: no resend record, and the event's delivery as it was.
+func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
+	t.Helper()
 	env := apitest.New(t, apitest.Options{})
 	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
 	if err != nil {
@@ -1139,16 +1182,12 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	req.SetPathValue("id", id)
 	w := httptest.NewRecorder()
 	if err := c.ResendAfterSessionCheck(w, req, func() {
-		del := api.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.ID, nil)
-		del.Header.Set("Idempotency-Key", apitest.NewKey())
-		if res := api.Do(del); res == nil || res.Status != http.StatusNoContent {
-			t.Fatalf("revoking the signed-in key: %+v", res)
-		}
+		end(signedIn{api: api, key: second, console: srv.URL, cookie: b.cookie("idempay_console")})
 	}); err != nil {
-		t.Fatalf("the session check refused the signed-in key before its revocation: %v", err)
+		t.Fatalf("the session check refused the signed-in session before it ended: %v", err)
 	}
 	if w.Code != http.StatusUnauthorized {
-		t.Errorf("the resend after the key's revocation: %d (Location %q), want 401; body:\n%s", w.Code, w.Header().Get("Location"), w.Body)
+		t.Errorf("the resend after the session ended: %d (Location %q), want 401; body:\n%s", w.Code, w.Header().Get("Location"), w.Body)
 	}
 	var records int
 	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
