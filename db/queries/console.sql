@@ -9,27 +9,35 @@
 -- The account a console session belongs to, read at every request from the
 -- session's key id: a revoked key ends the session at once (I11, I15), and
 -- so does a sign-out since the session was issued (ConsoleSignOut): the
--- session names the key's count of sign-outs it signed in under. The key's
+-- session names the key's count of sign-outs it signed in under. The
+-- session's age is judged here too, by the database's clock, the one that
+-- stamped its issue (ConsoleSignIn), in seconds, so that no process's clock
+-- decides it and a time no timestamp holds is no error. The key's
 -- hash is the credential of the request's one write (a resend), whose claim
 -- checks the key again as an API request's claim does.
 SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = @key_id AND k.account_id = @account_id AND k.revoked_at IS NULL
-  AND k.console_sign_outs = @sign_outs;
+  AND k.console_sign_outs = @sign_outs
+  AND extract(epoch FROM now()) - @lifetime_seconds::float8 < @issued::bigint;
 
 -- name: ConsoleSignIn :one
--- The count of sign-outs a new session signs in under (ConsoleSignOut).
-SELECT console_sign_outs FROM api_keys WHERE id = @key_id AND account_id = @account_id AND revoked_at IS NULL;
+-- The count of sign-outs a new session signs in under (ConsoleSignOut),
+-- and its issue time, by the database's clock (whole Unix seconds, rounded
+-- down), which ConsoleSessionAccount judges its age with.
+SELECT console_sign_outs, floor(extract(epoch FROM now()))::bigint AS issued
+FROM api_keys WHERE id = @key_id AND account_id = @account_id AND revoked_at IS NULL;
 
 -- name: ConsoleSignOut :exec
 -- "Sign out": ends every console session of the key issued until now, in
 -- every process, at its next request. A count, not a time: no process's
 -- clock decides which sessions it ends. Only a session still current
--- counts (its count is the key's): one that a sign-out has ended already
--- ends nothing, so a kept copy of its cookie cannot sign the key's later
--- sessions out.
+-- counts (its count is the key's, and it is younger than its lifetime, as
+-- ConsoleSessionAccount judges): one that has ended already ends nothing,
+-- so a kept copy of its cookie cannot sign the key's later sessions out.
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
-WHERE id = @key_id AND account_id = @account_id AND console_sign_outs = @sign_outs;
+WHERE id = @key_id AND account_id = @account_id AND console_sign_outs = @sign_outs
+  AND extract(epoch FROM now()) - @lifetime_seconds::float8 < @issued::bigint;
 
 -- name: ConsoleRecordList :many
 -- The account's idempotency records, newest first, in one state or all

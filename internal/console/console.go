@@ -69,8 +69,6 @@ type Config struct {
 	// TracerProvider, when set, makes each request a server span, under
 	// which its queries and a resend's phases are (nil: no traces).
 	TracerProvider trace.TracerProvider
-	// Now is the clock of session ages (time.Now when nil).
-	Now func() time.Time
 }
 
 // Console serves the console's pages.
@@ -112,9 +110,6 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 	if cfg.SessionLifetime <= 0 {
 		cfg.SessionLifetime = DefaultSessionLifetime
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
 	for _, page := range []string{"login", "records", "record", "charges", "charge", "refunds", "events", "event", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+page+".html")
@@ -125,8 +120,6 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 	}
 	return c, nil
 }
-
-func (c *Console) now() time.Time { return c.cfg.Now() }
 
 // Handler is the console's HTTP handler: with a TracerProvider, each
 // request a server span named by its route, as the API's are, so that what
@@ -217,6 +210,11 @@ type viewer struct {
 	// account at this request, for the claim of the request's write
 	// (idempotency.Request.Credential). Not exported: no page shows it.
 	credential []byte
+	// signOuts is the key's count of sign-outs the session began under,
+	// which the claim of the request's write checks with the credential
+	// (idempotency.Request.SignOuts): a sign-out since the session's
+	// look-up refuses the write.
+	signOuts int32
 }
 
 // signedIn runs h for a signed-in account: a session cookie with a valid
@@ -244,20 +242,22 @@ func (c *Console) signedIn(h func(http.ResponseWriter, *http.Request, viewer)) h
 }
 
 // account is the session's account, if its key is still active and was not
-// signed out since the session was issued.
+// signed out since the session was issued, and the session is younger than
+// its lifetime by the database's clock: one statement judges all three.
 func (c *Console) account(r *http.Request) (viewer, error) {
 	s, err := c.decodeSession(r)
 	if err != nil {
 		return viewer{}, err
 	}
 	row, err := c.q.ConsoleSessionAccount(r.Context(), c.db, &dbsqlc.ConsoleSessionAccountParams{
-		KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts})
+		KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts,
+		Issued: s.Issued, LifetimeSeconds: c.cfg.SessionLifetime.Seconds()})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
-		return viewer{}, errNoSession // revoked, signed out (or never this account's)
+		return viewer{}, errNoSession // revoked, signed out, too old (or never this account's)
 	} else if err != nil {
 		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
 	}
-	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash}, nil
+	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash, signOuts: s.SignOuts}, nil
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
@@ -286,7 +286,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, fmt.Errorf("authenticating: %w", err))
 		return
 	}
-	signOuts, err := c.q.ConsoleSignIn(r.Context(), c.db, &dbsqlc.ConsoleSignInParams{KeyID: acct.KeyID, AccountID: acct.ID})
+	in, err := c.q.ConsoleSignIn(r.Context(), c.db, &dbsqlc.ConsoleSignInParams{KeyID: acct.KeyID, AccountID: acct.ID})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) { // revoked since Authenticate
 		c.render(w, r, http.StatusUnauthorized, "login", viewer{}, loginView{Error: "That API key is unknown or revoked."})
 		return
@@ -294,7 +294,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, fmt.Errorf("signing in: %w", err))
 		return
 	}
-	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: c.now().Unix(), SignOuts: signOuts}),
+	c.setCookie(w, r, sessionCookie, c.encodeSession(session{KeyID: acct.KeyID, AccountID: acct.ID, Issued: in.Issued, SignOuts: in.ConsoleSignOuts}),
 		int(c.cfg.SessionLifetime/time.Second))
 	c.setCookie(w, r, csrfCookie, rand.Text(), 0) // a new token once signed in
 	http.Redirect(w, r, "/records", http.StatusSeeOther)
@@ -312,7 +312,8 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	}
 	if s, err := c.decodeSession(r); err == nil {
 		if err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
-			KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts}); err != nil {
+			KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts,
+			Issued: s.Issued, LifetimeSeconds: c.cfg.SessionLifetime.Seconds()}); err != nil {
 			c.fail(w, r, fmt.Errorf("signing out: %w", err))
 			return
 		}

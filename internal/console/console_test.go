@@ -2,9 +2,14 @@ package console_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"html"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -15,10 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/console"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -292,39 +299,125 @@ func TestSignOutEndsCopiedSessions(t *testing.T) {
 	}
 }
 
-// Two processes serve one console, and one's clock runs ten minutes ahead
-// of the other's: a sign-out at the one ahead ends the sessions begun at
-// the other, and a sign-in there right after the sign-out stands. A count
-// of sign-outs tells them apart, where a time would be one process's clock.
+// A sign-out, then a sign-in at another process after the database's clock
+// stepped back ten minutes (a failover to a standby whose clock is
+// behind): the sign-in stands, and a copy of the session from before the
+// sign-out is still refused. A count of sign-outs tells them apart, where
+// a sign-out's time would be compared with a sign-in's stamped by another
+// clock.
 func TestSignOutAcrossClocks(t *testing.T) {
 	t.Parallel()
-	env := apitest.New(t, apitest.Options{})
+	_, pool := dbtest.NewDatabase(t)
+	at := time.Now().Truncate(time.Second)
+	clock := dbtest.NewClock(t, pool, at)
+	env := apitest.New(t, apitest.Options{Pool: clock.Pool})
 	secret := []byte(strings.Repeat("s", 32)) // one console: one secret
-	behind := newConsoleWith(t, env, console.Config{Secret: secret})
-	ahead := newConsoleWith(t, env, console.Config{Secret: secret,
-		Now: func() time.Time { return time.Now().Add(10 * time.Minute) }})
-	acct := dbtest.NewAccount(t)
+	one := newConsoleWith(t, env, console.Config{Secret: secret})
+	other := newConsoleWith(t, env, console.Config{Secret: secret})
+	acct := newAccountIn(t, pool)
 
-	b := newBrowser(t, behind) // cookies are the host's, whatever the port
+	b := newBrowser(t, one) // cookies are the host's, whatever the port
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
 		t.Fatalf("signing in: %d", p.Status)
 	}
 	copied := b.cookie("idempay_console")
-	b.base = ahead
+	b.base = other
 	if p := b.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
-		t.Fatalf("POST /logout at the process ahead: %d to %q, want 303 to /login", p.Status, p.Location)
+		t.Fatalf("POST /logout at the other process: %d to %q, want 303 to /login", p.Status, p.Location)
 	}
-	b.base = behind
+	clock.Set(at.Add(-10 * time.Minute))
+	b.base = one
 	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther || p.Location != "/records" {
-		t.Fatalf("signing in again at the process behind: %d to %q, want 303 to /records", p.Status, p.Location)
+		t.Fatalf("signing in again, the database's clock ten minutes back: %d to %q, want 303 to /records", p.Status, p.Location)
 	}
 	if p := b.get("/records"); p.Status != http.StatusOK {
-		t.Errorf("GET /records at the process behind, signed in again after the sign-out: %d to %q, want 200", p.Status, p.Location)
+		t.Errorf("GET /records, signed in again after the sign-out, the database's clock ten minutes back: %d to %q, want 200", p.Status, p.Location)
 	}
-	thief := newBrowser(t, behind)
+	thief := newBrowser(t, one)
 	thief.setCookie("idempay_console", copied)
 	if p := thief.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
 		t.Errorf("GET /records with a copy of the session from before the sign-out: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+}
+
+// newAccountIn is dbtest.NewAccount in pool's database (a test's own).
+func newAccountIn(t *testing.T, pool *pgxpool.Pool) dbtest.Account {
+	t.Helper()
+	acct, key, err := accounts.Create(context.Background(), pool, "console "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dbtest.Account{ID: acct.ID, APIKey: key}
+}
+
+// sessionIssued is the issue time a session cookie holds (Unix seconds).
+func sessionIssued(t *testing.T, cookie string) int64 {
+	t.Helper()
+	payload, _, _ := strings.Cut(cookie, ".")
+	raw, err := base64URL.DecodeString(payload)
+	var s struct {
+		Issued int64 `json:"t"`
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, &s)
+	}
+	if err != nil {
+		t.Fatalf("the session cookie %q: %v", cookie, err)
+	}
+	return s.Issued
+}
+
+// TestSessionOnTheDatabasesClock: a session's lifetime is the database's,
+// the clock every process shares, whatever the console process's own
+// clock reads (time.Now, which the test keeps 13 hours off the
+// database's, ahead, then behind): its issue is stamped by the database's
+// clock, and it ends 12 hours after that by the database's clock, not
+// before, and no later. A session that has ended signs nobody out. (By
+// the process's clock, a session issued at a process ahead was refused at
+// one in time, or lasted hours longer, and here never ended.)
+func TestSessionOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	_, pool := dbtest.NewDatabase(t)
+	clock := dbtest.NewClock(t, pool, time.Now().Truncate(time.Second))
+	env := apitest.New(t, apitest.Options{Pool: clock.Pool})
+	base := newConsole(t, env)
+	acct := newAccountIn(t, pool)
+	for _, off := range []time.Duration{-13 * time.Hour, 13 * time.Hour} {
+		at := time.Now().Add(off).Truncate(time.Second)
+		clock.Set(at)
+		b := newBrowser(t, base)
+		if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+			t.Fatalf("signing in: %d", p.Status)
+		}
+		session := b.cookie("idempay_console")
+		if got := sessionIssued(t, session); got != at.Unix() {
+			t.Errorf("the database's clock %v off the process's: the session was issued at %v, want %v (the database's now)",
+				off, time.Unix(got, 0).UTC(), at.UTC())
+		}
+		clock.Set(at.Add(console.DefaultSessionLifetime - time.Second))
+		if p := b.get("/records"); p.Status != http.StatusOK {
+			t.Errorf("the database's clock %v off the process's, a second before the session's 12 hours end by it: %d to %q, want 200",
+				off, p.Status, p.Location)
+		}
+		other := newBrowser(t, base) // another session of the key, begun a second before
+		if p := other.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+			t.Fatalf("signing in: %d", p.Status)
+		}
+		clock.Set(at.Add(console.DefaultSessionLifetime))
+		if p := b.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("the database's clock %v off the process's, the session's 12 hours over by it: %d to %q, want 303 to /login",
+				off, p.Status, p.Location)
+		}
+		// The ended session's "Sign out" ends nothing.
+		token := b.csrf("/login")
+		b.setCookie("idempay_console", session)
+		if p := b.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Fatalf("POST /logout with the ended session: %d to %q, want 303 to /login", p.Status, p.Location)
+		}
+		if p := other.get("/records"); p.Status != http.StatusOK {
+			t.Errorf("the database's clock %v off the process's: the key's other session, once an ended one posted /logout: %d to %q, want 200",
+				off, p.Status, p.Location)
+		}
 	}
 }
 
@@ -360,6 +453,83 @@ func TestEndedSessionSignsNobodyOut(t *testing.T) {
 	}
 	if p := b.get("/records"); p.Status != http.StatusOK {
 		t.Errorf("GET /records, signed in after the sign-out, once the ended session posted /logout: %d to %q, want 200", p.Status, p.Location)
+	}
+}
+
+// TestSessionIdsNotText: a cookie signed with the console's own secret
+// whose key or account id holds a NUL, which PostgreSQL refuses in text,
+// is no session, as a forged one is: a page goes to the sign-in form, a
+// live refresh gets 401, and a "Sign out" with it ends nothing; never a
+// 500 and an ERROR line, which the statement PostgreSQL refused made of
+// it. Only the console signs cookies, so the test signs these with the
+// secret it gave the console, as the console does (session.go: an
+// HMAC-SHA256 of "session", a NUL and the payload).
+func TestSessionIdsNotText(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	secret := []byte(strings.Repeat("n", 32))
+	var logs apitest.Logs
+	cfg := console.Config{Secret: secret, LockTimeout: idempotency.DefaultConfig().LockTimeout}
+	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	acct := dbtest.NewAccount(t)
+	b := newBrowser(t, srv.URL)
+	if p := b.signIn(acct.APIKey); p.Status != http.StatusSeeOther {
+		t.Fatalf("signing in: %d", p.Status)
+	}
+	payload, _, _ := strings.Cut(b.cookie("idempay_console"), ".")
+	raw, _ := base64URL.DecodeString(payload)
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatalf("the session cookie's payload %q: %v", raw, err)
+	}
+	sign := func(p string) string {
+		h := hmac.New(sha256.New, secret)
+		h.Write([]byte("session\x00" + p))
+		return base64URL.EncodeToString(h.Sum(nil))
+	}
+	if want := payload + "." + sign(payload); b.cookie("idempay_console") != want {
+		t.Fatalf("the console's own cookie %q is not signed as the test signs: %q", b.cookie("idempay_console"), want)
+	}
+	for _, tc := range []struct{ field, value string }{
+		{"k", fields["k"].(string) + "\x00"},
+		{"k", "\x00"},
+		{"a", fields["a"].(string) + "\x00"},
+	} {
+		changed := map[string]any{}
+		for k, v := range fields {
+			changed[k] = v
+		}
+		changed[tc.field] = tc.value
+		j, _ := json.Marshal(changed)
+		p := base64URL.EncodeToString(j)
+		cookie := p + "." + sign(p)
+		what := fmt.Sprintf("a session whose %q is %q", tc.field, tc.value)
+
+		other := newBrowser(t, srv.URL)
+		other.setCookie("idempay_console", cookie)
+		if p := other.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("GET /records with %s: %d to %q, want 303 to /login", what, p.Status, p.Location)
+		}
+		other.setCookie("idempay_console", cookie)
+		if p := other.get("/records", "X-Console-Live", "1"); p.Status != http.StatusUnauthorized {
+			t.Errorf("a live refresh with %s: %d, want 401", what, p.Status)
+		}
+		token := other.csrf("/login")
+		other.setCookie("idempay_console", cookie)
+		if p := other.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Errorf("POST /logout with %s: %d to %q, want 303 to /login", what, p.Status, p.Location)
+		}
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Errorf("GET /records with the session the test's cookies were made from: %d to %q, want 200", p.Status, p.Location)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("the console logged an error:\n%s", logs.String())
 	}
 }
 
@@ -899,6 +1069,49 @@ var base64URL = base64.RawURLEncoding
 // committed between them, as if another process revoked the key then.
 func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	t.Parallel()
+	endBetweenSessionAndResend(t, func(s signedIn) {
+		del := s.api.NewRequest(http.MethodDelete, "/v1/api_keys/"+s.key.ID, nil)
+		del.Header.Set("Idempotency-Key", apitest.NewKey())
+		if res := s.api.Do(del); res == nil || res.Status != http.StatusNoContent {
+			t.Fatalf("revoking the signed-in key: %+v", res)
+		}
+	})
+}
+
+// A sign-out committed after the console's session check of a Resend and
+// before its claim is refused by the claim too: the resend carries the
+// session's count of sign-outs with its credential, and the claim's INSERT
+// checks it against the key's. The sign-out is another browser's, holding
+// a copy of the session, committed between the two steps, as if another
+// process signed the key out then; the resend answers 401 and writes
+// nothing. (The claim checked the key alone, and the resend went out after
+// the sign-out had ended the session.)
+func TestSignedOutBetweenSessionAndResend(t *testing.T) {
+	t.Parallel()
+	endBetweenSessionAndResend(t, func(s signedIn) {
+		other := newBrowser(t, s.console)
+		other.setCookie("idempay_console", s.cookie)
+		if p := other.signOut(); p.Status != http.StatusSeeOther || p.Location != "/login" {
+			t.Fatalf("signing out with a copy of the session: %d to %q, want 303 to /login", p.Status, p.Location)
+		}
+	})
+}
+
+// signedIn is a console session, for a test to end: the account's client
+// (under its first key), the key signed in with, the console's address
+// and the session's cookie.
+type signedIn struct {
+	api             *apitest.Client
+	key             apiKey
+	console, cookie string
+}
+
+// endBetweenSessionAndResend serves a Resend form's POST in the console's
+// two steps (the session check, then the resend and its claim) and runs
+// end between them; it checks that the resend answered 401 and wrote
+// nothing: no resend record, and the event's delivery as it was.
+func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
+	t.Helper()
 	env := apitest.New(t, apitest.Options{})
 	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
 	if err != nil {
@@ -969,16 +1182,12 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 	req.SetPathValue("id", id)
 	w := httptest.NewRecorder()
 	if err := c.ResendAfterSessionCheck(w, req, func() {
-		del := api.NewRequest(http.MethodDelete, "/v1/api_keys/"+second.ID, nil)
-		del.Header.Set("Idempotency-Key", apitest.NewKey())
-		if res := api.Do(del); res == nil || res.Status != http.StatusNoContent {
-			t.Fatalf("revoking the signed-in key: %+v", res)
-		}
+		end(signedIn{api: api, key: second, console: srv.URL, cookie: b.cookie("idempay_console")})
 	}); err != nil {
-		t.Fatalf("the session check refused the signed-in key before its revocation: %v", err)
+		t.Fatalf("the session check refused the signed-in session before it ended: %v", err)
 	}
 	if w.Code != http.StatusUnauthorized {
-		t.Errorf("the resend after the key's revocation: %d (Location %q), want 401; body:\n%s", w.Code, w.Header().Get("Location"), w.Body)
+		t.Errorf("the resend after the session ended: %d (Location %q), want 401; body:\n%s", w.Code, w.Header().Get("Location"), w.Body)
 	}
 	var records int
 	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",

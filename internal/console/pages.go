@@ -332,10 +332,11 @@ func (c *Console) event(w http.ResponseWriter, r *http.Request, v viewer) {
 // resend is the Resend button: POST /v1/events/{id}/resend's own service
 // call through the idempotency core, under the Idempotency-Key the form
 // carries, so that a form sent twice resends once. Its credential is the
-// signed-in key's, as an API request's is the key it presents: the session
-// check is a statement of its own, so a revocation committed after it is
-// refused by the claim, which checks the key in its own statements, and
-// nothing is written (I11).
+// signed-in key's, as an API request's is the key it presents, with the
+// session's count of sign-outs: the session check is a statement of its
+// own, so a revocation or a sign-out committed after it is refused by the
+// claim, which checks the key and the count in its INSERT, and nothing is
+// written (I11).
 func (c *Console) resend(w http.ResponseWriter, r *http.Request, v viewer) {
 	if !c.checkCSRF(r) {
 		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
@@ -347,13 +348,16 @@ func (c *Console) resend(w http.ResponseWriter, r *http.Request, v viewer) {
 	if err == nil {
 		req, err = idempotency.Prepare(idempotency.AccountScope(v.AccountID), key,
 			http.MethodPost, merchanthooks.RouteResend, "/v1/events/"+id+"/resend", strings.NewReader("{}"), 1024)
-		req.Credential = v.credential
+		req.Credential, req.SignOuts = v.credential, &v.signOuts
 	}
 	if err == nil {
 		_, err = c.hooks.Resend(r.Context(), v.AccountID, id, req)
 	}
 	var ae *apierror.Error
-	if errors.As(idemhttp.Problem(err), &ae) {
+	if errors.Is(err, idempotency.ErrUnauthenticated) { // the API's words name only a revoked key
+		c.refuse(w, r, http.StatusUnauthorized, "The event was not resent: this session has ended (its API key was revoked, or it was signed out). Sign in again.")
+		return
+	} else if errors.As(idemhttp.Problem(err), &ae) {
 		c.refuse(w, r, ae.Status(), "The event was not resent: "+ae.Detail)
 		return
 	} else if err != nil {

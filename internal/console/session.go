@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // The console's two cookies. Both are HttpOnly and SameSite=Strict: no
@@ -30,10 +32,13 @@ const (
 	csrfValueLen = 26
 )
 
-// DefaultSessionLifetime is how long a sign-in lasts at most. The key is
-// checked again at every request, so a revocation, or a sign-out with the
-// key, ends a session at once; the lifetime only bounds a session whose key
-// stays valid and is not signed out.
+// DefaultSessionLifetime is how long a sign-in lasts at most, by the
+// database's clock (ConsoleSessionAccount), the one every process shares:
+// a process's own clock, ahead or behind, neither ends a session early nor
+// lets it last longer. The key is checked again at every request, so a
+// revocation, or a sign-out with the key, ends a session at once; the
+// lifetime only bounds a session whose key stays valid and is not signed
+// out.
 const DefaultSessionLifetime = 12 * time.Hour
 
 // session is what the signed cookie holds. It decides nothing by itself:
@@ -42,7 +47,10 @@ const DefaultSessionLifetime = 12 * time.Hour
 type session struct {
 	KeyID     string `json:"k"`
 	AccountID string `json:"a"`
-	// Issued is when the account signed in (Unix seconds).
+	// Issued is when the account signed in (Unix seconds), by the
+	// database's clock (ConsoleSignIn), which alone judges the session's
+	// age (ConsoleSessionAccount): processes' clocks differ, the
+	// database's is the one they share.
 	Issued int64 `json:"t"`
 	// SignOuts is the key's count of sign-outs when the session began
 	// (api_keys.console_sign_outs): a sign-out since ends the session.
@@ -70,8 +78,13 @@ func (c *Console) encodeSession(s session) string {
 
 var errNoSession = errors.New("no valid console session")
 
-// decodeSession checks the cookie's signature and age; the key itself is
-// checked by the caller, against the database.
+// decodeSession checks the cookie's signature and form; its key, its
+// count of sign-outs and its age are checked by the caller, against the
+// database. Ids that are not text (pgtext.IsText: a NUL, which PostgreSQL
+// refuses in text, or another control character), which no key or account
+// has, make no session, as a bad signature does: only this server signs
+// cookies, but a statement PostgreSQL refuses would make a 500 and an
+// ERROR line of a cookie that simply matches nothing.
 func (c *Console) decodeSession(r *http.Request) (session, error) {
 	ck, err := r.Cookie(sessionCookie)
 	if err != nil {
@@ -90,10 +103,8 @@ func (c *Console) decodeSession(r *http.Request) (session, error) {
 		return session{}, errNoSession
 	}
 	var s session
-	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" {
-		return session{}, errNoSession
-	}
-	if age := c.now().Sub(time.Unix(s.Issued, 0)); age < 0 || age > c.cfg.SessionLifetime {
+	if err := json.Unmarshal(payload, &s); err != nil || s.KeyID == "" || s.AccountID == "" ||
+		!pgtext.IsText(s.KeyID) || !pgtext.IsText(s.AccountID) {
 		return session{}, errNoSession
 	}
 	return s, nil

@@ -476,12 +476,15 @@ SELECT a.id, a.name, k.prefix, k.key_hash
 FROM api_keys k JOIN accounts a ON a.id = k.account_id
 WHERE k.id = $1 AND k.account_id = $2 AND k.revoked_at IS NULL
   AND k.console_sign_outs = $3
+  AND extract(epoch FROM now()) - $4::float8 < $5::bigint
 `
 
 type ConsoleSessionAccountParams struct {
-	KeyID     string
-	AccountID string
-	SignOuts  int32
+	KeyID           string
+	AccountID       string
+	SignOuts        int32
+	LifetimeSeconds float64
+	Issued          int64
 }
 
 type ConsoleSessionAccountRow struct {
@@ -500,11 +503,20 @@ type ConsoleSessionAccountRow struct {
 // The account a console session belongs to, read at every request from the
 // session's key id: a revoked key ends the session at once (I11, I15), and
 // so does a sign-out since the session was issued (ConsoleSignOut): the
-// session names the key's count of sign-outs it signed in under. The key's
+// session names the key's count of sign-outs it signed in under. The
+// session's age is judged here too, by the database's clock, the one that
+// stamped its issue (ConsoleSignIn), in seconds, so that no process's clock
+// decides it and a time no timestamp holds is no error. The key's
 // hash is the credential of the request's one write (a resend), whose claim
 // checks the key again as an API request's claim does.
 func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *ConsoleSessionAccountParams) (ConsoleSessionAccountRow, error) {
-	row := db.QueryRow(ctx, consoleSessionAccount, arg.KeyID, arg.AccountID, arg.SignOuts)
+	row := db.QueryRow(ctx, consoleSessionAccount,
+		arg.KeyID,
+		arg.AccountID,
+		arg.SignOuts,
+		arg.LifetimeSeconds,
+		arg.Issued,
+	)
 	var i ConsoleSessionAccountRow
 	err := row.Scan(
 		&i.ID,
@@ -516,7 +528,8 @@ func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *Conso
 }
 
 const consoleSignIn = `-- name: ConsoleSignIn :one
-SELECT console_sign_outs FROM api_keys WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL
+SELECT console_sign_outs, floor(extract(epoch FROM now()))::bigint AS issued
+FROM api_keys WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL
 `
 
 type ConsoleSignInParams struct {
@@ -524,32 +537,48 @@ type ConsoleSignInParams struct {
 	AccountID string
 }
 
-// The count of sign-outs a new session signs in under (ConsoleSignOut).
-func (q *Queries) ConsoleSignIn(ctx context.Context, db DBTX, arg *ConsoleSignInParams) (int32, error) {
+type ConsoleSignInRow struct {
+	ConsoleSignOuts int32
+	Issued          int64
+}
+
+// The count of sign-outs a new session signs in under (ConsoleSignOut),
+// and its issue time, by the database's clock (whole Unix seconds, rounded
+// down), which ConsoleSessionAccount judges its age with.
+func (q *Queries) ConsoleSignIn(ctx context.Context, db DBTX, arg *ConsoleSignInParams) (ConsoleSignInRow, error) {
 	row := db.QueryRow(ctx, consoleSignIn, arg.KeyID, arg.AccountID)
-	var console_sign_outs int32
-	err := row.Scan(&console_sign_outs)
-	return console_sign_outs, err
+	var i ConsoleSignInRow
+	err := row.Scan(&i.ConsoleSignOuts, &i.Issued)
+	return i, err
 }
 
 const consoleSignOut = `-- name: ConsoleSignOut :exec
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
 WHERE id = $1 AND account_id = $2 AND console_sign_outs = $3
+  AND extract(epoch FROM now()) - $4::float8 < $5::bigint
 `
 
 type ConsoleSignOutParams struct {
-	KeyID     string
-	AccountID string
-	SignOuts  int32
+	KeyID           string
+	AccountID       string
+	SignOuts        int32
+	LifetimeSeconds float64
+	Issued          int64
 }
 
 // "Sign out": ends every console session of the key issued until now, in
 // every process, at its next request. A count, not a time: no process's
 // clock decides which sessions it ends. Only a session still current
-// counts (its count is the key's): one that a sign-out has ended already
-// ends nothing, so a kept copy of its cookie cannot sign the key's later
-// sessions out.
+// counts (its count is the key's, and it is younger than its lifetime, as
+// ConsoleSessionAccount judges): one that has ended already ends nothing,
+// so a kept copy of its cookie cannot sign the key's later sessions out.
 func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignOutParams) error {
-	_, err := db.Exec(ctx, consoleSignOut, arg.KeyID, arg.AccountID, arg.SignOuts)
+	_, err := db.Exec(ctx, consoleSignOut,
+		arg.KeyID,
+		arg.AccountID,
+		arg.SignOuts,
+		arg.LifetimeSeconds,
+		arg.Issued,
+	)
 	return err
 }

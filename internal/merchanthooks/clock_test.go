@@ -11,46 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
-
-// dbClock is a database clock the test sets, for the sessions of the pool
-// it returns (on the test's database): their now() is a function in a
-// schema of their own that reads the one time the test stores (setDBClock).
-// PostgreSQL looks pg_catalog up first unless the search_path names it, so
-// theirs names it after that schema. The schema's defaults (created_at)
-// and the test's own pool keep the real now().
-func (b *bundle) dbClock(t *testing.T, at time.Time) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := b.pool.Exec(ctx, `CREATE SCHEMA dbclock;
-		CREATE TABLE dbclock.now (t timestamptz NOT NULL);
-		INSERT INTO dbclock.now VALUES (now());
-		CREATE FUNCTION dbclock.now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT t FROM dbclock.now'`); err != nil {
-		t.Fatalf("creating the database clock: %v", err)
-	}
-	b.setDBClock(t, at)
-	cfg := b.pool.Config()
-	cfg.ConnConfig.RuntimeParams["search_path"] = "dbclock, pg_catalog, public"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var now time.Time
-	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil || !now.Equal(at) {
-		t.Fatalf("the database clock reads %v (%v), want %v", now, err, at)
-	}
-	return pool
-}
-
-func (b *bundle) setDBClock(t *testing.T, at time.Time) {
-	t.Helper()
-	if _, err := b.pool.Exec(context.Background(), "UPDATE dbclock.now SET t = $1", at); err != nil {
-		t.Fatalf("setting the database clock: %v", err)
-	}
-}
 
 // TestWorkersOnTheDatabasesClock: a worker as in production (no
 // Config.Now) whose process's clock is an hour off the database's decides
@@ -67,7 +31,8 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 	// The worker's own clock is time.Now, which the test only keeps an
 	// hour away from the database's.
 	ahead := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
-	pool := b.dbClock(t, ahead)
+	dbClock := dbtest.NewClock(t, b.pool, ahead)
+	pool := dbClock.Pool
 	cfg := b.cfg
 	cfg.Now = nil
 	prod := merchanthooks.New(pool, b.env.Runner, cfg, quiet)
@@ -87,7 +52,7 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 		if whileHeld, err = prod.Work(ctx, b.http, 10); err != nil {
 			t.Errorf("work: %v", err)
 		}
-		b.setDBClock(t, ahead.Add(b.cfg.Lease+time.Second))
+		dbClock.Set(ahead.Add(b.cfg.Lease + time.Second))
 		if afterLease, err = prod.Work(ctx, b.http, 10); err != nil {
 			t.Errorf("work: %v", err)
 		}
@@ -110,7 +75,7 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 	// is due at once by the database's clock, its retry one Schedule[0]
 	// after the failed attempt by that clock.
 	behind := time.Now().Add(time.Hour).Truncate(time.Microsecond)
-	b.setDBClock(t, behind)
+	dbClock.Set(behind)
 	b.recv.setAnswer(func(delivery) (int, http.Header) { return http.StatusInternalServerError, nil })
 	second := b.event(t, events.ChargeSucceeded, "ch_behind", 1)
 	if _, err := prod.Dispatch(ctx); err != nil {
@@ -136,7 +101,7 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 		t.Errorf("the attempt scheduled at %v started at %v, want by the database's clock (%v)", scheduled, started, behind)
 	}
 	b.recv.setAnswer(nil)
-	b.setDBClock(t, behind.Add(b.cfg.Schedule[0]))
+	dbClock.Set(behind.Add(b.cfg.Schedule[0]))
 	if n, err := prod.Work(ctx, b.http, 10); n != 1 || err != nil {
 		t.Fatalf("the retry due by the database's clock: claimed %d (%v), want 1: %s", n, err, b.describeDeliveries(t))
 	}
@@ -151,7 +116,7 @@ func TestWorkersOnTheDatabasesClock(t *testing.T) {
 }
 
 // onDBClock is the API as a server runs it (no Config.Now) on pool, a
-// pool on the database's clock the test sets (dbClock), and a client of
+// pool on the database's clock the test sets (dbtest.NewClock), and a client of
 // the test's account: the server's own clock is time.Now. It returns the
 // client and the API's service (its dispatcher and workers).
 func (b *bundle) onDBClock(t *testing.T, pool *pgxpool.Pool) (*apitest.Client, *merchanthooks.Service) {
@@ -178,12 +143,13 @@ func TestRotationOnTheDatabasesClock(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	epID, current := b.endpoint(t, "", "*")
-	pool := b.dbClock(t, time.Now().Truncate(time.Microsecond))
+	dbClock := dbtest.NewClock(t, b.pool, time.Now().Truncate(time.Microsecond))
+	pool := dbClock.Pool
 	client, svc := b.onDBClock(t, pool)
 	const expiresIn = 600
 	for i, off := range []time.Duration{-time.Hour, time.Hour} {
 		at := time.Now().Add(off).Truncate(time.Microsecond)
-		b.setDBClock(t, at)
+		dbClock.Set(at)
 		want := at.Add(expiresIn * time.Second)
 		path, key := "/v1/webhook_endpoints/"+epID+"/rotate_secret", apitest.NewKey()
 		r := client.Post(path, key, map[string]any{"expires_in": expiresIn})
@@ -214,7 +180,7 @@ func TestRotationOnTheDatabasesClock(t *testing.T) {
 			now, signatures := at, 2
 			if !during {
 				now, signatures = want.Add(time.Second), 1
-				b.setDBClock(t, now)
+				dbClock.Set(now)
 			}
 			var shown merchanthooks.Endpoint
 			client.Get("/v1/webhook_endpoints/"+epID).JSON(t, &shown)
@@ -254,7 +220,8 @@ func TestRecoverWindowOnTheDatabasesClock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	epID, _ := b.endpoint(t, "", "*")
-	pool := b.dbClock(t, time.Now().Truncate(time.Microsecond))
+	dbClock := dbtest.NewClock(t, b.pool, time.Now().Truncate(time.Microsecond))
+	pool := dbClock.Pool
 	client, _ := b.onDBClock(t, pool)
 	path := "/v1/webhook_endpoints/" + epID + "/recover"
 	const window = 31 * 24 * time.Hour
@@ -269,7 +236,7 @@ func TestRecoverWindowOnTheDatabasesClock(t *testing.T) {
 		{time.Hour, -30 * time.Minute, true, ""},
 	} {
 		at := time.Now().Add(tc.off).Truncate(time.Microsecond)
-		b.setDBClock(t, at)
+		dbClock.Set(at)
 		since := at.Add(tc.since).UTC().Format(time.RFC3339)
 		r := client.Post(path, apitest.NewKey(), map[string]any{"since": since})
 		what := fmt.Sprintf("the database's clock %v off the server's: a recovery since %v, %v from the database's now", tc.off, since, tc.since)
