@@ -39,6 +39,18 @@ UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
 WHERE id = @key_id AND account_id = @account_id AND console_sign_outs = @sign_outs
   AND extract(epoch FROM now()) - @lifetime_seconds::float8 < @issued::bigint;
 
+-- name: ConsoleSessionCurrent :exec
+-- A resend's check that its session is still current, queued first in the
+-- resend's claim batch: its key active and not signed out since the
+-- session began, or IDA01 and nothing of the batch commits. The session's
+-- look-up (ConsoleSessionAccount) is a statement of its own, before it, so
+-- a sign-out committed in between is refused here, as the claim refuses a
+-- revocation (I11).
+SELECT idempay_expect((SELECT count(*) FROM api_keys
+                       WHERE id = @key_id AND account_id = @account_id AND revoked_at IS NULL
+                         AND console_sign_outs = @sign_outs),
+                      'IDA01', 'the console session has ended');
+
 -- name: ConsoleRecordList :many
 -- The account's idempotency records, newest first, in one state or all
 -- (an empty state for all), each state as the claim's judgement of a retry

@@ -5,12 +5,10 @@
 -- runner reads the record again. An API request (key_hash set) claims only
 -- under an API key that is still active and belongs to the scope's account:
 -- a revocation committed since the request's first statement read the key
--- raises IDA01, and nothing of the batch commits (I11), as does a sign-out
--- since a console request's session look-up (sign_outs; a takeover of its
--- record only stores the answer). A plain read of the key: it takes no lock.
--- The lock, the creation (the retry ceiling's start) and the completer's
--- schedule are stamped by one clock, the one every later statement of the
--- record compares them with (docs/lifecycle.md, "One clock").
+-- raises IDA01, and nothing of the batch commits (I11). A plain read of the
+-- key: it takes no lock. The lock, the creation (the retry ceiling's start)
+-- and the completer's schedule are stamped by one clock, the one every later
+-- statement of the record compares them with (docs/lifecycle.md, "One clock").
 INSERT INTO idempotency_keys (
     id, scope, key, request_method, request_route, request_fingerprint,
     locked_at, created_at, next_attempt_at
@@ -21,8 +19,7 @@ SELECT @id, @scope::text, @key, @request_method, @request_route, @request_finger
 WHERE CASE WHEN sqlc.narg(key_hash)::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys
                                 WHERE key_hash = sqlc.narg(key_hash) AND account_id = @scope::text
-                                  AND revoked_at IS NULL
-                                  AND coalesce(console_sign_outs = sqlc.narg(sign_outs), true)),
+                                  AND revoked_at IS NULL),
                                'IDA01', 'the API key is not active') > 0
       END;
 

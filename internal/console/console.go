@@ -210,10 +210,11 @@ type viewer struct {
 	// account at this request, for the claim of the request's write
 	// (idempotency.Request.Credential). Not exported: no page shows it.
 	credential []byte
-	// signOuts is the key's count of sign-outs the session began under,
-	// which the claim of the request's write checks with the credential
-	// (idempotency.Request.SignOuts): a sign-out since the session's
-	// look-up refuses the write.
+	// keyID and signOuts are the session's key and the key's count of
+	// sign-outs it began under, which a resend checks again in its claim's
+	// batch (ConsoleSessionCurrent): a sign-out since the session's look-up
+	// refuses the write.
+	keyID    string
 	signOuts int32
 }
 
@@ -257,7 +258,7 @@ func (c *Console) account(r *http.Request) (viewer, error) {
 	} else if err != nil {
 		return viewer{}, fmt.Errorf("reading the session's key: %w", err)
 	}
-	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash, signOuts: s.SignOuts}, nil
+	return viewer{AccountID: row.ID, AccountName: row.Name, KeyPrefix: row.Prefix, credential: row.KeyHash, keyID: s.KeyID, signOuts: s.SignOuts}, nil
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {

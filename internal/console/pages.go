@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -348,10 +349,13 @@ func (c *Console) resend(w http.ResponseWriter, r *http.Request, v viewer) {
 	if err == nil {
 		req, err = idempotency.Prepare(idempotency.AccountScope(v.AccountID), key,
 			http.MethodPost, merchanthooks.RouteResend, "/v1/events/"+id+"/resend", strings.NewReader("{}"), 1024)
-		req.Credential, req.SignOuts = v.credential, &v.signOuts
+		req.Credential = v.credential
 	}
 	if err == nil {
-		_, err = c.hooks.Resend(r.Context(), v.AccountID, id, req)
+		_, err = c.hooks.Resend(r.Context(), v.AccountID, id, req, func(ctx context.Context, b *idempotency.Batch) error {
+			return c.q.ConsoleSessionCurrent(ctx, b, &dbsqlc.ConsoleSessionCurrentParams{
+				KeyID: v.keyID, AccountID: v.AccountID, SignOuts: v.signOuts})
+		})
 	}
 	var ae *apierror.Error
 	if errors.Is(err, idempotency.ErrUnauthenticated) { // the API's words name only a revoked key

@@ -527,6 +527,30 @@ func (q *Queries) ConsoleSessionAccount(ctx context.Context, db DBTX, arg *Conso
 	return i, err
 }
 
+const consoleSessionCurrent = `-- name: ConsoleSessionCurrent :exec
+SELECT idempay_expect((SELECT count(*) FROM api_keys
+                       WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL
+                         AND console_sign_outs = $3),
+                      'IDA01', 'the console session has ended')
+`
+
+type ConsoleSessionCurrentParams struct {
+	KeyID     string
+	AccountID string
+	SignOuts  int32
+}
+
+// A resend's check that its session is still current, queued first in the
+// resend's claim batch: its key active and not signed out since the
+// session began, or IDA01 and nothing of the batch commits. The session's
+// look-up (ConsoleSessionAccount) is a statement of its own, before it, so
+// a sign-out committed in between is refused here, as the claim refuses a
+// revocation (I11).
+func (q *Queries) ConsoleSessionCurrent(ctx context.Context, db DBTX, arg *ConsoleSessionCurrentParams) error {
+	_, err := db.Exec(ctx, consoleSessionCurrent, arg.KeyID, arg.AccountID, arg.SignOuts)
+	return err
+}
+
 const consoleSignIn = `-- name: ConsoleSignIn :one
 SELECT console_sign_outs, floor(extract(epoch FROM now()))::bigint AS issued
 FROM api_keys WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL

@@ -186,8 +186,7 @@ SELECT $1, $2::text, $3, $4, $5, $6,
 WHERE CASE WHEN $8::bytea IS NULL THEN true
            ELSE idempay_expect((SELECT count(*) FROM api_keys
                                 WHERE key_hash = $8 AND account_id = $2::text
-                                  AND revoked_at IS NULL
-                                  AND coalesce(console_sign_outs = $9, true)),
+                                  AND revoked_at IS NULL),
                                'IDA01', 'the API key is not active') > 0
       END
 `
@@ -201,7 +200,6 @@ type IdempotencyKeyInsertParams struct {
 	RequestFingerprint []byte
 	Now                *time.Time
 	KeyHash            []byte
-	SignOuts           *int32
 }
 
 // The claim of a new key, first in the claim's batch. A plain INSERT, not
@@ -210,12 +208,10 @@ type IdempotencyKeyInsertParams struct {
 // runner reads the record again. An API request (key_hash set) claims only
 // under an API key that is still active and belongs to the scope's account:
 // a revocation committed since the request's first statement read the key
-// raises IDA01, and nothing of the batch commits (I11), as does a sign-out
-// since a console request's session look-up (sign_outs; a takeover of its
-// record only stores the answer). A plain read of the key: it takes no lock.
-// The lock, the creation (the retry ceiling's start) and the completer's
-// schedule are stamped by one clock, the one every later statement of the
-// record compares them with (docs/lifecycle.md, "One clock").
+// raises IDA01, and nothing of the batch commits (I11). A plain read of the
+// key: it takes no lock. The lock, the creation (the retry ceiling's start)
+// and the completer's schedule are stamped by one clock, the one every later
+// statement of the record compares them with (docs/lifecycle.md, "One clock").
 func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *IdempotencyKeyInsertParams) error {
 	_, err := db.Exec(ctx, idempotencyKeyInsert,
 		arg.ID,
@@ -226,7 +222,6 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *Idempo
 		arg.RequestFingerprint,
 		arg.Now,
 		arg.KeyHash,
-		arg.SignOuts,
 	)
 	return err
 }

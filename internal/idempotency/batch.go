@@ -71,7 +71,7 @@ const (
 	sqlstateStale  = "IDS01"
 	// sqlstateUnauthenticated is raised by the claim's INSERT of an API
 	// request (IdempotencyKeyInsert): the key was revoked since the request's
-	// first statement read it (or its console session was signed out).
+	// first statement read it.
 	sqlstateUnauthenticated = "IDA01"
 	// sqlstateExpired: an operation's guarded ledger INSERT (ChargeInsert ...)
 	// found its row, whose id derives from the request: this same request

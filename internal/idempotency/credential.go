@@ -19,10 +19,10 @@ import (
 //     that one statement; an unknown or revoked API key is refused there,
 //     before anything of the idempotency table is read for it.
 //   - a first request's claim inserts its record only under an API key that
-//     is still active (IdempotencyKeyInsert, with Request.SignOuts), and a
-//     takeover of a resumable record checks it in its UPDATE: a revocation
-//     that commits between the first statement and the claim is refused
-//     there, and nothing of the claim commits.
+//     is still active (IdempotencyKeyInsert), and a takeover of a resumable
+//     record checks it in its UPDATE: a revocation that commits between the
+//     first statement and the claim is refused there, and nothing of the
+//     claim commits.
 //   - every further read of the claim's loop (after a concurrent claim)
 //     authenticates again in the same way.
 //

@@ -7,8 +7,7 @@ import "errors"
 // with errors.Is; an *Error carries the detail a client can act on.
 var (
 	// ErrUnauthenticated: the request's Credential is unknown, or was
-	// revoked (or its console session signed out) before its claim
-	// committed (I11). Nothing was stored.
+	// revoked before its claim committed (I11). Nothing was stored.
 	ErrUnauthenticated = errors.New("API key unknown or revoked")
 	// ErrKeyMissing: the request carries no key. Nothing was stored.
 	ErrKeyMissing = errors.New("idempotency key missing")

@@ -54,10 +54,6 @@ type Request struct {
 	// for a broker message or a Stripe event): the claim checks it again in
 	// its batch (credential.go). Caller.Attach sets it.
 	Credential []byte
-	// SignOuts is a console session's count of sign-outs (nil for others),
-	// which the claim checks with the Credential: a sign-out since the
-	// session's look-up refuses it as a revocation does.
-	SignOuts *int32
 	// found is what the request's first statement read (Caller.Attach).
 	found *found
 }

@@ -324,7 +324,7 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 	b := &Batch{}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), Key: req.Key, RequestMethod: req.Method,
-		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential, SignOuts: req.SignOuts,
+		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,
 	}); err != nil {
 		return nil, err
 	}

@@ -130,12 +130,20 @@ func (s *Service) EventDeliveries(ctx context.Context, accountID, eventID string
 // Resend sends the account's event again to every enabled endpoint that
 // wants it, under the same webhook-id, on a new schedule. Through the
 // idempotency core: a retried resend replays its answer and sends nothing
-// more.
-func (s *Service) Resend(ctx context.Context, accountID, eventID string, req idempotency.Request) (idempotency.Response, error) {
+// more. guard, when not nil, queues a statement first in the claim's batch
+// that raises to refuse the resend: the console's check that its session
+// is still current (nil for an API request, whose claim checks its key).
+func (s *Service) Resend(ctx context.Context, accountID, eventID string, req idempotency.Request,
+	guard func(context.Context, *idempotency.Batch) error) (idempotency.Response, error) {
 	if err := decodeBody(&req, &resendParams{}); err != nil {
 		return idempotency.Response{}, err
 	}
 	return s.runner.Run(ctx, req, &queueOp{s: s, begin: func(ctx context.Context, b *idempotency.Batch) error {
+		if guard != nil {
+			if err := guard(ctx, b); err != nil {
+				return err
+			}
+		}
 		if _, err := s.events.Event(ctx, accountID, eventID); err != nil {
 			return err
 		}

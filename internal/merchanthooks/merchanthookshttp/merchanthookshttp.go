@@ -81,7 +81,7 @@ func (a *API) recover(c echo.Context) error {
 
 func (a *API) resend(c echo.Context) error {
 	return post(c, merchanthooks.RouteResend, func(acct string, req idempotency.Request) (idempotency.Response, error) {
-		return a.s.Resend(c.Request().Context(), acct, c.Param("id"), req)
+		return a.s.Resend(c.Request().Context(), acct, c.Param("id"), req, nil)
 	})
 }
 
