@@ -1079,9 +1079,9 @@ func TestRevokedBetweenSessionAndResend(t *testing.T) {
 }
 
 // A sign-out committed after the console's session check of a Resend and
-// before its claim is refused by the claim too: the resend carries the
-// session's count of sign-outs with its credential, and the claim's INSERT
-// checks it against the key's. The sign-out is another browser's, holding
+// before its claim is refused in the claim's batch too: the resend's own
+// first statement there (ConsoleSessionCurrent) checks the session's count
+// of sign-outs against the key's. The sign-out is another browser's, holding
 // a copy of the session, committed between the two steps, as if another
 // process signed the key out then; the resend answers 401 and writes
 // nothing. (The claim checked the key alone, and the resend went out after
