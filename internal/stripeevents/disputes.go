@@ -14,12 +14,15 @@ import (
 // every client (2^53 - 1).
 const maxDisputeAmount = 1<<53 - 1
 
-// disputeRank orders a dispute's states: needs a response, under review,
-// closed.
+// disputeRank orders a dispute's states: an inquiry's (warning_*), then a
+// chargeback's, each needing a response, under review, closed. An inquiry
+// the issuer escalates becomes a chargeback under the same id, from any of
+// its states (answered, warning_under_review, included): every chargeback
+// state comes after every inquiry state, or the escalation would be stale
+// and the charge refundable (ChargeGetForRefund).
 var disputeRank = map[string]int{
-	"warning_needs_response": 1, "needs_response": 1,
-	"warning_under_review": 2, "under_review": 2,
-	"warning_closed": 3, "won": 3, "lost": 3,
+	"warning_needs_response": 1, "warning_under_review": 2, "warning_closed": 3,
+	"needs_response": 4, "under_review": 5, "won": 6, "lost": 6,
 }
 
 // applyDispute records a dispute of a charge, or moves it forward: first

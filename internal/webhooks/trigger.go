@@ -22,7 +22,10 @@ type TriggerOptions struct {
 	ChargeID string // ch_... in idempay's ledger (required)
 	RefundID string // re_... in idempay's ledger (refund events)
 	// Status overrides the object's status where the type leaves a choice:
-	// a refund's (default succeeded) or a closed dispute's (default lost).
+	// a refund's (default succeeded) or a dispute's: created (default
+	// needs_response; warning_needs_response for an inquiry), updated
+	// (default under_review; needs_response escalates an inquiry) or
+	// closed (default lost).
 	Status string
 }
 
@@ -91,11 +94,17 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 			robj.FailureReason = "expired_or_canceled_card"
 		}
 		return NewRefundEvent(o.Type, robj, now)
-	case "charge.dispute.created", "charge.dispute.closed":
-		// One dispute per charge, so that "closed" closes what "created" opened.
+	case "charge.dispute.created", "charge.dispute.updated", "charge.dispute.closed":
+		// One dispute per charge, so that "updated" and "closed" move what
+		// "created" opened.
 		d := DisputeObject{ID: "dp_" + strings.TrimPrefix(stripeCharge, "ch_"), Charge: stripeCharge,
-			Amount: ch.Amount, Currency: ch.Currency, Reason: "fraudulent", Status: "needs_response"}
-		if o.Type == "charge.dispute.closed" {
+			Amount: ch.Amount, Currency: ch.Currency, Reason: "fraudulent"}
+		switch o.Type {
+		case "charge.dispute.created":
+			d.Status = cmp.Or(o.Status, "needs_response")
+		case "charge.dispute.updated":
+			d.Status = cmp.Or(o.Status, "under_review")
+		default:
 			d.Status = cmp.Or(o.Status, "lost")
 		}
 		return NewDisputeEvent(o.Type, d, now)

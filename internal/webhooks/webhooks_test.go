@@ -706,31 +706,41 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 		}
 	})
 	// An inquiry the issuer escalates to a chargeback: Stripe moves the
-	// dispute's status (warning_needs_response to needs_response) and sends
-	// charge.dispute.updated, the event of any change to a dispute
+	// dispute's status (warning_needs_response, or warning_under_review
+	// once the merchant has answered the inquiry, to needs_response) and
+	// sends charge.dispute.updated, the event of any change to a dispute
 	// (docs.stripe.com/api/events/types). From then on the charge cannot be
-	// refunded.
-	t.Run("escalated", func(t *testing.T) {
-		ch, fc := createCharge(t, env, c, 3000)
-		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
-			Reason: "fraudulent", Status: "warning_needs_response"}
-		created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wantOutcome(t, deliver(t, env, created), "applied")
-		d.Status = "needs_response"
-		updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		wantOutcome(t, deliver(t, env, updated), "applied")
-		if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" {
-			t.Fatalf("charge disputes after charge.dispute.updated(needs_response): %s", mustJSON(got.Disputes))
-		}
-		r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
-		if r.Status != http.StatusConflict {
-			t.Fatalf("refund of an escalated inquiry: %d %s, want 409", r.Status, r.Body)
-		}
-	})
+	// refunded, and an inquiry's event delivered late changes nothing: a
+	// chargeback comes after every state of an inquiry.
+	for _, inquiry := range []string{"warning_needs_response", "warning_under_review"} {
+		t.Run("escalated from "+inquiry, func(t *testing.T) {
+			ch, fc := createCharge(t, env, c, 3000)
+			d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
+				Reason: "fraudulent", Status: inquiry}
+			created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOutcome(t, deliver(t, env, created), "applied")
+			d.Status = "needs_response"
+			updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOutcome(t, deliver(t, env, updated), "applied")
+			d.Status = inquiry
+			late, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOutcome(t, deliver(t, env, late), "stale")
+			if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" {
+				t.Fatalf("charge disputes after charge.dispute.updated(needs_response): %s", mustJSON(got.Disputes))
+			}
+			r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+			if r.Status != http.StatusConflict {
+				t.Fatalf("refund of an escalated inquiry: %d %s, want 409", r.Status, r.Body)
+			}
+		})
+	}
 }

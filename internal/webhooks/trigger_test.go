@@ -1,0 +1,46 @@
+package webhooks_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/webhooks"
+)
+
+// Every type `idempay webhooks trigger` lists (TriggerTypes, every type
+// idempay handles) is one it builds: an event of that type about a charge
+// of the ledger (and its refund, for a refund's event), which the endpoint
+// takes as a handled event, never as one it cannot read.
+func TestTriggerBuildsEveryListedType(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	for _, typ := range webhooks.TriggerTypes {
+		t.Run(typ, func(t *testing.T) {
+			ch, _ := createCharge(t, env, c, 2000)
+			o := webhooks.TriggerOptions{Type: typ, ChargeID: ch.ID}
+			if strings.Contains(typ, "refund.") {
+				r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500})
+				if r.Status != http.StatusCreated {
+					t.Fatalf("refund: %d %s", r.Status, r.Body)
+				}
+				var rf struct{ ID string }
+				r.JSON(t, &rf)
+				o.RefundID = rf.ID
+			}
+			ev, err := webhooks.Trigger(context.Background(), env.Pool, o)
+			if err != nil {
+				t.Fatalf("Trigger(%s): %v", typ, err)
+			}
+			if ev.Type != typ {
+				t.Fatalf("Trigger(%s) built an event of type %s", typ, ev.Type)
+			}
+			if d := deliver(t, env, ev); d.Status != http.StatusOK || d.Receipt.Outcome == "ignored" || d.Receipt.Outcome == "unknown_object" {
+				t.Fatalf("the triggered %s: %d %s, want a handled event about the ledger's charge", typ, d.Status, d.Body)
+			}
+		})
+	}
+}
