@@ -114,3 +114,31 @@ func TestStripeKeyOnlyForStripeCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestOrdersDLQFlagsRefusedClearly: a bad flag of `idempay orders dlq` (a
+// limit out of its range, negative or not a number, a sequence that is not
+// one) is named, with what it takes, at once: before any broker is asked
+// (here there is none), exit 1, never a panic nor the usage of every
+// orders command in its place.
+func TestOrdersDLQFlagsRefusedClearly(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--limit", "0"}, "--limit must be an integer between 1 and 100, not 0"},
+		{[]string{"--limit", "101"}, "--limit must be an integer between 1 and 100, not 101"},
+		{[]string{"--limit", "-5"}, "--limit must be an integer between 1 and 100, not -5"},
+		{[]string{"--limit", "ten"}, `invalid value "ten" for flag -limit`},
+		{[]string{"--limit", "99999999999999999999"}, `invalid value "99999999999999999999" for flag -limit: value out of range`},
+		{[]string{"--starting-after", "-1"}, `invalid value "-1" for flag -starting-after`},
+		{[]string{"--starting-after", "18446744073709551616"}, `invalid value "18446744073709551616" for flag -starting-after: value out of range`},
+		{[]string{"--starting-after", "7x"}, `invalid value "7x" for flag -starting-after`},
+	} {
+		args := append([]string{"orders", "dlq"}, tc.args...)
+		_, stderr, code := idempay(t, nil, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "panic") || strings.Contains(stderr, "NATS_URL") {
+			t.Errorf("idempay %s: exit %d, stderr %.300q; want exit 1 and %q", strings.Join(args, " "), code, stderr, tc.want)
+		}
+	}
+}

@@ -135,6 +135,16 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	if len(args) == 0 {
 		return errors.New(ordersUsage)
 	}
+	// A page's flags are checked before anything is asked of the broker:
+	// a bad one is said at once, whether NATS is there or not.
+	var limit int
+	var after uint64
+	if args[0] == "dlq" {
+		var err error
+		if limit, after, err = dlqFlags(args[1:]); err != nil {
+			return err
+		}
+	}
 	nc, js, err := connectNATS(cfg, "idempay orders")
 	if err != nil {
 		return err
@@ -150,17 +160,7 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	case "publish":
 		return ordersPublish(ctx, cfg, js, args[1:])
 	case "dlq":
-		// Paged as every list is (internal/listing), by stream sequence.
-		fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
-		limit := fs.Int("limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
-		after := fs.Uint64("starting-after", 0, "a dead letter's sequence: the page starts after it")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 || *limit < 1 || *limit > listing.MaxLimit {
-			return errors.New(ordersUsage)
-		}
-		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, *limit, *after)
+		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, limit, after)
 		if err != nil {
 			return err
 		}
@@ -182,6 +182,25 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	default:
 		return errors.New(ordersUsage)
 	}
+}
+
+// dlqFlags parses the flags of `idempay orders dlq`, paged as every list
+// is (internal/listing), by stream sequence: a limit out of its range is
+// named, with what it takes, as the API names a limit query parameter.
+func dlqFlags(args []string) (limit int, after uint64, err error) {
+	fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
+	fs.IntVar(&limit, "limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
+	fs.Uint64Var(&after, "starting-after", 0, "a dead letter's sequence: the page starts after it")
+	if err := fs.Parse(args); err != nil {
+		return 0, 0, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return 0, 0, errors.New(ordersUsage)
+	case limit < 1 || limit > listing.MaxLimit:
+		return 0, 0, fmt.Errorf("orders dlq: --limit must be an integer between 1 and %d, not %d", listing.MaxLimit, limit)
+	}
+	return limit, after, nil
 }
 
 func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args []string) error {
