@@ -142,3 +142,18 @@ func TestOrdersDLQFlagsRefusedClearly(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
+// serve; `idempay relay` with it is refused at once, naming the variable,
+// where it ran its passes without a pause (thousands of queries a second
+// on an empty outbox). The database here is unreachable: the refusal comes
+// before anything is asked of it.
+func TestRelayRefusesNoInterval(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "RELAY_INTERVAL=0"}
+	_, stderr, code := idempay(t, env, "relay")
+	if code != 1 || !strings.Contains(stderr, "RELAY_INTERVAL must be above 0") {
+		t.Errorf("idempay relay with RELAY_INTERVAL=0: exit %d, stderr %.300q; want exit 1 naming RELAY_INTERVAL", code, stderr)
+	}
+}

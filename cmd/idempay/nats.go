@@ -55,6 +55,11 @@ func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) 
 
 // relayCmd is `idempay relay`: the outbox relay alone.
 func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	// 0 keeps the relay out of serve; a relay run with no pause between
+	// its passes would ask the database for events without end.
+	if cfg.Relay.Interval <= 0 {
+		return errors.New("configuration: RELAY_INTERVAL must be above 0 for idempay relay (0 only keeps the relay out of serve; default 500ms)")
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err
