@@ -14,12 +14,16 @@ import (
 // every client (2^53 - 1).
 const maxDisputeAmount = 1<<53 - 1
 
-// disputeRank orders a dispute's states: needs a response, under review,
-// closed.
+// disputeRank orders a dispute's states: an inquiry's (warning_*) before a
+// chargeback's, since an inquiry the issuer escalates becomes a chargeback
+// (even once the merchant answered it) and a chargeback never becomes an
+// inquiry again; within each, needs a response, under review, closed.
+// Stripe does not guarantee that events arrive in the order they were
+// created, so an inquiry's event that arrives after the chargeback's is
+// stale, and cannot make a charged-back charge refundable again.
 var disputeRank = map[string]int{
-	"warning_needs_response": 1, "needs_response": 1,
-	"warning_under_review": 2, "under_review": 2,
-	"warning_closed": 3, "won": 3, "lost": 3,
+	"warning_needs_response": 1, "warning_under_review": 2, "warning_closed": 3,
+	"needs_response": 4, "under_review": 5, "won": 6, "lost": 6,
 }
 
 // applyDispute records a dispute of a charge, or moves it forward: first

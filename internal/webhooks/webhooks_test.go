@@ -733,4 +733,40 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 			t.Fatalf("refund of an escalated inquiry: %d %s, want 409", r.Status, r.Body)
 		}
 	})
+	// Every inquiry state comes before every chargeback state: a chargeback
+	// never becomes an inquiry again. An inquiry escalated after the
+	// merchant answered it (warning_under_review to needs_response) is a
+	// move forward; and since Stripe
+	// does not guarantee that events arrive in the order they were created
+	// (docs.stripe.com/webhooks, "Event ordering"), an inquiry's event that
+	// arrives after the chargeback's is stale, whatever the times say,
+	// never a chargeback turned back into an inquiry that may be refunded.
+	for _, tc := range []struct {
+		name           string
+		first, second  string
+		secondAt       time.Duration // after the first event
+		outcome, final string
+	}{
+		{"escalated after its evidence", "warning_under_review", "needs_response", time.Second, "applied", "needs_response"},
+		{"an inquiry's event after the chargeback's", "needs_response", "warning_under_review", -time.Second, "stale", "needs_response"},
+		{"a closed inquiry's event after the chargeback's review", "under_review", "warning_closed", -time.Second, "stale", "under_review"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ch := disputed(t, tc.first)
+			d := webhooks.DisputeObject{ID: getCharge(t, c, ch.ID).Disputes[0].StripeDisputeID, Charge: *ch.StripeChargeID,
+				Amount: 3000, Currency: "usd", Reason: "fraudulent", Status: tc.second}
+			updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(tc.secondAt))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOutcome(t, deliver(t, env, updated), tc.outcome)
+			if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != tc.final {
+				t.Fatalf("charge disputes after %s then %s: %s, want %s", tc.first, tc.second, mustJSON(got.Disputes), tc.final)
+			}
+			r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+			if r.Status != http.StatusConflict {
+				t.Fatalf("refund of a charged-back charge: %d %s, want 409", r.Status, r.Body)
+			}
+		})
+	}
 }
