@@ -69,6 +69,11 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 	} else if err != nil {
 		return "", fmt.Errorf("reading dispute %s: %w", sd.ID, err)
 	}
+	if d.ChargeID != ch.ID {
+		// A dispute is of one charge for good: an event that names it with
+		// another (another account's, maybe) moves neither.
+		return "", fmt.Errorf("%w: dispute %s is of charge %s, and the event names it with charge %s", ErrUnappliable, sd.ID, d.ChargeID, ch.ID)
+	}
 	newer := disputeRank[status] > disputeRank[d.Status] ||
 		disputeRank[status] == disputeRank[d.Status] && at.After(d.LastEventAt) && status != d.Status
 	if !newer {

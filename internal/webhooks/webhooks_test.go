@@ -770,3 +770,40 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 		})
 	}
 }
+
+// A dispute belongs to one charge for good (docs.stripe.com/api/disputes/
+// object: its charge, "the ID of the charge that's disputed"). An event
+// that names a known dispute with another charge, here another account's,
+// cannot be applied: it ends failed with its reason, and neither charge's
+// disputes move (the first kept its status and amount, the second has
+// none and can be refunded).
+func TestDisputeOfAnotherCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c, other := env.NewClient(t), env.NewClient(t)
+	now := time.Now()
+	chA, fcA := createCharge(t, env, c, 3000)
+	chB, fcB := createCharge(t, env, other, 4000)
+	d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fcA.LatestCharge, Amount: 3000, Currency: "usd",
+		Reason: "fraudulent", Status: "needs_response"}
+	created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, created), "applied")
+	d.Charge, d.Amount, d.Status = fcB.LatestCharge, 4000, "under_review"
+	updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, updated), "failed")
+	if got := getCharge(t, c, chA.ID).Disputes; len(got) != 1 || got[0].Status != "needs_response" || got[0].Amount != 3000 {
+		t.Errorf("the disputed charge's disputes after an event naming its dispute with another charge: %s, want needs_response of 3000", mustJSON(got))
+	}
+	if got := getCharge(t, other, chB.ID).Disputes; len(got) != 0 {
+		t.Errorf("the other charge's disputes: %s, want none", mustJSON(got))
+	}
+	if r := other.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": chB.ID, "amount": 4000}); r.Status != http.StatusCreated {
+		t.Errorf("refund of the other charge: %d %s, want 201", r.Status, r.Body)
+	}
+}
