@@ -807,3 +807,76 @@ func TestDisputeOfAnotherCharge(t *testing.T) {
 		t.Errorf("refund of the other charge: %d %s, want 201", r.Status, r.Body)
 	}
 }
+
+// A refund of a charge that has not succeeded is refused, 409
+// charge-not-refundable, in every such state: pending at Stripe (its
+// payment not yet final), an authorization waiting for its capture, a
+// charge that failed or was canceled. No such refusal says Retry-After (a
+// pending payment may take days; the others never change by waiting),
+// none stores a record or asks Stripe for anything, and so the same key,
+// once the pending charge has succeeded (charge.succeeded), refunds it.
+func TestRefundOfAChargeThatHasNotSucceeded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
+	c := env.NewClient(t)
+	pendingID, _, fc := unfinishedCharge(t, env, c, 1500)
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.pending", apitest.ChargeObject(fc, "pending"), time.Now())), "applied")
+
+	charge := func(body map[string]any, status int) string {
+		t.Helper()
+		r := c.Post("/v1/charges", apitest.NewKey(), body)
+		var ch struct {
+			ID     string `json:"id"`
+			Charge string `json:"charge"`
+		}
+		if r.Status != status || json.Unmarshal(r.Body, &ch) != nil {
+			t.Fatalf("charge %v: %d %s, want %d", body, r.Status, r.Body, status)
+		}
+		return ch.ID + ch.Charge // a decline names its charge as "charge"
+	}
+	authorized := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "tok_visa", "capture": false}, http.StatusCreated)
+	failed := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "pm_card_chargeDeclined"}, http.StatusPaymentRequired)
+	canceled := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "tok_visa", "capture": false}, http.StatusCreated)
+	if r := c.Post("/v1/charges/"+canceled+"/cancel", apitest.NewKey(), map[string]any{}); r.Status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+
+	refundsBefore := len(env.Stripe.Refunds())
+	keys := map[string]string{}
+	for _, tc := range []struct{ name, id, status string }{
+		{"pending", pendingID, "pending"},
+		{"requires_capture", authorized, "requires_capture"},
+		{"failed", failed, "failed"},
+		{"canceled", canceled, "canceled"},
+	} {
+		if got := getCharge(t, c, tc.id).Status; got != tc.status {
+			t.Fatalf("%s: charge %s is %s", tc.name, tc.id, got)
+		}
+		key := apitest.NewKey()
+		keys[tc.name] = key
+		r := c.Post("/v1/refunds", key, map[string]any{"charge": tc.id, "amount": 100})
+		var p struct{ Type, Detail string }
+		if r.Status != http.StatusConflict || r.Header.Get("Content-Type") != "application/problem+json" ||
+			json.Unmarshal(r.Body, &p) != nil || p.Type != "/problems/charge-not-refundable" || !strings.Contains(p.Detail, tc.id) {
+			t.Errorf("refund of a %s charge: %d %s, want 409 charge-not-refundable naming it", tc.name, r.Status, r.Body)
+		}
+		if ra := r.Header.Get("Retry-After"); ra != "" {
+			t.Errorf("refund of a %s charge: Retry-After %q on a refusal that waiting does not lift", tc.name, ra)
+		}
+		var n int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND key = $2`,
+			c.Account.ID, key).Scan(&n); err != nil || n != 0 {
+			t.Errorf("refund of a %s charge stored %d records (%v), want none", tc.name, n, err)
+		}
+	}
+	if n := len(env.Stripe.Refunds()); n != refundsBefore {
+		t.Errorf("Stripe holds %d refunds after the refusals, want %d", n, refundsBefore)
+	}
+
+	// The pending payment succeeds: the refusal stored nothing, and the
+	// same key now refunds.
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Now().Add(time.Second))), "applied")
+	if r := c.Post("/v1/refunds", keys["pending"], map[string]any{"charge": pendingID, "amount": 100}); r.Status != http.StatusCreated {
+		t.Errorf("refund of the charge once succeeded, with the refused refund's key: %d %s, want 201", r.Status, r.Body)
+	}
+}
