@@ -550,6 +550,10 @@ func TestBadDeliveries(t *testing.T) {
 	nulMetadata := edit(`"metadata":{`, `"metadata":{"note":"a\u0000b",`)
 	notUTF8 := edit(`"metadata":{`, `"metadata":{"note":"caf`+"\xe9"+`",`)
 	surrogate := edit(`"metadata":{`, `"metadata":{"note":"\ud800",`)
+	// A name given twice, which JSON readers read differently (stripe-go
+	// takes the last, a strict reader refuses it): its own refusal, not one
+	// of invalid Unicode.
+	twice := edit(`"type":"charge.succeeded"`, `"type":"charge.refunded","type":"charge.succeeded"`)
 	// Signed events stripe-go does not take: no API version, and a field
 	// of another type than Stripe's.
 	noVersion := edit(`"api_version":"2023-10-16"`, `"api_version":null`)
@@ -581,8 +585,9 @@ func TestBadDeliveries(t *testing.T) {
 		{"NUL in the type", nulType, sign(nulType), 400, "webhook-payload-invalid", ""},
 		{"NUL in the object id", nulObjectID, sign(nulObjectID), 400, "webhook-payload-invalid", ""},
 		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid", ""},
-		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid", ""},
-		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid", ""},
+		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid", "not valid Unicode"},
+		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid", "not valid Unicode"},
+		{"a name given twice", twice, sign(twice), 400, "webhook-payload-invalid", `gives a name more than once in one object: the name "type" is given more than once`},
 		{"a created time that overflows", overflow, sign(overflow), 400, "webhook-payload-invalid", ""},
 		{"a created time past the year 9999", year10000, sign(year10000), 400, "webhook-payload-invalid", ""},
 	} {
