@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -155,5 +156,20 @@ func TestRelayRefusesNoInterval(t *testing.T) {
 	_, stderr, code := idempay(t, env, "relay")
 	if code != 1 || !strings.Contains(stderr, "RELAY_INTERVAL must be above 0") {
 		t.Errorf("idempay relay with RELAY_INTERVAL=0: exit %d, stderr %.300q; want exit 1 naming RELAY_INTERVAL", code, stderr)
+	}
+}
+
+// TestOrdersReplayNeedsAWholeSequence: `idempay orders replay SEQ` replays
+// the dead letter SEQ names, all of it: "5abc" was read as 5 and replayed
+// dead letter 5. A SEQ that is not a whole number from 1 is refused at
+// once, naming it, before any broker is asked (here there is none).
+func TestOrdersReplayNeedsAWholeSequence(t *testing.T) {
+	t.Parallel()
+	for _, seq := range []string{"5abc", "-1", "0", "", " 7", "18446744073709551616", "1e3"} {
+		_, stderr, code := idempay(t, nil, "orders", "replay", seq)
+		want := "SEQ must be a dead letter's stream sequence, a whole number from 1, not " + strconv.Quote(seq)
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("idempay orders replay %q: exit %d, stderr %.300q; want exit 1 and %q", seq, code, stderr, want)
+		}
 	}
 }

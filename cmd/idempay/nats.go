@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -140,14 +141,25 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	if len(args) == 0 {
 		return errors.New(ordersUsage)
 	}
-	// A page's flags are checked before anything is asked of the broker:
-	// a bad one is said at once, whether NATS is there or not.
+	// A page's flags and a replay's sequence are checked before anything
+	// is asked of the broker: a bad one is said at once, whether NATS is
+	// there or not, and a sequence is a whole number, all of it ("5abc"
+	// is no 5).
 	var limit int
-	var after uint64
-	if args[0] == "dlq" {
+	var after, seq uint64
+	switch args[0] {
+	case "dlq":
 		var err error
 		if limit, after, err = dlqFlags(args[1:]); err != nil {
 			return err
+		}
+	case "replay":
+		if len(args) != 2 {
+			return errors.New(ordersUsage)
+		}
+		var err error
+		if seq, err = strconv.ParseUint(args[1], 10, 64); err != nil || seq == 0 {
+			return fmt.Errorf("orders replay: SEQ must be a dead letter's stream sequence, a whole number from 1, not %q", args[1])
 		}
 	}
 	nc, js, err := connectNATS(cfg, "idempay orders")
@@ -171,13 +183,6 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 		}
 		return json.NewEncoder(os.Stdout).Encode(page)
 	case "replay":
-		if len(args) != 2 {
-			return errors.New(ordersUsage)
-		}
-		var seq uint64
-		if _, err := fmt.Sscan(args[1], &seq); err != nil {
-			return fmt.Errorf("SEQ: %w", err)
-		}
 		ack, err := orders.Replay(ctx, js, stream, cfg.Orders, seq)
 		if err != nil {
 			return err
