@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -111,6 +112,64 @@ func TestStripeKeyOnlyForStripeCommands(t *testing.T) {
 			if strings.Contains(stderr, "STRIPE_SECRET_KEY") {
 				t.Errorf("idempay %s asks for STRIPE_SECRET_KEY, which it never uses: %q", tc.cmd, stderr)
 			}
+		}
+	}
+}
+
+// TestOrdersDLQFlagsRefusedClearly: a bad flag of `idempay orders dlq` (a
+// limit out of its range, negative or not a number, a sequence that is not
+// one) is named, with what it takes, at once: before any broker is asked
+// (here there is none), exit 1, never a panic nor the usage of every
+// orders command in its place.
+func TestOrdersDLQFlagsRefusedClearly(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--limit", "0"}, "--limit must be an integer between 1 and 100, not 0"},
+		{[]string{"--limit", "101"}, "--limit must be an integer between 1 and 100, not 101"},
+		{[]string{"--limit", "-5"}, "--limit must be an integer between 1 and 100, not -5"},
+		{[]string{"--limit", "ten"}, `invalid value "ten" for flag -limit`},
+		{[]string{"--limit", "99999999999999999999"}, `invalid value "99999999999999999999" for flag -limit: value out of range`},
+		{[]string{"--starting-after", "-1"}, `invalid value "-1" for flag -starting-after`},
+		{[]string{"--starting-after", "18446744073709551616"}, `invalid value "18446744073709551616" for flag -starting-after: value out of range`},
+		{[]string{"--starting-after", "7x"}, `invalid value "7x" for flag -starting-after`},
+	} {
+		args := append([]string{"orders", "dlq"}, tc.args...)
+		_, stderr, code := idempay(t, nil, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "panic") || strings.Contains(stderr, "NATS_URL") {
+			t.Errorf("idempay %s: exit %d, stderr %.300q; want exit 1 and %q", strings.Join(args, " "), code, stderr, tc.want)
+		}
+	}
+}
+
+// TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
+// serve; `idempay relay` with it is refused at once, naming the variable,
+// where it ran its passes without a pause (thousands of queries a second
+// on an empty outbox). The database here is unreachable: the refusal comes
+// before anything is asked of it.
+func TestRelayRefusesNoInterval(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "RELAY_INTERVAL=0"}
+	_, stderr, code := idempay(t, env, "relay")
+	if code != 1 || !strings.Contains(stderr, "RELAY_INTERVAL must be above 0") {
+		t.Errorf("idempay relay with RELAY_INTERVAL=0: exit %d, stderr %.300q; want exit 1 naming RELAY_INTERVAL", code, stderr)
+	}
+}
+
+// TestOrdersReplayNeedsAWholeSequence: `idempay orders replay SEQ` replays
+// the dead letter SEQ names, all of it: "5abc" was read as 5 and replayed
+// dead letter 5. A SEQ that is not a whole number from 1 is refused at
+// once, naming it, before any broker is asked (here there is none).
+func TestOrdersReplayNeedsAWholeSequence(t *testing.T) {
+	t.Parallel()
+	for _, seq := range []string{"5abc", "-1", "0", "", " 7", "18446744073709551616", "1e3"} {
+		_, stderr, code := idempay(t, nil, "orders", "replay", seq)
+		want := "SEQ must be a dead letter's stream sequence, a whole number from 1, not " + strconv.Quote(seq)
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("idempay orders replay %q: exit %d, stderr %.300q; want exit 1 and %q", seq, code, stderr, want)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,6 +56,11 @@ func newRelay(a *app.App, cfg Config, js jetstream.JetStream, log *slog.Logger) 
 
 // relayCmd is `idempay relay`: the outbox relay alone.
 func relayCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
+	// 0 keeps the relay out of serve; a relay run with no pause between
+	// its passes would ask the database for events without end.
+	if cfg.Relay.Interval <= 0 {
+		return errors.New("configuration: RELAY_INTERVAL must be above 0 for idempay relay (0 only keeps the relay out of serve; default 500ms)")
+	}
 	a, err := newApp(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -135,6 +141,27 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	if len(args) == 0 {
 		return errors.New(ordersUsage)
 	}
+	// A page's flags and a replay's sequence are checked before anything
+	// is asked of the broker: a bad one is said at once, whether NATS is
+	// there or not, and a sequence is a whole number, all of it ("5abc"
+	// is no 5).
+	var limit int
+	var after, seq uint64
+	switch args[0] {
+	case "dlq":
+		var err error
+		if limit, after, err = dlqFlags(args[1:]); err != nil {
+			return err
+		}
+	case "replay":
+		if len(args) != 2 {
+			return errors.New(ordersUsage)
+		}
+		var err error
+		if seq, err = strconv.ParseUint(args[1], 10, 64); err != nil || seq == 0 {
+			return fmt.Errorf("orders replay: SEQ must be a dead letter's stream sequence, a whole number from 1, not %q", args[1])
+		}
+	}
 	nc, js, err := connectNATS(cfg, "idempay orders")
 	if err != nil {
 		return err
@@ -150,29 +177,12 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	case "publish":
 		return ordersPublish(ctx, cfg, js, args[1:])
 	case "dlq":
-		// Paged as every list is (internal/listing), by stream sequence.
-		fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
-		limit := fs.Int("limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
-		after := fs.Uint64("starting-after", 0, "a dead letter's sequence: the page starts after it")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 || *limit < 1 || *limit > listing.MaxLimit {
-			return errors.New(ordersUsage)
-		}
-		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, *limit, *after)
+		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, limit, after)
 		if err != nil {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(page)
 	case "replay":
-		if len(args) != 2 {
-			return errors.New(ordersUsage)
-		}
-		var seq uint64
-		if _, err := fmt.Sscan(args[1], &seq); err != nil {
-			return fmt.Errorf("SEQ: %w", err)
-		}
 		ack, err := orders.Replay(ctx, js, stream, cfg.Orders, seq)
 		if err != nil {
 			return err
@@ -182,6 +192,25 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	default:
 		return errors.New(ordersUsage)
 	}
+}
+
+// dlqFlags parses the flags of `idempay orders dlq`, paged as every list
+// is (internal/listing), by stream sequence: a limit out of its range is
+// named, with what it takes, as the API names a limit query parameter.
+func dlqFlags(args []string) (limit int, after uint64, err error) {
+	fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
+	fs.IntVar(&limit, "limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
+	fs.Uint64Var(&after, "starting-after", 0, "a dead letter's sequence: the page starts after it")
+	if err := fs.Parse(args); err != nil {
+		return 0, 0, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return 0, 0, errors.New(ordersUsage)
+	case limit < 1 || limit > listing.MaxLimit:
+		return 0, 0, fmt.Errorf("orders dlq: --limit must be an integer between 1 and %d, not %d", listing.MaxLimit, limit)
+	}
+	return limit, after, nil
 }
 
 func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args []string) error {

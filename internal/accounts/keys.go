@@ -94,14 +94,33 @@ type noParams struct{}
 func (noParams) Validate() error { return nil }
 
 // Create makes another key for the account; req is its POST, key and body
-// read. Like every POST it is idempotent; its stored answer (what a retry
-// replays) carries the key's id and prefix and a note instead of the
-// secret, which is never stored. Errors are a refusal of the body
-// (*apierror.Error), the core's (*idempotency.Error) or the database's.
+// read (idempotency.PrepareBody). Like every POST it is idempotent; its
+// stored answer (what a retry replays) carries the key's id and prefix and
+// a note instead of the secret, which is never stored. The body is refused
+// as every body is (jsonbody): one that is not JSON is an invalid-json
+// that says where it breaks, and JSON other than {} (a field, a name given
+// twice, text that is not valid Unicode) an invalid-request naming each
+// place. Its fingerprint covers the body as sent, in its RFC 8785 form.
+// Errors are a refusal of the body (*apierror.Error), the core's
+// (*idempotency.Error) or the database's.
 func (k *KeysAPI) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
 	var p noParams
 	if err := jsonbody.Decode(req.Body, &p, ""); err != nil {
-		return idempotency.Response{}, apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
+		var je *jsonbody.Error
+		if !errors.As(err, &je) {
+			return idempotency.Response{}, err
+		}
+		if je.Syntax {
+			return idempotency.Response{}, apierror.New(apierror.InvalidJSON, je.Detail)
+		}
+		refusal := apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
+		for _, bad := range je.Params {
+			refusal.InvalidParams = append(refusal.InvalidParams, apierror.InvalidParam{Name: bad.Name, Reason: bad.Reason})
+		}
+		return idempotency.Response{}, refusal
+	}
+	if err := req.Normalize(json.RawMessage(req.Body)); err != nil {
+		return idempotency.Response{}, err
 	}
 	op := &createKeyOp{k: k, accountID: accountID}
 	resp, err := k.runner.Run(ctx, req, op)

@@ -336,3 +336,44 @@ func TestRevokedCallerRevokesNothing(t *testing.T) {
 		t.Fatalf("a revocation asked by an active key: %d, %v; want 204", resp.Status, err)
 	}
 }
+
+// TestAPIKeyBodyRefusals: POST /v1/api_keys refuses its body as every POST
+// does (jsonbody, docs/api.md): JSON that gives a name twice or holds text
+// that is not valid Unicode is JSON all the same, a 400 invalid-request
+// naming the place; only a body that is not one JSON value is an
+// invalid-json, which says where it breaks. It said "The body is not valid
+// JSON" of the first two. Nothing is stored: the same key then creates.
+func TestAPIKeyBodyRefusals(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	key := apitest.NewKey()
+	for _, tc := range []struct {
+		body, problem, detail, param string
+	}{
+		{`{"a":1,"a":2}`, "invalid-request", "", "a"},
+		{"{\"name\":\"caf\xe9\"}", "invalid-request", "", "name"},
+		{`{"m":{"k":1,"k":2}}`, "invalid-request", "", "m[k]"},
+		{`{"a":`, "invalid-json", "The body is not valid JSON: unexpected end of input in a, after 5 bytes.", ""},
+		{`{"unknown":1}`, "invalid-request", "The body of POST /v1/api_keys is an empty JSON object: {}.", ""},
+	} {
+		r := c.Post("/v1/api_keys", key, tc.body)
+		var p struct {
+			Type, Detail  string
+			InvalidParams []struct{ Name string } `json:"invalid_params"`
+		}
+		if r.Status != http.StatusBadRequest || json.Unmarshal(r.Body, &p) != nil || p.Type != "/problems/"+tc.problem {
+			t.Errorf("POST /v1/api_keys %q: %d %s, want 400 %s", tc.body, r.Status, r.Body, tc.problem)
+			continue
+		}
+		if tc.detail != "" && p.Detail != tc.detail {
+			t.Errorf("POST /v1/api_keys %q: detail %q, want %q", tc.body, p.Detail, tc.detail)
+		}
+		if tc.param != "" && (len(p.InvalidParams) != 1 || p.InvalidParams[0].Name != tc.param) {
+			t.Errorf("POST /v1/api_keys %q: %s, want invalid_params naming %s", tc.body, r.Body, tc.param)
+		}
+	}
+	if r := c.Post("/v1/api_keys", key, "{}"); r.Status != http.StatusCreated {
+		t.Errorf("POST /v1/api_keys {} with the refused requests' key: %d %s, want 201", r.Status, r.Body)
+	}
+}

@@ -199,6 +199,7 @@ const (
 	brokerTimeout = 10 * time.Second
 
 	maxDeadLetterDetail   = 500
+	maxDetailName         = 100 // characters of a field's name in a detail
 	maxLoggedField        = 200
 	deadLetterMsgIDPrefix = "dlq-"
 	natsHeaderPrefix      = "Nats-"
@@ -683,14 +684,32 @@ func detailOf(err error) string {
 // as the message's producer wrote them: "invalid fields: amount must be an
 // integer between 1 and 99999999, not a JSON string; colour is not a known
 // parameter". A field inside metadata is named metadata[key], and the
-// message as a whole "body".
+// message as a whole "body". A hostile message must not make its detail
+// unreadable once cut to maxDeadLetterDetail: a name is cut to
+// maxDetailName characters (a name of kilobytes would hide its reason and
+// every field after it), and the fields that do not fit are counted ("; and
+// 2990 more") rather than cut off mid-word.
 func fieldsDetail(detail string, params []jsonbody.Param) string {
 	if len(params) == 0 {
 		return detail
 	}
-	each := make([]string, len(params))
+	var b strings.Builder
+	b.WriteString("invalid fields: ")
+	room := maxDeadLetterDetail - len("; and 1000000 more") // characters
 	for i, p := range params {
-		each[i] = p.Name + " " + p.Reason
+		name := p.Name
+		if utf8.RuneCountInString(name) > maxDetailName {
+			name = pgtext.Truncate(name, maxDetailName) + "…"
+		}
+		field := name + " " + p.Reason
+		if i > 0 {
+			field = "; " + field
+			if utf8.RuneCountInString(b.String())+utf8.RuneCountInString(field) > room {
+				fmt.Fprintf(&b, "; and %d more", len(params)-i)
+				break
+			}
+		}
+		b.WriteString(field)
 	}
-	return "invalid fields: " + strings.Join(each, "; ")
+	return b.String()
 }

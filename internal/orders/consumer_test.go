@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -875,4 +877,68 @@ func TestMessageWithoutKeyNamesTheField(t *testing.T) {
 	if n := b.charges(t, acct); n != 0 {
 		t.Errorf("%d ledger rows, want 0", n)
 	}
+}
+
+// A hostile message's dead letter still says what is wrong with it: a field
+// name of kilobytes is cut to a readable length, so that its reason and the
+// next fields' are not cut off behind it, and a message of thousands of
+// unknown fields names the first ones and how many more there are, in a
+// detail that stays bounded.
+func TestDeadLetterDetailOfAHostileMessageStaysClear(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 2)
+	acct := b.env.NewClient(t).Account.ID
+	msg := func(fields string) string {
+		return `{"idempotency_key":"order-` + rand.Text() + `","account":"` + acct + `",` + fields + `}`
+	}
+	long := strings.Repeat("n", 5000)
+	var many strings.Builder
+	for i := range 3000 {
+		fmt.Fprintf(&many, `"k%d":1,`, i)
+	}
+	cases := []struct {
+		data   string
+		want   []string
+		fields int // at fault, each named or counted
+	}{
+		{msg(`"` + long + `":1,"amount":"1000","currency":"usd","payment_method":"tok_visa"`),
+			[]string{"invalid fields: " + strings.Repeat("n", 100) + "… is not a known parameter; ",
+				"amount must be an integer between 1 and 99999999, not a JSON string"}, 2},
+		{msg(many.String() + `"amount":1000,"currency":"usd","payment_method":"tok_visa"`),
+			[]string{"invalid fields: k0 is not a known parameter; k1 is not a known parameter; ", " more"}, 3000},
+	}
+	for _, tc := range cases {
+		b.publish(t, []byte(tc.data), "")
+	}
+	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(cases) })
+	got := map[string]orders.DeadLetter{}
+	for _, dl := range b.deadLetters(t) {
+		got[dl.Data] = dl
+	}
+	for _, tc := range cases {
+		dl, ok := got[tc.data]
+		if !ok {
+			t.Errorf("no dead letter of %.80s", tc.data)
+			continue
+		}
+		for _, want := range tc.want {
+			if dl.Reason != orders.ReasonInvalid || !strings.Contains(dl.Detail, want) {
+				t.Errorf("dead letter of %.80s: %s %q; want %s and %q in it", tc.data, dl.Reason, dl.Detail, orders.ReasonInvalid, want)
+			}
+		}
+		// Every field is named or counted.
+		var more int
+		if i := strings.LastIndex(dl.Detail, "; and "); i >= 0 {
+			if _, err := fmt.Sscanf(dl.Detail[i:], "; and %d more", &more); err != nil {
+				t.Errorf("dead letter of %.80s: %q: %v", tc.data, dl.Detail, err)
+			}
+		}
+		if named := strings.Count(dl.Detail, " must ") + strings.Count(dl.Detail, " is not a known parameter"); named+more != tc.fields {
+			t.Errorf("dead letter of %.80s: %d fields named and %d counted in %q, want %d in all", tc.data, named, more, dl.Detail, tc.fields)
+		}
+		if n := utf8.RuneCountInString(dl.Detail); n > 500 {
+			t.Errorf("dead letter of %.80s: a detail of %d characters", tc.data, n)
+		}
+	}
+	b.waitFor(t, "the consumer to settle", func() bool { return b.settled(t) })
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -381,5 +382,10 @@ func TestDeadLetterPages(t *testing.T) {
 	}
 	if page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, after); err != nil || len(page.Data) != 0 || page.HasMore {
 		t.Errorf("the page after the last dead letter: %+v, %v; want an empty one", page, err)
+	}
+	// Nothing follows the largest sequence there can be (idempay orders dlq
+	// --starting-after 18446744073709551615): an empty page, not the first.
+	if page, err := orders.DeadLetterPage(ctx, s, b.cfg, 2, math.MaxUint64); err != nil || len(page.Data) != 0 || page.HasMore {
+		t.Errorf("the page after sequence %d: %+v, %v; want an empty one", uint64(math.MaxUint64), page, err)
 	}
 }

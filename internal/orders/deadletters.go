@@ -50,8 +50,12 @@ func readDeadLetters(ctx context.Context, stream jetstream.Stream, cfg Config, l
 	if err != nil {
 		return nil, fmt.Errorf("reading stream %s: %w", cfg.Stream, err)
 	}
+	seq := info.State.FirstSeq
+	if after >= seq {
+		seq = after + 1 // 0 past the largest sequence: nothing follows it
+	}
 	var out []DeadLetter
-	for seq := max(info.State.FirstSeq, after+1); seq <= info.State.LastSeq && seq > 0 && len(out) < limit; {
+	for seq <= info.State.LastSeq && seq > 0 && len(out) < limit {
 		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(cfg.DLQSubject)) // the next one from seq on
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break

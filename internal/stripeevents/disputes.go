@@ -14,12 +14,13 @@ import (
 // every client (2^53 - 1).
 const maxDisputeAmount = 1<<53 - 1
 
-// disputeRank orders a dispute's states: an inquiry's (warning_*), then a
-// chargeback's, each needing a response, under review, closed. An inquiry
-// the issuer escalates becomes a chargeback under the same id, from any of
-// its states (answered, warning_under_review, included): every chargeback
-// state comes after every inquiry state, or the escalation would be stale
-// and the charge refundable (ChargeGetForRefund).
+// disputeRank orders a dispute's states: an inquiry's (warning_*) before a
+// chargeback's, since an inquiry the issuer escalates becomes a chargeback
+// (even once the merchant answered it) and a chargeback never becomes an
+// inquiry again; within each, needs a response, under review, closed.
+// Stripe does not guarantee that events arrive in the order they were
+// created, so an inquiry's event that arrives after the chargeback's is
+// stale, and cannot make a charged-back charge refundable again.
 var disputeRank = map[string]int{
 	"warning_needs_response": 1, "warning_under_review": 2, "warning_closed": 3,
 	"needs_response": 4, "under_review": 5, "won": 6, "lost": 6,
@@ -67,6 +68,11 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		return Applied, nil
 	} else if err != nil {
 		return "", fmt.Errorf("reading dispute %s: %w", sd.ID, err)
+	}
+	if d.ChargeID != ch.ID {
+		// A dispute is of one charge for good: an event that names it with
+		// another (another account's, maybe) moves neither.
+		return "", fmt.Errorf("%w: dispute %s is of charge %s, and the event names it with charge %s", ErrUnappliable, sd.ID, d.ChargeID, ch.ID)
 	}
 	newer := disputeRank[status] > disputeRank[d.Status] ||
 		disputeRank[status] == disputeRank[d.Status] && at.After(d.LastEventAt) && status != d.Status

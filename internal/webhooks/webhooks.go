@@ -243,20 +243,27 @@ func payloadRefusal(payload []byte) error {
 // storable refuses a payload that PostgreSQL cannot hold as jsonb, the
 // inbox's column, nor as text, the columns its type, object id and the
 // ledger's ids come from: one with \u0000 (NUL) in any string, bytes that
-// are not UTF-8, or an unpaired surrogate escape. The signature does not
-// make such an event one idempay can record: without this check it was a
-// 500 from the database, and Stripe redelivered it for days; refused, it
-// is a 400 that names what is wrong, and nothing is stored.
+// are not UTF-8, or an unpaired surrogate escape; and one that gives a
+// name twice in an object, which is not one event to record. The
+// signature does not make such an event one idempay can record: without
+// this check it was a 500 from the database, and Stripe redelivered it for
+// days; refused, it is a 400 that names what is wrong, and nothing is
+// stored.
 func storable(payload []byte) error {
 	// The strict JSON reader refuses bytes that are not UTF-8 and unpaired
-	// surrogate escapes, naming where.
+	// surrogate escapes, naming where; and a name given twice in one
+	// object, which JSON readers read differently (stripe-go's takes the
+	// last), so that no one reads another event than the one recorded.
 	dec := jsontext.NewDecoder(bytes.NewReader(payload))
 	for {
 		if _, err := dec.ReadToken(); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			return apierror.Newf(apierror.WebhookPayloadInvalid,
-				"The event holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape): %s.", jsonbody.SyntaxReason(err))
+			what := "holds text that is not valid Unicode (bytes that are not UTF-8, or an unpaired surrogate escape)"
+			if errors.Is(err, jsontext.ErrDuplicateName) {
+				what = "gives a name more than once in one object"
+			}
+			return apierror.Newf(apierror.WebhookPayloadInvalid, "The event %s: %s.", what, jsonbody.SyntaxReason(err))
 		}
 	}
 	if escapedNUL(payload) {

@@ -550,6 +550,10 @@ func TestBadDeliveries(t *testing.T) {
 	nulMetadata := edit(`"metadata":{`, `"metadata":{"note":"a\u0000b",`)
 	notUTF8 := edit(`"metadata":{`, `"metadata":{"note":"caf`+"\xe9"+`",`)
 	surrogate := edit(`"metadata":{`, `"metadata":{"note":"\ud800",`)
+	// A name given twice, which JSON readers read differently (stripe-go
+	// takes the last, a strict reader refuses it): its own refusal, not one
+	// of invalid Unicode.
+	twice := edit(`"type":"charge.succeeded"`, `"type":"charge.refunded","type":"charge.succeeded"`)
 	// Signed events stripe-go does not take: no API version, and a field
 	// of another type than Stripe's.
 	noVersion := edit(`"api_version":"2023-10-16"`, `"api_version":null`)
@@ -581,8 +585,9 @@ func TestBadDeliveries(t *testing.T) {
 		{"NUL in the type", nulType, sign(nulType), 400, "webhook-payload-invalid", ""},
 		{"NUL in the object id", nulObjectID, sign(nulObjectID), 400, "webhook-payload-invalid", ""},
 		{"NUL in a metadata value", nulMetadata, sign(nulMetadata), 400, "webhook-payload-invalid", ""},
-		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid", ""},
-		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid", ""},
+		{"bytes that are not UTF-8", notUTF8, sign(notUTF8), 400, "webhook-payload-invalid", "not valid Unicode"},
+		{"an unpaired surrogate", surrogate, sign(surrogate), 400, "webhook-payload-invalid", "not valid Unicode"},
+		{"a name given twice", twice, sign(twice), 400, "webhook-payload-invalid", `gives a name more than once in one object: the name "type" is given more than once`},
 		{"a created time that overflows", overflow, sign(overflow), 400, "webhook-payload-invalid", ""},
 		{"a created time past the year 9999", year10000, sign(year10000), 400, "webhook-payload-invalid", ""},
 	} {
@@ -710,37 +715,174 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 	// once the merchant has answered the inquiry, to needs_response) and
 	// sends charge.dispute.updated, the event of any change to a dispute
 	// (docs.stripe.com/api/events/types). From then on the charge cannot be
-	// refunded, and an inquiry's event delivered late changes nothing: a
-	// chargeback comes after every state of an inquiry.
-	for _, inquiry := range []string{"warning_needs_response", "warning_under_review"} {
-		t.Run("escalated from "+inquiry, func(t *testing.T) {
-			ch, fc := createCharge(t, env, c, 3000)
-			d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
-				Reason: "fraudulent", Status: inquiry}
-			created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+	// refunded.
+	t.Run("escalated", func(t *testing.T) {
+		ch, fc := createCharge(t, env, c, 3000)
+		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
+			Reason: "fraudulent", Status: "warning_needs_response"}
+		created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, created), "applied")
+		d.Status = "needs_response"
+		updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOutcome(t, deliver(t, env, updated), "applied")
+		if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" {
+			t.Fatalf("charge disputes after charge.dispute.updated(needs_response): %s", mustJSON(got.Disputes))
+		}
+		r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+		if r.Status != http.StatusConflict {
+			t.Fatalf("refund of an escalated inquiry: %d %s, want 409", r.Status, r.Body)
+		}
+	})
+	// Every inquiry state comes before every chargeback state: a chargeback
+	// never becomes an inquiry again. An inquiry escalated after the
+	// merchant answered it (warning_under_review to needs_response) is a
+	// move forward; and since Stripe
+	// does not guarantee that events arrive in the order they were created
+	// (docs.stripe.com/webhooks, "Event ordering"), an inquiry's event that
+	// arrives after the chargeback's is stale, whatever the times say,
+	// never a chargeback turned back into an inquiry that may be refunded.
+	for _, tc := range []struct {
+		name           string
+		first, second  string
+		secondAt       time.Duration // after the first event
+		outcome, final string
+	}{
+		{"escalated after its evidence", "warning_under_review", "needs_response", time.Second, "applied", "needs_response"},
+		{"an inquiry's event after the chargeback's", "needs_response", "warning_under_review", -time.Second, "stale", "needs_response"},
+		{"a closed inquiry's event after the chargeback's review", "under_review", "warning_closed", -time.Second, "stale", "under_review"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ch := disputed(t, tc.first)
+			d := webhooks.DisputeObject{ID: getCharge(t, c, ch.ID).Disputes[0].StripeDisputeID, Charge: *ch.StripeChargeID,
+				Amount: 3000, Currency: "usd", Reason: "fraudulent", Status: tc.second}
+			updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(tc.secondAt))
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantOutcome(t, deliver(t, env, created), "applied")
-			d.Status = "needs_response"
-			updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantOutcome(t, deliver(t, env, updated), "applied")
-			d.Status = inquiry
-			late, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantOutcome(t, deliver(t, env, late), "stale")
-			if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != "needs_response" {
-				t.Fatalf("charge disputes after charge.dispute.updated(needs_response): %s", mustJSON(got.Disputes))
+			wantOutcome(t, deliver(t, env, updated), tc.outcome)
+			if got := getCharge(t, c, ch.ID); len(got.Disputes) != 1 || got.Disputes[0].Status != tc.final {
+				t.Fatalf("charge disputes after %s then %s: %s, want %s", tc.first, tc.second, mustJSON(got.Disputes), tc.final)
 			}
 			r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
 			if r.Status != http.StatusConflict {
-				t.Fatalf("refund of an escalated inquiry: %d %s, want 409", r.Status, r.Body)
+				t.Fatalf("refund of a charged-back charge: %d %s, want 409", r.Status, r.Body)
 			}
 		})
+	}
+}
+
+// A dispute belongs to one charge for good (docs.stripe.com/api/disputes/
+// object: its charge, "the ID of the charge that's disputed"). An event
+// that names a known dispute with another charge, here another account's,
+// cannot be applied: it ends failed with its reason, and neither charge's
+// disputes move (the first kept its status and amount, the second has
+// none and can be refunded).
+func TestDisputeOfAnotherCharge(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c, other := env.NewClient(t), env.NewClient(t)
+	now := time.Now()
+	chA, fcA := createCharge(t, env, c, 3000)
+	chB, fcB := createCharge(t, env, other, 4000)
+	d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fcA.LatestCharge, Amount: 3000, Currency: "usd",
+		Reason: "fraudulent", Status: "needs_response"}
+	created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, created), "applied")
+	d.Charge, d.Amount, d.Status = fcB.LatestCharge, 4000, "under_review"
+	updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, updated), "failed")
+	if got := getCharge(t, c, chA.ID).Disputes; len(got) != 1 || got[0].Status != "needs_response" || got[0].Amount != 3000 {
+		t.Errorf("the disputed charge's disputes after an event naming its dispute with another charge: %s, want needs_response of 3000", mustJSON(got))
+	}
+	if got := getCharge(t, other, chB.ID).Disputes; len(got) != 0 {
+		t.Errorf("the other charge's disputes: %s, want none", mustJSON(got))
+	}
+	if r := other.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": chB.ID, "amount": 4000}); r.Status != http.StatusCreated {
+		t.Errorf("refund of the other charge: %d %s, want 201", r.Status, r.Body)
+	}
+}
+
+// A refund of a charge that has not succeeded is refused, 409
+// charge-not-refundable, in every such state: pending at Stripe (its
+// payment not yet final), an authorization waiting for its capture, a
+// charge that failed or was canceled. No such refusal says Retry-After (a
+// pending payment may take days; the others never change by waiting),
+// none stores a record or asks Stripe for anything, and so the same key,
+// once the pending charge has succeeded (charge.succeeded), refunds it.
+func TestRefundOfAChargeThatHasNotSucceeded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{StripeTimeout: 300 * time.Millisecond})
+	c := env.NewClient(t)
+	pendingID, _, fc := unfinishedCharge(t, env, c, 1500)
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.pending", apitest.ChargeObject(fc, "pending"), time.Now())), "applied")
+
+	charge := func(body map[string]any, status int) string {
+		t.Helper()
+		r := c.Post("/v1/charges", apitest.NewKey(), body)
+		var ch struct {
+			ID     string `json:"id"`
+			Charge string `json:"charge"`
+		}
+		if r.Status != status || json.Unmarshal(r.Body, &ch) != nil {
+			t.Fatalf("charge %v: %d %s, want %d", body, r.Status, r.Body, status)
+		}
+		return ch.ID + ch.Charge // a decline names its charge as "charge"
+	}
+	authorized := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "tok_visa", "capture": false}, http.StatusCreated)
+	failed := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "pm_card_chargeDeclined"}, http.StatusPaymentRequired)
+	canceled := charge(map[string]any{"amount": 1000, "currency": "usd", "payment_method": "tok_visa", "capture": false}, http.StatusCreated)
+	if r := c.Post("/v1/charges/"+canceled+"/cancel", apitest.NewKey(), map[string]any{}); r.Status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+
+	refundsBefore := len(env.Stripe.Refunds())
+	keys := map[string]string{}
+	for _, tc := range []struct{ name, id, status string }{
+		{"pending", pendingID, "pending"},
+		{"requires_capture", authorized, "requires_capture"},
+		{"failed", failed, "failed"},
+		{"canceled", canceled, "canceled"},
+	} {
+		if got := getCharge(t, c, tc.id).Status; got != tc.status {
+			t.Fatalf("%s: charge %s is %s", tc.name, tc.id, got)
+		}
+		key := apitest.NewKey()
+		keys[tc.name] = key
+		r := c.Post("/v1/refunds", key, map[string]any{"charge": tc.id, "amount": 100})
+		var p struct{ Type, Detail string }
+		if r.Status != http.StatusConflict || r.Header.Get("Content-Type") != "application/problem+json" ||
+			json.Unmarshal(r.Body, &p) != nil || p.Type != "/problems/charge-not-refundable" || !strings.Contains(p.Detail, tc.id) {
+			t.Errorf("refund of a %s charge: %d %s, want 409 charge-not-refundable naming it", tc.name, r.Status, r.Body)
+		}
+		if ra := r.Header.Get("Retry-After"); ra != "" {
+			t.Errorf("refund of a %s charge: Retry-After %q on a refusal that waiting does not lift", tc.name, ra)
+		}
+		var n int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1 AND key = $2`,
+			c.Account.ID, key).Scan(&n); err != nil || n != 0 {
+			t.Errorf("refund of a %s charge stored %d records (%v), want none", tc.name, n, err)
+		}
+	}
+	if n := len(env.Stripe.Refunds()); n != refundsBefore {
+		t.Errorf("Stripe holds %d refunds after the refusals, want %d", n, refundsBefore)
+	}
+
+	// The pending payment succeeds: the refusal stored nothing, and the
+	// same key now refunds.
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.succeeded", apitest.ChargeObject(fc, "succeeded"), time.Now().Add(time.Second))), "applied")
+	if r := c.Post("/v1/refunds", keys["pending"], map[string]any{"charge": pendingID, "amount": 100}); r.Status != http.StatusCreated {
+		t.Errorf("refund of the charge once succeeded, with the refused refund's key: %d %s, want 201", r.Status, r.Body)
 	}
 }

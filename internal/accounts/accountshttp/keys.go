@@ -34,7 +34,7 @@ func (h *Keys) list(c echo.Context) error {
 
 func (h *Keys) create(c echo.Context) error {
 	acct := FromContext(c)
-	req, err := idemhttp.Read(c, idempotency.AccountScope(acct.ID), accounts.RouteKeys)
+	req, err := idemhttp.ReadToNormalize(c, idempotency.AccountScope(acct.ID), accounts.RouteKeys)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ package idemhttp
 
 import (
 	"errors"
-	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -67,21 +66,13 @@ func oneValue(h http.Header, name string, parse func(string) (string, error)) (s
 // in-flight request normally finishes within one Stripe round trip.
 const retryAfter = 1
 
-// Read is the front half of a mutating request, in the order a client's
-// mistakes are reported: the key (400), the media type (415), the body's
-// size (413) and JSON syntax (400). A request refused here stores nothing.
-func Read(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
-	return read(c, scope, route, idempotency.Prepare)
-}
-
-// ReadToNormalize is Read for an entry point that fingerprints its own
-// normalised request (idempotency.PrepareBody, Request.Normalize).
+// ReadToNormalize is the front half of a mutating request, in the order a
+// client's mistakes are reported: the key (400), the media type (415) and
+// the body's size (413). A request refused here stores nothing. The entry
+// point decodes the body strictly (jsonbody: its JSON syntax, 400) and
+// fingerprints its own normalised request (idempotency.PrepareBody,
+// Request.Normalize).
 func ReadToNormalize(c echo.Context, scope idempotency.Scope, route string) (idempotency.Request, error) {
-	return read(c, scope, route, idempotency.PrepareBody)
-}
-
-func read(c echo.Context, scope idempotency.Scope, route string,
-	prepare func(idempotency.Scope, string, string, string, string, io.Reader, int64) (idempotency.Request, error)) (idempotency.Request, error) {
 	r := c.Request()
 	key, present, err := Key(r.Header)
 	if err != nil {
@@ -94,7 +85,7 @@ func read(c echo.Context, scope idempotency.Scope, route string,
 	if err := mediaType(r.Header); err != nil {
 		return idempotency.Request{}, err
 	}
-	req, err := prepare(scope, key, r.Method, route, r.URL.Path, r.Body, idempotency.MaxBodyBytes)
+	req, err := idempotency.PrepareBody(scope, key, r.Method, route, r.URL.Path, r.Body, idempotency.MaxBodyBytes)
 	if err != nil {
 		return idempotency.Request{}, Problem(err)
 	}

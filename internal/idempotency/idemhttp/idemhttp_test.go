@@ -158,7 +158,7 @@ func TestAlias(t *testing.T) {
 					return next(c)
 				}
 			}
-			// The handler reads the key as every POST does (idemhttp.Read).
+			// The handler reads the key as every POST does (idemhttp.ReadToNormalize).
 			err := idemhttp.Alias(auth)(func(c echo.Context) error {
 				handled = true
 				var err error
