@@ -254,6 +254,21 @@ func (b *bench) charges(t *testing.T, account string) int {
 	return n
 }
 
+// deadLettersOf publishes each message of data, each a dead letter to be,
+// waits for them all, and returns each one's dead letter by its data.
+func (b *bench) deadLettersOf(t *testing.T, data []string) map[string]orders.DeadLetter {
+	t.Helper()
+	for _, d := range data {
+		b.publish(t, []byte(d), "")
+	}
+	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(data) })
+	got := map[string]orders.DeadLetter{}
+	for _, dl := range b.deadLetters(t) {
+		got[dl.Data] = dl
+	}
+	return got
+}
+
 func (b *bench) deadLetters(t *testing.T) []orders.DeadLetter {
 	t.Helper()
 	ctx, cancel := jsContext()
@@ -508,14 +523,11 @@ func TestDeadLetterDetailIsInTheMessagesTerms(t *testing.T) {
 		{`[{"idempotency_key": "x"}]`, "The body must be a JSON object."},
 		{`"order-1"`, "The body must be a JSON object."},
 	}
-	for _, tc := range cases {
-		b.publish(t, []byte(tc.data), "")
+	data := make([]string, len(cases))
+	for i, tc := range cases {
+		data[i] = tc.data
 	}
-	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(cases) })
-	got := map[string]orders.DeadLetter{}
-	for _, dl := range b.deadLetters(t) {
-		got[dl.Data] = dl
-	}
+	got := b.deadLettersOf(t, data)
 	for _, tc := range cases {
 		dl, ok := got[tc.data]
 		if !ok {
@@ -907,14 +919,11 @@ func TestDeadLetterDetailOfAHostileMessageStaysClear(t *testing.T) {
 		{msg(many.String() + `"amount":1000,"currency":"usd","payment_method":"tok_visa"`),
 			[]string{"invalid fields: k0 is not a known parameter; k1 is not a known parameter; ", " more"}, 3000},
 	}
-	for _, tc := range cases {
-		b.publish(t, []byte(tc.data), "")
+	data := make([]string, len(cases))
+	for i, tc := range cases {
+		data[i] = tc.data
 	}
-	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(cases) })
-	got := map[string]orders.DeadLetter{}
-	for _, dl := range b.deadLetters(t) {
-		got[dl.Data] = dl
-	}
+	got := b.deadLettersOf(t, data)
 	for _, tc := range cases {
 		dl, ok := got[tc.data]
 		if !ok {
