@@ -72,15 +72,15 @@ func (s *Service) Run(ctx context.Context, cmd *Command) (idempotency.Response, 
 // validate decodes the body strictly into params, which it checks
 // (jsonbody.Decode; a refusal is an *Error), and fingerprints them normalised.
 func validate(req *idempotency.Request, params jsonbody.Body) error {
-	if err := bodyRefusal(jsonbody.Decode(req.Body, params, amountInteger)); err != nil {
+	if err := bodyRefusal(jsonbody.Decode(req.Body, params, AmountInteger)); err != nil {
 		return err
 	}
 	return req.Normalize(params)
 }
 
-// amountInteger is what a body's integer fields (amounts) take, said in
-// the reason for a value that is not one (jsonbody.Decode).
-var amountInteger = fmt.Sprintf("an integer between 1 and %d", MaxAmount)
+// AmountInteger is what an amount takes, said in the reason for a value
+// that is not one (jsonbody.Decode): a charge body's, an order.paid's.
+var AmountInteger = fmt.Sprintf("an integer between 1 and %d", MaxAmount)
 
 // ledgerID is the id of a record's ledger row, a pure function of the request
 // like the record's, so that a record re-created after a loss makes the id the

@@ -128,10 +128,6 @@ type Message struct {
 // words.
 func (Message) Validate() error { return nil }
 
-// amountRange is what a message's amount takes, for the detail of one that
-// is not an integer: what POST /v1/charges says of its body's.
-var amountRange = fmt.Sprintf("an integer between 1 and %d", charges.MaxAmount)
-
 // chargeBody is the HTTP body the message stands for: its fingerprint is the
 // one a POST /v1/charges with these fields (absent ones absent) would have.
 // An empty metadata object is kept (omitzero leaves out only an absent or
@@ -359,7 +355,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 	// and what it takes, in the message's terms and never the decoder's,
 	// and never a charge of something the producer did not send.
 	var m Message
-	if err := jsonbody.Decode(msg.Data(), &m, amountRange); err != nil {
+	if err := jsonbody.Decode(msg.Data(), &m, charges.AmountInteger); err != nil {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))
 		return
 	}
