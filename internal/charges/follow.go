@@ -170,7 +170,9 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
 	}
 	// Stripe's figure: a newer event's; of two in one second (Stripe stamps
-	// whole seconds, so their order is unknown), the larger.
+	// whole seconds, so their order is unknown), the larger. It may then be
+	// ahead of Stripe until Stripe's next event: it is shown, never a limit
+	// on a refund (refundOp.Begin).
 	stripeRefunded, stripeRefundedAt := ch.StripeAmountRefunded, ch.StripeRefundedAt
 	newer := stripeRefundedAt == nil || at.After(*stripeRefundedAt)
 	tie := stripeRefundedAt != nil && at.Equal(*stripeRefundedAt) && sc.AmountRefunded > stripeRefunded

@@ -18,13 +18,12 @@ func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID str
 
 // reserveRefund locks the charge row, then reserves amount of it for a
 // refund (amount_refunded), checking again there what the refund's read
-// checked; counted: Stripe's figure counts the refund already (one
-// re-created from Stripe), so only idempay's reservations limit it.
-func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64, counted bool) error {
+// checked.
+func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
 	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
 		return err
 	}
-	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount, Counted: counted})
+	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount})
 }
 
 // releaseRefund gives back the reservation of a refund that refunded
