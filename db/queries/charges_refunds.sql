@@ -38,8 +38,9 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no long
 -- succeeded), or that Stripe refused. A failure Stripe reported at
 -- @failed_at (NULL when Stripe refused it: it never counted it) also moves
 -- Stripe's figure, when that is older: the figure loses the refund's
--- amount if it was reported at or after the refund began (in whole
--- seconds, as Stripe stamps its events), so it counted the refund; and
+-- amount if it was reported at or after Stripe made the refund
+-- (@refund_created_at, in whole seconds, as Stripe stamps its events), so
+-- it counted the refund; and
 -- stripe_refunded_at becomes @failed_at, so that an older charge event,
 -- delivered late, no longer counts it again.
 UPDATE charges

@@ -167,7 +167,7 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *StripeRefund, err error)
 		// A refund Stripe refused, or one it holds as failed or canceled
 		// (a re-created one may be), refunded nothing: its reservation goes.
 		if kind != OutcomeOK || updated.Status == "failed" {
-			if err := op.s.st.releaseRefund(ctx, b, rf, nil); err != nil {
+			if err := op.s.st.releaseRefund(ctx, b, rf, rf.CreatedAt, nil); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}
 		}
@@ -278,4 +278,8 @@ type StripeRefund struct {
 	IntentID      string
 	FailureReason string
 	Metadata      map[string]string
+	// Created is when Stripe made the refund (whole seconds; zero when
+	// unknown). A refund that reconciliation re-created has a ledger row
+	// made long after it (FollowRefund).
+	Created time.Time
 }

@@ -29,10 +29,11 @@ func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeI
 // releaseRefund gives back the reservation of a refund that refunded
 // nothing. failedAt is when Stripe reported the refund failed (nil when
 // Stripe refused it, and so never counted it): Stripe's figure of what was
-// refunded, if older, no longer counts it (ChargeReleaseRefunded).
-func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow, failedAt *time.Time) error {
+// refunded, if older and reported once the refund was made at Stripe
+// (madeAt), no longer counts it (ChargeReleaseRefunded).
+func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow, madeAt time.Time, failedAt *time.Time) error {
 	return st.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID,
-		FailedAt: failedAt, RefundCreatedAt: rf.CreatedAt})
+		FailedAt: failedAt, RefundCreatedAt: madeAt})
 }
 
 // refundOfRecord is the refund that the record recordID created.

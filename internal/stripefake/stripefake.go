@@ -314,11 +314,11 @@ func (s *Server) Charges() []Charge {
 	return out
 }
 
-// Backdate moves the creation time of the PaymentIntent or charge id back
-// by d, as if it had been created that long before: a test of what sees
-// only a window of Stripe's recent objects (reconciliation's list, by
-// created[gte]) makes an old one without waiting. It reports whether the
-// fake holds id.
+// Backdate moves the creation time of the PaymentIntent, charge or refund
+// id back by d, as if it had been created that long before: a test of what
+// sees only a window of Stripe's recent objects (reconciliation's list, by
+// created[gte]), or of what orders a refund against Stripe's events, makes
+// an old one without waiting. It reports whether the fake holds id.
 func (s *Server) Backdate(id string, d time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -327,6 +327,10 @@ func (s *Server) Backdate(id string, d time.Duration) bool {
 			c.Created = c.Created.Add(-d)
 			return true
 		}
+	}
+	if rf := s.refundByID[id]; rf != nil {
+		rf.Created = rf.Created.Add(-d)
+		return true
 	}
 	return false
 }

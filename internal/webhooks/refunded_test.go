@@ -40,14 +40,13 @@ func TestChargeRefundedThenTheRefundFailed(t *testing.T) {
 				wantOutcome(t, deliver(t, env, refunded), "applied")
 			}
 
-			if _, err := env.Stripe.FailRefund(rf.StripeRefundID, "expired_or_canceled_card"); err != nil {
-				t.Fatal(err)
-			}
-			failed, err := webhooks.NewRefundEvent("refund.updated", webhooks.RefundObject{ID: rf.StripeRefundID, Charge: fc.ID,
-				Amount: 500, Currency: "usd", Status: "failed", FailureReason: "expired_or_canceled_card"}, t1.Add(time.Second))
+			// The refund as Stripe holds it, failed: its created is when
+			// Stripe made it, before t1.
+			obj, err := env.Stripe.FailRefund(rf.StripeRefundID, "expired_or_canceled_card")
 			if err != nil {
 				t.Fatal(err)
 			}
+			failed := intentEvent(t, "refund.updated", obj, t1.Add(time.Second))
 			wantOutcome(t, deliver(t, env, failed), "applied")
 			if late {
 				if d := deliver(t, env, refunded); d.Status != http.StatusOK {
@@ -136,6 +135,48 @@ func loseRefund(t testing.TB, env *apitest.Env, id string) {
 		if _, err := env.Pool.Exec(context.Background(), q, id); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
+	}
+}
+
+// A refund lost to a restore is re-created by reconciliation after Stripe's
+// charge.refunded counted it, and then fails at Stripe: Stripe's figure,
+// reported after Stripe made the refund (though before reconciliation
+// re-created its row), counted it, so the failure takes it out, and all of
+// the charge is refundable again. The refund's start is Stripe's, not its
+// re-created row's.
+func TestRecreatedRefundFailsAfterChargeRefunded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch, _ := createCharge(t, env, c, 2000)
+	rf := createRefund(t, c, ch.ID, 500)
+	// Stripe made the refund 10 s ago and reported it 5 s ago; the restore
+	// lost it, and reconciliation re-creates it now.
+	if !env.Stripe.Backdate(rf.StripeRefundID, 10*time.Second) {
+		t.Fatalf("the fake holds no refund %s", rf.StripeRefundID)
+	}
+	loseRefund(t, env, rf.ID)
+	fc := stripeChargeOf(t, env, ch.ID)
+	wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.refunded", apitest.ChargeObject(fc, "succeeded"), time.Now().Add(-5*time.Second))), "applied")
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
+		t.Fatalf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
+	}
+
+	failed, err := env.Stripe.FailRefund(rf.StripeRefundID, "expired_or_canceled_card")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, intentEvent(t, "refund.updated", failed, time.Now())), "applied")
+	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 0 {
+		t.Errorf("amount_refunded after the re-created refund failed: %d, want 0 (Stripe holds 0 refunded)", got)
+	}
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 2000}); r.Status != http.StatusCreated {
+		t.Errorf("a refund of all the charge after its only refund failed: %d %s, want 201", r.Status, r.Body)
 	}
 }
 
