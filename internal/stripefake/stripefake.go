@@ -770,7 +770,11 @@ var declineCodes = map[string]string{
 }
 
 // createRefund validates and executes POST /v1/refunds. Refusals (unknown
-// charge, amount too large) are validation errors and are not stored.
+// charge, amount too large) are validation errors and are not stored. An
+// amount beyond what is left unrefunded, whoever refunded the rest, is
+// refused: "This method will raise an error when called on an
+// already-refunded charge, or when trying to refund more money than is
+// left on a charge" (docs.stripe.com/api/refunds/create).
 func (s *Server) createRefund(form url.Values, key string) response {
 	chargeID, intentID := form.Get("charge"), form.Get("payment_intent")
 	if chargeID == "" && intentID == "" {

@@ -239,7 +239,10 @@ func TestChargeRefundedTwiceInTheSecondARefundFailed(t *testing.T) {
 // outside idempay (500, then 300 more): the ledger keeps the larger
 // figure, whichever is delivered first. A refund beyond what Stripe has
 // left is Stripe's to refuse (the ledger's copy of Stripe's figure is not
-// a limit: refundOp.Begin), and it does: nothing is refunded twice.
+// a limit: refundOp.Begin), and it does ("This method will raise an error
+// ... when trying to refund more money than is left on a charge":
+// docs.stripe.com/api/refunds/create, as the fake does): nothing is
+// refunded twice.
 func TestTwoChargeRefundedInOneSecond(t *testing.T) {
 	t.Parallel()
 	for _, order := range [][2]int64{{500, 800}, {800, 500}} {
