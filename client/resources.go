@@ -307,7 +307,9 @@ type RefundsService struct{ c *Client }
 // Create refunds all or part of a succeeded charge, exactly once per
 // Idempotency-Key. A charge that cannot be refunded is a final 409
 // charge-not-refundable, never retried; too large an amount is a 400
-// refund-exceeds-charge with Extensions["refundable_amount"]. A charge
+// refund-exceeds-charge with Extensions["refundable_amount"] (what
+// idempay's own refunds leave), or Stripe's refusal, a final 422
+// payment-rejected, when refunds made outside idempay leave less. A charge
 // still processing (its own request had no answer from Stripe) is not
 // refunded blind: the server answers 409 charge-not-settled with
 // Retry-After, and this client makes the same call again after it, as

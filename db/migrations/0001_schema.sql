@@ -179,10 +179,10 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 -- refunds (reserved by a refund's claim, released if it fails), and
 -- stripe_amount_refunded, Stripe's as of the newest charge event
 -- (stripe_refunded_at; a refund's failure moves it too), which an older
--- event never changes (I8). What is left to refund is amount_captured less
--- the larger; a refund re-created from Stripe after a restore, which
--- Stripe's figure counts already, is limited by amount_refunded alone. The
--- API shows the larger.
+-- event never changes (I8). The API shows the larger. A refund is limited
+-- by amount_refunded alone: Stripe's figure may count the very refund a
+-- restore lost, whose retry must reach Stripe (I13), or be ahead of Stripe
+-- (two events in one second), and Stripe refuses what it cannot refund.
 --
 -- A capture's or cancel's claim sets pending_action, its record and a
 -- capture's amount (NULL: all capturable), guarded by version, so of a

@@ -12,11 +12,12 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- charge as it is now, not on the version the refund's checks read: the
 -- charge succeeded, has no chargeback (a dispute open or lost; an inquiry,
 -- warning_*, does not forbid a refund: ChargeGetForRefund), and still has the amount
--- left to refund: of what was captured, less idempay's reservations and
--- less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
--- re-created from Stripe, which Stripe's figure counts already). When one
--- of them no longer holds it raises IDS01, and the runner reads and checks
--- again, which answers with what changed (for example
+-- left to refund: of what was captured, less idempay's reservations.
+-- Stripe's figure (stripe_amount_refunded) is not a limit here: it may
+-- count this very request's refund, lost to a restore, whose retry must
+-- reach Stripe (I13), and Stripe refuses a refund beyond what it holds.
+-- When one of them no longer holds it raises IDS01, and the runner reads
+-- and checks again, which answers with what changed (for example
 -- refund-exceeds-charge). The table's CHECK rejects any amount that would
 -- exceed the charge whatever the checks said.
 WITH c AS (
@@ -25,7 +26,6 @@ WITH c AS (
     WHERE charges.id = @id
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= @amount
-      AND (@counted::boolean OR charges.amount_captured - charges.stripe_amount_refunded >= @amount)
       AND NOT EXISTS (SELECT 1 FROM disputes d
                       WHERE d.charge_id = charges.id
                         AND d.status NOT IN ('won', 'warning_needs_response', 'warning_under_review', 'warning_closed'))
@@ -38,8 +38,9 @@ SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no long
 -- succeeded), or that Stripe refused. A failure Stripe reported at
 -- @failed_at (NULL when Stripe refused it: it never counted it) also moves
 -- Stripe's figure, when that is older: the figure loses the refund's
--- amount if it was reported at or after the refund began (in whole
--- seconds, as Stripe stamps its events), so it counted the refund; and
+-- amount if it was reported at or after Stripe made the refund
+-- (@refund_created_at, in whole seconds, as Stripe stamps its events), so
+-- it counted the refund; and
 -- stripe_refunded_at becomes @failed_at, so that an older charge event,
 -- delivered late, no longer counts it again.
 UPDATE charges

@@ -170,7 +170,9 @@ func (s *Service) FollowCharge(ctx context.Context, b *idempotency.Batch, sc *St
 		captured = min(ch.Amount, max(captured, sc.AmountCaptured))
 	}
 	// Stripe's figure: a newer event's; of two in one second (Stripe stamps
-	// whole seconds, so their order is unknown), the larger.
+	// whole seconds, so their order is unknown), the larger. It may then be
+	// ahead of Stripe until Stripe's next event: it is shown, never a limit
+	// on a refund (refundOp.Begin).
 	stripeRefunded, stripeRefundedAt := ch.StripeAmountRefunded, ch.StripeRefundedAt
 	newer := stripeRefundedAt == nil || at.After(*stripeRefundedAt)
 	tie := stripeRefundedAt != nil && at.Equal(*stripeRefundedAt) && sc.AmountRefunded > stripeRefunded
@@ -283,8 +285,14 @@ func (s *Service) FollowRefund(ctx context.Context, b *idempotency.Batch, sr *St
 	if status == "failed" {
 		// The amount was reserved on the charge when the refund began;
 		// Stripe did not refund it after all, and its figure of what was
-		// refunded, as of at, no longer counts it.
-		if err := s.st.releaseRefund(ctx, b, rf, &at); err != nil {
+		// refunded, as of at, no longer counts it. Stripe's figure counted
+		// it from when Stripe made it: sr.Created, which for a refund that
+		// reconciliation re-created is long before its ledger row.
+		madeAt := rf.CreatedAt
+		if !sr.Created.IsZero() {
+			madeAt = sr.Created
+		}
+		if err := s.st.releaseRefund(ctx, b, rf, madeAt, &at); err != nil {
 			return false, fmt.Errorf("releasing refund amount: %w", err)
 		}
 	}

@@ -24,10 +24,6 @@ type refundOp struct {
 	refund    refundRow
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
-	// counted: the refund is one Stripe holds, re-created from it
-	// (recreateRefund), which Stripe's figure of what was refunded counts
-	// already.
-	counted bool
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -86,20 +82,22 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	if blockingDisputes > 0 {
 		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute (a chargeback); it cannot be refunded.", ch.ID))
 	}
-	// What is left: what was captured less the larger of idempay's own
-	// refunds (reserved) and Stripe's figure, which counts refunds made
-	// elsewhere. A refund re-created from Stripe (op.counted) is one that
-	// Stripe's figure counts already: only idempay's reservations limit it.
-	remaining := ch.AmountCaptured - max(ch.AmountRefunded, ch.StripeAmountRefunded)
-	if op.counted {
-		remaining = ch.AmountCaptured - ch.AmountRefunded
-	}
+	// What is left: what was captured less idempay's own refunds
+	// (reserved). Stripe's figure (StripeAmountRefunded), which counts
+	// refunds made elsewhere, is not a limit: it may count this very
+	// request's refund, which a restore or a failover lost from the ledger
+	// and whose retry must reach Stripe under its key so that Stripe
+	// replays it (I13); and the ledger's copy of it may be ahead of Stripe
+	// (two of its events in one second, a failure it cannot place). Stripe
+	// refuses a refund beyond what it holds refunded: a definite refusal,
+	// stored as the refund's answer.
+	remaining := ch.AmountCaptured - ch.AmountRefunded
 	if amount > remaining {
 		return &Error{Kind: ErrRefundExceedsCharge,
 			Detail: fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Facts:  map[string]any{"refundable_amount": remaining}}
 	}
-	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount, op.counted); err != nil {
+	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount); err != nil {
 		return err
 	}
 	op.refund, op.intentID = rf, *ch.StripePaymentIntentID
@@ -169,7 +167,7 @@ func (op *refundOp) answer(rec *idempotency.Record, sr *StripeRefund, err error)
 		// A refund Stripe refused, or one it holds as failed or canceled
 		// (a re-created one may be), refunded nothing: its reservation goes.
 		if kind != OutcomeOK || updated.Status == "failed" {
-			if err := op.s.st.releaseRefund(ctx, b, rf, nil); err != nil {
+			if err := op.s.st.releaseRefund(ctx, b, rf, rf.CreatedAt, nil); err != nil {
 				return idempotency.Response{}, fmt.Errorf("releasing refund amount: %w", err)
 			}
 		}
@@ -280,4 +278,8 @@ type StripeRefund struct {
 	IntentID      string
 	FailureReason string
 	Metadata      map[string]string
+	// Created is when Stripe made the refund (whole seconds; zero when
+	// unknown). A refund that reconciliation re-created has a ledger row
+	// made long after it (FollowRefund).
+	Created time.Time
 }

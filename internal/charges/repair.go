@@ -202,10 +202,10 @@ func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, e
 
 // recreateRefund re-creates the record and the ledger row of a refund whose
 // record the database lost, as recreate does for a charge: the request run
-// again (listedRefund), its claim reserving the amount on the charge (a
-// refund Stripe's figure counts already: only idempay's reservations limit
-// it, refundOp.counted), its
-// finish taking Stripe's answer from the refund Stripe holds. The charge must be in the ledger
+// again (listedRefund), its claim reserving the amount on the charge
+// (limited by idempay's reservations alone, as every refund is: Stripe's
+// figure counts this one already), its finish taking Stripe's answer from
+// the refund Stripe holds. The charge must be in the ledger
 // (the PaymentIntents, listed first, re-create a lost one) and the
 // account's.
 func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID string) (string, error) {
@@ -228,7 +228,7 @@ func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID
 		return ReconcileUnknown, nil
 	}
 	p := refundParams{Charge: &ch.ID, Amount: &sr.Amount}
-	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID, counted: true}, sr: sr})
+	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID}, sr: sr})
 	var ie *idempotency.Error
 	switch {
 	case errors.As(err, &ie):

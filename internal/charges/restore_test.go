@@ -661,3 +661,74 @@ func TestRestoredRefundAfterChargeRefunded(t *testing.T) {
 		t.Errorf("the charge's amount_refunded after reconciliation is %d, want 2000 (counted once)", got)
 	}
 }
+
+// TestRestoredRefundRetriedBeforeReconciliation is I13 for the client's
+// retry of a refund that a restore (or a failover) lost after Stripe
+// refunded all of the charge, when the retry comes before any
+// reconciliation: Stripe's charge.refunded, delivered after the restore,
+// counts the refund, and idempay cannot tell its own lost refund from one
+// made elsewhere. The retry reaches Stripe with the same key and the same
+// parameters, Stripe replays the refund, and the client gets its 201 (not
+// a final 400 refund-exceeds-charge it would never retry, leaving it to
+// believe that nothing was refunded). Reconciliation then finds it matched.
+func TestRestoredRefundRetriedBeforeReconciliation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newRestorableDB(t)
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+
+	c, p := d.client(stripe)
+	ch := createCharge(t, c, 2000)
+	p.Close()
+	d.snapshot()
+
+	body := map[string]any{"charge": ch.ID, "amount": 2000}
+	c, p = d.client(stripe)
+	first := c.Post("/v1/refunds", "refund-91", body)
+	wantStatus(t, first, http.StatusCreated)
+	var was refund
+	first.JSON(t, &was)
+	p.Close()
+
+	d.restore()
+
+	env := d.env(stripe)
+	defer env.Pool.Close()
+	c = env.ClientFor(t, d.account)
+	fcs := stripe.Charges()
+	if len(fcs) != 1 || fcs[0].AmountRefunded != 2000 {
+		t.Fatalf("Stripe holds %+v, want one charge, all of it refunded", fcs)
+	}
+	ev, err := webhooks.NewChargeEvent("charge.refunded", apitest.ChargeObject(fcs[0], "succeeded"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _, answer, err := webhooks.Send(ctx, http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
+		webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
+	if err != nil || status != http.StatusOK || !strings.Contains(string(answer), `"applied"`) {
+		t.Fatalf("the charge.refunded delivered after the restore: %d %s %v, want it applied", status, answer, err)
+	}
+
+	retry := c.Post("/v1/refunds", "refund-91", body)
+	wantStatus(t, retry, http.StatusCreated)
+	var is refund
+	retry.JSON(t, &is)
+	if is.ID != was.ID || ptr(is.StripeRefundID) != ptr(was.StripeRefundID) {
+		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)",
+			is.ID, ptr(is.StripeRefundID), was.ID, ptr(was.StripeRefundID))
+	}
+	if n := len(stripe.Refunds()); n != 1 {
+		t.Errorf("Stripe holds %d refunds, want 1", n)
+	}
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.RefundCounts[charges.ReconcileMatched] != 1 || len(report.RefundCounts) != 1 {
+		t.Errorf("reconciliation of the refunds after the retry: %v, want the refund matched", report.RefundCounts)
+	}
+	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 2000 {
+		t.Errorf("the charge's amount_refunded after the retry is %d, want 2000 (counted once)", got)
+	}
+}

@@ -18,22 +18,22 @@ func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID str
 
 // reserveRefund locks the charge row, then reserves amount of it for a
 // refund (amount_refunded), checking again there what the refund's read
-// checked; counted: Stripe's figure counts the refund already (one
-// re-created from Stripe), so only idempay's reservations limit it.
-func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64, counted bool) error {
+// checked.
+func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
 	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
 		return err
 	}
-	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount, Counted: counted})
+	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount})
 }
 
 // releaseRefund gives back the reservation of a refund that refunded
 // nothing. failedAt is when Stripe reported the refund failed (nil when
 // Stripe refused it, and so never counted it): Stripe's figure of what was
-// refunded, if older, no longer counts it (ChargeReleaseRefunded).
-func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow, failedAt *time.Time) error {
+// refunded, if older and reported once the refund was made at Stripe
+// (madeAt), no longer counts it (ChargeReleaseRefunded).
+func (st store) releaseRefund(ctx context.Context, b *idempotency.Batch, rf refundRow, madeAt time.Time, failedAt *time.Time) error {
 	return st.q.ChargeReleaseRefunded(ctx, b, &dbsqlc.ChargeReleaseRefundedParams{Amount: rf.Amount, ID: rf.ChargeID,
-		FailedAt: failedAt, RefundCreatedAt: rf.CreatedAt})
+		FailedAt: failedAt, RefundCreatedAt: madeAt})
 }
 
 // refundOfRecord is the refund that the record recordID created.

@@ -133,6 +133,9 @@ func (c *Client) ListRefunds(ctx context.Context, since time.Time, fn func(*char
 func Refund(r *stripe.Refund) *charges.StripeRefund {
 	out := &charges.StripeRefund{ID: r.ID, Status: string(r.Status), Amount: r.Amount,
 		FailureReason: string(r.FailureReason), Metadata: r.Metadata}
+	if r.Created != 0 {
+		out.Created = time.Unix(r.Created, 0)
+	}
 	if r.PaymentIntent != nil {
 		out.IntentID = r.PaymentIntent.ID
 	}

@@ -314,11 +314,11 @@ func (s *Server) Charges() []Charge {
 	return out
 }
 
-// Backdate moves the creation time of the PaymentIntent or charge id back
-// by d, as if it had been created that long before: a test of what sees
-// only a window of Stripe's recent objects (reconciliation's list, by
-// created[gte]) makes an old one without waiting. It reports whether the
-// fake holds id.
+// Backdate moves the creation time of the PaymentIntent, charge or refund
+// id back by d, as if it had been created that long before: a test of what
+// sees only a window of Stripe's recent objects (reconciliation's list, by
+// created[gte]), or of what orders a refund against Stripe's events, makes
+// an old one without waiting. It reports whether the fake holds id.
 func (s *Server) Backdate(id string, d time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -327,6 +327,10 @@ func (s *Server) Backdate(id string, d time.Duration) bool {
 			c.Created = c.Created.Add(-d)
 			return true
 		}
+	}
+	if rf := s.refundByID[id]; rf != nil {
+		rf.Created = rf.Created.Add(-d)
+		return true
 	}
 	return false
 }
@@ -766,7 +770,11 @@ var declineCodes = map[string]string{
 }
 
 // createRefund validates and executes POST /v1/refunds. Refusals (unknown
-// charge, amount too large) are validation errors and are not stored.
+// charge, amount too large) are validation errors and are not stored. An
+// amount beyond what is left unrefunded, whoever refunded the rest, is
+// refused: "This method will raise an error when called on an
+// already-refunded charge, or when trying to refund more money than is
+// left on a charge" (docs.stripe.com/api/refunds/create).
 func (s *Server) createRefund(form url.Values, key string) response {
 	chargeID, intentID := form.Get("charge"), form.Get("payment_intent")
 	if chargeID == "" && intentID == "" {
