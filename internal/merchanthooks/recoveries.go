@@ -209,9 +209,10 @@ func (s *Service) GetRecovery(ctx context.Context, accountID, endpointID, id str
 
 // ExpandRecovery expands one chunk of a recovery into deliveries, in one
 // statement (WebhookRecoveryExpand): the oldest recovery not done that no
-// other worker holds gets the deliveries of the account's next
-// Config.RecoverChunk events, in seq order, that its window and its
-// endpoint take, and its cursor moves past them, in the same commit. It
+// other worker holds gets the deliveries of the next Config.RecoverChunk
+// of the account's events of its window, in the order they were created
+// (from since on, through an index: older events cost nothing), that its
+// endpoint takes, and its cursor moves past them, in the same commit. It
 // returns false when no recovery was free to expand. Each worker pass
 // runs it before claiming deliveries (RunWorkers).
 func (s *Service) ExpandRecovery(ctx context.Context) (bool, error) {
