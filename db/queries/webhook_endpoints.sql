@@ -30,6 +30,13 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the account''s endpoin
 SELECT sqlc.embed(webhook_endpoints), coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now
 FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
+-- name: WebhookEndpointExists :one
+-- Whether the account has the endpoint, and now as WebhookEndpointGetByID
+-- has it, in one row even when it has not: a recovery's request judges
+-- its since by that now before it answers that the endpoint is unknown.
+SELECT coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now,
+       EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = @account_id AND id = @id) AS found;
+
 -- name: WebhookEndpointGetByIdempotencyKeyID :one
 SELECT * FROM webhook_endpoints WHERE idempotency_key_id = @idempotency_key_id;
 
