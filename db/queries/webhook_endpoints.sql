@@ -376,7 +376,11 @@ SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id 
 -- worker's lease, and that worker's outcome is fenced, as by
 -- WebhookDeliveriesResend. The cursor moves to the last event read. The
 -- recovery is done once a chunk comes short, having read the window's
--- last event (the events after the window's end are the fan-out's). No
+-- last event (the events after the window's end are the fan-out's), at
+-- now(): the transaction's time, the clock its until and its events'
+-- created_at are stamped by, which a GET shows done_at beside. @now (a
+-- test's clock, Config.Now) is the deliveries' schedule's, and no
+-- statement compares done_at with a time: only whether it is NULL. No
 -- row when no recovery was free.
 WITH r AS MATERIALIZED (
     SELECT r.id, r.account_id, r.endpoint_id, r.until, r.after_created_at, r.after_seq, w.enabled, w.enabled_events
