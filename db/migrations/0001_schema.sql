@@ -366,6 +366,15 @@ CREATE TABLE events (
 CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
 -- GET /v1/events pages an account's events newest first by seq.
 CREATE INDEX events_account_seq ON events (account_id, seq DESC);
+-- A recovery of an endpoint reads the account's events of its window, from
+-- its since, in (created_at, seq) order, a chunk at a time from its cursor
+-- (WebhookRecoveryExpand). Without an index by time it read them by seq
+-- from the account's first event: a recovery of the last hour of an
+-- account with a year of events read the year, a chunk a pass, before
+-- reaching the hour. The cost is an entry per event on the settling write,
+-- at the end of its account's range (created_at grows with it), as
+-- events_account_seq's is.
+CREATE INDEX events_account_created ON events (account_id, created_at, seq);
 -- The webhook dispatcher reads events by seq. A BRIN index costs an insert
 -- at the table's end nothing, unlike a B-tree entry on every settling write.
 CREATE INDEX events_seq_brin ON events USING brin (seq);
@@ -464,7 +473,7 @@ CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
 -- A recovery of an endpoint (docs/webhooks-out.md, "Recovery"): recorded
 -- by its request, expanded by the workers a chunk of the account's events
--- at a time, each chunk's deliveries and after_seq in one commit
+-- at a time, each chunk's deliveries and its cursor in one commit
 -- (WebhookRecoveryExpand). It goes with its endpoint.
 CREATE TABLE webhook_recoveries (
     id                 text PRIMARY KEY CHECK (char_length(id) <= 64),
@@ -474,12 +483,19 @@ CREATE TABLE webhook_recoveries (
     -- The request's transaction time, the events' clock: the later events
     -- are the fan-out's.
     until              timestamptz NOT NULL DEFAULT now(),
+    -- The cursor: the (created_at, seq) of the last event read, in the
+    -- order events_account_created has them; (since, 0) before the first
+    -- chunk, so that the first one starts at since.
+    after_created_at   timestamptz NOT NULL,
     after_seq          bigint NOT NULL DEFAULT 0,
     done_at            timestamptz,
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL
 );
 
--- The workers' scan: the recoveries not done, oldest first.
+-- The workers' scan: the recoveries not done, oldest first. Every worker
+-- pass reads it (WebhookRecoveryExpand), and a finished recovery leaves
+-- it: an idle pass reads one or two pages whatever the number of finished
+-- recoveries.
 CREATE INDEX webhook_recoveries_pending ON webhook_recoveries (until) WHERE done_at IS NULL;
 
 -- The dispatcher's position: every event with seq <= last_seq was fanned

@@ -30,6 +30,13 @@ SELECT idempay_expect((SELECT count(*) FROM w), 'IDS01', 'the account''s endpoin
 SELECT sqlc.embed(webhook_endpoints), coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now
 FROM webhook_endpoints WHERE account_id = @account_id AND id = @id;
 
+-- name: WebhookEndpointExists :one
+-- Whether the account has the endpoint, and now as WebhookEndpointGetByID
+-- has it, in one row even when it has not: a recovery's request judges
+-- its since by that now before it answers that the endpoint is unknown.
+SELECT coalesce(sqlc.narg(now)::timestamptz, now())::timestamptz AS now,
+       EXISTS (SELECT 1 FROM webhook_endpoints WHERE account_id = @account_id AND id = @id) AS found;
+
 -- name: WebhookEndpointGetByIdempotencyKeyID :one
 SELECT * FROM webhook_endpoints WHERE idempotency_key_id = @idempotency_key_id;
 
@@ -336,9 +343,10 @@ SET state = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at,
 
 -- name: WebhookRecoveryInsert :exec
 -- A recovery, in the claim's batch of its request, until its time (the
--- batch's transaction's); the workers expand it (WebhookRecoveryExpand).
-INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, idempotency_key_id)
-VALUES (@id, @account_id, @endpoint_id, @since, @idempotency_key_id);
+-- batch's transaction's); the workers expand it (WebhookRecoveryExpand)
+-- from its cursor, which starts at since.
+INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, after_created_at, idempotency_key_id)
+VALUES (@id, @account_id, @endpoint_id, @since, @since, @idempotency_key_id);
 
 -- name: WebhookRecoveryGetByIdempotencyKeyID :one
 SELECT * FROM webhook_recoveries WHERE idempotency_key_id = @idempotency_key_id;
@@ -352,21 +360,30 @@ SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id 
 -- endpoint, SKIP LOCKED: two workers never expand one recovery at once,
 -- neither waits for the other, and a recovery whose endpoint is being
 -- recorded, changed or deleted waits for a later pass (a delete cascades
--- to it once this commits). The account's next @max_rows events after the
--- cursor are read in seq order (events_account_seq), so that an object's
--- events are recovered in order across chunks; each one created within
--- the window that the endpoint wants is sent again under its own id:
--- pending (due as the fan-out's are), or paused while the endpoint is
--- disabled (as the lock found it: a disabling that commits later pauses
--- these deliveries, as it does the fan-out's). A delivery being sent keeps its worker's lease, and that
--- worker's outcome is fenced, as by WebhookDeliveriesResend. The cursor
--- moves to the last event read. The recovery is done once a chunk reads
--- past the window's end (the events after it are the fan-out's; on an
--- account whose events come faster than a chunk a pass, the account's
--- last event is never reached), or comes short, having read the account's
--- last event. No row when no recovery was free.
+-- to it once this commits). The account's next @max_rows events of the
+-- window after the cursor are read in (created_at, seq) order, through
+-- events_account_created from the cursor on: the first chunk starts at
+-- since, whatever the number of the account's older events, and every
+-- event the chunks read is in the window. That order is each object's
+-- version order, so an object's events are recovered in order across
+-- chunks: the batch that writes an object's next version read the version
+-- before it committed, and began after (its now() is its events'
+-- created_at); one transaction's events, of one created_at, follow seq.
+-- Each one the endpoint wants is sent again under its own id: pending
+-- (due as the fan-out's are), or paused while the endpoint is disabled (as
+-- the lock found it: a disabling that commits later pauses these
+-- deliveries, as it does the fan-out's). A delivery being sent keeps its
+-- worker's lease, and that worker's outcome is fenced, as by
+-- WebhookDeliveriesResend. The cursor moves to the last event read. The
+-- recovery is done once a chunk comes short, having read the window's
+-- last event (the events after the window's end are the fan-out's), at
+-- now(): the transaction's time, the clock its until and its events'
+-- created_at are stamped by, which a GET shows done_at beside. @now (a
+-- test's clock, Config.Now) is the deliveries' schedule's, and no
+-- statement compares done_at with a time: only whether it is NULL. No
+-- row when no recovery was free.
 WITH r AS MATERIALIZED (
-    SELECT r.id, r.account_id, r.endpoint_id, r.since, r.until, r.after_seq, w.enabled, w.enabled_events
+    SELECT r.id, r.account_id, r.endpoint_id, r.until, r.after_created_at, r.after_seq, w.enabled, w.enabled_events
     FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
     WHERE r.done_at IS NULL
     ORDER BY r.until
@@ -376,24 +393,27 @@ WITH r AS MATERIALIZED (
 ), chunk AS MATERIALIZED (
     SELECT e.seq, e.id, e.type, e.object_id, e.object_version, e.created_at
     FROM events e
-    WHERE e.account_id = (SELECT account_id FROM r) AND e.seq > (SELECT after_seq FROM r)
-    ORDER BY e.seq
+    WHERE e.account_id = (SELECT account_id FROM r)
+      AND (e.created_at, e.seq) > ((SELECT after_created_at FROM r), (SELECT after_seq FROM r))
+      AND e.created_at <= (SELECT until FROM r)
+    ORDER BY e.created_at, e.seq
     LIMIT @max_rows::int
 ), recovered AS (
     INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state, next_attempt_at)
     SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END,
            coalesce(sqlc.narg(now)::timestamptz, now())
     FROM chunk c, r
-    WHERE c.created_at BETWEEN r.since AND r.until
-      AND (c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events))
-    ORDER BY c.seq
+    WHERE c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events)
+    ORDER BY c.created_at, c.seq
     ON CONFLICT (event_id, endpoint_id) DO UPDATE
     SET state = excluded.state, attempts = 0, next_attempt_at = excluded.next_attempt_at, claims = webhook_deliveries.claims + 1
+), last AS (
+    SELECT created_at, seq FROM chunk ORDER BY created_at DESC, seq DESC LIMIT 1
 )
 UPDATE webhook_recoveries u
-SET after_seq = COALESCE((SELECT max(seq) FROM chunk), r.after_seq),
-    done_at = CASE WHEN (SELECT count(*) FROM chunk) < @max_rows::int
-                     OR (SELECT max(created_at) FROM chunk) > r.until THEN now() END
+SET after_created_at = COALESCE((SELECT created_at FROM last), r.after_created_at),
+    after_seq = COALESCE((SELECT seq FROM last), r.after_seq),
+    done_at = CASE WHEN (SELECT count(*) FROM chunk) < @max_rows::int THEN now() END
 FROM r
 WHERE u.id = r.id
 RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done;

@@ -188,6 +188,7 @@ type WebhookRecovery struct {
 	EndpointID       string
 	Since            time.Time
 	Until            time.Time
+	AfterCreatedAt   time.Time
 	AfterSeq         int64
 	DoneAt           *time.Time
 	IdempotencyKeyID *string

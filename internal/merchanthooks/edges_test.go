@@ -11,7 +11,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/merchanthooks"
 )
@@ -322,4 +324,58 @@ func (b *bundle) failingSince(t *testing.T, epID string) *time.Time {
 		t.Fatalf("reading the failure clock of %s: %v", epID, err)
 	}
 	return since
+}
+
+// TestRecoverJudgesSinceBeforeTheEndpoint: a recovery's since is the
+// request's own input, judged before the endpoint it names is looked up,
+// as a parameter error is at Stripe (a 400 invalid_request_error whatever
+// the object): a since outside the window is the same 400 naming since for
+// the account's endpoint, an unknown one and another account's, and only
+// a since the window takes gets the 404 of an endpoint the account does
+// not have. A request with both faults is told of its own since first,
+// as it is when since is not a time at all; fixed, it is told of the
+// endpoint.
+func TestRecoverJudgesSinceBeforeTheEndpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	ctx := context.Background()
+	acct, apiKey, err := accounts.Create(ctx, b.pool, "other "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	now := b.clock.Now()
+	at := func(d time.Duration) map[string]any {
+		return map[string]any{"since": now.Add(d).UTC().Format(time.RFC3339)}
+	}
+	for _, c := range []struct {
+		what   string
+		client *apitest.Client
+		epID   string
+	}{
+		{"the account's endpoint", b.client, epID},
+		{"an unknown endpoint", b.client, "we_nope"},
+		{"another account's endpoint", other, epID},
+	} {
+		path := "/v1/webhook_endpoints/" + c.epID + "/recover"
+		wantRefusal(t, c.what+", since 40 days ago", c.client.Post(path, apitest.NewKey(), at(-40*24*time.Hour)), "invalid-request",
+			[]param{{"since", "must be within the last 31 days"}})
+		wantRefusal(t, c.what+", since in an hour", c.client.Post(path, apitest.NewKey(), at(time.Hour)), "invalid-request",
+			[]param{{"since", "must not be in the future"}})
+		wantRefusal(t, c.what+", since not a time", c.client.Post(path, apitest.NewKey(), map[string]any{"since": "yesterday"}), "invalid-request",
+			[]param{{"since", "must be a time in RFC 3339 form"}})
+		r := c.client.Post(path, apitest.NewKey(), at(-time.Hour))
+		if c.client == b.client && c.epID == epID {
+			if r.Status != http.StatusAccepted {
+				t.Errorf("%s, since an hour ago: %d %s, want 202", c.what, r.Status, r.Body)
+			}
+			continue
+		}
+		if r.Status != http.StatusNotFound {
+			t.Errorf("%s, since an hour ago: %d %s, want 404", c.what, r.Status, r.Body)
+		} else if p := r.Problem(t); p.Type != "/problems/not-found" || !strings.Contains(p.Detail, "No such webhook endpoint") {
+			t.Errorf("%s, since an hour ago: %+v, want a not-found problem naming the endpoint", c.what, p)
+		}
+	}
 }

@@ -106,7 +106,7 @@ func parseRFC3339(s string) (time.Time, bool) {
 }
 
 // checkWindow checks that since is within the 31 days before now, a time
-// on the database's clock (read with the endpoint, WebhookEndpointGetByID):
+// on the database's clock (read with the endpoint, WebhookEndpointExists):
 // neither older, nor in the future, where no event is yet (a time the
 // client got wrong, not a window to wait for). The window ends at the
 // recovery's until, the claim's time by the same clock, and the events it
@@ -149,13 +149,22 @@ type recoverOp struct {
 	gone       bool // Load found the recovery deleted with its endpoint (goneStep)
 }
 
+// Begin judges since, the request's own input, before it answers that the
+// endpoint is unknown, as a parameter error is answered first at Stripe (a
+// 400 invalid_request_error): one request with both faults is told of its
+// since, as it is when since is not a time at all (Validate), and told
+// of the endpoint once since is right. Both come from one read.
 func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
-	_, now, err := op.s.get(ctx, op.accountID, op.endpointID)
+	ep, err := op.s.q.WebhookEndpointExists(ctx, op.s.pool, &dbsqlc.WebhookEndpointExistsParams{
+		AccountID: op.accountID, ID: op.endpointID, Now: op.s.cfg.dbNow()})
 	if err != nil {
+		return fmt.Errorf("reading webhook endpoint: %w", err)
+	}
+	if err := checkWindow(op.since, ep.Now); err != nil {
 		return err
 	}
-	if err := checkWindow(op.since, now); err != nil {
-		return err
+	if !ep.Found {
+		return notFound()
 	}
 	op.row = dbsqlc.WebhookRecovery{ID: newID("whr_"), AccountID: op.accountID, EndpointID: op.endpointID,
 		Since: op.since, IdempotencyKeyID: &rec.ID}
@@ -209,9 +218,10 @@ func (s *Service) GetRecovery(ctx context.Context, accountID, endpointID, id str
 
 // ExpandRecovery expands one chunk of a recovery into deliveries, in one
 // statement (WebhookRecoveryExpand): the oldest recovery not done that no
-// other worker holds gets the deliveries of the account's next
-// Config.RecoverChunk events, in seq order, that its window and its
-// endpoint take, and its cursor moves past them, in the same commit. It
+// other worker holds gets the deliveries of the next Config.RecoverChunk
+// of the account's events of its window, in the order they were created
+// (from since on, through an index: older events cost nothing), that its
+// endpoint takes, and its cursor moves past them, in the same commit. It
 // returns false when no recovery was free to expand. Each worker pass
 // runs it before claiming deliveries (RunWorkers).
 func (s *Service) ExpandRecovery(ctx context.Context) (bool, error) {

@@ -502,3 +502,84 @@ func TestRecoverySinceAsStored(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryStartsAtSince: a recovery's first chunk starts at its since,
+// however many of the account's events are older: a recovery of the last
+// hour of an account with ten days of history reads that hour's events,
+// not the ten days before it. Three hundred events of ten days ago, then
+// two of the last hour: one chunk of ten expands the recovery whole, both
+// recent events started again and none of the old ones, where the
+// recovery read the account's events from its first, thirty chunks that
+// created nothing before the two it was asked for.
+func TestRecoveryStartsAtSince(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	epID, _ := b.endpoint(t, "", "*")
+	if _, err := b.pool.Exec(ctx, `INSERT INTO events (id, account_id, type, object_id, object_version, data, created_at)
+		SELECT 'evt_old' || g, $1, 'charge.succeeded', 'ch_old' || g, 1, '{}', now() - interval '10 days' + g * interval '1 second'
+		FROM generate_series(1, 300) g`, b.client.Account.ID); err != nil {
+		t.Fatalf("recording the account's old events: %v", err)
+	}
+	recent := []string{b.event(t, events.ChargeSucceeded, "ch_recent0", 1), b.event(t, events.ChargeSucceeded, "ch_recent1", 1)}
+	rec := b.recover(t, epID)
+	if ok, err := b.chunked(10).ExpandRecovery(ctx); !ok || err != nil {
+		t.Fatalf("the first chunk: %v %v, want a chunk expanded", ok, err)
+	}
+	_, done := b.cursor(t, rec.ID)
+	if got := b.states(t, epID); len(got) != len(recent) || !done {
+		t.Fatalf("after one chunk of ten: done %v, deliveries %v; want done, with the deliveries of %v (the window's events) alone",
+			done, got, recent)
+	}
+	for _, id := range recent {
+		if got := b.states(t, epID)[id]; got != "pending" {
+			t.Errorf("the delivery of %s is %q, want pending", id, got)
+		}
+	}
+}
+
+// TestRecoveryReadsItsWholeWindow: an event created within the window
+// whose seq comes after one created past the window's end (its transaction
+// began before the recovery's request, and wrote its event after a later
+// transaction had) is recovered too: the chunks follow the events'
+// creation, not their seq, and end at the window's last event. Read by
+// seq, the first chunk reached past the window's end and the recovery was
+// done without it.
+func TestRecoveryReadsItsWholeWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	epID, _ := b.endpoint(t, "", "*")
+	rec := b.recover(t, epID)
+	var late, inWindow string
+	if err := b.pool.QueryRow(ctx, `WITH a AS (
+			INSERT INTO events (id, account_id, type, object_id, object_version, data, created_at)
+			SELECT 'evt_late', account_id, 'charge.succeeded', 'ch_late', 1, '{}', until + interval '1 second'
+			FROM webhook_recoveries WHERE id = $1 RETURNING id)
+		SELECT id FROM a`, rec.ID).Scan(&late); err != nil {
+		t.Fatalf("recording the event past the window: %v", err)
+	}
+	if err := b.pool.QueryRow(ctx, `INSERT INTO events (id, account_id, type, object_id, object_version, data, created_at)
+		SELECT 'evt_inwindow', account_id, 'charge.succeeded', 'ch_inwindow', 1, '{}', until - interval '1 second'
+		FROM webhook_recoveries WHERE id = $1 RETURNING id`, rec.ID).Scan(&inWindow); err != nil {
+		t.Fatalf("recording the event within the window: %v", err)
+	}
+	if b.seq(t, inWindow) <= b.seq(t, late) {
+		t.Fatalf("%s has seq %d, %s %d: want the one within the window after", inWindow, b.seq(t, inWindow), late, b.seq(t, late))
+	}
+	w := b.chunked(1)
+	for pass := 1; ; pass++ {
+		if ok, err := w.ExpandRecovery(ctx); err != nil || !ok {
+			t.Fatalf("pass %d: %v %v, want a chunk expanded", pass, ok, err)
+		}
+		if _, done := b.cursor(t, rec.ID); done {
+			break
+		}
+		if pass == 10 {
+			t.Fatalf("the recovery of one event is not done after %d chunks of one", pass)
+		}
+	}
+	if got := b.states(t, epID); len(got) != 1 || got[inWindow] != "pending" {
+		t.Fatalf("the recovery done with deliveries %v, want %s's alone, pending", got, inWindow)
+	}
+}
