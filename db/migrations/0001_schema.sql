@@ -364,16 +364,14 @@ CREATE TABLE events (
 
 -- The relay's scan: unpublished events in order.
 CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
--- GET /v1/events pages an account's events newest first by seq.
-CREATE INDEX events_account_seq ON events (account_id, seq DESC);
--- A recovery of an endpoint reads the account's events of its window, from
--- its since, in (created_at, seq) order, a chunk at a time from its cursor
--- (WebhookRecoveryExpand). Without an index by time it read them by seq
--- from the account's first event: a recovery of the last hour of an
--- account with a year of events read the year, a chunk a pass, before
--- reaching the hour. The cost is an entry per event on the settling write,
--- at the end of its account's range (created_at grows with it), as
--- events_account_seq's is.
+-- An account's events in the order they were created (created_at, then
+-- seq: one transaction's events share its created_at). GET /v1/events and
+-- the console page them newest first, backwards through it; a recovery of
+-- an endpoint reads the events of its window, from its since, a chunk at
+-- a time from its cursor (WebhookRecoveryExpand), so a recovery of the
+-- last hour of an account with a year of events reads that hour. It is the
+-- one B-tree entry per event by account that a settling write pays, at the
+-- end of its account's range (created_at grows with it).
 CREATE INDEX events_account_created ON events (account_id, created_at, seq);
 -- The webhook dispatcher reads events by seq. A BRIN index costs an insert
 -- at the table's end nothing, unlike a B-tree entry on every settling write.

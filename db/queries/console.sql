@@ -136,7 +136,7 @@ LIMIT @max_rows;
 SELECT id, seq, type, object_id, object_version, created_at, published_at
 FROM events
 WHERE account_id = @account_id AND (@object_id::text = '' OR object_id = @object_id::text)
-ORDER BY seq DESC
+ORDER BY created_at DESC, seq DESC
 LIMIT @max_rows;
 
 -- name: ConsoleEventGet :one

@@ -12,12 +12,14 @@ ON CONFLICT (id) DO NOTHING;
 SELECT * FROM events WHERE account_id = @account_id AND id = @id;
 
 -- name: EventList :many
--- Newest first; the cursor is the seq of the last event of the previous
--- page (NULL: from the newest).
+-- Newest first (events_account_created, backwards); the cursor is the
+-- (created_at, seq) of the last event of the previous page (NULL: from the
+-- newest).
 SELECT * FROM events
 WHERE account_id = @account_id
-  AND (sqlc.narg(before_seq)::bigint IS NULL OR seq < sqlc.narg(before_seq)::bigint)
-ORDER BY seq DESC
+  AND (sqlc.narg(before_seq)::bigint IS NULL
+       OR (created_at, seq) < (sqlc.narg(before_created_at)::timestamptz, sqlc.narg(before_seq)::bigint))
+ORDER BY created_at DESC, seq DESC
 LIMIT @max_rows;
 
 -- name: EventListUnpublished :many

@@ -146,7 +146,7 @@ const consoleEventList = `-- name: ConsoleEventList :many
 SELECT id, seq, type, object_id, object_version, created_at, published_at
 FROM events
 WHERE account_id = $1 AND ($2::text = '' OR object_id = $2::text)
-ORDER BY seq DESC
+ORDER BY created_at DESC, seq DESC
 LIMIT $3
 `
 

@@ -71,21 +71,29 @@ func (q *Queries) EventInsert(ctx context.Context, db DBTX, arg *EventInsertPara
 const eventList = `-- name: EventList :many
 SELECT id, seq, account_id, type, object_id, object_version, data, created_at, published_at FROM events
 WHERE account_id = $1
-  AND ($2::bigint IS NULL OR seq < $2::bigint)
-ORDER BY seq DESC
-LIMIT $3
+  AND ($2::bigint IS NULL
+       OR (created_at, seq) < ($3::timestamptz, $2::bigint))
+ORDER BY created_at DESC, seq DESC
+LIMIT $4
 `
 
 type EventListParams struct {
-	AccountID string
-	BeforeSeq *int64
-	MaxRows   int32
+	AccountID       string
+	BeforeSeq       *int64
+	BeforeCreatedAt *time.Time
+	MaxRows         int32
 }
 
-// Newest first; the cursor is the seq of the last event of the previous
-// page (NULL: from the newest).
+// Newest first (events_account_created, backwards); the cursor is the
+// (created_at, seq) of the last event of the previous page (NULL: from the
+// newest).
 func (q *Queries) EventList(ctx context.Context, db DBTX, arg *EventListParams) ([]Event, error) {
-	rows, err := db.Query(ctx, eventList, arg.AccountID, arg.BeforeSeq, arg.MaxRows)
+	rows, err := db.Query(ctx, eventList,
+		arg.AccountID,
+		arg.BeforeSeq,
+		arg.BeforeCreatedAt,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func (r *Reader) Events(ctx context.Context, accountID string, limit int, starti
 		} else if err != nil {
 			return List{}, fmt.Errorf("reading cursor event: %w", err)
 		}
-		params.BeforeSeq = cur.Seq
+		params.BeforeSeq, params.BeforeCreatedAt = cur.Seq, &cur.CreatedAt
 	}
 	rows, err := r.q.EventList(ctx, r.pool, params)
 	if err != nil {
