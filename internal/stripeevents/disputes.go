@@ -14,16 +14,31 @@ import (
 // every client (2^53 - 1).
 const maxDisputeAmount = 1<<53 - 1
 
-// disputeRank orders a dispute's states: an inquiry's (warning_*) before a
+// disputeStates are the dispute statuses idempay knows, each with its rank
+// and whether a dispute in it lets its charge be refunded. A status missing
+// here is not applied (an unknown object), and would not allow a refund.
+//
+// The ranks order a dispute's states: an inquiry's (warning_*) before a
 // chargeback's, since an inquiry the issuer escalates becomes a chargeback
 // (even once the merchant answered it) and a chargeback never becomes an
 // inquiry again; within each, needs a response, under review, closed.
 // Stripe does not guarantee that events arrive in the order they were
 // created, so an inquiry's event that arrives after the chargeback's is
 // stale, and cannot make a charged-back charge refundable again.
-var disputeRank = map[string]int{
-	"warning_needs_response": 1, "warning_under_review": 2, "warning_closed": 3,
-	"needs_response": 4, "under_review": 5, "won": 6, "lost": 6,
+//
+// Stripe refuses to refund a charged-back charge, open (needs_response,
+// under_review) or lost. An inquiry is no chargeback: "Unlike a formal
+// dispute, no funds have been withdrawn and the payment it relates to can
+// still be refunded ... To avoid it becoming a formal dispute, you should
+// submit any required evidence or refund the payment in full"
+// (stripe.com/docs/disputes, "Inquiries and retrievals"). A won dispute
+// gave the funds back to the merchant, who may refund them.
+var disputeStates = map[string]struct {
+	rank         int
+	allowsRefund bool
+}{
+	"warning_needs_response": {1, true}, "warning_under_review": {2, true}, "warning_closed": {3, true},
+	"needs_response": {4, false}, "under_review": {5, false}, "won": {6, true}, "lost": {6, false},
 }
 
 // applyDispute records a dispute of a charge, or moves it forward: first
@@ -34,7 +49,8 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 	if sd.ID == "" {
 		return "", fmt.Errorf("%w: a dispute without an id", ErrUnappliable)
 	}
-	if sd.ChargeID == "" || disputeRank[status] == 0 || sd.Amount <= 0 {
+	state, known := disputeStates[status]
+	if sd.ChargeID == "" || !known || sd.Amount <= 0 {
 		return UnknownObject, nil
 	}
 	ch, err := a.st.disputedCharge(ctx, sd.IntentID, sd.ChargeID)
@@ -62,7 +78,7 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 			return "", err
 		}
 		if err := a.st.insertDispute(ctx, b, disputeRow{AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID,
-			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, LastEventAt: at}); err != nil {
+			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, AllowsRefund: state.allowsRefund, LastEventAt: at}); err != nil {
 			return "", fmt.Errorf("inserting dispute %s: %w", sd.ID, err)
 		}
 		return Applied, nil
@@ -74,8 +90,8 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		// another (another account's, maybe) moves neither.
 		return "", fmt.Errorf("%w: dispute %s is of charge %s, and the event names it with charge %s", ErrUnappliable, sd.ID, d.ChargeID, ch.ID)
 	}
-	newer := disputeRank[status] > disputeRank[d.Status] ||
-		disputeRank[status] == disputeRank[d.Status] && at.After(d.LastEventAt) && status != d.Status
+	rank, read := state.rank, disputeStates[d.Status].rank
+	newer := rank > read || rank == read && at.After(d.LastEventAt) && status != d.Status
 	if !newer {
 		return Stale, nil
 	}
@@ -83,7 +99,7 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		return "", err
 	}
 	moved := d
-	moved.Status, moved.Amount, moved.Reason, moved.LastEventAt = status, sd.Amount, reason, at
+	moved.Status, moved.AllowsRefund, moved.Amount, moved.Reason, moved.LastEventAt = status, state.allowsRefund, sd.Amount, reason, at
 	if err := a.st.moveDispute(ctx, b, moved, d); err != nil {
 		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
 	}
