@@ -15,8 +15,9 @@ import (
 const maxDisputeAmount = 1<<53 - 1
 
 // disputeStates are the dispute statuses idempay knows, each with its rank
-// and whether a dispute in it lets its charge be refunded. A status missing
-// here is not applied (an unknown object), and would not allow a refund.
+// and whether a dispute in it lets its charge be refunded (when Stripe's
+// event says so too: applyDispute). A status missing here is not applied
+// (an unknown object), and would not allow a refund.
 //
 // The ranks order a dispute's states: an inquiry's (warning_*) before a
 // chargeback's, since an inquiry the issuer escalates becomes a chargeback
@@ -42,8 +43,15 @@ var disputeStates = map[string]struct {
 }
 
 // applyDispute records a dispute of a charge, or moves it forward: first
-// seen, inserted; later, its status, amount and reason, when the event is
-// of a later state (or of the same rank and newer).
+// seen, inserted; later, its status, amount, reason and whether it allows
+// a refund, when the event is of a later state (or of the same rank and
+// newer).
+//
+// A dispute allows a refund when its status does (disputeStates) and
+// Stripe's event says the charge is still refundable (is_charge_refundable):
+// idempay refuses, as a final 409, a refund that Stripe says it would not
+// make, whatever the status looks like. Both come from the one event that
+// wins by rank, so an event that arrives late, stale, changes neither.
 func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Dispute, at time.Time) (Outcome, error) {
 	status := sd.Status
 	if sd.ID == "" {
@@ -53,6 +61,7 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 	if sd.ChargeID == "" || !known || sd.Amount <= 0 {
 		return UnknownObject, nil
 	}
+	allowsRefund := state.allowsRefund && sd.ChargeRefundable
 	ch, err := a.st.disputedCharge(ctx, sd.IntentID, sd.ChargeID)
 	if errors.Is(err, errNotFound) {
 		return UnknownObject, nil
@@ -78,7 +87,7 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 			return "", err
 		}
 		if err := a.st.insertDispute(ctx, b, disputeRow{AccountID: ch.AccountID, ChargeID: ch.ID, StripeDisputeID: sd.ID,
-			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, AllowsRefund: state.allowsRefund, LastEventAt: at}); err != nil {
+			Amount: sd.Amount, Currency: ch.Currency, Reason: reason, Status: status, AllowsRefund: allowsRefund, LastEventAt: at}); err != nil {
 			return "", fmt.Errorf("inserting dispute %s: %w", sd.ID, err)
 		}
 		return Applied, nil
@@ -99,7 +108,7 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		return "", err
 	}
 	moved := d
-	moved.Status, moved.AllowsRefund, moved.Amount, moved.Reason, moved.LastEventAt = status, state.allowsRefund, sd.Amount, reason, at
+	moved.Status, moved.AllowsRefund, moved.Amount, moved.Reason, moved.LastEventAt = status, allowsRefund, sd.Amount, reason, at
 	if err := a.st.moveDispute(ctx, b, moved, d); err != nil {
 		return "", fmt.Errorf("updating dispute %s: %w", sd.ID, err)
 	}
