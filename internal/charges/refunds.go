@@ -83,7 +83,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	// reservation, which checks for one with the charge row locked
 	// (package stripeevents writes the row with its dispute).
 	if blockingDisputes > 0 {
-		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute (a chargeback); it cannot be refunded.", ch.ID))
+		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has a dispute that forbids a refund (a chargeback, open or lost, or one under which Stripe says the charge is not refundable); it cannot be refunded.", ch.ID))
 	}
 	// What is left: what was captured less the larger of idempay's own
 	// refunds (reserved) and Stripe's figure, which counts refunds made
