@@ -44,14 +44,15 @@ var disputeStates = map[string]struct {
 
 // applyDispute records a dispute of a charge, or moves it forward: first
 // seen, inserted; later, its status, amount, reason and whether it allows
-// a refund, when the event is of a later state (or of the same rank and
-// newer).
+// a refund, when the event is of a later state, or of the same rank and
+// newer with another status or another answer on refunds.
 //
 // A dispute allows a refund when its status does (disputeStates) and
 // Stripe's event says the charge is still refundable (is_charge_refundable):
 // idempay refuses, as a final 409, a refund that Stripe says it would not
 // make, whatever the status looks like. Both come from the one event that
-// wins by rank, so an event that arrives late, stale, changes neither.
+// wins by rank (and of one rank, by Stripe's time), so an event that
+// arrives late, stale, changes neither.
 func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Dispute, at time.Time) (Outcome, error) {
 	status := sd.Status
 	if sd.ID == "" {
@@ -100,7 +101,8 @@ func (a *Applier) applyDispute(ctx context.Context, b *idempotency.Batch, sd *Di
 		return "", fmt.Errorf("%w: dispute %s is of charge %s, and the event names it with charge %s", ErrUnappliable, sd.ID, d.ChargeID, ch.ID)
 	}
 	rank, read := state.rank, disputeStates[d.Status].rank
-	newer := rank > read || rank == read && at.After(d.LastEventAt) && status != d.Status
+	newer := rank > read ||
+		rank == read && at.After(d.LastEventAt) && (status != d.Status || allowsRefund != d.AllowsRefund)
 	if !newer {
 		return Stale, nil
 	}

@@ -793,6 +793,12 @@ func TestDisputeSaysTheChargeIsNotRefundable(t *testing.T) {
 			event{"charge.dispute.created", "warning_needs_response", false, 0},
 			event{"charge.dispute.updated", "warning_under_review", true, time.Second},
 			"warning_under_review", http.StatusCreated},
+		// One status, where Stripe's later event says the charge is no
+		// longer refundable: of one rank, the later event decides.
+		{"an inquiry no longer refundable",
+			event{"charge.dispute.created", "warning_needs_response", true, 0},
+			event{"charge.dispute.updated", "warning_needs_response", false, time.Second},
+			"warning_needs_response", http.StatusConflict},
 		// A chargeback won, where Stripe says the charge is not refundable.
 		{"a chargeback won, not refundable",
 			event{"charge.dispute.created", "needs_response", false, 0},
