@@ -280,9 +280,10 @@ CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe
 -- change amount_refunded (Stripe does not count it as a refund), but a
 -- charge with an open or lost chargeback can no longer be refunded (an
 -- inquiry, warning_*, does not stop a refund). allows_refund says whether
--- this dispute lets its charge be refunded; it is decided when the dispute
--- is stored, with its status, from the event that wrote that status
--- (package stripeevents, disputeStates), and is what a refund checks.
+-- this dispute lets its charge be refunded, and is what a refund checks:
+-- its status allows one (package stripeevents, disputeStates) and Stripe's
+-- event says the charge is refundable (is_charge_refundable). It is
+-- written with the status, from the same event.
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
