@@ -10,13 +10,13 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- Reserves a refund's amount on the charge, in the refund's claim batch,
 -- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 -- charge as it is now, not on the version the refund's checks read: the
--- charge succeeded, has no dispute that forbids a refund (ChargeGetForRefund),
--- and still has the amount left to refund: of what was captured, less idempay's reservations and
--- less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
--- re-created from Stripe, which Stripe's figure counts already). When one
--- of them no longer holds it raises IDS01, and the runner reads and checks
--- again, which answers with what changed (for example
--- refund-exceeds-charge). The table's CHECK rejects any amount that would
+-- charge succeeded, has no dispute that forbids a refund (allows_refund:
+-- ChargeGetForRefund), and still has the amount left to refund: of what
+-- was captured, less idempay's reservations and less Stripe's figure
+-- (stripe_amount_refunded), unless @counted (a refund re-created from
+-- Stripe, which Stripe's figure counts already). When one of them no
+-- longer holds it raises IDS01, and the runner reads and checks again,
+-- which answers with what changed (for example refund-exceeds-charge). The table's CHECK rejects any amount that would
 -- exceed the charge whatever the checks said.
 WITH c AS (
     UPDATE charges
@@ -55,8 +55,9 @@ WHERE id = @id;
 -- of its disputes forbid a refund, and whether the refund's own ledger row
 -- exists (the same request ran before its record expired: RefundInsert
 -- refuses it, whatever the charge's state is now). Whether a dispute
--- forbids a refund (a chargeback, open or lost, does; an inquiry does not)
--- was decided when it was stored: allows_refund (the disputes table).
+-- forbids a refund (a chargeback, open or lost, does; an inquiry does not,
+-- unless Stripe says the charge is not refundable) was decided when it was
+-- stored: allows_refund (the disputes table).
 SELECT sqlc.embed(charges),
        (SELECT count(*) FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund) AS blocking_disputes,
        EXISTS (SELECT 1 FROM refunds r WHERE r.id = @refund_id) AS refund_exists

@@ -78,8 +78,9 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	}
 	// Stripe refuses to refund a charged-back charge: the dispute decides.
 	// Each dispute says whether it allows a refund (an inquiry does, a
-	// chargeback does not), as package stripeevents stored it with the
-	// dispute's status. A dispute that lands after this read is seen by the
+	// chargeback does not, nor one under which Stripe says the charge is
+	// not refundable), as package stripeevents stored it with the dispute's
+	// status. A dispute that lands after this read is seen by the
 	// reservation, which checks for one with the charge row locked
 	// (package stripeevents writes the row with its dispute).
 	if blockingDisputes > 0 {

@@ -33,8 +33,9 @@ type ChargeGetForRefundRow struct {
 // of its disputes forbid a refund, and whether the refund's own ledger row
 // exists (the same request ran before its record expired: RefundInsert
 // refuses it, whatever the charge's state is now). Whether a dispute
-// forbids a refund (a chargeback, open or lost, does; an inquiry does not)
-// was decided when it was stored: allows_refund (the disputes table).
+// forbids a refund (a chargeback, open or lost, does; an inquiry does not,
+// unless Stripe says the charge is not refundable) was decided when it was
+// stored: allows_refund (the disputes table).
 func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGetForRefundParams) (ChargeGetForRefundRow, error) {
 	row := db.QueryRow(ctx, chargeGetForRefund, arg.RefundID, arg.AccountID, arg.ID)
 	var i ChargeGetForRefundRow
@@ -147,13 +148,13 @@ type ChargeReserveRefundParams struct {
 // Reserves a refund's amount on the charge, in the refund's claim batch,
 // after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 // charge as it is now, not on the version the refund's checks read: the
-// charge succeeded, has no dispute that forbids a refund (ChargeGetForRefund),
-// and still has the amount left to refund: of what was captured, less idempay's reservations and
-// less Stripe's figure (stripe_amount_refunded), unless @counted (a refund
-// re-created from Stripe, which Stripe's figure counts already). When one
-// of them no longer holds it raises IDS01, and the runner reads and checks
-// again, which answers with what changed (for example
-// refund-exceeds-charge). The table's CHECK rejects any amount that would
+// charge succeeded, has no dispute that forbids a refund (allows_refund:
+// ChargeGetForRefund), and still has the amount left to refund: of what
+// was captured, less idempay's reservations and less Stripe's figure
+// (stripe_amount_refunded), unless @counted (a refund re-created from
+// Stripe, which Stripe's figure counts already). When one of them no
+// longer holds it raises IDS01, and the runner reads and checks again,
+// which answers with what changed (for example refund-exceeds-charge). The table's CHECK rejects any amount that would
 // exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
 	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.Counted)
