@@ -279,7 +279,11 @@ CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe
 -- Disputes of a charge, known only from Stripe's events. A dispute does not
 -- change amount_refunded (Stripe does not count it as a refund), but a
 -- charge with an open or lost chargeback can no longer be refunded (an
--- inquiry, warning_*, does not stop a refund).
+-- inquiry, warning_*, does not stop a refund). allows_refund says whether
+-- this dispute lets its charge be refunded, and is what a refund checks:
+-- its status allows one (package stripeevents, disputeStates) and Stripe's
+-- event says the charge is refundable (is_charge_refundable). It is
+-- written with the status, from the same event.
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
@@ -292,6 +296,7 @@ CREATE TABLE disputes (
     status            text NOT NULL CHECK (status IN (
         'warning_needs_response', 'warning_under_review', 'warning_closed',
         'needs_response', 'under_review', 'won', 'lost')),
+    allows_refund     boolean NOT NULL,
     last_event_at     timestamptz NOT NULL,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now()

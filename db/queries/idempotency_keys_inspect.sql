@@ -2,12 +2,14 @@
 -- One account's record with the id of the ledger row it created, for GET
 -- /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 -- a refund's record, and the charge it refunds; the charge of a capture or
--- cancel in flight (its pending_record_id). It selects the state only:
--- never the stored response body or headers, nor the fingerprint.
+-- cancel in flight (its pending_record_id). It selects the state, and the
+-- stored response body only for the charge that a finished capture's or
+-- cancel's answer names (charges.ActedOn): never the headers, nor the
+-- fingerprint.
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
        ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
-       ik.finished_at,
+       ik.finished_at, ik.response_body,
        c.id AS charge_id,
        r.id AS refund_id,
        r.charge_id AS refund_charge_id,

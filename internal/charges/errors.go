@@ -14,8 +14,9 @@ var (
 	// ErrInvalidJSON: the request's body is not one JSON value.
 	ErrInvalidJSON = errors.New("body is not JSON")
 	// ErrNotRefundable: the charge did not succeed, is not captured, is
-	// still pending at Stripe, or has an open or lost dispute (a
-	// chargeback; an inquiry does not forbid a refund).
+	// still pending at Stripe, or has a dispute that forbids a refund (a
+	// chargeback, open or lost, or one under which Stripe says the charge
+	// is not refundable; an inquiry does not forbid one otherwise).
 	ErrNotRefundable = errors.New("charge cannot be refunded")
 	// ErrRefundExceedsCharge: more than is left to refund.
 	ErrRefundExceedsCharge = errors.New("refund exceeds the refundable amount")

@@ -2,6 +2,7 @@ package charges
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -44,9 +45,9 @@ type IdempotencyKey struct {
 	// or null for a record whose operation calls no one.
 	DownstreamKey *string `json:"downstream_key"`
 	// Charge is the charge the record created; for a refund's record the
-	// charge it refunds; for a capture's or a cancel's, the charge while the
-	// action is in flight (its pending mark names the record; the finished
-	// action's answer names the charge).
+	// charge it refunds; for a capture's or a cancel's, the charge it acted
+	// on: while the action is in flight its pending mark names the record,
+	// and once it has finished its answer names the charge (ActedOn).
 	Charge *string `json:"charge"`
 	// Refund is the refund a refund's record created.
 	Refund     *string    `json:"refund"`
@@ -98,10 +99,39 @@ func idempotencyKeyJSON(row keyState) IdempotencyKey {
 	if out.Charge == nil {
 		out.Charge = row.PendingChargeID
 	}
+	if out.Charge == nil {
+		out.Charge = ActedOn(row.RequestRoute, row.ResponseBody)
+	}
 	if row.RecoveryPoint != idempotency.PointFinished && row.RecoveryPoint != idempotency.PointParked {
 		out.NextAttemptAt = utc(&row.NextAttemptAt)
 	}
 	return out
+}
+
+// ActedOn is the charge that a finished capture's or cancel's record acted
+// on, as its stored answer (answer) names it: the charge itself (its id),
+// or a refusal's "charge" member (failedResponse, keyConflict). The ledger
+// keeps no link to such a record once it has finished: the pending mark
+// that named it while the action was in flight is cleared by the action's
+// finish. Nil for any other route's record, and for one with no answer.
+func ActedOn(route string, answer []byte) *string {
+	if route != RouteCapture && route != RouteCancel {
+		return nil
+	}
+	var named struct {
+		Object string `json:"object"`
+		ID     string `json:"id"`
+		Charge string `json:"charge"`
+	}
+	switch {
+	case json.Unmarshal(answer, &named) != nil:
+		return nil
+	case named.Object == "charge" && named.ID != "":
+		return &named.ID
+	case named.Charge != "":
+		return &named.Charge
+	}
+	return nil
 }
 
 func utc(t *time.Time) *time.Time {

@@ -73,14 +73,14 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s is %s; only succeeded charges can be refunded.", ch.ID, ch.Status))
 	}
 	// Stripe refuses to refund a charged-back charge: the dispute decides.
-	// An inquiry (warning_needs_response, warning_under_review) is no
-	// chargeback: Stripe refunds it, and a refund in full is how a merchant
-	// resolves it (ChargeGetForRefund cites Stripe's page). A dispute that
-	// lands after this read is seen by the reservation, which checks for
-	// one with the charge row locked (package stripeevents writes the row
-	// with its dispute).
+	// Each dispute says whether it allows a refund (an inquiry does, a
+	// chargeback does not, nor one under which Stripe says the charge is
+	// not refundable), as package stripeevents stored it with the dispute's
+	// status. A dispute that lands after this read is seen by the
+	// reservation, which checks for one with the charge row locked
+	// (package stripeevents writes the row with its dispute).
 	if blockingDisputes > 0 {
-		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has an open or lost dispute (a chargeback); it cannot be refunded.", ch.ID))
+		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has a dispute that forbids a refund (a chargeback, open or lost, or one under which Stripe says the charge is not refundable); it cannot be refunded.", ch.ID))
 	}
 	// What is left: what was captured less idempay's own refunds
 	// (reserved). Stripe's figure (StripeAmountRefunded), which counts

@@ -55,7 +55,7 @@ type recordView struct {
 	DownstreamKey                                string
 	// Holds is the ledger row the record holds: a charge, a refund, the
 	// charge whose capture or cancel it is (on a record's own page, once
-	// finished too: actedOn), or an API key.
+	// finished too: charges.ActedOn), or an API key.
 	Holds, HoldsLink string
 }
 
@@ -184,8 +184,8 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, v viewer) {
 	if chargeID == nil {
 		chargeID = row.RefundChargeID
 	}
-	if chargeID == nil && (row.RequestRoute == charges.RouteCapture || row.RequestRoute == charges.RouteCancel) {
-		chargeID = actedOn(row.ResponseBody) // finished: its pending mark is cleared
+	if chargeID == nil {
+		chargeID = charges.ActedOn(row.RequestRoute, row.ResponseBody) // finished: its pending mark is cleared
 	}
 	if chargeID != nil {
 		ch, err := c.q.ConsoleChargeGet(r.Context(), c.db, &dbsqlc.ConsoleChargeGetParams{AccountID: v.AccountID, ID: *chargeID})
@@ -208,28 +208,6 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, v viewer) {
 		}
 	}
 	c.render(w, r, http.StatusOK, "record", v, d)
-}
-
-// actedOn is the charge that a finished capture's or cancel's stored answer
-// names: the charge itself (its id), or a refusal's "charge" member. The
-// ledger keeps no link to the record: the pending mark that named it while
-// the action was in flight is cleared by the action's finish (and
-// charges_pending_record_id holds only actions in flight).
-func actedOn(body []byte) *string {
-	var answer struct {
-		Object string `json:"object"`
-		ID     string `json:"id"`
-		Charge string `json:"charge"`
-	}
-	switch {
-	case json.Unmarshal(body, &answer) != nil:
-		return nil
-	case answer.Object == "charge" && answer.ID != "":
-		return &answer.ID
-	case answer.Charge != "":
-		return &answer.Charge
-	}
-	return nil
 }
 
 func (c *Console) eventsOf(r *http.Request, v viewer, objectID string) ([]dbsqlc.ConsoleEventListRow, error) {

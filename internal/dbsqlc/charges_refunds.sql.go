@@ -12,9 +12,7 @@ import (
 
 const chargeGetForRefund = `-- name: ChargeGetForRefund :one
 SELECT charges.id, charges.account_id, charges.idempotency_key_id, charges.amount, charges.currency, charges.payment_method, charges.description, charges.metadata, charges.capture_method, charges.status, charges.amount_capturable, charges.amount_captured, charges.amount_refunded, charges.stripe_amount_refunded, charges.stripe_refunded_at, charges.stripe_payment_intent_id, charges.stripe_charge_id, charges.next_action_url, charges.failure_code, charges.failure_message, charges.pending_action, charges.pending_record_id, charges.pending_amount, charges.version, charges.last_event_at, charges.created_at, charges.updated_at,
-       (SELECT count(*) FROM disputes d
-        WHERE d.charge_id = charges.id
-          AND d.status NOT IN ('won', 'warning_needs_response', 'warning_under_review', 'warning_closed')) AS blocking_disputes,
+       (SELECT count(*) FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund) AS blocking_disputes,
        EXISTS (SELECT 1 FROM refunds r WHERE r.id = $1) AS refund_exists
 FROM charges WHERE charges.account_id = $2 AND charges.id = $3
 `
@@ -34,12 +32,10 @@ type ChargeGetForRefundRow struct {
 // What a refund checks, in one read before its claim: the charge, how many
 // of its disputes forbid a refund, and whether the refund's own ledger row
 // exists (the same request ran before its record expired: RefundInsert
-// refuses it, whatever the charge's state is now). A chargeback forbids it,
-// open (needs_response, under_review) or lost; an inquiry (warning_*) does
-// not: "Unlike a formal dispute, no funds have been withdrawn and the
-// payment it relates to can still be refunded ... To avoid it becoming a
-// formal dispute, you should submit any required evidence or refund the
-// payment in full" (stripe.com/docs/disputes, "Inquiries and retrievals").
+// refuses it, whatever the charge's state is now). Whether a dispute
+// forbids a refund (a chargeback, open or lost, does; an inquiry does not,
+// unless Stripe says the charge is not refundable) was decided when it was
+// stored: allows_refund (the disputes table).
 func (q *Queries) ChargeGetForRefund(ctx context.Context, db DBTX, arg *ChargeGetForRefundParams) (ChargeGetForRefundRow, error) {
 	row := db.QueryRow(ctx, chargeGetForRefund, arg.RefundID, arg.AccountID, arg.ID)
 	var i ChargeGetForRefundRow
@@ -137,9 +133,7 @@ WITH c AS (
     WHERE charges.id = $2
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= $1
-      AND NOT EXISTS (SELECT 1 FROM disputes d
-                      WHERE d.charge_id = charges.id
-                        AND d.status NOT IN ('won', 'warning_needs_response', 'warning_under_review', 'warning_closed'))
+      AND NOT EXISTS (SELECT 1 FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund)
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount')
@@ -153,15 +147,14 @@ type ChargeReserveRefundParams struct {
 // Reserves a refund's amount on the charge, in the refund's claim batch,
 // after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 // charge as it is now, not on the version the refund's checks read: the
-// charge succeeded, has no chargeback (a dispute open or lost; an inquiry,
-// warning_*, does not forbid a refund: ChargeGetForRefund), and still has the amount
-// left to refund: of what was captured, less idempay's reservations.
-// Stripe's figure (stripe_amount_refunded) is not a limit here: it may
-// count this very request's refund, lost to a restore, whose retry must
-// reach Stripe (I13), and Stripe refuses a refund beyond what it holds.
-// When one of them no longer holds it raises IDS01, and the runner reads
-// and checks again, which answers with what changed (for example
-// refund-exceeds-charge). The table's CHECK rejects any amount that would
+// charge succeeded, has no dispute that forbids a refund (allows_refund:
+// ChargeGetForRefund), and still has the amount left to refund: of what
+// was captured, less idempay's reservations. Stripe's figure
+// (stripe_amount_refunded) is not a limit here: it may count this very
+// request's refund, lost to a restore, whose retry must reach Stripe (I13),
+// and Stripe refuses a refund beyond what it holds. When one of them no
+// longer holds it raises IDS01, and the runner reads and checks again,
+// which answers with what changed (for example refund-exceeds-charge). The table's CHECK rejects any amount that would
 // exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
 	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID)

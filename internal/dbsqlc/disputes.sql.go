@@ -11,7 +11,7 @@ import (
 )
 
 const disputeGetByStripeID = `-- name: DisputeGetByStripeID :one
-SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at, created_at, updated_at FROM disputes WHERE stripe_dispute_id = $1
+SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, allows_refund, last_event_at, created_at, updated_at FROM disputes WHERE stripe_dispute_id = $1
 `
 
 func (q *Queries) DisputeGetByStripeID(ctx context.Context, db DBTX, stripeDisputeID string) (Dispute, error) {
@@ -26,6 +26,7 @@ func (q *Queries) DisputeGetByStripeID(ctx context.Context, db DBTX, stripeDispu
 		&i.Currency,
 		&i.Reason,
 		&i.Status,
+		&i.AllowsRefund,
 		&i.LastEventAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
@@ -35,8 +36,8 @@ func (q *Queries) DisputeGetByStripeID(ctx context.Context, db DBTX, stripeDispu
 
 const disputeInsert = `-- name: DisputeInsert :exec
 WITH d AS (
-    INSERT INTO disputes (account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    INSERT INTO disputes (account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, allows_refund, last_event_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (stripe_dispute_id) DO NOTHING
     RETURNING 1
 )
@@ -51,6 +52,7 @@ type DisputeInsertParams struct {
 	Currency        string
 	Reason          *string
 	Status          string
+	AllowsRefund    bool
 	LastEventAt     time.Time
 }
 
@@ -65,13 +67,14 @@ func (q *Queries) DisputeInsert(ctx context.Context, db DBTX, arg *DisputeInsert
 		arg.Currency,
 		arg.Reason,
 		arg.Status,
+		arg.AllowsRefund,
 		arg.LastEventAt,
 	)
 	return err
 }
 
 const disputeListByCharge = `-- name: DisputeListByCharge :many
-SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, last_event_at, created_at, updated_at FROM disputes WHERE charge_id = $1 ORDER BY created_at, id
+SELECT id, account_id, charge_id, stripe_dispute_id, amount, currency, reason, status, allows_refund, last_event_at, created_at, updated_at FROM disputes WHERE charge_id = $1 ORDER BY created_at, id
 `
 
 func (q *Queries) DisputeListByCharge(ctx context.Context, db DBTX, chargeID string) ([]Dispute, error) {
@@ -92,6 +95,7 @@ func (q *Queries) DisputeListByCharge(ctx context.Context, db DBTX, chargeID str
 			&i.Currency,
 			&i.Reason,
 			&i.Status,
+			&i.AllowsRefund,
 			&i.LastEventAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
@@ -109,8 +113,9 @@ func (q *Queries) DisputeListByCharge(ctx context.Context, db DBTX, chargeID str
 const disputeSetStatus = `-- name: DisputeSetStatus :exec
 WITH d AS (
     UPDATE disputes
-    SET status = $1, amount = $2, reason = $3, last_event_at = $4, updated_at = now()
-    WHERE id = $5 AND status = $6 AND last_event_at = $7
+    SET status = $1, allows_refund = $2, amount = $3, reason = $4,
+        last_event_at = $5, updated_at = now()
+    WHERE id = $6 AND status = $7 AND last_event_at = $8
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM d), 'IDS01', 'the dispute changed since it was read')
@@ -118,6 +123,7 @@ SELECT idempay_expect((SELECT count(*) FROM d), 'IDS01', 'the dispute changed si
 
 type DisputeSetStatusParams struct {
 	Status          string
+	AllowsRefund    bool
 	Amount          int64
 	Reason          *string
 	LastEventAt     time.Time
@@ -130,6 +136,7 @@ type DisputeSetStatusParams struct {
 func (q *Queries) DisputeSetStatus(ctx context.Context, db DBTX, arg *DisputeSetStatusParams) error {
 	_, err := db.Exec(ctx, disputeSetStatus,
 		arg.Status,
+		arg.AllowsRefund,
 		arg.Amount,
 		arg.Reason,
 		arg.LastEventAt,

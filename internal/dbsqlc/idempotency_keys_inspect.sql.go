@@ -14,7 +14,7 @@ const idempotencyKeyInspect = `-- name: IdempotencyKeyInspect :one
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
        ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
-       ik.finished_at,
+       ik.finished_at, ik.response_body,
        c.id AS charge_id,
        r.id AS refund_id,
        r.charge_id AS refund_charge_id,
@@ -46,6 +46,7 @@ type IdempotencyKeyInspectRow struct {
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
 	FinishedAt      *time.Time
+	ResponseBody    []byte
 	ChargeID        *string
 	RefundID        *string
 	RefundChargeID  *string
@@ -55,8 +56,10 @@ type IdempotencyKeyInspectRow struct {
 // One account's record with the id of the ledger row it created, for GET
 // /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 // a refund's record, and the charge it refunds; the charge of a capture or
-// cancel in flight (its pending_record_id). It selects the state only:
-// never the stored response body or headers, nor the fingerprint.
+// cancel in flight (its pending_record_id). It selects the state, and the
+// stored response body only for the charge that a finished capture's or
+// cancel's answer names (charges.ActedOn): never the headers, nor the
+// fingerprint.
 func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *IdempotencyKeyInspectParams) (IdempotencyKeyInspectRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.Scope, arg.Key)
 	var i IdempotencyKeyInspectRow
@@ -75,6 +78,7 @@ func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *Idemp
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.ResponseBody,
 		&i.ChargeID,
 		&i.RefundID,
 		&i.RefundChargeID,

@@ -66,6 +66,7 @@ type Dispute struct {
 	Currency        string
 	Reason          *string
 	Status          string
+	AllowsRefund    bool
 	LastEventAt     time.Time
 	CreatedAt       time.Time
 	UpdatedAt       time.Time

@@ -206,8 +206,10 @@ func deref(s *string) string {
 }
 
 // A capture's and a cancel's records call Stripe under keys of their own,
-// and the inspection shows them; while the capture is in flight it also
-// names the charge (the charge's pending mark names the record).
+// and the inspection shows them, with the charge each acted on: while the
+// capture is in flight (the charge's pending mark names the record) and
+// once it has finished (its stored answer names the charge), as the
+// console's page of the record does.
 func TestInspectCaptureAndCancel(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -246,8 +248,9 @@ func TestInspectCaptureAndCancel(t *testing.T) {
 	gate.Release()
 	wg.Wait()
 	r, st = inspect(t, c, "capture 1")
-	if r.Status != http.StatusOK || st.RecoveryPoint != "finished" || st.DownstreamKey != "idempay_"+st.ID+"_capture" {
-		t.Errorf("capture finished: %d %s", r.Status, r.Body)
+	if r.Status != http.StatusOK || st.RecoveryPoint != "finished" || st.DownstreamKey != "idempay_"+st.ID+"_capture" ||
+		deref(st.Charge) != held {
+		t.Errorf("capture finished: %d %s; want finished, downstream key idempay_<id>_capture, charge %s", r.Status, r.Body, held)
 	}
 	if n := env.Stripe.KeyCount(st.DownstreamKey); n != 1 {
 		t.Errorf("stripe saw the capture's downstream key %s %d times, want 1", st.DownstreamKey, n)
@@ -257,8 +260,8 @@ func TestInspectCaptureAndCancel(t *testing.T) {
 		t.Fatalf("cancel: %d %s", r.Status, r.Body)
 	}
 	r, st = inspect(t, c, "cancel 1")
-	if r.Status != http.StatusOK || st.DownstreamKey != "idempay_"+st.ID+"_cancel" {
-		t.Errorf("cancel: %d %s; want downstream key idempay_<id>_cancel", r.Status, r.Body)
+	if r.Status != http.StatusOK || st.DownstreamKey != "idempay_"+st.ID+"_cancel" || deref(st.Charge) != canceled {
+		t.Errorf("cancel: %d %s; want downstream key idempay_<id>_cancel, charge %s", r.Status, r.Body, canceled)
 	}
 	if n := env.Stripe.KeyCount(st.DownstreamKey); n != 1 {
 		t.Errorf("stripe saw the cancel's downstream key %s %d times, want 1", st.DownstreamKey, n)

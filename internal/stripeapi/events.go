@@ -118,7 +118,8 @@ func refundedOfCaptured(sc *stripe.Charge) int64 {
 
 // dispute is Stripe's dispute sd as package stripeevents reads it.
 func dispute(sd *stripe.Dispute) *stripeevents.Dispute {
-	out := &stripeevents.Dispute{ID: sd.ID, Status: string(sd.Status), Amount: sd.Amount, Reason: string(sd.Reason)}
+	out := &stripeevents.Dispute{ID: sd.ID, Status: string(sd.Status), Amount: sd.Amount, Reason: string(sd.Reason),
+		ChargeRefundable: sd.IsChargeRefundable}
 	if sd.Charge != nil {
 		out.ChargeID = sd.Charge.ID
 	}

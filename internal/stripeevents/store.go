@@ -66,7 +66,7 @@ func (st store) dispute(ctx context.Context, stripeDisputeID string) (disputeRow
 func (st store) insertDispute(ctx context.Context, b *idempotency.Batch, d disputeRow) error {
 	return st.q.DisputeInsert(ctx, b, &dbsqlc.DisputeInsertParams{
 		AccountID: d.AccountID, ChargeID: d.ChargeID, StripeDisputeID: d.StripeDisputeID, Amount: d.Amount,
-		Currency: d.Currency, Reason: d.Reason, Status: d.Status, LastEventAt: d.LastEventAt,
+		Currency: d.Currency, Reason: d.Reason, Status: d.Status, AllowsRefund: d.AllowsRefund, LastEventAt: d.LastEventAt,
 	})
 }
 
@@ -74,7 +74,7 @@ func (st store) insertDispute(ctx context.Context, b *idempotency.Batch, d dispu
 // it was read at.
 func (st store) moveDispute(ctx context.Context, b *idempotency.Batch, d disputeRow, read disputeRow) error {
 	return st.q.DisputeSetStatus(ctx, b, &dbsqlc.DisputeSetStatusParams{
-		ID: d.ID, Status: d.Status, Amount: d.Amount, Reason: d.Reason, LastEventAt: d.LastEventAt,
+		ID: d.ID, Status: d.Status, AllowsRefund: d.AllowsRefund, Amount: d.Amount, Reason: d.Reason, LastEventAt: d.LastEventAt,
 		ReadStatus: read.Status, ReadLastEventAt: read.LastEventAt,
 	})
 }

@@ -82,6 +82,10 @@ type Dispute struct {
 	ID, Status, Reason string
 	ChargeID, IntentID string
 	Amount             int64
+	// ChargeRefundable is Stripe's is_charge_refundable: "If true, it's
+	// still possible to refund the disputed payment" (docs.stripe.com/api/
+	// disputes/object).
+	ChargeRefundable bool
 }
 
 // Applier applies Stripe's events to the ledger.

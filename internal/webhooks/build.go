@@ -55,6 +55,11 @@ type DisputeObject struct {
 	Reason        string    // e.g. "fraudulent"
 	Status        string    // "warning_needs_response", "needs_response", "under_review", "won", "lost", ...
 	Created       time.Time // zero means the event's time
+	// IsChargeRefundable is Stripe's is_charge_refundable: "If true, it's
+	// still possible to refund the disputed payment" (docs.stripe.com/api/
+	// disputes/object). True for an inquiry, whose payment "can still be
+	// refunded" (stripe.com/docs/disputes, "Inquiries and retrievals").
+	IsChargeRefundable bool
 }
 
 // Event is one Stripe event, ready to send. Payload is kept as bytes because
@@ -223,16 +228,17 @@ func NewRefundEvent(typ string, rf RefundObject, created time.Time) (Event, erro
 func NewDisputeEvent(typ string, d DisputeObject, created time.Time) (Event, error) {
 	created = orNow(created)
 	return NewEvent("", typ, disputeJSON{
-		ID:            d.ID,
-		Object:        "dispute",
-		Amount:        d.Amount,
-		Charge:        d.Charge,
-		PaymentIntent: nonEmpty(d.PaymentIntent),
-		Created:       orTime(d.Created, created).Unix(),
-		Currency:      d.Currency,
-		Metadata:      map[string]string{},
-		Reason:        d.Reason,
-		Status:        d.Status,
+		ID:                 d.ID,
+		Object:             "dispute",
+		Amount:             d.Amount,
+		Charge:             d.Charge,
+		PaymentIntent:      nonEmpty(d.PaymentIntent),
+		Created:            orTime(d.Created, created).Unix(),
+		Currency:           d.Currency,
+		IsChargeRefundable: d.IsChargeRefundable,
+		Metadata:           map[string]string{},
+		Reason:             d.Reason,
+		Status:             d.Status,
 	}, created)
 }
 

@@ -25,7 +25,9 @@ type TriggerOptions struct {
 	// a refund's (default succeeded) or a dispute's: created (default
 	// needs_response; warning_needs_response for an inquiry), updated
 	// (default under_review; needs_response escalates an inquiry) or
-	// closed (default lost).
+	// closed (default lost). A dispute's is_charge_refundable is true for
+	// an inquiry's status (warning_*) only, whose payment "can still be
+	// refunded" (stripe.com/docs/disputes, "Inquiries and retrievals").
 	Status string
 }
 
@@ -107,6 +109,7 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 		default:
 			d.Status = cmp.Or(o.Status, "lost")
 		}
+		d.IsChargeRefundable = strings.HasPrefix(d.Status, "warning_")
 		return NewDisputeEvent(o.Type, d, now)
 	default:
 		return Event{}, fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))

@@ -315,7 +315,7 @@ func TestEventTypesMoveTheLedger(t *testing.T) {
 	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch2.ID, "amount": 100}); r.Status != http.StatusConflict {
 		t.Errorf("refund of a disputed charge: %d %s, want 409", r.Status, r.Body)
 	}
-	dispute.Status = "won"
+	dispute.Status, dispute.IsChargeRefundable = "won", true
 	closed, err := webhooks.NewDisputeEvent("charge.dispute.closed", dispute, now.Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -677,7 +677,7 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 		t.Helper()
 		ch, fc := createCharge(t, env, c, 3000)
 		d := webhooks.DisputeObject{ID: "dp_" + rand.Text(), Charge: fc.LatestCharge, Amount: 3000, Currency: "usd",
-			Reason: "fraudulent", Status: status}
+			Reason: "fraudulent", Status: status, IsChargeRefundable: strings.HasPrefix(status, "warning_")}
 		created, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now)
 		if err != nil {
 			t.Fatal(err)
@@ -739,7 +739,8 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ch := disputed(t, tc.first)
 			d := webhooks.DisputeObject{ID: getCharge(t, c, ch.ID).Disputes[0].StripeDisputeID, Charge: *ch.StripeChargeID,
-				Amount: 3000, Currency: "usd", Reason: "fraudulent", Status: tc.second}
+				Amount: 3000, Currency: "usd", Reason: "fraudulent", Status: tc.second,
+				IsChargeRefundable: strings.HasPrefix(tc.second, "warning_")}
 			updated, err := webhooks.NewDisputeEvent("charge.dispute.updated", d, now.Add(tc.secondAt))
 			if err != nil {
 				t.Fatal(err)
@@ -753,6 +754,92 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 				t.Fatalf("refund of a charged-back charge: %d %s, want 409", r.Status, r.Body)
 			}
 		})
+	}
+}
+
+// Stripe's dispute says whether its charge can still be refunded
+// (is_charge_refundable: "If true, it's still possible to refund the
+// disputed payment", docs.stripe.com/api/disputes/object). idempay honours
+// it with the status, from the same event: a refund Stripe says it would
+// not make is refused, 409 charge-not-refundable, even under an inquiry's
+// status; and since both come from the event that wins by rank, one that
+// arrives late and stale changes neither. Each pair of events is delivered
+// in both orders, and the refund's answer is the same.
+func TestDisputeSaysTheChargeIsNotRefundable(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	now := time.Now()
+	type event struct {
+		typ, status string
+		refundable  bool
+		at          time.Duration // after now
+	}
+	for _, tc := range []struct {
+		name          string
+		first, second event // in the order Stripe created them
+		final         string
+		refundStatus  int
+	}{
+		// An inquiry that closed once Stripe no longer lets its charge be
+		// refunded (say, refunded in full elsewhere).
+		{"an inquiry closed, not refundable",
+			event{"charge.dispute.created", "warning_needs_response", true, 0},
+			event{"charge.dispute.closed", "warning_closed", false, time.Second},
+			"warning_closed", http.StatusConflict},
+		// The same inquiry's status, where Stripe's first event said no and
+		// its later one yes: the earlier, delivered last, is stale.
+		{"an inquiry refundable again under review",
+			event{"charge.dispute.created", "warning_needs_response", false, 0},
+			event{"charge.dispute.updated", "warning_under_review", true, time.Second},
+			"warning_under_review", http.StatusCreated},
+		// One status, where Stripe's later event says the charge is no
+		// longer refundable: of one rank, the later event decides.
+		{"an inquiry no longer refundable",
+			event{"charge.dispute.created", "warning_needs_response", true, 0},
+			event{"charge.dispute.updated", "warning_needs_response", false, time.Second},
+			"warning_needs_response", http.StatusConflict},
+		// A chargeback won, where Stripe says the charge is not refundable.
+		{"a chargeback won, not refundable",
+			event{"charge.dispute.created", "needs_response", false, 0},
+			event{"charge.dispute.closed", "won", false, time.Second},
+			"won", http.StatusConflict},
+	} {
+		for _, reversed := range []bool{false, true} {
+			name := tc.name + ", in order"
+			if reversed {
+				name = tc.name + ", the later first"
+			}
+			t.Run(name, func(t *testing.T) {
+				ch, fc := createCharge(t, env, c, 3000)
+				id := "dp_" + rand.Text()
+				build := func(e event) webhooks.Event {
+					ev, err := webhooks.NewDisputeEvent(e.typ, webhooks.DisputeObject{ID: id, Charge: fc.LatestCharge, Amount: 3000,
+						Currency: "usd", Reason: "fraudulent", Status: e.status, IsChargeRefundable: e.refundable}, now.Add(e.at))
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ev
+				}
+				if reversed {
+					wantOutcome(t, deliver(t, env, build(tc.second)), "applied")
+					wantOutcome(t, deliver(t, env, build(tc.first)), "stale")
+				} else {
+					wantOutcome(t, deliver(t, env, build(tc.first)), "applied")
+					wantOutcome(t, deliver(t, env, build(tc.second)), "applied")
+				}
+				if got := getCharge(t, c, ch.ID).Disputes; len(got) != 1 || got[0].Status != tc.final {
+					t.Fatalf("charge disputes: %s, want one %s", mustJSON(got), tc.final)
+				}
+				r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
+				var p struct{ Type string }
+				_ = json.Unmarshal(r.Body, &p)
+				if r.Status != tc.refundStatus || r.Status == http.StatusConflict && p.Type != "/problems/charge-not-refundable" {
+					t.Fatalf("refund after %s (refundable %v) and %s (refundable %v): %d %s, want %d",
+						tc.first.status, tc.first.refundable, tc.second.status, tc.second.refundable, r.Status, r.Body, tc.refundStatus)
+				}
+			})
+		}
 	}
 }
 
