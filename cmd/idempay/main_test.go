@@ -144,6 +144,28 @@ func TestOrdersDLQFlagsRefusedClearly(t *testing.T) {
 	}
 }
 
+// TestOrdersPublishRefusesFlagsNotText: `idempay orders publish` with a
+// flag's value that is not UTF-8 is refused at once, naming the flag,
+// before any broker is asked (here there is none); it published the
+// message with U+FFFD in place of each bad byte, an order nobody sent.
+func TestOrdersPublishRefusesFlagsNotText(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--order-id", "o\xff"}, "--order-id: not UTF-8 text"},
+		{[]string{"--description", "caf\xe9"}, "--description: not UTF-8 text"},
+		{[]string{"--idempotency-key", "k\xc3", "--payment-method", "pm_\xff"}, "--idempotency-key, --payment-method: not UTF-8 text"},
+	} {
+		args := append([]string{"orders", "publish", "--account", "acct_1", "--amount", "100"}, tc.args...)
+		_, stderr, code := idempay(t, []string{"NATS_URL=nats://127.0.0.1:1"}, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", args, code, stderr, tc.want)
+		}
+	}
+}
+
 // TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
 // serve; `idempay relay` with it is refused at once, naming the variable,
 // where it ran its passes without a pause (thousands of queries a second
