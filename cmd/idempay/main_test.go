@@ -182,6 +182,28 @@ func TestChargesListLimitRefusedClearly(t *testing.T) {
 	}
 }
 
+// TestStrayArgumentsRefused: a word after a command's flags is refused
+// with its usage, before anything is asked of the database or the broker
+// (here neither is reachable). `accounts create --name Acme Corp` made an
+// account named Acme, and `orders publish --description Big order`
+// published "Big": the rest of an unquoted value was dropped, and the
+// command succeeded.
+func TestStrayArgumentsRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "STRIPE_WEBHOOK_SECRET=whsec_test"}
+	for _, args := range [][]string{
+		{"accounts", "create", "--name", "Acme", "Corp"},
+		{"orders", "publish", "--account", "acct_1", "--amount", "100", "--description", "Big", "order"},
+		{"webhooks", "trigger", "payment_intent.succeeded", "--charge", "ch_1", "extra"},
+	} {
+		_, stderr, code := idempay(t, env, args...)
+		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 refusing the stray argument, with the usage", args, code, stderr)
+		}
+	}
+}
+
 // TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
 // serve; `idempay relay` with it is refused at once, naming the variable,
 // where it ran its passes without a pause (thousands of queries a second

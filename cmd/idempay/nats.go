@@ -240,6 +240,9 @@ func publishFlags(args []string) (data []byte, msgID string, err error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, "", err
 	}
+	if fs.NArg() > 0 {
+		return nil, "", strayArgument(fs, ordersUsage)
+	}
 	if *account == "" || *amount == 0 {
 		return nil, "", errors.New(ordersUsage)
 	}
