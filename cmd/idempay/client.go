@@ -256,6 +256,9 @@ func (m metadataFlag) Set(v string) error {
 	if !ok || k == "" {
 		return fmt.Errorf("metadata %q: want key=value", v)
 	}
+	if _, twice := m[k]; twice {
+		return fmt.Errorf("metadata key %q is given twice", k)
+	}
 	m[k] = val
 	return nil
 }

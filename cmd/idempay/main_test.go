@@ -204,6 +204,21 @@ func TestStrayArgumentsRefused(t *testing.T) {
 	}
 }
 
+// TestMetadataKeyTwiceRefused: `idempay charges create` with one
+// metadata key given twice is refused, naming the key, before any request
+// (here the API is unreachable), as the API refuses a name given twice in
+// a body; the second value silently replaced the first.
+func TestMetadataKeyTwiceRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
+	args := []string{"charges", "create", "--amount", "100", "--payment-method", "pm_card_visa",
+		"--metadata", "order=1", "--metadata", "order=2"}
+	_, stderr, code := idempay(t, env, args...)
+	if want := `metadata key "order" is given twice`; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", args, code, stderr, want)
+	}
+}
+
 // TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
 // serve; `idempay relay` with it is refused at once, naming the variable,
 // where it ran its passes without a pause (thousands of queries a second
