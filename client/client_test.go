@@ -575,6 +575,78 @@ func TestBadKeyIsRefusedBeforeSending(t *testing.T) {
 	}
 }
 
+// TestTextNotUTF8IsRefusedBeforeSending: a string of a body that is not
+// UTF-8 is refused by the call, naming its field, and nothing is sent.
+// encoding/json would send U+FFFD in place of each bad byte, and the
+// server would store a description or metadata the caller never gave
+// (the server itself refuses such bytes, which never reach it). A valid
+// U+FFFD, and a backslash before "ufffd", are text like any other.
+func TestTextNotUTF8IsRefusedBeforeSending(t *testing.T) {
+	t.Parallel()
+	f := newFront(t, "", nil)
+	c := client.New(f.URL, "k")
+	bad := "caf\xe9"
+	desc := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name, field string
+		call        func() error
+	}{
+		{"description", "description", func() error {
+			p := visa(1)
+			p.Description = desc(bad)
+			_, err := c.Charges.Create(t.Context(), p)
+			return err
+		}},
+		{"metadata value", "metadata", func() error {
+			p := visa(1)
+			p.Metadata = map[string]string{"k": bad}
+			_, err := c.Charges.Create(t.Context(), p)
+			return err
+		}},
+		{"metadata key", "metadata", func() error {
+			p := visa(1)
+			p.Metadata = map[string]string{bad: "v"}
+			_, err := c.Charges.Create(t.Context(), p)
+			return err
+		}},
+		{"payment method", "payment_method", func() error {
+			p := visa(1)
+			p.PaymentMethod = "pm_\xff"
+			_, err := c.Charges.Create(t.Context(), p)
+			return err
+		}},
+		{"refund's charge", "charge", func() error {
+			amount := int64(1)
+			_, err := c.Refunds.Create(t.Context(), client.RefundParams{Charge: "ch_\xc3", Amount: &amount})
+			return err
+		}},
+	} {
+		err := tc.call()
+		if err == nil || !strings.Contains(err.Error(), "UTF-8") || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: error %v, want a refusal naming %s and UTF-8", tc.name, err, tc.field)
+		}
+	}
+	if n := len(f.requests()); n != 0 {
+		t.Errorf("%d requests sent", n)
+	}
+
+	// Valid text, U+FFFD and a backslash among it, goes as given.
+	ok := newFront(t, "", func(_ int, w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"id":"ch_1","object":"charge"}`)
+		return true
+	})
+	p := visa(1)
+	p.Description = desc("\ufffd and a backslash: \\ufffd")
+	if _, err := client.New(ok.URL, "k").Charges.Create(t.Context(), p); err != nil {
+		t.Fatalf("valid text: %v", err)
+	}
+	if got := ok.requests(); len(got) != 1 || !bytes.Contains(got[0].body, []byte("\ufffd and a backslash: \\\\ufffd")) {
+		t.Fatalf("valid text: sent %q", got)
+	}
+}
+
 func noSleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 
 // TestAttemptURLCarriesNoPassword: an Observer's Attempt is for logs, so

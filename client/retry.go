@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -12,9 +13,11 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // maxBody bounds the answer read into memory. The largest answer of the API
@@ -70,6 +73,9 @@ func (c *Client) newRequest(method, path string, query url.Values, body any, opt
 		}
 	}
 	if body != nil {
+		if field := notUTF8(reflect.ValueOf(body), ""); field != "" {
+			return nil, fmt.Errorf("idempay: the %s %s body's %s holds text that is not UTF-8; nothing was sent", method, path, field)
+		}
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, fmt.Errorf("idempay: encoding the %s %s body: %w", method, path, err)
@@ -351,4 +357,49 @@ func newUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// notUTF8 returns the JSON name of the first string in v (a request body:
+// structs, pointers, maps and slices of strings and numbers) that is not
+// UTF-8, or "". encoding/json would send U+FFFD in place of each bad byte,
+// and the server would keep text the caller never gave: such a body is
+// refused before anything is sent. name is v's own name ("" at the top).
+func notUTF8(v reflect.Value, name string) string {
+	switch v.Kind() {
+	case reflect.String:
+		if !utf8.ValidString(v.String()) {
+			return name
+		}
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return notUTF8(v.Elem(), name)
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			fname, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if fname == "" {
+				fname = f.Name
+			}
+			if bad := notUTF8(v.Field(i), fname); bad != "" {
+				return bad
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if bad := cmp.Or(notUTF8(it.Key(), name), notUTF8(it.Value(), name)); bad != "" {
+				return bad
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if bad := notUTF8(v.Index(i), name); bad != "" {
+				return bad
+			}
+		}
+	}
+	return ""
 }

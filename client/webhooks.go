@@ -86,8 +86,11 @@ func NewWebhookVerifier(secrets ...string) (*WebhookVerifier, error) {
 	v := &WebhookVerifier{}
 	for _, s := range secrets {
 		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, webhookSecretPrefix))
-		if err != nil || len(key) == 0 {
+		if err != nil {
 			return nil, fmt.Errorf("idempay: webhook verifier: a secret is not whsec_ and base64: %w", err)
+		}
+		if len(key) == 0 {
+			return nil, errors.New("idempay: webhook verifier: a secret is empty: want whsec_ and the base64 of its bytes")
 		}
 		v.keys = append(v.keys, key)
 	}

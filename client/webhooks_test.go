@@ -163,6 +163,14 @@ func TestWebhookVerifierRotation(t *testing.T) {
 	if _, err := client.NewWebhookVerifier("whsec_!!"); err == nil {
 		t.Error("a secret that is not base64 was accepted")
 	}
+	// An empty secret (whsec_ alone, or "" from "a,"'s split) is refused
+	// in words, not with a formatting verb's placeholder for a nil error.
+	for _, bad := range [][]string{{"whsec_"}, {""}, {oldSecret, ""}} {
+		_, err := client.NewWebhookVerifier(bad...)
+		if err == nil || strings.Contains(err.Error(), "%!") || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("NewWebhookVerifier(%q): %v, want a refusal of an empty secret", bad, err)
+		}
+	}
 }
 
 // TestWebhookHandler: the example handler applies each webhook-id once (a

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/idempay/idempay/client"
+	"github.com/idempay/idempay/internal/listing"
 )
 
 const clientUsage = `usage:
@@ -178,6 +179,11 @@ func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, er
 	if fs.NArg() > 0 {
 		return nil, errors.New(clientUsage)
 	}
+	// The client reads a Limit of 0 as the server's default: --limit 0
+	// would list 10 where the flag says 1 to 100.
+	if flagSet(fs, "limit") && (*limit < 1 || *limit > listing.MaxLimit) {
+		return nil, fmt.Errorf("charges list: --limit must be an integer between 1 and %d, not %d", listing.MaxLimit, *limit)
+	}
 	return cl.Charges.List(ctx, client.ListParams{Limit: *limit, StartingAfter: *after})
 }
 
@@ -249,6 +255,9 @@ func (m metadataFlag) Set(v string) error {
 	k, val, ok := strings.Cut(v, "=")
 	if !ok || k == "" {
 		return fmt.Errorf("metadata %q: want key=value", v)
+	}
+	if _, twice := m[k]; twice {
+		return fmt.Errorf("metadata key %q is given twice", k)
 	}
 	m[k] = val
 	return nil

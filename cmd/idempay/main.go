@@ -433,6 +433,9 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
+		if fs.NArg() > 0 {
+			return strayArgument(fs, accountsUsage)
+		}
 		if *name == "" {
 			return errors.New(accountsUsage)
 		}
@@ -452,6 +455,13 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 	default:
 		return errors.New(accountsUsage)
 	}
+}
+
+// strayArgument refuses the first word left after a command's flags: the
+// rest of a value with spaces that was not quoted (--name Acme Corp),
+// which would otherwise be dropped while the command succeeded.
+func strayArgument(fs *flag.FlagSet, usage string) error {
+	return fmt.Errorf("stray argument %q after the flags (quote a value that has spaces)\n%s", fs.Arg(0), usage)
 }
 
 func purge(ctx context.Context, cfg Config, log *slog.Logger) error {

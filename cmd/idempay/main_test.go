@@ -144,6 +144,81 @@ func TestOrdersDLQFlagsRefusedClearly(t *testing.T) {
 	}
 }
 
+// TestOrdersPublishRefusesFlagsNotText: `idempay orders publish` with a
+// flag's value that is not UTF-8 is refused at once, naming the flag,
+// before any broker is asked (here there is none); it published the
+// message with U+FFFD in place of each bad byte, an order nobody sent.
+func TestOrdersPublishRefusesFlagsNotText(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--order-id", "o\xff"}, "--order-id: not UTF-8 text"},
+		{[]string{"--description", "caf\xe9"}, "--description: not UTF-8 text"},
+		{[]string{"--idempotency-key", "k\xc3", "--payment-method", "pm_\xff"}, "--idempotency-key, --payment-method: not UTF-8 text"},
+	} {
+		args := append([]string{"orders", "publish", "--account", "acct_1", "--amount", "100"}, tc.args...)
+		_, stderr, code := idempay(t, []string{"NATS_URL=nats://127.0.0.1:1"}, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", args, code, stderr, tc.want)
+		}
+	}
+}
+
+// TestChargesListLimitRefusedClearly: `idempay charges list --limit N`
+// with N out of 1 to 100 is refused at once, naming the flag, before any
+// request (here the API is unreachable): --limit 0 listed the server's
+// default of 10, as if the flag had not been given.
+func TestChargesListLimitRefusedClearly(t *testing.T) {
+	t.Parallel()
+	env := []string{"IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
+	for _, n := range []string{"0", "101", "-1"} {
+		_, stderr, code := idempay(t, env, "charges", "list", "--limit", n)
+		want := "--limit must be an integer between 1 and 100, not " + n
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("idempay charges list --limit %s: exit %d, stderr %.300q; want exit 1 and %q", n, code, stderr, want)
+		}
+	}
+}
+
+// TestStrayArgumentsRefused: a word after a command's flags is refused
+// with its usage, before anything is asked of the database or the broker
+// (here neither is reachable). `accounts create --name Acme Corp` made an
+// account named Acme, and `orders publish --description Big order`
+// published "Big": the rest of an unquoted value was dropped, and the
+// command succeeded.
+func TestStrayArgumentsRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "STRIPE_WEBHOOK_SECRET=whsec_test"}
+	for _, args := range [][]string{
+		{"accounts", "create", "--name", "Acme", "Corp"},
+		{"orders", "publish", "--account", "acct_1", "--amount", "100", "--description", "Big", "order"},
+		{"webhooks", "trigger", "payment_intent.succeeded", "--charge", "ch_1", "extra"},
+	} {
+		_, stderr, code := idempay(t, env, args...)
+		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 refusing the stray argument, with the usage", args, code, stderr)
+		}
+	}
+}
+
+// TestMetadataKeyTwiceRefused: `idempay charges create` with one
+// metadata key given twice is refused, naming the key, before any request
+// (here the API is unreachable), as the API refuses a name given twice in
+// a body; the second value silently replaced the first.
+func TestMetadataKeyTwiceRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
+	args := []string{"charges", "create", "--amount", "100", "--payment-method", "pm_card_visa",
+		"--metadata", "order=1", "--metadata", "order=2"}
+	_, stderr, code := idempay(t, env, args...)
+	if want := `metadata key "order" is given twice`; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", args, code, stderr, want)
+	}
+}
+
 // TestRelayRefusesNoInterval: RELAY_INTERVAL=0 keeps the relay out of
 // serve; `idempay relay` with it is refused at once, naming the variable,
 // where it ran its passes without a pause (thousands of queries a second

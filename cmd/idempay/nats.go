@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -141,13 +143,20 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	if len(args) == 0 {
 		return errors.New(ordersUsage)
 	}
-	// A page's flags and a replay's sequence are checked before anything
-	// is asked of the broker: a bad one is said at once, whether NATS is
-	// there or not, and a sequence is a whole number, all of it ("5abc"
-	// is no 5).
+	// A message's flags, a page's flags and a replay's sequence are checked
+	// before anything is asked of the broker: a bad one is said at once,
+	// whether NATS is there or not, and a sequence is a whole number, all
+	// of it ("5abc" is no 5).
 	var limit int
 	var after, seq uint64
+	var data []byte
+	var msgID string
 	switch args[0] {
+	case "publish":
+		var err error
+		if data, msgID, err = publishFlags(args[1:]); err != nil {
+			return err
+		}
 	case "dlq":
 		var err error
 		if limit, after, err = dlqFlags(args[1:]); err != nil {
@@ -175,7 +184,7 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 	}
 	switch args[0] {
 	case "publish":
-		return ordersPublish(ctx, cfg, js, args[1:])
+		return ordersPublish(ctx, cfg, js, data, msgID)
 	case "dlq":
 		page, err := orders.DeadLetterPage(ctx, stream, cfg.Orders, limit, after)
 		if err != nil {
@@ -213,7 +222,12 @@ func dlqFlags(args []string) (limit int, after uint64, err error) {
 	return limit, after, nil
 }
 
-func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args []string) error {
+// publishFlags parses the flags of `idempay orders publish` into the
+// message's JSON and its Nats-Msg-Id. A value that is not UTF-8 is refused,
+// naming its flag: encoding/json would put U+FFFD in place of each bad
+// byte, and the consumer would charge an order, under a key, that nobody
+// sent.
+func publishFlags(args []string) (data []byte, msgID string, err error) {
 	fs := flag.NewFlagSet("orders publish", flag.ContinueOnError)
 	account := fs.String("account", "", "the account (acct_...)")
 	amount := fs.Int64("amount", 0, "in the currency's minor unit")
@@ -222,12 +236,24 @@ func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args
 	orderID := fs.String("order-id", fmt.Sprintf("%d", time.Now().UnixNano()), "the order")
 	key := fs.String("idempotency-key", "", `the key (default "order-" + the order id)`)
 	desc := fs.String("description", "", "optional")
-	msgID := fs.String("msg-id", "", "Nats-Msg-Id (default none: every publish is a new message)")
+	id := fs.String("msg-id", "", "Nats-Msg-Id (default none: every publish is a new message)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, "", err
+	}
+	if fs.NArg() > 0 {
+		return nil, "", strayArgument(fs, ordersUsage)
 	}
 	if *account == "" || *amount == 0 {
-		return errors.New(ordersUsage)
+		return nil, "", errors.New(ordersUsage)
+	}
+	var notText []string
+	fs.Visit(func(f *flag.Flag) {
+		if !utf8.ValidString(f.Value.String()) {
+			notText = append(notText, "--"+f.Name)
+		}
+	})
+	if len(notText) > 0 {
+		return nil, "", fmt.Errorf("orders publish: %s: not UTF-8 text", strings.Join(notText, ", "))
 	}
 	if *key == "" {
 		*key = "order-" + *orderID
@@ -237,14 +263,15 @@ func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, args
 	if *desc != "" {
 		m.Description = desc
 	}
-	data, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
+	data, err = json.Marshal(m)
+	return data, *id, err
+}
+
+func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, data []byte, msgID string) error {
 	msg := nats.NewMsg(cfg.Orders.Subject)
 	msg.Data = data
-	if *msgID != "" {
-		msg.Header.Set(jetstream.MsgIDHeader, *msgID)
+	if msgID != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {

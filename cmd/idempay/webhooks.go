@@ -41,6 +41,9 @@ func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return strayArgument(fs, usage)
+	}
 	if o.ChargeID == "" {
 		return errors.New(usage)
 	}

@@ -18,11 +18,13 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/pgtext"
 )
 
 // KeyPrefix starts every API key, so a leaked key is recognisable.
@@ -63,12 +65,19 @@ func accountOf(row dbsqlc.Account) Account {
 	return Account{ID: row.ID, Name: row.Name, CreatedAt: row.CreatedAt, Mode: row.IdempotencyMode}
 }
 
+// ErrInvalidName refuses an account's name: empty, longer than 200
+// characters, or not text (pgtext.IsText).
+var ErrInvalidName = errors.New("account name must be 1 to 200 characters of UTF-8 text without control characters")
+
 // Create inserts an account and its first API key, and returns the key,
-// which is not stored and cannot be shown again.
+// which is not stored and cannot be shown again. The name is refused
+// (ErrInvalidName) before any statement when it is not text: PostgreSQL
+// would refuse bytes that are not UTF-8 or a NUL with an error of its
+// own, and the console shows the name.
 func Create(ctx context.Context, dbb db.Beginner, name string) (Account, string, error) {
 	name = strings.TrimSpace(name)
-	if name == "" || len(name) > 200 {
-		return Account{}, "", errors.New("account name must be 1 to 200 characters")
+	if name == "" || utf8.RuneCountInString(name) > 200 || !pgtext.IsText(name) {
+		return Account{}, "", ErrInvalidName
 	}
 	type created struct {
 		acct Account
@@ -124,6 +133,9 @@ func SetMode(ctx context.Context, dbtx dbsqlc.DBTX, id, mode string) error {
 	case ModeRequired, ModeOptional, ModeShadow:
 	default:
 		return fmt.Errorf("mode %q: want %s, %s or %s", mode, ModeRequired, ModeOptional, ModeShadow)
+	}
+	if !pgtext.IsText(id) { // no account's id: PostgreSQL would refuse the bytes
+		return fmt.Errorf("account %q: %w", id, db.ErrNotFound)
 	}
 	n, err := dbsqlc.New().AccountSetMode(ctx, dbtx, &dbsqlc.AccountSetModeParams{IdempotencyMode: mode, ID: id})
 	if err != nil {

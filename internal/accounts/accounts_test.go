@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/dbtest"
@@ -84,16 +86,45 @@ func TestCreateAndAuthenticate(t *testing.T) {
 	}
 }
 
+// TestCreateRejectsBadNames: a name that is empty, longer than 200
+// characters or not text (bytes that are not UTF-8, a NUL or another
+// control character) is refused with ErrInvalidName before any statement
+// runs: `idempay accounts create --name` with such bytes once got
+// PostgreSQL's own "invalid byte sequence" error (an ERROR line in its
+// log) or stored a control character that the console then shows. The
+// length is in characters, as the column's CHECK counts it.
 func TestCreateRejectsBadNames(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
-	for _, name := range []string{"", "   ", strings.Repeat("n", 201)} {
+	for _, name := range []string{"", "   ", strings.Repeat("n", 201), strings.Repeat("é", 201),
+		"acme\xff", "ac\x00me", "ac\x01me", "acme\nbilling", "ac\x7fme"} {
+		var pgErr *pgconn.PgError
 		if _, _, err := accounts.Create(context.Background(), pool, name); err == nil {
 			t.Errorf("Create(%q) succeeded", name)
+		} else if errors.As(err, &pgErr) {
+			t.Errorf("Create(%q): %v, want a refusal before any statement", name, err)
 		}
 	}
-	if _, _, err := accounts.Create(context.Background(), pool, strings.Repeat("n", 200)); err != nil {
-		t.Errorf("a 200-character name: %v", err)
+	for _, name := range []string{strings.Repeat("n", 200), strings.Repeat("é", 200), "Acme 東京 ☃"} {
+		if acct, _, err := accounts.Create(context.Background(), pool, name); err != nil {
+			t.Errorf("Create(%q): %v", name, err)
+		} else if acct.Name != name {
+			t.Errorf("Create(%q) made an account named %q", name, acct.Name)
+		}
+	}
+}
+
+// TestSetModeOfIDNotText: an account id that is not text (no account
+// has one) is an unknown account, db.ErrNotFound, as `idempay accounts
+// set-mode` says for any other, and never a statement PostgreSQL refuses
+// with an error of its own.
+func TestSetModeOfIDNotText(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	for _, id := range []string{"acct_\xff", "acct_\x00", "acct_\x01", ""} {
+		if err := accounts.SetMode(context.Background(), pool, id, accounts.ModeOptional); !errors.Is(err, db.ErrNotFound) {
+			t.Errorf("SetMode(%q): %v, want db.ErrNotFound", id, err)
+		}
 	}
 }
 

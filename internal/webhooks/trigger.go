@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
+	"github.com/idempay/idempay/internal/pgtext"
 	"github.com/idempay/idempay/internal/stripeevents"
 )
 
@@ -41,6 +42,11 @@ var TriggerTypes = stripeevents.HandledTypes
 // finds its ledger row the way a real one does.
 func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, error) {
 	q := dbsqlc.New()
+	// An id that is not text is no charge's or refund's: not found, rather
+	// than a statement PostgreSQL refuses with an error of its own.
+	if !pgtext.IsText(o.ChargeID) {
+		return Event{}, fmt.Errorf("charge %q: %w", o.ChargeID, db.ErrNotFound)
+	}
 	ch, err := q.ChargeGet(ctx, dbtx, o.ChargeID)
 	if err = db.NotFound(err); err != nil {
 		return Event{}, fmt.Errorf("charge %q: %w", o.ChargeID, err)
@@ -75,6 +81,9 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 	case "refund.created", "charge.refund.updated", "refund.updated":
 		if o.RefundID == "" {
 			return Event{}, fmt.Errorf("%s needs --refund re_...", o.Type) //nolint:staticcheck // a usage hint that ends with an example id
+		}
+		if !pgtext.IsText(o.RefundID) {
+			return Event{}, fmt.Errorf("refund %q: %w", o.RefundID, db.ErrNotFound)
 		}
 		rf, err := q.RefundGet(ctx, dbtx, o.RefundID)
 		if err = db.NotFound(err); err != nil {

@@ -2,10 +2,12 @@ package webhooks_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/webhooks"
 )
@@ -42,5 +44,27 @@ func TestTriggerBuildsEveryListedType(t *testing.T) {
 				t.Fatalf("the triggered %s: %d %s, want a handled event about the ledger's charge", typ, d.Status, d.Body)
 			}
 		})
+	}
+}
+
+// An id that is not text (bytes that are not UTF-8, a NUL or another
+// control character), which no charge or refund has, is one the ledger
+// does not hold: `idempay webhooks trigger --charge` with such bytes says
+// so (db.ErrNotFound), as for any unknown id, instead of passing
+// PostgreSQL's refusal of the bytes (an ERROR line in its log).
+func TestTriggerOfIDNotText(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch, _ := createCharge(t, env, c, 2000)
+	for _, id := range []string{"ch_\xff", "ch_\x00", "ch_\x01"} {
+		_, err := webhooks.Trigger(context.Background(), env.Pool, webhooks.TriggerOptions{Type: "payment_intent.succeeded", ChargeID: id})
+		if !errors.Is(err, db.ErrNotFound) {
+			t.Errorf("Trigger(--charge %q): %v, want db.ErrNotFound", id, err)
+		}
+		_, err = webhooks.Trigger(context.Background(), env.Pool, webhooks.TriggerOptions{Type: "refund.updated", ChargeID: ch.ID, RefundID: "re_" + id[3:]})
+		if !errors.Is(err, db.ErrNotFound) {
+			t.Errorf("Trigger(--refund %q): %v, want db.ErrNotFound", "re_"+id[3:], err)
+		}
 	}
 }
