@@ -43,6 +43,15 @@ func (b *Batch) queueNow() {
 	b.b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&b.now) })
 }
 
+// queueLockWait queues, first in the batch, PostgreSQL's lock_timeout for
+// the batch's implicit transaction only (set_config's is_local): a
+// statement of the batch that waits longer than d for a row lock fails
+// with lock_not_available, and nothing of the batch commits (send:
+// ErrContended). Zero, PostgreSQL's own 0, waits without bound.
+func (b *Batch) queueLockWait(d time.Duration) {
+	b.b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", d.Milliseconds()))
+}
+
 // errReadInBatch is what a read inside a phase gets.
 var errReadInBatch = errors.New("idempotency: a phase's batch takes writes only; read before the phase")
 
@@ -77,6 +86,9 @@ const (
 	// found its row, whose id derives from the request: this same request
 	// made it before its record expired. Its message names the row.
 	sqlstateExpired = "IDE01"
+	// sqlstateLockNotAvailable is PostgreSQL's lock_not_available: a
+	// statement waited for a lock longer than lock_timeout (queueLockWait).
+	sqlstateLockNotAvailable = "55P03"
 )
 
 // ErrStale is a phase whose operation read a row that changed before its
@@ -107,6 +119,9 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 		return &Error{Kind: ErrKeyExpired, Cause: err, Detail: "This key was used for this same request before its record expired " +
 			"(the retention window), and what that request made exists: " + strings.TrimPrefix(pe.Message, "idempay: ") + ". " +
 			"It is not run again, and its first answer is no longer stored. A new request needs a new key."}
+	case pe.Code == sqlstateLockNotAvailable:
+		return &Error{Kind: ErrContended, Cause: err, Detail: "Another transaction holds a row this request changes " +
+			"(an account's, a charge's) for longer than a claim waits for it; nothing was done. Retry shortly."}
 	case pe.Code == "23505" && (pe.ConstraintName == "idempotency_keys_pkey" || pe.ConstraintName == "idempotency_keys_scope_key_unique"):
 		return errTaken
 	default:

@@ -322,6 +322,7 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
+	b.queueLockWait(r.cfg.RowLockWait)
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), Key: req.Key, RequestMethod: req.Method,
 		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,
@@ -337,6 +338,8 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		switch {
 		case errors.Is(err, ErrKeyExpired):
 			r.observe(OutcomeExpired)
+		case errors.Is(err, ErrContended): // a row lock held past RowLockWait
+			r.observe(OutcomeRolledBack)
 		case !errors.Is(err, errTaken) && !errors.Is(err, ErrStale):
 			err = fmt.Errorf("claiming idempotency key: %w", err)
 		}
