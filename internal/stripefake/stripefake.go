@@ -375,9 +375,9 @@ func (s *Server) ChargesByKey(key string) int {
 }
 
 // FailFor injects f into every POST for the next d. A window rather than a
-// count is needed because HTTP clients retry silently: Go's http.Transport
-// resends a POST carrying an Idempotency-Key when a reused connection drops,
-// and stripe-go retries network errors and 409s on its own.
+// count holds whatever a client sends again on its own: stripe-go retries
+// network errors and 409s unless its retries are off (the drops themselves
+// are never re-sent by Go's http.Transport: dropConnection).
 func (s *Server) FailFor(f Fault, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

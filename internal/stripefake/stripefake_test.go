@@ -17,8 +17,8 @@ import (
 
 // newFake starts a fake and a stripe-go client for it. The client never
 // retries and never reuses connections, so each call is exactly one HTTP
-// request (Go's Transport silently resends an idempotent POST on a reused
-// connection that drops, which would hide the faults under test).
+// request on a connection of its own (TestDropsHoldOnAReusedConnection is
+// the test with a connection reused).
 func newFake(t *testing.T) (*Server, *client.API) {
 	t.Helper()
 	fake := New()
