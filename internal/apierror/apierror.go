@@ -412,11 +412,23 @@ func From(err error) *Error {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
 	}
+	if lockNotAvailable(err) {
+		return &Error{Type: ResourceBusy, Detail: "Another transaction holds a row this request changes for longer than the request waits for it; nothing was done. Retry shortly.",
+			RetryAfter: 1, Cause: err}
+	}
 	if databaseUnavailable(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
 	}
 	return Wrap(err)
+}
+
+// lockNotAvailable is PostgreSQL's lock_not_available (55P03): a statement
+// waited for a row lock longer than its transaction's lock_timeout
+// (idempotency.Runner.LimitLockWait).
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // databaseUnavailable tells a database outage (no connection, connection

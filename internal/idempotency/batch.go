@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
 // Batch is one phase of a record: the core's own statement first (the
@@ -50,6 +52,16 @@ func (b *Batch) queueNow() {
 // ErrContended). Zero, PostgreSQL's own 0, waits without bound.
 func (b *Batch) queueLockWait(d time.Duration) {
 	b.b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", d.Milliseconds()))
+}
+
+// LimitLockWait sets, for the transaction tx only, the lock wait of a
+// claim (Config.RowLockWait): a transaction that an entry point opens
+// outside Run, on a request's path, waits for a row lock no longer than a
+// claim does, and a wait past it fails with PostgreSQL's lock_not_available
+// (SQLSTATE 55P03), which the entry point maps as it maps ErrContended.
+func (r *Runner) LimitLockWait(ctx context.Context, tx dbsqlc.DBTX) error {
+	_, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", r.cfg.RowLockWait.Milliseconds()))
+	return err
 }
 
 // errReadInBatch is what a read inside a phase gets.
