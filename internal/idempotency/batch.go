@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
 // Batch is one phase of a record: the core's own statement first (the
@@ -45,23 +43,17 @@ func (b *Batch) queueNow() {
 	b.b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&b.now) })
 }
 
-// queueLockWait queues, first in the batch, PostgreSQL's lock_timeout for
-// the batch's implicit transaction only (set_config's is_local): a
-// statement of the batch that waits longer than d for a row lock fails
-// with lock_not_available, and nothing of the batch commits (send:
-// ErrContended). Zero, PostgreSQL's own 0, waits without bound.
-func (b *Batch) queueLockWait(d time.Duration) {
-	b.b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", d.Milliseconds()))
-}
+// lockWait is d as PostgreSQL's lock_timeout takes it (IdempotencyKeyLockWait).
+func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
 
 // LimitLockWait sets, for the transaction tx only, the lock wait of a
-// claim (Config.RowLockWait): a transaction that an entry point opens
-// outside Run, on a request's path, waits for a row lock no longer than a
-// claim does, and a wait past it fails with PostgreSQL's lock_not_available
-// (SQLSTATE 55P03), which the entry point maps as it maps ErrContended.
-func (r *Runner) LimitLockWait(ctx context.Context, tx dbsqlc.DBTX) error {
-	_, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", r.cfg.RowLockWait.Milliseconds()))
-	return err
+// claim (Config.RowLockWait, IdempotencyKeyLockWait): a transaction that an
+// entry point opens outside Run, on a request's path, waits for a row lock
+// no longer than a claim does, and a wait past it fails with PostgreSQL's
+// lock_not_available (SQLSTATE 55P03), which the entry point maps as it
+// maps ErrContended.
+func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
+	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
 }
 
 // errReadInBatch is what a read inside a phase gets.
@@ -99,7 +91,7 @@ const (
 	// made it before its record expired. Its message names the row.
 	sqlstateExpired = "IDE01"
 	// sqlstateLockNotAvailable is PostgreSQL's lock_not_available: a
-	// statement waited for a lock longer than lock_timeout (queueLockWait).
+	// statement waited for a lock longer than lock_timeout (IdempotencyKeyLockWait).
 	sqlstateLockNotAvailable = "55P03"
 )
 
