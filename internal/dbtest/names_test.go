@@ -21,7 +21,9 @@ func TestAnyDatabaseName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "idempay_test_it's-\"odd\" name"
+	// Under this package's database name, so that two runs with two
+	// prefixes never share it.
+	name := strings.TrimPrefix(base.Path, "/") + "-it's \"x\""
 	u := *base
 	u.Path = "/" + name
 	ctx, cancel := context.WithTimeout(context.Background(), setupLimit)
