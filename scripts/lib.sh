@@ -206,8 +206,21 @@ _idem_pg_parse() {
 	fi
 	authority=${rest%%/*}
 	_IDEM_PG_DB=${rest#"$authority"}
-	_IDEM_PG_DB=${_IDEM_PG_DB#/}
+	_IDEM_PG_DB=$(_idem_url_unescape "${_IDEM_PG_DB#/}")
 	_IDEM_PG_BASE="$scheme://$authority"
+}
+
+# _idem_url_unescape S: S with each %XX replaced by its byte, as libpq and Go
+# read a database name in a URL (a name with a space or a slash is written
+# %20, %2F there).
+_idem_url_unescape() {
+	local s=$1 out="" byte
+	while [[ $s =~ ^([^%]*)%([0-9A-Fa-f]{2})(.*)$ ]]; do
+		printf -v byte '%b' "\\x${BASH_REMATCH[2]}"
+		out+=${BASH_REMATCH[1]}$byte
+		s=${BASH_REMATCH[3]}
+	done
+	printf '%s\n' "$out$s"
 }
 
 # _idem_pg_url BASE DB QUERY: join, adding sslmode=disable unless sslmode is set.
@@ -439,20 +452,25 @@ stop_private_postgres() {
 }
 
 # _idem_pg_create_db ADMIN_URL NAME: CREATE DATABASE unless it exists; tolerates
-# a concurrent creator.
+# a concurrent creator. NAME may be any name PostgreSQL accepts (a hyphen, a
+# quote, a space): it reaches the server as a psql variable, which psql
+# quotes as a literal (:'name') or an identifier (:"name"); psql interpolates
+# variables in what it reads, not in -c, hence the here-strings.
 _idem_pg_create_db() {
 	local admin=$1 name=$2 exists err
-	[[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
-		idem_die "database name '$name' must match [A-Za-z_][A-Za-z0-9_]*"
-	exists=$(_idem_psql -d "$admin" -c "select 1 from pg_database where datname = '$name'") ||
+	[[ -n $name ]] || idem_die "the database URL names no database"
+	# PostgreSQL would cut a longer name to 63 bytes and create another database.
+	(($(printf '%s' "$name" | wc -c) <= 63)) ||
+		idem_die "database name '$name' is longer than PostgreSQL's 63 bytes"
+	exists=$(_idem_psql -d "$admin" -v name="$name" <<<"select 1 from pg_database where datname = :'name'") ||
 		idem_die "cannot query the server at $(_idem_redact "$admin")"
 	[[ $exists == 1 ]] && return 0
-	if err=$(_idem_psql -d "$admin" -c "create database \"$name\"" 2>&1); then
+	if err=$(_idem_psql -d "$admin" -v name="$name" <<<'create database :"name"' 2>&1); then
 		idem_log "postgres: created database $name"
 		return 0
 	fi
 	# Lost a race with a concurrent creator?
-	exists=$(_idem_psql -d "$admin" -c "select 1 from pg_database where datname = '$name'") || true
+	exists=$(_idem_psql -d "$admin" -v name="$name" <<<"select 1 from pg_database where datname = :'name'") || true
 	[[ $exists == 1 ]] || idem_die "create database $name failed: $err"
 }
 

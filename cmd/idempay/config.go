@@ -121,6 +121,7 @@ func loadConfig() (Config, error) {
 	idem.Retention = e.dur("IDEMPOTENCY_RETENTION", idem.Retention)
 	idem.RetentionGrace = e.dur("IDEMPOTENCY_RETENTION_GRACE", idem.RetentionGrace)
 	idem.RetryCeiling = e.dur("IDEMPOTENCY_RETRY_CEILING", idem.RetryCeiling)
+	idem.RowLockWait = e.dur("IDEMPOTENCY_ROW_LOCK_WAIT", idem.RowLockWait)
 	cfg.Idempotency = idem
 	cfg.MerchantHooks = loadMerchantHooks(&e)
 	if err := cfg.LogLevel.UnmarshalText([]byte(e.str("LOG_LEVEL", "info"))); err != nil {

@@ -195,6 +195,12 @@ func (k *KeysAPI) Revoke(ctx context.Context, accountID, callerKeyID, id string,
 		return k.runner.Run(ctx, *req, &revokeKeyOp{k: k, accountID: accountID, keyID: id})
 	}
 	if _, err := db.WithTx(ctx, k.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		// The account's lock is waited for as a claim waits for it: a
+		// transaction that holds it without end gets this request a 409
+		// resource-busy, not a wait as long as its client's.
+		if err := k.runner.LimitLockWait(ctx, tx); err != nil {
+			return struct{}{}, err
+		}
 		if err := k.q.APIKeyLockAccount(ctx, tx, accountID); err != nil {
 			return struct{}{}, fmt.Errorf("locking the account: %w", err)
 		}

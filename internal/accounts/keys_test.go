@@ -377,3 +377,54 @@ func TestAPIKeyBodyRefusals(t *testing.T) {
 		t.Errorf("POST /v1/api_keys {} with the refused requests' key: %d %s, want 201", r.Status, r.Body)
 	}
 }
+
+// TestRevocationWaitingForTheAccountLockIsBounded: a revocation without an
+// Idempotency-Key (a transaction of its own, outside the runner) waits
+// for the account's lock, held by another transaction that does not end
+// (the test's, on a connection of its own), no longer than a claim does
+// (RowLockWait): it is answered 409 resource-busy with Retry-After while
+// the lock is still held, and revokes nothing. Once the lock is released
+// the same revocation goes through.
+func TestRevocationWaitingForTheAccountLockIsBounded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{RowLockWait: 100 * time.Millisecond})
+	c := env.NewClient(t)
+	var k apiKey
+	if created := c.Post("/v1/api_keys", apitest.NewKey(), "{}"); created.Status != http.StatusCreated {
+		t.Fatalf("POST /v1/api_keys: %d %s", created.Status, created.Body)
+	} else {
+		created.JSON(t, &k)
+	}
+	ctx := context.Background()
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE`, c.Account.ID); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan *apitest.Response, 1)
+	go func() { answered <- deleteKey(t, c, k.ID, "") }()
+	var r *apitest.Response
+	select {
+	case r = <-answered:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(ctx)
+		r = <-answered
+		t.Fatalf("no answer in 2 minutes while the account was locked; once released: %d %s", r.Status, r.Body)
+	}
+	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a revocation waiting for the account's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
+			r.Status, r.Header.Get("Retry-After"), r.Body)
+	}
+	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
+		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
+	}
+	var revoked bool
+	if err := env.Pool.QueryRow(ctx, `SELECT revoked_at IS NOT NULL FROM api_keys WHERE id = $1`, k.ID).Scan(&revoked); err != nil || revoked {
+		t.Fatalf("the key after the refused revocation: revoked %v (%v), want active", revoked, err)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := deleteKey(t, c, k.ID, ""); r.Status != http.StatusNoContent {
+		t.Fatalf("the revocation once the lock is released: %d %s, want 204", r.Status, r.Body)
+	}
+}

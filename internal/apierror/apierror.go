@@ -190,7 +190,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The first request with this Idempotency-Key got no definite answer from Stripe (an unknown outcome, a crash), and it was still unfinished at the retry ceiling (IDEMPOTENCY_RETRY_CEILING, 12 hours by default, from its creation). Stripe may forget a request's idempotency key once it is 24 hours old, and a call under a forgotten key would run as a new payment, so idempay no longer calls Stripe for it: it is parked, and Stripe's events and reconciliation settle it from what Stripe holds. Nothing changed, and this answer is not stored: once the request is settled, a retry with the key gets its stored outcome.",
 		"Do not send the payment again under a new key yet: it may have succeeded. Read the key's state (GET /v1/idempotency_keys/{key}) or the charge until it is finished, then retry with the same key to get the outcome."},
 	ResourceBusy: {
-		"Other requests changed what this request changes (for a refund, its charge) between this request's checks and its write, on every try, so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
+		"Other requests changed what this request changes (for a refund, its charge) between this request's checks and its write, on every try, or another transaction held it locked for longer than the request waits (IDEMPOTENCY_ROW_LOCK_WAIT), so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
@@ -412,11 +412,23 @@ func From(err error) *Error {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is failing over to a new primary. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
 	}
+	if lockNotAvailable(err) {
+		return &Error{Type: ResourceBusy, Detail: "Another transaction holds a row this request changes for longer than the request waits for it; nothing was done. Retry shortly.",
+			RetryAfter: 1, Cause: err}
+	}
 	if databaseUnavailable(err) {
 		return &Error{Type: ServiceUnavailable, Detail: "The database is unreachable. Retry shortly; retrying with the same Idempotency-Key is safe.",
 			RetryAfter: 1, Cause: err}
 	}
 	return Wrap(err)
+}
+
+// lockNotAvailable is PostgreSQL's lock_not_available (55P03): a statement
+// waited for a row lock longer than its transaction's lock_timeout
+// (idempotency.Runner.LimitLockWait).
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // databaseUnavailable tells a database outage (no connection, connection

@@ -44,6 +44,10 @@ const StripeSecretKey = "sk_test_idempay"
 // WebhookSecret is the webhook endpoint's signing secret.
 const WebhookSecret = "whsec_test_idempay"
 
+// lockWaitLimit is the tests' RowLockWait: a bound for a machine busy with
+// other work (as dbtest.Holder.WaitBlocked's), not a speed.
+const lockWaitLimit = 2 * time.Minute
+
 // Options adjust the environment.
 type Options struct {
 	// Idempotency timings; zero fields keep idempotency.DefaultConfig.
@@ -52,6 +56,12 @@ type Options struct {
 	// (idempotency.Config.Now), for tests that expire a lock by moving
 	// their clock forward rather than by sleeping past it.
 	Now func() time.Time
+	// RowLockWait, when set, is how long a claim waits for a row lock
+	// (idempotency.Config.RowLockWait). Unset, it is lockWaitLimit, not
+	// the default: tests that hold a lock until several requests wait for
+	// it must not see the first refused while a loaded machine starts the
+	// others.
+	RowLockWait time.Duration
 	// Retention, when set, replaces the published window, with no grace,
 	// for tests of the retention job.
 	Retention time.Duration
@@ -132,6 +142,10 @@ func New(t testing.TB, opts Options) *Env {
 		cfg.LockTimeout = opts.LockTimeout
 	}
 	cfg.Now = opts.Now
+	cfg.RowLockWait = lockWaitLimit
+	if opts.RowLockWait > 0 {
+		cfg.RowLockWait = opts.RowLockWait
+	}
 	if opts.Retention > 0 {
 		cfg.Retention, cfg.RetentionGrace = opts.Retention, 0
 	}

@@ -219,7 +219,7 @@ func TestRoundTrips(t *testing.T) {
 	}{
 		{"charge", func() { post("/v1/charges", "first", body) }, []string{
 			"IdempotencyKeyGetByCredential",
-			"[IdempotencyKeyInsert ChargeInsert select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert ChargeInsert select]",
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
 		}},
 		{"message", func() {
@@ -228,31 +228,31 @@ func TestRoundTrips(t *testing.T) {
 			}
 		}, []string{
 			"IdempotencyKeyGetByScopeKey",
-			"[IdempotencyKeyInsert ChargeInsert select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert ChargeInsert select]",
 			"[IdempotencyKeyFinish ChargeSetOutcome EventInsert]",
 		}},
 		{"refund", func() { post("/v1/refunds", "first-refund", map[string]any{"charge": charge.ID, "amount": 1}) }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetForRefund",
-			"[IdempotencyKeyInsert ChargeLockForRefund ChargeReserveRefund RefundInsert select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert ChargeLockForRefund ChargeReserveRefund RefundInsert select]",
 			"[IdempotencyKeyFinish RefundSetOutcome EventInsert]",
 		}},
 		{"Stripe event", func() { event(10) }, []string{
 			"IdempotencyKeyGetByScopeKey",
-			"[IdempotencyKeyInsert StripeEventInsert select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert StripeEventInsert select]",
 			"ChargeFindForEvent",
 			"[IdempotencyKeyFinish ChargeApplyEvent StripeEventMarkProcessed]",
 		}},
 		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyLockWait IdempotencyKeyInsert ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {

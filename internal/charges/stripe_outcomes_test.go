@@ -114,8 +114,9 @@ func TestUnknownOutcomesAreResumable(t *testing.T) {
 			env.Stripe.SetFaultDelay(10 * time.Minute)
 			c := env.NewClient(t)
 
-			// A window, not FailNext(f, 1): http.Transport may re-send the
-			// request on its own when a reused connection drops.
+			// A window, not FailNext(f, 1): the fault holds for whatever
+			// the one call sends (the fake's drops are never re-sent by
+			// http.Transport, but a 500 or 429 could be retried by a client).
 			env.Stripe.FailFor(tc.fault, time.Minute)
 			key := apitest.NewKey()
 			first := c.Post("/v1/charges", key, chargeBody(1500))
@@ -307,9 +308,7 @@ func TestUnknownRefundKeepsReservation(t *testing.T) {
 	c := env.NewClient(t)
 	ch := createCharge(t, c, 1000)
 
-	// Fail500, not DropAfterWork: the charge above left a connection to
-	// reuse, and http.Transport re-sends a request whose reused connection
-	// drops, which Stripe (here the fake) would answer with its replay.
+	// Fail500: an unknown outcome, the refund not made at Stripe.
 	env.Stripe.FailFor(stripefake.Fail500, time.Minute)
 	key := apitest.NewKey()
 	body := map[string]any{"charge": ch.ID, "amount": 600}

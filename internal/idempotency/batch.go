@@ -43,6 +43,19 @@ func (b *Batch) queueNow() {
 	b.b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&b.now) })
 }
 
+// lockWait is d as PostgreSQL's lock_timeout takes it (IdempotencyKeyLockWait).
+func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+
+// LimitLockWait sets, for the transaction tx only, the lock wait of a
+// claim (Config.RowLockWait, IdempotencyKeyLockWait): a transaction that an
+// entry point opens outside Run, on a request's path, waits for a row lock
+// no longer than a claim does, and a wait past it fails with PostgreSQL's
+// lock_not_available (SQLSTATE 55P03), which the entry point maps as it
+// maps ErrContended.
+func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
+	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
+}
+
 // errReadInBatch is what a read inside a phase gets.
 var errReadInBatch = errors.New("idempotency: a phase's batch takes writes only; read before the phase")
 
@@ -77,6 +90,9 @@ const (
 	// found its row, whose id derives from the request: this same request
 	// made it before its record expired. Its message names the row.
 	sqlstateExpired = "IDE01"
+	// sqlstateLockNotAvailable is PostgreSQL's lock_not_available: a
+	// statement waited for a lock longer than lock_timeout (IdempotencyKeyLockWait).
+	sqlstateLockNotAvailable = "55P03"
 )
 
 // ErrStale is a phase whose operation read a row that changed before its
@@ -107,6 +123,9 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 		return &Error{Kind: ErrKeyExpired, Cause: err, Detail: "This key was used for this same request before its record expired " +
 			"(the retention window), and what that request made exists: " + strings.TrimPrefix(pe.Message, "idempay: ") + ". " +
 			"It is not run again, and its first answer is no longer stored. A new request needs a new key."}
+	case pe.Code == sqlstateLockNotAvailable:
+		return &Error{Kind: ErrContended, Cause: err, Detail: "Another transaction holds a row this request changes " +
+			"(an account's, a charge's) for longer than a claim waits for it; nothing was done. Retry shortly."}
 	case pe.Code == "23505" && (pe.ConstraintName == "idempotency_keys_pkey" || pe.ConstraintName == "idempotency_keys_scope_key_unique"):
 		return errTaken
 	default:

@@ -35,6 +35,15 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
+	// RowLockWait bounds how long a claim's batch waits for a row lock
+	// that another transaction holds (PostgreSQL's lock_timeout, set for
+	// that batch only): an operation's Begin may lock a row that others
+	// lock too (an account's, a charge's), and a transaction that holds it
+	// and does not end (a stuck session, an operator's open transaction)
+	// would otherwise hold the request, and its connection of the pool, for
+	// as long as the caller waits. Past it the claim is refused as
+	// ErrContended, and nothing is stored. Zero waits without bound.
+	RowLockWait time.Duration
 	// Now, when set, is the clock that decides lock expiry, the
 	// completer's schedule, the retry ceiling and retention's age instead
 	// of the database's now(), and the one the claim stamps a record's
@@ -46,7 +55,9 @@ type Config struct {
 }
 
 // DefaultConfig is the documented default: a 60 s lock, a 24 h published
-// window kept for 1 h more, and a 12 h retry ceiling.
+// window kept for 1 h more, a 12 h retry ceiling, and a claim that waits at
+// most 5 s for a row lock (a claim holds its locks for one round trip, so
+// a queue of claims on one row moves well within it).
 //
 // The retry ceiling is half of Stripe's 24 hours. The margin covers what
 // makes a record's created_at later than its key's first use at Stripe or
@@ -65,5 +76,6 @@ func DefaultConfig() Config {
 		MaxBackoff:     5 * time.Minute,
 		RetryCeiling:   12 * time.Hour,
 		FinishTimeout:  10 * time.Second,
+		RowLockWait:    5 * time.Second,
 	}
 }

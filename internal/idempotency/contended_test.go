@@ -3,8 +3,11 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -60,5 +63,76 @@ func TestClaimOfAChangingRowIsContended(t *testing.T) {
 	}
 	if op.begun != 2 || op.calls.Load() != 1 {
 		t.Fatalf("Begin ran %d times, Call %d times; want 2 and 1", op.begun, op.calls.Load())
+	}
+}
+
+// lockingOp is a testOp whose Begin first locks the account's row in the
+// claim's batch, as a webhook endpoint's creation or a key's revocation
+// does (FOR NO KEY UPDATE).
+type lockingOp struct{ testOp }
+
+func (o *lockingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if _, err := b.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE`, o.accountID); err != nil {
+		return err
+	}
+	return o.testOp.Begin(ctx, b, rec)
+}
+
+// TestClaimWaitingForALockIsBounded: a claim whose batch waits for a row
+// lock that another transaction holds and does not release (here a second
+// connection, the test's) is refused as ErrContended once it has waited
+// RowLockWait, while the lock is still held: it does not hold the request
+// and its connection for as long as the holder lives. Nothing is stored,
+// and the same key runs once the lock is released.
+func TestClaimWaitingForALockIsBounded(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.RowLockWait = 200 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	o := &outcomes{}
+	r.OnOutcome = o.observe
+	op := &lockingOp{testOp{pool: d.Pool, accountID: d.AccountID,
+		execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") }}}
+
+	h := dbtest.Hold(t, d.Pool)
+	if _, err := h.Tx.Exec(context.Background(), `SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE`, d.AccountID); err != nil {
+		t.Fatalf("locking the account: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), request(d.AccountID, "locked"), op)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(waitLimit):
+		// Release the lock so that the claim returns, and say what it did.
+		_ = h.Tx.Rollback(context.Background())
+		t.Fatalf("the claim still waited for the account's lock after %s (RowLockWait %s); once released it returned %v",
+			waitLimit, cfg.RowLockWait, <-done)
+	}
+	ie := requireKind(t, err, idempotency.ErrContended)
+	if !strings.Contains(ie.Detail, "holds a row") {
+		t.Errorf("the refusal's detail %q does not say that a row is held", ie.Detail)
+	}
+	if op.calls.Load() != 0 || o.get(idempotency.OutcomeConflict) != 0 || o.get(idempotency.OutcomeRolledBack) != 1 {
+		t.Fatalf("Call ran %d times, %d conflicts and %d rejections counted; want no call, no conflict, one rejection",
+			op.calls.Load(), o.get(idempotency.OutcomeConflict), o.get(idempotency.OutcomeRolledBack))
+	}
+	var n int
+	if err := d.Pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1`, d.AccountID).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d records stored (%v), want none", n, err)
+	}
+
+	if err := h.Tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Run(context.Background(), request(d.AccountID, "locked"), op); err != nil {
+		t.Fatalf("the same key once the lock is released: %v", err)
+	}
+	if op.calls.Load() != 1 {
+		t.Fatalf("Call ran %d times, want 1", op.calls.Load())
 	}
 }

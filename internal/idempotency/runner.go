@@ -322,6 +322,10 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
 	b := &Batch{}
+	// A row lock that Begin's writes wait for is waited for RowLockWait at most.
+	if err := r.q.IdempotencyKeyLockWait(ctx, b, lockWait(r.cfg.RowLockWait)); err != nil {
+		return nil, err
+	}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), Key: req.Key, RequestMethod: req.Method,
 		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,
@@ -337,6 +341,8 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		switch {
 		case errors.Is(err, ErrKeyExpired):
 			r.observe(OutcomeExpired)
+		case errors.Is(err, ErrContended): // a row lock held past RowLockWait
+			r.observe(OutcomeRolledBack)
 		case !errors.Is(err, errTaken) && !errors.Is(err, ErrStale):
 			err = fmt.Errorf("claiming idempotency key: %w", err)
 		}

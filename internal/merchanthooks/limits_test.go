@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/merchanthooks"
@@ -104,4 +106,56 @@ func (b *bundle) raceForTheLastPlaces(t *testing.T, locked bool) []string {
 		t.Fatalf("the account has %d endpoints, want %d", count, merchanthooks.MaxEndpoints)
 	}
 	return ids
+}
+
+// TestCreationWaitingForTheAccountLockIsBounded: a creation whose claim
+// waits for the account's lock, held by another transaction that does not
+// end (here the test's, on a connection of its own), is answered 409
+// resource-busy with Retry-After once it has waited RowLockWait, while the
+// lock is still held, and stores nothing: the same key creates the
+// endpoint once the lock is released.
+func TestCreationWaitingForTheAccountLockIsBounded(t *testing.T) {
+	t.Parallel()
+	_, pool := dbtest.NewDatabase(t)
+	env := apitest.New(t, apitest.Options{Pool: pool, RowLockWait: 100 * time.Millisecond})
+	acct, apiKey, err := accounts.Create(context.Background(), pool, "hooks "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := env.ClientFor(t, dbtest.Account{ID: acct.ID, APIKey: apiKey})
+	recv := newReceiver(t)
+	h := dbtest.Hold(t, pool)
+	if _, err := h.Tx.Exec(context.Background(), "SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE", acct.ID); err != nil {
+		t.Fatalf("locking the account: %v", err)
+	}
+	key := apitest.NewKey()
+	body := map[string]any{"url": recv.URL + "/hooks", "enabled_events": []string{"*"}}
+	answered := make(chan *apitest.Response, 1)
+	go func() { answered <- client.Post("/v1/webhook_endpoints", key, body) }()
+	var r *apitest.Response
+	select {
+	case r = <-answered:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(context.Background())
+		r = <-answered
+		t.Fatalf("no answer in 2 minutes while the account was locked; once released: %d %s", r.Status, r.Body)
+	}
+	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a creation waiting for the account's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
+			r.Status, r.Header.Get("Retry-After"), r.Body)
+	}
+	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
+		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1`, acct.ID).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d records stored (%v), want none", n, err)
+	}
+	if err := h.Tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := client.Post("/v1/webhook_endpoints", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same key once the lock is released: %d (replayed %q) %s, want a fresh 201",
+			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
 }

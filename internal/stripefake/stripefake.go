@@ -379,9 +379,9 @@ func (s *Server) ChargesByKey(key string) int {
 }
 
 // FailFor injects f into every POST for the next d. A window rather than a
-// count is needed because HTTP clients retry silently: Go's http.Transport
-// resends a POST carrying an Idempotency-Key when a reused connection drops,
-// and stripe-go retries network errors and 409s on its own.
+// count holds whatever a client sends again on its own: stripe-go retries
+// network errors and 409s unless its retries are off (the drops themselves
+// are never re-sent by Go's http.Transport: dropConnection).
 func (s *Server) FailFor(f Fault, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -894,13 +894,22 @@ func (s *Server) write(w http.ResponseWriter, key string, replayed bool, res res
 	_, _ = w.Write(res.body) // the client went away: nothing to do
 }
 
-// dropConnection closes the TCP connection without answering, which the
-// client sees as a network error (EOF or connection reset).
+// dropConnection closes the TCP connection without an answer, which the
+// client sees as a network error, on a new connection or a reused one
+// alike. It sends the first bytes of a status line first: Go's
+// http.Transport sends a request with an Idempotency-Key again, by itself,
+// when a reused connection closes before the first byte of an answer
+// (persistConn.shouldRetryRequest), and the fake would answer that second
+// request (with its replay, or by doing the work), so a fault meant to
+// lose an answer would lose none whenever the client had called before. A
+// connection that ends inside an answer's status line is a broken answer,
+// which no client sends again by itself.
 func dropConnection(w http.ResponseWriter) {
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(http.ErrAbortHandler) // also closes the connection, silently
 	}
+	_, _ = conn.Write([]byte("HTTP/1.1 "))
 	conn.Close()
 }
 

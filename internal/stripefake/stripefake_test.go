@@ -17,8 +17,8 @@ import (
 
 // newFake starts a fake and a stripe-go client for it. The client never
 // retries and never reuses connections, so each call is exactly one HTTP
-// request (Go's Transport silently resends an idempotent POST on a reused
-// connection that drops, which would hide the faults under test).
+// request on a connection of its own (TestDropsHoldOnAReusedConnection is
+// the test with a connection reused).
 func newFake(t *testing.T) (*Server, *client.API) {
 	t.Helper()
 	fake := New()
@@ -680,5 +680,48 @@ func TestNewListenerServesOnIt(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", l.Addr().String(), time.Second); err == nil {
 		c.Close()
 		t.Errorf("the listener still accepts connections after Close")
+	}
+}
+
+// TestDropsHoldOnAReusedConnection: Drop and DropAfterWork lose the answer
+// on a connection the client reuses too, as the project's Stripe client
+// does (stripeapi: keep-alives on, stripe-go's retries off). Go's
+// http.Transport sends a request with an Idempotency-Key again, by itself,
+// when a reused connection closes before the first byte of an answer; the
+// fake answered that second request, so the call succeeded and a test of a
+// lost answer saw none unless its call happened to be the first on its
+// connection. Here the call after a healthy one gets a network error, and
+// the fake received it once.
+func TestDropsHoldOnAReusedConnection(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []Fault{Drop, DropAfterWork} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			fake := New()
+			t.Cleanup(fake.Close)
+			transport := &http.Transport{}
+			t.Cleanup(transport.CloseIdleConnections)
+			backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+				URL:               stripe.String(fake.URL()),
+				MaxNetworkRetries: stripe.Int64(0),
+				HTTPClient:        &http.Client{Transport: transport},
+				LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+			})
+			sc := client.New("sk_test_fake", &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+
+			// A healthy call leaves its connection idle, and the next reuses it.
+			if _, err := sc.Charges.New(chargeParams("key-1", 1000, "tok_visa")); err != nil {
+				t.Fatal(err)
+			}
+			fake.FailNext(fault, 1)
+			ch, err := sc.Charges.New(chargeParams("key-2", 1000, "tok_visa"))
+			var se *stripe.Error
+			if err == nil || errors.As(err, &se) {
+				t.Errorf("the call with %s on a reused connection: charge %v, error %v; want a network error", fault, ch, err)
+			}
+			if n := fake.KeyCount("key-2"); n != 1 {
+				t.Errorf("the fake received the call with %s %d times, want once (no silent resend)", fault, n)
+			}
+		})
 	}
 }

@@ -406,9 +406,7 @@ func TestDeclineSettledByEventKeepsTheDeclineCode(t *testing.T) {
 	c := env.NewClient(t)
 	body := map[string]any{"amount": 700, "currency": "usd", "payment_method": "pm_card_chargeDeclinedInsufficientFunds"}
 
-	// First, on a new connection to Stripe: Go's transport would send a
-	// request with an Idempotency-Key again, by itself, when a reused
-	// connection closed without an answer.
+	// First, the decline's answer is lost.
 	key := apitest.NewKey()
 	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
 	if lost := c.Post("/v1/charges", key, body); lost.Status != http.StatusServiceUnavailable {

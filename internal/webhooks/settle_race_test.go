@@ -217,8 +217,7 @@ func TestSettledCountsRecordsFinishedFromOutside(t *testing.T) {
 	c := env.NewClient(t)
 	const settled = `idempay_idempotency_outcomes_total{outcome="settled"}`
 
-	// A charge whose answer was lost (the first request of the fake's
-	// first connection: Go's transport does not send it again).
+	// A charge whose answer was lost.
 	env.Stripe.FailNext(stripefake.DropAfterWork, 1)
 	if r := c.Post("/v1/charges", apitest.NewKey(), map[string]any{"amount": 1500, "currency": "usd", "payment_method": "tok_visa"}); r.Status != http.StatusServiceUnavailable {
 		t.Fatalf("charge whose answer is lost: %d %s, want 503", r.Status, r.Body)
