@@ -275,6 +275,9 @@ func (op *revokeKeyOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idemp
 	if err := k.checkRevocable(ctx, k.pool, op.accountID, op.keyID); err != nil {
 		return err
 	}
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	if err := k.q.APIKeyLockAccount(ctx, b, op.accountID); err != nil {
 		return fmt.Errorf("locking the account: %w", err)
 	}

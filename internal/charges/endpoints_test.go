@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/dbtest"
 )
 
 func TestCreateAndGetCharge(t *testing.T) {
@@ -581,5 +582,59 @@ func TestAuth(t *testing.T) {
 	}
 	if n := len(env.Stripe.Charges()); n != 1 {
 		t.Fatalf("fake holds %d charges, want 1", n)
+	}
+}
+
+// TestRefundWaitingForTheChargeLockIsBounded: a refund's claim locks its
+// charge's row (ChargeLockForRefund). While another transaction holds that
+// row and does not end (the test's, on a connection of its own), the
+// refund is answered 409 resource-busy with Retry-After once it has waited
+// RowLockWait, with nothing stored, reserved or sent to Stripe; once the
+// row is released the same key refunds.
+func TestRefundWaitingForTheChargeLockIsBounded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{RowLockWait: 100 * time.Millisecond})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1000)
+	ctx := context.Background()
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE`, ch.ID); err != nil {
+		t.Fatalf("locking the charge: %v", err)
+	}
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 300}
+	answered := make(chan *apitest.Response, 1)
+	go func() { answered <- c.Post("/v1/refunds", key, body) }()
+	var r *apitest.Response
+	select {
+	case r = <-answered:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(ctx)
+		r = <-answered
+		t.Fatalf("no answer in 2 minutes while the charge was locked; once released: %d %s", r.Status, r.Body)
+	}
+	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a refund waiting for its charge's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
+			r.Status, r.Header.Get("Retry-After"), r.Body)
+	}
+	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
+		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var records, refunds int
+	var refunded int64
+	if err := env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_keys WHERE key = $1),
+		(SELECT count(*) FROM refunds WHERE charge_id = $2), (SELECT amount_refunded FROM charges WHERE id = $2)`,
+		key, ch.ID).Scan(&records, &refunds, &refunded); err != nil {
+		t.Fatal(err)
+	}
+	if records != 0 || refunds != 0 || refunded != 0 || len(env.Stripe.Refunds()) != 0 {
+		t.Fatalf("after the refusal: %d records, %d refunds, %d reserved, %d at Stripe; want none", records, refunds, refunded, len(env.Stripe.Refunds()))
+	}
+	if r := c.Post("/v1/refunds", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same key once the charge is released: %d (replayed %q) %s, want a fresh 201",
+			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
 	}
 }

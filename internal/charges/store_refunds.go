@@ -16,10 +16,14 @@ func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID str
 	return chargeRow(row.Charge), row.BlockingDisputes, row.RefundExists, err
 }
 
-// reserveRefund locks the charge row, then reserves amount of it for a
-// refund (amount_refunded), checking again there what the refund's read
-// checked.
+// reserveRefund locks the charge row, waiting for it no longer than a
+// claim waits for a lock (Batch.LimitLockWait), then reserves amount of it
+// for a refund (amount_refunded), checking again there what the refund's
+// read checked.
 func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
 		return err
 	}

@@ -202,8 +202,7 @@ type IdempotencyKeyInsertParams struct {
 	KeyHash            []byte
 }
 
-// The claim of a new key, first in the claim's batch after
-// IdempotencyKeyLockWait. A plain INSERT, not
+// The claim of a new key, first in the claim's batch. A plain INSERT, not
 // ON CONFLICT: when another request holds (scope, key), or inserted it a
 // moment ago, the unique index raises and nothing of the batch commits; the
 // runner reads the record again. An API request (key_hash set) claims only
@@ -231,10 +230,11 @@ const idempotencyKeyLockWait = `-- name: IdempotencyKeyLockWait :exec
 SELECT set_config('lock_timeout', $1::text, true)
 `
 
-// First in a claim's batch: PostgreSQL's lock_timeout for the batch's
-// implicit transaction only (set_config's is_local), so that a statement
-// of the claim that waits longer than @lock_timeout (Config.RowLockWait,
-// as '5000ms') for a row lock another transaction holds fails with
+// Queued by an operation before it locks a row that other transactions
+// lock too (Batch.LimitLockWait): PostgreSQL's lock_timeout for the
+// batch's implicit transaction only (set_config's is_local), so that a
+// statement that waits longer than @lock_timeout (Config.RowLockWait, as
+// '5000ms') for a row lock another transaction holds fails with
 // lock_not_available (55P03), and nothing of the batch commits. '0ms' is
 // PostgreSQL's own 0: no bound.
 func (q *Queries) IdempotencyKeyLockWait(ctx context.Context, db DBTX, lockTimeout string) error {

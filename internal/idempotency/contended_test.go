@@ -68,10 +68,13 @@ func TestClaimOfAChangingRowIsContended(t *testing.T) {
 
 // lockingOp is a testOp whose Begin first locks the account's row in the
 // claim's batch, as a webhook endpoint's creation or a key's revocation
-// does (FOR NO KEY UPDATE).
+// does (FOR NO KEY UPDATE), its wait bounded as theirs is.
 type lockingOp struct{ testOp }
 
 func (o *lockingOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	if _, err := b.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE`, o.accountID); err != nil {
 		return err
 	}

@@ -321,11 +321,7 @@ func (r *Runner) begin(ctx context.Context, req Request, op Operation) (*Record,
 		ID: RecordID(req.Scope, req.Key, req.Fingerprint), Scope: req.Scope, Key: req.Key,
 		Fingerprint: req.Fingerprint, Method: req.Method, Route: req.Route, RecoveryPoint: PointStarted, LockGeneration: 1, begun: true,
 	}
-	b := &Batch{}
-	// A row lock that Begin's writes wait for is waited for RowLockWait at most.
-	if err := r.q.IdempotencyKeyLockWait(ctx, b, lockWait(r.cfg.RowLockWait)); err != nil {
-		return nil, err
-	}
+	b := &Batch{lockWait: r.cfg.RowLockWait}
 	if err := r.q.IdempotencyKeyInsert(ctx, b, &dbsqlc.IdempotencyKeyInsertParams{
 		ID: rec.ID, Scope: string(req.Scope), Key: req.Key, RequestMethod: req.Method,
 		RequestRoute: req.Route, RequestFingerprint: req.Fingerprint, Now: r.now(), KeyHash: req.Credential,

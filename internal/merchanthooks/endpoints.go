@@ -352,6 +352,9 @@ func (op *createOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	op.row = dbsqlc.WebhookEndpoint{ID: id, AccountID: op.accountID, Url: op.p.URL, EnabledEvents: op.p.EnabledEvents,
 		Enabled: true, Version: 1, IdempotencyKeyID: &rec.ID}
 	op.secret = secret
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	if err := op.s.q.WebhookEndpointLockAccount(ctx, b, op.accountID); err != nil {
 		return fmt.Errorf("locking the account: %w", err)
 	}
