@@ -176,13 +176,11 @@ CREATE INDEX api_keys_account_active ON api_keys (account_id, created_at) WHERE 
 -- flight count) whatever the code does.
 --
 -- Two figures of what was refunded: amount_refunded, idempay's own
--- refunds (reserved by a refund's claim, released if it fails), and
--- stripe_amount_refunded, Stripe's as of the newest charge event
--- (stripe_refunded_at; a refund's failure moves it too), which an older
--- event never changes (I8). The API shows the larger. A refund is limited
--- by amount_refunded alone: Stripe's figure may count the very refund a
--- restore lost, whose retry must reach Stripe (I13), or be ahead of Stripe
--- (two events in one second), and Stripe refuses what it cannot refund.
+-- (reserved by a refund's claim, released if it fails), the one that
+-- limits a refund; and stripe_amount_refunded, Stripe's as of the newest
+-- charge event (stripe_refunded_at; a refund's failure moves it), which an
+-- older event never changes (I8). The API shows the larger. Stripe's may
+-- count a refund a restore lost, whose retry must reach Stripe (I13).
 --
 -- A capture's or cancel's claim sets pending_action, its record and a
 -- capture's amount (NULL: all capturable), guarded by version, so of a
@@ -279,11 +277,9 @@ CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe
 -- Disputes of a charge, known only from Stripe's events. A dispute does not
 -- change amount_refunded (Stripe does not count it as a refund), but a
 -- charge with an open or lost chargeback can no longer be refunded (an
--- inquiry, warning_*, does not stop a refund). allows_refund says whether
--- this dispute lets its charge be refunded, and is what a refund checks:
--- its status allows one (package stripeevents, disputeStates) and Stripe's
--- event says the charge is refundable (is_charge_refundable). It is
--- written with the status, from the same event.
+-- inquiry, warning_*, does not stop a refund). allows_refund, what a
+-- refund checks, is written with the status from the same event: the
+-- status allows one (stripeevents.disputeStates) and is_charge_refundable.
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
@@ -369,14 +365,11 @@ CREATE TABLE events (
 
 -- The relay's scan: unpublished events in order.
 CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
--- An account's events in the order they were created (created_at, then
--- seq: one transaction's events share its created_at). GET /v1/events and
--- the console page them newest first, backwards through it; a recovery of
--- an endpoint reads the events of its window, from its since, a chunk at
--- a time from its cursor (WebhookRecoveryExpand), so a recovery of the
--- last hour of an account with a year of events reads that hour. It is the
--- one B-tree entry per event by account that a settling write pays, at the
--- end of its account's range (created_at grows with it).
+-- An account's events as created (one transaction's share created_at):
+-- GET /v1/events and the console page it backwards; a recovery reads its
+-- window from since, a chunk at a time (WebhookRecoveryExpand), not the
+-- account's history. The one B-tree entry per event that a settling write
+-- pays, at the end of its account's range.
 CREATE INDEX events_account_created ON events (account_id, created_at, seq);
 -- The webhook dispatcher reads events by seq. A BRIN index costs an insert
 -- at the table's end nothing, unlike a B-tree entry on every settling write.
@@ -486,19 +479,16 @@ CREATE TABLE webhook_recoveries (
     -- The request's transaction time, the events' clock: the later events
     -- are the fan-out's.
     until              timestamptz NOT NULL DEFAULT now(),
-    -- The cursor: the (created_at, seq) of the last event read, in the
-    -- order events_account_created has them; (since, 0) before the first
-    -- chunk, so that the first one starts at since.
+    -- The cursor: the (created_at, seq) of the last event read; (since,
+    -- 0) before the first chunk.
     after_created_at   timestamptz NOT NULL,
     after_seq          bigint NOT NULL DEFAULT 0,
     done_at            timestamptz,
     idempotency_key_id text UNIQUE REFERENCES idempotency_keys (id) ON DELETE SET NULL
 );
 
--- The workers' scan: the recoveries not done, oldest first. Every worker
--- pass reads it (WebhookRecoveryExpand), and a finished recovery leaves
--- it: an idle pass reads one or two pages whatever the number of finished
--- recoveries.
+-- The workers' scan, every pass: the recoveries not done, oldest first
+-- (an idle pass reads a page, however many are done).
 CREATE INDEX webhook_recoveries_pending ON webhook_recoveries (until) WHERE done_at IS NULL;
 
 -- The dispatcher's position: every event with seq <= last_seq was fanned

@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idempay/idempay/internal/dbsqlc"
 )
 
 // Batch is one phase of a record: the core's own statement first (the
@@ -37,7 +35,7 @@ type Batch struct {
 	// committed runs once the batch has committed (send).
 	committed []func()
 	// lockWait is the claim's bound on waiting for a row lock
-	// (Config.RowLockWait), for LimitLockWait.
+	// (Config.RowLockWait; lockwait.go).
 	lockWait time.Duration
 }
 
@@ -46,32 +44,6 @@ type Batch struct {
 // DEFAULT now()) is b.now once the batch has run.
 func (b *Batch) queueNow() {
 	b.b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&b.now) })
-}
-
-// lockWait is d as PostgreSQL's lock_timeout takes it (IdempotencyKeyLockWait).
-func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
-
-// LimitLockWait queues, for this batch's transaction only, the claim's
-// bound on waiting for a row lock (Config.RowLockWait,
-// IdempotencyKeyLockWait). An operation whose Begin locks a row that other
-// transactions lock too (an account's, a charge's) queues it before that
-// lock: a transaction that holds the row and does not end (a stuck
-// session, an operator's open transaction) then gets the request refused
-// as ErrContended once the wait has passed (PostgreSQL's
-// lock_not_available), with nothing stored, instead of holding it and its
-// connection of the pool for as long as the caller waits. A claim that
-// locks no such row (a charge's) does not pay the statement.
-func (b *Batch) LimitLockWait(ctx context.Context) error {
-	return dbsqlc.New().IdempotencyKeyLockWait(ctx, b, lockWait(b.lockWait))
-}
-
-// LimitLockWait does for the transaction tx what Batch.LimitLockWait does
-// for a claim: a transaction that an entry point opens outside Run, on a
-// request's path, waits for a row lock no longer than a claim does, and a
-// wait past it fails with PostgreSQL's lock_not_available (SQLSTATE
-// 55P03), which the entry point maps as it maps ErrContended.
-func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
-	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
 }
 
 // errReadInBatch is what a read inside a phase gets.
@@ -108,9 +80,6 @@ const (
 	// found its row, whose id derives from the request: this same request
 	// made it before its record expired. Its message names the row.
 	sqlstateExpired = "IDE01"
-	// sqlstateLockNotAvailable is PostgreSQL's lock_not_available: a
-	// statement waited for a lock longer than lock_timeout (IdempotencyKeyLockWait).
-	sqlstateLockNotAvailable = "55P03"
 )
 
 // ErrStale is a phase whose operation read a row that changed before its
