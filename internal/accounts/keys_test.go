@@ -400,29 +400,10 @@ func TestRevocationWaitingForTheAccountLockIsBounded(t *testing.T) {
 	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE`, c.Account.ID); err != nil {
 		t.Fatal(err)
 	}
-	answered := make(chan *apitest.Response, 1)
-	go func() { answered <- deleteKey(t, c, k.ID, "") }()
-	var r *apitest.Response
-	select {
-	case r = <-answered:
-	case <-time.After(2 * time.Minute):
-		_ = h.Tx.Rollback(ctx)
-		r = <-answered
-		t.Fatalf("no answer in 2 minutes while the account was locked; once released: %d %s", r.Status, r.Body)
-	}
-	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
-		t.Fatalf("a revocation waiting for the account's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
-			r.Status, r.Header.Get("Retry-After"), r.Body)
-	}
-	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
-		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
-	}
+	apitest.RefusedWhileLocked(t, h, "a revocation", func() *apitest.Response { return deleteKey(t, c, k.ID, "") })
 	var revoked bool
 	if err := env.Pool.QueryRow(ctx, `SELECT revoked_at IS NOT NULL FROM api_keys WHERE id = $1`, k.ID).Scan(&revoked); err != nil || revoked {
 		t.Fatalf("the key after the refused revocation: revoked %v (%v), want active", revoked, err)
-	}
-	if err := h.Tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
 	}
 	if r := deleteKey(t, c, k.ID, ""); r.Status != http.StatusNoContent {
 		t.Fatalf("the revocation once the lock is released: %d %s, want 204", r.Status, r.Body)

@@ -603,26 +603,7 @@ func TestRefundWaitingForTheChargeLockIsBounded(t *testing.T) {
 	}
 	key := apitest.NewKey()
 	body := map[string]any{"charge": ch.ID, "amount": 300}
-	answered := make(chan *apitest.Response, 1)
-	go func() { answered <- c.Post("/v1/refunds", key, body) }()
-	var r *apitest.Response
-	select {
-	case r = <-answered:
-	case <-time.After(2 * time.Minute):
-		_ = h.Tx.Rollback(ctx)
-		r = <-answered
-		t.Fatalf("no answer in 2 minutes while the charge was locked; once released: %d %s", r.Status, r.Body)
-	}
-	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
-		t.Fatalf("a refund waiting for its charge's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
-			r.Status, r.Header.Get("Retry-After"), r.Body)
-	}
-	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
-		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
-	}
-	if err := h.Tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	apitest.RefusedWhileLocked(t, h, "a refund", func() *apitest.Response { return c.Post("/v1/refunds", key, body) })
 	var records, refunds int
 	var refunded int64
 	if err := env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_keys WHERE key = $1),

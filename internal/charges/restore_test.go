@@ -592,6 +592,86 @@ func TestRefundKeyReusedAfterRetention(t *testing.T) {
 	}
 }
 
+// fullRefundLost is what fullRefundLostAfterChargeRefunded leaves: the
+// environment after the restore, the account's client there, Stripe, the
+// refund's body and its lost answer.
+type fullRefundLost struct {
+	env    *apitest.Env
+	c      *apitest.Client
+	stripe *stripefake.Server
+	charge string
+	body   map[string]any
+	was    refund
+}
+
+// fullRefundLostAfterChargeRefunded refunds all of a 2000 charge under key,
+// restores the database to before the refund, and delivers Stripe's
+// charge.refunded after the restore: the refund is lost to the ledger and
+// counted in Stripe's figure, which cannot tell it from a refund made
+// elsewhere.
+func fullRefundLostAfterChargeRefunded(t *testing.T, key string) fullRefundLost {
+	t.Helper()
+	d := newRestorableDB(t)
+	stripe := stripefake.New()
+	t.Cleanup(stripe.Close)
+
+	c, p := d.client(stripe)
+	ch := createCharge(t, c, 2000)
+	p.Close()
+	d.snapshot()
+
+	l := fullRefundLost{stripe: stripe, charge: ch.ID, body: map[string]any{"charge": ch.ID, "amount": 2000}}
+	c, p = d.client(stripe)
+	first := c.Post("/v1/refunds", key, l.body)
+	wantStatus(t, first, http.StatusCreated)
+	first.JSON(t, &l.was)
+	p.Close()
+
+	d.restore()
+
+	l.env = d.env(stripe)
+	t.Cleanup(l.env.Pool.Close)
+	l.c = l.env.ClientFor(t, d.account)
+	fcs := stripe.Charges()
+	if len(fcs) != 1 || fcs[0].AmountRefunded != 2000 {
+		t.Fatalf("Stripe holds %+v, want one charge, all of it refunded", fcs)
+	}
+	ev, err := webhooks.NewChargeEvent("charge.refunded", apitest.ChargeObject(fcs[0], "succeeded"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _, answer, err := webhooks.Send(context.Background(), http.DefaultClient, l.env.Server.URL+webhooks.Route, ev.Payload,
+		webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
+	if err != nil || status != http.StatusOK || !strings.Contains(string(answer), `"applied"`) {
+		t.Fatalf("the charge.refunded delivered after the restore: %d %s %v, want it applied", status, answer, err)
+	}
+	return l
+}
+
+// retried checks that the client's retry of the lost refund answers 201
+// with the refund it lost (replayed, when replayed), Stripe holding one
+// refund, and the charge counting it once.
+func (l fullRefundLost) retried(t *testing.T, key string, replayed bool) {
+	t.Helper()
+	retry := l.c.Post("/v1/refunds", key, l.body)
+	wantStatus(t, retry, http.StatusCreated)
+	if replayed && retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry after reconciliation was not replayed: %s", retry.Body)
+	}
+	var is refund
+	retry.JSON(t, &is)
+	if is.ID != l.was.ID || ptr(is.StripeRefundID) != ptr(l.was.StripeRefundID) {
+		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)",
+			is.ID, ptr(is.StripeRefundID), l.was.ID, ptr(l.was.StripeRefundID))
+	}
+	if n := len(l.stripe.Refunds()); n != 1 {
+		t.Errorf("Stripe holds %d refunds, want 1", n)
+	}
+	if got := getChargeRow(t, l.env.Pool, l.charge).AmountRefunded; got != 2000 {
+		t.Errorf("the charge's amount_refunded after the retry is %d, want 2000 (counted once)", got)
+	}
+}
+
 // TestRestoredRefundAfterChargeRefunded is I13 for a refund that a
 // restore loses after Stripe refunded all of the charge: Stripe's
 // charge.refunded, delivered again after the restore, counts the refund,
@@ -599,136 +679,37 @@ func TestRefundKeyReusedAfterRetention(t *testing.T) {
 // refund it re-creates); the client's retry then replays its 201.
 func TestRestoredRefundAfterChargeRefunded(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	d := newRestorableDB(t)
-	stripe := stripefake.New()
-	t.Cleanup(stripe.Close)
-
-	c, p := d.client(stripe)
-	ch := createCharge(t, c, 2000)
-	p.Close()
-	d.snapshot()
-
-	body := map[string]any{"charge": ch.ID, "amount": 2000}
-	c, p = d.client(stripe)
-	first := c.Post("/v1/refunds", "refund-90", body)
-	wantStatus(t, first, http.StatusCreated)
-	var was refund
-	first.JSON(t, &was)
-	p.Close()
-
-	d.restore()
-
-	env := d.env(stripe)
-	defer env.Pool.Close()
-	c = env.ClientFor(t, d.account)
-	fcs := stripe.Charges()
-	if len(fcs) != 1 || fcs[0].AmountRefunded != 2000 {
-		t.Fatalf("Stripe holds %+v, want one charge, all of it refunded", fcs)
-	}
-	ev, err := webhooks.NewChargeEvent("charge.refunded", apitest.ChargeObject(fcs[0], "succeeded"), time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	status, _, answer, err := webhooks.Send(ctx, http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
-		webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
-	if err != nil || status != http.StatusOK || !strings.Contains(string(answer), `"applied"`) {
-		t.Fatalf("the charge.refunded delivered again: %d %s %v, want it applied", status, answer, err)
-	}
-
-	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	l := fullRefundLostAfterChargeRefunded(t, "refund-90")
+	report, err := l.env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
 		t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
 	}
-	retry := c.Post("/v1/refunds", "refund-90", body)
-	wantStatus(t, retry, http.StatusCreated)
-	if retry.Header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("the retry after reconciliation was not replayed: %s", retry.Body)
-	}
-	var is refund
-	retry.JSON(t, &is)
-	if is.ID != was.ID || ptr(is.StripeRefundID) != ptr(was.StripeRefundID) {
-		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)",
-			is.ID, ptr(is.StripeRefundID), was.ID, ptr(was.StripeRefundID))
-	}
-	if n := len(stripe.Refunds()); n != 1 {
-		t.Errorf("Stripe holds %d refunds, want 1", n)
-	}
-	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 2000 {
-		t.Errorf("the charge's amount_refunded after reconciliation is %d, want 2000 (counted once)", got)
-	}
+	l.retried(t, "refund-90", true)
 }
 
 // TestRestoredRefundRetriedBeforeReconciliation is I13 for the client's
 // retry of a refund that a restore (or a failover) lost after Stripe
 // refunded all of the charge, when the retry comes before any
-// reconciliation: Stripe's charge.refunded, delivered after the restore,
-// counts the refund, and idempay cannot tell its own lost refund from one
-// made elsewhere. The retry reaches Stripe with the same key and the same
+// reconciliation: idempay cannot tell its own lost refund from one made
+// elsewhere. The retry reaches Stripe with the same key and the same
 // parameters, Stripe replays the refund, and the client gets its 201 (not
 // a final 400 refund-exceeds-charge it would never retry, leaving it to
 // believe that nothing was refunded). Reconciliation then finds it matched.
 func TestRestoredRefundRetriedBeforeReconciliation(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	d := newRestorableDB(t)
-	stripe := stripefake.New()
-	t.Cleanup(stripe.Close)
-
-	c, p := d.client(stripe)
-	ch := createCharge(t, c, 2000)
-	p.Close()
-	d.snapshot()
-
-	body := map[string]any{"charge": ch.ID, "amount": 2000}
-	c, p = d.client(stripe)
-	first := c.Post("/v1/refunds", "refund-91", body)
-	wantStatus(t, first, http.StatusCreated)
-	var was refund
-	first.JSON(t, &was)
-	p.Close()
-
-	d.restore()
-
-	env := d.env(stripe)
-	defer env.Pool.Close()
-	c = env.ClientFor(t, d.account)
-	fcs := stripe.Charges()
-	if len(fcs) != 1 || fcs[0].AmountRefunded != 2000 {
-		t.Fatalf("Stripe holds %+v, want one charge, all of it refunded", fcs)
-	}
-	ev, err := webhooks.NewChargeEvent("charge.refunded", apitest.ChargeObject(fcs[0], "succeeded"), time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	status, _, answer, err := webhooks.Send(ctx, http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
-		webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
-	if err != nil || status != http.StatusOK || !strings.Contains(string(answer), `"applied"`) {
-		t.Fatalf("the charge.refunded delivered after the restore: %d %s %v, want it applied", status, answer, err)
-	}
-
-	retry := c.Post("/v1/refunds", "refund-91", body)
-	wantStatus(t, retry, http.StatusCreated)
-	var is refund
-	retry.JSON(t, &is)
-	if is.ID != was.ID || ptr(is.StripeRefundID) != ptr(was.StripeRefundID) {
-		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)",
-			is.ID, ptr(is.StripeRefundID), was.ID, ptr(was.StripeRefundID))
-	}
-	if n := len(stripe.Refunds()); n != 1 {
-		t.Errorf("Stripe holds %d refunds, want 1", n)
-	}
-	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	l := fullRefundLostAfterChargeRefunded(t, "refund-91")
+	l.retried(t, "refund-91", false)
+	report, err := l.env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if report.RefundCounts[charges.ReconcileMatched] != 1 || len(report.RefundCounts) != 1 {
 		t.Errorf("reconciliation of the refunds after the retry: %v, want the refund matched", report.RefundCounts)
 	}
-	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 2000 {
-		t.Errorf("the charge's amount_refunded after the retry is %d, want 2000 (counted once)", got)
+	if got := getChargeRow(t, l.env.Pool, l.charge).AmountRefunded; got != 2000 {
+		t.Errorf("the charge's amount_refunded after reconciliation is %d, want 2000 (counted once)", got)
 	}
 }

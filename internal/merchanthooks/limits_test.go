@@ -130,29 +130,12 @@ func TestCreationWaitingForTheAccountLockIsBounded(t *testing.T) {
 	}
 	key := apitest.NewKey()
 	body := map[string]any{"url": recv.URL + "/hooks", "enabled_events": []string{"*"}}
-	answered := make(chan *apitest.Response, 1)
-	go func() { answered <- client.Post("/v1/webhook_endpoints", key, body) }()
-	var r *apitest.Response
-	select {
-	case r = <-answered:
-	case <-time.After(2 * time.Minute):
-		_ = h.Tx.Rollback(context.Background())
-		r = <-answered
-		t.Fatalf("no answer in 2 minutes while the account was locked; once released: %d %s", r.Status, r.Body)
-	}
-	if r.Status != http.StatusConflict || r.Header.Get("Retry-After") == "" {
-		t.Fatalf("a creation waiting for the account's lock: %d, Retry-After %q, %s; want 409 resource-busy with Retry-After",
-			r.Status, r.Header.Get("Retry-After"), r.Body)
-	}
-	if p := r.Problem(t); p.Type != "/problems/resource-busy" {
-		t.Errorf("the refusal's type %q, want /problems/resource-busy; body %s", p.Type, r.Body)
-	}
+	apitest.RefusedWhileLocked(t, h, "an endpoint's creation", func() *apitest.Response {
+		return client.Post("/v1/webhook_endpoints", key, body)
+	})
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE account_id = $1`, acct.ID).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d records stored (%v), want none", n, err)
-	}
-	if err := h.Tx.Rollback(context.Background()); err != nil {
-		t.Fatal(err)
 	}
 	if r := client.Post("/v1/webhook_endpoints", key, body); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the same key once the lock is released: %d (replayed %q) %s, want a fresh 201",
