@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -140,6 +141,14 @@ func loadConfig() (Config, error) {
 	if cfg.Idempotency.RetryCeiling >= stripeKeyMemory || cfg.Idempotency.RetryCeiling <= cfg.Idempotency.LockTimeout {
 		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETRY_CEILING (%s) must be longer than IDEMPOTENCY_LOCK_TIMEOUT (%s) and shorter than %s, how long Stripe is sure to keep an idempotency key",
 			cfg.Idempotency.RetryCeiling, cfg.Idempotency.LockTimeout, stripeKeyMemory))
+	}
+	// The wait becomes PostgreSQL's lock_timeout, a whole number of
+	// milliseconds up to 2^31 - 1: under a millisecond it would be 0, no
+	// bound, and past the range PostgreSQL refuses it on every request that
+	// sets it.
+	if w := cfg.Idempotency.RowLockWait; w != 0 && (w < time.Millisecond || w > math.MaxInt32*time.Millisecond) {
+		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_ROW_LOCK_WAIT (%s) must be 0 (no bound) or from 1ms to %s, PostgreSQL's lock_timeout",
+			w, math.MaxInt32*time.Millisecond))
 	}
 	// A zero window would replay a finished request for the grace period
 	// only: a typo, not a choice (the same request after its record is

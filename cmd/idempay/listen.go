@@ -45,6 +45,9 @@ func listenCmd(ctx context.Context, cfg Config, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 { // a second secret given apart, not after a comma
+		return strayArgument(fs, listenUsage)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", *addr, err)

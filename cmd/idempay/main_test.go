@@ -187,7 +187,7 @@ func TestChargesListLimitRefusedClearly(t *testing.T) {
 // (here neither is reachable). `accounts create --name Acme Corp` made an
 // account named Acme, and `orders publish --description Big order`
 // published "Big": the rest of an unquoted value was dropped, and the
-// command succeeded.
+// command succeeded; `webhooks listen --secret A B` verified with A only.
 func TestStrayArgumentsRefused(t *testing.T) {
 	t.Parallel()
 	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
@@ -196,6 +196,11 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		{"accounts", "create", "--name", "Acme", "Corp"},
 		{"orders", "publish", "--account", "acct_1", "--amount", "100", "--description", "Big", "order"},
 		{"webhooks", "trigger", "payment_intent.succeeded", "--charge", "ch_1", "extra"},
+		// Two secrets apart instead of comma-separated: the second was
+		// dropped, and deliveries signed with it rejected. The address
+		// cannot be listened on, so a run that got past the flags fails
+		// without the refusal.
+		{"webhooks", "listen", "--addr", "127.0.0.1:99999", "--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_b2xk"},
 	} {
 		_, stderr, code := idempay(t, env, args...)
 		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {

@@ -3,9 +3,9 @@
 -- /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 -- a refund's record, and the charge it refunds; the charge of a capture or
 -- cancel in flight (its pending_record_id). It selects the state, and the
--- stored response body only for the charge that a finished capture's or
--- cancel's answer names (charges.ActedOn): never the headers, nor the
--- fingerprint.
+-- stored response body, which is never shown: only charges.ActedOn reads
+-- it, for the charge that a finished capture's or cancel's answer names.
+-- Never the headers, nor the fingerprint.
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
        ik.last_error, ik.response_status, ik.created_at, ik.updated_at,

@@ -623,3 +623,53 @@ func TestRepairOfRefundResumedWhateverItsIDForm(t *testing.T) {
 		t.Errorf("the refund is %s (%v) after the resumed repair, want succeeded", status, err)
 	}
 }
+
+// TestReconcileRefundWhileItsChargeIsLocked: a lost refund whose
+// re-creation finds its charge's row held past RowLockWait by another
+// transaction (a stuck session) is not re-created by that pass, and the
+// pass says so (failed, so the next pass tries again), not that the key
+// was back already (matched): a runbook's single pass would have reported
+// a lost refund as found. Once the row is released, the next pass
+// re-creates it.
+func TestReconcileRefundWhileItsChargeIsLocked(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{RowLockWait: 100 * time.Millisecond})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 5000)
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 1200}
+	wantStatus(t, c.Post("/v1/refunds", key, body), http.StatusCreated)
+	forgetRefund(t, env, c.Account.ID, key)
+
+	ctx := context.Background()
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE`, ch.ID); err != nil {
+		t.Fatalf("locking the charge: %v", err)
+	}
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if rbErr := h.Tx.Rollback(ctx); rbErr != nil {
+		t.Fatal(rbErr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{charges.ReconcileFailed: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("reconciliation of %d refunds while the charge was locked: %v, want %v (PaymentIntents: %v)",
+			report.RefundsListed, report.RefundCounts, want, report.Counts)
+	}
+	var records int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM refunds WHERE charge_id = $1`, ch.ID).Scan(&records); err != nil || records != 0 {
+		t.Fatalf("%d refunds in the ledger (%v) after the locked pass, want 0", records, err)
+	}
+
+	report, err = env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{charges.ReconcileRecreated: 1}; !maps.Equal(report.RefundCounts, want) {
+		t.Fatalf("reconciliation of %d refunds once released: %v, want %v", report.RefundsListed, report.RefundCounts, want)
+	}
+	if got := getChargeRow(t, env.Pool, ch.ID).AmountRefunded; got != 1200 {
+		t.Errorf("amount_refunded %d, want the re-created 1200", got)
+	}
+}

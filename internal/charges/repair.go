@@ -39,7 +39,8 @@ const (
 	// twice at Stripe. Flagged at error level, nothing written.
 	ReconcileDuplicate = "duplicate"
 	// ReconcileFailed: the repair did not commit (the row changed in
-	// between, the database failed); the next pass tries again.
+	// between, a row it locks stayed locked past RowLockWait, the database
+	// failed); the next pass tries again.
 	ReconcileFailed = "failed"
 )
 
@@ -120,6 +121,10 @@ func (s *Service) recreate(ctx context.Context, pi *PaymentIntent, recordID stri
 	resp, err := s.runner.Run(ctx, req, &listedCharge{chargeOp: chargeOp{s: s, params: &p, accountID: accountID}, pi: pi})
 	var ie *idempotency.Error
 	switch {
+	case errors.Is(err, idempotency.ErrContended):
+		// Not begun (a row it checks stayed locked, or kept changing):
+		// failed, for the next pass, not matched.
+		return "", fmt.Errorf("re-creating record %s: %w", recordID, err)
 	case errors.As(err, &ie):
 		// The key is back already (a retry got there first), or in flight.
 		return ReconcileMatched, nil
@@ -231,6 +236,10 @@ func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID
 	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID}, sr: sr})
 	var ie *idempotency.Error
 	switch {
+	case errors.Is(err, idempotency.ErrContended):
+		// Not begun: its charge's row stayed locked past RowLockWait, or
+		// kept changing. Failed, for the next pass, not matched.
+		return "", fmt.Errorf("re-creating refund record %s: %w", recordID, err)
 	case errors.As(err, &ie):
 		return ReconcileMatched, nil // the key is back already, or in flight
 	case err != nil:

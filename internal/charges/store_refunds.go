@@ -9,8 +9,9 @@ import (
 )
 
 // chargeForRefund is the account's charge id as a refund refundID of it
-// checks it: with the count of its open or lost chargebacks (an inquiry
-// does not count), and whether the refund exists already.
+// checks it: with the count of its disputes that forbid a refund (a
+// chargeback, open or lost, or one under which Stripe says the charge is
+// not refundable: allows_refund), and whether the refund exists already.
 func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID string) (ch chargeRow, blockingDisputes int64, refundExists bool, err error) {
 	row, err := found(st.q.ChargeGetForRefund(ctx, st.pool, &dbsqlc.ChargeGetForRefundParams{AccountID: accountID, ID: id, RefundID: refundID}))
 	return chargeRow(row.Charge), row.BlockingDisputes, row.RefundExists, err

@@ -77,7 +77,9 @@ const chargeLockForRefund = `-- name: ChargeLockForRefund :exec
 SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE
 `
 
-// Locks the charge row, first in a refund's claim batch, so that concurrent
+// Locks the charge row, in a refund's claim batch before any write of the
+// refund's (after the claim's own INSERT and its bounded lock wait,
+// IdempotencyKeyLockWait), so that concurrent
 // refunds of one charge (each with its own key) queue on the row instead of
 // failing a version guard one after another. Once the lock is held, the
 // next statement's snapshot sees every change committed to the charge

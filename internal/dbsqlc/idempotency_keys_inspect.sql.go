@@ -57,9 +57,9 @@ type IdempotencyKeyInspectRow struct {
 // /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 // a refund's record, and the charge it refunds; the charge of a capture or
 // cancel in flight (its pending_record_id). It selects the state, and the
-// stored response body only for the charge that a finished capture's or
-// cancel's answer names (charges.ActedOn): never the headers, nor the
-// fingerprint.
+// stored response body, which is never shown: only charges.ActedOn reads
+// it, for the charge that a finished capture's or cancel's answer names.
+// Never the headers, nor the fingerprint.
 func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *IdempotencyKeyInspectParams) (IdempotencyKeyInspectRow, error) {
 	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.Scope, arg.Key)
 	var i IdempotencyKeyInspectRow

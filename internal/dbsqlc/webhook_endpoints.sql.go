@@ -1192,11 +1192,14 @@ type WebhookRecoveryExpandRow struct {
 // window after the cursor are read in (created_at, seq) order, through
 // events_account_created from the cursor on: the first chunk starts at
 // since, whatever the number of the account's older events, and every
-// event the chunks read is in the window. That order is each object's
-// version order, so an object's events are recovered in order across
-// chunks: the batch that writes an object's next version read the version
+// event the chunks read is in the window. That order is each charge's and
+// refund's version order, so their events are recovered in order across
+// chunks: the batch that writes one's next version read the version
 // before it committed, and began after (its now() is its events'
 // created_at); one transaction's events, of one created_at, follow seq.
+// An endpoint's disabled events are not held to it: a worker's
+// transaction writes one under the endpoint's row lock, and may have begun
+// before the disabling before it committed (docs/webhooks-out.md).
 // Each one the endpoint wants is sent again under its own id: pending
 // (due as the fan-out's are), or paused while the endpoint is disabled (as
 // the lock found it: a disabling that commits later pauses these
