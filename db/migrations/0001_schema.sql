@@ -359,14 +359,17 @@ CREATE TABLE events (
     object_version bigint NOT NULL CHECK (object_version > 0),
     -- The object as the API showed it when the event happened.
     data           json NOT NULL,
-    created_at     timestamptz NOT NULL DEFAULT now(),
+    -- When the row was written (the statement's time, not the
+    -- transaction's): after the update of its object that wrote the
+    -- version, under that row's lock, so after the commit of the version
+    -- before. An object's events are in version order by (created_at, seq).
+    created_at     timestamptz NOT NULL DEFAULT statement_timestamp(),
     published_at   timestamptz
 );
 
 -- The relay's scan: unpublished events in order.
 CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
--- An account's events as created (one transaction's share created_at):
--- GET /v1/events and the console page it backwards; a recovery reads its
+-- An account's events as created: GET /v1/events and the console page it backwards; a recovery reads its
 -- window from since, a chunk at a time (WebhookRecoveryExpand), not the
 -- account's history. The one B-tree entry per event that a settling write
 -- pays, at the end of its account's range.

@@ -1192,14 +1192,11 @@ type WebhookRecoveryExpandRow struct {
 // window after the cursor are read in (created_at, seq) order, through
 // events_account_created from the cursor on: the first chunk starts at
 // since, whatever the number of the account's older events, and every
-// event the chunks read is in the window. That order is each charge's and
-// refund's version order, so their events are recovered in order across
-// chunks: the batch that writes one's next version read the version
-// before it committed, and began after (its now() is its events'
-// created_at); one transaction's events, of one created_at, follow seq.
-// An endpoint's disabled events are not held to it: a worker's
-// transaction writes one under the endpoint's row lock, and may have begun
-// before the disabling before it committed (docs/webhooks-out.md).
+// event the chunks read is in the window. That order is each object's
+// version order (an event's created_at is its statement's time, after its
+// object's update took the row's lock, so after the version before it
+// committed: the schema), so an object's events are recovered in order
+// across chunks.
 // Each one the endpoint wants is sent again under its own id: pending
 // (due as the fan-out's are), or paused while the endpoint is disabled (as
 // the lock found it: a disabling that commits later pauses these
@@ -1208,7 +1205,7 @@ type WebhookRecoveryExpandRow struct {
 // WebhookDeliveriesResend. The cursor moves to the last event read. The
 // recovery is done once a chunk comes short, having read the window's
 // last event (the events after the window's end are the fan-out's), at
-// now(): the transaction's time, the clock its until and its events'
+// now(): the database's clock, the one its until and its events'
 // created_at are stamped by, which a GET shows done_at beside. @now (a
 // test's clock, Config.Now) is the deliveries' schedule's, and no
 // statement compares done_at with a time: only whether it is NULL. No

@@ -6,6 +6,9 @@ import (
 	"regexp"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
@@ -114,5 +117,62 @@ func TestRecordTheSameEventAgain(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("the events table holds\n%q\nwant\n%q", got, want)
+	}
+}
+
+// An object's events are in version order by (created_at, seq), the order a
+// webhook recovery reads them in, even when the transaction that writes
+// the later version began first: its update of the object waits for the
+// row's lock behind the earlier version's transaction (here the account's
+// row stands for the object's), and an event's created_at is the time its
+// row was written, not its transaction's start. A worker's transaction
+// that disables an endpoint is such a transaction.
+func TestEventsOfAnObjectFollowTheirVersionsByCreation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	acct := dbtest.NewAccount(t).ID
+	write := func(tx pgx.Tx, version int64) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, `UPDATE accounts SET name = name WHERE id = $1`, acct); err != nil {
+			t.Fatal(err)
+		}
+		if err := events.Record(ctx, tx, acct, events.WebhookEndpointDisabled, "we_order", version, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	later, err := pool.Begin(ctx) // begins first, writes the later version
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer later.Rollback(ctx) //nolint:errcheck // a no-op once committed
+	var began time.Time
+	if err := later.QueryRow(ctx, `SELECT now()`).Scan(&began); err != nil {
+		t.Fatal(err)
+	}
+	earlier, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer earlier.Rollback(ctx) //nolint:errcheck // a no-op once committed
+	write(earlier, 2)
+	if err := earlier.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	write(later, 4)
+	if err := later.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT object_version FROM events WHERE account_id = $1 ORDER BY created_at, seq`, acct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(versions, []int64{2, 4}) {
+		t.Fatalf("the object's events by (created_at, seq) are versions %v, want [2 4]; the later version's transaction began at %s",
+			versions, began.Format(time.RFC3339Nano))
 	}
 }
