@@ -274,12 +274,10 @@ CREATE INDEX refunds_charge_id ON refunds (charge_id);
 -- A Stripe event finds its refund by Stripe's refund id (RefundFindForEvent).
 CREATE INDEX refunds_stripe_refund_id ON refunds (stripe_refund_id) WHERE stripe_refund_id IS NOT NULL;
 
--- Disputes of a charge, known only from Stripe's events. A dispute does not
--- change amount_refunded (Stripe does not count it as a refund), but a
--- charge with an open or lost chargeback can no longer be refunded (an
--- inquiry, warning_*, does not stop a refund). allows_refund, what a
--- refund checks, is written with the status from the same event: the
--- status allows one (stripeevents.disputeStates) and is_charge_refundable.
+-- Disputes of a charge, from Stripe's events (no part of amount_refunded).
+-- allows_refund, what a refund checks, comes with the status from one
+-- event: the status allows one (no chargeback, open or lost:
+-- stripeevents.disputeStates) and so does Stripe (is_charge_refundable).
 CREATE TABLE disputes (
     id                text PRIMARY KEY CHECK (char_length(id) <= 64)
         DEFAULT 'dis_' || replace(gen_random_uuid()::text, '-', ''),
@@ -359,20 +357,18 @@ CREATE TABLE events (
     object_version bigint NOT NULL CHECK (object_version > 0),
     -- The object as the API showed it when the event happened.
     data           json NOT NULL,
-    -- When the row was written (the statement's time, not the
-    -- transaction's): after the update of its object that wrote the
-    -- version, under that row's lock, so after the commit of the version
-    -- before. An object's events are in version order by (created_at, seq).
+    -- The statement's time, after its object's update took the row's lock:
+    -- an object's events are in version order by (created_at, seq).
     created_at     timestamptz NOT NULL DEFAULT statement_timestamp(),
     published_at   timestamptz
 );
 
 -- The relay's scan: unpublished events in order.
 CREATE INDEX events_unpublished ON events (seq) WHERE published_at IS NULL;
--- An account's events as created: GET /v1/events and the console page it backwards; a recovery reads its
--- window from since, a chunk at a time (WebhookRecoveryExpand), not the
--- account's history. The one B-tree entry per event that a settling write
--- pays, at the end of its account's range.
+-- An account's events as created: GET /v1/events and the console page it
+-- backwards; a recovery reads its window from since, a chunk at a time
+-- (WebhookRecoveryExpand), not the account's history. The one B-tree entry
+-- per event that a settling write pays, at the end of its account's range.
 CREATE INDEX events_account_created ON events (account_id, created_at, seq);
 -- The webhook dispatcher reads events by seq. A BRIN index costs an insert
 -- at the table's end nothing, unlike a B-tree entry on every settling write.
