@@ -110,6 +110,15 @@ func (c *chrome) do(d time.Duration, what string, actions ...chromedp.Action[chr
 	}
 }
 
+// follow waits for the link sel and follows it, the page's own script
+// finding and clicking it in one step: a live page can swap its content
+// (a poll that brought a change) between the driver's look-up of a node
+// and its click on it, which then fails on a node that is gone.
+func follow(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.WaitVisible(chromedp.CSS(sel)),
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.querySelector(%q).click()`, sel)))
+}
+
 func (c *chrome) eval(expr string) string {
 	c.t.Helper()
 	v, err := chromedp.Run(c.ctx, chromedp.Evaluate[string](expr, chromedp.EvalAwaitPromise))
@@ -223,7 +232,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the page was reloaded (marker %q): want the content to change in place", got)
 	}
 	br.screenshot("console-charges")
-	br.do(pageBound, "opening the charge", chromedp.Click(chromedp.CSS(row+" a")),
+	br.do(pageBound, "opening the charge", follow(row+" a"),
 		chromedp.WaitVisible(chromedp.CSS(`#history li[data-version]`)))
 	br.screenshot("console-charge")
 
@@ -231,7 +240,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Idempotency-Key, minted when the page loaded, so however many of the
 	// clicks reach the server, the event is resent once: one record of the
 	// resend route, finished.
-	br.do(pageBound, "opening the charge's event", chromedp.Click(chromedp.CSS(`#history li[data-version] a`)),
+	br.do(pageBound, "opening the charge's event", follow(`#history li[data-version] a`),
 		chromedp.WaitVisible(chromedp.CSS("#resend")))
 	br.do(pageBound, "double-clicking Resend", chromedp.DoubleClick(chromedp.CSS("#resend")),
 		chromedp.WaitVisible(chromedp.CSS("table#deliveries")))
@@ -285,7 +294,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		Completer: 200 * time.Millisecond})
 	br.do(pageBound, "waiting for the completer to finish the record", chromedp.WaitVisible(chromedp.CSS(rec+`[data-state="finished"]`)))
 	br.screenshot("console-records")
-	br.do(pageBound, "opening the finished record", chromedp.Click(chromedp.CSS(rec+" a")),
+	br.do(pageBound, "opening the finished record", follow(rec+" a"),
 		chromedp.WaitVisible(chromedp.CSS(`#record[data-state="finished"]`)))
 	if text, err := chromedp.Run(br.ctx, chromedp.Text(chromedp.CSS("#record"))); err != nil || !strings.Contains(text, "2 (1 + the takeovers)") {
 		t.Errorf("the finished record's fields %q (%v): want lock generation 2, the completer's takeover", text, err)
@@ -356,7 +365,7 @@ func TestConsoleLiveSwapsOnlyChanges(t *testing.T) {
 
 	rec := `tr[data-key="order-1044"]`
 	br.do(pageBound, "opening the record", chromedp.Navigate(consoleURL+"/records"), chromedp.WaitVisible(chromedp.CSS(rec)),
-		chromedp.Click(chromedp.CSS(rec+" a")), chromedp.WaitVisible(chromedp.CSS(`#response-body`)))
+		follow(rec+" a"), chromedp.WaitVisible(chromedp.CSS(`#response-body`)))
 	br.eval(countFetches)
 	if refreshed("three refreshes of a finished record", 3) {
 		t.Errorf("a finished record's page, which did not change, was swapped in again by a live refresh")
@@ -394,7 +403,7 @@ func TestConsoleShowsWhenLiveStops(t *testing.T) {
 	}
 	br.signIn(consoleURL, acct.APIKey)
 	rec := `tr[data-key="order-1046"]`
-	br.do(pageBound, "opening the record", chromedp.Click(chromedp.CSS(rec+" a")), chromedp.WaitVisible(chromedp.CSS(`#record`)))
+	br.do(pageBound, "opening the record", follow(rec+" a"), chromedp.WaitVisible(chromedp.CSS(`#record`)))
 
 	web.kill9()
 	br.do(pageBound, "waiting for the page to say it is no longer live", chromedp.WaitVisible(chromedp.CSS("#live-stale")))
