@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -162,6 +163,14 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s): a stopping consumer waits this long for the charge in hand",
 			cfg.Orders.AckWait, cfg.StripeTimeout))
 	}
+	// PostgreSQL's lock_timeout takes whole milliseconds, at most its
+	// integer maximum (idempotency.Batch.LimitLockWait): a positive wait
+	// under a millisecond would be sent as 0ms, no bound at all, and a
+	// longer one than the maximum fails every claim that sets it.
+	if w := cfg.Idempotency.RowLockWait; w != 0 && (w < time.Millisecond || w > maxRowLockWait) {
+		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_ROW_LOCK_WAIT (%s) must be 0 (no bound) or from 1ms to %s, what PostgreSQL's lock_timeout takes",
+			w, maxRowLockWait))
+	}
 	if cfg.Orders.MaxDeliver < 1 {
 		e.errs = append(e.errs, "ORDERS_MAX_DELIVER: want at least 1")
 	}
@@ -170,6 +179,10 @@ func loadConfig() (Config, error) {
 	}
 	return cfg, nil
 }
+
+// maxRowLockWait is the longest lock_timeout PostgreSQL takes: its integer
+// maximum of milliseconds (about 24 days).
+const maxRowLockWait = math.MaxInt32 * time.Millisecond
 
 // stripeKeyMemory is how long Stripe is sure to keep an idempotency key:
 // it documents that keys may be removed once they are at least 24 hours old.
