@@ -163,7 +163,10 @@ type recoverOp struct {
 // endpoint is unknown, as a parameter error is answered first at Stripe (a
 // 400 invalid_request_error): one request with both faults is told of its
 // since, as it is when since is not a time at all (Validate), and told
-// of the endpoint once since is right. Both come from one read.
+// of the endpoint once since is right. Both come from one read; the
+// insert is guarded by the endpoint it found (WebhookRecoveryInsert), so
+// an endpoint deleted before the claim commits makes the runner read
+// again, and the request is told it is not found.
 func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	ep, err := op.s.q.WebhookEndpointExists(ctx, op.s.pool, &dbsqlc.WebhookEndpointExistsParams{
 		AccountID: op.accountID, ID: op.endpointID, Now: op.s.cfg.dbNow()})
