@@ -142,14 +142,6 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_RETRY_CEILING (%s) must be longer than IDEMPOTENCY_LOCK_TIMEOUT (%s) and shorter than %s, how long Stripe is sure to keep an idempotency key",
 			cfg.Idempotency.RetryCeiling, cfg.Idempotency.LockTimeout, stripeKeyMemory))
 	}
-	// The wait becomes PostgreSQL's lock_timeout, a whole number of
-	// milliseconds up to 2^31 - 1: under a millisecond it would be 0, no
-	// bound, and past the range PostgreSQL refuses it on every request that
-	// sets it.
-	if w := cfg.Idempotency.RowLockWait; w != 0 && (w < time.Millisecond || w > math.MaxInt32*time.Millisecond) {
-		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_ROW_LOCK_WAIT (%s) must be 0 (no bound) or from 1ms to %s, PostgreSQL's lock_timeout",
-			w, math.MaxInt32*time.Millisecond))
-	}
 	// A zero window would replay a finished request for the grace period
 	// only: a typo, not a choice (the same request after its record is
 	// gone is refused as expired, never charged again).
@@ -171,6 +163,14 @@ func loadConfig() (Config, error) {
 		e.errs = append(e.errs, fmt.Sprintf("ORDERS_ACK_WAIT (%s) must be longer than STRIPE_TIMEOUT (%s): a stopping consumer waits this long for the charge in hand",
 			cfg.Orders.AckWait, cfg.StripeTimeout))
 	}
+	// PostgreSQL's lock_timeout takes whole milliseconds, at most its
+	// integer maximum (idempotency.Batch.LimitLockWait): a positive wait
+	// under a millisecond would be sent as 0ms, no bound at all, and a
+	// longer one than the maximum fails every claim that sets it.
+	if w := cfg.Idempotency.RowLockWait; w != 0 && (w < time.Millisecond || w > maxRowLockWait) {
+		e.errs = append(e.errs, fmt.Sprintf("IDEMPOTENCY_ROW_LOCK_WAIT (%s) must be 0 (no bound) or from 1ms to %s, what PostgreSQL's lock_timeout takes",
+			w, maxRowLockWait))
+	}
 	if cfg.Orders.MaxDeliver < 1 {
 		e.errs = append(e.errs, "ORDERS_MAX_DELIVER: want at least 1")
 	}
@@ -179,6 +179,10 @@ func loadConfig() (Config, error) {
 	}
 	return cfg, nil
 }
+
+// maxRowLockWait is the longest lock_timeout PostgreSQL takes: its integer
+// maximum of milliseconds (about 24 days).
+const maxRowLockWait = math.MaxInt32 * time.Millisecond
 
 // stripeKeyMemory is how long Stripe is sure to keep an idempotency key:
 // it documents that keys may be removed once they are at least 24 hours old.

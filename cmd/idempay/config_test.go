@@ -31,33 +31,6 @@ func TestRetryCeilingSetting(t *testing.T) {
 	}
 }
 
-// TestRowLockWaitSetting: IDEMPOTENCY_ROW_LOCK_WAIT is 5 s by default and
-// 0 means no bound. It becomes PostgreSQL's lock_timeout, a whole number
-// of milliseconds up to 2^31 - 1: a value under a millisecond was sent as
-// 0, no bound at all, and one past 2^31 - 1 ms (720h) was refused by
-// PostgreSQL on every refund, endpoint creation and key revocation (a 500
-// each), while the server started. Both are configuration errors naming
-// the variable.
-func TestRowLockWaitSetting(t *testing.T) {
-	for _, tc := range []struct {
-		value string
-		want  time.Duration
-		err   bool
-	}{{"", 5 * time.Second, false}, {"0", 0, false}, {"1ms", time.Millisecond, false}, {"30s", 30 * time.Second, false},
-		{"596h", 596 * time.Hour, false}, {"500us", 0, true}, {"720h", 0, true}, {"-1s", 0, true}} {
-		t.Setenv("IDEMPOTENCY_ROW_LOCK_WAIT", tc.value)
-		cfg, err := loadConfig()
-		switch {
-		case tc.err && (err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_ROW_LOCK_WAIT")):
-			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: error %v, want one naming the variable", tc.value, err)
-		case !tc.err && err != nil:
-			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: %v", tc.value, err)
-		case !tc.err && cfg.Idempotency.RowLockWait != tc.want:
-			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: RowLockWait %v, want %v", tc.value, cfg.Idempotency.RowLockWait, tc.want)
-		}
-	}
-}
-
 // TestRetentionSetting: IDEMPOTENCY_RETENTION is 24 h by default; zero or
 // a negative window, or a negative grace, is a configuration error naming
 // the variables.
@@ -99,6 +72,34 @@ func TestHTTPWriteTimeoutSetting(t *testing.T) {
 			t.Errorf("HTTP_WRITE_TIMEOUT=%q STRIPE_TIMEOUT=%q: %v", tc.write, tc.stripe, err)
 		case !tc.err && cfg.HTTPWriteTimeout != tc.want:
 			t.Errorf("HTTP_WRITE_TIMEOUT=%q: %s, want %s", tc.write, cfg.HTTPWriteTimeout, tc.want)
+		}
+	}
+}
+
+// TestRowLockWaitSetting: IDEMPOTENCY_ROW_LOCK_WAIT is 5 s by default and 0
+// waits without bound. PostgreSQL's lock_timeout counts whole milliseconds
+// up to 2147483647: a positive wait under a millisecond would be sent as
+// 0ms, no bound at all, and a longer one than its maximum fails every
+// claim that sets it (a refund's, an endpoint's), so both are configuration
+// errors naming the variable, as are a negative and a non-duration.
+func TestRowLockWaitSetting(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+		err   bool
+	}{{"", 5 * time.Second, false}, {"0", 0, false}, {"1ms", time.Millisecond, false}, {"250ms", 250 * time.Millisecond, false},
+		{"596h", 596 * time.Hour, false}, {"2147483647ms", 2147483647 * time.Millisecond, false},
+		{"1ns", 0, true}, {"999us", 0, true}, {"2147483648ms", 0, true}, {"1000h", 0, true},
+		{"-1s", 0, true}, {"abc", 0, true}} {
+		t.Setenv("IDEMPOTENCY_ROW_LOCK_WAIT", tc.value)
+		cfg, err := loadConfig()
+		switch {
+		case tc.err && (err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_ROW_LOCK_WAIT")):
+			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: error %v, want one naming the variable", tc.value, err)
+		case !tc.err && err != nil:
+			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: %v", tc.value, err)
+		case !tc.err && cfg.Idempotency.RowLockWait != tc.want:
+			t.Errorf("IDEMPOTENCY_ROW_LOCK_WAIT=%q: RowLockWait %v, want %v", tc.value, cfg.Idempotency.RowLockWait, tc.want)
 		}
 	}
 }

@@ -344,9 +344,19 @@ SET state = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at,
 -- name: WebhookRecoveryInsert :exec
 -- A recovery, in the claim's batch of its request, until its time (the
 -- batch's transaction's); the workers expand it (WebhookRecoveryExpand)
--- from its cursor, which starts at since.
-INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, after_created_at, idempotency_key_id)
-VALUES (@id, @account_id, @endpoint_id, @since, @since, @idempotency_key_id);
+-- from its cursor, which starts at since. Guarded by the endpoint the
+-- request read (WebhookEndpointExists), locked as the foreign key's check
+-- would lock it: IDS01 when it was deleted since (a delete in flight is
+-- waited for), and the runner reads again and answers that it is not
+-- found, where the insert broke the foreign key.
+WITH w AS (
+    SELECT e.id FROM webhook_endpoints e WHERE e.account_id = @account_id AND e.id = @endpoint_id FOR KEY SHARE
+), r AS (
+    INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, after_created_at, idempotency_key_id)
+    SELECT @id, @account_id, w.id, @since, @since, @idempotency_key_id FROM w
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the webhook endpoint was deleted since it was read');
 
 -- name: WebhookRecoveryGetByIdempotencyKeyID :one
 SELECT * FROM webhook_recoveries WHERE idempotency_key_id = @idempotency_key_id;

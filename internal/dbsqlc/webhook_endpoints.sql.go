@@ -1266,26 +1266,36 @@ func (q *Queries) WebhookRecoveryGetByIdempotencyKeyID(ctx context.Context, db D
 }
 
 const webhookRecoveryInsert = `-- name: WebhookRecoveryInsert :exec
-INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, after_created_at, idempotency_key_id)
-VALUES ($1, $2, $3, $4, $4, $5)
+WITH w AS (
+    SELECT e.id FROM webhook_endpoints e WHERE e.account_id = $1 AND e.id = $2 FOR KEY SHARE
+), r AS (
+    INSERT INTO webhook_recoveries (id, account_id, endpoint_id, since, after_created_at, idempotency_key_id)
+    SELECT $3, $1, w.id, $4, $4, $5 FROM w
+    RETURNING 1
+)
+SELECT idempay_expect((SELECT count(*) FROM r), 'IDS01', 'the webhook endpoint was deleted since it was read')
 `
 
 type WebhookRecoveryInsertParams struct {
-	ID               string
 	AccountID        string
 	EndpointID       string
+	ID               string
 	Since            time.Time
 	IdempotencyKeyID *string
 }
 
 // A recovery, in the claim's batch of its request, until its time (the
 // batch's transaction's); the workers expand it (WebhookRecoveryExpand)
-// from its cursor, which starts at since.
+// from its cursor, which starts at since. Guarded by the endpoint the
+// request read (WebhookEndpointExists), locked as the foreign key's check
+// would lock it: IDS01 when it was deleted since (a delete in flight is
+// waited for), and the runner reads again and answers that it is not
+// found, where the insert broke the foreign key.
 func (q *Queries) WebhookRecoveryInsert(ctx context.Context, db DBTX, arg *WebhookRecoveryInsertParams) error {
 	_, err := db.Exec(ctx, webhookRecoveryInsert,
-		arg.ID,
 		arg.AccountID,
 		arg.EndpointID,
+		arg.ID,
 		arg.Since,
 		arg.IdempotencyKeyID,
 	)

@@ -78,6 +78,41 @@ func TestRecoverSinceForms(t *testing.T) {
 	}
 }
 
+// TestRecoverSinceLeapSecond: RFC 3339's seconds run to 60 in a leap
+// second (5.6, time-second; 5.7 has 1990-12-31T23:59:60Z), which
+// time.Parse refuses: since is that instant taken as the next minute's
+// start, as PostgreSQL reads 23:59:60, and not refused as no RFC 3339 time.
+func TestRecoverSinceLeapSecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	epID, _ := b.endpoint(t, "", "*")
+	path := "/v1/webhook_endpoints/" + epID + "/recover"
+	// A minute's start an hour ago, on the test's clock: within the window.
+	minute := b.clock.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	leap := minute.Add(-time.Minute).Format("2006-01-02T15:04") + ":60" // the second before minute, repeated
+	india := time.FixedZone("", -(5*3600 + 30*60))
+	for since, want := range map[string]time.Time{
+		minute.Add(-time.Second).Format("2006-01-02T15:04:05Z"): minute.Add(-time.Second),
+		leap + "Z":                     minute,
+		strings.ToLower(leap + ".25Z"): minute.Add(250 * time.Millisecond),
+		minute.Add(-time.Minute).In(india).Format("2006-01-02T15:04") + ":60-05:30": minute,
+	} {
+		r := b.client.Post(path, apitest.NewKey(), map[string]any{"since": since})
+		var rec merchanthooks.Recovery
+		if r.Status == http.StatusAccepted {
+			r.JSON(t, &rec)
+		}
+		if r.Status != http.StatusAccepted || !rec.Since.Equal(want) {
+			t.Errorf("since %q: %d %s, want 202 with since %s", since, r.Status, r.Body, want.Format(time.RFC3339Nano))
+		}
+	}
+	day := minute.Format("2006-01-02T15")
+	for _, since := range []string{day + ":04:61Z", day + ":60:00Z", day + ":04:6Z", day + ":04:60+24:00"} {
+		wantRefusal(t, "since "+since, b.client.Post(path, apitest.NewKey(), map[string]any{"since": since}),
+			"invalid-request", []param{{"since", "must be a time in RFC 3339 form"}})
+	}
+}
+
 // TestRetryAfterCapped: a Retry-After of seconds is honoured up to 24 h,
 // and a larger one, however large (past what a duration holds, past
 // uint64), is 24 h, not an overflow that leaves the schedule's delay.

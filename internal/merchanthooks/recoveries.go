@@ -88,14 +88,24 @@ func (p *RecoverParams) Validate() error {
 }
 
 // parseRFC3339 parses an RFC 3339 time as the RFC has it, which
-// time.Parse does not quite: T and Z may be lower case (section 5.6), and
-// an offset's hours are 00 to 23 and its minutes 00 to 59, where
-// time.Parse takes up to 24 and 60.
+// time.Parse does not quite: T and Z may be lower case (section 5.6), an
+// offset's hours are 00 to 23 and its minutes 00 to 59, where time.Parse
+// takes up to 24 and 60, and the seconds of a leap second are 60 (5.6,
+// time-second; 5.7), which time.Parse refuses: a time with no place on
+// the database's clock either, taken as the next minute's start, as
+// PostgreSQL reads 23:59:60.
 func parseRFC3339(s string) (time.Time, bool) {
 	s = strings.NewReplacer("t", "T", "z", "Z").Replace(s)
+	leap := len(s) > 19 && s[16] == ':' && s[17:19] == "60" // 2006-01-02T15:04:60
+	if leap {
+		s = s[:17] + "59" + s[19:]
+	}
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil {
 		return time.Time{}, false
+	}
+	if leap {
+		t = t.Add(time.Second)
 	}
 	if !strings.HasSuffix(s, "Z") { // the layout left the offset as the last 6 characters: +hh:mm
 		if s[len(s)-5:len(s)-3] > "23" || s[len(s)-2:] > "59" {
@@ -153,7 +163,10 @@ type recoverOp struct {
 // endpoint is unknown, as a parameter error is answered first at Stripe (a
 // 400 invalid_request_error): one request with both faults is told of its
 // since, as it is when since is not a time at all (Validate), and told
-// of the endpoint once since is right. Both come from one read.
+// of the endpoint once since is right. Both come from one read; the
+// insert is guarded by the endpoint it found (WebhookRecoveryInsert), so
+// an endpoint deleted before the claim commits makes the runner read
+// again, and the request is told it is not found.
 func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
 	ep, err := op.s.q.WebhookEndpointExists(ctx, op.s.pool, &dbsqlc.WebhookEndpointExistsParams{
 		AccountID: op.accountID, ID: op.endpointID, Now: op.s.cfg.dbNow()})

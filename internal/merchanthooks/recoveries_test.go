@@ -4,8 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apitest"
@@ -581,5 +586,71 @@ func TestRecoveryReadsItsWholeWindow(t *testing.T) {
 	}
 	if got := b.states(t, epID); len(got) != 1 || got[inWindow] != "pending" {
 		t.Fatalf("the recovery done with deliveries %v, want %s's alone, pending", got, inWindow)
+	}
+}
+
+// afterQuery runs hook once, after the first query whose SQL contains
+// marker has answered (a pgx tracer): a test commits another transaction
+// between a request's read and its claim.
+type afterQuery struct {
+	marker string
+	hook   func()
+	once   sync.Once
+}
+
+func (a *afterQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, a.marker) {
+		return context.WithValue(ctx, a, true)
+	}
+	return ctx
+}
+
+func (a *afterQuery) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(a) != nil {
+		a.once.Do(a.hook)
+	}
+}
+
+// TestRecoverOfAnEndpointDeletedMeanwhile: the endpoint is deleted after
+// the recovery's request found it and before its claim commits. The
+// request is told the endpoint is not found (404), as one that came a
+// moment later is, and nothing is stored under its key; the claim's insert
+// of the recovery broke the endpoint's foreign key instead, a 500 with an
+// ERROR line.
+func TestRecoverOfAnEndpointDeletedMeanwhile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	epID, _ := b.endpoint(t, "", "*")
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := false
+	cfg.ConnConfig.Tracer = &afterQuery{marker: "WebhookEndpointExists", hook: func() {
+		if _, err := b.pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, epID); err != nil {
+			t.Errorf("deleting the endpoint: %v", err)
+		}
+		deleted = true
+	}}
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	hooks := b.cfg
+	env := apitest.New(t, apitest.Options{Pool: traced, MerchantHooks: &hooks})
+	c := env.ClientFor(t, b.client.Account)
+	key := apitest.NewKey()
+	r := c.Post("/v1/webhook_endpoints/"+epID+"/recover", key, map[string]any{"since": b.clock.Now().Add(-time.Hour)})
+	if !deleted {
+		t.Fatal("the request never read the endpoint: the hook did not run")
+	}
+	if r.Status != http.StatusNotFound || r.Problem(t).Type != "/problems/not-found" {
+		t.Fatalf("recover of an endpoint deleted after it was read: %d %s, want 404 not-found", r.Status, r.Body)
+	}
+	var stored int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1`, key).Scan(&stored); err != nil || stored != 0 {
+		t.Errorf("records under the refused request's key: %d (%v), want none", stored, err)
 	}
 }
