@@ -53,12 +53,7 @@ func TestChargeRefundedThenTheRefundFailed(t *testing.T) {
 					t.Fatalf("the late charge.refunded: %d %s", d.Status, d.Body)
 				}
 			}
-			if got := getCharge(t, c, ch.ID).AmountRefunded; got != 0 {
-				t.Errorf("amount_refunded after the refund failed: %d, want 0 (Stripe holds 0 refunded)", got)
-			}
-			if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 2000}); r.Status != http.StatusCreated {
-				t.Errorf("a refund of all the charge after its only refund failed: %d %s, want 201", r.Status, r.Body)
-			}
+			wantAllRefundable(t, c, ch.ID, "the refund failed")
 		})
 	}
 }
@@ -172,12 +167,7 @@ func TestRecreatedRefundFailsAfterChargeRefunded(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOutcome(t, deliver(t, env, intentEvent(t, "refund.updated", failed, time.Now())), "applied")
-	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 0 {
-		t.Errorf("amount_refunded after the re-created refund failed: %d, want 0 (Stripe holds 0 refunded)", got)
-	}
-	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 2000}); r.Status != http.StatusCreated {
-		t.Errorf("a refund of all the charge after its only refund failed: %d %s, want 201", r.Status, r.Body)
-	}
+	wantAllRefundable(t, c, ch.ID, "the re-created refund failed")
 }
 
 // In one second Stripe counts a refund of 500, fails it, and counts a
@@ -285,5 +275,17 @@ func TestTwoChargeRefundedInOneSecond(t *testing.T) {
 				t.Errorf("Stripe's amount_refunded after a refund of all that was left: %d, want 2000", got)
 			}
 		})
+	}
+}
+
+// wantAllRefundable checks that a 2000 charge whose only refund failed
+// (after) shows nothing refunded, as Stripe holds, and refunds in full.
+func wantAllRefundable(t *testing.T, c *apitest.Client, chargeID, after string) {
+	t.Helper()
+	if got := getCharge(t, c, chargeID).AmountRefunded; got != 0 {
+		t.Errorf("amount_refunded after %s: %d, want 0 (Stripe holds 0 refunded)", after, got)
+	}
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": chargeID, "amount": 2000}); r.Status != http.StatusCreated {
+		t.Errorf("a refund of all the charge after %s: %d %s, want 201", after, r.Status, r.Body)
 	}
 }
