@@ -255,16 +255,25 @@ func (b *bench) charges(t *testing.T, account string) int {
 }
 
 // deadLettersOf publishes each message of data, each a dead letter to be,
-// waits for them all, and returns each one's dead letter by its data.
-func (b *bench) deadLettersOf(t *testing.T, data []string) map[string]orders.DeadLetter {
+// waits for them all, and returns their dead letters in data's order; a
+// message with none fails the test.
+func (b *bench) deadLettersOf(t *testing.T, data []string) []orders.DeadLetter {
 	t.Helper()
 	for _, d := range data {
 		b.publish(t, []byte(d), "")
 	}
 	b.waitFor(t, "a dead letter of each", func() bool { return b.count(orders.OutcomeDeadLetter) == len(data) })
-	got := map[string]orders.DeadLetter{}
+	byData := map[string]orders.DeadLetter{}
 	for _, dl := range b.deadLetters(t) {
-		got[dl.Data] = dl
+		byData[dl.Data] = dl
+	}
+	got := make([]orders.DeadLetter, len(data))
+	for i, d := range data {
+		dl, ok := byData[d]
+		if !ok {
+			t.Fatalf("no dead letter of %.80s", d)
+		}
+		got[i] = dl
 	}
 	return got
 }
@@ -528,12 +537,8 @@ func TestDeadLetterDetailIsInTheMessagesTerms(t *testing.T) {
 		data[i] = tc.data
 	}
 	got := b.deadLettersOf(t, data)
-	for _, tc := range cases {
-		dl, ok := got[tc.data]
-		if !ok {
-			t.Errorf("no dead letter of %s", tc.data)
-			continue
-		}
+	for i, tc := range cases {
+		dl := got[i]
 		if dl.Reason != orders.ReasonInvalid || dl.Detail != tc.want {
 			t.Errorf("dead letter of %s: %s %q; want %s %q", tc.data, dl.Reason, dl.Detail, orders.ReasonInvalid, tc.want)
 		}
@@ -924,12 +929,8 @@ func TestDeadLetterDetailOfAHostileMessageStaysClear(t *testing.T) {
 		data[i] = tc.data
 	}
 	got := b.deadLettersOf(t, data)
-	for _, tc := range cases {
-		dl, ok := got[tc.data]
-		if !ok {
-			t.Errorf("no dead letter of %.80s", tc.data)
-			continue
-		}
+	for i, tc := range cases {
+		dl := got[i]
 		for _, want := range tc.want {
 			if dl.Reason != orders.ReasonInvalid || !strings.Contains(dl.Detail, want) {
 				t.Errorf("dead letter of %.80s: %s %q; want %s and %q in it", tc.data, dl.Reason, dl.Detail, orders.ReasonInvalid, want)
