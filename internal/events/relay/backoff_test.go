@@ -110,6 +110,22 @@ func runRelay(t *testing.T, r *relay.Relay) {
 	})
 }
 
+// operatorsStream creates the relay's stream as an operator might, without
+// idempay's subjects, so that every publish is refused, and returns a
+// relay configuration of short pauses (Interval 5 ms, MaxBackoff 40 ms)
+// and a context bounded by patience.
+func operatorsStream(t *testing.T, js jetstream.JetStream) (relay.Config, context.Context) {
+	t.Helper()
+	cfg := relay.DefaultConfig()
+	cfg.Interval, cfg.MaxBackoff = 5*time.Millisecond, 40*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{"billing.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, ctx
+}
+
 // An IDEMPAY_EVENTS stream without idempay's subjects (an operator's, which
 // the relay does not change) is a refusal that lasts until an operator
 // acts: the relay asks again after a pause that doubles per refusal up to
@@ -119,13 +135,7 @@ func runRelay(t *testing.T, r *relay.Relay) {
 func TestRefusedStreamIsAskedLessOften(t *testing.T) {
 	t.Parallel()
 	_, js := natstest.Connect(t, natstest.Server(t))
-	cfg := relay.DefaultConfig()
-	cfg.Interval, cfg.MaxBackoff = 5*time.Millisecond, 40*time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{"billing.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, _ := operatorsStream(t, js)
 	var out apitest.Logs
 	runRelay(t, relay.New(nil, js, cfg, slog.New(slog.NewJSONHandler(&out, nil))))
 
@@ -153,13 +163,7 @@ func TestPublishBackoffStartsOverAfterASuccess(t *testing.T) {
 			t.Fatalf("charge: %s", r)
 		}
 	}
-	cfg := relay.DefaultConfig()
-	cfg.Interval, cfg.MaxBackoff = 5*time.Millisecond, 40*time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{"billing.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, ctx := operatorsStream(t, js)
 	charge()
 	var out apitest.Logs
 	runRelay(t, relay.New(pool, js, cfg, slog.New(slog.NewJSONHandler(&out, nil))))
