@@ -575,34 +575,35 @@ func TestRefundOfUnsettledCharge(t *testing.T) {
 		}
 	}
 
-	t.Run("succeeded", func(t *testing.T) {
-		t.Parallel()
-		env := apitest.New(t, apitest.Options{})
-		c := env.NewClient(t)
-		id, body, chargeKey := unsettled(t, env, c, "pm_card_visa")
-		key := apitest.NewKey()
-		refusedUnsettled(t, env, c, id, key)
-		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusCreated)
-		// The refusal stored nothing: the same refund key now refunds.
-		wantStatus(t, refund(c, id, key), http.StatusCreated)
-		if n := len(env.Stripe.Refunds()); n != 1 {
-			t.Fatalf("Stripe holds %d refunds, want 1", n)
-		}
-	})
-
-	t.Run("declined", func(t *testing.T) {
-		t.Parallel()
-		env := apitest.New(t, apitest.Options{})
-		c := env.NewClient(t)
-		id, body, chargeKey := unsettled(t, env, c, "pm_card_chargeDeclined")
-		key := apitest.NewKey()
-		refusedUnsettled(t, env, c, id, key)
-		wantStatus(t, c.Post("/v1/charges", chargeKey, body), http.StatusPaymentRequired)
-		refusedForGood(t, refund(c, id, key), "failed")
-		if n := len(env.Stripe.Refunds()); n != 0 {
-			t.Fatalf("Stripe holds %d refunds, want none", n)
-		}
-	})
+	// Once the charge settles, the refusal having stored nothing, the same
+	// refund key refunds a charge that succeeded, and is refused for good
+	// one that was declined.
+	for _, tc := range []struct {
+		name, method string
+		status       int // the charge's retry
+		refunds      int
+	}{
+		{"succeeded", "pm_card_visa", http.StatusCreated, 1},
+		{"declined", "pm_card_chargeDeclined", http.StatusPaymentRequired, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := apitest.New(t, apitest.Options{})
+			c := env.NewClient(t)
+			id, body, chargeKey := unsettled(t, env, c, tc.method)
+			key := apitest.NewKey()
+			refusedUnsettled(t, env, c, id, key)
+			wantStatus(t, c.Post("/v1/charges", chargeKey, body), tc.status)
+			if tc.refunds == 1 {
+				wantStatus(t, refund(c, id, key), http.StatusCreated)
+			} else {
+				refusedForGood(t, refund(c, id, key), "failed")
+			}
+			if n := len(env.Stripe.Refunds()); n != tc.refunds {
+				t.Fatalf("Stripe holds %d refunds, want %d", n, tc.refunds)
+			}
+		})
+	}
 
 	t.Run("canceled", func(t *testing.T) {
 		t.Parallel()
