@@ -105,19 +105,11 @@ func (noParams) Validate() error { return nil }
 // (*idempotency.Error) or the database's.
 func (k *KeysAPI) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
 	var p noParams
-	if err := jsonbody.Decode(req.Body, &p, ""); err != nil {
-		var je *jsonbody.Error
-		if !errors.As(err, &je) {
-			return idempotency.Response{}, err
+	if err := apierror.FromBody(jsonbody.Decode(req.Body, &p, "")); err != nil {
+		if pe, ok := err.(*apierror.Error); ok && pe.Type == apierror.InvalidRequest {
+			pe.Detail = "The body of POST /v1/api_keys is an empty JSON object: {}."
 		}
-		if je.Syntax {
-			return idempotency.Response{}, apierror.New(apierror.InvalidJSON, je.Detail)
-		}
-		refusal := apierror.New(apierror.InvalidRequest, "The body of POST /v1/api_keys is an empty JSON object: {}.")
-		for _, bad := range je.Params {
-			refusal.InvalidParams = append(refusal.InvalidParams, apierror.InvalidParam{Name: bad.Name, Reason: bad.Reason})
-		}
-		return idempotency.Response{}, refusal
+		return idempotency.Response{}, err
 	}
 	if err := req.Normalize(json.RawMessage(req.Body)); err != nil {
 		return idempotency.Response{}, err

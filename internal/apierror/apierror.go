@@ -16,6 +16,7 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/idempotency"
+	"github.com/idempay/idempay/internal/jsonbody"
 	"github.com/idempay/idempay/internal/pgtext"
 )
 
@@ -397,6 +398,24 @@ func (e *Error) Body() []byte {
 // that is the request's final answer): the very bytes of its HTTP answer.
 func (e *Error) Stored() idempotency.Response {
 	return idempotency.Response{Status: e.Status(), Headers: idempotency.Headers{ContentType: ContentType}, Body: e.Body()}
+}
+
+// FromBody is jsonbody's refusal of a body (*jsonbody.Error) as a problem:
+// invalid-json for a body that is not JSON, invalid-request naming each
+// field at fault otherwise. Any other error is returned as it is.
+func FromBody(err error) error {
+	var je *jsonbody.Error
+	if !errors.As(err, &je) {
+		return err
+	}
+	pe := &Error{Type: InvalidRequest, Detail: je.Detail}
+	if je.Syntax {
+		pe.Type = InvalidJSON
+	}
+	for _, p := range je.Params {
+		pe.InvalidParams = append(pe.InvalidParams, InvalidParam(p))
+	}
+	return pe
 }
 
 // From turns any error into a problem: an *Error as is, a database outage

@@ -187,26 +187,9 @@ func (s *Service) Delete(ctx context.Context, accountID, keyID, id string) error
 func decodeBody(req *idempotency.Request, p jsonbody.Body) error {
 	// expires_in is the only integer field of these bodies.
 	if err := jsonbody.Decode(req.Body, p, expiresInRange); err != nil {
-		return bodyRefusal(err)
+		return apierror.FromBody(err)
 	}
 	return req.Normalize(json.RawMessage(req.Body))
-}
-
-// bodyRefusal is jsonbody's refusal of a body (*jsonbody.Error) as a
-// problem; any other error is returned as it is.
-func bodyRefusal(err error) error {
-	var je *jsonbody.Error
-	if !errors.As(err, &je) {
-		return err
-	}
-	pe := &apierror.Error{Type: apierror.InvalidRequest, Detail: je.Detail}
-	if je.Syntax {
-		pe.Type = apierror.InvalidJSON
-	}
-	for _, p := range je.Params {
-		pe.InvalidParams = append(pe.InvalidParams, apierror.InvalidParam(p))
-	}
-	return pe
 }
 
 // checkEvents validates enabled_events: 1 to maxEnabledEvents known types
