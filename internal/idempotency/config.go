@@ -37,11 +37,11 @@ type Config struct {
 	FinishTimeout time.Duration
 	// RowLockWait bounds how long a claim's batch waits for a row lock
 	// that another transaction holds (PostgreSQL's lock_timeout, set for
-	// that batch only): an operation's Begin may lock a row that others
-	// lock too (an account's, a charge's), and a transaction that holds it
-	// and does not end (a stuck session, an operator's open transaction)
-	// would otherwise hold the request, and its connection of the pool, for
-	// as long as the caller waits. Past it the claim is refused as
+	// that batch only by an operation whose Begin locks a row that others
+	// lock too, an account's or a charge's: Batch.LimitLockWait); a
+	// transaction that holds it and does not end (a stuck session, an
+	// operator's open transaction) would otherwise hold the request, and
+	// its connection of the pool, for as long as the caller waits. Past it the claim is refused as
 	// ErrContended, and nothing is stored. Zero waits without bound.
 	RowLockWait time.Duration
 	// Now, when set, is the clock that decides lock expiry, the
