@@ -119,19 +119,8 @@ func (s *Service) recreate(ctx context.Context, pi *PaymentIntent, recordID stri
 		}
 	}
 	resp, err := s.runner.Run(ctx, req, &listedCharge{chargeOp: chargeOp{s: s, params: &p, accountID: accountID}, pi: pi})
-	var ie *idempotency.Error
-	switch {
-	case errors.Is(err, idempotency.ErrContended):
-		// Not begun (a row it checks stayed locked, or kept changing):
-		// failed, for the next pass, not matched.
-		return "", fmt.Errorf("re-creating record %s: %w", recordID, err)
-	case errors.As(err, &ie):
-		// The key is back already (a retry got there first), or in flight.
-		return ReconcileMatched, nil
-	case err != nil:
-		return "", fmt.Errorf("re-creating record %s: %w", recordID, err)
-	case resp.Replayed:
-		return ReconcileMatched, nil
+	if outcome, err := rerun(resp, err, "record "+recordID); outcome != ReconcileRecreated {
+		return outcome, err
 	}
 	s.log.WarnContext(ctx, "reconcile: re-created a record and ledger row the database had lost",
 		"idempotency_key_id", recordID, "account_id", accountID, "stripe_payment_intent_id", pi.ID, "status", resp.Status)
@@ -205,6 +194,25 @@ func (s *Service) RepairRefund(ctx context.Context, sr *StripeRefund) (string, e
 	return ReconcileSettled, nil
 }
 
+// rerun is what running a lost record's request again (recreate,
+// recreateRefund) came to, from its answer and error: matched when the key
+// is back already (a retry got there first) or in flight, or the answer is
+// a replay; an error, for the next pass, when the request did not begin (a
+// row it checks stayed locked past RowLockWait, or kept changing) or
+// failed; re-created otherwise.
+func rerun(resp idempotency.Response, err error, what string) (string, error) {
+	var ie *idempotency.Error
+	switch {
+	case errors.Is(err, idempotency.ErrContended):
+		return "", fmt.Errorf("re-creating %s: %w", what, err)
+	case errors.As(err, &ie), err == nil && resp.Replayed:
+		return ReconcileMatched, nil
+	case err != nil:
+		return "", fmt.Errorf("re-creating %s: %w", what, err)
+	}
+	return ReconcileRecreated, nil
+}
+
 // recreateRefund re-creates the record and the ledger row of a refund whose
 // record the database lost, as recreate does for a charge: the request run
 // again (listedRefund), its claim reserving the amount on the charge
@@ -234,18 +242,8 @@ func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID
 	}
 	p := refundParams{Charge: &ch.ID, Amount: &sr.Amount}
 	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID}, sr: sr})
-	var ie *idempotency.Error
-	switch {
-	case errors.Is(err, idempotency.ErrContended):
-		// Not begun: its charge's row stayed locked past RowLockWait, or
-		// kept changing. Failed, for the next pass, not matched.
-		return "", fmt.Errorf("re-creating refund record %s: %w", recordID, err)
-	case errors.As(err, &ie):
-		return ReconcileMatched, nil // the key is back already, or in flight
-	case err != nil:
-		return "", fmt.Errorf("re-creating refund record %s: %w", recordID, err)
-	case resp.Replayed:
-		return ReconcileMatched, nil
+	if outcome, err := rerun(resp, err, "refund record "+recordID); outcome != ReconcileRecreated {
+		return outcome, err
 	}
 	s.log.WarnContext(ctx, "reconcile: re-created a refund's record and ledger row the database had lost",
 		"idempotency_key_id", recordID, "account_id", accountID, "stripe_refund_id", sr.ID, "charge_id", ch.ID,
