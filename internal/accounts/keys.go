@@ -106,7 +106,7 @@ func (noParams) Validate() error { return nil }
 func (k *KeysAPI) Create(ctx context.Context, accountID string, req idempotency.Request) (idempotency.Response, error) {
 	var p noParams
 	if err := apierror.FromBody(jsonbody.Decode(req.Body, &p, "")); err != nil {
-		if pe, ok := err.(*apierror.Error); ok && pe.Type == apierror.InvalidRequest {
+		if pe := (*apierror.Error)(nil); errors.As(err, &pe) && pe.Type == apierror.InvalidRequest {
 			pe.Detail = "The body of POST /v1/api_keys is an empty JSON object: {}."
 		}
 		return idempotency.Response{}, err
