@@ -251,7 +251,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The API key to revoke is the account's last active one; revoking it would lock the account out. Nothing was stored.",
 		"Create another key first (POST /v1/api_keys), then revoke this one; the same Idempotency-Key is fine."},
 	DownstreamUnavailable: {
-		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
+		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. Or the request ran and its outcome could not be recorded (its finishing write failed, on any route). The request is recorded and resumable; this answer is not stored.",
 		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
 	DownstreamKeyConflict: {
 		"Stripe refused this request's downstream idempotency key because the key was first used with other parameters (Stripe's idempotency_error). idempay sends every attempt of a request with the same parameters, so this means they changed between attempts (a defect, or a configuration change such as the return URL); it is logged and counted for the operator. No retry under the key can succeed, so the answer is final: stored and replayed. The charge or refund the body names is left as it was: Stripe holds the outcome of the key's first request, and Stripe's events and reconciliation settle the charge or refund from it.",
