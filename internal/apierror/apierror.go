@@ -191,7 +191,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The first request with this Idempotency-Key got no definite answer from Stripe (an unknown outcome, a crash), and it was still unfinished at the retry ceiling (IDEMPOTENCY_RETRY_CEILING, 12 hours by default, from its creation). Stripe may forget a request's idempotency key once it is 24 hours old, and a call under a forgotten key would run as a new payment, so idempay no longer calls Stripe for it: it is parked, and Stripe's events and reconciliation settle it from what Stripe holds. Nothing changed, and this answer is not stored: once the request is settled, a retry with the key gets its stored outcome.",
 		"Do not send the payment again under a new key yet: it may have succeeded. Read the key's state (GET /v1/idempotency_keys/{key}) or the charge until it is finished, then retry with the same key to get the outcome."},
 	ResourceBusy: {
-		"Other requests changed what this request changes (for a refund, its charge) between this request's checks and its write, on every try, or another transaction held it locked for longer than the request waits (IDEMPOTENCY_ROW_LOCK_WAIT), so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
+		"Other requests changed what this request changes (for a refund, a capture or a cancel, its charge; for a change of a webhook endpoint, the endpoint) between this request's checks and its write, on every try, or another transaction held it locked for longer than the request waits (IDEMPOTENCY_ROW_LOCK_WAIT), so it was not begun. Its Idempotency-Key is not in use by another request. Nothing was stored.",
 		"Wait for the Retry-After delay, then retry with the same key and the same body."},
 	InvalidJSON: {
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
@@ -251,7 +251,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The API key to revoke is the account's last active one; revoking it would lock the account out. Nothing was stored.",
 		"Create another key first (POST /v1/api_keys), then revoke this one; the same Idempotency-Key is fine."},
 	DownstreamUnavailable: {
-		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. The request is recorded and resumable; this answer is not stored.",
+		"Stripe gave no definite answer (timeout, connection error, 5xx, rate limit): the charge or refund may or may not exist at Stripe. Or the request ran and its outcome could not be recorded (its finishing write failed, on any route). The request is recorded and resumable; this answer is not stored.",
 		"Retry with the same Idempotency-Key and body after Retry-After: the retry resumes the request and never charges twice. If you never retry, the background completer finishes it."},
 	DownstreamKeyConflict: {
 		"Stripe refused this request's downstream idempotency key because the key was first used with other parameters (Stripe's idempotency_error). idempay sends every attempt of a request with the same parameters, so this means they changed between attempts (a defect, or a configuration change such as the return URL); it is logged and counted for the operator. No retry under the key can succeed, so the answer is final: stored and replayed. The charge or refund the body names is left as it was: Stripe holds the outcome of the key's first request, and Stripe's events and reconciliation settle the charge or refund from it.",

@@ -4,7 +4,7 @@
 // scenario at a fixed concurrency, and measures the raw database ceiling of
 // the same SQL statements, so the cost of everything that is not the
 // database (HTTP, JSON, fingerprinting, the Stripe call) can be read as a
-// ratio. It runs from `idempay bench`; it is never part of `go test`.
+// ratio. It runs from `idempay-bench` (`make bench`); it is never part of `go test`.
 package bench
 
 import (

@@ -48,7 +48,7 @@ func checkReport(t *testing.T, report string, want, unwanted []string) {
 	}
 }
 
-// The whole bench, as `idempay bench -target` runs it, against a real API on
+// The whole bench, as `idempay-bench -target` runs it, against a real API on
 // the test database: paced, two interleaved rounds, every scenario that a
 // target allows. Each one must have sent requests and got only the answers
 // it expects (a replay that was not replayed, or a read that failed, counts

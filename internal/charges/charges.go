@@ -1,8 +1,8 @@
 // Package charges is idempay's payment domain: charges and refunds, their
 // ledger rows (store*.go), the Stripe port (port.go), Stripe's state followed
 // (follow.go) and reconciliation's repairs (repair.go); the ledger writes and
-// the Stripe call of every POST, which idempotency.Runner runs. One charge
-// reads in this file, charge.go, params.go, store.go and port.go.
+// the Stripe call of each payment POST, which idempotency.Runner runs. One
+// charge reads here and in charge.go, params.go, errors.go, store.go, port.go, stripe.go.
 //
 // It knows nothing of HTTP nor of stripe-go: every entry point (chargeshttp,
 // the order consumer, webhooks, reconciliation) calls the same methods and

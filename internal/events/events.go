@@ -1,12 +1,14 @@
 // Package events is idempay's events out: the outbox row written in the
-// transaction that settles a charge or refund (Record), the relay that
+// transaction that settles a charge or refund, or disables a webhook
+// endpoint (Record), the relay that
 // publishes those rows to NATS JetStream (package relay), and their reader
 // (read.go) behind GET /v1/events (served by eventshttp), the same events as
 // Stripe's events API shows its own.
 //
 // An event is a fact about one object at the moment it settled: its type
 // (Types: a charge succeeded, failed, was authorized and waits for its
-// capture, or was canceled; a refund succeeded or failed), the object as
+// capture, or was canceled; a refund succeeded or failed; idempay disabled
+// a webhook endpoint), the object as
 // the API showed it, and the object's version, which orders one object's
 // events (I10). Nothing orders the events of two objects: no row
 // that all of an account's requests write sits on the settling path.
@@ -111,7 +113,7 @@ func ID(accountID, typ, objectID string, version int64) string {
 // transaction or batch: the event commits with the ledger change, or
 // neither does. version is the object's version that the same transaction
 // wrote (its guarded update), which orders the object's events; data is the
-// JSON of the charge or refund as the API shows it (the caller has it
+// JSON of the charge, refund or webhook endpoint as the API shows it (the caller has it
 // already, for its answer). The event's id is ID's.
 //
 // A row that holds the id already is this very event, committed earlier

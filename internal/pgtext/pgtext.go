@@ -1,5 +1,6 @@
 // Package pgtext makes a string fit a PostgreSQL text column: valid UTF-8,
-// no NUL byte, and at most a column's CHECK (char_length(x) <= n). It is the
+// no NUL byte, and at most a column's n characters (varchar(n), or a
+// CHECK (char_length(x) <= n)). It is the
 // one place where idempay cuts text to a limit, because a cut made by bytes
 // can split a character, and PostgreSQL refuses the whole row for the
 // invalid UTF-8 that is left (an error message, a decline reason, lost with

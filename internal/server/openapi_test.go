@@ -5,6 +5,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -204,6 +205,73 @@ func TestOpenAPIEvents(t *testing.T) {
 	required := slices.Sorted(slices.Values(ev.Required))
 	if !slices.Equal(required, members) {
 		t.Errorf("Event required %q, want every member %q", required, members)
+	}
+}
+
+// apiRoute is a route in the first column of docs/api.md's route table:
+// | `POST /v1/charges` | ...
+var apiRoute = regexp.MustCompile("^\\| `([A-Z]+) (/[^`]*)` \\|")
+
+// TestAPIDocListsEveryRoute keeps docs/api.md's route table true: every
+// route echo serves has a row of its own and every row is a route, and a
+// problem type a row names is one that openapi.json documents for that
+// operation.
+func TestAPIDocListsEveryRoute(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	routes := map[string]bool{}
+	for _, r := range env.Server.Config.Handler.(*echo.Echo).Routes() {
+		if r.Method == echo.RouteNotFound || r.Method == http.MethodHead {
+			continue // the /v1 catch-all; HEAD answers every GET (api.md says so once)
+		}
+		routes[r.Method+" "+routeParam.ReplaceAllString(r.Path, "{$1}")] = true
+	}
+	doc, err := os.ReadFile("../../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec openAPIDoc
+	if err := json.Unmarshal(server.OpenAPI(), &spec); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	types := map[string]bool{}
+	for _, pt := range apierror.Types() {
+		types[string(pt)] = true
+	}
+	documented := map[string]bool{}
+	for line := range strings.Lines(string(doc)) {
+		m := apiRoute.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		op := m[1] + " " + m[2]
+		if documented[op] {
+			t.Errorf("docs/api.md has two rows for %s", op)
+		}
+		documented[op] = true
+		item, ok := spec.Paths[m[2]]
+		if !ok {
+			continue // reported below, as a row that is no route
+		}
+		var answers strings.Builder
+		for code, r := range item[strings.ToLower(m[1])].Responses {
+			answers.WriteString(code + " " + r.Description + "\n")
+		}
+		for _, name := range regexp.MustCompile("`([a-z0-9-]+)`").FindAllStringSubmatch(line[len(m[0]):], -1) {
+			if types[name[1]] && !strings.Contains(answers.String(), apierror.TypeBase+name[1]) {
+				t.Errorf("docs/api.md says %s can answer %s, which openapi.json does not list for it", op, name[1])
+			}
+		}
+	}
+	for _, r := range sortedKeys(routes) {
+		if !documented[r] {
+			t.Errorf("route %s has no row in docs/api.md", r)
+		}
+	}
+	for _, r := range sortedKeys(documented) {
+		if !routes[r] {
+			t.Errorf("docs/api.md has a row for %s, which is not a route", r)
+		}
 	}
 }
 

@@ -101,7 +101,7 @@ const contextKeyCaller = "idempay.caller"
 func SetCaller(c echo.Context, caller idempotency.Caller) { c.Set(contextKeyCaller, caller) }
 
 // Attach gives req what SetCaller kept (idempotency.Caller.Attach), for an
-// entry point that builds its Request without Read.
+// entry point that builds its Request without ReadToNormalize.
 func Attach(c echo.Context, req *idempotency.Request) {
 	if caller, ok := c.Get(contextKeyCaller).(idempotency.Caller); ok {
 		caller.Attach(req)
