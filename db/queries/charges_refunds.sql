@@ -13,7 +13,9 @@ SELECT 1 FROM charges WHERE id = @id FOR NO KEY UPDATE;
 -- after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 -- charge as it is now, not on the version the refund's checks read: the
 -- charge succeeded, has no dispute that forbids a refund (allows_refund:
--- ChargeGetForRefund), and still has the amount left to refund: of what
+-- ChargeGetForRefund; unless @made_at_stripe: a refund that Stripe made
+-- already, re-created by reconciliation, which a dispute opened since does
+-- not undo), and still has the amount left to refund: of what
 -- was captured, less idempay's reservations. Stripe's figure
 -- (stripe_amount_refunded) is not a limit here: it may count this very
 -- request's refund, lost to a restore, whose retry must reach Stripe (I13),
@@ -27,7 +29,7 @@ WITH c AS (
     WHERE charges.id = @id
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= @amount
-      AND NOT EXISTS (SELECT 1 FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund)
+      AND (@made_at_stripe::boolean OR NOT EXISTS (SELECT 1 FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund))
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount');

@@ -24,6 +24,10 @@ type refundOp struct {
 	refund    refundRow
 	// intentID is the Stripe PaymentIntent the refund is of.
 	intentID string
+	// madeAtStripe: the refund is one Stripe made already, which
+	// reconciliation re-creates (listedRefund); a dispute opened since
+	// does not forbid it.
+	madeAtStripe bool
 }
 
 // Begin checks, on a read of the charge, that it can be refunded by this
@@ -79,7 +83,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 	// status. A dispute that lands after this read is seen by the
 	// reservation, which checks for one with the charge row locked
 	// (package stripeevents writes the row with its dispute).
-	if blockingDisputes > 0 {
+	if blockingDisputes > 0 && !op.madeAtStripe {
 		return refuse(ErrNotRefundable, fmt.Sprintf("Charge %s has a dispute that forbids a refund (a chargeback, open or lost, or one under which Stripe says the charge is not refundable); it cannot be refunded.", ch.ID))
 	}
 	// What is left: what was captured less idempay's own refunds
@@ -97,7 +101,7 @@ func (op *refundOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempo
 			Detail: fmt.Sprintf("Charge %s has %d left to refund (refunds in flight included).", ch.ID, remaining),
 			Facts:  map[string]any{"refundable_amount": remaining}}
 	}
-	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount); err != nil {
+	if err := op.s.st.reserveRefund(ctx, b, ch.ID, amount, op.madeAtStripe); err != nil {
 		return err
 	}
 	op.refund, op.intentID = rf, *ch.StripePaymentIntentID

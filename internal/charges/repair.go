@@ -217,7 +217,8 @@ func rerun(resp idempotency.Response, err error, what string) (string, error) {
 // record the database lost, as recreate does for a charge: the request run
 // again (listedRefund), its claim reserving the amount on the charge
 // (limited by idempay's reservations alone, as every refund is: Stripe's
-// figure counts this one already), its finish taking Stripe's answer from
+// figure counts this one already; and not by a dispute, which cannot undo
+// a refund Stripe made before it), its finish taking Stripe's answer from
 // the refund Stripe holds. The charge must be in the ledger
 // (the PaymentIntents, listed first, re-create a lost one) and the
 // account's.
@@ -241,7 +242,7 @@ func (s *Service) recreateRefund(ctx context.Context, sr *StripeRefund, recordID
 		return ReconcileUnknown, nil
 	}
 	p := refundParams{Charge: &ch.ID, Amount: &sr.Amount}
-	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID}, sr: sr})
+	resp, err := s.runner.Run(ctx, req, &listedRefund{refundOp: refundOp{s: s, params: &p, accountID: accountID, madeAtStripe: true}, sr: sr})
 	if outcome, err := rerun(resp, err, "refund record "+recordID); outcome != ReconcileRecreated {
 		return outcome, err
 	}

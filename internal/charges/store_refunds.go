@@ -20,15 +20,16 @@ func (st store) chargeForRefund(ctx context.Context, accountID, id, refundID str
 // reserveRefund locks the charge row, waiting for it no longer than a
 // claim waits for a lock (Batch.LimitLockWait), then reserves amount of it
 // for a refund (amount_refunded), checking again there what the refund's
-// read checked.
-func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64) error {
+// read checked (the disputes only for a refund not yet made at Stripe:
+// madeAtStripe is false).
+func (st store) reserveRefund(ctx context.Context, b *idempotency.Batch, chargeID string, amount int64, madeAtStripe bool) error {
 	if err := b.LimitLockWait(ctx); err != nil {
 		return err
 	}
 	if err := st.q.ChargeLockForRefund(ctx, b, chargeID); err != nil {
 		return err
 	}
-	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount})
+	return st.q.ChargeReserveRefund(ctx, b, &dbsqlc.ChargeReserveRefundParams{ID: chargeID, Amount: amount, MadeAtStripe: madeAtStripe})
 }
 
 // releaseRefund gives back the reservation of a refund that refunded

@@ -446,3 +446,41 @@ func TestStripeKeyConflictIsFinal(t *testing.T) {
 		})
 	}
 }
+
+// Stripe answers 500 after it made the PaymentIntent, and saves that
+// answer under the key: "Retries with the same key return the saved
+// response, including 500 errors" (docs.stripe.com/api/idempotent_requests;
+// stripefake.Fail500AfterWork). The retry under the same key gets the same
+// 500, an unknown outcome again (503), and never a second PaymentIntent;
+// reconciliation then settles the charge from the PaymentIntent Stripe
+// lists, and the client's next retry replays that answer.
+func TestStripeReplaysItsOwn500(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	env.Stripe.FailNext(stripefake.Fail500AfterWork, 1)
+	key := apitest.NewKey()
+	wantProblem(t, c.Post("/v1/charges", key, chargeBody(1500)), http.StatusServiceUnavailable, "downstream-unavailable")
+	rec := getRecord(t, env.Pool, c.Account.ID, key)
+	wantProblem(t, c.Post("/v1/charges", key, chargeBody(1500)), http.StatusServiceUnavailable, "downstream-unavailable")
+	if n := env.Stripe.KeyCount(rec.DownstreamKey()); n != 2 {
+		t.Fatalf("%d requests under the downstream key, want 2 (the call and its retry)", n)
+	}
+	if n := env.Stripe.ChargesByKey(rec.DownstreamKey()); n != 1 {
+		t.Fatalf("%d PaymentIntents under the downstream key, want 1", n)
+	}
+	reconcilePass(t, env, map[string]int{charges.ReconcileSettled: 1})
+	retry := c.Post("/v1/charges", key, chargeBody(1500))
+	wantStatus(t, retry, http.StatusCreated)
+	if retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the retry after reconciliation is not a replay of the settled answer")
+	}
+	var ch charge
+	retry.JSON(t, &ch)
+	if ch.Status != "succeeded" {
+		t.Fatalf("the charge after reconciliation: %s, want succeeded", retry.Body)
+	}
+	if n := len(env.Stripe.Charges()); n != 1 {
+		t.Fatalf("%d PaymentIntents at Stripe, want 1", n)
+	}
+}

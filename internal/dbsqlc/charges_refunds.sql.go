@@ -135,22 +135,25 @@ WITH c AS (
     WHERE charges.id = $2
       AND charges.status = 'succeeded'
       AND charges.amount_captured - charges.amount_refunded >= $1
-      AND NOT EXISTS (SELECT 1 FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund)
+      AND ($3::boolean OR NOT EXISTS (SELECT 1 FROM disputes d WHERE d.charge_id = charges.id AND NOT d.allows_refund))
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM c), 'IDS01', 'the charge can no longer be refunded by this amount')
 `
 
 type ChargeReserveRefundParams struct {
-	Amount int64
-	ID     string
+	Amount       int64
+	ID           string
+	MadeAtStripe bool
 }
 
 // Reserves a refund's amount on the charge, in the refund's claim batch,
 // after ChargeLockForRefund. Guarded by what a refund needs, checked on the
 // charge as it is now, not on the version the refund's checks read: the
 // charge succeeded, has no dispute that forbids a refund (allows_refund:
-// ChargeGetForRefund), and still has the amount left to refund: of what
+// ChargeGetForRefund; unless @made_at_stripe: a refund that Stripe made
+// already, re-created by reconciliation, which a dispute opened since does
+// not undo), and still has the amount left to refund: of what
 // was captured, less idempay's reservations. Stripe's figure
 // (stripe_amount_refunded) is not a limit here: it may count this very
 // request's refund, lost to a restore, whose retry must reach Stripe (I13),
@@ -159,6 +162,6 @@ type ChargeReserveRefundParams struct {
 // which answers with what changed (for example refund-exceeds-charge). The table's CHECK rejects any amount that would
 // exceed the charge whatever the checks said.
 func (q *Queries) ChargeReserveRefund(ctx context.Context, db DBTX, arg *ChargeReserveRefundParams) error {
-	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID)
+	_, err := db.Exec(ctx, chargeReserveRefund, arg.Amount, arg.ID, arg.MadeAtStripe)
 	return err
 }

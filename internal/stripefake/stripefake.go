@@ -50,7 +50,12 @@ const (
 	// None means the request is served normally.
 	None Fault = iota
 	// Fail500 answers 500 api_error without doing the work. Nothing is
-	// stored under the Idempotency-Key, so a retry executes for real.
+	// stored under the Idempotency-Key, so a retry executes for real, as
+	// Stripe's does for a request that failed before its endpoint began:
+	// "Stripe saves the status code and body of the first request made
+	// with a given idempotency key after endpoint execution begins"
+	// (docs.stripe.com/api/idempotent_requests). Fail500AfterWork is the
+	// other case.
 	Fail500
 	// Fail429 answers 429 rate_limit without doing the work.
 	Fail429
@@ -65,6 +70,13 @@ const (
 	// client's timeout fires although the charge exists. The wait ends early
 	// if the client gives up.
 	Delay
+	// Fail500AfterWork does the work, then answers 500 api_error and
+	// stores that answer under the Idempotency-Key, so a retry gets the
+	// same 500: Stripe saves the first answer once its endpoint began,
+	// and "Retries with the same key return the saved response, including
+	// 500 errors" (docs.stripe.com/api/idempotent_requests). Whether the
+	// work was done shows only in Stripe's objects (listed, or evented).
+	Fail500AfterWork
 )
 
 // String names the fault; Request.Fault holds this name.
@@ -82,6 +94,8 @@ func (f Fault) String() string {
 		return "drop_after_work"
 	case Delay:
 		return "delay"
+	case Fail500AfterWork:
+		return "fail500_after_work"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
@@ -562,6 +576,12 @@ func (s *Server) servePost(w http.ResponseWriter, r *http.Request, idx int, faul
 	}
 
 	res := execute(r.PostForm, key)
+	if fault == Fail500AfterWork {
+		res = errorResponse(http.StatusInternalServerError, apiError{
+			Type: "api_error", Message: "An unknown error occurred (injected by stripefake, after the work).",
+		})
+		res.store = true
+	}
 	s.finish(key, res)
 
 	switch fault {

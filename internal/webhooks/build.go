@@ -57,8 +57,9 @@ type DisputeObject struct {
 	Created       time.Time // zero means the event's time
 	// IsChargeRefundable is Stripe's is_charge_refundable: "If true, it's
 	// still possible to refund the disputed payment" (docs.stripe.com/api/
-	// disputes/object). True for an inquiry, whose payment "can still be
-	// refunded" (stripe.com/docs/disputes, "Inquiries and retrievals").
+	// disputes/object). Stripe's is true for an inquiry and a won
+	// chargeback, false for an open or lost one (Trigger's
+	// disputeRefundable says why).
 	IsChargeRefundable bool
 }
 

@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"context"
+	"crypto/rand"
 	"net/http"
 	"net/url"
 	"testing"
@@ -287,5 +288,59 @@ func wantAllRefundable(t *testing.T, c *apitest.Client, chargeID, after string) 
 	}
 	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": chargeID, "amount": 2000}); r.Status != http.StatusCreated {
 		t.Errorf("a refund of all the charge after %s: %d %s, want 201", after, r.Status, r.Body)
+	}
+}
+
+// A refund is lost to a restore, and then its charge is disputed (a
+// chargeback, which forbids a refund from then on): the refund is one that
+// Stripe made before the dispute, and reconciliation re-creates it as
+// Stripe lists it, rather than refusing it as a new refund the dispute
+// forbids (a failed repair at every pass, and a ledger that never shows
+// the refund); the client's retry then replays its 201 (I13).
+func TestRefundLostToARestoreThenDisputed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch, fc := createCharge(t, env, c, 2000)
+	key := apitest.NewKey()
+	body := map[string]any{"charge": ch.ID, "amount": 500}
+	first := c.Post("/v1/refunds", key, body)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", first.Status, first.Body)
+	}
+	var was refund
+	first.JSON(t, &was)
+	loseRefund(t, env, was.ID)
+
+	dispute, err := webhooks.NewDisputeEvent("charge.dispute.created", webhooks.DisputeObject{ID: "dp_" + rand.Text(),
+		Charge: fc.LatestCharge, Amount: 2000, Currency: "usd", Reason: "fraudulent", Status: "needs_response"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutcome(t, deliver(t, env, dispute), "applied")
+
+	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
+		t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
+	}
+	retry := c.Post("/v1/refunds", key, body)
+	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the client's retry after reconciliation: %d (replayed %q) %s; want a replayed 201",
+			retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
+	}
+	var is refund
+	retry.JSON(t, &is)
+	if is.ID != was.ID || is.StripeRefundID != was.StripeRefundID {
+		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)", is.ID, is.StripeRefundID, was.ID, was.StripeRefundID)
+	}
+	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 500 {
+		t.Errorf("amount_refunded after reconciliation: %d, want 500", got)
+	}
+	if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 100}); r.Status != http.StatusConflict {
+		t.Errorf("a new refund of the disputed charge: %d %s, want 409", r.Status, r.Body)
 	}
 }

@@ -26,9 +26,8 @@ type TriggerOptions struct {
 	// a refund's (default succeeded) or a dispute's: created (default
 	// needs_response; warning_needs_response for an inquiry), updated
 	// (default under_review; needs_response escalates an inquiry) or
-	// closed (default lost). A dispute's is_charge_refundable is true for
-	// an inquiry's status (warning_*) only, whose payment "can still be
-	// refunded" (stripe.com/docs/disputes, "Inquiries and retrievals").
+	// closed (default lost). Its is_charge_refundable is what Stripe says
+	// of a dispute in that status (disputeRefundable).
 	Status string
 }
 
@@ -118,11 +117,25 @@ func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, er
 		default:
 			d.Status = cmp.Or(o.Status, "lost")
 		}
-		d.IsChargeRefundable = strings.HasPrefix(d.Status, "warning_")
+		d.IsChargeRefundable = disputeRefundable(d.Status)
 		return NewDisputeEvent(o.Type, d, now)
 	default:
 		return Event{}, fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))
 	}
+}
+
+// disputeRefundable is the is_charge_refundable Stripe sends with a
+// dispute in status: "If true, it's still possible to refund the disputed
+// payment" (docs.stripe.com/api/disputes/object). An inquiry (warning_*)
+// took no funds, and "the payment it relates to can still be refunded"
+// (stripe.com/docs/disputes, "Inquiries and retrievals"); a chargeback
+// "immediately reverses the payment" while it is open, and if it is upheld
+// (lost) "the cardholder's payment remains refunded"; if it is won "the
+// disputed amount and fee is returned back to you" (the same page), and
+// Stripe keeps a dispute won "even if the charge was refunded"
+// (docs.stripe.com/changelog/2014-11-20/disputes-reported-won-refunded-charge).
+func disputeRefundable(status string) bool {
+	return strings.HasPrefix(status, "warning_") || status == "won"
 }
 
 // triggeredIntent is the PaymentIntent of ch as Stripe would send it in an

@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -66,5 +67,59 @@ func TestTriggerOfIDNotText(t *testing.T) {
 		if !errors.Is(err, db.ErrNotFound) {
 			t.Errorf("Trigger(--refund %q): %v, want db.ErrNotFound", "re_"+id[3:], err)
 		}
+	}
+}
+
+// A triggered dispute says whether its charge can still be refunded as
+// Stripe does for its status (Trigger): an inquiry's (warning_*) and a won
+// chargeback's can, an open or lost chargeback's cannot. So a refund after
+// `idempay webhooks trigger charge.dispute.closed --status won` is made,
+// as docs/webhooks.md says, and one after a lost dispute is refused.
+func TestTriggeredDisputeSaysWhatStripeDoes(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	for _, tc := range []struct {
+		typ, status string
+		refundable  bool
+	}{
+		{"charge.dispute.created", "", false}, // needs_response
+		{"charge.dispute.created", "warning_needs_response", true},
+		{"charge.dispute.updated", "", false}, // under_review
+		{"charge.dispute.updated", "warning_under_review", true},
+		{"charge.dispute.closed", "", false}, // lost
+		{"charge.dispute.closed", "lost", false},
+		{"charge.dispute.closed", "won", true},
+		{"charge.dispute.closed", "warning_closed", true},
+	} {
+		t.Run(tc.typ+"/"+tc.status, func(t *testing.T) {
+			ch, _ := createCharge(t, env, c, 2000)
+			ev, err := webhooks.Trigger(context.Background(), env.Pool, webhooks.TriggerOptions{Type: tc.typ, ChargeID: ch.ID, Status: tc.status})
+			if err != nil {
+				t.Fatalf("Trigger: %v", err)
+			}
+			var sent struct {
+				Data struct {
+					Object struct {
+						Status             string `json:"status"`
+						IsChargeRefundable bool   `json:"is_charge_refundable"`
+					} `json:"object"`
+				} `json:"data"`
+			}
+			if err := json.Unmarshal(ev.Payload, &sent); err != nil {
+				t.Fatal(err)
+			}
+			if got := sent.Data.Object; got.IsChargeRefundable != tc.refundable {
+				t.Errorf("a triggered dispute %s has is_charge_refundable %v, want %v", got.Status, got.IsChargeRefundable, tc.refundable)
+			}
+			wantOutcome(t, deliver(t, env, ev), "applied")
+			want := http.StatusConflict
+			if tc.refundable {
+				want = http.StatusCreated
+			}
+			if r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 500}); r.Status != want {
+				t.Errorf("a refund after the triggered dispute %s: %d %s, want %d", sent.Data.Object.Status, r.Status, r.Body, want)
+			}
+		})
 	}
 }
