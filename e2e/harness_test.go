@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -56,7 +57,24 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// maxParallel is how many tests of this package run at once unless
+// -test.parallel says otherwise; not go test's default, the number of
+// CPUs, which would make the package's connections to PostgreSQL grow
+// with the machine: a test runs up to four server processes of
+// DB_MAX_CONNS=8 each, besides its own pools (docs/development.md,
+// "Connections to PostgreSQL").
+const maxParallel = 2
+
 func runMain(m *testing.M) int {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		if err := flag.Set("test.parallel", strconv.Itoa(maxParallel)); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: setting -test.parallel:", err)
+			return 1
+		}
+	}
 	dir, err := os.MkdirTemp("", "idempay-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -310,11 +328,11 @@ func (s *server) env() []string {
 		// test takes away on purpose before the test looks.
 		"RECONCILE_INTERVAL=0",
 		"SHUTDOWN_TIMEOUT=2s",
-		// 8 connections, not the default 16: two e2e tests run at once,
-		// with up to four processes each, beside another package's tests
-		// on the same PostgreSQL (max_connections 100). At 16 a run once
-		// reached "too many clients" (SQLSTATE 53300) and a 503. Eight is
-		// still four times this machine's cores.
+		// 8 connections, not the default 16: two e2e tests run at once
+		// (maxParallel), with up to four processes each, beside another
+		// package's tests on the same PostgreSQL (max_connections 100).
+		// At 16 a run once reached "too many clients" (SQLSTATE 53300) and
+		// a 503. Eight is still four times this machine's cores.
 		"DB_MAX_CONNS=8",
 		"LOG_FORMAT=text",
 		"PATH=" + os.Getenv("PATH"),
