@@ -26,9 +26,10 @@ const consoleSecret = "e2e-console-session-secret-0123456789"
 // console, on a port of its own, and returns it with the console's URL.
 func startWithConsole(t *testing.T, opts serverOpts) (*server, string) {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	opts.Env = append(opts.Env, "CONSOLE_ADDR="+addr, "CONSOLE_SESSION_SECRET="+consoleSecret)
-	return startServer(t, opts), "http://" + addr
+	console := holdPort(t)
+	opts.Ports = map[string]*heldPort{"CONSOLE_ADDR": console}
+	opts.Env = append(opts.Env, "CONSOLE_SESSION_SECRET="+consoleSecret)
+	return startServer(t, opts), "http://" + console.addr
 }
 
 // screenshotDir is where the tests write the README's screenshots when

@@ -26,13 +26,14 @@ type pgCluster struct {
 	t       *testing.T
 	bin     string // directory of initdb, pg_ctl
 	dir     string // owns data/, sock/ and the log
-	port    int
 	asUser  string // "postgres" when running as root, else ""
 	started bool
 }
 
 // newPGCluster runs initdb in a temporary directory and starts the cluster
-// on 127.0.0.1 and a free port. It skips the test when no PostgreSQL
+// on a Unix socket in that directory, and no TCP port: a port chosen free
+// could be taken by another process before the cluster binds it, or while
+// the test has it stopped. It skips the test when no PostgreSQL
 // binaries are installed.
 func newPGCluster(t *testing.T) *pgCluster {
 	t.Helper()
@@ -86,7 +87,6 @@ func newPGCluster(t *testing.T) *pgCluster {
 		"-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	c.port = freePort(t)
 	c.start()
 	return c
 }
@@ -115,8 +115,8 @@ func (c *pgCluster) ctl(args ...string) error {
 
 func (c *pgCluster) start() {
 	c.t.Helper()
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c max_connections=100",
-		c.port, filepath.Join(c.dir, "sock"))
+	opts := fmt.Sprintf("-c listen_addresses='' -p %d -k %s -c fsync=off -c max_connections=100",
+		pgSocketPort, filepath.Join(c.dir, "sock"))
 	if err := c.ctl("-l", filepath.Join(c.dir, "postgres.log"), "-o", opts, "start"); err != nil {
 		c.t.Fatal(err)
 	}
@@ -133,8 +133,13 @@ func (c *pgCluster) crash() {
 	c.started = false
 }
 
+// pgSocketPort names the cluster's socket (.s.PGSQL.5432) in its own
+// directory, where no other server's can be.
+const pgSocketPort = 5432
+
 func (c *pgCluster) url(dbname string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=5", c.port, dbname)
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable&connect_timeout=5",
+		dbname, filepath.Join(c.dir, "sock"), pgSocketPort)
 }
 
 func lastLines(s string, n int) string {

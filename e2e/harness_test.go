@@ -16,14 +16,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/db"
@@ -54,7 +57,24 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// maxParallel is how many tests of this package run at once unless
+// -test.parallel says otherwise; not go test's default, the number of
+// CPUs, which would make the package's connections to PostgreSQL grow
+// with the machine: a test runs up to four server processes of
+// DB_MAX_CONNS=8 each, besides its own pools (docs/development.md,
+// "Connections to PostgreSQL").
+const maxParallel = 2
+
 func runMain(m *testing.M) int {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		if err := flag.Set("test.parallel", strconv.Itoa(maxParallel)); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: setting -test.parallel:", err)
+			return 1
+		}
+	}
 	dir, err := os.MkdirTemp("", "idempay-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -135,15 +155,75 @@ func newFake(t *testing.T) *stripefake.Server {
 	return fake
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
+// heldPort is a loopback port a server of the test keeps for the whole
+// test, across its restarts, so that no other process (another test's
+// server, a client's ephemeral port) can take it between our choice of
+// the port and the server's bind, or while the server is down. A socket
+// bound to the port with SO_REUSEPORT and never listening holds it: a
+// connection to the port is refused while no process of ours listens, as
+// when a real server is down, and any other bind of the port fails, as it
+// sets no SO_REUSEPORT (Go's listeners do not). Each start of the server
+// gets a listening socket on the same port (listener), passed as a file
+// descriptor (LISTEN_ADDR=fd:N, server.ListenAddr).
+type heldPort struct {
+	addr string
+	port int
+	hold int // the bound, never listening socket
+}
+
+// holdPort holds a free loopback port until the end of the test.
+func holdPort(t *testing.T) *heldPort {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := loopbackSocket(0, false)
 	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
+		t.Fatalf("holding a loopback port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("holding a loopback port: %v", err)
+	}
+	port := sa.(*unix.SockaddrInet4).Port
+	return &heldPort{addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, hold: fd}
+}
+
+// listener returns a socket listening on the held port, for a server to
+// inherit (exec.Cmd.ExtraFiles); the caller closes its copy once the
+// server has started.
+func (p *heldPort) listener() (*os.File, error) {
+	fd, err := loopbackSocket(p.port, true)
+	if err != nil {
+		return nil, fmt.Errorf("listening on the held port %s: %w", p.addr, err)
+	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("listening on the held port %s: %w", p.addr, err)
+	}
+	return os.NewFile(uintptr(fd), "listener on "+p.addr), nil
+}
+
+// loopbackSocket is a TCP socket bound to 127.0.0.1:port (0: any free
+// port) with SO_REUSEPORT, so that the holder and a listener share the
+// port. Only a listener sets SO_REUSEADDR too (to bind beside the killed
+// server's connections in TIME_WAIT): on the holder it would let any
+// SO_REUSEADDR socket bind the port while nothing listens on it.
+func loopbackSocket(port int, reuseAddr bool) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	if err == nil && reuseAddr {
+		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	}
+	if err == nil {
+		err = unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}})
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // serverOpts configure one `idempay serve` process.
@@ -155,7 +235,10 @@ type serverOpts struct {
 	Completer  time.Duration // COMPLETER_INTERVAL; 0 disables
 	Lock       time.Duration // IDEMPOTENCY_LOCK_TIMEOUT (default defaultLock)
 	Stripe     time.Duration // STRIPE_TIMEOUT (default defaultStripe)
-	Addr       string        // LISTEN_ADDR; "" picks a free port
+	// Ports are more addresses the process listens on, each on a port
+	// held for the test (holdPort), by the variable that names it (e.g.
+	// CONSOLE_ADDR): serve's LISTEN_ADDR always has one.
+	Ports map[string]*heldPort
 	// Command is the subcommand: "serve" (the default), "consume",
 	// "relay" or "deliver". Only serve answers HTTP; the others are ready
 	// when they log their start.
@@ -204,10 +287,18 @@ func startServer(t *testing.T, opts serverOpts) *server {
 	if opts.Stripe == 0 {
 		opts.Stripe = defaultStripe
 	}
-	if opts.Addr == "" {
-		opts.Addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	if opts.Command == "" {
+		opts.Command = "serve"
 	}
-	s := &server{t: t, opts: opts, URL: "http://" + opts.Addr,
+	ports := map[string]*heldPort{}
+	for name, p := range opts.Ports {
+		ports[name] = p
+	}
+	if opts.Command == "serve" {
+		ports["LISTEN_ADDR"] = holdPort(t)
+	}
+	opts.Ports = ports
+	s := &server{t: t, opts: opts,
 		logPath: filepath.Join(t.TempDir(), opts.Name+".log")}
 	t.Cleanup(func() {
 		s.stop()
@@ -215,6 +306,9 @@ func startServer(t *testing.T, opts serverOpts) *server {
 			s.showLog()
 		}
 	})
+	if p := ports["LISTEN_ADDR"]; p != nil {
+		s.URL = "http://" + p.addr
+	}
 	s.start()
 	return s
 }
@@ -223,7 +317,6 @@ func (s *server) env() []string {
 	o := s.opts
 	env := []string{
 		"DATABASE_URL=" + o.DBURL,
-		"LISTEN_ADDR=" + o.Addr,
 		"STRIPE_SECRET_KEY=sk_test_x",
 		"STRIPE_API_URL=" + o.StripeURL,
 		"STRIPE_WEBHOOK_SECRET=" + webhookSecret,
@@ -235,11 +328,11 @@ func (s *server) env() []string {
 		// test takes away on purpose before the test looks.
 		"RECONCILE_INTERVAL=0",
 		"SHUTDOWN_TIMEOUT=2s",
-		// 8 connections, not the default 16: two e2e tests run at once,
-		// with up to four processes each, beside another package's tests
-		// on the same PostgreSQL (max_connections 100). At 16 a run once
-		// reached "too many clients" (SQLSTATE 53300) and a 503. Eight is
-		// still four times this machine's cores.
+		// 8 connections, not the default 16: two e2e tests run at once
+		// (maxParallel), with up to four processes each, beside another
+		// package's tests on the same PostgreSQL (max_connections 100).
+		// At 16 a run once reached "too many clients" (SQLSTATE 53300) and
+		// a 503. Eight is still four times this machine's cores.
 		"DB_MAX_CONNS=8",
 		"LOG_FORMAT=text",
 		"PATH=" + os.Getenv("PATH"),
@@ -253,25 +346,37 @@ func (s *server) env() []string {
 	return append(env, o.Env...)
 }
 
-// start (re)starts the process on the same address and waits until ready.
+// start (re)starts the process on the same ports and waits until ready.
 func (s *server) start() {
 	s.t.Helper()
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		s.t.Fatalf("opening server log: %v", err)
 	}
-	s.mu.Lock()
-	s.runs++
-	fmt.Fprintf(logf, "=== e2e: start #%d of %s on %s (fault point %q)\n", s.runs, s.opts.Name, s.opts.Addr, s.opts.FaultPoint)
 	command := s.opts.Command
-	if command == "" {
-		command = "serve"
-	}
 	cmd := exec.Command(binPath, command)
 	cmd.Env = s.env()
+	var addrs []string
+	for _, name := range slices.Sorted(maps.Keys(s.opts.Ports)) {
+		l, err := s.opts.Ports[name].listener()
+		if err != nil {
+			closeAll(cmd.ExtraFiles)
+			logf.Close()
+			s.t.Fatalf("starting %s: %v", s.opts.Name, err)
+		}
+		// ExtraFiles[i] is the process's file descriptor 3+i.
+		cmd.Env = append(cmd.Env, fmt.Sprintf("%s=fd:%d", name, 3+len(cmd.ExtraFiles)))
+		cmd.ExtraFiles = append(cmd.ExtraFiles, l)
+		addrs = append(addrs, name+"="+s.opts.Ports[name].addr)
+	}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	if err := cmd.Start(); err != nil {
+	s.mu.Lock()
+	s.runs++
+	fmt.Fprintf(logf, "=== e2e: start #%d of %s on %v (fault point %q)\n", s.runs, s.opts.Name, addrs, s.opts.FaultPoint)
+	err = cmd.Start()
+	closeAll(cmd.ExtraFiles) // the process has its own copies
+	if err != nil {
 		s.mu.Unlock()
 		logf.Close()
 		s.t.Fatalf("starting %s: %v", s.opts.Name, err)
@@ -296,6 +401,12 @@ func (s *server) start() {
 		s.waitLog("delivering webhooks out", startBound)
 	default:
 		s.waitReady(startBound)
+	}
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
 	}
 }
 

@@ -175,9 +175,9 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 	// own (idempay deliver).
 	s2 := startServer(t, serverOpts{Name: "s2", DBURL: d.URL, StripeURL: fake.URL(), Env: append(env, "WEBHOOK_WORKERS=0"),
 		Lock: takeoverLock, Stripe: takeoverStripe})
-	d1Metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	d1Metrics := holdPort(t)
 	startServer(t, serverOpts{Name: "d1", DBURL: d.URL, StripeURL: fake.URL(), Command: "deliver",
-		Env: append(env, "METRICS_ADDR="+d1Metrics)})
+		Env: env, Ports: map[string]*heldPort{"METRICS_ADDR": d1Metrics}})
 	s3 := startServer(t, serverOpts{Name: "s3", DBURL: d.URL, StripeURL: fake.URL(), Env: env, FaultPoint: faultpoint.WebhookAccepted,
 		Lock: takeoverLock, Stripe: takeoverStripe})
 	servers := []*server{s1, s2, s3}
@@ -356,7 +356,7 @@ func TestWebhooksOutAcrossProcesses(t *testing.T) {
 		t.Errorf("%d attempts recorded without an answer, the endpoint left %d hanging", noAnswer, hangRequests)
 	}
 	// The deliver process sent deliveries; s2, with no workers, none.
-	if n := attemptsCounted(t, "http://"+d1Metrics+"/metrics"); n == 0 {
+	if n := attemptsCounted(t, "http://"+d1Metrics.addr+"/metrics"); n == 0 {
 		t.Errorf("idempay deliver (d1) counted no attempt")
 	}
 	if n := attemptsCounted(t, s2.URL+"/metrics"); n != 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idempay/idempay/internal/app"
 	"github.com/idempay/idempay/internal/console"
+	"github.com/idempay/idempay/internal/server"
 )
 
 // startConsole serves the console on CONSOLE_ADDR (docs/console.md) and
@@ -24,15 +25,15 @@ func startConsole(cfg Config, a *app.App, log *slog.Logger) (stop func(context.C
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.ConsoleAddr)
+	ln, err := server.ListenAddr(cfg.ConsoleAddr)
 	if err != nil {
 		return nil, fmt.Errorf("console: listening on %s: %w", cfg.ConsoleAddr, err)
 	}
 	if cfg.ConsoleSecret == "" {
 		log.Warn("CONSOLE_SESSION_SECRET is not set: console sessions are signed with a random secret and end when this process does")
 	}
-	if host, _, _ := net.SplitHostPort(cfg.ConsoleAddr); !isLoopback(host) {
-		log.Warn("the console listens beyond loopback over plain HTTP: put it behind TLS", "addr", cfg.ConsoleAddr)
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) {
+		log.Warn("the console listens beyond loopback over plain HTTP: put it behind TLS", "addr", ln.Addr().String())
 	}
 	srv := console.NewServer(cfg.ConsoleAddr, c.Handler())
 	go func() {

@@ -23,13 +23,9 @@ import (
 func TestWebhooksListen(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	l, err := net.Listen("tcp", "127.0.0.1:0") // a port that was free a moment ago
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(os.Args[0], "webhooks", "listen", "--addr", addr, "--secret", secret, "--fail-first", "1")
+	// Port 0: the command binds a free port itself and prints it, so no
+	// other process can take the port between its choice and the bind.
+	cmd := exec.Command(os.Args[0], "webhooks", "listen", "--addr", "127.0.0.1:0", "--secret", secret, "--fail-first", "1")
 	cmd.Env = []string{"IDEMPAY_TEST_MAIN=1"}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -62,8 +58,11 @@ func TestWebhooksListen(t *testing.T) {
 		}
 		return ""
 	}
-	if l := next("the listening line"); !strings.Contains(l, "listening on http://"+addr) {
-		t.Fatalf("first line %q, want it listening on %s", l, addr)
+	first := next("the listening line")
+	addr, ok := strings.CutPrefix(first, "listening on http://")
+	addr, _, _ = strings.Cut(addr, "/")
+	if host, port, err := net.SplitHostPort(addr); !ok || err != nil || host != "127.0.0.1" || port == "0" {
+		t.Fatalf("first line %q, want it listening on the port it bound on 127.0.0.1", first)
 	}
 
 	hc := &http.Client{Timeout: 2 * time.Minute} // bounds a listener that never answers

@@ -287,7 +287,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Webhooks.Secret == "" {
 		log.Warn("STRIPE_WEBHOOK_SECRET is not set: every delivery to " + webhooks.Route + " is refused")
 	}
-	log.Info("serving", "addr", cfg.ListenAddr, "stripe_api_url", cfg.StripeAPIURL,
+	log.Info("serving", "addr", ln.Addr().String(), "stripe_api_url", cfg.StripeAPIURL,
 		"lock_timeout", cfg.Idempotency.LockTimeout.String(), "retention", cfg.Idempotency.Retention.String())
 
 	select {

@@ -21,6 +21,7 @@ import (
 	"github.com/idempay/idempay/internal/events/relay"
 	"github.com/idempay/idempay/internal/listing"
 	"github.com/idempay/idempay/internal/orders"
+	"github.com/idempay/idempay/internal/server"
 )
 
 // connectNATS connects to NATS_URL and keeps reconnecting for ever: a broker
@@ -90,17 +91,22 @@ func serveMetrics(ctx context.Context, addr string, a *app.App, log *slog.Logger
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", a.Metrics.Handler())
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := server.ListenAddr(addr)
+	if err != nil {
+		log.Error("serving metrics", "addr", addr, "err", err)
+		return
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving metrics", "addr", addr, "err", err)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving metrics", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	log.Info("serving metrics", "addr", addr)
+	log.Info("serving metrics", "addr", ln.Addr().String())
 }
 
 // consumeCmd is `idempay consume`: the order.paid consumer. Run several;

@@ -10,6 +10,7 @@
 package dbtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -74,8 +75,7 @@ func binaryName() string {
 }
 
 // NewDatabase creates a fresh, migrated database for one test and drops it in
-// Cleanup. It returns its URL and a pool of pgxpool's default size (the
-// larger of 4 and the number of CPUs). Use it where a test runs something
+// Cleanup. It returns its URL and a pool of DefaultConns connections. Use it where a test runs something
 // that acts on every row of a table (the completer, retention) or starts
 // server processes, which must not touch other tests' rows.
 func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
@@ -83,8 +83,14 @@ func NewDatabase(tb testing.TB) (string, *pgxpool.Pool) {
 	return NewDatabaseConns(tb, 0)
 }
 
+// DefaultConns is the size of NewDatabase's pool: fixed, not pgxpool's
+// default (the larger of 4 and the number of CPUs), so that the
+// connections a test holds do not grow with the machine
+// (docs/development.md, "Connections to PostgreSQL").
+const DefaultConns = 4
+
 // NewDatabaseConns is NewDatabase with a pool of maxConns connections (0:
-// the default), for a test that holds more connections at once than the
+// DefaultConns), for a test that holds more connections at once than the
 // default pool has, whatever the machine: a Holder and each request that
 // waits for its locks hold one each.
 func NewDatabaseConns(tb testing.TB, maxConns int32) (string, *pgxpool.Pool) {
@@ -122,9 +128,7 @@ func NewDatabaseConns(tb testing.TB, maxConns int32) (string, *pgxpool.Pool) {
 	if err != nil {
 		tb.Fatalf("parsing the URL of %s: %v", name, err)
 	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
+	cfg.MaxConns = cmp.Or(maxConns, DefaultConns)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("opening pool: %v", err)

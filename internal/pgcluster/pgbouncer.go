@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -25,14 +24,19 @@ type PgBouncerOptions struct {
 	Users []string
 }
 
-// PgBouncer is a running PgBouncer.
+// PgBouncer is a running PgBouncer. It listens on a Unix socket in a
+// directory of its own and on no TCP port: a port found free could be
+// taken by another process before PgBouncer binds it.
 type PgBouncer struct {
-	Port int
+	socketDir string
 }
+
+// bouncerPort names the bouncer's socket (.s.PGSQL.6432) in its directory.
+const bouncerPort = 6432
 
 // URL is a URL of database db through the bouncer, as user.
 func (b *PgBouncer) URL(user, db string) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, b.Port, db)
+	return fmt.Sprintf("postgres://%s@/%s?host=%s&port=%d&sslmode=disable", user, db, b.socketDir, bouncerPort)
 }
 
 // PgBouncerBinary returns the pgbouncer program (PGBOUNCER_BIN, PATH, or
@@ -50,7 +54,7 @@ func PgBouncerBinary() (string, error) {
 	return "", fmt.Errorf("pgbouncer is not installed (apt-get install pgbouncer, or set PGBOUNCER_BIN)")
 }
 
-// StartPgBouncer starts PgBouncer on a free loopback port in front of
+// StartPgBouncer starts PgBouncer on a Unix socket of its own in front of
 // opts' server, every database passed through (the * entry), and stops it
 // in Cleanup. It skips the test when pgbouncer is not installed (`make
 // test` installs it when it runs as root), except in CI (CI=true), where it
@@ -86,15 +90,15 @@ func StartPgBouncer(t testing.TB, opts PgBouncerOptions) *PgBouncer {
 	for _, u := range opts.Users {
 		fmt.Fprintf(&users, "%q \"\"\n", u)
 	}
-	b := &PgBouncer{Port: freePort(t)}
+	b := &PgBouncer{socketDir: dir}
 	logPath := filepath.Join(dir, "pgbouncer.log")
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%d
 
 [pgbouncer]
-listen_addr = 127.0.0.1
+listen_addr =
 listen_port = %d
-unix_socket_dir =
+unix_socket_dir = %s
 auth_type = trust
 auth_file = %s
 pool_mode = %s
@@ -102,7 +106,7 @@ max_client_conn = 500
 default_pool_size = 20
 ignore_startup_parameters = extra_float_digits
 logfile = %s
-`, opts.Host, opts.Port, b.Port, filepath.Join(dir, "userlist.txt"), opts.Mode, logPath)
+`, opts.Host, opts.Port, bouncerPort, dir, filepath.Join(dir, "userlist.txt"), opts.Mode, logPath)
 	for name, content := range map[string]string{"userlist.txt": users.String(), "pgbouncer.ini": ini} {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
@@ -123,7 +127,7 @@ logfile = %s
 	}
 	if err := waitConnect(context.Background(), p, b.URL(opts.Users[0], "postgres"), logPath, patience); err != nil {
 		stderr, _ := os.ReadFile(f.Name())
-		t.Fatalf("pgbouncer on port %s: %v\n%s", strconv.Itoa(b.Port), err, stderr)
+		t.Fatalf("pgbouncer on %s: %v\n%s", dir, err, stderr)
 	}
 	return b
 }

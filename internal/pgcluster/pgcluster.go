@@ -4,7 +4,8 @@
 // and failed over (Start), and PgBouncer in front of a server
 // (StartPgBouncer). It is used only by tests.
 //
-// Everything runs on loopback ports under a temporary directory, in process
+// Everything listens on Unix sockets under a temporary directory (no TCP
+// port, which another process could take first), runs in process
 // groups of their own, as the postgres user when the test runs as root
 // (initdb and PgBouncer refuse root); t.Cleanup kills every process it
 // started and removes the directory, so that a failed test leaves nothing
@@ -16,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -122,17 +122,6 @@ func tempDir(t testing.TB, r runAs, pattern string) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// freePort returns a loopback port nobody listens on now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // patience bounds every wait for a server: its start (crash recovery

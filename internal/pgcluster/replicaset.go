@@ -27,15 +27,21 @@ type Cluster struct {
 	Primary, Standby *Node
 }
 
-// Node is one server of the cluster.
+// Node is one server of the cluster. It listens on a Unix socket in a
+// directory of its own (SocketDir) and on no TCP port: a port found free
+// could be taken by another process before the server binds it, or while
+// it is down between Kill and Restart. Port only names the socket
+// (.s.PGSQL.<Port>), and tells the cluster's two servers apart.
 type Node struct {
 	Name string
 	Port int
-	Data string // its data directory
-	log  string
-	proc *process
-	c    *Cluster
-	opts Options
+	// SocketDir is the directory of its socket, the host of its URLs.
+	SocketDir string
+	Data      string // its data directory
+	log       string
+	proc      *process
+	c         *Cluster
+	opts      Options
 }
 
 // Options adjust Start.
@@ -45,8 +51,8 @@ type Options struct {
 	Settings []string
 }
 
-// Start initialises a primary (initdb as the postgres user, a loopback
-// port, wal_level=replica), takes a base backup of it for an asynchronous
+// Start initialises a primary (initdb as the postgres user, a Unix
+// socket, wal_level=replica), takes a base backup of it for an asynchronous
 // standby (pg_basebackup -R), starts the standby and returns once it
 // streams. Both run until the test ends. The database to use is postgres;
 // create others on the primary (the standby follows).
@@ -63,17 +69,17 @@ func Start(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{t: t, bindir: bindir, as: as}
 	c.dir = tempDir(t, as, "pgcluster-")
 
-	c.Primary = c.node("primary", opts)
+	c.Primary = c.node("primary", 5432, opts)
 	if err := as.run(c.bin("initdb"), "-D", c.Primary.Data, "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
 		t.Fatal(err)
 	}
 	c.Primary.start(opts)
 
-	c.Standby = c.node("standby", opts)
+	c.Standby = c.node("standby", 5433, opts)
 	// -R writes standby.signal and primary_conninfo; -X stream carries the
 	// WAL written during the copy.
-	if err := as.run(c.bin("pg_basebackup"), "-h", "127.0.0.1", "-p", strconv.Itoa(c.Primary.Port), "-U", "postgres",
+	if err := as.run(c.bin("pg_basebackup"), "-h", c.Primary.SocketDir, "-p", strconv.Itoa(c.Primary.Port), "-U", "postgres",
 		"-D", c.Standby.Data, "-R", "-X", "stream", "-c", "fast", "--no-sync"); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +103,7 @@ func StartSingle(t testing.TB, opts Options) *Node {
 	}
 	c := &Cluster{t: t, bindir: bindir, as: as}
 	c.dir = tempDir(t, as, "pgsingle-")
-	c.Primary = c.node("single", opts)
+	c.Primary = c.node("single", 5432, opts)
 	if err := as.run(c.bin("initdb"), "-D", c.Primary.Data, "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
 		t.Fatal(err)
@@ -130,9 +136,10 @@ func (n *Node) Restart() {
 
 func (c *Cluster) bin(name string) string { return filepath.Join(c.bindir, name) }
 
-func (c *Cluster) node(name string, opts Options) *Node {
-	n := &Node{Name: name, Port: freePort(c.t), Data: filepath.Join(c.dir, name), log: filepath.Join(c.dir, name+".log"), c: c, opts: opts}
-	for _, d := range []string{n.Data, n.Data + ".sock"} {
+func (c *Cluster) node(name string, port int, opts Options) *Node {
+	n := &Node{Name: name, Port: port, SocketDir: filepath.Join(c.dir, name+".sock"), Data: filepath.Join(c.dir, name),
+		log: filepath.Join(c.dir, name+".log"), c: c, opts: opts}
+	for _, d := range []string{n.Data, n.SocketDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			c.t.Fatal(err)
 		}
@@ -155,7 +162,7 @@ func (n *Node) start(opts Options) {
 	}
 	t.Cleanup(func() { f.Close() })
 	args := []string{"-D", n.Data, "-p", strconv.Itoa(n.Port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + n.Data + ".sock",
+		"-c", "listen_addresses=", "-c", "unix_socket_directories=" + n.SocketDir,
 		"-c", "wal_level=replica", "-c", "max_wal_senders=5", "-c", "wal_keep_size=256MB",
 		"-c", "hot_standby=on", "-c", "fsync=off", "-c", "max_connections=100"}
 	for _, s := range opts.Settings {
@@ -173,7 +180,7 @@ func (n *Node) start(opts Options) {
 
 // URL is a URL of database db on this server alone.
 func (n *Node) URL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.Port, db)
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", db, n.SocketDir, n.Port)
 }
 
 // Conn opens a connection to the node, closed in Cleanup.
@@ -192,8 +199,8 @@ func (n *Node) Conn(ctx context.Context) *pgx.Conn {
 // and target_session_attrs=read-write, so that a client connects to
 // whichever is the primary (pgx tries the hosts in order).
 func (c *Cluster) URL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
-		c.Primary.Port, c.Standby.Port, db)
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s,%s&port=%d,%d&sslmode=disable&target_session_attrs=read-write",
+		db, c.Primary.SocketDir, c.Standby.SocketDir, c.Primary.Port, c.Standby.Port)
 }
 
 func (c *Cluster) waitStreaming() {

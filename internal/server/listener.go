@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idempay/idempay/internal/apierror"
@@ -56,13 +58,37 @@ func NewHTTPServer(addr string, handler http.Handler) *http.Server {
 	}
 }
 
-// Listen is net.Listen("tcp", addr) wrapped by ProblemListener.
+// Listen is ListenAddr(addr) wrapped by ProblemListener.
 func Listen(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
+	l, err := ListenAddr(addr)
 	if err != nil {
 		return nil, err
 	}
 	return ProblemListener(l), nil
+}
+
+// ListenAddr listens on addr, a TCP host:port, or, when addr is "fd:N",
+// serves the listening socket the parent process passed as its file
+// descriptor N. A parent that binds the port itself and passes it (a
+// supervisor, a test harness) leaves no moment between choosing the port
+// and serving it in which another process could take it, and can keep the
+// port while it starts this process again.
+func ListenAddr(addr string) (net.Listener, error) {
+	n, ok := strings.CutPrefix(addr, "fd:")
+	if !ok {
+		return net.Listen("tcp", addr)
+	}
+	fd, err := strconv.Atoi(n)
+	if err != nil || fd < 3 {
+		return nil, fmt.Errorf("%q: want fd:N with N a file descriptor of 3 or more", addr)
+	}
+	f := os.NewFile(uintptr(fd), addr)
+	defer f.Close() // the listener holds a copy of its own
+	l, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", addr, err)
+	}
+	return l, nil
 }
 
 // ProblemListener wraps l so that the refusals Go's HTTP server writes by
