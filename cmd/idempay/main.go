@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +85,9 @@ func run(args []string) error {
 		fmt.Println(strings.TrimRight(helpFor(args[0]), "\n"))
 		return nil
 	}
+	if len(args) > 1 && slices.Contains(bareCommands, args[0]) {
+		return fmt.Errorf("stray argument %q\nusage: idempay %s (no arguments: its configuration is read from the environment, docs/configuration.md)", args[1], args[0])
+	}
 	cfg, err := loadConfig()
 	if err != nil {
 		return err
@@ -130,6 +134,13 @@ func run(args []string) error {
 		return fmt.Errorf("unknown command %q", args[0])
 	}
 }
+
+// bareCommands take no argument: the environment configures them. A word
+// after one is refused, before anything runs, as the other commands refuse
+// a word left after their flags (strayArgument): `idempay migrate
+// --dry-run` migrated, and `idempay purge --older 48h` purged by the
+// configured retention.
+var bareCommands = []string{"serve", "completer", "consume", "relay", "deliver", "migrate", "purge"}
 
 // wantsHelp reports whether args ask for help: `idempay help`, or -h,
 // -help or --help anywhere before a "--".

@@ -187,7 +187,9 @@ func TestChargesListLimitRefusedClearly(t *testing.T) {
 // (here neither is reachable). `accounts create --name Acme Corp` made an
 // account named Acme, and `orders publish --description Big order`
 // published "Big": the rest of an unquoted value was dropped, and the
-// command succeeded; `webhooks listen --secret A B` verified with A only.
+// command succeeded; `webhooks listen --secret A B` verified with A only;
+// serve, migrate, purge and the other commands that take no argument ran
+// as if none had been given.
 func TestStrayArgumentsRefused(t *testing.T) {
 	t.Parallel()
 	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
@@ -201,6 +203,16 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		// cannot be listened on, so a run that got past the flags fails
 		// without the refusal.
 		{"webhooks", "listen", "--addr", "127.0.0.1:99999", "--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_b2xk"},
+		// The commands configured by the environment alone take no word:
+		// `idempay migrate --dry-run` migrated, `idempay purge --older 48h`
+		// purged by the configured retention.
+		{"serve", "--listen", "127.0.0.1:9000"},
+		{"migrate", "--dry-run"},
+		{"purge", "--older", "48h"},
+		{"completer", "now"},
+		{"consume", "orders.paid"},
+		{"relay", "once"},
+		{"deliver", "4"},
 	} {
 		_, stderr, code := idempay(t, env, args...)
 		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {
