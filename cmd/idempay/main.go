@@ -66,6 +66,7 @@ commands:
   help                                     this; "idempay COMMAND --help" for a command's own
 
 configuration is read from the environment; see docs/configuration.md.
+each flag is given once (--metadata once per key), and a word a command does not take is refused.
 `
 
 func main() {
@@ -363,7 +364,7 @@ func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
 	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents and refunds at Stripe")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 || *since <= 0 {
@@ -441,7 +442,7 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 	case "create":
 		fs := flag.NewFlagSet("accounts create", flag.ContinueOnError)
 		name := fs.String("name", "", "account name")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {

@@ -265,3 +265,44 @@ func TestOrdersReplayNeedsAWholeSequence(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedFlagRefused: a flag that takes one value, given twice, is
+// refused, naming it, before anything is asked of the API, the database or
+// the broker (none is reachable here): Go's flag package kept the last
+// value and said nothing, so `--amount 5 --amount 7` charged 7, where the
+// API refuses a field given twice. --metadata stays repeatable, one key a
+// time.
+func TestRepeatedFlagRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "STRIPE_WEBHOOK_SECRET=whsec_test", "STRIPE_SECRET_KEY=sk_test_x",
+		"STRIPE_API_URL=http://127.0.0.1:1", "IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"amount", []string{"charges", "create", "--amount", "5", "--payment-method", "pm_card_visa", "--amount", "7"}},
+		{"capture", []string{"charges", "create", "--amount", "5", "--payment-method", "pm_card_visa", "--capture=false", "--capture=true"}},
+		{"amount", []string{"charges", "capture", "ch_1", "--amount", "5", "--amount=7"}},
+		{"limit", []string{"charges", "list", "--limit", "2", "-limit", "3"}},
+		{"charge", []string{"refunds", "create", "--charge", "ch_1", "--amount", "5", "--charge", "ch_2"}},
+		{"idempotency-key", []string{"api-keys", "revoke", "key_1", "--idempotency-key", "a", "--idempotency-key", "b"}},
+		{"amount", []string{"orders", "publish", "--account", "acct_1", "--amount", "5", "--amount", "7"}},
+		{"limit", []string{"orders", "dlq", "--limit", "2", "--limit", "3"}},
+		{"name", []string{"accounts", "create", "--name", "Acme", "--name", "Corp"}},
+		{"charge", []string{"webhooks", "trigger", "payment_intent.succeeded", "--charge", "ch_1", "--charge", "ch_2"}},
+		{"addr", []string{"webhooks", "listen", "--addr", "127.0.0.1:99999", "--addr", "127.0.0.1:99998"}},
+		{"since", []string{"reconcile", "--since", "1h", "--since", "2h"}},
+	} {
+		_, stderr, code := idempay(t, env, tc.args...)
+		if want := "--" + tc.flag + " is given more than once"; code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", tc.args, code, stderr, want)
+		}
+	}
+	// Metadata is a flag given once per key: two keys pass the flags, to
+	// the usage that the missing --payment-method gets.
+	args := []string{"charges", "create", "--amount", "5", "--metadata", "a=1", "--metadata", "b=2"}
+	if _, stderr, code := idempay(t, env, args...); code != 1 || strings.Contains(stderr, "more than once") || !strings.Contains(stderr, "usage") {
+		t.Errorf("idempay %q: exit %d, stderr %.300q; want it past its flags, to the usage", args, code, stderr)
+	}
+}
