@@ -306,3 +306,28 @@ func TestRepeatedFlagRefused(t *testing.T) {
 		t.Errorf("idempay %q: exit %d, stderr %.300q; want it past its flags, to the usage", args, code, stderr)
 	}
 }
+
+// TestOrdersPublishRefusesWhatTheConsumerRefuses: `idempay orders publish`
+// checks its message as the consumer does (orders.Check: the charge's
+// fields as POST /v1/charges checks them, the key as the consumer takes
+// it) and refuses, in the consumer's words, one it would dead-letter, at
+// once, before any broker is asked (here there is none): --amount -5 was
+// published, to end as a dead letter.
+func TestOrdersPublishRefusesWhatTheConsumerRefuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--amount", "-5"}, "amount must be an integer between 1 and 99999999"},
+		{[]string{"--amount", "100000000"}, "amount must be an integer between 1 and 99999999"},
+		{[]string{"--amount", "100", "--currency", "xyz"}, "currency must be a supported three-letter ISO 4217 code"},
+		{[]string{"--amount", "100", "--idempotency-key", " k"}, "idempotency_key has white space around it"},
+	} {
+		args := append([]string{"orders", "publish", "--account", "acct_1"}, tc.args...)
+		_, stderr, code := idempay(t, []string{"NATS_URL=nats://127.0.0.1:1"}, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "stream ORDERS") {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q, before the broker", args, code, stderr, tc.want)
+		}
+	}
+}

@@ -263,8 +263,15 @@ func publishFlags(args []string) (data []byte, msgID string, err error) {
 	if *desc != "" {
 		m.Description = desc
 	}
-	data, err = json.Marshal(m)
-	return data, *id, err
+	if data, err = json.Marshal(m); err != nil {
+		return nil, "", err
+	}
+	// What the consumer would dead-letter whatever the database holds
+	// (--amount -5) is refused here, in its words, and not published.
+	if err := orders.Check(data); err != nil {
+		return nil, "", fmt.Errorf("orders publish: the consumer would refuse this message: %w", err)
+	}
+	return data, *id, nil
 }
 
 func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, data []byte, msgID string) error {
