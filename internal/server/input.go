@@ -120,6 +120,9 @@ var routeQueries = mustRouteQueries(openAPI)
 
 var pathParam = regexp.MustCompile(`\{([A-Za-z0-9_]+)\}`)
 
+// operations are the members of an OpenAPI path item that are operations.
+var operations = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
 func mustRouteQueries(doc []byte) map[string]map[string]bool {
 	type param struct {
 		Ref  string `json:"$ref"`
@@ -127,10 +130,7 @@ func mustRouteQueries(doc []byte) map[string]map[string]bool {
 		In   string `json:"in"`
 	}
 	var d struct {
-		Paths map[string]map[string]struct {
-			Security   *[]json.RawMessage `json:"security"`
-			Parameters []param            `json:"parameters"`
-		} `json:"paths"`
+		Paths      map[string]map[string]json.RawMessage `json:"paths"`
 		Components struct {
 			Parameters map[string]param `json:"parameters"`
 		} `json:"components"`
@@ -140,10 +140,19 @@ func mustRouteQueries(doc []byte) map[string]map[string]bool {
 	}
 	out := map[string]map[string]bool{}
 	for path, item := range d.Paths {
-		for method, op := range item {
-			// An operation without security of its own takes the document's
-			// (the API key); one with an empty list takes none.
-			if op.Security != nil && len(*op.Security) == 0 {
+		for method, raw := range item {
+			var op struct {
+				Security   *[]json.RawMessage `json:"security"`
+				Parameters []param            `json:"parameters"`
+			}
+			// A path's own members (a summary, its parameters) are no
+			// operation; an operation without security of its own takes
+			// the document's (the API key), one with an empty list none.
+			if !slices.Contains(operations, method) {
+				continue
+			} else if err := json.Unmarshal(raw, &op); err != nil {
+				panic(fmt.Sprintf("openapi.json: %s %s: %v", method, path, err))
+			} else if op.Security != nil && len(*op.Security) == 0 {
 				continue
 			}
 			names := map[string]bool{}
