@@ -106,15 +106,18 @@ type NextAction struct {
 
 // Dispute is a dispute of a charge, known from Stripe's events.
 type Dispute struct {
-	ID              string    `json:"id"`
-	Object          string    `json:"object"`
-	StripeDisputeID string    `json:"stripe_dispute_id"`
-	Amount          int64     `json:"amount"`
-	Currency        string    `json:"currency"`
-	Reason          *string   `json:"reason"`
-	Status          string    `json:"status"`
-	CreatedAt       time.Time `json:"created_at"`
-	UpdatedAt       time.Time `json:"updated_at"`
+	ID              string  `json:"id"`
+	Object          string  `json:"object"`
+	StripeDisputeID string  `json:"stripe_dispute_id"`
+	Amount          int64   `json:"amount"`
+	Currency        string  `json:"currency"`
+	Reason          *string `json:"reason"`
+	Status          string  `json:"status"`
+	// AllowsRefund is false when the dispute forbids a refund of its
+	// charge (409 charge-not-refundable).
+	AllowsRefund bool      `json:"allows_refund"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // ChargeList is one page of charges, newest first.

@@ -126,7 +126,7 @@ func chargesCreate(ctx context.Context, cl *client.Client, args []string) (raw, 
 	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
 	meta := metadataFlag{}
 	fs.Var(meta, "metadata", "a key=value pair; repeat for more")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if *amount == 0 || *pm == "" || fs.NArg() > 0 {
@@ -155,7 +155,7 @@ func chargesCapture(ctx context.Context, cl *client.Client, args []string) (raw,
 	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		pos, args = append(pos, args[0]), args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	pos = append(pos, fs.Args()...)
@@ -173,7 +173,7 @@ func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, er
 	fs := flag.NewFlagSet("charges list", flag.ContinueOnError)
 	limit := fs.Int("limit", 0, "page size, 1 to 100 (default 10)")
 	after := fs.String("starting-after", "", "a charge id: the page starts after it")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -192,7 +192,7 @@ func refundsCreate(ctx context.Context, cl *client.Client, args []string) (raw, 
 	charge := fs.String("charge", "", "the charge to refund (required)")
 	amount := fs.Int64("amount", 0, "amount to refund, in the currency's minor unit (required)")
 	key := fs.String("idempotency-key", "", "the request's key (default: a new one)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if *charge == "" || !flagSet(fs, "amount") || fs.NArg() > 0 {
@@ -215,7 +215,7 @@ func withKey(args []string, positional int, call func(args []string, opt client.
 	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		pos, args = append(pos, args[0]), args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	pos = append(pos, fs.Args()...)
@@ -250,6 +250,9 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 type metadataFlag map[string]string
 
 func (m metadataFlag) String() string { return fmt.Sprint(map[string]string(m)) }
+
+// repeatable: --metadata is given once per key (Set refuses a key twice).
+func (metadataFlag) repeatable() {}
 
 func (m metadataFlag) Set(v string) error {
 	k, val, ok := strings.Cut(v, "=")

@@ -42,7 +42,7 @@ func listenCmd(ctx context.Context, cfg Config, args []string) error {
 	register := fs.Bool("register", false, "register this listener as an endpoint of the account (IDEMPAY_API_URL, IDEMPAY_API_KEY)")
 	failFirst := fs.Int("fail-first", 0, "answer 500 to the first N deliveries")
 	failFor := fs.Duration("fail-for", 0, "answer 500 for this long after the start")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 { // a second secret given apart, not after a comma

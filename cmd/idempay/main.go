@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -65,6 +66,7 @@ commands:
   help                                     this; "idempay COMMAND --help" for a command's own
 
 configuration is read from the environment; see docs/configuration.md.
+each flag is given once (--metadata once per key), and a word a command does not take is refused.
 `
 
 func main() {
@@ -83,6 +85,9 @@ func run(args []string) error {
 	if wantsHelp(args) { // before the configuration: help needs none
 		fmt.Println(strings.TrimRight(helpFor(args[0]), "\n"))
 		return nil
+	}
+	if len(args) > 1 && slices.Contains(bareCommands, args[0]) {
+		return fmt.Errorf("stray argument %q\nusage: idempay %s (no arguments: its configuration is read from the environment, docs/configuration.md)", args[1], args[0])
 	}
 	cfg, err := loadConfig()
 	if err != nil {
@@ -130,6 +135,13 @@ func run(args []string) error {
 		return fmt.Errorf("unknown command %q", args[0])
 	}
 }
+
+// bareCommands take no argument: the environment configures them. A word
+// after one is refused, before anything runs, as the other commands refuse
+// a word left after their flags (strayArgument): `idempay migrate
+// --dry-run` migrated, and `idempay purge --older 48h` purged by the
+// configured retention.
+var bareCommands = []string{"serve", "completer", "consume", "relay", "deliver", "migrate", "purge"}
 
 // wantsHelp reports whether args ask for help: `idempay help`, or -h,
 // -help or --help anywhere before a "--".
@@ -352,7 +364,7 @@ func deliverCmd(ctx context.Context, cfg Config, log *slog.Logger) error {
 func reconcileCmd(ctx context.Context, cfg Config, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
 	since := fs.Duration("since", 24*time.Hour, "how far back to list PaymentIntents and refunds at Stripe")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 || *since <= 0 {
@@ -430,7 +442,7 @@ func accountsCmd(ctx context.Context, cfg Config, args []string) error {
 	case "create":
 		fs := flag.NewFlagSet("accounts create", flag.ContinueOnError)
 		name := fs.String("name", "", "account name")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {

@@ -187,7 +187,9 @@ func TestChargesListLimitRefusedClearly(t *testing.T) {
 // (here neither is reachable). `accounts create --name Acme Corp` made an
 // account named Acme, and `orders publish --description Big order`
 // published "Big": the rest of an unquoted value was dropped, and the
-// command succeeded; `webhooks listen --secret A B` verified with A only.
+// command succeeded; `webhooks listen --secret A B` verified with A only;
+// serve, migrate, purge and the other commands that take no argument ran
+// as if none had been given.
 func TestStrayArgumentsRefused(t *testing.T) {
 	t.Parallel()
 	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
@@ -201,6 +203,16 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		// cannot be listened on, so a run that got past the flags fails
 		// without the refusal.
 		{"webhooks", "listen", "--addr", "127.0.0.1:99999", "--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_b2xk"},
+		// The commands configured by the environment alone take no word:
+		// `idempay migrate --dry-run` migrated, `idempay purge --older 48h`
+		// purged by the configured retention.
+		{"serve", "--listen", "127.0.0.1:9000"},
+		{"migrate", "--dry-run"},
+		{"purge", "--older", "48h"},
+		{"completer", "now"},
+		{"consume", "orders.paid"},
+		{"relay", "once"},
+		{"deliver", "4"},
 	} {
 		_, stderr, code := idempay(t, env, args...)
 		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {
@@ -250,6 +262,72 @@ func TestOrdersReplayNeedsAWholeSequence(t *testing.T) {
 		want := "SEQ must be a dead letter's stream sequence, a whole number from 1, not " + strconv.Quote(seq)
 		if code != 1 || !strings.Contains(stderr, want) {
 			t.Errorf("idempay orders replay %q: exit %d, stderr %.300q; want exit 1 and %q", seq, code, stderr, want)
+		}
+	}
+}
+
+// TestRepeatedFlagRefused: a flag that takes one value, given twice, is
+// refused, naming it, before anything is asked of the API, the database or
+// the broker (none is reachable here): Go's flag package kept the last
+// value and said nothing, so `--amount 5 --amount 7` charged 7, where the
+// API refuses a field given twice. --metadata stays repeatable, one key a
+// time.
+func TestRepeatedFlagRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
+		"NATS_URL=nats://127.0.0.1:1", "STRIPE_WEBHOOK_SECRET=whsec_test", "STRIPE_SECRET_KEY=sk_test_x",
+		"STRIPE_API_URL=http://127.0.0.1:1", "IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"amount", []string{"charges", "create", "--amount", "5", "--payment-method", "pm_card_visa", "--amount", "7"}},
+		{"capture", []string{"charges", "create", "--amount", "5", "--payment-method", "pm_card_visa", "--capture=false", "--capture=true"}},
+		{"amount", []string{"charges", "capture", "ch_1", "--amount", "5", "--amount=7"}},
+		{"limit", []string{"charges", "list", "--limit", "2", "-limit", "3"}},
+		{"charge", []string{"refunds", "create", "--charge", "ch_1", "--amount", "5", "--charge", "ch_2"}},
+		{"idempotency-key", []string{"api-keys", "revoke", "key_1", "--idempotency-key", "a", "--idempotency-key", "b"}},
+		{"amount", []string{"orders", "publish", "--account", "acct_1", "--amount", "5", "--amount", "7"}},
+		{"limit", []string{"orders", "dlq", "--limit", "2", "--limit", "3"}},
+		{"name", []string{"accounts", "create", "--name", "Acme", "--name", "Corp"}},
+		{"charge", []string{"webhooks", "trigger", "payment_intent.succeeded", "--charge", "ch_1", "--charge", "ch_2"}},
+		{"addr", []string{"webhooks", "listen", "--addr", "127.0.0.1:99999", "--addr", "127.0.0.1:99998"}},
+		{"since", []string{"reconcile", "--since", "1h", "--since", "2h"}},
+	} {
+		_, stderr, code := idempay(t, env, tc.args...)
+		if want := "--" + tc.flag + " is given more than once"; code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q", tc.args, code, stderr, want)
+		}
+	}
+	// Metadata is a flag given once per key: two keys pass the flags, to
+	// the usage that the missing --payment-method gets.
+	args := []string{"charges", "create", "--amount", "5", "--metadata", "a=1", "--metadata", "b=2"}
+	if _, stderr, code := idempay(t, env, args...); code != 1 || strings.Contains(stderr, "more than once") || !strings.Contains(stderr, "usage") {
+		t.Errorf("idempay %q: exit %d, stderr %.300q; want it past its flags, to the usage", args, code, stderr)
+	}
+}
+
+// TestOrdersPublishRefusesWhatTheConsumerRefuses: `idempay orders publish`
+// checks its message as the consumer does (orders.Check: the charge's
+// fields as POST /v1/charges checks them, the key as the consumer takes
+// it) and refuses, in the consumer's words, one it would dead-letter, at
+// once, before any broker is asked (here there is none): --amount -5 was
+// published, to end as a dead letter.
+func TestOrdersPublishRefusesWhatTheConsumerRefuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--amount", "-5"}, "amount must be an integer between 1 and 99999999"},
+		{[]string{"--amount", "100000000"}, "amount must be an integer between 1 and 99999999"},
+		{[]string{"--amount", "100", "--currency", "xyz"}, "currency must be a supported three-letter ISO 4217 code"},
+		{[]string{"--amount", "100", "--idempotency-key", " k"}, "idempotency_key has white space around it"},
+	} {
+		args := append([]string{"orders", "publish", "--account", "acct_1"}, tc.args...)
+		_, stderr, code := idempay(t, []string{"NATS_URL=nats://127.0.0.1:1"}, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "stream ORDERS") {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 and %q, before the broker", args, code, stderr, tc.want)
 		}
 	}
 }

@@ -216,7 +216,7 @@ func dlqFlags(args []string) (limit int, after uint64, err error) {
 	fs := flag.NewFlagSet("orders dlq", flag.ContinueOnError)
 	fs.IntVar(&limit, "limit", listing.DefaultLimit, fmt.Sprintf("page size, 1 to %d", listing.MaxLimit))
 	fs.Uint64Var(&after, "starting-after", 0, "a dead letter's sequence: the page starts after it")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 0, 0, err
 	}
 	switch {
@@ -243,7 +243,7 @@ func publishFlags(args []string) (data []byte, msgID string, err error) {
 	key := fs.String("idempotency-key", "", `the key (default "order-" + the order id)`)
 	desc := fs.String("description", "", "optional")
 	id := fs.String("msg-id", "", "Nats-Msg-Id (default none: every publish is a new message)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, "", err
 	}
 	if fs.NArg() > 0 {
@@ -269,8 +269,15 @@ func publishFlags(args []string) (data []byte, msgID string, err error) {
 	if *desc != "" {
 		m.Description = desc
 	}
-	data, err = json.Marshal(m)
-	return data, *id, err
+	if data, err = json.Marshal(m); err != nil {
+		return nil, "", err
+	}
+	// What the consumer would dead-letter whatever the database holds
+	// (--amount -5) is refused here, in its words, and not published.
+	if err := orders.Check(data); err != nil {
+		return nil, "", fmt.Errorf("orders publish: the consumer would refuse this message: %w", err)
+	}
+	return data, *id, nil
 }
 
 func ordersPublish(ctx context.Context, cfg Config, js jetstream.JetStream, data []byte, msgID string) error {

@@ -38,7 +38,7 @@ func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
 	fs.StringVar(&o.RefundID, "refund", "", "idempay's refund id (re_...), for refund events")
 	fs.StringVar(&o.Status, "status", "", "the refund's status (succeeded, failed ...) or the closed dispute's (won, lost)")
 	url := fs.String("url", "", "the webhook endpoint")
-	if err := fs.Parse(args[2:]); err != nil {
+	if err := parseFlags(fs, args[2:]); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -197,7 +197,7 @@ var docOf = map[Type]struct{ description, whatToDo string }{
 		"The request body is not one JSON value (syntax error, empty body, trailing data, or nested too deeply). Nothing was stored.",
 		"Fix the body and send it again; the same Idempotency-Key is fine."},
 	InvalidRequest: {
-		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values. invalid_params names every such field at once. Nothing was stored.",
+		"The body is JSON but its parameters are wrong: unknown fields, fields given twice, wrong types, missing or out-of-range values; or a query parameter that the route does not take (openapi.json lists those it takes). invalid_params names every such field at once. Nothing was stored.",
 		"Fix every field listed in invalid_params and send the request again; the same Idempotency-Key is fine."},
 	MalformedRequest: {
 		"The request is malformed: a path segment or query value that is not UTF-8 text or holds a control character, or a query parameter given twice (invalid_params names it), a malformed query string, a request line or header that HTTP does not allow (an Expect other than 100-continue among them), or a body that ends before its Content-Length or whose chunked encoding is malformed. Nothing was stored.",

@@ -41,6 +41,15 @@ func (s *Service) PrepareCharge(accountID, key string, body []byte) (*Command, e
 	return s.NewCharge(accountID, req)
 }
 
+// CheckCharge refuses what PrepareCharge refuses, for a producer that
+// checks a charge before sending it on (`idempay orders publish`): the
+// front half reads and writes nothing, so a Service of no database checks
+// as one of a database does.
+func CheckCharge(accountID, key string, body []byte) error {
+	_, err := new(Service).PrepareCharge(accountID, key, body)
+	return err
+}
+
 // Peek tells, without claiming or writing anything, what Run would do with
 // cmd: idempotency.Runner.Peek's answer, or for a key with no record
 // OutcomeExpired when this same request's charge or refund exists (its

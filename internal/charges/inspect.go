@@ -3,6 +3,7 @@ package charges
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -115,7 +116,7 @@ func idempotencyKeyJSON(row keyState) IdempotencyKey {
 // that named it while the action was in flight is cleared by the action's
 // finish. Nil for any other route's record, and for one with no answer.
 func ActedOn(route string, answer []byte) *string {
-	if route != RouteCapture && route != RouteCancel {
+	if !slices.Contains(actedOnRoutes, route) {
 		return nil
 	}
 	var named struct {
@@ -161,11 +162,17 @@ func (s *Service) IdempotencyKey(ctx context.Context, accountID, key string) (Id
 	return idempotencyKeyJSON(row), nil
 }
 
+// actedOnRoutes are the routes whose records ActedOn reads the stored
+// answer of: the query reads no other record's.
+var actedOnRoutes = []string{RouteCapture, RouteCancel}
+
 // keyState is an idempotency record with the ledger rows it names, as
-// GET /v1/idempotency_keys/{key} shows it.
+// GET /v1/idempotency_keys/{key} shows it (ResponseBody: an actedOnRoutes
+// record's alone).
 type keyState dbsqlc.IdempotencyKeyInspectRow
 
 func (st store) keyState(ctx context.Context, accountID, key string) (keyState, error) {
-	row, err := found(st.q.IdempotencyKeyInspect(ctx, st.pool, &dbsqlc.IdempotencyKeyInspectParams{Scope: accountID, Key: key}))
+	row, err := found(st.q.IdempotencyKeyInspect(ctx, st.pool, &dbsqlc.IdempotencyKeyInspectParams{
+		ActedOnRoutes: actedOnRoutes, Scope: accountID, Key: key}))
 	return keyState(row), err
 }

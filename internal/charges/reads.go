@@ -19,15 +19,20 @@ type ChargeDetail struct {
 
 // Dispute is the API representation of a dispute of a charge.
 type Dispute struct {
-	ID              string    `json:"id"`
-	Object          string    `json:"object"`
-	StripeDisputeID string    `json:"stripe_dispute_id"`
-	Amount          int64     `json:"amount"`
-	Currency        string    `json:"currency"`
-	Reason          *string   `json:"reason"`
-	Status          string    `json:"status"`
-	CreatedAt       time.Time `json:"created_at"`
-	UpdatedAt       time.Time `json:"updated_at"`
+	ID              string  `json:"id"`
+	Object          string  `json:"object"`
+	StripeDisputeID string  `json:"stripe_dispute_id"`
+	Amount          int64   `json:"amount"`
+	Currency        string  `json:"currency"`
+	Reason          *string `json:"reason"`
+	Status          string  `json:"status"`
+	// AllowsRefund is whether the dispute lets a refund of its charge
+	// through: its status does (no open or lost chargeback) and so does
+	// Stripe (is_charge_refundable). A false one is why POST /v1/refunds
+	// answers 409 charge-not-refundable.
+	AllowsRefund bool      `json:"allows_refund"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // Charge is GET /v1/charges/{id}: the account's charge with its disputes.
@@ -44,7 +49,7 @@ func (s *Service) Charge(ctx context.Context, accountID, id string) (ChargeDetai
 	out := ChargeDetail{Charge: chargeJSON(ch), Disputes: make([]Dispute, 0, len(rows))}
 	for _, d := range rows {
 		out.Disputes = append(out.Disputes, Dispute{ID: d.ID, Object: "dispute", StripeDisputeID: d.StripeDisputeID,
-			Amount: d.Amount, Currency: d.Currency, Reason: d.Reason, Status: d.Status,
+			Amount: d.Amount, Currency: d.Currency, Reason: d.Reason, Status: d.Status, AllowsRefund: d.AllowsRefund,
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC()})
 	}
 	return out, nil

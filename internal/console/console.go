@@ -25,8 +25,10 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,7 +145,29 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(mux))), c.cfg.TracerProvider)
+	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(c.onceEach(mux)))), c.cfg.TracerProvider)
+}
+
+// onceEach refuses, with the error page, a query parameter or form field
+// given more than once, as the API refuses a repeated query parameter
+// (400): every one the console reads (a state filter, a resend's
+// Idempotency-Key, a CSRF token, an API key) takes one value, and reading
+// the first of two would be a guess at which one was meant. A name in
+// both the address and the body is given twice too: r.Form holds both.
+func (c *Console) onceEach(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A body that is not a form, or cut short (smallBodies), leaves
+		// r.PostForm without it; the page then finds no CSRF token.
+		_ = r.ParseMultipartForm(maxFormBytes)
+		names := slices.Sorted(maps.Keys(r.Form))
+		for _, name := range names {
+			if len(r.Form[name]) > 1 {
+				c.refuse(w, r, http.StatusBadRequest, name+" is given more than once; give it once.")
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // maxFormBytes bounds what the console reads of a POST's body: its forms

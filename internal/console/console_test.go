@@ -1366,3 +1366,45 @@ func TestLargeFormBody(t *testing.T) {
 		}
 	}
 }
+
+// A query parameter or form field given more than once is refused with the
+// error page, a 400 naming it, as the API refuses a repeated query
+// parameter: the console took the first of two state filters, and resent
+// under the first of two Idempotency-Keys, guessing which one was meant.
+func TestRepeatedParameterRefused(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	if res := env.ClientFor(t, acct).Post("/v1/charges", apitest.NewKey(), chargeBody(1200)); res.Status != http.StatusCreated {
+		t.Fatalf("the charge: %d %s", res.Status, res.Body)
+	}
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
+	if evID == nil {
+		t.Fatal("the events page lists no event")
+	}
+	refused := func(what string, p page, name string) {
+		t.Helper()
+		if p.Status != http.StatusBadRequest || !strings.Contains(p.Body, `role="alert"`) ||
+			!strings.Contains(html.UnescapeString(p.Body), name+" is given more than once") {
+			t.Errorf("%s: %d, want 400 with the error page saying %s is given more than once; body:\n%.2000s", what, p.Status, name, p.Body)
+		}
+	}
+	refused("two state filters", b.get("/records?state=waiting&state=finished"), "state")
+	refused("two state filters, the same", b.get("/records?state=finished&state=finished"), "state")
+
+	csrf := b.csrf("/events/" + evID[1])
+	refused("a resend with two Idempotency-Keys", b.post("/events/"+evID[1]+"/resend",
+		url.Values{"csrf_token": {csrf}, "idempotency_key": {apitest.NewKey(), apitest.NewKey()}}), "idempotency_key")
+	var records int
+	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
+		acct.ID, merchanthooks.RouteResend).Scan(&records); err != nil || records != 0 {
+		t.Errorf("resend records after the refusal: %d (%v), want 0", records, err)
+	}
+	// One of each is read as before.
+	if p := b.get("/records?state=finished"); p.Status != http.StatusOK {
+		t.Errorf("one state filter: %d, want 200", p.Status)
+	}
+}

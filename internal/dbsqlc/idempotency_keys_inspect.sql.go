@@ -14,7 +14,8 @@ const idempotencyKeyInspect = `-- name: IdempotencyKeyInspect :one
 SELECT ik.id, ik.key, ik.request_method, ik.request_route, ik.recovery_point,
        ik.lock_generation, ik.locked_at, ik.attempts, ik.next_attempt_at,
        ik.last_error, ik.response_status, ik.created_at, ik.updated_at,
-       ik.finished_at, ik.response_body,
+       ik.finished_at,
+       (CASE WHEN ik.request_route = ANY ($1::text[]) THEN ik.response_body END)::bytea AS response_body,
        c.id AS charge_id,
        r.id AS refund_id,
        r.charge_id AS refund_charge_id,
@@ -23,12 +24,13 @@ FROM idempotency_keys ik
 LEFT JOIN charges c ON c.idempotency_key_id = ik.id
 LEFT JOIN refunds r ON r.idempotency_key_id = ik.id
 LEFT JOIN charges p ON p.pending_record_id = ik.id
-WHERE ik.scope = $1 AND ik.key = $2
+WHERE ik.scope = $2 AND ik.key = $3
 `
 
 type IdempotencyKeyInspectParams struct {
-	Scope string
-	Key   string
+	ActedOnRoutes []string
+	Scope         string
+	Key           string
 }
 
 type IdempotencyKeyInspectRow struct {
@@ -57,11 +59,12 @@ type IdempotencyKeyInspectRow struct {
 // /v1/idempotency_keys/{key}: the charge of a charge's record; the refund of
 // a refund's record, and the charge it refunds; the charge of a capture or
 // cancel in flight (its pending_record_id). It selects the state, and the
-// stored response body, which is never shown: only charges.ActedOn reads
-// it, for the charge that a finished capture's or cancel's answer names.
-// Never the headers, nor the fingerprint.
+// stored response body (never shown) of a record of the acted_on_routes
+// alone, a capture's or a cancel's (NULL for any other): charges.ActedOn
+// reads it for the charge that its answer names, which the ledger no longer
+// links once it has finished. Never the headers, nor the fingerprint.
 func (q *Queries) IdempotencyKeyInspect(ctx context.Context, db DBTX, arg *IdempotencyKeyInspectParams) (IdempotencyKeyInspectRow, error) {
-	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.Scope, arg.Key)
+	row := db.QueryRow(ctx, idempotencyKeyInspect, arg.ActedOnRoutes, arg.Scope, arg.Key)
 	var i IdempotencyKeyInspectRow
 	err := row.Scan(
 		&i.ID,

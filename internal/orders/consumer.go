@@ -128,6 +128,36 @@ type Message struct {
 // words.
 func (Message) Validate() error { return nil }
 
+// Check refuses, in a dead letter's words, a message that a consumer
+// would dead-letter as invalid whatever the database holds: one that does
+// not decode, a key the consumer does not take, a charge that POST
+// /v1/charges refuses (charges.CheckCharge). Its checks are Handle's own,
+// in Handle's order; `idempay orders publish` runs them before it publishes.
+func Check(data []byte) error {
+	var m Message
+	if err := jsonbody.Decode(data, &m, charges.AmountInteger); err != nil {
+		return errors.New(detailOf(err))
+	}
+	key, refused := messageKey(m.IdempotencyKey)
+	if refused != "" {
+		return errors.New(refused)
+	}
+	body, err := json.Marshal(m.chargeBody())
+	if err != nil {
+		return err
+	}
+	if err := charges.CheckCharge(m.Account, key, body); err != nil {
+		return errors.New(detailOf(err))
+	}
+	return nil
+}
+
+// chargeBody is the HTTP body the message stands for.
+func (m Message) chargeBody() chargeBody {
+	return chargeBody{Amount: m.Amount, Currency: m.Currency, PaymentMethod: m.PaymentMethod,
+		Description: m.Description, Metadata: m.Metadata}
+}
+
 // chargeBody is the HTTP body the message stands for: its fingerprint is the
 // one a POST /v1/charges with these fields (absent ones absent) would have.
 // An empty metadata object is kept (omitzero leaves out only an absent or
@@ -380,8 +410,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.retry(ctx, log, msg, meta, reasonUnavailable, err)
 		return
 	}
-	body, err := json.Marshal(chargeBody{Amount: m.Amount, Currency: m.Currency, PaymentMethod: m.PaymentMethod,
-		Description: m.Description, Metadata: m.Metadata})
+	body, err := json.Marshal(m.chargeBody())
 	if err != nil {
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, err.Error())
 		return

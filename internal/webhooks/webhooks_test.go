@@ -84,6 +84,7 @@ type chargeDetail struct {
 		StripeDisputeID string `json:"stripe_dispute_id"`
 		Status          string `json:"status"`
 		Amount          int64  `json:"amount"`
+		AllowsRefund    *bool  `json:"allows_refund"`
 	} `json:"disputes"`
 }
 
@@ -763,8 +764,10 @@ func TestRefundUnderAnInquiry(t *testing.T) {
 // it with the status, from the same event: a refund Stripe says it would
 // not make is refused, 409 charge-not-refundable, even under an inquiry's
 // status; and since both come from the event that wins by rank, one that
-// arrives late and stale changes neither. Each pair of events is delivered
-// in both orders, and the refund's answer is the same.
+// arrives late and stale changes neither. The charge's dispute shows the
+// verdict (allows_refund), so that a merchant sees why a refund is
+// refused. Each pair of events is delivered in both orders, and the
+// refund's answer is the same.
 func TestDisputeSaysTheChargeIsNotRefundable(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
@@ -828,8 +831,12 @@ func TestDisputeSaysTheChargeIsNotRefundable(t *testing.T) {
 					wantOutcome(t, deliver(t, env, build(tc.first)), "applied")
 					wantOutcome(t, deliver(t, env, build(tc.second)), "applied")
 				}
-				if got := getCharge(t, c, ch.ID).Disputes; len(got) != 1 || got[0].Status != tc.final {
-					t.Fatalf("charge disputes: %s, want one %s", mustJSON(got), tc.final)
+				// The charge shows the dispute's verdict on a refund, the
+				// one the refund below meets.
+				allows := tc.refundStatus == http.StatusCreated
+				if got := getCharge(t, c, ch.ID).Disputes; len(got) != 1 || got[0].Status != tc.final ||
+					got[0].AllowsRefund == nil || *got[0].AllowsRefund != allows {
+					t.Fatalf("charge disputes: %s, want one %s with allows_refund %v", mustJSON(got), tc.final, allows)
 				}
 				r := c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 3000})
 				var p struct{ Type string }
