@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -27,13 +28,29 @@ import (
 // connectNATS connects to NATS_URL and keeps reconnecting for ever: a broker
 // outage delays messages and events, it does not stop the process.
 func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+	return dialNATS(cfg, nats.Name(name), nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+}
+
+// natsConnectTimeout bounds a one-shot command's connection to each server of NATS_URL.
+const natsConnectTimeout = 5 * time.Second
+
+// connectNATSOnce connects to NATS_URL for a command that asks the broker
+// one thing and ends (idempay orders): it does not wait for a broker that
+// is not there, and says which server it could not reach, where a
+// connection retried in the background would leave the command to time
+// out on its first request, naming no broker.
+func connectNATSOnce(cfg Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+	return dialNATS(cfg, nats.Name(name), nats.Timeout(natsConnectTimeout), nats.MaxReconnects(0))
+}
+
+func dialNATS(cfg Config, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	if cfg.NATSURL == "" {
 		return nil, nil, errors.New("configuration: NATS_URL is required")
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name(name), nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to NATS_URL: %w", err)
+		return nil, nil, fmt.Errorf("NATS is unreachable at NATS_URL %s: %w", redactedURLs(cfg.NATSURL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -41,6 +58,19 @@ func connectNATS(cfg Config, name string) (*nats.Conn, jetstream.JetStream, erro
 		return nil, nil, fmt.Errorf("JetStream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// redactedURLs is a comma-separated NATS_URL as an error may show it: each
+// server without its user, password or token.
+func redactedURLs(urls string) string {
+	out := strings.Split(urls, ",")
+	for i, s := range out {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
+			u.User = nil
+			out[i] = u.String()
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // newRelay wires the outbox relay.
@@ -177,7 +207,7 @@ func ordersCmd(ctx context.Context, cfg Config, args []string) error {
 			return fmt.Errorf("orders replay: SEQ must be a dead letter's stream sequence, a whole number from 1, not %q", args[1])
 		}
 	}
-	nc, js, err := connectNATS(cfg, "idempay orders")
+	nc, js, err := connectNATSOnce(cfg, "idempay orders")
 	if err != nil {
 		return err
 	}

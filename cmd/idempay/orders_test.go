@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,5 +69,37 @@ func TestOrdersDeadLettersNeedNoDatabase(t *testing.T) {
 	}
 	if n := info.State.Subjects[cfg.Subject]; n != 2 {
 		t.Fatalf("%d messages on %s after two replays, want 2", n, cfg.Subject)
+	}
+}
+
+// TestOrdersSayNATSIsUnreachable: with NATS_URL at a port of 127.0.0.1
+// where nothing listens, `idempay orders dlq`, `orders replay` and
+// `orders publish` exit 1 with an error that says NATS could not be
+// reached and names the server (without its password), instead of
+// retrying the connection until their request timed out with "context
+// deadline exceeded", which names nothing.
+func TestOrdersSayNATSIsUnreachable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"NATS_URL=nats://operator:s3cret@127.0.0.1:" + port}
+	want := "NATS is unreachable at NATS_URL nats://127.0.0.1:" + port
+	for _, args := range [][]string{
+		{"orders", "dlq"},
+		{"orders", "replay", "1"},
+		{"orders", "publish", "--account", "acct_x", "--amount", "100"},
+	} {
+		_, stderr, code := idempay(t, env, args...)
+		if code != 1 || !strings.Contains(stderr, want) || strings.Contains(stderr, "s3cret") ||
+			strings.Contains(stderr, "deadline exceeded") {
+			t.Errorf("idempay %s with nothing at NATS_URL: exit %d, stderr %.400q; want exit 1 and %q, without the password",
+				strings.Join(args, " "), code, stderr, want)
+		}
 	}
 }

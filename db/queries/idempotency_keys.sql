@@ -44,6 +44,7 @@ WHERE ik.id = @id
   AND (sqlc.narg(key_hash)::bytea IS NULL
        OR EXISTS (SELECT 1 FROM api_keys k
                   WHERE k.key_hash = sqlc.narg(key_hash) AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
+  AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL -- its wait for the row (lockwait.go)
 RETURNING *;
 
 -- name: IdempotencyKeyGetByScopeKey :one
@@ -126,4 +127,5 @@ WHERE id = @id
   AND lock_generation = @lock_generation
   AND recovery_point IN ('started', 'downstream_called')
   AND (locked_at IS NULL
-       OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8));
+       OR locked_at < coalesce(sqlc.narg(now)::timestamptz, now()) - make_interval(secs => @lock_timeout_seconds::float8))
+  AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL; -- its wait for the row (lockwait.go)

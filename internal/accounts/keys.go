@@ -140,7 +140,13 @@ type createKeyOp struct {
 	secret    string // known only to the process that made it
 }
 
+// Begin queues the key's insert into the claim's batch. Its foreign key
+// locks the account's row (FOR KEY SHARE), which an operator's FOR UPDATE
+// or an open delete of the account would hold: it waits at most RowLockWait.
 func (op *createKeyOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idempotency.Record) error {
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	var err error
 	op.key, op.secret, err = NewKey(ctx, b, op.accountID, &rec.ID)
 	return err

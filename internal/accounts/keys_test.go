@@ -409,3 +409,35 @@ func TestRevocationWaitingForTheAccountLockIsBounded(t *testing.T) {
 		t.Fatalf("the revocation once the lock is released: %d %s, want 204", r.Status, r.Body)
 	}
 }
+
+// TestKeyCreationWaitingForTheAccountLockIsBounded: a new key's insert
+// checks its foreign key to the account (FOR KEY SHARE), which waits for a
+// transaction that locks the account's row FOR UPDATE (an operator's) or
+// deletes it. While the test's transaction, on a connection of its own,
+// holds that lock and does not end, POST /v1/api_keys is answered 409
+// resource-busy with Retry-After once it has waited RowLockWait, and
+// stores nothing; once the lock is released the same key creates one.
+func TestKeyCreationWaitingForTheAccountLockIsBounded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{RowLockWait: 100 * time.Millisecond})
+	c := env.NewClient(t)
+	ctx := context.Background()
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, c.Account.ID); err != nil {
+		t.Fatal(err)
+	}
+	key := apitest.NewKey()
+	apitest.RefusedWhileLocked(t, h, "a key's creation", func() *apitest.Response { return c.Post("/v1/api_keys", key, "{}") })
+	var keys, records int
+	if err := env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM api_keys WHERE account_id = $1),
+		(SELECT count(*) FROM idempotency_keys WHERE key = $2)`, c.Account.ID, key).Scan(&keys, &records); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 1 || records != 0 {
+		t.Fatalf("after the refused creation: %d keys, %d records; want the account's first key alone, no record", keys, records)
+	}
+	if r := c.Post("/v1/api_keys", key, "{}"); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same key once the lock is released: %d (replayed %q) %s, want a fresh 201",
+			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+}

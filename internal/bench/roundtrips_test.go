@@ -124,7 +124,8 @@ func statementName(sql string) string {
 //     row and the charge.
 //   - A capture or a cancel of an authorization: one read of the charge it
 //     checks, whose version guards the claim's batch marking the action
-//     pending; the finishing batch settles the charge and writes its event.
+//     pending (after the bound on its wait for the charge's lock, as a
+//     refund's); the finishing batch settles the charge and writes its event.
 //   - A replay: 1 statement, no transaction, no write: the API key's
 //     account and the record, read together by two unique indexes; here
 //     through a second server process's worth of wiring on the same pool
@@ -246,13 +247,13 @@ func TestRoundTrips(t *testing.T) {
 		{"capture", func() { act(authorized[2], "capture", "first-capture") }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyInsert IdempotencyKeyLockWait ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"cancel", func() { act(authorized[3], "cancel", "first-cancel") }, []string{
 			"IdempotencyKeyGetByCredential",
 			"ChargeGetByID",
-			"[IdempotencyKeyInsert ChargeBeginPending select]",
+			"[IdempotencyKeyInsert IdempotencyKeyLockWait ChargeBeginPending select]",
 			"[IdempotencyKeyFinish ChargeSettlePending EventInsert]",
 		}},
 		{"replay", func() {

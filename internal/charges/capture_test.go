@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempay/idempay/internal/apitest"
 	"github.com/idempay/idempay/internal/charges"
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/events"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/stripefake"
@@ -694,4 +695,41 @@ func TestCaptureTrueIsTheDefault(t *testing.T) {
 		"payment_method": "pm_card_visa", "capture": true}))
 	wantProblem(t, c.Post("/v1/charges", key, map[string]any{"amount": 100, "currency": "usd",
 		"payment_method": "pm_card_visa", "capture": false}), http.StatusUnprocessableEntity, "idempotency-key-reused")
+}
+
+// TestCaptureAndCancelWaitingForTheChargeLockAreBounded: a capture's or a
+// cancel's claim marks the charge's row (ChargeBeginPending), which a
+// refund, Stripe's events and reconciliation lock too. While another
+// transaction holds that row and does not end (the test's, on a connection
+// of its own), each is answered 409 resource-busy with Retry-After once it
+// has waited RowLockWait, with nothing stored or sent to Stripe; once the
+// row is released the same key acts.
+func TestCaptureAndCancelWaitingForTheChargeLockAreBounded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{RowLockWait: 100 * time.Millisecond})
+	c := env.NewClient(t)
+	ctx := context.Background()
+	for _, action := range []string{"capture", "cancel"} {
+		ch := authorize(t, c, 700)
+		h := dbtest.Hold(t, env.Pool)
+		if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE`, ch.ID); err != nil {
+			t.Fatalf("locking the charge: %v", err)
+		}
+		key := apitest.NewKey()
+		path := "/v1/charges/" + ch.ID + "/" + action
+		apitest.RefusedWhileLocked(t, h, "a "+action, func() *apitest.Response { return c.Post(path, key, map[string]any{}) })
+		var records int
+		var pending *string
+		if err := env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_keys WHERE key = $1),
+			(SELECT pending_action FROM charges WHERE id = $2)`, key, ch.ID).Scan(&records, &pending); err != nil {
+			t.Fatal(err)
+		}
+		if _, all := stripeCalls(env, *ch.PaymentIntent, action); records != 0 || pending != nil || all != 0 {
+			t.Fatalf("after the %s's refusal: %d records, pending action %v, %d calls to Stripe; want none", action, records, pending, all)
+		}
+		if r := c.Post(path, key, map[string]any{}); r.Status != http.StatusOK || r.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("the same %s once the charge is released: %d (replayed %q) %s, want a fresh 200",
+				action, r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+		}
+	}
 }

@@ -15,8 +15,13 @@ func (st store) chargeOfPending(ctx context.Context, recordID string) (chargeRow
 }
 
 // beginPending marks ch's capture or cancel (its pending fields) in
-// flight, guarded by the version ch was read at.
+// flight, guarded by the version ch was read at. The charge's row is
+// locked by others too (a refund, Stripe's events, reconciliation): the
+// claim waits for it at most RowLockWait (Batch.LimitLockWait).
 func (st store) beginPending(ctx context.Context, b *idempotency.Batch, ch chargeRow, readVersion int64) error {
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	return st.q.ChargeBeginPending(ctx, b, &dbsqlc.ChargeBeginPendingParams{
 		ID: ch.ID, Version: readVersion, PendingAction: ch.PendingAction, PendingRecordID: ch.PendingRecordID,
 		PendingAmount: ch.PendingAmount,

@@ -664,7 +664,7 @@ func TestParkedRecord(t *testing.T) {
 	}
 	// The runner's own parking of one record past the ceiling.
 	n, err := dbsqlc.New().IdempotencyKeyPark(t.Context(), env.Pool, &dbsqlc.IdempotencyKeyParkParams{
-		ID: id, LockGeneration: gen, LockTimeoutSeconds: idempotency.DefaultConfig().LockTimeout.Seconds()})
+		ID: id, LockGeneration: gen, LockTimeoutSeconds: idempotency.DefaultConfig().LockTimeout.Seconds(), RowLockWait: "0ms"})
 	if err != nil || n != 1 {
 		t.Fatalf("parking the record: %d rows, %v; want 1", n, err)
 	}

@@ -237,6 +237,7 @@ WHERE id = $1
   AND recovery_point IN ('started', 'downstream_called')
   AND (locked_at IS NULL
        OR locked_at < coalesce($3::timestamptz, now()) - make_interval(secs => $4::float8))
+  AND set_config('lock_timeout', $5::text, true) IS NOT NULL
 `
 
 type IdempotencyKeyParkParams struct {
@@ -244,6 +245,7 @@ type IdempotencyKeyParkParams struct {
 	LockGeneration     int64
 	Now                *time.Time
 	LockTimeoutSeconds float64
+	RowLockWait        string
 }
 
 // Parks one record past the retry ceiling that a client's retry found, at
@@ -255,6 +257,7 @@ func (q *Queries) IdempotencyKeyPark(ctx context.Context, db DBTX, arg *Idempote
 		arg.LockGeneration,
 		arg.Now,
 		arg.LockTimeoutSeconds,
+		arg.RowLockWait,
 	)
 	if err != nil {
 		return 0, err
@@ -318,6 +321,7 @@ WHERE ik.id = $2
   AND ($7::bytea IS NULL
        OR EXISTS (SELECT 1 FROM api_keys k
                   WHERE k.key_hash = $7 AND k.account_id = ik.account_id AND k.revoked_at IS NULL))
+  AND set_config('lock_timeout', $8::text, true) IS NOT NULL -- its wait for the row (lockwait.go)
 RETURNING id, scope, account_id, key, request_method, request_route, request_fingerprint, recovery_point, lock_generation, locked_at, attempts, next_attempt_at, last_error, response_status, response_headers, response_body, created_at, updated_at, finished_at
 `
 
@@ -329,6 +333,7 @@ type IdempotencyKeyTakeoverParams struct {
 	Bounded             bool
 	RetryCeilingSeconds float64
 	KeyHash             []byte
+	RowLockWait         string
 }
 
 // Takes over a resumable record (lock free or older than the lock timeout;
@@ -346,6 +351,7 @@ func (q *Queries) IdempotencyKeyTakeover(ctx context.Context, db DBTX, arg *Idem
 		arg.Bounded,
 		arg.RetryCeilingSeconds,
 		arg.KeyHash,
+		arg.RowLockWait,
 	)
 	var i IdempotencyKey
 	err := row.Scan(

@@ -111,8 +111,7 @@ func send(ctx context.Context, pool *pgxpool.Pool, b *Batch) error {
 			"(the retention window), and what that request made exists: " + strings.TrimPrefix(pe.Message, "idempay: ") + ". " +
 			"It is not run again, and its first answer is no longer stored. A new request needs a new key."}
 	case pe.Code == sqlstateLockNotAvailable:
-		return &Error{Kind: ErrContended, Cause: err, Detail: "Another transaction holds a row this request changes " +
-			"(an account's, a charge's) for longer than a claim waits for it; nothing was done. Retry shortly."}
+		return contended(err)
 	case pe.Code == "23505" && (pe.ConstraintName == "idempotency_keys_pkey" || pe.ConstraintName == "idempotency_keys_scope_key_unique"):
 		return errTaken
 	default:

@@ -31,10 +31,10 @@ func (r *Runner) parkFound(ctx context.Context, id, point string, generation int
 		return errParked()
 	}
 	n, err := r.q.IdempotencyKeyPark(ctx, r.pool, &dbsqlc.IdempotencyKeyParkParams{
-		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: lockWait(r.cfg.RowLockWait),
 	})
 	if err != nil {
-		return fmt.Errorf("parking idempotency record %s: %w", id, err)
+		return fmt.Errorf("parking idempotency record %s: %w", id, contended(err))
 	}
 	if n == 0 {
 		return nil

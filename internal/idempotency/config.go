@@ -35,10 +35,12 @@ type Config struct {
 	// detached from the caller's context: once Stripe has answered, the
 	// answer is recorded even if the client has gone.
 	FinishTimeout time.Duration
-	// RowLockWait bounds how long a claim's batch waits for a row lock
-	// that another transaction holds (PostgreSQL's lock_timeout, set for
-	// that batch only by an operation whose Begin locks a row that others
-	// lock too, an account's or a charge's: Batch.LimitLockWait); a
+	// RowLockWait bounds how long a request waits for a row lock that
+	// another transaction holds (PostgreSQL's lock_timeout, set for its
+	// transaction only: by an operation whose Begin locks a row that others
+	// lock too, an account's, a charge's or an endpoint's, with
+	// Batch.LimitLockWait, and by a retry's takeover or parking of a
+	// record, in its UPDATE; lockwait.go); a
 	// transaction that holds it and does not end (a stuck session, an
 	// operator's open transaction) would otherwise hold the request, and
 	// its connection of the pool, for as long as the caller waits. Past it the claim is refused as

@@ -139,3 +139,76 @@ func TestClaimWaitingForALockIsBounded(t *testing.T) {
 		t.Fatalf("Call ran %d times, want 1", op.calls.Load())
 	}
 }
+
+// runWhileLocked runs fn (a Run) while h holds the lock it waits for, and
+// returns its error once it returns by itself; if it has not after
+// waitLimit, the lock is released and the test fails with what it
+// returned then.
+func runWhileLocked(t *testing.T, h *dbtest.Holder, what string, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(waitLimit):
+		_ = h.Tx.Rollback(context.Background())
+		t.Fatalf("%s still waited for the record's lock after %s; once released it returned %v", what, waitLimit, <-done)
+		return nil
+	}
+}
+
+// TestTakeoverAndParkWaitingForTheRecordLockAreBounded: a retry of a
+// record left resumable takes it over with an UPDATE of its row, and a
+// retry past the retry ceiling parks it with one; neither is in a claim's
+// batch. While another transaction holds the record's row and does not
+// end (the test's, as an operator's open transaction would), each is
+// refused as ErrContended once it has waited RowLockWait, with the lock
+// still held, and changes nothing: no call, the record as it was. Once
+// the lock is released the same retry takes over, and past the ceiling parks.
+func TestTakeoverAndParkWaitingForTheRecordLockAreBounded(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	clock := newTestClock()
+	cfg := idempotency.DefaultConfig()
+	cfg.Now = clock.Now
+	cfg.RowLockWait = 200 * time.Millisecond
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	op := unknownOp(d)
+	ctx := context.Background()
+	run := func() error { _, err := r.Run(ctx, request(d.AccountID, "held"), op); return err }
+	_ = requireKind(t, run(), idempotency.ErrUnknownOutcome) // released, resumable
+	before := readRecord(t, d.Pool, d.AccountID, "held")
+
+	for _, step := range []struct {
+		what    string
+		advance time.Duration
+		after   error // once the lock is released
+	}{
+		{"the takeover", 0, idempotency.ErrUnknownOutcome},
+		{"parking the record past the ceiling", cfg.RetryCeiling + time.Second, idempotency.ErrParked},
+	} {
+		clock.Advance(step.advance)
+		calls := op.calls.Load()
+		h := dbtest.Hold(t, d.Pool)
+		if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE id = $1 FOR UPDATE`, before.ID); err != nil {
+			t.Fatalf("locking the record: %v", err)
+		}
+		ie := requireKind(t, runWhileLocked(t, h, step.what, run), idempotency.ErrContended)
+		if !strings.Contains(ie.Detail, "holds a row") {
+			t.Errorf("%s: the refusal's detail %q does not say that a row is held", step.what, ie.Detail)
+		}
+		if err := h.Tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		now := readRecord(t, d.Pool, d.AccountID, "held")
+		if op.calls.Load() != calls || now.RecoveryPoint != idempotency.PointDownstreamCalled || now.LockedAt != nil {
+			t.Fatalf("after %s was refused: %d calls more, record %s locked at %v; want no call, the record released as it was",
+				step.what, op.calls.Load()-calls, now.RecoveryPoint, now.LockedAt)
+		}
+		_ = requireKind(t, run(), step.after)
+	}
+	if op.calls.Load() != 2 {
+		t.Fatalf("%d downstream calls, want 2 (the first request's and the takeover's)", op.calls.Load())
+	}
+}

@@ -23,8 +23,9 @@ var (
 	ErrInFlight = errors.New("a request with this idempotency key is in flight")
 	// ErrContended: the rows the operation checks before it claims (a
 	// refund's, capture's or cancel's charge) kept changing between its read
-	// and its guarded write, or a row its claim locks was held by another
-	// transaction for longer than Config.RowLockWait. Nothing was stored.
+	// and its guarded write, or a row its claim or takeover locks was held by
+	// another transaction for longer than Config.RowLockWait (lockwait.go).
+	// Nothing was stored.
 	ErrContended = errors.New("the rows this request changes kept changing or stayed locked")
 	// ErrFenced: this owner's record was taken over; its writes rolled back.
 	ErrFenced = errors.New("idempotency record was taken over by another owner")

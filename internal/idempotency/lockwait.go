@@ -2,10 +2,12 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/internal/dbsqlc"
 )
@@ -16,6 +18,37 @@ const sqlstateLockNotAvailable = "55P03"
 
 // lockWait is d as PostgreSQL's lock_timeout takes it (IdempotencyKeyLockWait).
 func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+
+// Every statement a request runs that can wait for a row lock another
+// session holds waits at most Config.RowLockWait, set for its own
+// transaction only (set_config's is_local: nothing outlives the
+// transaction, which also holds behind PgBouncer in transaction mode):
+//
+//   - a claim whose Begin locks a shared row queues the bound into the
+//     claim's batch before that lock (Batch.LimitLockWait), and a
+//     transaction an entry point opens itself sets it first
+//     (Runner.LimitLockWait);
+//   - a statement sent on its own (the takeover, parking a record found
+//     past the ceiling) sets it in its own WHERE clause: a row reaches the
+//     lock only once every condition of the clause held on it, this one
+//     among them, so the bound is in force before any wait.
+//
+// A charge's claim locks no row another session holds, and a phase's
+// finish, after the downstream call, is bounded by Config.FinishTimeout
+// instead: a finish that did not commit leaves its record resumable, since
+// the call was made, and is not refused as if nothing had been done.
+
+// contended is err as ErrContended when it is PostgreSQL's
+// lock_not_available (a row lock waited for past RowLockWait), else err.
+func contended(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != sqlstateLockNotAvailable {
+		return err
+	}
+	return &Error{Kind: ErrContended, Cause: err, Detail: "Another transaction holds a row this request changes " +
+		"(its idempotency record's, an account's, a charge's, an endpoint's) for longer than a request waits for it; " +
+		"nothing was done. Retry shortly."}
+}
 
 // LimitLockWait queues, for this batch's transaction only, the claim's
 // bound on waiting for a row lock (Config.RowLockWait,

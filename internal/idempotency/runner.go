@@ -299,13 +299,13 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 // its old owner (IdempotencyKeyTakeover); nil, nil when no row matched.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, req Request) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
-		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(),
+		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: lockWait(r.cfg.RowLockWait),
 		Bounded: r.bounded(req.Method, req.Route), RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(), KeyHash: req.Credential,
 	})
 	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
 		return nil, nil
 	} else if err != nil {
-		return nil, fmt.Errorf("taking over idempotency record: %w", err)
+		return nil, fmt.Errorf("taking over idempotency record: %w", contended(err))
 	}
 	rec := recordOf(taken)
 	r.observe(OutcomeTakeover)

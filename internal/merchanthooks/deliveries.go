@@ -147,6 +147,11 @@ func (s *Service) Resend(ctx context.Context, accountID, eventID string, req ide
 		if _, err := s.events.Event(ctx, accountID, eventID); err != nil {
 			return err
 		}
+		// It locks the endpoints and the event's deliveries, which the
+		// workers lock too: it waits for them at most RowLockWait.
+		if err := b.LimitLockWait(ctx); err != nil {
+			return err
+		}
 		return s.q.WebhookDeliveriesResend(ctx, b, &dbsqlc.WebhookDeliveriesResendParams{AccountID: accountID, EventID: eventID, Now: s.cfg.dbNow()})
 	}, answer: map[string]any{"object": "event_resend", "event": eventID}})
 }

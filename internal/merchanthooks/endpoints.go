@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempay/idempay/db"
@@ -163,9 +164,17 @@ func (s *Service) List(ctx context.Context, accountID string) ([]Endpoint, error
 
 // Delete removes the account's endpoint id with its deliveries, asked by
 // the account's API key keyID: a key revoked since the request
-// authenticated deletes nothing (401, I11).
+// authenticated deletes nothing (401, I11). The endpoint's and its
+// deliveries' rows are locked by the workers too: the delete waits for
+// them at most RowLockWait, as a claim does (Runner.LimitLockWait), and is
+// refused as resource-busy past it, with nothing deleted.
 func (s *Service) Delete(ctx context.Context, accountID, keyID, id string) error {
-	row, err := s.q.WebhookEndpointDelete(ctx, s.pool, &dbsqlc.WebhookEndpointDeleteParams{KeyID: keyID, AccountID: accountID, ID: id})
+	row, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (dbsqlc.WebhookEndpointDeleteRow, error) {
+		if err := s.runner.LimitLockWait(ctx, tx); err != nil {
+			return dbsqlc.WebhookEndpointDeleteRow{}, err
+		}
+		return s.q.WebhookEndpointDelete(ctx, tx, &dbsqlc.WebhookEndpointDeleteParams{KeyID: keyID, AccountID: accountID, ID: id})
+	})
 	switch {
 	case err != nil:
 		return fmt.Errorf("deleting webhook endpoint: %w", err)
@@ -523,6 +532,11 @@ type changeOp struct {
 func (op *changeOp) Begin(ctx context.Context, b *idempotency.Batch, _ *idempotency.Record) error {
 	row, _, err := op.s.get(ctx, op.accountID, op.id)
 	if err != nil {
+		return err
+	}
+	// The endpoint's row is locked by the workers too (a batch's
+	// recording, the fan-out): the change waits for it at most RowLockWait.
+	if err := b.LimitLockWait(ctx); err != nil {
 		return err
 	}
 	if err := op.change(ctx, b, &row); err != nil {

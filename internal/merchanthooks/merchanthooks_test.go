@@ -140,6 +140,13 @@ func setup(t *testing.T) *bundle {
 // requests waiting for a lock the test holds hold one each.
 func setupConns(t *testing.T, maxConns int32) *bundle {
 	t.Helper()
+	return setupWait(t, maxConns, 0)
+}
+
+// setupWait is setupConns with a claim's wait for a row lock of rowLockWait
+// (0: apitest's).
+func setupWait(t *testing.T, maxConns int32, rowLockWait time.Duration) *bundle {
+	t.Helper()
 	_, pool := dbtest.NewDatabaseConns(t, maxConns)
 	b := &bundle{pool: pool, clock: newClock()}
 	b.cfg = apitest.MerchantHooksConfig()
@@ -152,7 +159,7 @@ func setupConns(t *testing.T, maxConns int32) *bundle {
 	b.cfg.Lease = 30 * time.Second
 	b.cfg.DisableAfter = time.Hour
 	b.cfg.Now = b.clock.Now
-	b.env = apitest.New(t, apitest.Options{Pool: pool, MerchantHooks: &b.cfg})
+	b.env = apitest.New(t, apitest.Options{Pool: pool, MerchantHooks: &b.cfg, RowLockWait: rowLockWait})
 	b.svc = b.env.MerchantHooks
 	acct, key, err := accounts.Create(context.Background(), pool, "hooks "+t.Name())
 	if err != nil {

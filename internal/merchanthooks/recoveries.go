@@ -181,6 +181,11 @@ func (op *recoverOp) Begin(ctx context.Context, b *idempotency.Batch, rec *idemp
 	}
 	op.row = dbsqlc.WebhookRecovery{ID: newID("whr_"), AccountID: op.accountID, EndpointID: op.endpointID,
 		Since: op.since, IdempotencyKeyID: &rec.ID}
+	// The endpoint's key lock waits for a delete of it (the API's, an
+	// operator's) at most RowLockWait.
+	if err := b.LimitLockWait(ctx); err != nil {
+		return err
+	}
 	if err := op.s.q.WebhookRecoveryInsert(ctx, b, &dbsqlc.WebhookRecoveryInsertParams{ID: op.row.ID, AccountID: op.accountID,
 		EndpointID: op.endpointID, Since: op.since, IdempotencyKeyID: &rec.ID}); err != nil {
 		return fmt.Errorf("inserting webhook recovery: %w", err)
