@@ -18,12 +18,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idempay/idempay/client"
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/nettest"
 	"github.com/idempay/idempay/internal/stripefake"
 )
 
@@ -762,32 +762,11 @@ func TestGetIsRetriedWithoutKey(t *testing.T) {
 	}
 }
 
-// refusingAddr is a loopback address that refuses connections for the
-// whole test: a socket bound to it that never listens holds the port, so
-// no other process can take it and answer (as it could a port found free
-// and closed).
-func refusingAddr(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-}
-
 func TestBaseURLsRotate(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
 	// A server that is gone: its port refuses connections.
-	dead := "http://" + refusingAddr(t)
+	dead := "http://" + nettest.RefusingAddr(t)
 	f := newFront(t, a.env.Server.URL, nil)
 	var obs counter
 	ch, err := a.client(dead, client.WithBaseURLs(f.URL+"/"), client.WithObserver(obs.observe)).
