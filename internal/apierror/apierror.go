@@ -156,7 +156,7 @@ var titleOf = map[Type]string{
 	ChargeNotSettled:            "The charge's own request is still being settled",
 	CaptureExceedsAuthorization: "Capture exceeds the capturable amount",
 	LastAPIKey:                  "The account's last API key cannot be revoked",
-	DownstreamUnavailable:       "Payment processor outcome unknown; retry with the same Idempotency-Key",
+	DownstreamUnavailable:       "Outcome not known yet; retry with the same Idempotency-Key",
 	DownstreamKeyConflict:       "The payment processor holds another request under this request's key",
 	ServiceUnavailable:          "Service temporarily unavailable",
 	Internal:                    "Internal server error",
