@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempay/idempay/internal/natstest"
+	"github.com/idempay/idempay/internal/nettest"
 	"github.com/idempay/idempay/internal/orders"
 )
 
@@ -80,16 +80,9 @@ func TestOrdersDeadLettersNeedNoDatabase(t *testing.T) {
 // deadline exceeded", which names nothing.
 func TestOrdersSayNATSIsUnreachable(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"NATS_URL=nats://operator:s3cret@127.0.0.1:" + port}
-	want := "NATS is unreachable at NATS_URL nats://127.0.0.1:" + port
+	addr := nettest.RefusingAddr(t)
+	env := []string{"NATS_URL=nats://operator:s3cret@" + addr}
+	want := "NATS is unreachable at NATS_URL nats://" + addr
 	for _, args := range [][]string{
 		{"orders", "dlq"},
 		{"orders", "replay", "1"},
