@@ -72,7 +72,6 @@ func TestRefundLostToARestoreAfterChargeRefunded(t *testing.T) {
 	}{{"all of the charge", 2000}, {"part of the charge", 500}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			env := apitest.New(t, apitest.Options{})
 			c := env.NewClient(t)
 			ch, _ := createCharge(t, env, c, 2000)
@@ -89,23 +88,7 @@ func TestRefundLostToARestoreAfterChargeRefunded(t *testing.T) {
 			fc := stripeChargeOf(t, env, ch.ID)
 			wantOutcome(t, deliver(t, env, chargeEvent(t, "charge.refunded", apitest.ChargeObject(fc, "succeeded"), time.Now())), "applied")
 
-			report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if report.RefundCounts[charges.ReconcileRecreated] != 1 {
-				t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
-			}
-			retry := c.Post("/v1/refunds", key, body)
-			if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
-				t.Fatalf("the client's retry after reconciliation: %d (replayed %q) %s; want a replayed 201",
-					retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
-			}
-			var is refund
-			retry.JSON(t, &is)
-			if is.ID != was.ID || is.StripeRefundID != was.StripeRefundID {
-				t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)", is.ID, is.StripeRefundID, was.ID, was.StripeRefundID)
-			}
+			recreatedAndReplayed(t, env, c, key, body, was)
 			if got := getCharge(t, c, ch.ID).AmountRefunded; got != tc.amount {
 				t.Errorf("amount_refunded after reconciliation: %d, want %d (counted once)", got, tc.amount)
 			}
@@ -119,6 +102,32 @@ func TestRefundLostToARestoreAfterChargeRefunded(t *testing.T) {
 }
 
 // loseRefund takes away what a restore loses of the refund id: its record,
+
+// recreatedAndReplayed runs a reconciliation pass, which must re-create
+// the one refund lost to a restore, then the client's retry of that
+// refund under key with body, which must replay the lost answer: the
+// same refund, made by the same Stripe refund (I13).
+func recreatedAndReplayed(t *testing.T, env *apitest.Env, c *apitest.Client, key string, body map[string]any, was refund) {
+	t.Helper()
+	report, err := env.Reconciler.Reconcile(context.Background(), time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
+		t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
+	}
+	retry := c.Post("/v1/refunds", key, body)
+	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the client's retry after reconciliation: %d (replayed %q) %s; want a replayed 201",
+			retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
+	}
+	var is refund
+	retry.JSON(t, &is)
+	if is.ID != was.ID || is.StripeRefundID != was.StripeRefundID {
+		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)", is.ID, is.StripeRefundID, was.ID, was.StripeRefundID)
+	}
+}
+
 // ledger row, event and reservation; the charge is left as it is.
 func loseRefund(t testing.TB, env *apitest.Env, id string) {
 	t.Helper()
@@ -299,7 +308,6 @@ func wantAllRefundable(t *testing.T, c *apitest.Client, chargeID, after string) 
 // the refund); the client's retry then replays its 201 (I13).
 func TestRefundLostToARestoreThenDisputed(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	env := apitest.New(t, apitest.Options{})
 	c := env.NewClient(t)
 	ch, fc := createCharge(t, env, c, 2000)
@@ -320,23 +328,7 @@ func TestRefundLostToARestoreThenDisputed(t *testing.T) {
 	}
 	wantOutcome(t, deliver(t, env, dispute), "applied")
 
-	report, err := env.Reconciler.Reconcile(ctx, time.Now().Add(-time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if report.RefundCounts[charges.ReconcileRecreated] != 1 {
-		t.Errorf("reconciliation of the refunds: %v, want the lost one re-created", report.RefundCounts)
-	}
-	retry := c.Post("/v1/refunds", key, body)
-	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the client's retry after reconciliation: %d (replayed %q) %s; want a replayed 201",
-			retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
-	}
-	var is refund
-	retry.JSON(t, &is)
-	if is.ID != was.ID || is.StripeRefundID != was.StripeRefundID {
-		t.Errorf("the retry answered refund %s (Stripe %s), the lost answer %s (Stripe %s)", is.ID, is.StripeRefundID, was.ID, was.StripeRefundID)
-	}
+	recreatedAndReplayed(t, env, c, key, body, was)
 	if got := getCharge(t, c, ch.ID).AmountRefunded; got != 500 {
 		t.Errorf("amount_refunded after reconciliation: %d, want 500", got)
 	}
