@@ -50,6 +50,16 @@ func newConsole(t testing.TB, env *apitest.Env) string {
 	return newConsoleWith(t, env, console.Config{})
 }
 
+// firstEventID is the id of the first event an events page lists.
+func firstEventID(t testing.TB, eventsPage string) string {
+	t.Helper()
+	m := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(eventsPage)
+	if m == nil {
+		t.Fatal("the events page lists no event")
+	}
+	return m[1]
+}
+
 // newConsoleWith is newConsole with cfg's clock and tracer provider.
 func newConsoleWith(t testing.TB, env *apitest.Env, cfg console.Config) string {
 	t.Helper()
@@ -777,11 +787,8 @@ func TestChargeHistory(t *testing.T) {
 		t.Fatalf("a live refresh: %d, want the content without the layout", live.Status)
 	}
 	evs := b.get("/events")
-	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(evs.Body)
-	if evID == nil {
-		t.Fatal("the events page lists no event")
-	}
-	if p := b.get("/events/" + evID[1]); p.Status != http.StatusOK || !strings.Contains(p.Body, ch.ID) {
+	evID := firstEventID(t, evs.Body)
+	if p := b.get("/events/" + evID); p.Status != http.StatusOK || !strings.Contains(p.Body, ch.ID) {
 		t.Fatalf("the event's page: %d, want its data naming %s", p.Status, ch.ID)
 	}
 }
@@ -830,11 +837,7 @@ func TestEventDeliveriesAndResend(t *testing.T) {
 
 	b := newBrowser(t, base)
 	b.signIn(acct.APIKey)
-	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
-	if evID == nil {
-		t.Fatal("the events page lists no event")
-	}
-	id := evID[1]
+	id := firstEventID(t, b.get("/events").Body)
 	p := b.get("/events/" + id)
 	if p.Status != http.StatusOK || strings.Count(p.Body, `data-status="delivered"`) != 1 ||
 		strings.Count(p.Body, `class="attempt"`) != 1 || !strings.Contains(p.Body, `<td class="num">200</td>`) {
@@ -961,18 +964,15 @@ func TestResendTrace(t *testing.T) {
 	}
 	b := newBrowser(t, base)
 	b.signIn(acct.APIKey)
-	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
-	if evID == nil {
-		t.Fatal("the events page lists no event")
-	}
-	p := b.get("/events/" + evID[1])
+	evID := firstEventID(t, b.get("/events").Body)
+	p := b.get("/events/" + evID)
 	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
 	if key == nil {
 		t.Fatal("the event's page has no Resend form")
 	}
 	exp.Reset()
 	form := url.Values{"csrf_token": {csrfRE.FindStringSubmatch(p.Body)[1]}, "idempotency_key": {key[1]}}
-	if r := b.post("/events/"+evID[1]+"/resend", form); r.Status != http.StatusSeeOther {
+	if r := b.post("/events/"+evID+"/resend", form); r.Status != http.StatusSeeOther {
 		t.Fatalf("resend: %d, want 303; body:\n%s", r.Status, r.Body)
 	}
 
@@ -1133,11 +1133,7 @@ func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
 	if p := b.signIn(second.Secret); p.Status != http.StatusSeeOther {
 		t.Fatalf("signing in with the second key: %d", p.Status)
 	}
-	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
-	if evID == nil {
-		t.Fatal("the events page lists no event")
-	}
-	id := evID[1]
+	id := firstEventID(t, b.get("/events").Body)
 	p := b.get("/events/" + id)
 	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(p.Body)
 	csrf := csrfRE.FindStringSubmatch(p.Body)
@@ -1381,10 +1377,7 @@ func TestRepeatedParameterRefused(t *testing.T) {
 	}
 	b := newBrowser(t, base)
 	b.signIn(acct.APIKey)
-	evID := regexp.MustCompile(`data-event="(evt_[0-9a-z]+)"`).FindStringSubmatch(b.get("/events").Body)
-	if evID == nil {
-		t.Fatal("the events page lists no event")
-	}
+	evID := firstEventID(t, b.get("/events").Body)
 	refused := func(what string, p page, name string) {
 		t.Helper()
 		if p.Status != http.StatusBadRequest || !strings.Contains(p.Body, `role="alert"`) ||
@@ -1395,8 +1388,8 @@ func TestRepeatedParameterRefused(t *testing.T) {
 	refused("two state filters", b.get("/records?state=waiting&state=finished"), "state")
 	refused("two state filters, the same", b.get("/records?state=finished&state=finished"), "state")
 
-	csrf := b.csrf("/events/" + evID[1])
-	refused("a resend with two Idempotency-Keys", b.post("/events/"+evID[1]+"/resend",
+	csrf := b.csrf("/events/" + evID)
+	refused("a resend with two Idempotency-Keys", b.post("/events/"+evID+"/resend",
 		url.Values{"csrf_token": {csrf}, "idempotency_key": {apitest.NewKey(), apitest.NewKey()}}), "idempotency_key")
 	var records int
 	if err := env.Pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND request_route = $2",
