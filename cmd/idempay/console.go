@@ -20,6 +20,7 @@ func startConsole(cfg Config, a *app.App, log *slog.Logger) (stop func(context.C
 	c, err := console.New(a.Pool, a.Auth, a.MerchantHooks, console.Config{
 		Secret: []byte(cfg.ConsoleSecret), LockTimeout: cfg.Idempotency.LockTimeout,
 		RetryCeiling: cfg.Idempotency.RetryCeiling, LocalRoutes: a.Runner.LocalRoutes(),
+		RowLockWait:    cfg.Idempotency.RowLockWait,
 		TracerProvider: a.TracerProvider,
 	}, log)
 	if err != nil {

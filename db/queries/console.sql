@@ -35,9 +35,15 @@ FROM api_keys WHERE id = @key_id AND account_id = @account_id AND revoked_at IS 
 -- counts (its count is the key's, and it is younger than its lifetime, as
 -- ConsoleSessionAccount judges): one that has ended already ends nothing,
 -- so a kept copy of its cookie cannot sign the key's later sessions out.
+-- The key's row is locked by others too (a revocation, the API's use of
+-- the key): the UPDATE waits for it at most @row_lock_wait
+-- (IDEMPOTENCY_ROW_LOCK_WAIT), set in its own WHERE clause as a retry's
+-- takeover does (internal/idempotency/lockwait.go), and past it fails with
+-- lock_not_available, signing nothing out.
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
 WHERE id = @key_id AND account_id = @account_id AND console_sign_outs = @sign_outs
-  AND extract(epoch FROM now()) - @lifetime_seconds::float8 < @issued::bigint;
+  AND extract(epoch FROM now()) - @lifetime_seconds::float8 < @issued::bigint
+  AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL;
 
 -- name: ConsoleSessionCurrent :exec
 -- A resend's check that its session is still current, queued first in the

@@ -94,15 +94,15 @@ WITH k AS (
     WHERE id = @id
       AND lock_generation = @lock_generation
       AND recovery_point <> 'finished'
+      AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL -- the batch's waits for a row (lockwait.go)
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over');
 
 -- name: IdempotencyKeyRelease :execrows
--- Frees the lock of a record whose phase did not finish (the runner's
--- release), with its attempt and error; the completer resumes it after
--- next_attempt_at, a client retry at once. Fenced like IdempotencyKeyFinish
--- (0 rows: taken over).
+-- Frees the lock of a record whose phase did not finish (release), with its
+-- attempt and error; the completer resumes it after next_attempt_at, a retry
+-- at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 UPDATE idempotency_keys
 SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,

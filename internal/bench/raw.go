@@ -80,6 +80,7 @@ func (r *runner) rawFirstOnce(ctx context.Context, w, i int, key string) (charge
 	finish := &rawBatch{}
 	_ = q.IdempotencyKeyFinish(ctx, finish, &dbsqlc.IdempotencyKeyFinishParams{
 		ResponseStatus: &status, ResponseHeaders: rawHeaders, ResponseBody: stored, ID: recordID, LockGeneration: 1,
+		RowLockWait: "5000ms", // DefaultConfig's RowLockWait
 	})
 	_ = q.ChargeSetOutcome(ctx, finish, &dbsqlc.ChargeSetOutcomeParams{
 		ID: chargeID, Version: 1, Status: "succeeded", StripeChargeID: &stripeID, AmountCaptured: amount,

@@ -36,6 +36,7 @@ import (
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
+	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
@@ -68,6 +69,11 @@ type Config struct {
 	PollInterval time.Duration
 	// SessionLifetime bounds a sign-in (DefaultSessionLifetime when 0).
 	SessionLifetime time.Duration
+	// RowLockWait is the idempotency runner's (IDEMPOTENCY_ROW_LOCK_WAIT):
+	// how long a sign-out waits for its key's row, which another
+	// transaction may hold; past it the sign-out is refused with a page
+	// that says so. Zero waits without bound, as the runner's.
+	RowLockWait time.Duration
 	// TracerProvider, when set, makes each request a server span, under
 	// which its queries and a resend's phases are (nil: no traces).
 	TracerProvider trace.TracerProvider
@@ -329,16 +335,26 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 // key issued until now, in every process: a copy of the cookie is refused
 // from now on, as the browser's own is (ConsoleSignOut counts the
 // sign-outs, and a session names the count it began under). A session
-// already ended ends nothing. Then it deletes the browser's cookie.
+// already ended ends nothing. Then it deletes the browser's cookie. Its
+// wait for the key's row is bounded (Config.RowLockWait): a transaction
+// that holds the row and does not end gets the sign-out refused, with the
+// session and its cookie kept, instead of the request held for as long as
+// the browser waits.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if !c.checkCSRF(r) {
 		c.refuse(w, r, http.StatusForbidden, "The form's CSRF token is missing or wrong. Reload the page and try again.")
 		return
 	}
 	if s, err := c.decodeSession(r); err == nil {
-		if err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
+		err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
 			KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts,
-			Issued: s.Issued, LifetimeSeconds: c.cfg.SessionLifetime.Seconds()}); err != nil {
+			Issued: s.Issued, LifetimeSeconds: c.cfg.SessionLifetime.Seconds(),
+			RowLockWait: fmt.Sprintf("%dms", c.cfg.RowLockWait.Milliseconds())})
+		if err != nil {
+			if ae := apierror.From(err); ae.Type == apierror.ResourceBusy { // lock_not_available
+				c.refuse(w, r, ae.Status(), "You were not signed out: this API key's row is held by another transaction for longer than a sign-out waits for it. Try again shortly.")
+				return
+			}
 			c.fail(w, r, fmt.Errorf("signing out: %w", err))
 			return
 		}

@@ -1401,3 +1401,53 @@ func TestRepeatedParameterRefused(t *testing.T) {
 		t.Errorf("one state filter: %d, want 200", p.Status)
 	}
 }
+
+// TestSignOutWaitingForTheKeyIsBounded: a sign-out updates its API key's
+// row, which other transactions lock too (a revocation, the API's note of
+// the key's use) and an operator may hold. While another transaction holds
+// it and does not end (the test's, on a connection of its own), the
+// sign-out is refused once it has waited RowLockWait, with the console's
+// own page (409, not a 5xx), and nothing changes: the session still
+// works. Once the row is released the same sign-out goes through.
+func TestSignOutWaitingForTheKeyIsBounded(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsoleWith(t, env, console.Config{RowLockWait: 100 * time.Millisecond})
+	acct := dbtest.NewAccount(t)
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	token := b.csrf("/records")
+	ctx := context.Background()
+
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM api_keys WHERE account_id = $1 FOR UPDATE`, acct.ID); err != nil {
+		t.Fatalf("locking the key: %v", err)
+	}
+	answered := make(chan page, 1)
+	go func() { answered <- b.post("/logout", url.Values{"csrf_token": {token}}) }()
+	var p page
+	select {
+	case p = <-answered:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(ctx)
+		p = <-answered
+		t.Fatalf("POST /logout: no answer in 2 minutes while the key's row was locked; once released: %d to %q", p.Status, p.Location)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.Status != http.StatusConflict || !strings.Contains(p.Body, "not signed out") {
+		t.Fatalf("POST /logout while the key's row was locked: %d to %q, want 409 with the console's page saying so; body %s",
+			p.Status, p.Location, p.Body)
+	}
+	if p := b.get("/records"); p.Status != http.StatusOK {
+		t.Fatalf("GET /records after the refused sign-out: %d to %q, want 200", p.Status, p.Location)
+	}
+
+	if p := b.post("/logout", url.Values{"csrf_token": {token}}); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("POST /logout once the row is released: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+	if p := b.get("/records"); p.Status != http.StatusSeeOther || p.Location != "/login" {
+		t.Fatalf("GET /records after signing out: %d to %q, want 303 to /login", p.Status, p.Location)
+	}
+}

@@ -580,6 +580,7 @@ const consoleSignOut = `-- name: ConsoleSignOut :exec
 UPDATE api_keys SET console_sign_outs = console_sign_outs + 1
 WHERE id = $1 AND account_id = $2 AND console_sign_outs = $3
   AND extract(epoch FROM now()) - $4::float8 < $5::bigint
+  AND set_config('lock_timeout', $6::text, true) IS NOT NULL
 `
 
 type ConsoleSignOutParams struct {
@@ -588,6 +589,7 @@ type ConsoleSignOutParams struct {
 	SignOuts        int32
 	LifetimeSeconds float64
 	Issued          int64
+	RowLockWait     string
 }
 
 // "Sign out": ends every console session of the key issued until now, in
@@ -596,6 +598,11 @@ type ConsoleSignOutParams struct {
 // counts (its count is the key's, and it is younger than its lifetime, as
 // ConsoleSessionAccount judges): one that has ended already ends nothing,
 // so a kept copy of its cookie cannot sign the key's later sessions out.
+// The key's row is locked by others too (a revocation, the API's use of
+// the key): the UPDATE waits for it at most @row_lock_wait
+// (IDEMPOTENCY_ROW_LOCK_WAIT), set in its own WHERE clause as a retry's
+// takeover does (internal/idempotency/lockwait.go), and past it fails with
+// lock_not_available, signing nothing out.
 func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignOutParams) error {
 	_, err := db.Exec(ctx, consoleSignOut,
 		arg.KeyID,
@@ -603,6 +610,7 @@ func (q *Queries) ConsoleSignOut(ctx context.Context, db DBTX, arg *ConsoleSignO
 		arg.SignOuts,
 		arg.LifetimeSeconds,
 		arg.Issued,
+		arg.RowLockWait,
 	)
 	return err
 }

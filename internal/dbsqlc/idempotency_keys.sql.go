@@ -24,6 +24,7 @@ WITH k AS (
     WHERE id = $4
       AND lock_generation = $5
       AND recovery_point <> 'finished'
+      AND set_config('lock_timeout', $6::text, true) IS NOT NULL -- the batch's waits for a row (lockwait.go)
     RETURNING 1
 )
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over')
@@ -35,6 +36,7 @@ type IdempotencyKeyFinishParams struct {
 	ResponseBody    []byte
 	ID              string
 	LockGeneration  int64
+	RowLockWait     string
 }
 
 // Stores the final response, first in the finishing batch. Fenced: IDF01,
@@ -46,6 +48,7 @@ func (q *Queries) IdempotencyKeyFinish(ctx context.Context, db DBTX, arg *Idempo
 		arg.ResponseBody,
 		arg.ID,
 		arg.LockGeneration,
+		arg.RowLockWait,
 	)
 	return err
 }
@@ -287,10 +290,9 @@ type IdempotencyKeyReleaseParams struct {
 	LockGeneration int64
 }
 
-// Frees the lock of a record whose phase did not finish (the runner's
-// release), with its attempt and error; the completer resumes it after
-// next_attempt_at, a client retry at once. Fenced like IdempotencyKeyFinish
-// (0 rows: taken over).
+// Frees the lock of a record whose phase did not finish (release), with its
+// attempt and error; the completer resumes it after next_attempt_at, a retry
+// at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := db.Exec(ctx, idempotencyKeyRelease,
 		arg.Called,

@@ -39,8 +39,9 @@ type Config struct {
 	// another transaction holds (PostgreSQL's lock_timeout, set for its
 	// transaction only: by an operation whose Begin locks a row that others
 	// lock too, an account's, a charge's or an endpoint's, with
-	// Batch.LimitLockWait, and by a retry's takeover or parking of a
-	// record, in its UPDATE; lockwait.go); a
+	// Batch.LimitLockWait, by a retry's takeover or parking of a
+	// record, in its UPDATE, and by a finish's writes, in its first
+	// statement; lockwait.go); a
 	// transaction that holds it and does not end (a stuck session, an
 	// operator's open transaction) would otherwise hold the request, and
 	// its connection of the pool, for as long as the caller waits. Past it the claim is refused as

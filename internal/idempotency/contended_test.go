@@ -1,12 +1,19 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
@@ -153,7 +160,7 @@ func runWhileLocked(t *testing.T, h *dbtest.Holder, what string, fn func() error
 		return err
 	case <-time.After(waitLimit):
 		_ = h.Tx.Rollback(context.Background())
-		t.Fatalf("%s still waited for the record's lock after %s; once released it returned %v", what, waitLimit, <-done)
+		t.Fatalf("%s still waited for the test's lock after %s; once released it returned %v", what, waitLimit, <-done)
 		return nil
 	}
 }
@@ -210,5 +217,94 @@ func TestTakeoverAndParkWaitingForTheRecordLockAreBounded(t *testing.T) {
 	}
 	if op.calls.Load() != 2 {
 		t.Fatalf("%d downstream calls, want 2 (the first request's and the takeover's)", op.calls.Load())
+	}
+}
+
+// lockedBuffer collects what a logger writes, for a test to read after.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFinishWaitingForALedgerLockIsBounded: a finish's first statement
+// locks the record's row, and the operation's writes queued after it lock
+// the ledger's. While another transaction holds the charge's row and does
+// not end (the test's), the finish gives up in the database once it has
+// waited RowLockWait, whatever FinishTimeout, the client's bound, is: a
+// backend left waiting would hold the record's row, and the release that
+// follows would wait for it in turn ("releasing idempotency record", at
+// ERROR) and leave the record locked. Here the release goes through with
+// the charge still held: the record is released at downstream_called, no
+// statement waits any more, and the record's row is free; once the charge
+// is released a retry finishes it at once.
+func TestFinishWaitingForALedgerLockIsBounded(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	cfg := idempotency.DefaultConfig()
+	cfg.RowLockWait = 200 * time.Millisecond
+	cfg.FinishTimeout = time.Hour // the client's bound, never reached here: the database's must end the wait
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r := idempotency.NewRunner(d.Pool, cfg, log)
+	ctx := context.Background()
+	h := dbtest.Hold(t, d.Pool)
+	op := &testOp{pool: d.Pool, accountID: d.AccountID}
+	op.execute = func(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+		if op.calls.Load() == 1 { // the first call: the charge is held while it finishes
+			if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM charges WHERE idempotency_key_id = $1 FOR UPDATE`, rec.ID); err != nil {
+				t.Errorf("locking the charge: %v", err)
+			}
+		}
+		return finishFor(rec, "A")
+	}
+	run := func() error { _, err := r.Run(ctx, request(d.AccountID, "held-ledger"), op); return err }
+	_ = requireKind(t, runWhileLocked(t, h, "the finish", run), idempotency.ErrUnknownOutcome)
+
+	rec := readRecord(t, d.Pool, d.AccountID, "held-ledger")
+	if rec.RecoveryPoint != idempotency.PointDownstreamCalled || rec.LockedAt != nil || rec.Attempts != 1 {
+		t.Errorf("record %s locked at %v after %d attempts; want it released at downstream_called after 1",
+			rec.RecoveryPoint, rec.LockedAt, rec.Attempts)
+	}
+	if strings.Contains(logs.String(), "releasing idempotency record") {
+		t.Errorf("the release failed:\n%s", logs)
+	}
+	var waiting []string
+	if err := d.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(a.pid || ' ' || a.state || ': ' || a.query), '{}')
+		FROM pg_stat_activity a WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	if len(waiting) > 0 {
+		t.Errorf("backends still wait for a lock after the request returned: %q", waiting)
+	}
+	if _, err := db.WithTx(ctx, d.Pool, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE id = $1 FOR UPDATE NOWAIT`, rec.ID)
+		return 0, err
+	}); err != nil {
+		t.Errorf("the record's row is still locked after the request returned: %v", err)
+	}
+	if t.Failed() {
+		return
+	}
+
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(); err != nil {
+		t.Fatalf("the retry once the charge is released: %v", err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "held-ledger"); rec.RecoveryPoint != idempotency.PointFinished || op.calls.Load() != 2 {
+		t.Fatalf("after the retry: record %s, %d calls; want finished, 2 calls", rec.RecoveryPoint, op.calls.Load())
 	}
 }

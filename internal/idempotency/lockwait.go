@@ -31,12 +31,30 @@ func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Millisecond
 //   - a statement sent on its own (the takeover, parking a record found
 //     past the ceiling) sets it in its own WHERE clause: a row reaches the
 //     lock only once every condition of the clause held on it, this one
-//     among them, so the bound is in force before any wait.
+//     among them, so the bound is in force before any wait;
+//   - a phase's finish, after the downstream call, sets it in the WHERE
+//     clause of its first statement, the record's fenced finish
+//     (IdempotencyKeyFinish), for that statement and the operation's
+//     writes queued after it. A charge's claim locks no row another
+//     session holds and pays nothing; its finish's bound rides in a
+//     statement the finish sends anyway.
 //
-// A charge's claim locks no row another session holds, and a phase's
-// finish, after the downstream call, is bounded by Config.FinishTimeout
-// instead: a finish that did not commit leaves its record resumable, since
-// the call was made, and is not refused as if nothing had been done.
+// The finish is bounded by Config.FinishTimeout too, but that bound is the
+// client's. When it passes during a statement, pgx closes the connection
+// and, on the way, sends PostgreSQL a cancel request (pgconn's asyncClose;
+// pgconn.CancelRequestContextWatcherHandler would send it sooner and keep
+// the connection): a second connection, opened at the moment the database
+// is slow, best effort (lost with the network that caused the timeout),
+// that a pooler must route (PgBouncer does, across its processes only
+// with peering). Until it lands, the backend keeps waiting for the lock
+// and holds the record's row from the finish's UPDATE, and the release
+// that follows (an UPDATE of the same row) waits for it in turn. So the
+// finish is bounded in the database as well, as every other statement
+// here is: the wait fails with lock_not_available on any connection and
+// behind any pooler, nothing of the batch commits, the connection stays
+// usable, and the release frees the record for a retry at once
+// (resumable, since the call was made: a finish that did not commit is not
+// refused as if nothing had been done).
 
 // contended is err as ErrContended when it is PostgreSQL's
 // lock_not_available (a row lock waited for past RowLockWait), else err.

@@ -452,7 +452,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	b.b.QueuedQueries = nil
 	status := int32(resp.Status)
 	if err := r.q.IdempotencyKeyFinish(wctx, b, &dbsqlc.IdempotencyKeyFinishParams{
-		ID: rec.ID, LockGeneration: rec.LockGeneration,
+		ID: rec.ID, LockGeneration: rec.LockGeneration, RowLockWait: lockWait(r.cfg.RowLockWait),
 		ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
 	}); err != nil {
 		return Response{}, err

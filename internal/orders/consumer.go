@@ -203,7 +203,12 @@ const (
 
 	reasonUnknownOutcome = "unknown_outcome"
 	reasonInFlight       = "in_flight"
-	reasonUnavailable    = "unavailable"
+	// reasonContended: a row the charge changes (its record, taken over)
+	// stayed locked by another transaction past IDEMPOTENCY_ROW_LOCK_WAIT
+	// (idempotency.ErrContended): nothing was done, and the database is
+	// up, which unavailable would say it is not.
+	reasonContended   = "contended"
+	reasonUnavailable = "unavailable"
 )
 
 // unlimitedDeliveries is JetStream's MaxDeliver for "redeliver until
@@ -479,6 +484,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) {
 		c.retry(ctx, log, msg, meta, reasonUnknownOutcome, err)
 	case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrFenced):
 		c.retry(ctx, log, msg, meta, reasonInFlight, err)
+	case errors.Is(err, idempotency.ErrContended):
+		c.retry(ctx, log, msg, meta, reasonContended, err)
 	case errors.Is(err, idempotency.ErrKeyInvalid), errors.Is(err, idempotency.ErrBodyTooLarge),
 		errors.As(err, &refusal): // a body that is not JSON among them (charges.ErrInvalidJSON)
 		c.deadLetter(ctx, log, msg, meta, ReasonInvalid, detailOf(err))

@@ -27,10 +27,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/webhook"
 
+	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -329,12 +331,28 @@ func request(ev *stripe.Event) (idempotency.Request, error) {
 	return idempotency.Prepare(Scope, key, http.MethodPost, Route, Route, bytes.NewReader(stable), idempotency.MaxBodyBytes)
 }
 
+// recordFailureTimeout bounds recordFailure as a whole, for a database that
+// does not answer at all; its wait for the inbox row's lock is bounded
+// sooner, in the database (Runner.LimitLockWait).
+const recordFailureTimeout = 10 * time.Second
+
 // recordFailure notes a failed processing attempt on the inbox row, if the
-// event got that far; it is best effort, for an operator's eyes.
+// event got that far; it is best effort, for an operator's eyes. It runs
+// detached from the delivery, so that a sender that hung up still leaves
+// its failure noted, and so bounded on its own: its UPDATE waits for the
+// inbox row (which the event's finish locks, and an operator may hold) no
+// longer than a request waits for a row, and a note that could not be made
+// is logged, never the handler held for as long as the row is.
 func (h *Receiver) recordFailure(ctx context.Context, eventID string, cause error) {
 	msg := pgtext.Truncate(cause.Error(), 1000)
-	if err := h.q.StripeEventRecordFailure(context.WithoutCancel(ctx), h.pool,
-		&dbsqlc.StripeEventRecordFailureParams{LastError: &msg, ID: eventID}); err != nil {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordFailureTimeout)
+	defer cancel()
+	if _, err := db.WithTx(wctx, h.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		if err := h.runner.LimitLockWait(ctx, tx); err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, h.q.StripeEventRecordFailure(ctx, tx, &dbsqlc.StripeEventRecordFailureParams{LastError: &msg, ID: eventID})
+	}); err != nil {
 		h.log.WarnContext(ctx, "recording a failed stripe event", "event_id", eventID, "err", err)
 	}
 }
