@@ -319,3 +319,37 @@ func TestParkLeavesAnOwnerInItsCall(t *testing.T) {
 		t.Errorf("outcome parked counted %d times, want 0", got)
 	}
 }
+
+// TestParkedStaysParkedUnderARaisedCeiling (I16): parked is final for the
+// completer, whatever the ceiling is now. An operator who raises the retry
+// ceiling after a record was parked (a new process, a new configuration)
+// does not make the completer call downstream for it again, as a client's
+// retry is refused for it (ErrParked).
+func TestParkedStaysParkedUnderARaisedCeiling(t *testing.T) {
+	t.Parallel()
+	d, r, op, _, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+
+	_, err := r.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling + time.Minute)
+	if n, err := r.ParkDue(ctx); err != nil || n != 1 {
+		t.Fatalf("ParkDue past the ceiling: %d parked, %v; want 1", n, err)
+	}
+
+	raised := cfg
+	raised.RetryCeiling = 2 * cfg.RetryCeiling
+	r2 := idempotency.NewRunner(d.Pool, raised, testLogger(t))
+	r2.Register(http.MethodPost, testRoute, func() idempotency.Operation { return op })
+	if _, err := r2.CompleteDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := op.calls.Load(); c != 1 {
+		t.Errorf("downstream calls after parking, under a raised ceiling: %d, want still 1", c)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointParked {
+		t.Errorf("record under a raised ceiling: %q, want parked", rec.RecoveryPoint)
+	}
+	_, err = r2.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrParked)
+}
