@@ -199,6 +199,34 @@ func TestLocalRecordsAreNeverParked(t *testing.T) {
 	}
 }
 
+// TestLocalRecordRetriedPastTheCeiling: a client's retry resumes a record
+// of a RegisterLocal operation at any age too, as the completer does
+// (TestLocalRecordsAreNeverParked): the retry ceiling is Stripe's memory of
+// a downstream key, and a local operation has none.
+func TestLocalRecordRetriedPastTheCeiling(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
+		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+			if calls++; calls == 1 {
+				return idempotency.Unknown(errors.New("the database failed"))
+			}
+			return finishFor(rec, "retry")
+		}}
+	}, true)
+	ctx := context.Background()
+	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling + time.Hour)
+	resp, err := r.Run(ctx, request(d.AccountID, "local"), op)
+	if err != nil || string(resp.Body) != `{"owner":"retry"}` {
+		t.Fatalf("a retry of a local record past the ceiling: %v %s, want it resumed and finished", err, resp.Body)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 0 {
+		t.Errorf("outcome parked counted %d times, want 0", got)
+	}
+}
+
 // TestRunnersClockAlone: the runner's clock (Config.Now) alone decides
 // when a crashed owner's record is due for the completer and when a record
 // is past the retry ceiling, wherever it stands against the database's
