@@ -65,6 +65,52 @@ func TestAmountChecks(t *testing.T) {
 	}
 }
 
+// A record is finished exactly when it holds a response to replay (I2):
+// the CHECK refuses a finished record without its status or finish time,
+// and a stored response on a record still unfinished, whatever a query
+// writes. Each update that breaks it fails with SQLSTATE 23514.
+func TestRecordFinishedHasResponse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	acct := dbtest.NewAccount(t)
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var id string
+	if err := tx.QueryRow(ctx, `INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint)
+		VALUES ($1, 'k', 'POST', '/v1/charges', $2) RETURNING id`, acct.ID, make([]byte, 32)).Scan(&id); err != nil {
+		t.Fatalf("inserting a record: %v", err)
+	}
+	for _, tc := range []struct {
+		name, set string
+		violates  bool
+	}{
+		{"finished with its response", "recovery_point = 'finished', response_status = 201, finished_at = now()", false},
+		{"parked without a response", "recovery_point = 'parked'", false},
+		{"finished without a response", "recovery_point = 'finished', finished_at = now()", true},
+		{"finished without a finish time", "recovery_point = 'finished', response_status = 201", true},
+		{"a response while unfinished", "response_status = 201, finished_at = now()", true},
+	} {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sp.Exec(ctx, `UPDATE idempotency_keys SET `+tc.set+` WHERE id = $1`, id)
+		var pgErr *pgconn.PgError
+		switch {
+		case !tc.violates && err != nil:
+			t.Errorf("%s (%s): %v, want it to pass", tc.name, tc.set, err)
+		case tc.violates && (!errors.As(err, &pgErr) || pgErr.Code != "23514"):
+			t.Errorf("%s (%s): %v, want SQLSTATE 23514", tc.name, tc.set, err)
+		}
+		if err := sp.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			t.Fatal(err)
+		}
+	}
+}
+
 // idempay's own states are enum types (db/migrations/0001_schema.sql): a label the
 // type does not have is refused when the value is read in, with SQLSTATE
 // 22P02 (invalid_text_representation), from a query parameter as from a
