@@ -619,3 +619,43 @@ func TestRefundWaitingForTheChargeLockIsBounded(t *testing.T) {
 			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
 	}
 }
+
+// TestDisputeOpenedWhileARefundClaims: a chargeback is stored after a
+// refund read its charge (no dispute then) and before its claim reserved
+// the amount. The reservation checks the charge as it is when it holds the
+// charge's lock, not as the read saw it: the refund is refused as not
+// refundable, and nothing is reserved or sent to Stripe.
+func TestDisputeOpenedWhileARefundClaims(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	ch := createCharge(t, c, 1000)
+	ctx := context.Background()
+	h := dbtest.Hold(t, env.Pool)
+	if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM charges WHERE id = $1 FOR NO KEY UPDATE`, ch.ID); err != nil {
+		t.Fatalf("locking the charge: %v", err)
+	}
+	if _, err := h.Tx.Exec(ctx, `INSERT INTO disputes (account_id, charge_id, stripe_dispute_id, amount, currency, status, allows_refund, last_event_at)
+		VALUES ($1, $2, $3, 1000, 'usd', 'needs_response', false, now())`, c.Account.ID, ch.ID, "dp_"+strings.TrimPrefix(ch.ID, "ch_")); err != nil {
+		t.Fatalf("storing the dispute: %v", err)
+	}
+	refunded := make(chan *apitest.Response, 1)
+	go func() {
+		refunded <- c.Post("/v1/refunds", apitest.NewKey(), map[string]any{"charge": ch.ID, "amount": 300})
+	}()
+	h.WaitBlocked(1, "the refund's claim")
+	if err := h.Tx.Commit(ctx); err != nil {
+		t.Fatalf("committing the dispute: %v", err)
+	}
+	r := <-refunded
+	if p := r.Problem(t); r.Status != http.StatusConflict || p.Type != "/problems/charge-not-refundable" {
+		t.Errorf("a refund of a charge disputed since its read: %d %s, want 409 charge-not-refundable", r.Status, r.Body)
+	}
+	var reserved int64
+	if err := env.Pool.QueryRow(ctx, `SELECT amount_refunded FROM charges WHERE id = $1`, ch.ID).Scan(&reserved); err != nil {
+		t.Fatal(err)
+	}
+	if reserved != 0 || len(env.Stripe.Refunds()) != 0 {
+		t.Errorf("after the refusal: %d reserved, %d refunds at Stripe; want none", reserved, len(env.Stripe.Refunds()))
+	}
+}

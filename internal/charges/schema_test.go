@@ -65,6 +65,100 @@ func TestAmountChecks(t *testing.T) {
 	}
 }
 
+// A record is finished exactly when it holds a response to replay (I2):
+// the CHECK refuses a finished record without its status or finish time,
+// and a stored response on a record still unfinished, whatever a query
+// writes. Each update that breaks it fails with SQLSTATE 23514.
+func TestRecordFinishedHasResponse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	acct := dbtest.NewAccount(t)
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var id string
+	if err := tx.QueryRow(ctx, `INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint)
+		VALUES ($1, 'k', 'POST', '/v1/charges', $2) RETURNING id`, acct.ID, make([]byte, 32)).Scan(&id); err != nil {
+		t.Fatalf("inserting a record: %v", err)
+	}
+	for _, tc := range []struct {
+		name, set string
+		violates  bool
+	}{
+		{"finished with its response", "recovery_point = 'finished', response_status = 201, finished_at = now()", false},
+		{"parked without a response", "recovery_point = 'parked'", false},
+		{"finished without a response", "recovery_point = 'finished', finished_at = now()", true},
+		{"finished without a finish time", "recovery_point = 'finished', response_status = 201", true},
+		{"a response while unfinished", "response_status = 201, finished_at = now()", true},
+	} {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sp.Exec(ctx, `UPDATE idempotency_keys SET `+tc.set+` WHERE id = $1`, id)
+		var pgErr *pgconn.PgError
+		switch {
+		case !tc.violates && err != nil:
+			t.Errorf("%s (%s): %v, want it to pass", tc.name, tc.set, err)
+		case tc.violates && (!errors.As(err, &pgErr) || pgErr.Code != "23514"):
+			t.Errorf("%s (%s): %v, want SQLSTATE 23514", tc.name, tc.set, err)
+		}
+		if err := sp.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// At most one ledger row per record (I1), whatever the code above does: a
+// second charge, or a second refund, naming a record that already has one
+// fails with SQLSTATE 23505 (unique_violation).
+func TestOneLedgerRowPerRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	acct := dbtest.NewAccount(t)
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var rec, charge string
+	if err := tx.QueryRow(ctx, `INSERT INTO idempotency_keys (scope, key, request_method, request_route, request_fingerprint)
+		VALUES ($1, 'k', 'POST', '/v1/charges', $2) RETURNING id`, acct.ID, make([]byte, 32)).Scan(&rec); err != nil {
+		t.Fatalf("inserting a record: %v", err)
+	}
+	insertCharge := `INSERT INTO charges (account_id, idempotency_key_id, amount, currency, payment_method, status, amount_captured)
+		VALUES ($1, $2, 1000, 'usd', 'pm_card_visa', 'succeeded', 1000) RETURNING id`
+	if err := tx.QueryRow(ctx, insertCharge, acct.ID, rec).Scan(&charge); err != nil {
+		t.Fatalf("inserting the record's charge: %v", err)
+	}
+	insertRefund := `INSERT INTO refunds (account_id, idempotency_key_id, charge_id, amount) VALUES ($1, $2, $3, 100)`
+	if _, err := tx.Exec(ctx, insertRefund, acct.ID, rec, charge); err != nil {
+		t.Fatalf("inserting the record's refund: %v", err)
+	}
+	for _, tc := range []struct {
+		what, sql string
+		args      []any
+	}{
+		{"a second charge", insertCharge, []any{acct.ID, rec}},
+		{"a second refund", insertRefund, []any{acct.ID, rec, charge}},
+	} {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sp.Exec(ctx, tc.sql, tc.args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+			t.Errorf("%s naming record %s: %v, want SQLSTATE 23505", tc.what, rec, err)
+		}
+		if err := sp.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			t.Fatal(err)
+		}
+	}
+}
+
 // idempay's own states are enum types (db/migrations/0001_schema.sql): a label the
 // type does not have is refused when the value is read in, with SQLSTATE
 // 22P02 (invalid_text_representation), from a query parameter as from a

@@ -138,7 +138,7 @@ func TestRetryPastCeilingParks(t *testing.T) {
 	// once the owner let go.
 	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
 	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	clock.Advance(cfg.RetryCeiling - cfg.LockTimeout/2)
+	clock.Advance(cfg.RetryCeiling - cfg.LockTimeout/4)
 	release, result := stalledOwner(t, r, d, "in-flight")
 	clock.Advance(cfg.LockTimeout * 3 / 4)
 	_, err = r.Run(ctx, request(d.AccountID, "in-flight"), op)
@@ -193,6 +193,34 @@ func TestLocalRecordsAreNeverParked(t *testing.T) {
 	}
 	if rec := readRecord(t, d.Pool, d.AccountID, "local"); rec.RecoveryPoint != idempotency.PointFinished {
 		t.Errorf("local record past the ceiling: %q, want finished", rec.RecoveryPoint)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 0 {
+		t.Errorf("outcome parked counted %d times, want 0", got)
+	}
+}
+
+// TestLocalRecordRetriedPastTheCeiling: a client's retry resumes a record
+// of a RegisterLocal operation at any age too, as the completer does
+// (TestLocalRecordsAreNeverParked): the retry ceiling is Stripe's memory of
+// a downstream key, and a local operation has none.
+func TestLocalRecordRetriedPastTheCeiling(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
+		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+			if calls++; calls == 1 {
+				return idempotency.Unknown(errors.New("the database failed"))
+			}
+			return finishFor(rec, "retry")
+		}}
+	}, true)
+	ctx := context.Background()
+	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling + time.Hour)
+	resp, err := r.Run(ctx, request(d.AccountID, "local"), op)
+	if err != nil || string(resp.Body) != `{"owner":"retry"}` {
+		t.Fatalf("a retry of a local record past the ceiling: %v %s, want it resumed and finished", err, resp.Body)
 	}
 	if got := seen.get(idempotency.OutcomeParked); got != 0 {
 		t.Errorf("outcome parked counted %d times, want 0", got)
@@ -280,4 +308,76 @@ func TestTakeoverRechecksTheCeiling(t *testing.T) {
 	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointParked {
 		t.Errorf("record after the retry past the ceiling: %q, want parked", rec.RecoveryPoint)
 	}
+}
+
+// TestParkLeavesAnOwnerInItsCall (I16): a retry that took the record over
+// just under the retry ceiling is still in its downstream call when the
+// ceiling passes. Parking takes only records whose lock is free or expired
+// (the margin under Stripe's 24 hours covers a call in flight at the
+// ceiling): the owner's lock is fresh, so the completer leaves the record to
+// it, and the owner's answer is recorded instead of fenced.
+func TestParkLeavesAnOwnerInItsCall(t *testing.T) {
+	t.Parallel()
+	d, r, op, seen, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+
+	_, err := r.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling - cfg.LockTimeout/4)
+	release, result := stalledOwner(t, r, d, "k") // takes the record over, under the ceiling
+	held := readRecord(t, d.Pool, d.AccountID, "k")
+
+	clock.Advance(cfg.LockTimeout / 2) // a quarter of the lock timeout past the ceiling; the lock is fresh
+	if n, err := r.ParkDue(ctx); err != nil || n != 0 {
+		t.Fatalf("ParkDue with the owner in its call: %d parked, %v; want 0", n, err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint == idempotency.PointParked || rec.LockGeneration != held.LockGeneration {
+		t.Fatalf("the owner's record was changed under it: %q at generation %d, was %q at %d",
+			rec.RecoveryPoint, rec.LockGeneration, held.RecoveryPoint, held.LockGeneration)
+	}
+
+	release(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "owner") })
+	if err := awaitErr(t, result); err != nil {
+		t.Fatalf("the owner's finish: %v, want its answer recorded", err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointFinished || string(rec.ResponseBody) != `{"owner":"owner"}` {
+		t.Errorf("after the owner's finish: %q, %s; want finished with its response", rec.RecoveryPoint, rec.ResponseBody)
+	}
+	if got := seen.get(idempotency.OutcomeParked); got != 0 {
+		t.Errorf("outcome parked counted %d times, want 0", got)
+	}
+}
+
+// TestParkedStaysParkedUnderARaisedCeiling (I16): parked is final for the
+// completer, whatever the ceiling is now. An operator who raises the retry
+// ceiling after a record was parked (a new process, a new configuration)
+// does not make the completer call downstream for it again, as a client's
+// retry is refused for it (ErrParked).
+func TestParkedStaysParkedUnderARaisedCeiling(t *testing.T) {
+	t.Parallel()
+	d, r, op, _, clock, cfg := ceilingSetup(t, unknownOp, false)
+	ctx := context.Background()
+
+	_, err := r.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+	clock.Advance(cfg.RetryCeiling + time.Minute)
+	if n, err := r.ParkDue(ctx); err != nil || n != 1 {
+		t.Fatalf("ParkDue past the ceiling: %d parked, %v; want 1", n, err)
+	}
+
+	raised := cfg
+	raised.RetryCeiling = 2 * cfg.RetryCeiling
+	r2 := idempotency.NewRunner(d.Pool, raised, testLogger(t))
+	r2.Register(http.MethodPost, testRoute, func() idempotency.Operation { return op })
+	if _, err := r2.CompleteDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := op.calls.Load(); c != 1 {
+		t.Errorf("downstream calls after parking, under a raised ceiling: %d, want still 1", c)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "k"); rec.RecoveryPoint != idempotency.PointParked {
+		t.Errorf("record under a raised ceiling: %q, want parked", rec.RecoveryPoint)
+	}
+	_, err = r2.Run(ctx, request(d.AccountID, "k"), op)
+	_ = requireKind(t, err, idempotency.ErrParked)
 }

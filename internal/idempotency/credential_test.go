@@ -200,3 +200,33 @@ func TestCredentialOfAnotherAccount(t *testing.T) {
 		t.Errorf("%d downstream calls", op.calls.Load())
 	}
 }
+
+// The same, when the key's own account has a record under the key: the
+// request in the other account's scope is refused, never answered with
+// the key's account's stored response (I5).
+func TestCredentialOfAnotherAccountBesideItsOwnRecord(t *testing.T) {
+	t.Parallel()
+	d, r, _, credential, _ := credentialSetup(t)
+	ctx := context.Background()
+	other, _, err := accounts.Create(ctx, d.Pool, "another account")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := request(d.AccountID, "k")
+	own.Credential = credential
+	op := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "own")
+	}}
+	if _, err := r.Run(ctx, own, op); err != nil {
+		t.Fatalf("the key's own account: %v", err)
+	}
+	req := request(other.ID, "k")
+	req.Credential = credential // d's key, in other's scope
+	resp, err := r.Run(ctx, req, op)
+	if !errors.Is(err, idempotency.ErrUnauthenticated) {
+		t.Fatalf("d's key in another account's scope: %v (replayed %v, %s), want ErrUnauthenticated", err, resp.Replayed, resp.Body)
+	}
+	if op.calls.Load() != 1 {
+		t.Errorf("%d downstream calls, want 1 (the own account's)", op.calls.Load())
+	}
+}

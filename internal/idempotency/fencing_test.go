@@ -206,3 +206,71 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 		t.Errorf("B committed %d ledger rows, want 1", n)
 	}
 }
+
+// TestFencingStaleReleaseWhileNewOwnerInFlight: A's downstream call ends
+// with an unknown outcome while B, which took over, is still in its own
+// call. A's release must be fenced as its Finish is: were it not, it would
+// free B's lock (and count an attempt against B's record), and a third
+// request would take the record over while B is still calling Stripe: two
+// owners at once, and no 409 for a request in flight (I4).
+func TestFencingStaleReleaseWhileNewOwnerInFlight(t *testing.T) {
+	t.Parallel()
+	d, r, _, clock := fencingSetup(t)
+	releaseA, resultA := stalledOwner(t, r, d, "k")
+	clock.Advance(fencingLockTimeout + time.Second) // A's lock expires
+
+	bStarted := make(chan struct{})
+	bGo := make(chan struct{})
+	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		close(bStarted)
+		<-bGo
+		return finishFor(rec, "B")
+	}}
+	resultB := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
+		resultB <- err
+	}()
+	select {
+	case <-bStarted:
+	case <-time.After(waitLimit):
+		t.Fatalf("B did not take over in %s", waitLimit)
+	}
+	held := readRecord(t, d.Pool, d.AccountID, "k")
+
+	releaseA(func(*idempotency.Record) idempotency.Step {
+		return idempotency.Unknown(errors.New("context deadline exceeded"))
+	})
+	_ = requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
+	rec := readRecord(t, d.Pool, d.AccountID, "k")
+	if rec.LockedAt == nil || held.LockedAt == nil || !rec.LockedAt.Equal(*held.LockedAt) {
+		t.Errorf("A's late release changed B's lock: locked_at %v, want %v", rec.LockedAt, held.LockedAt)
+	}
+	if rec.RecoveryPoint != idempotency.PointStarted || rec.LockGeneration != 2 || rec.Attempts != 0 || rec.LastError != nil {
+		t.Errorf("A's late release changed the record B owns: recovery point %q, generation %d, attempts %d, last error %v; want %q, 2, 0, none",
+			rec.RecoveryPoint, rec.LockGeneration, rec.Attempts, rec.LastError, idempotency.PointStarted)
+	}
+
+	// B still holds the key: a retry is told so and runs nothing.
+	opC := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "C")
+	}}
+	_, err := r.Run(context.Background(), request(d.AccountID, "k"), opC)
+	_ = requireKind(t, err, idempotency.ErrInFlight)
+	if n := opC.calls.Load(); n != 0 {
+		t.Errorf("a retry while B is in flight called downstream %d times", n)
+	}
+
+	close(bGo)
+	select {
+	case err := <-resultB:
+		if err != nil {
+			t.Fatalf("B: %v", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatalf("B did not finish in %s", waitLimit)
+	}
+	if n := countWritten(t, d.Pool, d.AccountID, "B"); n != 1 {
+		t.Errorf("B committed %d ledger rows, want 1", n)
+	}
+}
