@@ -167,17 +167,20 @@ func TestOrdersPublishRefusesFlagsNotText(t *testing.T) {
 }
 
 // TestChargesListLimitRefusedClearly: `idempay charges list --limit N`
-// with N out of 1 to 100 is refused at once, naming the flag, before any
-// request (here the API is unreachable): --limit 0 listed the server's
-// default of 10, as if the flag had not been given.
+// (and `api-keys list`, which pages alike) with N out of 1 to 100 is
+// refused at once, naming the flag, before any request (here the API is
+// unreachable): --limit 0 listed the server's default of 10, as if the
+// flag had not been given.
 func TestChargesListLimitRefusedClearly(t *testing.T) {
 	t.Parallel()
 	env := []string{"IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
-	for _, n := range []string{"0", "101", "-1"} {
-		_, stderr, code := idempay(t, env, "charges", "list", "--limit", n)
-		want := "--limit must be an integer between 1 and 100, not " + n
-		if code != 1 || !strings.Contains(stderr, want) {
-			t.Errorf("idempay charges list --limit %s: exit %d, stderr %.300q; want exit 1 and %q", n, code, stderr, want)
+	for _, list := range []string{"charges", "api-keys"} {
+		for _, n := range []string{"0", "101", "-1"} {
+			_, stderr, code := idempay(t, env, list, "list", "--limit", n)
+			want := list + " list: --limit must be an integer between 1 and 100, not " + n
+			if code != 1 || !strings.Contains(stderr, want) {
+				t.Errorf("idempay %s list --limit %s: exit %d, stderr %.300q; want exit 1 and %q", list, n, code, stderr, want)
+			}
 		}
 	}
 }
