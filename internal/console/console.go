@@ -151,7 +151,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(c.onceEach(mux)))), c.cfg.TracerProvider)
+	return telemetry.HTTPHandler(secureHeaders(c.textOnly(smallBodies(c.onceEach(mux)))), c.cfg.TracerProvider)
 }
 
 // onceEach refuses, with the error page, a query parameter or form field
@@ -192,10 +192,11 @@ func smallBodies(next http.Handler) http.Handler {
 }
 
 // textOnly refuses, before any page runs, an address whose path or query
-// is not text (pgtext.IsText): a 400, as the API's checkInput answers, and
-// never an id that reaches a query only for PostgreSQL to refuse its bytes
-// (a 500 and an ERROR line for what a visitor typed).
-func textOnly(next http.Handler) http.Handler {
+// is not text (pgtext.IsText): a 400 with the error page, as the API's
+// checkInput answers, and never an id that reaches a query only for
+// PostgreSQL to refuse its bytes (a 500 and an ERROR line for what a
+// visitor typed).
+func (c *Console) textOnly(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		query, err := url.ParseQuery(r.URL.RawQuery)
 		ok := err == nil && pgtext.IsText(r.URL.Path)
@@ -206,7 +207,7 @@ func textOnly(next http.Handler) http.Handler {
 			}
 		}
 		if !ok {
-			http.Error(w, "The address is not text: percent-encode it as UTF-8, without control characters.", http.StatusBadRequest)
+			c.refuse(w, r, http.StatusBadRequest, "The address is not text: percent-encode it as UTF-8, without control characters.")
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -84,6 +84,7 @@ type page struct {
 	Status   int
 	Location string
 	Body     string
+	Header   http.Header
 }
 
 func (b *browser) do(req *http.Request) page {
@@ -94,7 +95,7 @@ func (b *browser) do(req *http.Request) page {
 	}
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
-	return page{Status: res.StatusCode, Location: res.Header.Get("Location"), Body: string(body)}
+	return page{Status: res.StatusCode, Location: res.Header.Get("Location"), Body: string(body), Header: res.Header}
 }
 
 func (b *browser) get(path string, header ...string) page {
@@ -1199,24 +1200,34 @@ func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
 // a byte that is not UTF-8, a control character), which no record, charge
 // or event has, is a 400 before any page runs, never a query that
 // PostgreSQL refuses (a 500); for a visitor signed in or not, and for the
-// static files too.
+// static files too. The 400 is the console's error page, under its
+// Content-Security-Policy, as every other refusal of the console: it was a
+// line of plain text.
 func TestAddressThatIsNotText(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	base := newConsole(t, env)
 	b := newBrowser(t, base)
 	b.signIn(dbtest.NewAccount(t).APIKey)
-	for _, path := range []string{"/charges/%ff", "/charges/%00", "/records/%ff", "/records/a%00b", "/events/%ff",
-		"/events/%01", "/static/%ff", "/records?state=%ff", "/charges?x=%00"} {
-		if p := b.get(path); p.Status != http.StatusBadRequest {
-			t.Errorf("GET %s: %d %q, want 400", path, p.Status, p.Body)
-		}
-		if p := newBrowser(t, base).get(path); p.Status != http.StatusBadRequest {
-			t.Errorf("GET %s signed out: %d %q, want 400", path, p.Status, p.Body)
+	refused := func(what string, p page) {
+		t.Helper()
+		if p.Status != http.StatusBadRequest || !strings.HasPrefix(p.Header.Get("Content-Type"), "text/html") ||
+			!strings.Contains(p.Body, `role="alert"`) || !strings.Contains(p.Body, "The address is not text") ||
+			!strings.Contains(p.Header.Get("Content-Security-Policy"), "default-src 'none'") ||
+			p.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: %d %q (Content-Type %q, Content-Security-Policy %q); want 400, the error page saying the address is not text, under the console's headers",
+				what, p.Status, p.Body, p.Header.Get("Content-Type"), p.Header.Get("Content-Security-Policy"))
 		}
 	}
-	if p := b.post("/events/%ff/resend", url.Values{"csrf_token": {b.csrf("/events")}}); p.Status != http.StatusBadRequest {
-		t.Errorf("POST /events/%%ff/resend: %d %q, want 400", p.Status, p.Body)
+	for _, path := range []string{"/charges/%ff", "/charges/%00", "/records/%ff", "/records/a%00b", "/events/%ff",
+		"/events/%01", "/static/%ff", "/records?state=%ff", "/charges?x=%00"} {
+		refused("GET "+path, b.get(path))
+		refused("GET "+path+" signed out", newBrowser(t, base).get(path))
+	}
+	refused("POST /events/%ff/resend", b.post("/events/%ff/resend", url.Values{"csrf_token": {b.csrf("/events")}}))
+	// A live refresh gets the page's content alone, as every refusal.
+	if p := b.get("/records?state=%ff", "X-Console-Live", "1"); p.Status != http.StatusBadRequest || strings.Contains(p.Body, "<html") {
+		t.Errorf("a live refresh of an address that is not text: %d %q, want 400 and the content alone", p.Status, p.Body)
 	}
 	if p := b.get("/charges/ch_none"); p.Status != http.StatusNotFound {
 		t.Errorf("GET /charges/ch_none: %d, want 404 (text that names no charge)", p.Status)
