@@ -37,6 +37,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
@@ -81,13 +82,14 @@ type Config struct {
 
 // Console serves the console's pages.
 type Console struct {
-	db    dbsqlc.DBTX
-	q     *dbsqlc.Queries
-	auth  *accounts.Authenticator
-	hooks *merchanthooks.Service
-	cfg   Config
-	log   *slog.Logger
-	pages map[string]*template.Template
+	db       dbsqlc.DBTX
+	q        *dbsqlc.Queries
+	auth     *accounts.Authenticator
+	payments *charges.Service
+	hooks    *merchanthooks.Service
+	cfg      Config
+	log      *slog.Logger
+	pages    map[string]*template.Template
 }
 
 //go:embed templates/*.html
@@ -97,9 +99,9 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 // New returns the console over pool, signing in with auth, the API's own
-// authenticator, and showing and resending webhooks out through hooks, the
-// API's own service.
-func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Service, cfg Config, log *slog.Logger) (*Console, error) {
+// authenticator, reading a charge's disputes through payments, and showing
+// and resending webhooks out through hooks: the API's own services.
+func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, payments *charges.Service, hooks *merchanthooks.Service, cfg Config, log *slog.Logger) (*Console, error) {
 	if len(cfg.Secret) == 0 {
 		cfg.Secret = []byte(rand.Text() + rand.Text())
 	}
@@ -118,7 +120,7 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 	if cfg.SessionLifetime <= 0 {
 		cfg.SessionLifetime = DefaultSessionLifetime
 	}
-	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
+	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, payments: payments, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
 	for _, page := range []string{"login", "records", "record", "charges", "charge", "refunds", "events", "event", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+page+".html")
 		if err != nil {
