@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +24,28 @@ import (
 
 // ---------------------------------------------------------------------------
 // Helpers.
+
+// refusingAddr is a loopback address that refuses connections for the
+// whole test: a socket bound to it that never listens holds the port, so
+// no other process can take it and answer, as it could a port found free
+// and closed (the server module's nettest.RefusingAddr, which this module
+// cannot import).
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
 
 // seen is one request as the front received it.
 type seen struct {
@@ -328,9 +351,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	}
 
 	// Transport errors: wrapped, naming the attempts, no *Error inside.
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := "http://" + l.Addr().String()
-	l.Close()
+	dead := "http://" + refusingAddr(t)
 	_, err = client.New(dead, "k", client.WithMaxAttempts(4), client.WithSleep(noSleep)).Charges.List(t.Context(), client.ListParams{})
 	var e *client.Error
 	var opErr *net.OpError

@@ -242,11 +242,12 @@ type APIKey struct {
 	LastUsedAt *time.Time `json:"last_used_at"`
 }
 
-// APIKeyList is the account's API keys.
+// APIKeyList is one page of the account's active API keys, newest first.
 type APIKeyList struct {
 	Meta
-	Object string   `json:"object"`
-	Data   []APIKey `json:"data"`
+	Object  string   `json:"object"`
+	Data    []APIKey `json:"data"`
+	HasMore bool     `json:"has_more"`
 }
 
 // ChargesService is POST /v1/charges, POST /v1/charges/{id}/capture and
@@ -367,10 +368,12 @@ func (s *APIKeysService) Create(ctx context.Context, opts ...CallOption) (*APIKe
 	return result(&out, s.c.call(ctx, http.MethodPost, "/v1/api_keys", nil, struct{}{}, opts, &out))
 }
 
-// List reads the account's API keys (never their secrets).
-func (s *APIKeysService) List(ctx context.Context) (*APIKeyList, error) {
+// List reads one page of the account's active API keys, newest first
+// (never their secrets); HasMore says whether another page follows, after
+// the last key's id.
+func (s *APIKeysService) List(ctx context.Context, p ListParams) (*APIKeyList, error) {
 	var out APIKeyList
-	return result(&out, s.c.call(ctx, http.MethodGet, "/v1/api_keys", nil, nil, nil, &out))
+	return result(&out, s.c.call(ctx, http.MethodGet, "/v1/api_keys", p.query(), nil, nil, &out))
 }
 
 // Delete revokes an API key, in every server process at once. It carries

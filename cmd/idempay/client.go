@@ -26,7 +26,7 @@ const clientUsage = `usage:
   idempay refunds get ID
   idempay keys get KEY
   idempay api-keys create [--idempotency-key K]
-  idempay api-keys list
+  idempay api-keys list [--limit N] [--starting-after ID]
   idempay api-keys revoke ID [--idempotency-key K]
 
 These call a running API with the Go client (package client), retrying with
@@ -69,7 +69,10 @@ func clientCmd(ctx context.Context, cfg Config, args []string) error {
 	case "charges get":
 		res, err = withID(args[2:], func(id string) (raw, error) { return cl.Charges.Get(ctx, id) })
 	case "charges list":
-		res, err = chargesList(ctx, cl, args[2:])
+		var p client.ListParams
+		if p, err = listParams("charges list", "a charge id", args[2:]); err == nil {
+			res, err = cl.Charges.List(ctx, p)
+		}
 	case "refunds create":
 		res, err = refundsCreate(ctx, cl, args[2:])
 	case "refunds get":
@@ -79,7 +82,10 @@ func clientCmd(ctx context.Context, cfg Config, args []string) error {
 	case "api-keys create":
 		res, err = withKey(args[2:], 0, func(_ []string, opt client.CallOption) (raw, error) { return cl.APIKeys.Create(ctx, opt) })
 	case "api-keys list":
-		res, err = withKey(args[2:], -1, func([]string, client.CallOption) (raw, error) { return cl.APIKeys.List(ctx) })
+		var p client.ListParams
+		if p, err = listParams("api-keys list", "an API key id", args[2:]); err == nil {
+			res, err = cl.APIKeys.List(ctx, p)
+		}
 	case "api-keys revoke":
 		res, err = withKey(args[2:], 1, func(id []string, opt client.CallOption) (raw, error) {
 			if err := cl.APIKeys.Delete(ctx, id[0], opt); err != nil {
@@ -169,22 +175,24 @@ func chargesCapture(ctx context.Context, cl *client.Client, args []string) (raw,
 	return cl.Charges.Capture(ctx, pos[0], p, client.WithIdempotencyKey(*key))
 }
 
-func chargesList(ctx context.Context, cl *client.Client, args []string) (raw, error) {
-	fs := flag.NewFlagSet("charges list", flag.ContinueOnError)
+// listParams reads the flags of a list command (charges list, api-keys
+// list): --limit and --starting-after, nothing else.
+func listParams(name, cursor string, args []string) (client.ListParams, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	limit := fs.Int("limit", 0, "page size, 1 to 100 (default 10)")
-	after := fs.String("starting-after", "", "a charge id: the page starts after it")
+	after := fs.String("starting-after", "", cursor+": the page starts after it")
 	if err := parseFlags(fs, args); err != nil {
-		return nil, err
+		return client.ListParams{}, err
 	}
 	if fs.NArg() > 0 {
-		return nil, errors.New(clientUsage)
+		return client.ListParams{}, errors.New(clientUsage)
 	}
 	// The client reads a Limit of 0 as the server's default: --limit 0
 	// would list 10 where the flag says 1 to 100.
 	if flagSet(fs, "limit") && (*limit < 1 || *limit > listing.MaxLimit) {
-		return nil, fmt.Errorf("charges list: --limit must be an integer between 1 and %d, not %d", listing.MaxLimit, *limit)
+		return client.ListParams{}, fmt.Errorf("%s: --limit must be an integer between 1 and %d, not %d", name, listing.MaxLimit, *limit)
 	}
-	return cl.Charges.List(ctx, client.ListParams{Limit: *limit, StartingAfter: *after})
+	return client.ListParams{Limit: *limit, StartingAfter: *after}, nil
 }
 
 func refundsCreate(ctx context.Context, cl *client.Client, args []string) (raw, error) {

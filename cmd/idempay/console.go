@@ -17,7 +17,7 @@ import (
 // returns at once, with the function that shuts it down with the API. A
 // failure to listen is returned; a later one is logged.
 func startConsole(cfg Config, a *app.App, log *slog.Logger) (stop func(context.Context), err error) {
-	c, err := console.New(a.Pool, a.Auth, a.MerchantHooks, console.Config{
+	c, err := console.New(a.Pool, a.Auth, a.Charges, a.MerchantHooks, console.Config{
 		Secret: []byte(cfg.ConsoleSecret), LockTimeout: cfg.Idempotency.LockTimeout,
 		RetryCeiling: cfg.Idempotency.RetryCeiling, LocalRoutes: a.Runner.LocalRoutes(),
 		RowLockWait:    cfg.Idempotency.RowLockWait,

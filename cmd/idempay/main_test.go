@@ -2,11 +2,13 @@ package main
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/idempay/idempay/internal/apitest"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // TestMain lets a test run this binary's main as a child process: with
@@ -167,17 +169,20 @@ func TestOrdersPublishRefusesFlagsNotText(t *testing.T) {
 }
 
 // TestChargesListLimitRefusedClearly: `idempay charges list --limit N`
-// with N out of 1 to 100 is refused at once, naming the flag, before any
-// request (here the API is unreachable): --limit 0 listed the server's
-// default of 10, as if the flag had not been given.
+// (and `api-keys list`, which pages alike) with N out of 1 to 100 is
+// refused at once, naming the flag, before any request (here the API is
+// unreachable): --limit 0 listed the server's default of 10, as if the
+// flag had not been given.
 func TestChargesListLimitRefusedClearly(t *testing.T) {
 	t.Parallel()
 	env := []string{"IDEMPAY_API_URL=http://127.0.0.1:1", "IDEMPAY_API_KEY=sk_idem_x"}
-	for _, n := range []string{"0", "101", "-1"} {
-		_, stderr, code := idempay(t, env, "charges", "list", "--limit", n)
-		want := "--limit must be an integer between 1 and 100, not " + n
-		if code != 1 || !strings.Contains(stderr, want) {
-			t.Errorf("idempay charges list --limit %s: exit %d, stderr %.300q; want exit 1 and %q", n, code, stderr, want)
+	for _, list := range []string{"charges", "api-keys"} {
+		for _, n := range []string{"0", "101", "-1"} {
+			_, stderr, code := idempay(t, env, list, "list", "--limit", n)
+			want := list + " list: --limit must be an integer between 1 and 100, not " + n
+			if code != 1 || !strings.Contains(stderr, want) {
+				t.Errorf("idempay %s list --limit %s: exit %d, stderr %.300q; want exit 1 and %q", list, n, code, stderr, want)
+			}
 		}
 	}
 }
@@ -217,6 +222,56 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		_, stderr, code := idempay(t, env, args...)
 		if code != 1 || !strings.Contains(stderr, "usage") || !strings.Contains(stderr, "stray argument") {
 			t.Errorf("idempay %q: exit %d, stderr %.300q; want exit 1 refusing the stray argument, with the usage", args, code, stderr)
+		}
+	}
+}
+
+// TestTriggerStatusRefusedClearly: `idempay webhooks trigger --help` says
+// what --status takes for each type (a refund's status, every dispute
+// status idempay knows, a canceled PaymentIntent's cancellation_reason),
+// where the flag's help named a refund's status and a closed dispute's
+// only; and a --status the type does not take, an unknown event type
+// among them, is refused at once with what it takes, before the database
+// is asked (here it is unreachable): it was sent to the server, and a
+// dispute in a status idempay does not know came back unknown_object.
+func TestTriggerStatusRefusedClearly(t *testing.T) {
+	t.Parallel()
+	stdout, _, code := idempay(t, nil, "webhooks", "trigger", "--help")
+	for typ, values := range webhooks.TriggerStatuses {
+		for _, want := range values {
+			if code != 0 || !strings.Contains(stdout, want) {
+				t.Errorf("idempay webhooks trigger --help: exit %d, does not name %s's --status %s; stdout:\n%s", code, typ, want, stdout)
+			}
+		}
+	}
+	for _, want := range []string{"warning_needs_response", "warning_under_review", "warning_closed", "needs_response", "under_review", "won", "lost"} {
+		if !slices.Contains(webhooks.TriggerStatuses["charge.dispute.updated"], want) {
+			t.Errorf("charge.dispute.updated's --status values %q lack %s", webhooks.TriggerStatuses["charge.dispute.updated"], want)
+		}
+	}
+	env := []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", "STRIPE_WEBHOOK_SECRET=whsec_test"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"charge.dispute.closed", "--status", "bogus"}, `--status "bogus" is not one of charge.dispute.closed's: warning_needs_response, warning_under_review, warning_closed, needs_response, under_review, won, lost`},
+		{[]string{"charge.dispute.updated", "--status", "succeeded"}, `--status "succeeded" is not one of charge.dispute.updated's`},
+		{[]string{"refund.updated", "--status", "won"}, `--status "won" is not one of refund.updated's: succeeded, pending, requires_action, failed, canceled`},
+		{[]string{"payment_intent.canceled", "--status", "expired"}, `--status "expired" is not one of payment_intent.canceled's`},
+		{[]string{"charge.succeeded", "--status", "failed"}, "charge.succeeded takes no --status"},
+		{[]string{"charge.disputed", "--status", "won"}, `unknown event type "charge.disputed"`},
+	} {
+		args := append([]string{"webhooks", "trigger", tc.args[0], "--charge", "ch_1"}, tc.args[1:]...)
+		_, stderr, code := idempay(t, env, args...)
+		if code != 1 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "connect") {
+			t.Errorf("idempay %q: exit %d, stderr %.400q; want exit 1 and %q, before the database", args, code, stderr, tc.want)
+		}
+	}
+	// A status the type takes passes, to the database.
+	for _, st := range []string{"needs_response", "under_review", "warning_needs_response", "warning_under_review", "warning_closed", "won", "lost"} {
+		args := []string{"webhooks", "trigger", "charge.dispute.updated", "--charge", "ch_1", "--status", st}
+		if _, stderr, code := idempay(t, env, args...); code != 1 || !strings.Contains(stderr, "connect") {
+			t.Errorf("idempay %q: exit %d, stderr %.300q; want it past the flags, to the unreachable database", args, code, stderr)
 		}
 	}
 }

@@ -20,6 +20,17 @@ Builds a realistic Stripe event about a charge of the ledger, signs it with
 STRIPE_WEBHOOK_SECRET and posts it to the running server (what "stripe
 trigger" does against real Stripe). TYPE is one of:
   ` + "%s" + `
+--status sets, where the type leaves a choice:
+  refund.created, charge.refund.updated, refund.updated: the refund's status,
+    succeeded (the default), pending, requires_action, failed or canceled
+  charge.dispute.created, .updated, .closed: the dispute's status, any of
+    warning_needs_response, warning_under_review, warning_closed (an inquiry),
+    needs_response, under_review, won or lost (a chargeback); by default
+    needs_response, under_review and lost. Its is_charge_refundable is what
+    Stripe sends in that status: true for an inquiry and won, else false
+  payment_intent.canceled: the cancellation_reason, automatic (the default),
+    abandoned, duplicate, failed_invoice, fraudulent, requested_by_customer
+    or void_invoice
 --url defaults to http://LISTEN_ADDR/v1/webhooks/stripe.`
 
 // webhooksCmd is `idempay webhooks trigger` and `idempay webhooks listen`.
@@ -36,7 +47,7 @@ func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
 	o.Type = args[1]
 	fs.StringVar(&o.ChargeID, "charge", "", "idempay's charge id (ch_...)")
 	fs.StringVar(&o.RefundID, "refund", "", "idempay's refund id (re_...), for refund events")
-	fs.StringVar(&o.Status, "status", "", "the refund's status (succeeded, failed ...) or the closed dispute's (won, lost)")
+	fs.StringVar(&o.Status, "status", "", "the refund's status, the dispute's or the cancellation_reason (see the usage)")
 	url := fs.String("url", "", "the webhook endpoint")
 	if err := parseFlags(fs, args[2:]); err != nil {
 		return err
@@ -46,6 +57,9 @@ func webhooksCmd(ctx context.Context, cfg Config, args []string) error {
 	}
 	if o.ChargeID == "" {
 		return errors.New(usage)
+	}
+	if err := webhooks.CheckTrigger(o); err != nil {
+		return err
 	}
 	if cfg.Webhooks.Secret == "" {
 		return errors.New("configuration: STRIPE_WEBHOOK_SECRET is required to sign the event")

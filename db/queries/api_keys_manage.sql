@@ -4,7 +4,15 @@ INSERT INTO api_keys (id, account_id, key_hash, prefix, idempotency_key_id)
 VALUES (@id, @account_id, @key_hash, @prefix, @idempotency_key_id);
 
 -- name: APIKeyList :many
-SELECT * FROM api_keys WHERE account_id = @account_id AND revoked_at IS NULL ORDER BY created_at, id;
+-- The account's active keys, newest first (api_keys_account_active,
+-- backwards). The cursor is the (created_at, id) of the last key of the
+-- previous page (NULL: from the newest).
+SELECT * FROM api_keys
+WHERE account_id = @account_id AND revoked_at IS NULL
+  AND (sqlc.narg(cursor_created_at)::timestamptz IS NULL
+       OR (created_at, id) < (sqlc.narg(cursor_created_at)::timestamptz, sqlc.narg(cursor_id)::text))
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows;
 
 -- name: APIKeyGetByIdempotencyKeyID :one
 SELECT * FROM api_keys WHERE idempotency_key_id = @idempotency_key_id;

@@ -16,6 +16,7 @@ import (
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/jsonbody"
+	"github.com/idempay/idempay/internal/listing"
 )
 
 // Routes of the API keys, as stored on idempotency records.
@@ -68,23 +69,29 @@ func apiKeyJSON(row dbsqlc.ApiKey) APIKey {
 	return k
 }
 
-// List is the account's active keys.
-type List struct {
-	Object string   `json:"object"`
-	Data   []APIKey `json:"data"`
-}
+// List is one page of the account's active keys, newest first.
+type List = listing.List[APIKey]
 
-// List is the account's active keys.
-func (k *KeysAPI) List(ctx context.Context, accountID string) (List, error) {
-	rows, err := k.q.APIKeyList(ctx, k.pool, accountID)
+// List is GET /v1/api_keys: one page of at most limit of the account's
+// active keys, newest first, after the key startingAfter when it is not "".
+// The cursor may be a key revoked since the page before was read: it still
+// marks the place. One that is no key of the account is a 400 naming it.
+func (k *KeysAPI) List(ctx context.Context, accountID string, limit int, startingAfter string) (List, error) {
+	p := &dbsqlc.APIKeyListParams{AccountID: accountID, MaxRows: int32(limit + 1)}
+	if startingAfter != "" {
+		cur, err := k.q.APIKeyGetByID(ctx, k.pool, &dbsqlc.APIKeyGetByIDParams{AccountID: accountID, ID: startingAfter})
+		if errors.Is(db.NotFound(err), db.ErrNotFound) {
+			return List{}, apierror.Invalid(apierror.InvalidParam{Name: "starting_after", Reason: "is not an API key of this account"})
+		} else if err != nil {
+			return List{}, fmt.Errorf("reading cursor API key: %w", err)
+		}
+		p.CursorCreatedAt, p.CursorID = &cur.CreatedAt, &cur.ID
+	}
+	rows, err := k.q.APIKeyList(ctx, k.pool, p)
 	if err != nil {
 		return List{}, fmt.Errorf("listing API keys: %w", err)
 	}
-	out := List{Object: "list", Data: make([]APIKey, 0, len(rows))}
-	for _, row := range rows {
-		out.Data = append(out.Data, apiKeyJSON(row))
-	}
-	return out, nil
+	return listing.Page(rows, limit, apiKeyJSON), nil
 }
 
 // noParams is the body of POST /v1/api_keys: an empty object.
@@ -243,7 +250,8 @@ func (k *KeysAPI) checkRevocable(ctx context.Context, r dbsqlc.DBTX, accountID, 
 	} else if !active {
 		return apierror.New(apierror.NotFound, "No such active API key.")
 	}
-	active, err := k.q.APIKeyList(ctx, r, accountID)
+	// Two rows tell whether id is the only one.
+	active, err := k.q.APIKeyList(ctx, r, &dbsqlc.APIKeyListParams{AccountID: accountID, MaxRows: 2})
 	if err != nil {
 		return fmt.Errorf("listing API keys: %w", err)
 	}

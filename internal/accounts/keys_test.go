@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
 	"github.com/idempay/idempay/internal/apitest"
@@ -86,11 +88,11 @@ func TestAPIKeys(t *testing.T) {
 		Data []apiKey `json:"data"`
 	}
 	c.Get("/v1/api_keys").JSON(t, &list)
-	if len(list.Data) != 2 || list.Data[1].ID != k.ID || list.Data[1].LastUsedAt == nil || list.Data[0].Secret != nil {
+	if len(list.Data) != 2 || list.Data[0].ID != k.ID || list.Data[0].LastUsedAt == nil || list.Data[1].Secret != nil {
 		b, _ := json.Marshal(list.Data)
-		t.Fatalf("the list: %s, want two keys, the new one used", b)
+		t.Fatalf("the list: %s, want two keys, newest first, the new one used", b)
 	}
-	firstKeyID := list.Data[0].ID
+	firstKeyID := list.Data[1].ID
 
 	// Revoke the first key with an idempotency key, using the second; the
 	// retry replays 204 instead of 404; the first key is refused at once.
@@ -232,8 +234,8 @@ func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
 				Data []apiKey `json:"data"`
 			}
 			first.Get("/v1/api_keys").JSON(t, &list)
-			if len(list.Data) != 2 || list.Data[1].ID != k.ID {
-				t.Fatalf("the account's keys: %+v, want the first and %s", list.Data, k.ID)
+			if len(list.Data) != 2 || list.Data[0].ID != k.ID {
+				t.Fatalf("the account's keys: %+v, want %s and the first", list.Data, k.ID)
 			}
 
 			lock := dbtest.Hold(t, env.Pool)
@@ -245,7 +247,7 @@ func TestConcurrentRevocationsKeepOneKey(t *testing.T) {
 			for _, c := range []struct {
 				client *apitest.Client
 				keyID  string
-			}{{first, list.Data[0].ID}, {second, k.ID}} {
+			}{{first, list.Data[1].ID}, {second, k.ID}} {
 				go func() {
 					idemKey := ""
 					if withIdemKey {
@@ -439,5 +441,87 @@ func TestKeyCreationWaitingForTheAccountLockIsBounded(t *testing.T) {
 	if r := c.Post("/v1/api_keys", key, "{}"); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the same key once the lock is released: %d (replayed %q) %s, want a fresh 201",
 			r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
+	}
+}
+
+// TestAPIKeysPage: GET /v1/api_keys pages as the other lists do (docs/api.md):
+// newest first, limit (default 10, at most 100) and starting_after, with
+// has_more. It answered every key in one list with no has_more, and
+// refused limit and starting_after as parameters it did not read. A cursor
+// revoked between two pages still marks its place; one that is no key of
+// the account is a 400 naming it.
+func TestAPIKeysPage(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	c := env.NewClient(t)
+	for range 3 {
+		if r := c.Post("/v1/api_keys", apitest.NewKey(), "{}"); r.Status != http.StatusCreated {
+			t.Fatalf("POST /v1/api_keys: %d %s", r.Status, r.Body)
+		}
+	}
+	rows, err := env.Pool.Query(t.Context(), `SELECT id FROM api_keys WHERE account_id = $1 ORDER BY created_at DESC, id DESC`, c.Account.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newestFirst, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(newestFirst) != 4 {
+		t.Fatalf("the account's keys: %q (%v), want 4", newestFirst, err)
+	}
+	type page struct {
+		Object  string   `json:"object"`
+		Data    []apiKey `json:"data"`
+		HasMore *bool    `json:"has_more"`
+	}
+	get := func(query string, wantIDs []string, wantMore bool) {
+		t.Helper()
+		r := c.Get("/v1/api_keys" + query)
+		var p page
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &p) != nil {
+			t.Fatalf("GET /v1/api_keys%s: %d %s, want 200", query, r.Status, r.Body)
+		}
+		var ids []string
+		for _, k := range p.Data {
+			ids = append(ids, k.ID)
+		}
+		if p.Object != "list" || !slices.Equal(ids, wantIDs) || p.HasMore == nil || *p.HasMore != wantMore {
+			t.Errorf("GET /v1/api_keys%s: %s; want the list %q, has_more %v", query, r.Body, wantIDs, wantMore)
+		}
+	}
+	get("", newestFirst, false)
+	get("?limit=2", newestFirst[:2], true)
+	get("?limit=2&starting_after="+newestFirst[1], newestFirst[2:], false)
+	get("?limit=1&starting_after="+newestFirst[2], newestFirst[3:], false)
+
+	// The cursor revoked since the first page still marks its place.
+	if r := deleteKey(t, c, newestFirst[1], ""); r.Status != http.StatusNoContent {
+		t.Fatalf("revoking %s: %d %s", newestFirst[1], r.Status, r.Body)
+	}
+	get("?limit=2&starting_after="+newestFirst[1], newestFirst[2:], false)
+
+	other := env.NewClient(t)
+	for query, param := range map[string]string{
+		"?limit=0":                            "limit",
+		"?limit=101":                          "limit",
+		"?starting_after=key_nosuchkey":       "starting_after",
+		"?starting_after=" + other.Account.ID: "starting_after",
+	} {
+		r := c.Get("/v1/api_keys" + query)
+		var p struct {
+			Type          string                  `json:"type"`
+			InvalidParams []apierror.InvalidParam `json:"invalid_params"`
+		}
+		if r.Status != http.StatusBadRequest || json.Unmarshal(r.Body, &p) != nil || p.Type != apierror.InvalidRequest.URI() ||
+			len(p.InvalidParams) != 1 || p.InvalidParams[0].Name != param {
+			t.Errorf("GET /v1/api_keys%s: %d %s; want 400 invalid-request naming %s", query, r.Status, r.Body, param)
+		}
+	}
+	// Another account's key is no cursor of this one (I5).
+	var otherKeys struct{ Data []apiKey }
+	other.Get("/v1/api_keys").JSON(t, &otherKeys)
+	if len(otherKeys.Data) != 1 {
+		t.Fatalf("the other account's keys: %+v", otherKeys.Data)
+	}
+	if r := c.Get("/v1/api_keys?starting_after=" + otherKeys.Data[0].ID); r.Status != http.StatusBadRequest {
+		t.Errorf("GET /v1/api_keys with another account's key as the cursor: %d %s, want 400", r.Status, r.Body)
 	}
 }

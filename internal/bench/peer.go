@@ -98,7 +98,7 @@ func newPeerRunner(ctx context.Context, cfg Config, stripeURL string, n int, run
 		accts = append(accts, account{id: a.ID.String(), auth: "Bearer " + a.APIKey})
 	}
 
-	srv, err := startProcess(ctx, cfg.Peer, env, "/healthz")
+	srv, err := startProcess(ctx, cfg.Peer, env, "/healthz", false) // the peer takes no socket: an address only
 	if err != nil {
 		return nil, closeAll, err
 	}

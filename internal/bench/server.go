@@ -72,27 +72,51 @@ func startServer(ctx context.Context, cfg Config, stripeURL, hooksKey string) (*
 		env = append(env, "DB_MAX_CONNS="+strconv.Itoa(int(cfg.DBMaxConns)))
 	}
 	env = append(env, webhooksEnv(cfg, hooksKey, true)...)
-	return startProcess(ctx, cfg.Executable, env, "/readyz")
+	return startProcess(ctx, cfg.Executable, env, "/readyz", true)
 }
 
-// startProcess runs `exe serve` with env (and LISTEN_ADDR on a free
-// loopback port) added to the bench's environment, and waits until
-// readyPath answers 200.
-func startProcess(ctx context.Context, exe string, env []string, readyPath string) (*serverProcess, error) {
+// startProcess runs `exe serve` on a loopback port, with env added to the
+// bench's environment, and waits until readyPath answers 200. With
+// inherit (idempay), the bench listens on the port itself and passes the
+// socket (LISTEN_ADDR=fd:3, server.ListenAddr), so that no other process
+// can take the port between its choice and the server's start. Without
+// (the peer, which takes only an address), LISTEN_ADDR is a port found
+// free and closed: another process could take it before the peer binds it,
+// and the peer then fails to start (or the readiness check reaches the
+// other process).
+func startProcess(ctx context.Context, exe string, env []string, readyPath string, inherit bool) (*serverProcess, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("finding a free port: %w", err)
+		return nil, fmt.Errorf("listening on a loopback port: %w", err)
 	}
 	addr := l.Addr().String()
-	l.Close()
-
+	listenAddr := addr
 	cmd := exec.Command(exe, "serve")
-	cmd.Env = append(append(os.Environ(), env...), "LISTEN_ADDR="+addr)
+	if inherit {
+		f, err := l.(*net.TCPListener).File()
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("passing the listener on %s: %w", addr, err)
+		}
+		cmd.ExtraFiles, listenAddr = []*os.File{f}, "fd:3" // ExtraFiles[0] is the process's descriptor 3
+	}
+	cmd.Env = append(append(os.Environ(), env...), "LISTEN_ADDR="+listenAddr)
 	s := &serverProcess{cmd: cmd, base: "http://" + addr, stderr: &tail{max: 64 << 10}, done: make(chan struct{}),
 		stopRSS: make(chan struct{}), rssDone: make(chan struct{})}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = s.stderr
-	if err := cmd.Start(); err != nil {
+	if !inherit {
+		l.Close()
+	}
+	err = cmd.Start()
+	if inherit {
+		// The process has its own copy; with none left here, the port
+		// refuses connections once the process is gone, so a process that
+		// exits during start-up is seen as such, not waited for.
+		l.Close()
+		cmd.ExtraFiles[0].Close()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("starting %s serve: %w", exe, err)
 	}
 	go func() { _ = cmd.Wait(); close(s.done) }()

@@ -55,7 +55,7 @@ func TestAPIKeys(t *testing.T) {
 		t.Error("the replayed creation: empty note, want one explaining the missing secret")
 	}
 
-	list, err := a.cl.APIKeys.List(ctx)
+	list, err := a.cl.APIKeys.List(ctx, client.ListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +71,20 @@ func TestAPIKeys(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("keys %q do not include %s", keyIDs(list.Data), k.ID)
+	}
+	// Paged as every list is: newest first, one at a time here.
+	page1, err := a.cl.APIKeys.List(ctx, client.ListParams{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page2, err := a.cl.APIKeys.List(ctx, client.ListParams{Limit: 1, StartingAfter: k.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := append(keyIDs(page1.Data), keyIDs(page2.Data)...); len(got) != 2 || got[0] != k.ID || got[1] == k.ID ||
+		!page1.HasMore || page2.HasMore {
+		t.Errorf("pages of one key: %q (has_more %v) and %q (has_more %v); want %s, then the account's first key, then no more",
+			keyIDs(page1.Data), page1.HasMore, keyIDs(page2.Data), page2.HasMore, k.ID)
 	}
 
 	// The new key works.
@@ -133,7 +147,7 @@ func TestAPIKeys(t *testing.T) {
 
 	// The account's last key cannot be revoked: a final 409, not retried
 	// like request-in-progress.
-	list, err = a.cl.APIKeys.List(ctx)
+	list, err = a.cl.APIKeys.List(ctx, client.ListParams{})
 	if err != nil {
 		t.Fatalf("keys after the revocation: %v", err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/apierror"
+	"github.com/idempay/idempay/internal/charges"
 	"github.com/idempay/idempay/internal/dbsqlc"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
@@ -81,13 +82,14 @@ type Config struct {
 
 // Console serves the console's pages.
 type Console struct {
-	db    dbsqlc.DBTX
-	q     *dbsqlc.Queries
-	auth  *accounts.Authenticator
-	hooks *merchanthooks.Service
-	cfg   Config
-	log   *slog.Logger
-	pages map[string]*template.Template
+	db       dbsqlc.DBTX
+	q        *dbsqlc.Queries
+	auth     *accounts.Authenticator
+	payments *charges.Service
+	hooks    *merchanthooks.Service
+	cfg      Config
+	log      *slog.Logger
+	pages    map[string]*template.Template
 }
 
 //go:embed templates/*.html
@@ -97,9 +99,9 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 // New returns the console over pool, signing in with auth, the API's own
-// authenticator, and showing and resending webhooks out through hooks, the
-// API's own service.
-func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Service, cfg Config, log *slog.Logger) (*Console, error) {
+// authenticator, reading a charge's disputes through payments, and showing
+// and resending webhooks out through hooks: the API's own services.
+func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, payments *charges.Service, hooks *merchanthooks.Service, cfg Config, log *slog.Logger) (*Console, error) {
 	if len(cfg.Secret) == 0 {
 		cfg.Secret = []byte(rand.Text() + rand.Text())
 	}
@@ -118,7 +120,7 @@ func New(pool dbsqlc.DBTX, auth *accounts.Authenticator, hooks *merchanthooks.Se
 	if cfg.SessionLifetime <= 0 {
 		cfg.SessionLifetime = DefaultSessionLifetime
 	}
-	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
+	c := &Console{db: pool, q: dbsqlc.New(), auth: auth, payments: payments, hooks: hooks, cfg: cfg, log: log, pages: map[string]*template.Template{}}
 	for _, page := range []string{"login", "records", "record", "charges", "charge", "refunds", "events", "event", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+page+".html")
 		if err != nil {
@@ -151,7 +153,7 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("GET /events", c.signedIn(c.events))
 	mux.Handle("GET /events/{id}", c.signedIn(c.event))
 	mux.Handle("POST /events/{id}/resend", c.signedIn(c.resend))
-	return telemetry.HTTPHandler(secureHeaders(textOnly(smallBodies(c.onceEach(mux)))), c.cfg.TracerProvider)
+	return telemetry.HTTPHandler(secureHeaders(c.textOnly(smallBodies(c.onceEach(mux)))), c.cfg.TracerProvider)
 }
 
 // onceEach refuses, with the error page, a query parameter or form field
@@ -192,10 +194,11 @@ func smallBodies(next http.Handler) http.Handler {
 }
 
 // textOnly refuses, before any page runs, an address whose path or query
-// is not text (pgtext.IsText): a 400, as the API's checkInput answers, and
-// never an id that reaches a query only for PostgreSQL to refuse its bytes
-// (a 500 and an ERROR line for what a visitor typed).
-func textOnly(next http.Handler) http.Handler {
+// is not text (pgtext.IsText): a 400 with the error page, as the API's
+// checkInput answers, and never an id that reaches a query only for
+// PostgreSQL to refuse its bytes (a 500 and an ERROR line for what a
+// visitor typed).
+func (c *Console) textOnly(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		query, err := url.ParseQuery(r.URL.RawQuery)
 		ok := err == nil && pgtext.IsText(r.URL.Path)
@@ -206,7 +209,7 @@ func textOnly(next http.Handler) http.Handler {
 			}
 		}
 		if !ok {
-			http.Error(w, "The address is not text: percent-encode it as UTF-8, without control characters.", http.StatusBadRequest)
+			c.refuse(w, r, http.StatusBadRequest, "The address is not text: percent-encode it as UTF-8, without control characters.")
 			return
 		}
 		next.ServeHTTP(w, r)

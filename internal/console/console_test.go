@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -33,6 +34,7 @@ import (
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/merchanthooks"
 	"github.com/idempay/idempay/internal/stripefake"
+	"github.com/idempay/idempay/internal/webhooks"
 )
 
 // The console runs beside a real API (apitest: the real runner, server and
@@ -65,7 +67,7 @@ func newConsoleWith(t testing.TB, env *apitest.Env, cfg console.Config) string {
 	t.Helper()
 	cfg.LockTimeout, cfg.RetryCeiling = idempotency.DefaultConfig().LockTimeout, idempotency.DefaultConfig().RetryCeiling
 	cfg.LocalRoutes = env.Runner.LocalRoutes()
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, env.Log)
+	c, err := console.New(env.Pool, env.Auth, env.Charges, env.MerchantHooks, cfg, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +86,7 @@ type page struct {
 	Status   int
 	Location string
 	Body     string
+	Header   http.Header
 }
 
 func (b *browser) do(req *http.Request) page {
@@ -94,7 +97,7 @@ func (b *browser) do(req *http.Request) page {
 	}
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
-	return page{Status: res.StatusCode, Location: res.Header.Get("Location"), Body: string(body)}
+	return page{Status: res.StatusCode, Location: res.Header.Get("Location"), Body: string(body), Header: res.Header}
 }
 
 func (b *browser) get(path string, header ...string) page {
@@ -480,7 +483,7 @@ func TestSessionIdsNotText(t *testing.T) {
 	secret := []byte(strings.Repeat("n", 32))
 	var logs apitest.Logs
 	cfg := console.Config{Secret: secret, LockTimeout: idempotency.DefaultConfig().LockTimeout}
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	c, err := console.New(env.Pool, env.Auth, env.Charges, env.MerchantHooks, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,6 +793,78 @@ func TestChargeHistory(t *testing.T) {
 	evID := firstEventID(t, evs.Body)
 	if p := b.get("/events/" + evID); p.Status != http.StatusOK || !strings.Contains(p.Body, ch.ID) {
 		t.Fatalf("the event's page: %d, want its data naming %s", p.Status, ch.ID)
+	}
+}
+
+// TestChargeDisputes: a charge's page shows its disputes as GET
+// /v1/charges/{id} does (the same read): each with its status, amount,
+// reason and whether it lets a refund through, so that the console says
+// why a refund of the charge is refused. It showed none. A charge without
+// a dispute says so.
+func TestChargeDisputes(t *testing.T) {
+	t.Parallel()
+	env := apitest.New(t, apitest.Options{})
+	base := newConsole(t, env)
+	acct := dbtest.NewAccount(t)
+	api := env.ClientFor(t, acct)
+	var disputed, other struct{ ID string }
+	api.Post("/v1/charges", apitest.NewKey(), chargeBody(3000)).JSON(t, &disputed)
+	api.Post("/v1/charges", apitest.NewKey(), chargeBody(1000)).JSON(t, &other)
+	var stripeCharge string
+	if err := env.Pool.QueryRow(t.Context(), `SELECT stripe_charge_id FROM charges WHERE id = $1`, disputed.ID).Scan(&stripeCharge); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, d := range []webhooks.DisputeObject{
+		{ID: "dp_" + rand.Text(), Charge: stripeCharge, Amount: 3000, Currency: "usd", Reason: "fraudulent", Status: "needs_response"},
+		{ID: "dp_" + rand.Text(), Charge: stripeCharge, Amount: 500, Currency: "usd", Reason: "general", Status: "warning_under_review", IsChargeRefundable: true},
+	} {
+		ev, err := webhooks.NewDisputeEvent("charge.dispute.created", d, now.Add(time.Duration(i)*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		status, _, body, err := webhooks.Send(t.Context(), http.DefaultClient, env.Server.URL+webhooks.Route, ev.Payload,
+			webhooks.SignatureHeader(ev.Payload, time.Now(), apitest.WebhookSecret))
+		if err != nil || status != http.StatusOK || !strings.Contains(string(body), `"applied"`) {
+			t.Fatalf("the dispute's event: %d %s (%v), want 200 applied", status, body, err)
+		}
+	}
+	var detail struct {
+		Disputes []struct {
+			StripeDisputeID string  `json:"stripe_dispute_id"`
+			Amount          int64   `json:"amount"`
+			Currency        string  `json:"currency"`
+			Reason          *string `json:"reason"`
+			Status          string  `json:"status"`
+			AllowsRefund    bool    `json:"allows_refund"`
+		} `json:"disputes"`
+	}
+	api.Get("/v1/charges/"+disputed.ID).JSON(t, &detail)
+	if len(detail.Disputes) != 2 {
+		t.Fatalf("GET /v1/charges/%s: disputes %+v, want 2", disputed.ID, detail.Disputes)
+	}
+
+	b := newBrowser(t, base)
+	b.signIn(acct.APIKey)
+	p := b.get("/charges/" + disputed.ID)
+	rows := regexp.MustCompile(`(?s)<tr data-dispute="([^"]+)" data-status="([^"]*)" data-allows-refund="([^"]*)">(.*?)</tr>`).FindAllStringSubmatch(p.Body, -1)
+	if p.Status != http.StatusOK || len(rows) != len(detail.Disputes) {
+		t.Fatalf("the charge's page: %d, %d disputes shown, want %d as GET /v1/charges/{id} answers; page:\n%s", p.Status, len(rows), len(detail.Disputes), p.Body)
+	}
+	for i, d := range detail.Disputes {
+		row := rows[i]
+		cells := html.UnescapeString(row[4])
+		if row[1] != d.StripeDisputeID || row[2] != d.Status || row[3] != fmt.Sprint(d.AllowsRefund) ||
+			!strings.Contains(cells, fmt.Sprintf("%d %s", d.Amount, d.Currency)) || d.Reason == nil || !strings.Contains(cells, *d.Reason) {
+			t.Errorf("dispute %d on the page: %q; want %s, %s, allows_refund %v, %d %s, reason %v as the API shows it",
+				i, row[0], d.StripeDisputeID, d.Status, d.AllowsRefund, d.Amount, d.Currency, d.Reason)
+		}
+	}
+	if !strings.Contains(rows[0][4], "a refund is refused") || strings.Contains(rows[1][4], "a refund is refused") {
+		t.Errorf("the disputes' verdict on a refund: %q and %q; want the first to say a refund is refused, the second not", rows[0][4], rows[1][4])
+	}
+	if p := b.get("/charges/" + other.ID); p.Status != http.StatusOK || strings.Contains(p.Body, "data-dispute=") || !strings.Contains(p.Body, "No disputes.") {
+		t.Errorf("an undisputed charge's page: %d, want no dispute shown and \"No disputes.\"; page:\n%s", p.Status, p.Body)
 	}
 }
 
@@ -1113,7 +1188,7 @@ type signedIn struct {
 func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
 	t.Helper()
 	env := apitest.New(t, apitest.Options{})
-	c, err := console.New(env.Pool, env.Auth, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
+	c, err := console.New(env.Pool, env.Auth, env.Charges, env.MerchantHooks, console.Config{LockTimeout: idempotency.DefaultConfig().LockTimeout}, env.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1199,24 +1274,34 @@ func endBetweenSessionAndResend(t *testing.T, end func(signedIn)) {
 // a byte that is not UTF-8, a control character), which no record, charge
 // or event has, is a 400 before any page runs, never a query that
 // PostgreSQL refuses (a 500); for a visitor signed in or not, and for the
-// static files too.
+// static files too. The 400 is the console's error page, under its
+// Content-Security-Policy, as every other refusal of the console: it was a
+// line of plain text.
 func TestAddressThatIsNotText(t *testing.T) {
 	t.Parallel()
 	env := apitest.New(t, apitest.Options{})
 	base := newConsole(t, env)
 	b := newBrowser(t, base)
 	b.signIn(dbtest.NewAccount(t).APIKey)
-	for _, path := range []string{"/charges/%ff", "/charges/%00", "/records/%ff", "/records/a%00b", "/events/%ff",
-		"/events/%01", "/static/%ff", "/records?state=%ff", "/charges?x=%00"} {
-		if p := b.get(path); p.Status != http.StatusBadRequest {
-			t.Errorf("GET %s: %d %q, want 400", path, p.Status, p.Body)
-		}
-		if p := newBrowser(t, base).get(path); p.Status != http.StatusBadRequest {
-			t.Errorf("GET %s signed out: %d %q, want 400", path, p.Status, p.Body)
+	refused := func(what string, p page) {
+		t.Helper()
+		if p.Status != http.StatusBadRequest || !strings.HasPrefix(p.Header.Get("Content-Type"), "text/html") ||
+			!strings.Contains(p.Body, `role="alert"`) || !strings.Contains(p.Body, "The address is not text") ||
+			!strings.Contains(p.Header.Get("Content-Security-Policy"), "default-src 'none'") ||
+			p.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: %d %q (Content-Type %q, Content-Security-Policy %q); want 400, the error page saying the address is not text, under the console's headers",
+				what, p.Status, p.Body, p.Header.Get("Content-Type"), p.Header.Get("Content-Security-Policy"))
 		}
 	}
-	if p := b.post("/events/%ff/resend", url.Values{"csrf_token": {b.csrf("/events")}}); p.Status != http.StatusBadRequest {
-		t.Errorf("POST /events/%%ff/resend: %d %q, want 400", p.Status, p.Body)
+	for _, path := range []string{"/charges/%ff", "/charges/%00", "/records/%ff", "/records/a%00b", "/events/%ff",
+		"/events/%01", "/static/%ff", "/records?state=%ff", "/charges?x=%00"} {
+		refused("GET "+path, b.get(path))
+		refused("GET "+path+" signed out", newBrowser(t, base).get(path))
+	}
+	refused("POST /events/%ff/resend", b.post("/events/%ff/resend", url.Values{"csrf_token": {b.csrf("/events")}}))
+	// A live refresh gets the page's content alone, as every refusal.
+	if p := b.get("/records?state=%ff", "X-Console-Live", "1"); p.Status != http.StatusBadRequest || strings.Contains(p.Body, "<html") {
+		t.Errorf("a live refresh of an address that is not text: %d %q, want 400 and the content alone", p.Status, p.Body)
 	}
 	if p := b.get("/charges/ch_none"); p.Status != http.StatusNotFound {
 		t.Errorf("GET /charges/ch_none: %d, want 404 (text that names no charge)", p.Status)

@@ -229,8 +229,11 @@ func (c *Console) charges(w http.ResponseWriter, r *http.Request, v viewer) {
 }
 
 type chargeDetail struct {
-	Charge  dbsqlc.Charge
-	Refunds []dbsqlc.ConsoleRefundListRow
+	Charge dbsqlc.Charge
+	// Disputes are the charge's disputes as GET /v1/charges/{id} shows
+	// them (charges.Service.Charge), known only from Stripe's events.
+	Disputes []charges.Dispute
+	Refunds  []dbsqlc.ConsoleRefundListRow
 	// History is the charge's events in version order: its status history.
 	History []dbsqlc.ConsoleEventListRow
 }
@@ -245,6 +248,12 @@ func (c *Console) charge(w http.ResponseWriter, r *http.Request, v viewer) {
 		return
 	}
 	d := chargeDetail{Charge: ch}
+	api, err := c.payments.Charge(r.Context(), v.AccountID, ch.ID)
+	if err != nil {
+		c.fail(w, r, fmt.Errorf("reading the charge's disputes: %w", err))
+		return
+	}
+	d.Disputes = api.Disputes
 	if d.Refunds, err = c.q.ConsoleRefundList(r.Context(), c.db, &dbsqlc.ConsoleRefundListParams{
 		AccountID: v.AccountID, ChargeID: ch.ID, MaxRows: pageSize}); err != nil {
 		c.fail(w, r, fmt.Errorf("listing the charge's refunds: %w", err))

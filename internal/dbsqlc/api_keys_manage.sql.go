@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
 const aPIKeyGetByID = `-- name: APIKeyGetByID :one
@@ -82,11 +83,31 @@ func (q *Queries) APIKeyInsert(ctx context.Context, db DBTX, arg *APIKeyInsertPa
 }
 
 const aPIKeyList = `-- name: APIKeyList :many
-SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, console_sign_outs FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL ORDER BY created_at, id
+SELECT id, account_id, key_hash, prefix, idempotency_key_id, created_at, last_used_at, revoked_at, console_sign_outs FROM api_keys
+WHERE account_id = $1 AND revoked_at IS NULL
+  AND ($2::timestamptz IS NULL
+       OR (created_at, id) < ($2::timestamptz, $3::text))
+ORDER BY created_at DESC, id DESC
+LIMIT $4
 `
 
-func (q *Queries) APIKeyList(ctx context.Context, db DBTX, accountID string) ([]ApiKey, error) {
-	rows, err := db.Query(ctx, aPIKeyList, accountID)
+type APIKeyListParams struct {
+	AccountID       string
+	CursorCreatedAt *time.Time
+	CursorID        *string
+	MaxRows         int32
+}
+
+// The account's active keys, newest first (api_keys_account_active,
+// backwards). The cursor is the (created_at, id) of the last key of the
+// previous page (NULL: from the newest).
+func (q *Queries) APIKeyList(ctx context.Context, db DBTX, arg *APIKeyListParams) ([]ApiKey, error) {
+	rows, err := db.Query(ctx, aPIKeyList,
+		arg.AccountID,
+		arg.CursorCreatedAt,
+		arg.CursorID,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}

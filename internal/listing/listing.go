@@ -1,7 +1,8 @@
 // Package listing is the shape the list endpoints share (GET /v1/charges,
-// GET /v1/events, an endpoint's deliveries; GET /v1/webhook_endpoints
-// answers a List of every endpoint, in one page): the limit parameter, and a
-// page of at most limit items that says whether more follow.
+// GET /v1/events, GET /v1/api_keys, an endpoint's deliveries; GET
+// /v1/webhook_endpoints answers a List of every endpoint, in one page): the
+// limit parameter, and a page of at most limit items that says whether more
+// follow.
 package listing
 
 import (

@@ -26,7 +26,7 @@ func TestQueryParameters(t *testing.T) {
 		{http.MethodGet, "/v1/charges?limit=2&ending_before=ch_x", "ending_before"},
 		{http.MethodGet, "/v1/webhook_endpoints/we_x/deliveries?ending_before=whd_x", "ending_before"},
 		{http.MethodGet, "/v1/events?limt=2", "limt"},
-		{http.MethodGet, "/v1/api_keys?limit=1", "limit"},
+		{http.MethodGet, "/v1/api_keys?limit=1&ending_before=key_x", "ending_before"},
 		{http.MethodGet, "/v1/webhook_endpoints?starting_after=we_x", "starting_after"},
 		{http.MethodGet, "/v1/events/evt_x/deliveries?limit=1", "limit"},
 		{http.MethodGet, "/v1/charges/ch_x?expand=refunds", "expand"},
@@ -61,6 +61,7 @@ func TestQueryParameters(t *testing.T) {
 	// key is not held to the list.
 	for target, want := range map[string]int{
 		"/v1/events?limit=2":                      http.StatusOK,
+		"/v1/api_keys?limit=1":                    http.StatusOK,
 		"/v1/charges?limit=2&starting_after=ch_x": http.StatusBadRequest, // the cursor is no charge of the account: a 400 of its own
 		"/healthz?probe=1":                        http.StatusOK,
 		"/openapi.json?v=3":                       http.StatusOK,

@@ -1,9 +1,12 @@
 package stripeevents
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/idempay/idempay/internal/idempotency"
@@ -40,6 +43,15 @@ var disputeStates = map[string]struct {
 }{
 	"warning_needs_response": {1, true}, "warning_under_review": {2, true}, "warning_closed": {3, true},
 	"needs_response": {4, false}, "under_review": {5, false}, "won": {6, true}, "lost": {6, false},
+}
+
+// DisputeStatuses are the dispute statuses idempay knows (disputeStates),
+// by rank: what a dispute event may carry and be applied. idempay webhooks
+// trigger takes one of them for a dispute's --status.
+func DisputeStatuses() []string {
+	return slices.SortedStableFunc(maps.Keys(disputeStates), func(a, b string) int {
+		return cmp.Or(cmp.Compare(disputeStates[a].rank, disputeStates[b].rank), cmp.Compare(b, a)) // won before lost
+	})
 }
 
 // applyDispute records a dispute of a charge, or moves it forward: first

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,12 +23,15 @@ type TriggerOptions struct {
 	Type     string // one of TriggerTypes
 	ChargeID string // ch_... in idempay's ledger (required)
 	RefundID string // re_... in idempay's ledger (refund events)
-	// Status overrides the object's status where the type leaves a choice:
-	// a refund's (default succeeded) or a dispute's: created (default
+	// Status overrides the object's status where the type leaves a choice
+	// (TriggerStatuses): a refund's (default succeeded); a dispute's, any
+	// status idempay knows, whatever the type: created (default
 	// needs_response; warning_needs_response for an inquiry), updated
 	// (default under_review; needs_response escalates an inquiry) or
-	// closed (default lost). Its is_charge_refundable is what Stripe says
-	// of a dispute in that status (disputeRefundable).
+	// closed (default lost; won, warning_closed); or a canceled
+	// PaymentIntent's cancellation_reason (default automatic). A dispute's
+	// is_charge_refundable is what Stripe says of one in that status
+	// (disputeRefundable).
 	Status string
 }
 
@@ -35,11 +39,47 @@ type TriggerOptions struct {
 // handles.
 var TriggerTypes = stripeevents.HandledTypes
 
+// TriggerStatuses are the values TriggerOptions.Status takes, by event
+// type; a type not here takes none.
+var TriggerStatuses = func() map[string][]string {
+	refund := []string{"succeeded", "pending", "requires_action", "failed", "canceled"} // Stripe's refund statuses
+	dispute := stripeevents.DisputeStatuses()
+	return map[string][]string{
+		// Stripe's cancellation_reason values (stripe-go's PaymentIntentCancellationReason).
+		"payment_intent.canceled": {"automatic", "abandoned", "duplicate", "failed_invoice", "fraudulent", "requested_by_customer", "void_invoice"},
+		"refund.created":          refund, "charge.refund.updated": refund, "refund.updated": refund,
+		"charge.dispute.created": dispute, "charge.dispute.updated": dispute, "charge.dispute.closed": dispute,
+	}
+}()
+
+// CheckTrigger refuses options no event can be built from, before anything
+// is read: a type that is not one of TriggerTypes, or a Status the type does
+// not take (TriggerStatuses), each with what would do.
+func CheckTrigger(o TriggerOptions) error {
+	if !slices.Contains(TriggerTypes, o.Type) {
+		return fmt.Errorf("unknown event type %q; one of %s", o.Type, strings.Join(TriggerTypes, ", "))
+	}
+	if o.Status == "" {
+		return nil
+	}
+	statuses, ok := TriggerStatuses[o.Type]
+	if !ok {
+		return fmt.Errorf("%s takes no --status", o.Type)
+	}
+	if !slices.Contains(statuses, o.Status) {
+		return fmt.Errorf("--status %q is not one of %s's: %s", o.Status, o.Type, strings.Join(statuses, ", "))
+	}
+	return nil
+}
+
 // Trigger builds a realistic event about a charge (or one of its refunds)
 // from the ledger, as Stripe would send it: the objects carry Stripe's ids
 // and the metadata idempay put on them (idempay_record ...), so the event
 // finds its ledger row the way a real one does.
 func Trigger(ctx context.Context, dbtx dbsqlc.DBTX, o TriggerOptions) (Event, error) {
+	if err := CheckTrigger(o); err != nil {
+		return Event{}, err
+	}
 	q := dbsqlc.New()
 	// An id that is not text is no charge's or refund's: not found, rather
 	// than a statement PostgreSQL refuses with an error of its own.

@@ -9,6 +9,7 @@ import (
 	"github.com/idempay/idempay/internal/accounts"
 	"github.com/idempay/idempay/internal/idempotency"
 	"github.com/idempay/idempay/internal/idempotency/idemhttp"
+	"github.com/idempay/idempay/internal/listing"
 )
 
 // Keys serves POST, GET /v1/api_keys and DELETE /v1/api_keys/{id}.
@@ -25,7 +26,11 @@ func (h *Keys) Routes(g *echo.Group, m ...echo.MiddlewareFunc) {
 }
 
 func (h *Keys) list(c echo.Context) error {
-	out, err := h.k.List(c.Request().Context(), FromContext(c).ID)
+	limit, err := listing.Limit(c.QueryParam("limit"))
+	if err != nil {
+		return err
+	}
+	out, err := h.k.List(c.Request().Context(), FromContext(c).ID, limit, c.QueryParam("starting_after"))
 	if err != nil {
 		return err
 	}
