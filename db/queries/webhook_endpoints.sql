@@ -102,6 +102,13 @@ SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)
 -- started one since this batch was claimed).
 SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
 
+-- name: WebhookEndpointsLockFree :many
+-- WebhookEndpointsLock without waiting: the batch's endpoints that no
+-- other transaction holds, locked. A batch whose recording waited past
+-- RowLockWait for an endpoint (an operator's open transaction) records
+-- the deliveries of these and leaves the others leased (finish).
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) AND failing_since IS NOT NULL;

@@ -1070,6 +1070,39 @@ func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []strin
 	return items, nil
 }
 
+const webhookEndpointsLockFree = `-- name: WebhookEndpointsLockFree :many
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+`
+
+type WebhookEndpointsLockFreeRow struct {
+	ID           string
+	FailingSince *time.Time
+}
+
+// WebhookEndpointsLock without waiting: the batch's endpoints that no
+// other transaction holds, locked. A batch whose recording waited past
+// RowLockWait for an endpoint (an operator's open transaction) records
+// the deliveries of these and leaves the others leased (finish).
+func (q *Queries) WebhookEndpointsLockFree(ctx context.Context, db DBTX, ids []string) ([]WebhookEndpointsLockFreeRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointsLockFree, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WebhookEndpointsLockFreeRow
+	for rows.Next() {
+		var i WebhookEndpointsLockFreeRow
+		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY ($1::text[]) AND failing_since IS NOT NULL
 `
