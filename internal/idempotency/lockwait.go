@@ -37,7 +37,15 @@ func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Millisecond
 //     (IdempotencyKeyFinish), for that statement and the operation's
 //     writes queued after it. A charge's claim locks no row another
 //     session holds and pays nothing; its finish's bound rides in a
-//     statement the finish sends anyway.
+//     statement the finish sends anyway;
+//   - a release (IdempotencyKeyRelease, after an unknown outcome or a
+//     finish that did not commit) sets it in its WHERE clause as the
+//     takeover does: the record's row is free after a finish that waited
+//     for another row, but another session may hold the record's own (an
+//     operator's, taken during the call, or the one the finish waited
+//     for). Past the wait the release fails, and the record keeps its lock
+//     until Config.LockTimeout, as after a crash, instead of holding the
+//     request until FinishTimeout.
 //
 // The finish is bounded by Config.FinishTimeout too, but that bound is the
 // client's. When it passes during a statement, pgx closes the connection
