@@ -155,3 +155,50 @@ func TestWorkerRecordingWaitingForAnEndpointLockIsBounded(t *testing.T) {
 		t.Fatalf("requests received: %v; want %s three times (each endpoint once, the held one again)", sent, eventID)
 	}
 }
+
+// TestDispatchWaitingForAnEndpointLockIsBounded: the fan-out locks the
+// endpoints an event goes to (FOR SHARE), which an operator's open
+// transaction may hold. While another transaction holds one and does not
+// end (the test's), a dispatcher pass waits for it at most RowLockWait,
+// fails, and creates nothing, its position where it was; once the row is
+// released the next pass fans the event out.
+func TestDispatchWaitingForAnEndpointLockIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setupWait(t, 0, 100*time.Millisecond)
+	epID, _ := b.endpoint(t, "", "*")
+	eventID := b.event(t, events.ChargeSucceeded, "ch_dispatchlock", 1)
+	ctx := context.Background()
+	deliveries := func() int {
+		var n int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE event_id = $1`, eventID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := dbtest.Hold(t, b.pool)
+	if _, err := h.Tx.Exec(ctx, `UPDATE webhook_endpoints SET url = url WHERE id = $1`, epID); err != nil {
+		t.Fatalf("locking the endpoint: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := b.svc.Dispatch(ctx); done <- err }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(ctx)
+		t.Fatalf("the dispatcher pass still waited for the held endpoint's row after 2 minutes; once released: %v", <-done)
+	}
+	if err == nil || !strings.Contains(err.Error(), "55P03") {
+		t.Fatalf("the pass with the endpoint held: %v; want it failed for the lock (55P03)", err)
+	}
+	if n := deliveries(); n != 0 {
+		t.Fatalf("the failed pass created %d deliveries, want none", n)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.dispatch(t)
+	if n := deliveries(); n != 1 {
+		t.Fatalf("the pass once released created %d deliveries of %s, want 1", n, eventID)
+	}
+}
