@@ -98,3 +98,8 @@ func (b *Batch) LimitLockWait(ctx context.Context) error {
 func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
 	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
 }
+
+// LockWait is Config.RowLockWait as PostgreSQL's lock_timeout takes it
+// ('5000ms'), for a statement sent on its own off a request's path that
+// sets the bound in its own WHERE clause, as the takeover does.
+func (r *Runner) LockWait() string { return lockWait(r.cfg.RowLockWait) }

@@ -202,3 +202,44 @@ func TestDispatchWaitingForAnEndpointLockIsBounded(t *testing.T) {
 		t.Fatalf("the pass once released created %d deliveries of %s, want 1", n, eventID)
 	}
 }
+
+// TestRecoveryChunkWaitingForADeliveryLockIsBounded: a recovery's chunk
+// writes the deliveries of the events it reads, one of which another
+// transaction may hold (the test's, an uncommitted insert of it, as an
+// operator's open transaction could). A worker expanding the chunk waits
+// for it at most RowLockWait, fails, and changes nothing, the recovery's
+// cursor where it was; once the row is released the chunk is expanded.
+func TestRecoveryChunkWaitingForADeliveryLockIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setupWait(t, 0, 100*time.Millisecond)
+	epID, _ := b.endpoint(t, "", "*")
+	eventID := b.event(t, events.ChargeSucceeded, "ch_expandlock", 1)
+	rec := b.recover(t, epID)
+	ctx := context.Background()
+	before, _ := b.cursor(t, rec.ID)
+	h := b.holdDelivery(t, eventID, epID)
+	done := make(chan error, 1)
+	go func() { _, err := b.svc.ExpandRecovery(ctx); done <- err }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		_ = h.Tx.Rollback(ctx)
+		t.Fatalf("the recovery's chunk still waited for the held delivery after 2 minutes; once released: %v", <-done)
+	}
+	if err == nil || !strings.Contains(err.Error(), "55P03") {
+		t.Fatalf("the chunk with the delivery held: %v; want it failed for the lock (55P03)", err)
+	}
+	if seq, done := b.cursor(t, rec.ID); seq != before || done {
+		t.Fatalf("the recovery after the failed chunk: cursor %d, done %v; want where it was, %d", seq, done, before)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.expand(t); n != 1 {
+		t.Fatalf("%d chunks expanded once released, want 1", n)
+	}
+	if n := b.pending(t, epID); n != 1 {
+		t.Fatalf("%d deliveries pending for the endpoint after the chunk, want 1 (%s)", n, eventID)
+	}
+}
