@@ -332,17 +332,20 @@ func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 	rec, err := s.record(ctx, batch, batchAtts, endpoints, false, now)
 	if lockNotAvailable(err) {
 		rec, err = s.record(ctx, batch, batchAtts, endpoints, true, now)
-		if err == nil && len(rec.held) > 0 {
-			err = fmt.Errorf("endpoints %s held by another transaction past the row-lock wait: %d of %d deliveries not recorded; "+
-				"they go again when their leases run out", strings.Join(rec.held, ", "), len(batch)-rec.n, len(batch))
-		}
+	}
+	if err != nil {
+		return err // nothing of it committed
 	}
 	if s.cfg.Observe != nil {
 		for i, o := range rec.outcomes {
 			s.cfg.Observe(o, rec.atts[i].duration)
 		}
 	}
-	return err
+	if len(rec.held) > 0 {
+		return fmt.Errorf("endpoints %s held by another transaction past the row-lock wait (or deleted): %d of %d deliveries not recorded; "+
+			"they go again when their leases run out", strings.Join(rec.held, ", "), len(batch)-rec.n, len(batch))
+	}
+	return nil
 }
 
 // recorded is what one recording of a batch committed: how many of its
@@ -381,7 +384,7 @@ func (s *Service) record(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 			return rec, fmt.Errorf("locking the batch's endpoints: %w", err)
 		}
 		for _, id := range endpoints {
-			if !slices.ContainsFunc(locked, func(e dbsqlc.WebhookEndpointsLockRow) bool { return e.ID == id }) {
+			if free && !slices.ContainsFunc(locked, func(e dbsqlc.WebhookEndpointsLockRow) bool { return e.ID == id }) {
 				rec.held = append(rec.held, id)
 			}
 		}
@@ -390,7 +393,7 @@ func (s *Service) record(ctx context.Context, batch []dbsqlc.WebhookDeliveryClai
 		back := &dbsqlc.WebhookDeliveriesGiveBackParams{}
 		for i, d := range batch {
 			switch {
-			case free && slices.Contains(rec.held, d.EndpointID):
+			case slices.Contains(rec.held, d.EndpointID):
 			case batchAtts[i].givenBack:
 				back.Ids, back.Claims = append(back.Ids, d.ID), append(back.Claims, d.Claims)
 			default:
