@@ -100,9 +100,8 @@ WITH k AS (
 SELECT idempay_expect((SELECT count(*) FROM k), 'IDF01', 'fenced: the idempotency record was taken over');
 
 -- name: IdempotencyKeyRelease :execrows
--- Frees the lock of a record whose phase did not finish (release), with its
--- attempt and error; the completer resumes it after next_attempt_at, a retry
--- at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
+-- Frees a record whose phase did not finish (release), fenced like
+-- IdempotencyKeyFinish; a retry resumes it, the completer after next_attempt_at.
 UPDATE idempotency_keys
 SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE recovery_point END,
     locked_at = NULL,
@@ -112,7 +111,8 @@ SET recovery_point = CASE WHEN @called::boolean THEN 'downstream_called' ELSE re
     updated_at = now()
 WHERE id = @id
   AND lock_generation = @lock_generation
-  AND recovery_point <> 'finished';
+  AND recovery_point <> 'finished'
+  AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL; -- its wait for the row (lockwait.go)
 
 -- name: IdempotencyKeyPark :execrows
 -- Parks one record past the retry ceiling that a client's retry found, at

@@ -102,6 +102,13 @@ SELECT EXISTS (SELECT 1 FROM k)::boolean AS key_active, (SELECT count(*) FROM d)
 -- started one since this batch was claimed).
 SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE;
 
+-- name: WebhookEndpointsLockFree :many
+-- WebhookEndpointsLock without waiting: the batch's endpoints that no
+-- other transaction holds, locked. A batch whose recording waited past
+-- RowLockWait for an endpoint (an operator's open transaction) records
+-- the deliveries of these and leaves the others leased (finish).
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY (@ids::text[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: WebhookEndpointsSucceeded :exec
 -- The endpoints an attempt of a batch reached: no longer failing.
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY (@ids::text[]) AND failing_since IS NOT NULL;
@@ -391,11 +398,15 @@ SELECT * FROM webhook_recoveries WHERE account_id = @account_id AND endpoint_id 
 -- created_at are stamped by, which a GET shows done_at beside. @now (a
 -- test's clock, Config.Now) is the deliveries' schedule's, and no
 -- statement compares done_at with a time: only whether it is NULL. No
--- row when no recovery was free.
+-- row when no recovery was free. A delivery's row that another transaction
+-- holds (an operator's) is waited for at most @row_lock_wait, set before r
+-- yields its row, so before any insert: past it the chunk fails, changing
+-- nothing, and a later pass expands it again.
 WITH r AS MATERIALIZED (
     SELECT r.id, r.account_id, r.endpoint_id, r.until, r.after_created_at, r.after_seq, w.enabled, w.enabled_events
     FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
     WHERE r.done_at IS NULL
+      AND set_config('lock_timeout', @row_lock_wait::text, true) IS NOT NULL -- the chunk's waits (lockwait.go)
     ORDER BY r.until
     LIMIT 1
     FOR NO KEY UPDATE OF r SKIP LOCKED

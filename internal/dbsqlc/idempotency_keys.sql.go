@@ -230,6 +230,7 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, db DBTX, arg *Idempo
 }
 
 const idempotencyKeyPark = `-- name: IdempotencyKeyPark :execrows
+
 UPDATE idempotency_keys
 SET recovery_point = 'parked',
     locked_at = NULL,
@@ -251,6 +252,7 @@ type IdempotencyKeyParkParams struct {
 	RowLockWait        string
 }
 
+// its wait for the row (lockwait.go)
 // Parks one record past the retry ceiling that a client's retry found, at
 // the generation the read saw, as IdempotencyKeyParkExpired parks a batch.
 // 0 rows: the record changed since the read; the runner reads it again.
@@ -279,6 +281,7 @@ SET recovery_point = CASE WHEN $1::boolean THEN 'downstream_called' ELSE recover
 WHERE id = $5
   AND lock_generation = $6
   AND recovery_point <> 'finished'
+  AND set_config('lock_timeout', $7::text, true) IS NOT NULL
 `
 
 type IdempotencyKeyReleaseParams struct {
@@ -288,11 +291,11 @@ type IdempotencyKeyReleaseParams struct {
 	RetryInSeconds float64
 	ID             string
 	LockGeneration int64
+	RowLockWait    string
 }
 
-// Frees the lock of a record whose phase did not finish (release), with its
-// attempt and error; the completer resumes it after next_attempt_at, a retry
-// at once. Fenced like IdempotencyKeyFinish (0 rows: taken over).
+// Frees a record whose phase did not finish (release), fenced like
+// IdempotencyKeyFinish; a retry resumes it, the completer after next_attempt_at.
 func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *IdempotencyKeyReleaseParams) (int64, error) {
 	result, err := db.Exec(ctx, idempotencyKeyRelease,
 		arg.Called,
@@ -301,6 +304,7 @@ func (q *Queries) IdempotencyKeyRelease(ctx context.Context, db DBTX, arg *Idemp
 		arg.RetryInSeconds,
 		arg.ID,
 		arg.LockGeneration,
+		arg.RowLockWait,
 	)
 	if err != nil {
 		return 0, err

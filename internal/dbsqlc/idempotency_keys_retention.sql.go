@@ -12,17 +12,19 @@ import (
 
 const idempotencyKeyDeleteFinishedBefore = `-- name: IdempotencyKeyDeleteFinishedBefore :execrows
 DELETE FROM idempotency_keys
-WHERE id IN (
+WHERE set_config('lock_timeout', $1::text, true) IS NOT NULL
+  AND id IN (
     SELECT ik.id FROM idempotency_keys ik
     WHERE ik.recovery_point = 'finished'
-      AND ik.created_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+      AND ik.created_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
     ORDER BY ik.created_at
-    LIMIT $3
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type IdempotencyKeyDeleteFinishedBeforeParams struct {
+	RowLockWait string
 	Now         *time.Time
 	KeepSeconds float64
 	MaxRecords  int32
@@ -31,9 +33,17 @@ type IdempotencyKeyDeleteFinishedBeforeParams struct {
 // One bounded retention batch: finished records created more than
 // @keep_seconds ago by the database's clock (or the runner's, sqlc.narg(now),
 // which stamped their creation), oldest first, through the partial index on
-// created_at.
+// created_at. A record's ledger row, which the delete sets to NULL, may be
+// locked by another transaction (an operator's): the batch waits for it at
+// most @row_lock_wait (lockwait.go), then fails, deleting nothing, and
+// the next pass tries again.
 func (q *Queries) IdempotencyKeyDeleteFinishedBefore(ctx context.Context, db DBTX, arg *IdempotencyKeyDeleteFinishedBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore, arg.Now, arg.KeepSeconds, arg.MaxRecords)
+	result, err := db.Exec(ctx, idempotencyKeyDeleteFinishedBefore,
+		arg.RowLockWait,
+		arg.Now,
+		arg.KeepSeconds,
+		arg.MaxRecords,
+	)
 	if err != nil {
 		return 0, err
 	}

@@ -1070,6 +1070,39 @@ func (q *Queries) WebhookEndpointsLock(ctx context.Context, db DBTX, ids []strin
 	return items, nil
 }
 
+const webhookEndpointsLockFree = `-- name: WebhookEndpointsLockFree :many
+SELECT id, failing_since FROM webhook_endpoints WHERE id = ANY ($1::text[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+`
+
+type WebhookEndpointsLockFreeRow struct {
+	ID           string
+	FailingSince *time.Time
+}
+
+// WebhookEndpointsLock without waiting: the batch's endpoints that no
+// other transaction holds, locked. A batch whose recording waited past
+// RowLockWait for an endpoint (an operator's open transaction) records
+// the deliveries of these and leaves the others leased (finish).
+func (q *Queries) WebhookEndpointsLockFree(ctx context.Context, db DBTX, ids []string) ([]WebhookEndpointsLockFreeRow, error) {
+	rows, err := db.Query(ctx, webhookEndpointsLockFree, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WebhookEndpointsLockFreeRow
+	for rows.Next() {
+		var i WebhookEndpointsLockFreeRow
+		if err := rows.Scan(&i.ID, &i.FailingSince); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const webhookEndpointsSucceeded = `-- name: WebhookEndpointsSucceeded :exec
 UPDATE webhook_endpoints SET failing_since = NULL WHERE id = ANY ($1::text[]) AND failing_since IS NOT NULL
 `
@@ -1140,6 +1173,7 @@ WITH r AS MATERIALIZED (
     SELECT r.id, r.account_id, r.endpoint_id, r.until, r.after_created_at, r.after_seq, w.enabled, w.enabled_events
     FROM webhook_recoveries r JOIN webhook_endpoints w ON w.id = r.endpoint_id
     WHERE r.done_at IS NULL
+      AND set_config('lock_timeout', $2::text, true) IS NOT NULL -- the chunk's waits (lockwait.go)
     ORDER BY r.until
     LIMIT 1
     FOR NO KEY UPDATE OF r SKIP LOCKED
@@ -1155,7 +1189,7 @@ WITH r AS MATERIALIZED (
 ), recovered AS (
     INSERT INTO webhook_deliveries (event_id, endpoint_id, account_id, object_id, object_version, state, next_attempt_at)
     SELECT c.id, r.endpoint_id, r.account_id, c.object_id, c.object_version, CASE WHEN r.enabled THEN 'pending' ELSE 'paused' END,
-           coalesce($2::timestamptz, now())
+           coalesce($3::timestamptz, now())
     FROM chunk c, r
     WHERE c.type::text = ANY (r.enabled_events) OR '*' = ANY (r.enabled_events)
     ORDER BY c.created_at, c.seq
@@ -1174,8 +1208,9 @@ RETURNING u.id, (u.done_at IS NOT NULL)::boolean AS done
 `
 
 type WebhookRecoveryExpandParams struct {
-	MaxRows int32
-	Now     *time.Time
+	MaxRows     int32
+	RowLockWait string
+	Now         *time.Time
 }
 
 type WebhookRecoveryExpandRow struct {
@@ -1209,9 +1244,12 @@ type WebhookRecoveryExpandRow struct {
 // created_at are stamped by, which a GET shows done_at beside. @now (a
 // test's clock, Config.Now) is the deliveries' schedule's, and no
 // statement compares done_at with a time: only whether it is NULL. No
-// row when no recovery was free.
+// row when no recovery was free. A delivery's row that another transaction
+// holds (an operator's) is waited for at most @row_lock_wait, set before r
+// yields its row, so before any insert: past it the chunk fails, changing
+// nothing, and a later pass expands it again.
 func (q *Queries) WebhookRecoveryExpand(ctx context.Context, db DBTX, arg *WebhookRecoveryExpandParams) (WebhookRecoveryExpandRow, error) {
-	row := db.QueryRow(ctx, webhookRecoveryExpand, arg.MaxRows, arg.Now)
+	row := db.QueryRow(ctx, webhookRecoveryExpand, arg.MaxRows, arg.RowLockWait, arg.Now)
 	var i WebhookRecoveryExpandRow
 	err := row.Scan(&i.ID, &i.Done)
 	return i, err

@@ -308,3 +308,61 @@ func TestFinishWaitingForALedgerLockIsBounded(t *testing.T) {
 		t.Fatalf("after the retry: record %s, %d calls; want finished, 2 calls", rec.RecoveryPoint, op.calls.Load())
 	}
 }
+
+// TestReleaseWaitingForTheRecordLockIsBounded: a phase whose outcome is
+// unknown releases its record with an UPDATE of the record's row, as does
+// a finish that failed. While another transaction holds that row and does
+// not end (the test's, taken during the downstream call, as an operator's
+// open transaction would), the release gives up in the database once it
+// has waited RowLockWait, whatever FinishTimeout, the client's bound, is:
+// the request is answered unknown outcome with no backend left waiting.
+// The record keeps its lock, not released, and a retry finds it in flight
+// until the lock expires (LockTimeout), when a retry takes it over and
+// finishes it.
+func TestReleaseWaitingForTheRecordLockIsBounded(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	clock := newTestClock()
+	cfg := idempotency.DefaultConfig()
+	cfg.Now = clock.Now
+	cfg.RowLockWait = 200 * time.Millisecond
+	cfg.FinishTimeout = time.Hour // the client's bound, never reached here: the database's must end the wait
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	ctx := context.Background()
+	h := dbtest.Hold(t, d.Pool)
+	op := &testOp{pool: d.Pool, accountID: d.AccountID}
+	op.execute = func(ctx context.Context, rec *idempotency.Record) idempotency.Step {
+		if op.calls.Load() == 1 { // the first call: the record is held while it is released
+			if _, err := h.Tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE id = $1 FOR UPDATE`, rec.ID); err != nil {
+				t.Errorf("locking the record: %v", err)
+			}
+			return idempotency.Unknown(errors.New("downstream timed out"))
+		}
+		return finishFor(rec, "A")
+	}
+	run := func() error { _, err := r.Run(ctx, request(d.AccountID, "held-release"), op); return err }
+	_ = requireKind(t, runWhileLocked(t, h, "the release", run), idempotency.ErrUnknownOutcome)
+
+	var waiting []string
+	if err := d.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(a.pid || ' ' || a.state || ': ' || a.query), '{}')
+		FROM pg_stat_activity a WHERE a.datname = current_database() AND a.wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	if len(waiting) > 0 {
+		t.Errorf("backends still wait for a lock after the request returned: %q", waiting)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "held-release"); rec.LockedAt == nil || rec.Attempts != 0 {
+		t.Errorf("record %s locked at %v after %d attempts; want it still locked, not released", rec.RecoveryPoint, rec.LockedAt, rec.Attempts)
+	}
+	_ = requireKind(t, run(), idempotency.ErrInFlight)
+	clock.Advance(cfg.LockTimeout + time.Second)
+	if err := run(); err != nil {
+		t.Fatalf("the retry once the lock expired: %v", err)
+	}
+	if rec := readRecord(t, d.Pool, d.AccountID, "held-release"); rec.RecoveryPoint != idempotency.PointFinished || op.calls.Load() != 2 {
+		t.Fatalf("after the retry: record %s, %d calls; want finished, 2 calls", rec.RecoveryPoint, op.calls.Load())
+	}
+}

@@ -37,7 +37,15 @@ func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Millisecond
 //     (IdempotencyKeyFinish), for that statement and the operation's
 //     writes queued after it. A charge's claim locks no row another
 //     session holds and pays nothing; its finish's bound rides in a
-//     statement the finish sends anyway.
+//     statement the finish sends anyway;
+//   - a release (IdempotencyKeyRelease, after an unknown outcome or a
+//     finish that did not commit) sets it in its WHERE clause as the
+//     takeover does: the record's row is free after a finish that waited
+//     for another row, but another session may hold the record's own (an
+//     operator's, taken during the call, or the one the finish waited
+//     for). Past the wait the release fails, and the record keeps its lock
+//     until Config.LockTimeout, as after a crash, instead of holding the
+//     request until FinishTimeout.
 //
 // The finish is bounded by Config.FinishTimeout too, but that bound is the
 // client's. When it passes during a statement, pgx closes the connection
@@ -90,3 +98,8 @@ func (b *Batch) LimitLockWait(ctx context.Context) error {
 func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
 	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
 }
+
+// LockWait is Config.RowLockWait as PostgreSQL's lock_timeout takes it
+// ('5000ms'), for a statement sent on its own off a request's path that
+// sets the bound in its own WHERE clause, as the takeover does.
+func (r *Runner) LockWait() string { return lockWait(r.cfg.RowLockWait) }

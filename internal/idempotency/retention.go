@@ -15,7 +15,12 @@ import (
 // an index range scan on the partial index of finished records, so its cost
 // depends on the batch size, not on the size of the table. Unfinished
 // records are never deleted, and ledger rows stay (their
-// idempotency_key_id becomes NULL).
+// idempotency_key_id becomes NULL). Setting it waits for a ledger row's
+// lock at most RowLockWait (lockwait.go): a row another transaction holds
+// and does not end (an operator's) fails the batch, with nothing deleted,
+// instead of stalling retention and holding the batch's records, which a
+// new request under one of their keys would wait for; the next pass tries
+// again.
 //
 // Daily partitions were considered and rejected: the unique (scope,
 // key) index would have to include the partition column, and a retry that
@@ -25,7 +30,8 @@ func (r *Runner) PurgeExpired(ctx context.Context) (int64, error) {
 	var total int64
 	for {
 		n, err := r.q.IdempotencyKeyDeleteFinishedBefore(ctx, r.pool,
-			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{Now: r.now(), KeepSeconds: keep, MaxRecords: r.cfg.RetentionBatch})
+			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{Now: r.now(), KeepSeconds: keep, MaxRecords: r.cfg.RetentionBatch,
+				RowLockWait: lockWait(r.cfg.RowLockWait)})
 		if err != nil {
 			return total, fmt.Errorf("purging idempotency records: %w", err)
 		}

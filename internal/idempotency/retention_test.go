@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempay/idempay/internal/dbtest"
 	"github.com/idempay/idempay/internal/idempotency"
 )
 
@@ -199,5 +200,51 @@ func TestRetentionKeepsTheRunnersClock(t *testing.T) {
 	clock.Advance(cfg.Retention + cfg.RetentionGrace + time.Minute)
 	if n, err := r.PurgeExpired(ctx); err != nil || n != 1 {
 		t.Fatalf("a purge past the window and the grace, by the runner's clock: deleted %d (%v), want 1", n, err)
+	}
+}
+
+// TestRetentionWaitingForALedgerLockIsBounded: deleting a record sets its
+// ledger row's idempotency_key_id to NULL, which waits for that row's
+// lock. While another transaction holds the charge of an expired record
+// and does not end (the test's, as an operator's would), a purge waits for
+// it at most RowLockWait and fails, deleting nothing; once the charge is
+// released the next purge deletes the record and keeps the charge.
+func TestRetentionWaitingForALedgerLockIsBounded(t *testing.T) {
+	t.Parallel()
+	d := newTestDB(t)
+	ctx := context.Background()
+	cfg := idempotency.DefaultConfig()
+	cfg.RowLockWait = 200 * time.Millisecond
+	clock := newTestClock()
+	cfg.Now = clock.Now
+	r := idempotency.NewRunner(d.Pool, cfg, testLogger(t))
+	op := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		return finishFor(rec, "first")
+	}}
+	if _, err := r.Run(ctx, request(d.AccountID, "expired"), op); err != nil {
+		t.Fatal(err)
+	}
+	rec := readRecord(t, d.Pool, d.AccountID, "expired")
+	clock.Advance(cfg.Retention + cfg.RetentionGrace + time.Hour)
+	h := dbtest.Hold(t, d.Pool)
+	var chargeID string
+	if err := h.Tx.QueryRow(ctx, `SELECT id FROM charges WHERE idempotency_key_id = $1 FOR UPDATE`, rec.ID).Scan(&chargeID); err != nil {
+		t.Fatalf("locking the charge: %v", err)
+	}
+	var n int64
+	err := runWhileLocked(t, h, "the purge", func() error { var err error; n, err = r.PurgeExpired(ctx); return err })
+	if err == nil || !strings.Contains(err.Error(), "55P03") || n != 0 {
+		t.Fatalf("the purge with the charge held: %d deleted, %v; want none, failed for the lock (55P03)", n, err)
+	}
+	if err := h.Tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = readRecord(t, d.Pool, d.AccountID, "expired") // still there
+	if n, err := r.PurgeExpired(ctx); n != 1 || err != nil {
+		t.Fatalf("the purge once the charge is released: %d deleted, %v; want 1", n, err)
+	}
+	var kept bool
+	if err := d.Pool.QueryRow(ctx, `SELECT idempotency_key_id IS NULL FROM charges WHERE id = $1`, chargeID).Scan(&kept); err != nil || !kept {
+		t.Fatalf("the charge %s after its record's purge: without it %v (%v); want kept, without it", chargeID, kept, err)
 	}
 }

@@ -485,7 +485,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 		Called:         called,
 		LastError:      &lastErr,
 		RetryInSeconds: retryIn.Seconds(),
-		Now:            r.now(),
+		Now:            r.now(), RowLockWait: lockWait(r.cfg.RowLockWait),
 	})
 	if err == nil && n > 0 && called {
 		rec.RecoveryPoint = PointDownstreamCalled // what the request's span reports

@@ -27,12 +27,22 @@ import (
 // version without the earlier one. The fan-out is an INSERT ... ON CONFLICT
 // DO NOTHING on (event, endpoint): a pass repeated after a crash creates
 // nothing twice. It runs off the request path, and reads the events table
-// only.
+// only. Once it holds the dispatcher's row (which it waits for without
+// bound: only passes take it, each short), the pass waits for any other
+// row lock at most RowLockWait (Runner.LimitLockWait): an endpoint's row
+// that another transaction holds and does not end (an operator's) blocks
+// the fan-out's FOR SHARE, and a pass waiting for it would keep the
+// endpoints it has locked from the workers' recordings for as long. Past
+// the wait nothing of the pass commits, and the next pass, after
+// Interval, tries again.
 func (s *Service) Dispatch(ctx context.Context) (int64, error) {
 	return db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 		last, err := s.q.WebhookDispatcherLock(ctx, tx)
 		if err != nil {
 			return 0, fmt.Errorf("locking the dispatcher: %w", err)
+		}
+		if err := s.runner.LimitLockWait(ctx, tx); err != nil {
+			return 0, fmt.Errorf("bounding the pass's lock waits: %w", err)
 		}
 		// Before this pass keeps gaps of its own (WebhookDispatchGapsStamp).
 		if err := s.q.WebhookDispatchGapsStamp(ctx, tx); err != nil {

@@ -241,10 +241,13 @@ func (s *Service) GetRecovery(ctx context.Context, accountID, endpointID, id str
 // (from since on, through an index: older events cost nothing), that its
 // endpoint takes, and its cursor moves past them, in the same commit. It
 // returns false when no recovery was free to expand. Each worker pass
-// runs it before claiming deliveries (RunWorkers).
+// runs it before claiming deliveries (RunWorkers). A delivery's row that
+// another transaction holds is waited for at most RowLockWait: an
+// operator's open transaction would otherwise stall the worker loop, its
+// claims with it, for as long as it lives.
 func (s *Service) ExpandRecovery(ctx context.Context) (bool, error) {
 	row, err := s.q.WebhookRecoveryExpand(ctx, s.pool, &dbsqlc.WebhookRecoveryExpandParams{
-		MaxRows: int32(max(1, s.cfg.RecoverChunk)), Now: s.cfg.dbNow()})
+		MaxRows: int32(max(1, s.cfg.RecoverChunk)), Now: s.cfg.dbNow(), RowLockWait: s.runner.LockWait()})
 	if errors.Is(db.NotFound(err), db.ErrNotFound) {
 		return false, nil
 	} else if err != nil {

@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempay/idempay/db"
 	"github.com/idempay/idempay/internal/dbsqlc"
@@ -302,82 +303,150 @@ func (s *Service) outcome(d dbsqlc.WebhookDeliveryClaimRow, a attempt) (state st
 // failure clocks; and the endpoints to disable, with their events. What
 // an endpoint answered counts for the endpoint whether or not its
 // delivery's outcome was fenced (endpointsAfter).
+//
+// The transaction waits for a row lock at most RowLockWait
+// (Runner.LimitLockWait), as a request does: an endpoint's row that
+// another transaction holds and does not end (an operator's) would
+// otherwise hold the worker, its connection and every delivery of its
+// batch for as long. Past the wait nothing of it commits, and finish
+// records again the deliveries of the endpoints that no transaction holds
+// then (WebhookEndpointsLockFree); the others' are not recorded and keep
+// their lease: they go again, under the same webhook-ids, when it runs
+// out (at least once, as after a crash), and finish returns an error
+// naming them.
 func (s *Service) finish(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt) error {
 	ctx = context.WithoutCancel(ctx) // the attempts happened: record them
 	// nil: the database's now(), in the statements that record the batch.
 	now := s.cfg.dbNow()
-	// The deliveries given back unsent have no attempt to record.
-	var claimed []dbsqlc.WebhookDeliveryClaimRow
-	var atts []attempt
-	back := &dbsqlc.WebhookDeliveriesGiveBackParams{}
-	for i, d := range batch {
-		if batchAtts[i].givenBack {
-			back.Ids, back.Claims = append(back.Ids, d.ID), append(back.Claims, d.Claims)
-			continue
-		}
-		claimed, atts = append(claimed, d), append(atts, batchAtts[i])
-	}
-	if len(back.Ids) > 0 {
-		s.log.WarnContext(ctx, "webhooks out: the worker stalled past most of its lease; deliveries given back unsent", "count", len(back.Ids))
-	}
-	ins := &dbsqlc.WebhookAttemptsInsertParams{}
-	fin := &dbsqlc.WebhookDeliveriesFinishParams{Now: now}
-	outcomes := make([]string, len(claimed))
-	for i, d := range claimed {
-		a := atts[i]
-		errText := truncate(a.err, 1000)
-		ins.DeliveryIds = append(ins.DeliveryIds, d.ID)
-		ins.ScheduledAts = append(ins.ScheduledAts, d.NextAttemptAt)
-		ins.StartedAts = append(ins.StartedAts, a.started)
-		ins.DurationsMs = append(ins.DurationsMs, int32(a.duration.Milliseconds()))
-		ins.Statuses = append(ins.Statuses, int32(a.status))
-		ins.ResponseBodies = append(ins.ResponseBodies, truncate(a.answer, maxAnswerBytes))
-		ins.Errors = append(ins.Errors, errText)
-		state, retryIn, outcome := s.outcome(d, a)
-		fin.Ids = append(fin.Ids, d.ID)
-		fin.Claims = append(fin.Claims, d.Claims)
-		fin.States = append(fin.States, state)
-		fin.RetryInSeconds = append(fin.RetryInSeconds, retryIn.Seconds())
-		fin.Statuses = append(fin.Statuses, int32(a.status))
-		fin.Errors = append(fin.Errors, errText)
-		outcomes[i] = outcome
-	}
 	var endpoints []string
-	for _, d := range batch {
+	given := 0
+	for i, d := range batch {
 		endpoints = appendOnce(endpoints, d.EndpointID)
-	}
-	_, err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		// The endpoints first, then the deliveries (WebhookEndpointsLock).
-		locked, err := s.q.WebhookEndpointsLock(ctx, tx, endpoints)
-		if err != nil {
-			return struct{}{}, fmt.Errorf("locking the batch's endpoints: %w", err)
+		if batchAtts[i].givenBack {
+			given++
 		}
+	}
+	if given > 0 {
+		s.log.WarnContext(ctx, "webhooks out: the worker stalled past most of its lease; deliveries given back unsent", "count", given)
+	}
+	rec, err := s.record(ctx, batch, batchAtts, endpoints, false, now)
+	if lockNotAvailable(err) {
+		rec, err = s.record(ctx, batch, batchAtts, endpoints, true, now)
+	}
+	if err != nil {
+		return err // nothing of it committed
+	}
+	if s.cfg.Observe != nil {
+		for i, o := range rec.outcomes {
+			s.cfg.Observe(o, rec.atts[i].duration)
+		}
+	}
+	if len(rec.held) > 0 {
+		return fmt.Errorf("endpoints %s held by another transaction past the row-lock wait (or deleted): %d of %d deliveries not recorded; "+
+			"they go again when their leases run out", strings.Join(rec.held, ", "), len(batch)-rec.n, len(batch))
+	}
+	return nil
+}
+
+// recorded is what one recording of a batch committed: how many of its
+// deliveries (attempted or given back), the attempts and their outcomes,
+// and the endpoints it left to their holders.
+type recorded struct {
+	n        int
+	atts     []attempt
+	outcomes []string
+	held     []string
+}
+
+// record is one recording transaction of finish: of the whole batch,
+// waiting for its endpoints' rows at most RowLockWait, or (free) of the
+// deliveries of the endpoints no other transaction holds, waiting for
+// none of them.
+func (s *Service) record(ctx context.Context, batch []dbsqlc.WebhookDeliveryClaimRow, batchAtts []attempt, endpoints []string, free bool, now *time.Time) (recorded, error) {
+	return db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) (recorded, error) {
+		var rec recorded
+		if err := s.runner.LimitLockWait(ctx, tx); err != nil {
+			return rec, err
+		}
+		// The endpoints first, then the deliveries (WebhookEndpointsLock).
+		var locked []dbsqlc.WebhookEndpointsLockRow
+		var err error
+		if free {
+			var rows []dbsqlc.WebhookEndpointsLockFreeRow
+			rows, err = s.q.WebhookEndpointsLockFree(ctx, tx, endpoints)
+			for _, r := range rows {
+				locked = append(locked, dbsqlc.WebhookEndpointsLockRow(r))
+			}
+		} else {
+			locked, err = s.q.WebhookEndpointsLock(ctx, tx, endpoints)
+		}
+		if err != nil {
+			return rec, fmt.Errorf("locking the batch's endpoints: %w", err)
+		}
+		for _, id := range endpoints {
+			if free && !slices.ContainsFunc(locked, func(e dbsqlc.WebhookEndpointsLockRow) bool { return e.ID == id }) {
+				rec.held = append(rec.held, id)
+			}
+		}
+		// The deliveries given back unsent have no attempt to record.
+		var claimed []dbsqlc.WebhookDeliveryClaimRow
+		back := &dbsqlc.WebhookDeliveriesGiveBackParams{}
+		for i, d := range batch {
+			switch {
+			case slices.Contains(rec.held, d.EndpointID):
+			case batchAtts[i].givenBack:
+				back.Ids, back.Claims = append(back.Ids, d.ID), append(back.Claims, d.Claims)
+			default:
+				claimed, rec.atts = append(claimed, d), append(rec.atts, batchAtts[i])
+			}
+		}
+		rec.n = len(back.Ids) + len(claimed)
 		if len(back.Ids) > 0 {
 			if err := s.q.WebhookDeliveriesGiveBack(ctx, tx, back); err != nil {
-				return struct{}{}, fmt.Errorf("giving deliveries back: %w", err)
+				return rec, fmt.Errorf("giving deliveries back: %w", err)
 			}
 		}
 		if len(claimed) == 0 {
-			return struct{}{}, nil
+			return rec, nil
+		}
+		ins := &dbsqlc.WebhookAttemptsInsertParams{}
+		fin := &dbsqlc.WebhookDeliveriesFinishParams{Now: now}
+		rec.outcomes = make([]string, len(claimed))
+		for i, d := range claimed {
+			a := rec.atts[i]
+			errText := truncate(a.err, 1000)
+			ins.DeliveryIds = append(ins.DeliveryIds, d.ID)
+			ins.ScheduledAts = append(ins.ScheduledAts, d.NextAttemptAt)
+			ins.StartedAts = append(ins.StartedAts, a.started)
+			ins.DurationsMs = append(ins.DurationsMs, int32(a.duration.Milliseconds()))
+			ins.Statuses = append(ins.Statuses, int32(a.status))
+			ins.ResponseBodies = append(ins.ResponseBodies, truncate(a.answer, maxAnswerBytes))
+			ins.Errors = append(ins.Errors, errText)
+			state, retryIn, outcome := s.outcome(d, a)
+			fin.Ids = append(fin.Ids, d.ID)
+			fin.Claims = append(fin.Claims, d.Claims)
+			fin.States = append(fin.States, state)
+			fin.RetryInSeconds = append(fin.RetryInSeconds, retryIn.Seconds())
+			fin.Statuses = append(fin.Statuses, int32(a.status))
+			fin.Errors = append(fin.Errors, errText)
+			rec.outcomes[i] = outcome
 		}
 		counted, err := s.q.WebhookDeliveriesFinish(ctx, tx, fin)
 		if err != nil {
-			return struct{}{}, fmt.Errorf("finishing deliveries: %w", err)
+			return rec, fmt.Errorf("finishing deliveries: %w", err)
 		}
 		if err := s.q.WebhookAttemptsInsert(ctx, tx, ins); err != nil {
-			return struct{}{}, fmt.Errorf("recording attempts: %w", err)
+			return rec, fmt.Errorf("recording attempts: %w", err)
 		}
-		return struct{}{}, s.endpointsAfter(ctx, tx, locked, claimed, outcomes, counted, now)
+		return rec, s.endpointsAfter(ctx, tx, locked, claimed, rec.outcomes, counted, now)
 	})
-	if err != nil {
-		return err
-	}
-	if s.cfg.Observe != nil {
-		for i, o := range outcomes {
-			s.cfg.Observe(o, atts[i].duration)
-		}
-	}
-	return nil
+}
+
+// lockNotAvailable is PostgreSQL's lock_not_available (55P03): a
+// statement waited for a row lock past its transaction's lock_timeout.
+func lockNotAvailable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
 // endpointsAfter applies a batch's attempts to their endpoints, in tx, by

@@ -29,10 +29,21 @@ func TestContendedMessageIsNakedAsContended(t *testing.T) {
 	b.env.Stripe.FailFor(stripefake.Fail500, time.Hour) // until the row is held
 	b.publish(t, message(acct, key, 1000), "")
 	b.waitFor(t, "the nak of the unknown outcome", func() bool { return b.count(orders.OutcomeNak+"/unknown_outcome") >= 1 })
+	// The record's row is taken only while its lock is free: released, no
+	// redelivery in its call. One in its call would find the row held when
+	// it releases the record, leave it locked, and its redeliveries would
+	// find it in flight, not contended, until the lock expired.
+	// A takeover that commits meanwhile is seen by the locking read, which
+	// then finds no row and tries again.
 	h := dbtest.Hold(t, b.env.Pool)
-	if _, err := h.Tx.Exec(context.Background(), `SELECT 1 FROM idempotency_keys WHERE account_id = $1 AND key = $2 FOR UPDATE`, acct, key); err != nil {
-		t.Fatalf("locking the record: %v", err)
-	}
+	b.waitFor(t, "the record's row, its lock free", func() bool {
+		tag, err := h.Tx.Exec(context.Background(), `SELECT 1 FROM idempotency_keys
+			WHERE account_id = $1 AND key = $2 AND locked_at IS NULL FOR UPDATE`, acct, key)
+		if err != nil {
+			t.Fatalf("locking the record: %v", err)
+		}
+		return tag.RowsAffected() == 1
+	})
 	b.waitFor(t, "the nak of the contended takeover", func() bool { return b.count(orders.OutcomeNak+"/contended") >= 1 })
 	if n := b.count(orders.OutcomeNak + "/unavailable"); n != 0 {
 		t.Errorf("%d naks counted unavailable while the database was up, want 0", n)
