@@ -31,10 +31,7 @@ func TestAmountChecks(t *testing.T) {
 		t.Fatalf("inserting a charge: %v", err)
 	}
 
-	for _, tc := range []struct {
-		name, set string
-		violates  bool
-	}{
+	checkUpdates(t, tx, "charges", id, []checkCase{
 		{"captured up to the amount", "amount_captured = amount", false},
 		{"captured above the amount", "amount_captured = amount + 1", true},
 		{"capturable up to the amount", "amount_capturable = amount", false},
@@ -42,14 +39,28 @@ func TestAmountChecks(t *testing.T) {
 		{"refunded up to the captured", "amount_refunded = amount_captured", false},
 		{"refunded above the captured", "amount_refunded = amount_captured + 1", true},
 		{"captured below the refunded", "amount_refunded = 600, amount_captured = 599", true},
-	} {
-		// Each update in a savepoint of its own, rolled back, so that every
-		// case starts from the inserted row.
+	})
+}
+
+// checkCase is one UPDATE's SET list and whether a CHECK must refuse it.
+type checkCase struct {
+	name, set string
+	violates  bool
+}
+
+// checkUpdates runs each case's UPDATE of the row id of table in a
+// savepoint of its own, rolled back, so that every case starts from the
+// same row: one that violates must fail with SQLSTATE 23514 (a CHECK),
+// any other must pass.
+func checkUpdates(t *testing.T, tx pgx.Tx, table, id string, cases []checkCase) {
+	t.Helper()
+	ctx := context.Background()
+	for _, tc := range cases {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = sp.Exec(ctx, `UPDATE charges SET `+tc.set+` WHERE id = $1`, id)
+		_, err = sp.Exec(ctx, `UPDATE `+table+` SET `+tc.set+` WHERE id = $1`, id)
 		var pgErr *pgconn.PgError
 		switch {
 		case !tc.violates && err != nil:
@@ -83,32 +94,13 @@ func TestRecordFinishedHasResponse(t *testing.T) {
 		VALUES ($1, 'k', 'POST', '/v1/charges', $2) RETURNING id`, acct.ID, make([]byte, 32)).Scan(&id); err != nil {
 		t.Fatalf("inserting a record: %v", err)
 	}
-	for _, tc := range []struct {
-		name, set string
-		violates  bool
-	}{
+	checkUpdates(t, tx, "idempotency_keys", id, []checkCase{
 		{"finished with its response", "recovery_point = 'finished', response_status = 201, finished_at = now()", false},
 		{"parked without a response", "recovery_point = 'parked'", false},
 		{"finished without a response", "recovery_point = 'finished', finished_at = now()", true},
 		{"finished without a finish time", "recovery_point = 'finished', response_status = 201", true},
 		{"a response while unfinished", "response_status = 201, finished_at = now()", true},
-	} {
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = sp.Exec(ctx, `UPDATE idempotency_keys SET `+tc.set+` WHERE id = $1`, id)
-		var pgErr *pgconn.PgError
-		switch {
-		case !tc.violates && err != nil:
-			t.Errorf("%s (%s): %v, want it to pass", tc.name, tc.set, err)
-		case tc.violates && (!errors.As(err, &pgErr) || pgErr.Code != "23514"):
-			t.Errorf("%s (%s): %v, want SQLSTATE 23514", tc.name, tc.set, err)
-		}
-		if err := sp.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // At most one ledger row per record (I1), whatever the code above does: a

@@ -171,59 +171,41 @@ func TestParkDueIsBounded(t *testing.T) {
 }
 
 // TestLocalRecordsAreNeverParked: an operation registered with
-// RegisterLocal calls no one outside, so the completer and a retry resume
-// its records at any age.
+// RegisterLocal calls no one outside, so the completer and a client's
+// retry resume its records at any age: the retry ceiling is Stripe's
+// memory of a downstream key, and a local operation has none.
 func TestLocalRecordsAreNeverParked(t *testing.T) {
 	t.Parallel()
-	calls := 0
-	d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
-		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-			if calls++; calls == 1 {
-				return idempotency.Unknown(errors.New("the database failed"))
+	for _, resumer := range []string{"completer", "retry"} {
+		t.Run(resumer, func(t *testing.T) {
+			t.Parallel()
+			calls := 0
+			d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
+				return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+					if calls++; calls == 1 {
+						return idempotency.Unknown(errors.New("the database failed"))
+					}
+					return finishFor(rec, resumer)
+				}}
+			}, true)
+			ctx := context.Background()
+			_, err := r.Run(ctx, request(d.AccountID, "local"), op)
+			_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
+			clock.Advance(cfg.RetryCeiling + time.Hour)
+			if resumer == "completer" {
+				if n, err := r.CompleteDue(ctx); err != nil || n != 1 {
+					t.Fatalf("CompleteDue of a local record past the ceiling: %d, %v; want 1 finished", n, err)
+				}
+			} else if resp, err := r.Run(ctx, request(d.AccountID, "local"), op); err != nil || string(resp.Body) != `{"owner":"retry"}` {
+				t.Fatalf("a retry of a local record past the ceiling: %v %s, want it resumed and finished", err, resp.Body)
 			}
-			return finishFor(rec, "completer")
-		}}
-	}, true)
-	ctx := context.Background()
-	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
-	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	clock.Advance(cfg.RetryCeiling + time.Hour)
-	if n, err := r.CompleteDue(ctx); err != nil || n != 1 {
-		t.Fatalf("CompleteDue of a local record past the ceiling: %d, %v; want 1 finished", n, err)
-	}
-	if rec := readRecord(t, d.Pool, d.AccountID, "local"); rec.RecoveryPoint != idempotency.PointFinished {
-		t.Errorf("local record past the ceiling: %q, want finished", rec.RecoveryPoint)
-	}
-	if got := seen.get(idempotency.OutcomeParked); got != 0 {
-		t.Errorf("outcome parked counted %d times, want 0", got)
-	}
-}
-
-// TestLocalRecordRetriedPastTheCeiling: a client's retry resumes a record
-// of a RegisterLocal operation at any age too, as the completer does
-// (TestLocalRecordsAreNeverParked): the retry ceiling is Stripe's memory of
-// a downstream key, and a local operation has none.
-func TestLocalRecordRetriedPastTheCeiling(t *testing.T) {
-	t.Parallel()
-	calls := 0
-	d, r, op, seen, clock, cfg := ceilingSetup(t, func(d *testDB) *testOp {
-		return &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-			if calls++; calls == 1 {
-				return idempotency.Unknown(errors.New("the database failed"))
+			if rec := readRecord(t, d.Pool, d.AccountID, "local"); rec.RecoveryPoint != idempotency.PointFinished {
+				t.Errorf("local record past the ceiling: %q, want finished", rec.RecoveryPoint)
 			}
-			return finishFor(rec, "retry")
-		}}
-	}, true)
-	ctx := context.Background()
-	_, err := r.Run(ctx, request(d.AccountID, "local"), op)
-	_ = requireKind(t, err, idempotency.ErrUnknownOutcome)
-	clock.Advance(cfg.RetryCeiling + time.Hour)
-	resp, err := r.Run(ctx, request(d.AccountID, "local"), op)
-	if err != nil || string(resp.Body) != `{"owner":"retry"}` {
-		t.Fatalf("a retry of a local record past the ceiling: %v %s, want it resumed and finished", err, resp.Body)
-	}
-	if got := seen.get(idempotency.OutcomeParked); got != 0 {
-		t.Errorf("outcome parked counted %d times, want 0", got)
+			if got := seen.get(idempotency.OutcomeParked); got != 0 {
+				t.Errorf("outcome parked counted %d times, want 0", got)
+			}
+		})
 	}
 }
 
