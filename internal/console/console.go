@@ -352,7 +352,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 		err := c.q.ConsoleSignOut(r.Context(), c.db, &dbsqlc.ConsoleSignOutParams{
 			KeyID: s.KeyID, AccountID: s.AccountID, SignOuts: s.SignOuts,
 			Issued: s.Issued, LifetimeSeconds: c.cfg.SessionLifetime.Seconds(),
-			RowLockWait: fmt.Sprintf("%dms", c.cfg.RowLockWait.Milliseconds())})
+			RowLockWait: idempotency.LockWaitText(c.cfg.RowLockWait)})
 		if err != nil {
 			if ae := apierror.From(err); ae.Type == apierror.ResourceBusy { // lock_not_available
 				c.refuse(w, r, ae.Status(), "You were not signed out: this API key's row is held by another transaction for longer than a sign-out waits for it. Try again shortly.")

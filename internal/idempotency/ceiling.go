@@ -31,7 +31,7 @@ func (r *Runner) parkFound(ctx context.Context, id, point string, generation int
 		return errParked()
 	}
 	n, err := r.q.IdempotencyKeyPark(ctx, r.pool, &dbsqlc.IdempotencyKeyParkParams{
-		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: lockWait(r.cfg.RowLockWait),
+		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: r.LockWait(),
 	})
 	if err != nil {
 		return fmt.Errorf("parking idempotency record %s: %w", id, contended(err))

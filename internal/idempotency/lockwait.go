@@ -16,8 +16,10 @@ import (
 // waited for a lock longer than lock_timeout (IdempotencyKeyLockWait).
 const sqlstateLockNotAvailable = "55P03"
 
-// lockWait is d as PostgreSQL's lock_timeout takes it (IdempotencyKeyLockWait).
-func lockWait(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+// LockWaitText is d as PostgreSQL's lock_timeout takes it ('5000ms'), for
+// set_config (IdempotencyKeyLockWait, and the statements that set the bound
+// in their own WHERE clause).
+func LockWaitText(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
 
 // Every statement a request runs that can wait for a row lock another
 // session holds waits at most Config.RowLockWait, set for its own
@@ -87,7 +89,7 @@ func contended(err error) error {
 // connection of the pool for as long as the caller waits. A claim that
 // locks no such row (a charge's) does not pay the statement.
 func (b *Batch) LimitLockWait(ctx context.Context) error {
-	return dbsqlc.New().IdempotencyKeyLockWait(ctx, b, lockWait(b.lockWait))
+	return dbsqlc.New().IdempotencyKeyLockWait(ctx, b, LockWaitText(b.lockWait))
 }
 
 // LimitLockWait does for the transaction tx what Batch.LimitLockWait does
@@ -96,10 +98,10 @@ func (b *Batch) LimitLockWait(ctx context.Context) error {
 // wait past it fails with PostgreSQL's lock_not_available (SQLSTATE
 // 55P03), which the entry point maps as it maps ErrContended.
 func (r *Runner) LimitLockWait(ctx context.Context, tx pgx.Tx) error {
-	return r.q.IdempotencyKeyLockWait(ctx, tx, lockWait(r.cfg.RowLockWait))
+	return r.q.IdempotencyKeyLockWait(ctx, tx, r.LockWait())
 }
 
 // LockWait is Config.RowLockWait as PostgreSQL's lock_timeout takes it
-// ('5000ms'), for a statement sent on its own off a request's path that
-// sets the bound in its own WHERE clause, as the takeover does.
-func (r *Runner) LockWait() string { return lockWait(r.cfg.RowLockWait) }
+// (LockWaitText), for a statement that sets the bound in its own WHERE
+// clause, as the takeover does.
+func (r *Runner) LockWait() string { return LockWaitText(r.cfg.RowLockWait) }

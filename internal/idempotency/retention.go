@@ -31,7 +31,7 @@ func (r *Runner) PurgeExpired(ctx context.Context) (int64, error) {
 	for {
 		n, err := r.q.IdempotencyKeyDeleteFinishedBefore(ctx, r.pool,
 			&dbsqlc.IdempotencyKeyDeleteFinishedBeforeParams{Now: r.now(), KeepSeconds: keep, MaxRecords: r.cfg.RetentionBatch,
-				RowLockWait: lockWait(r.cfg.RowLockWait)})
+				RowLockWait: r.LockWait()})
 		if err != nil {
 			return total, fmt.Errorf("purging idempotency records: %w", err)
 		}

@@ -299,7 +299,7 @@ func (r *Runner) claim(ctx context.Context, req Request, op Operation) (*Record,
 // its old owner (IdempotencyKeyTakeover); nil, nil when no row matched.
 func (r *Runner) takeover(ctx context.Context, id string, generation int64, req Request) (*Record, error) {
 	taken, err := r.q.IdempotencyKeyTakeover(ctx, r.pool, &dbsqlc.IdempotencyKeyTakeoverParams{
-		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: lockWait(r.cfg.RowLockWait),
+		ID: id, LockGeneration: generation, Now: r.now(), LockTimeoutSeconds: r.cfg.LockTimeout.Seconds(), RowLockWait: r.LockWait(),
 		Bounded: r.bounded(req.Method, req.Route), RetryCeilingSeconds: r.cfg.RetryCeiling.Seconds(), KeyHash: req.Credential,
 	})
 	if err = db.NotFound(err); errors.Is(err, db.ErrNotFound) {
@@ -452,7 +452,7 @@ func (r *Runner) finish(ctx context.Context, rec *Record, step Step) (Response, 
 	b.b.QueuedQueries = nil
 	status := int32(resp.Status)
 	if err := r.q.IdempotencyKeyFinish(wctx, b, &dbsqlc.IdempotencyKeyFinishParams{
-		ID: rec.ID, LockGeneration: rec.LockGeneration, RowLockWait: lockWait(r.cfg.RowLockWait),
+		ID: rec.ID, LockGeneration: rec.LockGeneration, RowLockWait: r.LockWait(),
 		ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
 	}); err != nil {
 		return Response{}, err
@@ -485,7 +485,7 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, rec *Record, cal
 		Called:         called,
 		LastError:      &lastErr,
 		RetryInSeconds: retryIn.Seconds(),
-		Now:            r.now(), RowLockWait: lockWait(r.cfg.RowLockWait),
+		Now:            r.now(), RowLockWait: r.LockWait(),
 	})
 	if err == nil && n > 0 && called {
 		rec.RecoveryPoint = PointDownstreamCalled // what the request's span reports
