@@ -157,27 +157,7 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 	releaseA, resultA := stalledOwner(t, r, d, "k")
 	clock.Advance(fencingLockTimeout + time.Second) // A's lock expires
 
-	bStarted := make(chan struct{})
-	bGo := make(chan struct{})
-	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		close(bStarted)
-		<-bGo
-		return finishFor(rec, "B")
-	}}
-	type result struct {
-		resp idempotency.Response
-		err  error
-	}
-	resultB := make(chan result, 1)
-	go func() {
-		resp, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
-		resultB <- result{resp, err}
-	}()
-	select {
-	case <-bStarted:
-	case <-time.After(waitLimit):
-		t.Fatalf("B did not take over in %s", waitLimit)
-	}
+	finishB := newOwnerInCall(t, r, d, "k")
 
 	releaseA(func(rec *idempotency.Record) idempotency.Step { return finishFor(rec, "A") })
 	_ = requireKind(t, awaitErr(t, resultA), idempotency.ErrFenced)
@@ -192,18 +172,49 @@ func TestFencingWhileNewOwnerInFlight(t *testing.T) {
 		t.Errorf("stale owner A committed %d ledger rows", n)
 	}
 
-	close(bGo)
-	var rb result
-	select {
-	case rb = <-resultB:
-	case <-time.After(waitLimit):
-		t.Fatalf("B did not finish in %s", waitLimit)
-	}
-	if rb.err != nil || string(rb.resp.Body) != `{"owner":"B"}` {
-		t.Fatalf("B: %v %s", rb.err, rb.resp.Body)
+	if resp, err := finishB(); err != nil || string(resp.Body) != `{"owner":"B"}` {
+		t.Fatalf("B: %v %s", err, resp.Body)
 	}
 	if n := countWritten(t, d.Pool, d.AccountID, "B"); n != 1 {
 		t.Errorf("B committed %d ledger rows, want 1", n)
+	}
+}
+
+// newOwnerInCall starts B, a request on key whose owner's lock has
+// expired: B takes the record over and is held in its downstream call
+// until finishB lets it finish (as "B") and returns its answer.
+func newOwnerInCall(t *testing.T, r *idempotency.Runner, d *testDB, key string) (finishB func() (idempotency.Response, error)) {
+	t.Helper()
+	bStarted := make(chan struct{})
+	bGo := make(chan struct{})
+	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
+		close(bStarted)
+		<-bGo
+		return finishFor(rec, "B")
+	}}
+	type result struct {
+		resp idempotency.Response
+		err  error
+	}
+	resultB := make(chan result, 1)
+	go func() {
+		resp, err := r.Run(context.Background(), request(d.AccountID, key), opB)
+		resultB <- result{resp, err}
+	}()
+	select {
+	case <-bStarted:
+	case <-time.After(waitLimit):
+		t.Fatalf("B did not take over in %s", waitLimit)
+	}
+	return func() (idempotency.Response, error) {
+		close(bGo)
+		select {
+		case rb := <-resultB:
+			return rb.resp, rb.err
+		case <-time.After(waitLimit):
+			t.Fatalf("B did not finish in %s", waitLimit)
+			return idempotency.Response{}, nil
+		}
 	}
 }
 
@@ -219,23 +230,7 @@ func TestFencingStaleReleaseWhileNewOwnerInFlight(t *testing.T) {
 	releaseA, resultA := stalledOwner(t, r, d, "k")
 	clock.Advance(fencingLockTimeout + time.Second) // A's lock expires
 
-	bStarted := make(chan struct{})
-	bGo := make(chan struct{})
-	opB := &testOp{pool: d.Pool, accountID: d.AccountID, execute: func(_ context.Context, rec *idempotency.Record) idempotency.Step {
-		close(bStarted)
-		<-bGo
-		return finishFor(rec, "B")
-	}}
-	resultB := make(chan error, 1)
-	go func() {
-		_, err := r.Run(context.Background(), request(d.AccountID, "k"), opB)
-		resultB <- err
-	}()
-	select {
-	case <-bStarted:
-	case <-time.After(waitLimit):
-		t.Fatalf("B did not take over in %s", waitLimit)
-	}
+	finishB := newOwnerInCall(t, r, d, "k")
 	held := readRecord(t, d.Pool, d.AccountID, "k")
 
 	releaseA(func(*idempotency.Record) idempotency.Step {
@@ -261,14 +256,8 @@ func TestFencingStaleReleaseWhileNewOwnerInFlight(t *testing.T) {
 		t.Errorf("a retry while B is in flight called downstream %d times", n)
 	}
 
-	close(bGo)
-	select {
-	case err := <-resultB:
-		if err != nil {
-			t.Fatalf("B: %v", err)
-		}
-	case <-time.After(waitLimit):
-		t.Fatalf("B did not finish in %s", waitLimit)
+	if _, err := finishB(); err != nil {
+		t.Fatalf("B: %v", err)
 	}
 	if n := countWritten(t, d.Pool, d.AccountID, "B"); n != 1 {
 		t.Errorf("B committed %d ledger rows, want 1", n)
